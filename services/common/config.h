@@ -1,0 +1,158 @@
+/* Job configuration: one JSON file per job (/etc/psfleet/jobs/JOB.json), parsed and validated against
+ * one table of keys. The cluster block has TensorFlow's ClusterSpec shape; TF_CONFIG is accepted.
+ * Not thread-safe while loading; a loaded config is read-only and may be shared between threads. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdbool.h>
+#include "model_spec.h"
+
+#define CONFIG_EX_CONFIG 78 /* sysexits.h EX_CONFIG: exit code for a bad config */
+
+enum role { ROLE_CHIEF, ROLE_PS, ROLE_WORKER };
+
+struct endpoint {
+        char host[256];
+        uint16_t port;
+        char *addr;            /* "host:port" as written */
+};
+
+struct cluster {
+        struct endpoint *chief, *ps, *worker;
+        uint32_t n_chief, n_ps, n_worker;
+};
+
+enum optimizer_kind { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAGRAD };
+enum lr_schedule { LR_CONSTANT, LR_EXPONENTIAL };
+
+struct training_config {
+        uint32_t batch_size;
+        enum optimizer_kind optimizer;
+        double learning_rate;
+        double momentum;            /* momentum */
+        bool nesterov;
+        double beta1, beta2, epsilon; /* adam (epsilon also adagrad) */
+        double initial_accumulator; /* adagrad */
+        enum lr_schedule lr_schedule;
+        double lr_decay_rate;       /* exponential: lr * rate^(step / decay_steps) */
+        uint64_t lr_decay_steps;
+        bool lr_staircase;
+        uint64_t max_steps;         /* of global_step */
+        uint32_t report_every_steps;
+        uint32_t threads;           /* BLAS threads per process */
+        uint64_t seed;              /* data shuffling */
+};
+
+struct data_config {
+        char *dir;
+        char *train_images, *train_labels, *test_images, *test_labels; /* file names inside dir */
+};
+
+struct supervisor_config {
+        char *checkpoint_dir, *summary_dir;  /* relative paths resolve under the state directory */
+        uint64_t save_checkpoint_steps;       /* 0: off */
+        uint64_t save_checkpoint_secs;        /* 0: off */
+        uint32_t keep_checkpoints;
+        uint64_t save_summaries_secs;
+        uint64_t eval_every_steps;            /* 0: only at the end */
+        uint64_t ready_timeout_secs;          /* how long a worker waits for the job to become ready */
+};
+
+struct ps_config {
+        uint64_t split_bytes;   /* variables larger than this are split into row ranges */
+};
+
+struct rpc_config {
+        uint64_t deadline_ms;   /* per call */
+};
+
+struct device_config {
+        char *device;           /* "auto", "cpu", "gpu:N", "gpu:0,1" */
+        double gpu_memory_fraction;
+        bool allow_growth;
+        bool log_device_placement;
+};
+
+struct job_config {
+        char *path;             /* file it was read from, or the origin given for a string */
+        char *cluster_origin;   /* where the cluster came from: path, or "TF_CONFIG" */
+        char *name;             /* "job" key, else the file's basename without .json */
+        struct cluster cluster;
+        struct model_spec model;
+        struct data_config data;
+        struct training_config training;
+        struct supervisor_config supervisor;
+        struct ps_config ps;
+        struct rpc_config rpc;
+        struct device_config device;
+};
+
+struct task {
+        enum role role;
+        uint32_t index;
+};
+
+/* ---- API ----
+ * Error messages: functions that take (err, errlen) write exactly one line there on failure,
+ * "ORIGIN: KEY: what is wrong" (ORIGIN is the file path, the origin given, or "TF_CONFIG"), and leave
+ * it untouched on success. err may be NULL. Daemons print it and exit with CONFIG_EX_CONFIG. */
+
+/* Reads, parses and validates the job file at path; fills every default. On success returns 0 and
+ * stores a new config in *ret (free it with config_free()). On failure returns -ENOENT/-EACCES/-EIO
+ * (or another -errno) when the file cannot be read, -EINVAL when it is not valid, -ENOMEM. */
+int config_load(const char *path, struct job_config **ret, char *err, size_t errlen);
+
+/* Like config_load(), from a string. origin names it in messages and, when the "job" key is absent,
+ * gives the job name (its basename without ".json"). */
+int config_load_string(const char *json, const char *origin, struct job_config **ret, char *err,
+                       size_t errlen);
+
+/* Frees everything c owns. NULL-safe; returns NULL. */
+struct job_config *config_free(struct job_config *c);
+
+/* Parses a task from the command line: role "chief", "ps" or "worker" ("master" means chief) and
+ * index_str a whole decimal number that must name a task of the cluster. Returns 0 and fills *ret,
+ * or -EINVAL. */
+int config_parse_task(const struct job_config *c, const char *role, const char *index_str,
+                      struct task *ret, char *err, size_t errlen);
+
+/* Applies a TF_CONFIG value ({"cluster": {...}, "task": {"type": "worker", "index": 1}}). Its
+ * cluster, when present, replaces c's (validated like the file's, errors say "TF_CONFIG"). When it
+ * has a task, *task_ret gets it and *have_task is set to true, else *have_task is false. NULL or ""
+ * is a no-op returning 0. Returns 0 or -EINVAL/-ENOMEM; on failure c is unchanged. task_ret and
+ * have_task may be NULL. */
+int config_apply_tf_config(struct job_config *c, const char *tf_config_json, struct task *task_ret,
+                           bool *have_task, char *err, size_t errlen);
+
+/* The sections every node must agree on (cluster, model, training, ps) as compact JSON with sorted
+ * keys and every default filled in. Same config, same bytes. Returns a malloc'd string the caller
+ * frees, or NULL when out of memory. */
+char *config_canonical_json(const struct job_config *c);
+
+/* FNV-1a 64 of config_canonical_json(c); 0 only when out of memory. */
+uint64_t config_fingerprint(const struct job_config *c);
+
+/* Compares two canonical JSON strings (ours and a peer's). Returns 0 when equal; 1 when they differ,
+ * writing into buf a message naming the first differing key path (sorted key order) with both values,
+ * e.g. "model.layers[1].units: ours 128, theirs 64" or "cluster.worker: ours has 3 entries, theirs 2";
+ * -EINVAL when either is not valid JSON. buf may be NULL. */
+int config_diff(const char *ours_json, const char *theirs_json, char *buf, size_t len);
+
+/* The endpoint of task t, or NULL when t is not in the cluster. Points into c. */
+const struct endpoint *config_endpoint(const struct job_config *c, struct task t);
+
+/* "chief", "ps", "worker"; "unknown" for anything else. Static string. */
+const char *role_name(enum role r);
+
+/* Splits a systemd instance name: "fmnist:1" -> "fmnist", 1; "fmnist" -> "fmnist", -1. The job name
+ * must match [A-Za-z0-9_.-]+ (at most 64 characters), the index a whole decimal number <= 2^31-1.
+ * Returns 0 and a malloc'd *job_ret the caller frees, or -EINVAL/-ENOMEM. */
+int config_parse_instance(const char *instance, char **job_ret, int64_t *index_ret);
+
+/* True when s is a valid job name ([A-Za-z0-9_.-]+, at most 64 characters). */
+bool config_job_name_valid(const char *s);
+
+/* Prints every key with its type, default, allowed values and meaning: a plain list for --help, or a
+ * Markdown table (docs/configuration.md is generated from it). */
+void config_print_keys(FILE *f, bool markdown);

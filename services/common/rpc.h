@@ -1,0 +1,130 @@
+/* The RPC layer: gRPC C core servers and clients, unary and server-streaming, with completion queues.
+ *
+ * Server: methods dispatched by a table; N threads serve one completion queue; a handler may answer
+ * later than the call that started it, from any thread (sync training holds replies); unknown methods
+ * are answered UNIMPLEMENTED at once; a port already in use is an error, never silently shared;
+ * messages of any size; shutdown under load waits for every call in flight.
+ *
+ * Client: one channel per peer; per-call deadlines; several calls started on one batch and waited for
+ * together (fan-out to many ps shards); gRPC status mapped to -errno, the server's message kept.
+ *
+ * Call rpc_global_init() once at start of main(), before any thread is created. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <grpc/grpc.h>
+#include <grpc/byte_buffer.h>
+#include <protobuf-c/protobuf-c.h>
+
+/* grpc_init plus process-wide settings large messages need (malloc thresholds, so freeing a large
+ * message does not hand its pages back to the kernel every time). Idempotent. */
+void rpc_global_init(void);
+void rpc_global_shutdown(void);
+
+/* errno <-> grpc_status_code, in one place. */
+grpc_status_code rpc_status_from_errno(int err);
+int rpc_errno_from_status(grpc_status_code code);
+const char *rpc_status_name(grpc_status_code code);
+
+/* ---------------- server ---------------- */
+
+struct rpc_server;
+struct rpc_call;
+
+/* Runs on a server thread. It must end the call exactly once, now or later (from any thread), with
+ * rpc_call_reply*() or rpc_call_fail*(); until then the call stays alive. */
+typedef void (*rpc_handler)(struct rpc_call *call, void *userdata);
+
+struct rpc_method {
+        const char *path;       /* "/psfleet.v1.ParameterServer/Push" */
+        rpc_handler handler;
+        void *userdata;
+};
+
+/* Binds `addr` ("127.0.0.1:7001", "[::]:0"). The table is copied. threads >= 1.
+ * Returns -EADDRINUSE (or -EADDRNOTAVAIL for an address that cannot be bound). */
+int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_methods, unsigned threads,
+                   struct rpc_server **ret);
+int rpc_server_port(const struct rpc_server *s);     /* the bound port */
+int rpc_server_start(struct rpc_server *s);
+/* Stops accepting calls, cancels those in flight, waits (at most timeout_ms) for every handler to have
+ * ended its call, and joins the threads. Returns -ETIMEDOUT if some call was never ended. */
+int rpc_server_shutdown(struct rpc_server *s, uint64_t timeout_ms);
+struct rpc_server *rpc_server_free(struct rpc_server *s);   /* shuts down first if needed */
+uint64_t rpc_server_in_flight(const struct rpc_server *s);
+
+/* The request payload, owned by the call (NULL for an empty message). The handler may take it with
+ * rpc_call_take_payload() and then owns it. */
+grpc_byte_buffer *rpc_call_payload(struct rpc_call *c);
+grpc_byte_buffer *rpc_call_take_payload(struct rpc_call *c);
+const char *rpc_call_method(const struct rpc_call *c);
+char *rpc_call_peer(const struct rpc_call *c);        /* malloc'd */
+bool rpc_call_cancelled(const struct rpc_call *c);
+uint64_t rpc_call_deadline_us(const struct rpc_call *c); /* wall clock µs; UINT64_MAX: none */
+
+/* End the call with OK and this reply (taken; NULL sends an empty message). Returns -errno if the call
+ * could not be answered (it is ended anyway). */
+int rpc_call_reply(struct rpc_call *c, grpc_byte_buffer *reply);
+int rpc_call_reply_msg(struct rpc_call *c, const ProtobufCMessage *m);
+/* End the call with a status and message. */
+int rpc_call_fail(struct rpc_call *c, grpc_status_code code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int rpc_call_fail_errno(struct rpc_call *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Server streaming: send one message of a stream now (taken), waiting until it is written or the call
+ * is cancelled (-ECANCELED). Then end the stream with rpc_call_reply(c, NULL)-like rpc_call_finish. */
+int rpc_call_send(struct rpc_call *c, grpc_byte_buffer *msg, uint64_t timeout_ms);
+int rpc_call_finish(struct rpc_call *c, grpc_status_code code, const char *message);
+
+/* ---------------- client ---------------- */
+
+struct rpc_channel;
+
+/* A channel to `target` ("host:port"). `name` ("ps:0") appears in error messages. */
+int rpc_channel_new(const char *target, const char *name, struct rpc_channel **ret);
+struct rpc_channel *rpc_channel_free(struct rpc_channel *ch);
+const char *rpc_channel_target(const struct rpc_channel *ch);
+const char *rpc_channel_name(const struct rpc_channel *ch);
+
+/* One call's outcome. */
+struct rpc_result {
+        int err;                  /* 0 or -errno mapped from the status */
+        grpc_status_code status;
+        char message[512];        /* "ps:0 (127.0.0.1:7001) Push: INVALID_ARGUMENT: ..." when err != 0 */
+        grpc_byte_buffer *reply;  /* owned by the result: take it, or rpc_result_clear() destroys it */
+};
+void rpc_result_clear(struct rpc_result *r);
+
+/* Blocking unary call. `request` is taken (may be NULL: empty message). wait_for_ready: wait for the
+ * peer to come up instead of failing at once (up to the deadline). Returns r->err. */
+int rpc_call(struct rpc_channel *ch, const char *method, grpc_byte_buffer *request, uint64_t timeout_ms,
+             bool wait_for_ready, struct rpc_result *r);
+
+/* Convenience: pack `req`, call, unpack the reply as `reply_desc` into *reply_ret. */
+int rpc_call_msg(struct rpc_channel *ch, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *reply_desc, uint64_t timeout_ms, bool wait_for_ready,
+                 ProtobufCMessage **reply_ret, char *err, size_t errlen);
+
+/* Several calls in flight at once on one completion queue; wait for one or for all.
+ * A batch is used by one thread at a time. */
+struct rpc_batch;
+struct rpc_pending;       /* one call of a batch; owned by the batch */
+
+int rpc_batch_new(struct rpc_batch **ret);
+struct rpc_batch *rpc_batch_free(struct rpc_batch *b);   /* cancels and waits for calls still running */
+/* Starts a call; `request` is taken. The pending handle stays valid until rpc_batch_release(). */
+int rpc_batch_start(struct rpc_batch *b, struct rpc_channel *ch, const char *method, grpc_byte_buffer *request,
+                    uint64_t timeout_ms, bool wait_for_ready, struct rpc_pending **ret);
+/* Waits until `p` has finished; returns its result (owned by the batch until released). */
+struct rpc_result *rpc_batch_wait(struct rpc_batch *b, struct rpc_pending *p);
+/* Waits for every call started; returns the first error (0 if none). */
+int rpc_batch_wait_all(struct rpc_batch *b);
+struct rpc_result *rpc_pending_result(struct rpc_pending *p);
+bool rpc_pending_done(const struct rpc_pending *p);
+/* Frees a finished call's handle and its result. */
+void rpc_batch_release(struct rpc_batch *b, struct rpc_pending *p);
+
+/* grpc.health.v1.Health/Check: SERVING for "" and for every name in `services` (a NULL-terminated
+ * array passed as userdata, may be NULL), NOT_FOUND for any other service. */
+#define RPC_HEALTH_CHECK "/grpc.health.v1.Health/Check"
+void rpc_health_handler(struct rpc_call *c, void *services);

@@ -1,0 +1,101 @@
+/* Tensors on the wire without copying their payload.
+ *
+ * Every message of the API that carries tensors has the same shape: field 1 is a small header message
+ * (packed and unpacked by protobuf-c), field 2 is `repeated Tensor`. The bytes stay standard protobuf,
+ * so clients in other languages read them as usual; only we avoid the copies: a sender lends tensor
+ * memory to gRPC as slices, a receiver walks the received slices and copies each tensor's bytes once,
+ * straight into its destination.
+ *
+ * Not thread-safe per object; distinct objects may be used from distinct threads. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <grpc/byte_buffer.h>
+#include <protobuf-c/protobuf-c.h>
+
+#define WIRE_MAX_DIMS 8
+#define WIRE_FIELD_HEADER 1
+#define WIRE_FIELD_TENSORS 2
+
+enum wire_dtype { WIRE_DTYPE_FLOAT32 = 1, WIRE_DTYPE_INT64 = 2 };
+
+/* Size in bytes of one element; 0 for an unknown dtype. */
+size_t wire_dtype_size(uint32_t dtype);
+
+/* ---- sending ---- */
+
+/* An outgoing message under construction: a list of slices. */
+struct wire_out;
+
+int wire_out_new(struct wire_out **ret);
+struct wire_out *wire_out_free(struct wire_out *o);
+
+/* Packs `header` as field 1. Copies (headers are small). */
+int wire_out_header(struct wire_out *o, const ProtobufCMessage *header);
+
+/* Appends one Tensor as field 2. `data` (nbytes) is lent, not copied: it must stay unchanged until
+ * `release(release_ud)` runs, which may happen on a gRPC thread, after the call has finished.
+ * `release` may be NULL when the memory outlives the message for certain. */
+int wire_out_tensor(struct wire_out *o, const char *name, uint32_t dtype, const uint64_t *shape,
+                    unsigned ndims, uint64_t row_offset, const void *data, size_t nbytes,
+                    void (*release)(void *), void *release_ud);
+
+/* Same, but copies the data into the message. */
+int wire_out_tensor_copy(struct wire_out *o, const char *name, uint32_t dtype, const uint64_t *shape,
+                         unsigned ndims, uint64_t row_offset, const void *data, size_t nbytes);
+
+/* Builds the byte buffer (caller owns it) and empties `o`. */
+int wire_out_finish(struct wire_out *o, grpc_byte_buffer **ret);
+
+/* A whole protobuf-c message without tensors, packed into a new byte buffer (caller owns it). */
+grpc_byte_buffer *wire_pack(const ProtobufCMessage *m);
+
+/* ---- receiving ---- */
+
+struct wire_seg {
+        const uint8_t *p;
+        size_t n;
+};
+
+/* One received tensor: its metadata, and where its bytes lie in the received slices (possibly split
+ * across several, never aligned for certain). Valid as long as the wire_in it came from. */
+struct wire_tensor {
+        char *name;
+        uint32_t dtype;
+        unsigned ndims;
+        uint64_t shape[WIRE_MAX_DIMS];
+        uint64_t row_offset;
+        uint64_t elements;      /* product of shape */
+        size_t nbytes;          /* bytes of data actually present */
+        struct wire_seg *segs;
+        size_t n_segs;
+};
+
+struct wire_in {
+        grpc_byte_buffer *bb;   /* owned */
+        uint8_t *header;        /* gathered header bytes (field 1), owned */
+        size_t header_len;
+        struct wire_tensor *tensors;
+        size_t n_tensors;
+        /* private */
+        void *reader;
+        struct wire_seg *slices;
+        size_t n_slices;
+};
+
+/* Parses a message of the header+tensors shape. Takes ownership of `bb` in all cases.
+ * Returns -EBADMSG with a reason in err for malformed input (truncated varint, bad wire type,
+ * tensor data size not matching dtype and shape, too many dimensions). */
+int wire_in_parse(grpc_byte_buffer *bb, struct wire_in **ret, char *err, size_t errlen);
+struct wire_in *wire_in_free(struct wire_in *in);
+
+/* Unpacks the header (NULL + -EBADMSG if it does not parse). A missing header unpacks as an empty
+ * message. Free with protobuf_c_message_free_unpacked(m, NULL). */
+int wire_in_header(const struct wire_in *in, const ProtobufCMessageDescriptor *d, ProtobufCMessage **ret);
+
+/* Copies the tensor's bytes into dst (nbytes of room). */
+void wire_tensor_copy(const struct wire_tensor *t, void *dst);
+
+/* Unpacks a whole message without tensors from a byte buffer (not taken). */
+int wire_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d, ProtobufCMessage **ret);

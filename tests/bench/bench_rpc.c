@@ -1,0 +1,316 @@
+/* RPC goodput and latency on loopback: push and pull of one tensor through our RPC layer against a plain
+ * TCP transfer of the same bytes (request + 1-byte ack), measured side by side in one run.
+ * Prints one JSON line per size, then one for small-call latency. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rpc.h"
+#include "wire.h"
+#include "psfleet/v1/ps.pb-c.h"
+
+#define M_PUSH "/bench.B/Push"
+#define M_PULL "/bench.B/Pull"
+#define M_PING "/bench.B/Ping"
+
+static uint8_t *server_buf;   /* pull source */
+static uint8_t *server_dst;   /* push destination */
+static size_t max_size;
+static bool no_copy;   /* --no-copy: leave received tensors in gRPC's slices, to show what the copy costs */
+
+static double now_s(void) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static grpc_byte_buffer *empty_header_msg(uint64_t n) {
+        Psfleet__V1__PushReplyHeader h = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
+        h.global_step = n;
+        struct wire_out *o;
+        grpc_byte_buffer *bb;
+        wire_out_new(&o);
+        wire_out_header(o, &h.base);
+        wire_out_finish(o, &bb);
+        wire_out_free(o);
+        return bb;
+}
+
+static void h_push(struct rpc_call *c, void *ud) {
+        (void)ud;
+        struct wire_in *in;
+        char err[256];
+        if (wire_in_parse(rpc_call_take_payload(c), &in, err, sizeof(err)) < 0 || in->n_tensors != 1) {
+                rpc_call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "bad push");
+                return;
+        }
+        if (!no_copy) wire_tensor_copy(&in->tensors[0], server_dst);   /* straight into the destination */
+        size_t n = in->tensors[0].nbytes;
+        wire_in_free(in);
+        rpc_call_reply(c, empty_header_msg(n));
+}
+
+static void h_pull(struct rpc_call *c, void *ud) {
+        (void)ud;
+        struct wire_in *in;
+        if (wire_in_parse(rpc_call_take_payload(c), &in, NULL, 0) < 0) {
+                rpc_call_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "bad pull");
+                return;
+        }
+        ProtobufCMessage *hm;
+        wire_in_header(in, &psfleet__v1__push_reply_header__descriptor, &hm);
+        size_t n = ((Psfleet__V1__PushReplyHeader *)hm)->global_step;
+        protobuf_c_message_free_unpacked(hm, NULL);
+        wire_in_free(in);
+        struct wire_out *o;
+        grpc_byte_buffer *bb;
+        wire_out_new(&o);
+        uint64_t shape[1] = {n / 4};
+        wire_out_tensor(o, "t", WIRE_DTYPE_FLOAT32, shape, 1, 0, server_buf, n, NULL, NULL);
+        wire_out_finish(o, &bb);
+        wire_out_free(o);
+        rpc_call_reply(c, bb);
+}
+
+static void h_ping(struct rpc_call *c, void *ud) {
+        (void)ud;
+        rpc_call_reply(c, rpc_call_take_payload(c));
+}
+
+/* ---- TCP baseline ---- */
+
+static int tcp_listen_fd;
+
+static int read_full(int fd, void *p, size_t n) {
+        uint8_t *b = p;
+        while (n) {
+                ssize_t k = read(fd, b, n);
+                if (k <= 0)
+                        return -1;
+                b += k;
+                n -= (size_t)k;
+        }
+        return 0;
+}
+
+static int write_full(int fd, const void *p, size_t n) {
+        const uint8_t *b = p;
+        while (n) {
+                ssize_t k = write(fd, b, n);
+                if (k <= 0)
+                        return -1;
+                b += k;
+                n -= (size_t)k;
+        }
+        return 0;
+}
+
+static void *tcp_server(void *arg) {
+        (void)arg;
+        int fd = accept(tcp_listen_fd, NULL, NULL);
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        for (;;) {
+                uint64_t n;
+                if (read_full(fd, &n, 8) < 0 || n == 0)
+                        break;
+                if (read_full(fd, server_dst, n) < 0)
+                        break;
+                uint8_t ack = 1;
+                write_full(fd, &ack, 1);
+        }
+        close(fd);
+        return NULL;
+}
+
+static double bench_tcp(int fd, const uint8_t *src, size_t n, double min_s, unsigned min_reps) {
+        unsigned reps = 0;
+        double t0 = now_s(), t;
+        do {
+                uint64_t len = n;
+                uint8_t ack;
+                write_full(fd, &len, 8);
+                write_full(fd, src, n);
+                read_full(fd, &ack, 1);
+                reps++;
+                t = now_s();
+        } while (t - t0 < min_s || reps < min_reps);
+        return (double)n * reps / (t - t0) / 1e9;
+}
+
+static double bench_push(struct rpc_channel *ch, const uint8_t *src, size_t n, double min_s, unsigned min_reps) {
+        unsigned reps = 0;
+        double t0 = now_s(), t;
+        do {
+                Psfleet__V1__PushHeader h = PSFLEET__V1__PUSH_HEADER__INIT;
+                struct wire_out *o;
+                grpc_byte_buffer *bb;
+                wire_out_new(&o);
+                wire_out_header(o, &h.base);
+                uint64_t shape[1] = {n / 4};
+                wire_out_tensor(o, "t", WIRE_DTYPE_FLOAT32, shape, 1, 0, src, n, NULL, NULL);
+                wire_out_finish(o, &bb);
+                wire_out_free(o);
+                struct rpc_result r;
+                if (rpc_call(ch, M_PUSH, bb, 60000, false, &r) < 0) {
+                        fprintf(stderr, "push: %s\n", r.message);
+                        exit(1);
+                }
+                rpc_result_clear(&r);
+                reps++;
+                t = now_s();
+        } while (t - t0 < min_s || reps < min_reps);
+        return (double)n * reps / (t - t0) / 1e9;
+}
+
+static double bench_pull(struct rpc_channel *ch, uint8_t *dst, size_t n, double min_s, unsigned min_reps) {
+        unsigned reps = 0;
+        double t0 = now_s(), t;
+        do {
+                struct rpc_result r;
+                if (rpc_call(ch, M_PULL, empty_header_msg(n), 60000, false, &r) < 0) {
+                        fprintf(stderr, "pull: %s\n", r.message);
+                        exit(1);
+                }
+                struct wire_in *in;
+                if (wire_in_parse(r.reply, &in, NULL, 0) < 0 || in->n_tensors != 1 || in->tensors[0].nbytes != n) {
+                        fprintf(stderr, "pull: bad reply\n");
+                        exit(1);
+                }
+                if (!no_copy) wire_tensor_copy(&in->tensors[0], dst);    /* straight into the destination */
+                wire_in_free(in);
+                reps++;
+                t = now_s();
+        } while (t - t0 < min_s || reps < min_reps);
+        return (double)n * reps / (t - t0) / 1e9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+        double x = *(const double *)a, y = *(const double *)b;
+        return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+        double min_s = 0.4;
+        unsigned rounds = 3;
+        for (int i = 1; i < argc; i++) {
+                if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
+                        min_s = strtod(argv[++i], NULL);
+                else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
+                        rounds = (unsigned)strtoul(argv[++i], NULL, 10);
+                else if (strcmp(argv[i], "--no-copy") == 0)
+                        no_copy = true;
+                else {
+                        fprintf(stderr, "usage: bench_rpc [--seconds S] [--rounds R] [--no-copy]\n");
+                        return 2;
+                }
+        }
+        if (min_s <= 0 || rounds == 0) {
+                fprintf(stderr, "bench_rpc: --seconds and --rounds must be positive\n");
+                return 2;
+        }
+        rpc_global_init();
+        static const size_t sizes[] = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
+        max_size = 64u << 20;
+        server_buf = malloc(max_size);
+        server_dst = malloc(max_size);
+        uint8_t *src = malloc(max_size), *dst = malloc(max_size);
+        for (size_t i = 0; i < max_size; i++)
+                src[i] = server_buf[i] = (uint8_t)(i * 131u);
+        memset(server_dst, 0, max_size);
+        memset(dst, 0, max_size);
+
+        struct rpc_method m[] = {{M_PUSH, h_push, NULL}, {M_PULL, h_pull, NULL}, {M_PING, h_ping, NULL}};
+        struct rpc_server *s;
+        if (rpc_server_new("127.0.0.1:0", m, 3, 1, &s) < 0 || rpc_server_start(s) < 0) {
+                fprintf(stderr, "cannot start server\n");
+                return 1;
+        }
+        char addr[64];
+        snprintf(addr, sizeof(addr), "127.0.0.1:%d", rpc_server_port(s));
+        struct rpc_channel *ch;
+        rpc_channel_new(addr, "bench", &ch);
+
+        tcp_listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t sl = sizeof(sa);
+        bind(tcp_listen_fd, (struct sockaddr *)&sa, sizeof(sa));
+        listen(tcp_listen_fd, 1);
+        getsockname(tcp_listen_fd, (struct sockaddr *)&sa, &sl);
+        pthread_t tt;
+        pthread_create(&tt, NULL, tcp_server, NULL);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+
+        /* warm up both paths */
+        bench_push(ch, src, 1u << 20, 0.1, 3);
+        bench_pull(ch, dst, 1u << 20, 0.1, 3);
+        bench_tcp(fd, src, 1u << 20, 0.1, 3);
+
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+                size_t n = sizes[i];
+                double best_push = 0, best_pull = 0, best_tcp = 0;
+                /* interleaved rounds, best of each: the machine is shared and noisy */
+                for (unsigned r = 0; r < rounds; r++) {
+                        double t = bench_tcp(fd, src, n, min_s, 3);
+                        double pu = bench_push(ch, src, n, min_s, 3);
+                        double pl = bench_pull(ch, dst, n, min_s, 3);
+                        if (t > best_tcp) best_tcp = t;
+                        if (pu > best_push) best_push = pu;
+                        if (pl > best_pull) best_pull = pl;
+                }
+                if (!no_copy && (memcmp(dst, src, n) != 0 || memcmp(server_dst, src, n) != 0)) {
+                        fprintf(stderr, "data mismatch at size %zu\n", n);
+                        return 1;
+                }
+                double ours = best_push < best_pull ? best_push : best_pull;
+                printf("{\"size\": %zu, \"push_gbps\": %.3f, \"pull_gbps\": %.3f, \"tcp_gbps\": %.3f, \"ratio\": %.2f}\n",
+                       n, best_push, best_pull, best_tcp, ours / best_tcp);
+                fflush(stdout);
+        }
+
+        /* small-call latency */
+        enum { N = 3000 };
+        static double lat[N];
+        for (int i = 0; i < N; i++) {
+                uint8_t p[16] = {0};
+                grpc_slice sl16 = grpc_slice_from_copied_buffer((const char *)p, 16);
+                grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl16, 1);
+                grpc_slice_unref(sl16);
+                struct rpc_result r;
+                double t0 = now_s();
+                if (rpc_call(ch, M_PING, bb, 5000, false, &r) < 0) {
+                        fprintf(stderr, "ping: %s\n", r.message);
+                        return 1;
+                }
+                lat[i] = (now_s() - t0) * 1e6;
+                rpc_result_clear(&r);
+        }
+        qsort(lat, N, sizeof(lat[0]), cmp_d);
+        printf("{\"latency_bytes\": 16, \"calls\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f}\n", N, lat[N / 2],
+               lat[N * 99 / 100]);
+
+        uint64_t zero = 0;
+        write_full(fd, &zero, 8);
+        close(fd);
+        pthread_join(tt, NULL);
+        close(tcp_listen_fd);
+        rpc_channel_free(ch);
+        rpc_server_free(s);
+        free(server_buf);
+        free(server_dst);
+        free(src);
+        free(dst);
+        return 0;
+}

@@ -1,0 +1,257 @@
+/* Tensor encoding: our zero-copy writer and slice-walking reader against protobuf-c's own packer. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+
+#include "wire.h"
+#include "psfleet/v1/ps.pb-c.h"
+
+static size_t flatten(grpc_byte_buffer *bb, uint8_t **ret) {
+        grpc_byte_buffer_reader r;
+        grpc_byte_buffer_reader_init(&r, bb);
+        grpc_slice all = grpc_byte_buffer_reader_readall(&r);
+        grpc_byte_buffer_reader_destroy(&r);
+        size_t n = GRPC_SLICE_LENGTH(all);
+        *ret = malloc(n + 1);
+        memcpy(*ret, GRPC_SLICE_START_PTR(all), n);
+        grpc_slice_unref(all);
+        return n;
+}
+
+/* A byte buffer whose slices are `chunk` bytes each: varints and tensors straddle slice boundaries. */
+static grpc_byte_buffer *chopped(const uint8_t *p, size_t n, size_t chunk) {
+        size_t k = (n + chunk - 1) / chunk;
+        grpc_slice *s = calloc(k ? k : 1, sizeof(*s));
+        for (size_t i = 0; i < k; i++) {
+                size_t len = (i + 1) * chunk <= n ? chunk : n - i * chunk;
+                s[i] = grpc_slice_from_copied_buffer((const char *)p + i * chunk, len);
+        }
+        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(s, k);
+        for (size_t i = 0; i < k; i++)
+                grpc_slice_unref(s[i]);
+        free(s);
+        return bb;
+}
+
+static int released;
+static void release_cb(void *ud) {
+        (void)ud;
+        released++;
+}
+
+static grpc_byte_buffer *build_push(const float *w, size_t nw, const float *b, size_t nb) {
+        Psfleet__V1__PushHeader h = PSFLEET__V1__PUSH_HEADER__INIT;
+        h.worker = 3;
+        h.local_step = 123456789012ull;
+        struct wire_out *o;
+        grpc_byte_buffer *bb;
+        assert_int_equal(wire_out_new(&o), 0);
+        assert_int_equal(wire_out_header(o, &h.base), 0);
+        uint64_t sw[2] = {nw / 4, 4}, sb[1] = {nb};
+        assert_int_equal(wire_out_tensor(o, "dense0/kernel", WIRE_DTYPE_FLOAT32, sw, 2, 300, w, nw * 4, release_cb, NULL), 0);
+        assert_int_equal(wire_out_tensor(o, "dense0/bias", WIRE_DTYPE_FLOAT32, sb, 1, 0, b, nb * 4, release_cb, NULL), 0);
+        assert_int_equal(wire_out_finish(o, &bb), 0);
+        wire_out_free(o);
+        return bb;
+}
+
+static void test_roundtrip_and_protobuf_c_reads_it(void **state) {
+        (void)state;
+        size_t nw = 4096, nb = 5;
+        float *w = malloc(nw * 4), b[5] = {1, -2, 3.5f, 0, 1e-30f};
+        for (size_t i = 0; i < nw; i++)
+                w[i] = (float)i * 0.25f - 7;
+        released = 0;
+        grpc_byte_buffer *bb = build_push(w, nw, b, nb);
+
+        /* protobuf-c, the reference decoder, reads what we wrote */
+        uint8_t *flat;
+        size_t n = flatten(bb, &flat);
+        Psfleet__V1__PushRequest *pr = psfleet__v1__push_request__unpack(NULL, n, flat);
+        assert_non_null(pr);
+        assert_int_equal(pr->header->worker, 3);
+        assert_true(pr->header->local_step == 123456789012ull);
+        assert_int_equal(pr->n_grads, 2);
+        assert_string_equal(pr->grads[0]->name, "dense0/kernel");
+        assert_int_equal(pr->grads[0]->dtype, PSFLEET__V1__DTYPE__DTYPE_FLOAT32);
+        assert_int_equal(pr->grads[0]->n_shape, 2);
+        assert_int_equal(pr->grads[0]->shape[0], nw / 4);
+        assert_int_equal(pr->grads[0]->row_offset, 300);
+        assert_int_equal(pr->grads[0]->data.len, nw * 4);
+        assert_memory_equal(pr->grads[0]->data.data, w, nw * 4);
+        assert_memory_equal(pr->grads[1]->data.data, b, sizeof(b));
+        psfleet__v1__push_request__free_unpacked(pr, NULL);
+
+        /* and we read it back, over slices of every awkward size */
+        size_t chunks[] = {1, 3, 7, 64, 4096, 1 << 20};
+        for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+                struct wire_in *in;
+                char err[256];
+                assert_int_equal(wire_in_parse(chopped(flat, n, chunks[c]), &in, err, sizeof(err)), 0);
+                assert_int_equal(in->n_tensors, 2);
+                ProtobufCMessage *hm;
+                assert_int_equal(wire_in_header(in, &psfleet__v1__push_header__descriptor, &hm), 0);
+                assert_int_equal(((Psfleet__V1__PushHeader *)hm)->worker, 3);
+                protobuf_c_message_free_unpacked(hm, NULL);
+                struct wire_tensor *t = &in->tensors[0];
+                assert_string_equal(t->name, "dense0/kernel");
+                assert_int_equal(t->ndims, 2);
+                assert_int_equal(t->shape[1], 4);
+                assert_int_equal(t->row_offset, 300);
+                assert_int_equal(t->elements, nw);
+                float *back = malloc(nw * 4);
+                wire_tensor_copy(t, back);
+                assert_memory_equal(back, w, nw * 4);
+                free(back);
+                float bb5[5];
+                wire_tensor_copy(&in->tensors[1], bb5);
+                assert_memory_equal(bb5, b, sizeof(b));
+                wire_in_free(in);
+        }
+        grpc_byte_buffer_destroy(bb);
+        assert_int_equal(released, 2);   /* the lent kernel and the copied bias both released */
+        free(flat);
+        free(w);
+}
+
+static void test_we_read_protobuf_c(void **state) {
+        (void)state;
+        /* protobuf-c packs (unpacked or packed shapes alike); our reader must agree */
+        Psfleet__V1__Tensor t = PSFLEET__V1__TENSOR__INIT;
+        float v[6] = {1, 2, 3, 4, 5, 6};
+        uint64_t shape[2] = {2, 3};
+        t.name = "x";
+        t.dtype = PSFLEET__V1__DTYPE__DTYPE_FLOAT32;
+        t.n_shape = 2;
+        t.shape = shape;
+        t.data.len = sizeof(v);
+        t.data.data = (uint8_t *)v;
+        Psfleet__V1__Tensor *ts[1] = {&t};
+        Psfleet__V1__PullReplyHeader h = PSFLEET__V1__PULL_REPLY_HEADER__INIT;
+        h.global_step = 42;
+        Psfleet__V1__PullReply pr = PSFLEET__V1__PULL_REPLY__INIT;
+        pr.header = &h;
+        pr.n_tensors = 1;
+        pr.tensors = ts;
+        size_t n = psfleet__v1__pull_reply__get_packed_size(&pr);
+        uint8_t *buf = malloc(n);
+        psfleet__v1__pull_reply__pack(&pr, buf);
+        struct wire_in *in;
+        assert_int_equal(wire_in_parse(chopped(buf, n, 5), &in, NULL, 0), 0);
+        assert_int_equal(in->n_tensors, 1);
+        assert_int_equal(in->tensors[0].elements, 6);
+        float back[6];
+        wire_tensor_copy(&in->tensors[0], back);
+        assert_memory_equal(back, v, sizeof(v));
+        ProtobufCMessage *hm;
+        assert_int_equal(wire_in_header(in, &psfleet__v1__pull_reply_header__descriptor, &hm), 0);
+        assert_int_equal(((Psfleet__V1__PullReplyHeader *)hm)->global_step, 42);
+        protobuf_c_message_free_unpacked(hm, NULL);
+        wire_in_free(in);
+        free(buf);
+}
+
+static void expect_error(const uint8_t *p, size_t n, const char *want) {
+        struct wire_in *in = NULL;
+        char err[256] = "";
+        grpc_slice s = grpc_slice_from_copied_buffer((const char *)p, n);
+        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s);
+        assert_int_equal(wire_in_parse(bb, &in, err, sizeof(err)), -EBADMSG);
+        assert_null(in);
+        assert_string_equal(err, want);
+}
+
+static void test_malformed(void **state) {
+        (void)state;
+        /* data length 8 but shape says 3 floats */
+        const uint8_t mismatch[] = {0x12, 0x12, 0x0a, 0x01, 'w', 0x10, 0x01, 0x1a, 0x01, 0x03, 0x2a, 0x08,
+                                    0, 0, 0, 0, 0, 0, 0, 0};
+        expect_error(mismatch, sizeof(mismatch),
+                     "tensor 0: tensor \"w\": 8 data bytes do not match shape (3 elements of 4 bytes)");
+        /* unknown dtype 9 */
+        const uint8_t dtype[] = {0x12, 0x05, 0x0a, 0x01, 'w', 0x10, 0x09};
+        expect_error(dtype, sizeof(dtype), "tensor 0: tensor \"w\": unknown dtype 9");
+        /* tensor length beyond the message */
+        const uint8_t overrun[] = {0x12, 0x7f, 0x0a, 0x01, 'w'};
+        expect_error(overrun, sizeof(overrun), "tensor 0: length 127 overruns the message (3 bytes left)");
+        /* a group wire type (3) at top level */
+        const uint8_t group[] = {0x1b};
+        expect_error(group, sizeof(group), "bad field 3 (wire type 3) at byte 1");
+        /* truncated varint tag */
+        const uint8_t trunc[] = {0x80};
+        expect_error(trunc, sizeof(trunc), "truncated field tag at byte 1");
+        /* nine dimensions */
+        const uint8_t dims[] = {0x12, 0x0f, 0x10, 0x01, 0x1a, 0x09, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0x2a, 0x00};
+        expect_error(dims, sizeof(dims), "tensor 0: tensor \"\": more than 8 dimensions");
+}
+
+static void test_truncation_everywhere(void **state) {
+        (void)state;
+        float w[64], b[2] = {1, 2};
+        for (int i = 0; i < 64; i++)
+                w[i] = (float)i;
+        grpc_byte_buffer *bb = build_push(w, 64, b, 2);
+        uint8_t *flat;
+        size_t n = flatten(bb, &flat);
+        grpc_byte_buffer_destroy(bb);
+        /* every strict prefix either fails cleanly or parses (a prefix can end at a field boundary) */
+        for (size_t k = 0; k < n; k++) {
+                struct wire_in *in = NULL;
+                char err[256];
+                int r = wire_in_parse(chopped(flat, k, 3), &in, err, sizeof(err));
+                assert_true(r == 0 || r == -EBADMSG);
+                wire_in_free(in);
+        }
+        free(flat);
+}
+
+static void test_unknown_fields_skipped(void **state) {
+        (void)state;
+        /* field 9 varint, field 10 fixed64, field 11 bytes: skipped; then an empty header */
+        const uint8_t p[] = {0x48, 0x05, 0x51, 1, 2, 3, 4, 5, 6, 7, 8, 0x5a, 0x02, 'h', 'i', 0x0a, 0x00};
+        struct wire_in *in;
+        grpc_slice s = grpc_slice_from_copied_buffer((const char *)p, sizeof(p));
+        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s);
+        assert_int_equal(wire_in_parse(bb, &in, NULL, 0), 0);
+        assert_int_equal(in->n_tensors, 0);
+        wire_in_free(in);
+        /* an absent message is an empty one */
+        assert_int_equal(wire_in_parse(NULL, &in, NULL, 0), 0);
+        ProtobufCMessage *hm;
+        assert_int_equal(wire_in_header(in, &psfleet__v1__push_header__descriptor, &hm), 0);
+        protobuf_c_message_free_unpacked(hm, NULL);
+        wire_in_free(in);
+}
+
+static void test_dtype_size(void **state) {
+        (void)state;
+        assert_int_equal(wire_dtype_size(WIRE_DTYPE_FLOAT32), 4);
+        assert_int_equal(wire_dtype_size(WIRE_DTYPE_INT64), 8);
+        assert_int_equal(wire_dtype_size(0), 0);
+        assert_int_equal(wire_dtype_size(77), 0);
+}
+
+int main(void) {
+        grpc_init();
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_roundtrip_and_protobuf_c_reads_it),
+                cmocka_unit_test(test_we_read_protobuf_c),
+                cmocka_unit_test(test_malformed),
+                cmocka_unit_test(test_truncation_everywhere),
+                cmocka_unit_test(test_unknown_fields_skipped),
+                cmocka_unit_test(test_dtype_size),
+        };
+        int r = cmocka_run_group_tests(tests, NULL, NULL);
+        grpc_shutdown_blocking();
+        return r;
+}
