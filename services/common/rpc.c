@@ -882,6 +882,14 @@ int rpc_batch_wait_all(struct rpc_batch *b) {
         return 0;
 }
 
+const struct rpc_result *rpc_batch_first_error(struct rpc_batch *b) {
+        const struct rpc_result *first = NULL;
+        for (struct rpc_pending *p = b->head; p; p = p->next)   /* newest first: keep the last seen */
+                if (p->done && p->res.err)
+                        first = &p->res;
+        return first;
+}
+
 struct rpc_result *rpc_pending_result(struct rpc_pending *p) {
         return &p->res;
 }

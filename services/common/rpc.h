@@ -120,6 +120,8 @@ struct rpc_result *rpc_batch_wait(struct rpc_batch *b, struct rpc_pending *p);
 /* Waits for every call started; returns the first error (0 if none). */
 int rpc_batch_wait_all(struct rpc_batch *b);
 struct rpc_result *rpc_pending_result(struct rpc_pending *p);
+/* The result of the earliest-started finished call that failed, or NULL. */
+const struct rpc_result *rpc_batch_first_error(struct rpc_batch *b);
 bool rpc_pending_done(const struct rpc_pending *p);
 /* Frees a finished call's handle and its result. */
 void rpc_batch_release(struct rpc_batch *b, struct rpc_pending *p);

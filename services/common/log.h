@@ -1,0 +1,53 @@
+/* The one logging module: to the journal with structured fields (JOB=, TASK=, STEP=) when running
+ * under systemd, else one line per message to stderr: "ident[task] level: message".
+ * Thread-safe: each message is one write() or one sd_journal_send(). log_setup() and
+ * log_set_max_level() are meant to be called from main() before threads start. */
+#pragma once
+#include <stdint.h>
+#include <syslog.h>
+
+#define LOG_STEP_NONE UINT64_MAX
+
+/* Sets the identifier (e.g. "workerd"), job name and task (e.g. "worker:1"); any may be NULL.
+ * The strings are copied. Also reads PSFLEET_LOG_LEVEL (debug|info|notice|warning|error) and
+ * PSFLEET_LOG_TIME=1, and decides between journal and stderr: journal when JOURNAL_STREAM matches
+ * stderr's device:inode, or when INVOCATION_ID is set and /run/systemd/journal/socket exists.
+ * Before log_setup() messages go to stderr as "psfleet". */
+void log_setup(const char *ident, const char *job, const char *task);
+
+/* Messages with a priority numerically above prio (less important) are dropped. Default LOG_INFO. */
+void log_set_max_level(int prio);
+int log_get_max_level(void);
+
+/* Parses "debug", "info", "notice", "warning" (or "warn"), "error" (or "err") into a syslog
+ * priority. Returns the priority, or -EINVAL. */
+int log_level_from_string(const char *s);
+
+/* Forces stderr output (1) or journal output (0), overriding the detection; for tests and for
+ * daemons started by hand from a systemd-run shell. */
+void log_set_target_stderr(int on);
+
+/* Logs one message. err != 0 appends ": <strerror(|err|)>" and, in the journal, ERRNO=. step is the
+ * training step or LOG_STEP_NONE. Returns -abs(err) when err != 0, else 0, so that
+ * `return log_error_errno(r, "...")` works. Messages above the max level are not written but the
+ * return value is the same. */
+int log_internal(int prio, int err, uint64_t step, const char *file, int line, const char *func,
+                 const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+#define log_full(prio, err, step, ...) \
+        log_internal((prio), (err), (step), __FILE__, __LINE__, __func__, __VA_ARGS__)
+
+#define log_debug(...)   log_full(LOG_DEBUG, 0, LOG_STEP_NONE, __VA_ARGS__)
+#define log_info(...)    log_full(LOG_INFO, 0, LOG_STEP_NONE, __VA_ARGS__)
+#define log_notice(...)  log_full(LOG_NOTICE, 0, LOG_STEP_NONE, __VA_ARGS__)
+#define log_warning(...) log_full(LOG_WARNING, 0, LOG_STEP_NONE, __VA_ARGS__)
+#define log_error(...)   log_full(LOG_ERR, 0, LOG_STEP_NONE, __VA_ARGS__)
+
+#define log_debug_errno(err, ...)   log_full(LOG_DEBUG, (err), LOG_STEP_NONE, __VA_ARGS__)
+#define log_info_errno(err, ...)    log_full(LOG_INFO, (err), LOG_STEP_NONE, __VA_ARGS__)
+#define log_warning_errno(err, ...) log_full(LOG_WARNING, (err), LOG_STEP_NONE, __VA_ARGS__)
+#define log_error_errno(err, ...)   log_full(LOG_ERR, (err), LOG_STEP_NONE, __VA_ARGS__)
+
+#define log_info_step(step, ...)    log_full(LOG_INFO, 0, (step), __VA_ARGS__)
+#define log_debug_step(step, ...)   log_full(LOG_DEBUG, 0, (step), __VA_ARGS__)
+#define log_warning_step(step, ...) log_full(LOG_WARNING, 0, (step), __VA_ARGS__)

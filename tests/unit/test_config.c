@@ -1,0 +1,719 @@
+/* Tests of config.c: a full file round-trips, defaults fill in, and every malformed file or TF_CONFIG
+ * value fails with the exact message a user will read. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "config.h"
+#include "util.h"
+
+static char tmpdir[] = "/tmp/test_config.XXXXXX";
+static char xpath[sizeof(tmpdir) + 16]; /* tmpdir/x.json, the file malformed cases are written to */
+
+/* Test JSON is written with single quotes for readability; this turns them into double quotes. */
+static char *dq(const char *s) {
+        char *d = strdup(s);
+        assert_non_null(d);
+        for (char *p = d; *p; p++)
+                if (*p == '\'')
+                        *p = '"';
+        return d;
+}
+
+static void write_json(const char *path, const char *json) {
+        char *d = dq(json);
+        assert_int_equal(write_file_atomic(path, d, strlen(d)), 0);
+        free(d);
+}
+
+static struct job_config *load_ok(const char *path, const char *json) {
+        struct job_config *c = NULL;
+        char err[512] = "";
+        int r;
+
+        write_json(path, json);
+        r = config_load(path, &c, err, sizeof(err));
+        if (r < 0)
+                print_error("unexpected error: %s\n", err);
+        assert_int_equal(r, 0);
+        assert_non_null(c);
+        return c;
+}
+
+#define CLUSTER "'cluster': {'chief': ['localhost:7000'], 'ps': ['localhost:7001'], " \
+                "'worker': ['localhost:7002', 'localhost:7003']}"
+#define MODEL "'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 10}]}"
+#define BASE CLUSTER ", " MODEL
+
+static const char *full_json =
+        "{\n"
+        "  'job': 'fmnist',\n"
+        "  'cluster': {\n"
+        "    'chief': ['chief.example.org:2222'],\n"
+        "    'ps': ['10.0.0.1:2223', '[::1]:2224'],\n"
+        "    'worker': ['w0:2225', 'w1:2225', 'w2:2225']\n"
+        "  },\n"
+        "  'model': {\n"
+        "    'input': [1, 28, 28],\n"
+        "    'seed': 7,\n"
+        "    'layers': [\n"
+        "      {'type': 'conv2d', 'filters': 32, 'kernel': 5, 'init': 'he_normal'},\n"
+        "      {'type': 'relu'},\n"
+        "      {'type': 'maxpool2d', 'pool': 2},\n"
+        "      {'type': 'flatten'},\n"
+        "      {'type': 'dense', 'units': 128, 'init': 'glorot_uniform'},\n"
+        "      {'type': 'tanh'},\n"
+        "      {'type': 'sigmoid'},\n"
+        "      {'type': 'dense', 'units': 10, 'init': 'zeros'}\n"
+        "    ]\n"
+        "  },\n"
+        "  'data': {'dir': '/data', 'train_images': 'a.gz', 'train_labels': 'b.gz',\n"
+        "           'test_images': 'c.gz', 'test_labels': 'd.gz'},\n"
+        "  'training': {'batch_size': 128, 'optimizer': 'adam', 'learning_rate': 0.001, 'momentum': 0.5,\n"
+        "               'nesterov': true, 'beta1': 0.8, 'beta2': 0.99, 'epsilon': 1e-8,\n"
+        "               'initial_accumulator': 0.2, 'lr_schedule': 'exponential', 'lr_decay_rate': 0.5,\n"
+        "               'lr_decay_steps': 100, 'lr_staircase': true, 'max_steps': 5000,\n"
+        "               'report_every_steps': 10, 'threads': 4, 'seed': 42},\n"
+        "  'supervisor': {'checkpoint_dir': 'ck', 'summary_dir': 'sum', 'save_checkpoint_steps': 100,\n"
+        "                 'save_checkpoint_secs': 0, 'keep_checkpoints': 3, 'save_summaries_secs': 5,\n"
+        "                 'eval_every_steps': 1000, 'ready_timeout_secs': 60},\n"
+        "  'ps': {'split_bytes': 8192},\n"
+        "  'rpc': {'deadline_ms': 5000},\n"
+        "  'device': {'device': 'gpu:0,1', 'gpu_memory_fraction': 0.5, 'allow_growth': true,\n"
+        "             'log_device_placement': true}\n"
+        "}\n";
+
+static int setup(void **state) {
+        if (!mkdtemp(tmpdir))
+                return -1;
+        snprintf(xpath, sizeof(xpath), "%s/x.json", tmpdir);
+        return 0;
+}
+
+static int teardown(void **state) {
+        char cmd[sizeof(tmpdir) + 16];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+        return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_full_file(void **state) {
+        char path[sizeof(tmpdir) + 32];
+        struct job_config *c;
+
+        snprintf(path, sizeof(path), "%s/full.json", tmpdir);
+        c = load_ok(path, full_json);
+        assert_string_equal(c->path, path);
+        assert_string_equal(c->name, "fmnist");
+
+        assert_int_equal(c->cluster.n_chief, 1);
+        assert_int_equal(c->cluster.n_ps, 2);
+        assert_int_equal(c->cluster.n_worker, 3);
+        assert_string_equal(c->cluster.chief[0].host, "chief.example.org");
+        assert_int_equal(c->cluster.chief[0].port, 2222);
+        assert_string_equal(c->cluster.ps[1].host, "::1");
+        assert_string_equal(c->cluster.ps[1].addr, "[::1]:2224");
+        assert_int_equal(c->cluster.ps[1].port, 2224);
+        assert_string_equal(c->cluster.worker[2].addr, "w2:2225");
+
+        assert_int_equal(c->model.input[0], 1);
+        assert_int_equal(c->model.input[1], 28);
+        assert_int_equal(c->model.input[2], 28);
+        assert_int_equal(c->model.seed, 7);
+        assert_int_equal(c->model.n_layers, 8);
+        assert_int_equal(c->model.layers[0].type, LAYER_CONV2D);
+        assert_int_equal(c->model.layers[0].filters, 32);
+        assert_int_equal(c->model.layers[0].kernel, 5);
+        assert_int_equal(c->model.layers[0].init, INIT_HE_NORMAL);
+        assert_int_equal(c->model.layers[1].type, LAYER_RELU);
+        assert_int_equal(c->model.layers[2].type, LAYER_MAXPOOL2D);
+        assert_int_equal(c->model.layers[2].pool, 2);
+        assert_int_equal(c->model.layers[3].type, LAYER_FLATTEN);
+        assert_int_equal(c->model.layers[4].units, 128);
+        assert_int_equal(c->model.layers[4].init, INIT_GLOROT_UNIFORM);
+        assert_int_equal(c->model.layers[5].type, LAYER_TANH);
+        assert_int_equal(c->model.layers[6].type, LAYER_SIGMOID);
+        assert_int_equal(c->model.layers[7].units, 10);
+        assert_int_equal(c->model.layers[7].init, INIT_ZEROS);
+
+        assert_string_equal(c->data.dir, "/data");
+        assert_string_equal(c->data.train_images, "a.gz");
+        assert_string_equal(c->data.train_labels, "b.gz");
+        assert_string_equal(c->data.test_images, "c.gz");
+        assert_string_equal(c->data.test_labels, "d.gz");
+
+        assert_int_equal(c->training.batch_size, 128);
+        assert_int_equal(c->training.optimizer, OPT_ADAM);
+        assert_true(c->training.learning_rate == 0.001);
+        assert_true(c->training.momentum == 0.5);
+        assert_true(c->training.nesterov);
+        assert_true(c->training.beta1 == 0.8);
+        assert_true(c->training.beta2 == 0.99);
+        assert_true(c->training.epsilon == 1e-8);
+        assert_true(c->training.initial_accumulator == 0.2);
+        assert_int_equal(c->training.lr_schedule, LR_EXPONENTIAL);
+        assert_true(c->training.lr_decay_rate == 0.5);
+        assert_int_equal(c->training.lr_decay_steps, 100);
+        assert_true(c->training.lr_staircase);
+        assert_int_equal(c->training.max_steps, 5000);
+        assert_int_equal(c->training.report_every_steps, 10);
+        assert_int_equal(c->training.threads, 4);
+        assert_int_equal(c->training.seed, 42);
+
+        assert_string_equal(c->supervisor.checkpoint_dir, "ck");
+        assert_string_equal(c->supervisor.summary_dir, "sum");
+        assert_int_equal(c->supervisor.save_checkpoint_steps, 100);
+        assert_int_equal(c->supervisor.save_checkpoint_secs, 0);
+        assert_int_equal(c->supervisor.keep_checkpoints, 3);
+        assert_int_equal(c->supervisor.save_summaries_secs, 5);
+        assert_int_equal(c->supervisor.eval_every_steps, 1000);
+        assert_int_equal(c->supervisor.ready_timeout_secs, 60);
+        assert_int_equal(c->ps.split_bytes, 8192);
+        assert_int_equal(c->rpc.deadline_ms, 5000);
+        assert_string_equal(c->device.device, "gpu:0,1");
+        assert_true(c->device.gpu_memory_fraction == 0.5);
+        assert_true(c->device.allow_growth);
+        assert_true(c->device.log_device_placement);
+
+        assert_string_equal(role_name(ROLE_CHIEF), "chief");
+        assert_string_equal(role_name(ROLE_PS), "ps");
+        assert_string_equal(role_name(ROLE_WORKER), "worker");
+        assert_string_equal(config_endpoint(c, (struct task) { ROLE_PS, 1 })->addr, "[::1]:2224");
+        assert_string_equal(config_endpoint(c, (struct task) { ROLE_WORKER, 2 })->addr, "w2:2225");
+        assert_null(config_endpoint(c, (struct task) { ROLE_WORKER, 3 }));
+        assert_null(config_endpoint(c, (struct task) { ROLE_CHIEF, 1 }));
+        assert_null(config_free(c));
+        assert_null(config_free(NULL));
+}
+
+static void test_defaults(void **state) {
+        char path[sizeof(tmpdir) + 32];
+        struct job_config *c;
+
+        snprintf(path, sizeof(path), "%s/mnist-small.json", tmpdir);
+        c = load_ok(path, "{" BASE "}");
+        assert_string_equal(c->name, "mnist-small");
+        assert_int_equal(c->model.input[0], 1);
+        assert_int_equal(c->model.input[1], 1);
+        assert_int_equal(c->model.input[2], 784);
+        assert_int_equal(c->model.seed, 1);
+        assert_int_equal(c->model.n_layers, 1);
+        assert_int_equal(c->model.layers[0].init, INIT_DEFAULT);
+        assert_string_equal(c->data.dir, "/usr/share/datasets/fashion-mnist");
+        assert_string_equal(c->data.train_images, "train-images-idx3-ubyte.gz");
+        assert_string_equal(c->data.train_labels, "train-labels-idx1-ubyte.gz");
+        assert_string_equal(c->data.test_images, "t10k-images-idx3-ubyte.gz");
+        assert_string_equal(c->data.test_labels, "t10k-labels-idx1-ubyte.gz");
+        assert_int_equal(c->training.batch_size, 64);
+        assert_int_equal(c->training.optimizer, OPT_MOMENTUM);
+        assert_true(c->training.learning_rate == 0.01);
+        assert_true(c->training.momentum == 0.9);
+        assert_false(c->training.nesterov);
+        assert_true(c->training.beta1 == 0.9);
+        assert_true(c->training.beta2 == 0.999);
+        assert_true(c->training.epsilon == 1e-7);
+        assert_true(c->training.initial_accumulator == 0.1);
+        assert_int_equal(c->training.lr_schedule, LR_CONSTANT);
+        assert_true(c->training.lr_decay_rate == 0.96);
+        assert_int_equal(c->training.lr_decay_steps, 1000);
+        assert_false(c->training.lr_staircase);
+        assert_int_equal(c->training.max_steps, 1000);
+        assert_int_equal(c->training.report_every_steps, 50);
+        assert_int_equal(c->training.threads, 1);
+        assert_int_equal(c->training.seed, 1);
+        assert_string_equal(c->supervisor.checkpoint_dir, "checkpoints");
+        assert_string_equal(c->supervisor.summary_dir, "summaries");
+        assert_int_equal(c->supervisor.save_checkpoint_steps, 0);
+        assert_int_equal(c->supervisor.save_checkpoint_secs, 600);
+        assert_int_equal(c->supervisor.keep_checkpoints, 5);
+        assert_int_equal(c->supervisor.save_summaries_secs, 10);
+        assert_int_equal(c->supervisor.eval_every_steps, 0);
+        assert_int_equal(c->supervisor.ready_timeout_secs, 600);
+        assert_int_equal(c->ps.split_bytes, 4194304);
+        assert_int_equal(c->rpc.deadline_ms, 30000);
+        assert_string_equal(c->device.device, "auto");
+        assert_true(c->device.gpu_memory_fraction == 1.0);
+        assert_false(c->device.allow_growth);
+        assert_false(c->device.log_device_placement);
+        config_free(c);
+
+        /* Integers are accepted where numbers are expected; "master" is the chief. */
+        c = load_ok(path, "{'cluster': {'master': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3']}, " MODEL ", "
+                          "'training': {'learning_rate': 1}, 'device': {'device': 'cpu'}}");
+        assert_true(c->training.learning_rate == 1.0);
+        assert_int_equal(c->cluster.n_chief, 1);
+        assert_string_equal(c->cluster.chief[0].addr, "a:1");
+        config_free(c);
+}
+
+struct bad_case {
+        const char *json;       /* single quotes become double quotes */
+        const char *error;      /* after "PATH: " */
+};
+
+static const struct bad_case bad_cases[] = {
+        /* unknown keys */
+        { "{" BASE ", 'trainig': {}}", "trainig: unknown key" },
+        { "{" BASE ", 'training': {'batchsize': 64}}", "training.batchsize: unknown key" },
+        { "{" BASE ", 'device': {'gpu': 1}}", "device.gpu: unknown key" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layer': [], 'layers': [{'type': 'dense', 'units': 10}]}}",
+          "model.layer: unknown key" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers[].units': 1, 'layers': [{'type': 'dense', 'units': 10}]}}",
+          "model.layers[].units: unknown key" },
+        /* types */
+        { "{" BASE ", 'training': {'batch_size': '64'}}",
+          "training.batch_size: expected an integer, got string \"64\"" },
+        { "{" BASE ", 'training': {'batch_size': 1.5}}", "training.batch_size: expected an integer, got number 1.5" },
+        { "{" BASE ", 'training': {'max_steps': 1000.0}}",
+          "training.max_steps: expected an integer, got number 1000.0" },
+        { "{" BASE ", 'training': {'nesterov': 'yes'}}",
+          "training.nesterov: expected a boolean (true or false), got string \"yes\"" },
+        { "{" BASE ", 'device': {'allow_growth': 1}}",
+          "device.allow_growth: expected a boolean (true or false), got integer 1" },
+        { "{" BASE ", 'training': {'learning_rate': null}}",
+          "training.learning_rate: expected a number, got null" },
+        { "{" BASE ", 'data': {'dir': ['a']}}", "data.dir: expected a string, got array" },
+        { "{" BASE ", 'training': []}", "training: expected an object, got array" },
+        { "{" BASE ", 'job': 7}", "job: expected a string, got integer 7" },
+        { "{" BASE ", 'training': {'optimizer': '" "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'}}",
+          "training.optimizer: \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa... "
+          "is not one of sgd, momentum, adam, adagrad" },
+        /* ranges */
+        { "{" BASE ", 'training': {'batch_size': 0}}", "training.batch_size: 0 is out of range [1, 65536]" },
+        { "{" BASE ", 'training': {'batch_size': 65537}}", "training.batch_size: 65537 is out of range [1, 65536]" },
+        { "{" BASE ", 'training': {'max_steps': -1}}",
+          "training.max_steps: -1 is out of range [1, 1000000000000]" },
+        { "{" BASE ", 'training': {'learning_rate': 0}}", "training.learning_rate: 0 is out of range (0, 10]" },
+        { "{" BASE ", 'training': {'learning_rate': 10.5}}", "training.learning_rate: 10.5 is out of range (0, 10]" },
+        { "{" BASE ", 'training': {'momentum': 1.0}}", "training.momentum: 1.0 is out of range [0, 1)" },
+        { "{" BASE ", 'training': {'threads': 257}}", "training.threads: 257 is out of range [1, 256]" },
+        { "{" BASE ", 'device': {'gpu_memory_fraction': 0}}",
+          "device.gpu_memory_fraction: 0 is out of range (0, 1]" },
+        { "{" BASE ", 'supervisor': {'keep_checkpoints': 0}}",
+          "supervisor.keep_checkpoints: 0 is out of range [1, 1000]" },
+        { "{" BASE ", 'supervisor': {'ready_timeout_secs': 86401}}",
+          "supervisor.ready_timeout_secs: 86401 is out of range [1, 86400]" },
+        { "{" BASE ", 'rpc': {'deadline_ms': 3600001}}", "rpc.deadline_ms: 3600001 is out of range [1, 3600000]" },
+        { "{" BASE ", 'ps': {'split_bytes': 1024}}",
+          "ps.split_bytes: 1024 is out of range [4096, 9223372036854775807]" },
+        { "{" BASE ", 'data': {'dir': ''}}", "data.dir: must not be empty" },
+        /* enums and strings */
+        { "{" BASE ", 'training': {'optimizer': 'rmsprop'}}",
+          "training.optimizer: \"rmsprop\" is not one of sgd, momentum, adam, adagrad" },
+        { "{" BASE ", 'training': {'lr_schedule': 'cosine'}}",
+          "training.lr_schedule: \"cosine\" is not one of constant, exponential" },
+        { "{" BASE ", 'device': {'device': 'gpu'}}", "device.device: \"gpu\" is not auto, cpu, gpu:N or gpu:N,M,..." },
+        { "{" BASE ", 'device': {'device': 'gpu:1,x'}}",
+          "device.device: \"gpu:1,x\" is not auto, cpu, gpu:N or gpu:N,M,... (bad GPU index)" },
+        { "{" BASE ", 'device': {'device': 'gpu:0,'}}",
+          "device.device: \"gpu:0,\" is not auto, cpu, gpu:N or gpu:N,M,... (bad GPU index)" },
+        { "{" BASE ", 'device': {'device': 'gpu:0,0'}}", "device.device: \"gpu:0,0\" lists GPU 0 twice" },
+        { "{" BASE ", 'job': 'a b'}",
+          "job: \"a b\" is not a valid job name ([A-Za-z0-9_.-]+, at most 64 characters)" },
+        /* cluster */
+        { "{" MODEL "}", "cluster: missing" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'worker': ['a:3']}}", "cluster.ps: missing" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': [], 'worker': ['a:3']}}", "cluster.ps: must not be empty" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': []}}",
+          "cluster.worker: must not be empty" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1', 'a:4'], 'ps': ['a:2'], 'worker': ['a:3']}}",
+          "cluster.chief: must have exactly 1 entry, has 2" },
+        { "{" MODEL ", 'cluster': {'chief': 'a:1', 'ps': ['a:2'], 'worker': ['a:3']}}",
+          "cluster.chief: expected an array of \"host:port\" strings, got string \"a:1\"" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3', 7]}}",
+          "cluster.worker[1]: expected a \"host:port\" string, got integer 7" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'evaluator': ['a:4']}}",
+          "cluster.evaluator: unknown key" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'master': ['a:4'], 'ps': ['a:2'], 'worker': ['a:3']}}",
+          "cluster.master: conflicts with cluster.chief (they are the same task)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['127.0.0.1:7001', '127.0.0.1'], 'worker': ['a:3']}}",
+          "cluster.ps[1]: \"127.0.0.1\" is not host:port (missing port)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \"a:\" is not host:port (missing port)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:0'], 'ps': ['a:2'], 'worker': ['a:3']}}",
+          "cluster.chief[0]: \"a:0\" is not host:port (port out of range [1, 65535])" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:70000'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \"a:70000\" is not host:port (port out of range [1, 65535])" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:http'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \"a:http\" is not host:port (port is not a number)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:+80'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \"a:+80\" is not host:port (port is not a number)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': [':7001'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \":7001\" is not host:port (empty host)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['::1:7001'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \"::1:7001\" is not host:port (an IPv6 address must be in brackets)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['[::1:7001'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \"[::1:7001\" is not host:port (missing ']')" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['[::1]'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \"[::1]\" is not host:port (missing port)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['[zz]:1'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \"[zz]:1\" is not host:port (bad IPv6 address)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a b:1'], 'worker': ['a:3']}}",
+          "cluster.ps[0]: \"a b:1\" is not host:port (bad character in host)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['127.0.0.1:7001'], 'worker': ['127.0.0.1:7001']}}",
+          "cluster.worker[0]: \"127.0.0.1:7001\" duplicates cluster.ps[0]" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3', 'b:3', 'A:3']}}",
+          "cluster.worker[2]: \"A:3\" duplicates cluster.worker[0]" },
+        /* model */
+        { "{" CLUSTER "}", "model: missing" },
+        { "{" CLUSTER ", 'model': {'layers': [{'type': 'dense', 'units': 10}]}}", "model.input: missing" },
+        { "{" CLUSTER ", 'model': {'input': [1, 28], 'layers': [{'type': 'dense', 'units': 10}]}}",
+          "model.input: expected 1 or 3 dimensions, got 2" },
+        { "{" CLUSTER ", 'model': {'input': [0], 'layers': [{'type': 'dense', 'units': 10}]}}",
+          "model.input[0]: 0 is out of range [1, 1048576]" },
+        { "{" CLUSTER ", 'model': {'input': 784, 'layers': [{'type': 'dense', 'units': 10}]}}",
+          "model.input: expected an array of 1 or 3 integers, got integer 784" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': []}}", "model.layers: must not be empty" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dropout'}]}}",
+          "model.layers[0].type: \"dropout\" is not one of dense, relu, tanh, sigmoid, conv2d, maxpool2d, flatten" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': [{'units': 10}]}}", "model.layers[0].type: missing" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': ['dense']}}",
+          "model.layers[0]: expected an object, got string \"dense\"" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 64}, {'type': 'relu'}, "
+          "{'type': 'dense', 'unitz': 10}]}}", "model.layers[2].unitz: unknown key" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'relu', 'units': 10}, "
+          "{'type': 'dense', 'units': 10}]}}", "model.layers[0].units: not allowed in a relu layer" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dense'}]}}",
+          "model.layers[0].units: missing (required in a dense layer)" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 0}]}}",
+          "model.layers[0].units: 0 is out of range [1, 1048576]" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 10, 'init': 'xavier'}]}}",
+          "model.layers[0].init: \"xavier\" is not one of default, glorot_uniform, he_normal, zeros" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 10}, {'type': 'relu'}]}}",
+          "model.layers[1]: the last layer must be dense (its units are the number of classes), got relu" },
+        { "{" CLUSTER ", 'model': {'input': [1, 28, 28], 'layers': [{'type': 'dense', 'units': 10}]}}",
+          "model.layers[0]: dense needs a flat input, got (1, 28, 28); add a flatten layer before it" },
+        { "{" CLUSTER ", 'model': {'input': [1, 2, 2], 'layers': [{'type': 'maxpool2d', 'pool': 3}, "
+          "{'type': 'flatten'}, {'type': 'dense', 'units': 10}]}}",
+          "model.layers[0]: pool 3 is larger than its input (1, 2, 2)" },
+        /* syntax and shape of the file */
+        { "{" BASE ",\n  'training': {'batch_size': }\n}",
+          "line 2 column 30: unexpected token near '}'" },
+        { "{" BASE ", 'ps': {}, 'ps': {}}", "line 1 column 202: duplicate object key near '\"ps\"'" },
+        { "[1, 2]", "expected an object at the top level, got array" },
+        { "", "line 1 column 0: '[' or '{' expected near end of file" },
+};
+
+static void test_bad_files(void **state) {
+        unsigned failed = 0;
+
+        for (size_t i = 0; i < ELEMENTSOF(bad_cases); i++) {
+                struct job_config *c = NULL;
+                char err[600] = "", want[600];
+                int r;
+
+                write_json(xpath, bad_cases[i].json);
+                snprintf(want, sizeof(want), "%s: %s", xpath, bad_cases[i].error);
+                r = config_load(xpath, &c, err, sizeof(err));
+                if (r != -EINVAL || strcmp(err, want) != 0 || c) {
+                        print_error("case %zu: r=%d\n  got:  %s\n  want: %s\n", i, r, err, want);
+                        failed++;
+                }
+                config_free(c);
+        }
+        print_message("%zu malformed job files\n", ELEMENTSOF(bad_cases));
+        assert_int_equal(failed, 0);
+}
+
+static void test_file_errors(void **state) {
+        struct job_config *c = NULL;
+        char err[512], want[512], path[sizeof(tmpdir) + 32];
+
+        snprintf(path, sizeof(path), "%s/nope.json", tmpdir);
+        assert_int_equal(config_load(path, &c, err, sizeof(err)), -ENOENT);
+        snprintf(want, sizeof(want), "%s: cannot open: No such file or directory", path);
+        assert_string_equal(err, want);
+        assert_null(c);
+
+        assert_int_equal(config_load(tmpdir, &c, err, sizeof(err)), -EISDIR);
+        snprintf(want, sizeof(want), "%s: cannot open: Is a directory", tmpdir);
+        assert_string_equal(err, want);
+
+        /* A string without "job" takes its name from the origin; an unusable origin is an error. */
+        assert_int_equal(config_load_string("{'x': 1}", "jobs/x.json", &c, err, sizeof(err)), -EINVAL);
+        assert_string_equal(err, "jobs/x.json: line 1 column 2: string or '}' expected near '''");
+        {
+                char *j = dq("{" BASE "}");
+                assert_int_equal(config_load_string(j, "my job.json", &c, err, sizeof(err)), -EINVAL);
+                assert_string_equal(err, "my job.json: job: missing, and the file name \"my job\" is not a valid "
+                                         "job name ([A-Za-z0-9_.-]+, at most 64 characters)");
+                assert_int_equal(config_load_string(j, "/etc/psfleet/jobs/fmnist.json", &c, err, sizeof(err)), 0);
+                assert_string_equal(c->name, "fmnist");
+                c = config_free(c);
+                /* A tiny error buffer truncates but never overflows. */
+                free(j);
+                j = dq("{" BASE ", 'training': {'batch_size': 0}}");
+                assert_int_equal(config_load_string(j, "jobs/x.json", &c, err, 12), -EINVAL);
+                assert_string_equal(err, "jobs/x.json");
+                assert_int_equal(config_load_string(j, "jobs/x.json", &c, NULL, 0), -EINVAL);
+                free(j);
+        }
+}
+
+static struct job_config *load_string_ok(const char *json) {
+        struct job_config *c = NULL;
+        char err[512] = "", *d = dq(json);
+        int r = config_load_string(d, "jobs/x.json", &c, err, sizeof(err));
+
+        if (r < 0)
+                print_error("unexpected error: %s\n", err);
+        assert_int_equal(r, 0);
+        free(d);
+        return c;
+}
+
+static void test_task(void **state) {
+        struct job_config *c = load_string_ok("{" BASE "}");
+        struct task t = { ROLE_CHIEF, 99 };
+        char err[512];
+        static const struct { const char *role, *index, *error; } bad[] = {
+                { "worker", "2", "jobs/x.json: task index 2 is out of range: cluster has 2 worker tasks (0..1)" },
+                { "ps", "1", "jobs/x.json: task index 1 is out of range: cluster has 1 ps task (0..0)" },
+                { "worker", "1x", "jobs/x.json: task index \"1x\" is not a whole decimal number" },
+                { "worker", "-1", "jobs/x.json: task index \"-1\" is not a whole decimal number" },
+                { "worker", " 1", "jobs/x.json: task index \" 1\" is not a whole decimal number" },
+                { "worker", "", "jobs/x.json: task index \"\" is not a whole decimal number" },
+                { "worker", "99999999999999999999", "jobs/x.json: task index \"99999999999999999999\" is not a whole decimal number" },
+                { "boss", "0", "jobs/x.json: task type \"boss\" is not one of chief, ps, worker" },
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                assert_int_equal(config_parse_task(c, bad[i].role, bad[i].index, &t, err, sizeof(err)), -EINVAL);
+                assert_string_equal(err, bad[i].error);
+                assert_int_equal(t.index, 99); /* untouched on failure */
+        }
+        assert_int_equal(config_parse_task(c, "worker", "1", &t, err, sizeof(err)), 0);
+        assert_int_equal(t.role, ROLE_WORKER);
+        assert_int_equal(t.index, 1);
+        assert_int_equal(config_parse_task(c, "master", "0", &t, err, sizeof(err)), 0);
+        assert_int_equal(t.role, ROLE_CHIEF);
+        assert_int_equal(config_parse_task(c, "ps", "0", &t, err, sizeof(err)), 0);
+        assert_int_equal(t.role, ROLE_PS);
+        config_free(c);
+}
+
+static void test_tf_config(void **state) {
+        struct job_config *c = load_string_ok("{" BASE "}");
+        struct task t = { ROLE_CHIEF, 99 };
+        bool have = true;
+        char err[512], *before = config_canonical_json(c), *after;
+        static const struct { const char *json, *error; } bad[] = {
+                { "{'task': ", "TF_CONFIG: line 1 column 9: unexpected token near end of file" },
+                { "[]", "TF_CONFIG: expected an object at the top level, got array" },
+                { "{'tasks': {}}", "TF_CONFIG: tasks: unknown key" },
+                { "{'task': {'type': 'evaluator', 'index': 0}}",
+                  "TF_CONFIG: task.type: \"evaluator\" is not one of chief, master, ps, worker" },
+                { "{'task': {'index': 0}}", "TF_CONFIG: task.type: missing" },
+                { "{'task': {'type': 'worker', 'index': 2}}",
+                  "TF_CONFIG: task.index: 2 is out of range: cluster has 2 worker tasks (0..1)" },
+                { "{'task': {'type': 'worker', 'index': '1'}}",
+                  "TF_CONFIG: task.index: expected an integer, got string \"1\"" },
+                { "{'task': {'type': 'worker', 'index': -1}}", "TF_CONFIG: task.index: -1 is negative" },
+                { "{'task': {'type': 'worker', 'idx': 1}}", "TF_CONFIG: task.idx: unknown key" },
+                { "{'cluster': {'chief': ['h:1'], 'ps': ['h'], 'worker': ['h:3']}, 'task': {'type': 'ps', 'index': 0}}",
+                  "TF_CONFIG: cluster.ps[0]: \"h\" is not host:port (missing port)" },
+                { "{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3']}, 'task': {'type': 'worker', 'index': 1}}",
+                  "TF_CONFIG: task.index: 1 is out of range: cluster has 1 worker task (0..0)" },
+                { "{'rpc_layer': 'grpc+verbs'}", "TF_CONFIG: rpc_layer: \"grpc+verbs\" is not \"grpc\"" },
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                char *j = dq(bad[i].json);
+                assert_int_equal(config_apply_tf_config(c, j, &t, &have, err, sizeof(err)), -EINVAL);
+                if (strcmp(err, bad[i].error) != 0)
+                        print_error("TF_CONFIG case %zu\n", i);
+                assert_string_equal(err, bad[i].error);
+                assert_int_equal(t.index, 99);
+                assert_true(have);
+                free(j);
+        }
+        after = config_canonical_json(c);
+        assert_string_equal(before, after); /* failures leave the config alone */
+        free(after);
+
+        assert_int_equal(config_apply_tf_config(c, NULL, &t, &have, err, sizeof(err)), 0);
+        assert_false(have);
+        {
+                char *j = dq("{'task': {'type': 'worker', 'index': 1}, 'environment': 'cloud'}");
+                assert_int_equal(config_apply_tf_config(c, j, &t, &have, err, sizeof(err)), 0);
+                assert_true(have);
+                assert_int_equal(t.role, ROLE_WORKER);
+                assert_int_equal(t.index, 1);
+                free(j);
+        }
+        {
+                char *j = dq("{'cluster': {'master': ['h:1'], 'ps': ['h:2', 'h:4'], 'worker': ['h:3']}, "
+                             "'task': {'type': 'master', 'index': 0}, 'rpc_layer': 'grpc'}");
+                assert_int_equal(config_apply_tf_config(c, j, &t, &have, err, sizeof(err)), 0);
+                assert_true(have);
+                assert_int_equal(t.role, ROLE_CHIEF);
+                assert_int_equal(t.index, 0);
+                assert_int_equal(c->cluster.n_ps, 2);
+                assert_string_equal(c->cluster.ps[1].addr, "h:4");
+                assert_string_equal(c->cluster_origin, "TF_CONFIG");
+                free(j);
+                /* The cluster now comes from TF_CONFIG, and messages say so. */
+                assert_int_equal(config_parse_task(c, "worker", "1", &t, err, sizeof(err)), -EINVAL);
+                assert_string_equal(err, "TF_CONFIG: task index 1 is out of range: cluster has 1 worker task (0..0)");
+        }
+        after = config_canonical_json(c);
+        assert_string_not_equal(before, after);
+        free(before);
+        free(after);
+        print_message("%zu malformed TF_CONFIG values\n", ELEMENTSOF(bad));
+        config_free(c);
+}
+
+static void test_canonical(void **state) {
+        struct job_config *a, *b, *m;
+        char *ja, *jb, *jm, msg[256];
+
+        a = load_string_ok("{" BASE ", 'training': {'batch_size': 32, 'optimizer': 'sgd'}, 'data': {'dir': '/x'}}");
+        b = load_string_ok("{\n 'training' : { 'optimizer':'sgd',\n 'batch_size':32 },\n"
+                           " 'model': {'layers': [{'units': 10, 'type': 'dense', 'init': 'default'}], 'input': [1, 1, 784], 'seed': 1},\n"
+                           " 'cluster': {'worker': ['localhost:7002', 'localhost:7003'], 'ps': ['localhost:7001'],\n"
+                           "             'chief': ['localhost:7000']},\n"
+                           " 'supervisor': {'keep_checkpoints': 9}, 'device': {'device': 'cpu'}, 'job': 'other'}");
+        ja = config_canonical_json(a);
+        jb = config_canonical_json(b);
+        assert_non_null(ja);
+        assert_string_equal(ja, jb);
+        assert_true(config_fingerprint(a) == config_fingerprint(b));
+        assert_int_equal(config_diff(ja, jb, msg, sizeof(msg)), 0);
+        assert_string_equal(ja,
+                "{\"cluster\":{\"chief\":[\"localhost:7000\"],\"ps\":[\"localhost:7001\"],"
+                "\"worker\":[\"localhost:7002\",\"localhost:7003\"]},"
+                "\"model\":{\"input\":[1,1,784],\"layers\":[{\"init\":\"default\",\"type\":\"dense\",\"units\":10}],"
+                "\"seed\":1},\"ps\":{\"split_bytes\":4194304},"
+                "\"training\":{\"batch_size\":32,\"beta1\":0.90000000000000002,\"beta2\":0.999,\"epsilon\":9.9999999999999995e-8,"
+                "\"initial_accumulator\":0.10000000000000001,\"learning_rate\":0.01,\"lr_decay_rate\":0.95999999999999996,"
+                "\"lr_decay_steps\":1000,\"lr_schedule\":\"constant\",\"lr_staircase\":false,\"max_steps\":1000,"
+                "\"momentum\":0.90000000000000002,\"nesterov\":false,\"optimizer\":\"sgd\",\"report_every_steps\":50,"
+                "\"seed\":1,\"threads\":1}}");
+
+        /* A different layer: a different fingerprint, and the diff names the layer's key. */
+        m = load_string_ok("{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 128}, "
+                           "{'type': 'relu'}, {'type': 'dense', 'units': 10}]}}");
+        config_free(b);
+        b = load_string_ok("{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 64}, "
+                           "{'type': 'relu'}, {'type': 'dense', 'units': 10}]}}");
+        jm = config_canonical_json(m);
+        free(jb);
+        jb = config_canonical_json(b);
+        assert_true(config_fingerprint(m) != config_fingerprint(b));
+        assert_true(config_fingerprint(m) != config_fingerprint(a));
+        assert_int_equal(config_diff(jm, jb, msg, sizeof(msg)), 1);
+        assert_string_equal(msg, "model.layers[0].units: ours 128, theirs 64");
+        assert_int_equal(config_diff(ja, jm, msg, sizeof(msg)), 1);
+        assert_string_equal(msg, "model.layers: ours has 1 entries, theirs 3");
+
+        /* A different cluster. */
+        free(jb);
+        config_free(b);
+        b = load_string_ok("{'cluster': {'chief': ['localhost:7000'], 'ps': ['localhost:7001'], "
+                           "'worker': ['localhost:7002', 'localhost:7003', 'localhost:7004']}, " MODEL ", "
+                           "'training': {'batch_size': 32, 'optimizer': 'sgd'}}");
+        jb = config_canonical_json(b);
+        assert_int_equal(config_diff(jb, ja, msg, sizeof(msg)), 1);
+        assert_string_equal(msg, "cluster.worker: ours has 3 entries, theirs 2");
+        free(jb);
+        config_free(b);
+        b = load_string_ok("{'cluster': {'chief': ['localhost:7000'], 'ps': ['localhost:7001'], "
+                           "'worker': ['localhost:7002', 'localhost:9999']}, " MODEL ", "
+                           "'training': {'batch_size': 32, 'optimizer': 'adam'}}");
+        jb = config_canonical_json(b);
+        assert_int_equal(config_diff(ja, jb, msg, sizeof(msg)), 1);
+        assert_string_equal(msg, "cluster.worker[1]: ours \"localhost:7003\", theirs \"localhost:9999\"");
+
+        /* Missing keys and bad JSON. */
+        assert_int_equal(config_diff("{\"a\":1,\"b\":2}", "{\"a\":1}", msg, sizeof(msg)), 1);
+        assert_string_equal(msg, "b: ours 2, theirs missing");
+        assert_int_equal(config_diff("{\"a\":{\"x\":true}}", "{\"a\":{\"x\":false}}", msg, sizeof(msg)), 1);
+        assert_string_equal(msg, "a.x: ours true, theirs false");
+        assert_int_equal(config_diff("{\"a\":1}", "{\"a\":\"1\"}", NULL, 0), 1);
+        assert_int_equal(config_diff("{", "{}", msg, sizeof(msg)), -EINVAL);
+
+        free(ja);
+        free(jb);
+        free(jm);
+        config_free(a);
+        config_free(b);
+        config_free(m);
+}
+
+static void test_instance(void **state) {
+        char *job = NULL;
+        int64_t i = 99;
+        static const char *const bad[] = {
+                "", ":1", "fmnist:", "fmnist:x", "fmnist:1x", "fmnist:-1", "fm nist:1", "fm/nist",
+                "fmnist:1:2", "fmnist:99999999999", "a:+1",
+                "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", /* 65 */
+        };
+
+        assert_int_equal(config_parse_instance("fmnist:1", &job, &i), 0);
+        assert_string_equal(job, "fmnist");
+        assert_int_equal(i, 1);
+        free(job);
+        assert_int_equal(config_parse_instance("fmnist", &job, &i), 0);
+        assert_string_equal(job, "fmnist");
+        assert_int_equal(i, -1);
+        free(job);
+        assert_int_equal(config_parse_instance("my_job-2.v1:0", &job, &i), 0);
+        assert_string_equal(job, "my_job-2.v1");
+        assert_int_equal(i, 0);
+        free(job);
+
+        job = NULL;
+        i = 99;
+        for (size_t k = 0; k < ELEMENTSOF(bad); k++) {
+                if (config_parse_instance(bad[k], &job, &i) != -EINVAL)
+                        print_error("instance %s\n", bad[k]);
+                assert_null(job);
+                assert_int_equal(i, 99);
+        }
+}
+
+static void test_print_keys(void **state) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+
+        assert_non_null(f);
+        config_print_keys(f, true);
+        fclose(f);
+        assert_non_null(strstr(buf, "| key | type | default | allowed | meaning |\n"));
+        assert_non_null(strstr(buf, "| `training.batch_size` | integer | 64 | [1, 65536] | Examples per step per worker. |\n"));
+        assert_non_null(strstr(buf, "| `training.optimizer` | string | \"momentum\" | sgd, momentum, adam, adagrad |"));
+        free(buf);
+
+        f = open_memstream(&buf, &len);
+        config_print_keys(f, false);
+        fclose(f);
+        assert_non_null(strstr(buf, "  rpc.deadline_ms"));
+        if (getenv("PSFLEET_PRINT_KEYS"))
+                config_print_keys(stdout, true);
+        free(buf);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_full_file),
+                cmocka_unit_test(test_defaults),
+                cmocka_unit_test(test_bad_files),
+                cmocka_unit_test(test_file_errors),
+                cmocka_unit_test(test_task),
+                cmocka_unit_test(test_tf_config),
+                cmocka_unit_test(test_canonical),
+                cmocka_unit_test(test_instance),
+                cmocka_unit_test(test_print_keys),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,149 @@
+/* Tests of util.c: strict number parsing, strings, directories and durable file writes. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "util.h"
+
+static char tmpdir[] = "/tmp/test_util.XXXXXX";
+
+static int setup(void **state) {
+        return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+        char *cmd = strdup_printf("rm -rf %s", tmpdir);
+        int r = system(cmd);
+        free(cmd);
+        return r == 0 ? 0 : -1;
+}
+
+static void test_clocks(void **state) {
+        uint64_t a = mono_us(), b, t = now_us();
+
+        assert_true(t > UINT64_C(1600000000) * 1000000); /* after 2020 */
+        usleep(2000);
+        b = mono_us();
+        assert_true(b >= a + 2000);
+}
+
+static void test_parse_u64(void **state) {
+        uint64_t v = 7;
+
+        assert_int_equal(parse_u64("0", 0, 10, &v), 0);
+        assert_int_equal(v, 0);
+        assert_int_equal(parse_u64("18446744073709551615", 0, UINT64_MAX, &v), 0);
+        assert_true(v == UINT64_MAX);
+        assert_int_equal(parse_u64("007", 0, 10, &v), 0);
+        assert_int_equal(v, 7);
+
+        v = 99;
+        assert_int_equal(parse_u64("18446744073709551616", 0, UINT64_MAX, &v), -ERANGE);
+        assert_int_equal(parse_u64("11", 0, 10, &v), -ERANGE);
+        assert_int_equal(parse_u64("0", 1, 10, &v), -ERANGE);
+        assert_int_equal(parse_u64("", 0, 10, &v), -EINVAL);
+        assert_int_equal(parse_u64(NULL, 0, 10, &v), -EINVAL);
+        assert_int_equal(parse_u64("1x", 0, 10, &v), -EINVAL);
+        assert_int_equal(parse_u64(" 1", 0, 10, &v), -EINVAL);
+        assert_int_equal(parse_u64("1 ", 0, 10, &v), -EINVAL);
+        assert_int_equal(parse_u64("-1", 0, 10, &v), -EINVAL);
+        assert_int_equal(parse_u64("+1", 0, 10, &v), -EINVAL);
+        assert_int_equal(parse_u64("0x1", 0, 10, &v), -EINVAL);
+        assert_int_equal(v, 99); /* untouched on failure */
+}
+
+static void test_strdup_printf(void **state) {
+        char *s = strdup_printf("%s:%d", "host", 7000);
+
+        assert_string_equal(s, "host:7000");
+        free(s);
+        s = strdup_printf("%s", "");
+        assert_string_equal(s, "");
+        free(s);
+}
+
+static void test_mkdir_p(void **state) {
+        char *p = strdup_printf("%s/a/b//c", tmpdir), *f;
+        struct stat st;
+
+        assert_int_equal(mkdir_p(p, 0755), 0);
+        assert_int_equal(stat(p, &st), 0);
+        assert_true(S_ISDIR(st.st_mode));
+        assert_int_equal(mkdir_p(p, 0755), 0); /* exists: fine */
+        f = strdup_printf("%s/file", tmpdir);
+        assert_int_equal(write_file_atomic(f, "x", 1), 0);
+        free(p);
+        p = strdup_printf("%s/file/sub", tmpdir);
+        assert_int_equal(mkdir_p(p, 0755), -ENOTDIR);
+        assert_int_equal(mkdir_p(f, 0755), -ENOTDIR);
+        assert_int_equal(mkdir_p("", 0755), -EINVAL);
+        free(p);
+        free(f);
+}
+
+static void test_files(void **state) {
+        char *p = strdup_printf("%s/data.bin", tmpdir), *data = NULL;
+        char big[100000];
+        size_t len = 0;
+        DIR *d;
+        struct dirent *de;
+        struct stat st;
+
+        assert_int_equal(write_file_atomic(p, "hello", 5), 0);
+        assert_int_equal(read_file(p, 100, &data, &len), 0);
+        assert_int_equal(len, 5);
+        assert_string_equal(data, "hello");
+        free(data);
+
+        /* Replacing keeps no temp files around. */
+        for (size_t i = 0; i < sizeof(big); i++)
+                big[i] = (char) (i * 7);
+        assert_int_equal(write_file_atomic(p, big, sizeof(big)), 0);
+        assert_int_equal(read_file(p, sizeof(big), &data, &len), 0);
+        assert_int_equal(len, sizeof(big));
+        assert_memory_equal(data, big, sizeof(big));
+        free(data);
+        assert_int_equal(stat(p, &st), 0);
+        assert_int_equal(st.st_mode & 0044, 0044 & ~0); /* readable by others unless umask says no */
+        d = opendir(tmpdir);
+        while ((de = readdir(d)))
+                assert_null(strstr(de->d_name, ".tmp"));
+        closedir(d);
+
+        data = NULL;
+        assert_int_equal(read_file(p, sizeof(big) - 1, &data, &len), -EFBIG);
+        assert_null(data);
+
+        assert_int_equal(write_file_atomic(p, "", 0), 0);
+        assert_int_equal(read_file(p, 0, &data, NULL), 0);
+        assert_string_equal(data, "");
+        free(data);
+        data = NULL;
+
+        free(p);
+        p = strdup_printf("%s/missing/x", tmpdir);
+        assert_int_equal(read_file(p, 100, &data, &len), -ENOENT);
+        assert_int_equal(write_file_atomic(p, "x", 1), -ENOENT);
+        assert_null(data);
+        free(p);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_clocks),
+                cmocka_unit_test(test_parse_u64),
+                cmocka_unit_test(test_strdup_printf),
+                cmocka_unit_test(test_mkdir_p),
+                cmocka_unit_test(test_files),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}
