@@ -1,0 +1,52 @@
+/* Training data: IDX files (gzip'd or plain), a dataset of images and labels, and each worker's shard
+ * of it. Loading is not thread-safe per call site only in the sense that err is written; a loaded
+ * dataset is read-only and may be shared between threads. A shard_iter belongs to one thread. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+/* An IDX file of unsigned bytes. Plain data. */
+struct idx {
+        uint32_t n_dims;   /* 1..3 */
+        uint32_t dims[3];
+        size_t size;       /* product of dims */
+        uint8_t *data;     /* (dims[0], ..., dims[n_dims-1]) */
+};
+
+/* Reads a gzip'd or plain IDX file of unsigned bytes (magic 0x00000801..0x00000803). On failure
+ * returns -errno and writes a message naming the file and byte offset into err: -EBADMSG for a bad
+ * file (bad magic, truncated, trailing bytes), -EFBIG for dimensions past IDX_MAX_BYTES, -ENOMEM, or
+ * the open/read errno. */
+#define IDX_MAX_BYTES ((size_t)1 << 32)
+int idx_load(const char *path, struct idx **ret, char *err, size_t errlen);
+struct idx *idx_free(struct idx *x); /* NULL-safe; returns NULL */
+
+struct dataset {
+        uint32_t n;        /* examples */
+        uint32_t rows, cols;
+        uint32_t dim;      /* rows * cols */
+        float *x;          /* (n, dim), pixels / 255 in [0, 1] */
+        uint8_t *y;        /* (n) */
+};
+
+/* Images (3 dims) and labels (1 dim) whose counts must match; errors as idx_load, plus -EBADMSG for
+ * wrong dimensionality or a count mismatch (the message names both files). */
+int dataset_load(const char *images_path, const char *labels_path, struct dataset **ret, char *err,
+                 size_t errlen);
+struct dataset *dataset_free(struct dataset *d); /* NULL-safe; returns NULL */
+uint8_t dataset_max_label(const struct dataset *d);
+
+/* Worker k of W reads the examples whose index is k (mod W), in an order reshuffled every epoch by
+ * Fisher–Yates from an rng seeded with (seed, k, epoch). The dataset must outlive the iterator. */
+struct shard_iter;
+/* -EINVAL if W == 0, k >= W, or shard k would be empty. */
+int shard_iter_new(const struct dataset *d, uint32_t k, uint32_t W, uint64_t seed, struct shard_iter **ret);
+struct shard_iter *shard_iter_free(struct shard_iter *it); /* NULL-safe; returns NULL */
+/* Copies the next B examples into x (B, dim) and y (B), continuing into the next epoch (reshuffled)
+ * when this one runs out. */
+void shard_next_batch(struct shard_iter *it, uint32_t B, float *x, uint8_t *y);
+uint64_t shard_epoch(const struct shard_iter *it);         /* 0 for the first pass */
+uint64_t shard_examples_seen(const struct shard_iter *it); /* in total, all epochs */
+uint32_t shard_size(const struct shard_iter *it);          /* examples in this shard */
+/* The dataset index of the example at `pos` of the current epoch's order (for tests). */
+uint32_t shard_index_at(const struct shard_iter *it, uint32_t pos);

@@ -1,0 +1,596 @@
+/* The model: a list of layers over one parameter block and one gradient block, run on a backend.
+ * Activation buffers are allocated once for max_batch. Elementwise activations run in place when the
+ * buffer they read is one whose producer's backward doesn't need it (dense, conv2d, maxpool2d
+ * outputs), so a dense+relu pair costs one buffer. Backward ping-pongs between two gradient buffers
+ * and stops at the first layer with parameters (the input gradient is never needed). */
+#include "model.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+
+#define MAX_VARS (2 * MODEL_MAX_LAYERS)
+#define NAME_LEN 32
+
+struct layer {
+        struct layer_spec spec;
+        uint32_t c, h, w;       /* input shape of one example (C, H, W) */
+        uint32_t oc, oh, ow;    /* output shape */
+        uint32_t in_n, out_n;   /* c*h*w, oc*oh*ow */
+        uint32_t first_var, n_vars;
+        float *buf;             /* (max_batch, out_n) owned output buffer, or NULL when aliasing */
+        bool alias_input;       /* output is the input buffer (flatten; in-place activation) */
+        float *out;             /* this pass's output: buf, or the input when aliasing */
+};
+
+struct model {
+        struct backend *be;
+        bool host;               /* backend memory is host memory */
+        uint32_t max_batch;
+        uint32_t n_layers;
+        struct layer layers[MODEL_MAX_LAYERS];
+        uint32_t in_n, classes;
+        int first_param_layer;   /* -1: no parameters */
+
+        uint32_t n_vars;
+        struct model_var vars[MAX_VARS];
+        char names[MAX_VARS][NAME_LEN];
+        size_t n_params;
+
+        float *params;           /* (n_params) device */
+        float *grads;            /* (n_params) device */
+        float *params_host;      /* == params on host-memory backends */
+        float *grads_host;
+
+        float *x_dev;            /* (max_batch, in_n) device copy of the input; NULL on host backends */
+        uint8_t *labels;         /* (max_batch) device */
+        float *probs;            /* (max_batch, classes) */
+        float *gbuf[2];          /* (max_batch, max_n) gradient ping-pong */
+        float *col;              /* conv im2col workspace, or NULL */
+
+        const float *input;      /* this pass's input (device) */
+        uint32_t B;              /* batch of the last forward; 0: none */
+};
+
+uint32_t model_n_vars(const struct model *m)
+{
+        return m->n_vars;
+}
+
+const struct model_var *model_var(const struct model *m, uint32_t i)
+{
+        assert(i < m->n_vars);
+        return &m->vars[i];
+}
+
+int model_find_var(const struct model *m, const char *name)
+{
+        for (uint32_t i = 0; i < m->n_vars; i++)
+                if (strcmp(m->vars[i].name, name) == 0)
+                        return (int)i;
+        return -ENOENT;
+}
+
+size_t model_n_params(const struct model *m)
+{
+        return m->n_params;
+}
+
+uint32_t model_max_batch(const struct model *m)
+{
+        return m->max_batch;
+}
+
+uint32_t model_input_size(const struct model *m)
+{
+        return m->in_n;
+}
+
+uint32_t model_n_classes(const struct model *m)
+{
+        return m->classes;
+}
+
+float *model_params(struct model *m)
+{
+        return m->params_host;
+}
+
+float *model_grads(struct model *m)
+{
+        return m->grads_host;
+}
+
+static int add_var(struct model *m, uint32_t layer, const char *prefix, uint32_t idx, const char *what,
+                   uint32_t rows, uint32_t cols)
+{
+        if (m->n_vars >= MAX_VARS)
+                return -EINVAL;
+        struct model_var *v = &m->vars[m->n_vars];
+        snprintf(m->names[m->n_vars], NAME_LEN, "%s%u/%s", prefix, idx, what);
+        v->name = m->names[m->n_vars];
+        v->rows = rows;
+        v->cols = cols;
+        v->offset = m->n_params;
+        v->layer = layer;
+        m->n_params += (size_t)rows * cols;
+        m->n_vars++;
+        return 0;
+}
+
+/* Shapes, variables and buffer plan; no allocation. */
+static int plan(struct model *m, const struct model_spec *spec)
+{
+        if (spec->n_layers == 0 || spec->n_layers > MODEL_MAX_LAYERS)
+                return -EINVAL;
+        uint64_t c = spec->input[0], h = spec->input[1], w = spec->input[2];
+        if (c == 0 || h == 0 || w == 0 || c * h * w > UINT32_MAX / 4)
+                return -EINVAL;
+        m->in_n = (uint32_t)(c * h * w);
+        m->n_layers = spec->n_layers;
+        m->first_param_layer = -1;
+        uint32_t n_dense = 0, n_conv = 0;
+        /* Which kind of layer produced the buffer the next layer reads (through aliases). */
+        enum { SRC_INPUT, SRC_REUSABLE, SRC_KEEP } src = SRC_INPUT;
+        for (uint32_t i = 0; i < spec->n_layers; i++) {
+                struct layer *L = &m->layers[i];
+                const struct layer_spec *ls = &spec->layers[i];
+                L->spec = *ls;
+                L->c = (uint32_t)c, L->h = (uint32_t)h, L->w = (uint32_t)w;
+                L->in_n = (uint32_t)(c * h * w);
+                L->first_var = m->n_vars;
+                int r = 0;
+                switch (ls->type) {
+                case LAYER_DENSE:
+                        if (ls->units == 0 || ls->units > UINT32_MAX / 4)
+                                return -EINVAL;
+                        r = add_var(m, i, "dense", n_dense, "kernel", L->in_n, ls->units);
+                        if (r == 0)
+                                r = add_var(m, i, "dense", n_dense, "bias", 1, ls->units);
+                        n_dense++;
+                        c = 1, h = 1, w = ls->units;
+                        src = SRC_REUSABLE;
+                        break;
+                case LAYER_CONV2D:
+                        if (ls->filters == 0 || ls->kernel == 0 || ls->kernel > h || ls->kernel > w)
+                                return -EINVAL;
+                        if ((uint64_t)ls->filters * h * w > UINT32_MAX / 4 ||
+                            (uint64_t)c * ls->kernel * ls->kernel > UINT32_MAX / 4)
+                                return -EINVAL;
+                        r = add_var(m, i, "conv", n_conv, "kernel", ls->filters,
+                                    (uint32_t)c * ls->kernel * ls->kernel);
+                        if (r == 0)
+                                r = add_var(m, i, "conv", n_conv, "bias", 1, ls->filters);
+                        n_conv++;
+                        c = ls->filters;
+                        src = SRC_REUSABLE;
+                        break;
+                case LAYER_MAXPOOL2D:
+                        if (ls->pool == 0 || ls->pool > h || ls->pool > w)
+                                return -EINVAL;
+                        h /= ls->pool, w /= ls->pool;
+                        src = SRC_REUSABLE;
+                        break;
+                case LAYER_FLATTEN:
+                        w = c * h * w, c = 1, h = 1;
+                        L->alias_input = true;
+                        break;
+                case LAYER_RELU:
+                case LAYER_TANH:
+                case LAYER_SIGMOID:
+                        L->alias_input = src == SRC_REUSABLE;
+                        src = SRC_KEEP;
+                        break;
+                default:
+                        return -EINVAL;
+                }
+                if (r < 0)
+                        return r;
+                L->n_vars = m->n_vars - L->first_var;
+                if (L->n_vars && m->first_param_layer < 0)
+                        m->first_param_layer = (int)i;
+                L->oc = (uint32_t)c, L->oh = (uint32_t)h, L->ow = (uint32_t)w;
+                L->out_n = (uint32_t)(c * h * w);
+        }
+        m->classes = m->layers[m->n_layers - 1].out_n;
+        if (m->classes < 2 || m->classes > 256)
+                return -EINVAL;
+        return 0;
+}
+
+int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_batch, struct model **ret)
+{
+        if (!spec || !be || max_batch == 0)
+                return -EINVAL;
+        struct model *m = calloc(1, sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+        m->be = be;
+        m->host = backend_host_memory(be);
+        m->max_batch = max_batch;
+        int r = plan(m, spec);
+        if (r < 0)
+                goto fail;
+
+        r = -ENOMEM;
+        size_t max_n = m->in_n, col_floats = 0;
+        for (uint32_t i = 0; i < m->n_layers; i++) {
+                struct layer *L = &m->layers[i];
+                max_n = L->out_n > max_n ? L->out_n : max_n;
+                if (L->spec.type == LAYER_CONV2D) {
+                        size_t cf = backend_conv2d_col_floats(L->c, L->h, L->w, L->spec.kernel);
+                        col_floats = cf > col_floats ? cf : col_floats;
+                }
+                if (!L->alias_input) {
+                        L->buf = backend_alloc(be, sizeof(float) * max_batch * L->out_n);
+                        if (!L->buf)
+                                goto fail;
+                }
+        }
+        m->params = backend_alloc(be, sizeof(float) * (m->n_params ? m->n_params : 1));
+        m->grads = backend_alloc(be, sizeof(float) * (m->n_params ? m->n_params : 1));
+        m->labels = backend_alloc(be, max_batch);
+        m->probs = backend_alloc(be, sizeof(float) * max_batch * m->classes);
+        m->gbuf[0] = backend_alloc(be, sizeof(float) * max_batch * max_n);
+        m->gbuf[1] = backend_alloc(be, sizeof(float) * max_batch * max_n);
+        if (!m->params || !m->grads || !m->labels || !m->probs || !m->gbuf[0] || !m->gbuf[1])
+                goto fail;
+        if (col_floats && !(m->col = backend_alloc(be, sizeof(float) * col_floats)))
+                goto fail;
+        if (m->host) {
+                m->params_host = m->params;
+                m->grads_host = m->grads;
+        } else {
+                m->params_host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
+                m->grads_host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
+                m->x_dev = backend_alloc(be, sizeof(float) * max_batch * m->in_n);
+                if (!m->params_host || !m->grads_host || !m->x_dev)
+                        goto fail;
+        }
+        *ret = m;
+        return 0;
+fail:
+        model_free(m);
+        return r;
+}
+
+struct model *model_free(struct model *m)
+{
+        if (!m)
+                return NULL;
+        struct backend *be = m->be;
+        for (uint32_t i = 0; i < m->n_layers; i++)
+                backend_buf_free(be, m->layers[i].buf);
+        if (!m->host) {
+                free(m->params_host);
+                free(m->grads_host);
+        }
+        backend_buf_free(be, m->params);
+        backend_buf_free(be, m->grads);
+        backend_buf_free(be, m->x_dev);
+        backend_buf_free(be, m->labels);
+        backend_buf_free(be, m->probs);
+        backend_buf_free(be, m->gbuf[0]);
+        backend_buf_free(be, m->gbuf[1]);
+        backend_buf_free(be, m->col);
+        free(m);
+        return NULL;
+}
+
+/* Host -> device for vars [first, first + n): they are contiguous. */
+static int upload_vars(struct model *m, uint32_t first, uint32_t n)
+{
+        if (m->host || n == 0)
+                return 0;
+        const struct model_var *a = &m->vars[first], *z = &m->vars[first + n - 1];
+        size_t begin = a->offset, end = z->offset + (size_t)z->rows * z->cols;
+        return backend_upload(m->be, m->params + begin, m->params_host + begin,
+                              sizeof(float) * (end - begin));
+}
+
+static int download_grads(struct model *m, uint32_t first, uint32_t n)
+{
+        if (m->host || n == 0)
+                return 0;
+        const struct model_var *a = &m->vars[first], *z = &m->vars[first + n - 1];
+        size_t begin = a->offset, end = z->offset + (size_t)z->rows * z->cols;
+        return backend_download(m->be, m->grads_host + begin, m->grads + begin,
+                                sizeof(float) * (end - begin));
+}
+
+int model_params_sync(struct model *m)
+{
+        return upload_vars(m, 0, m->n_vars);
+}
+
+/* The layer after `i` that isn't a flatten, or NULL. */
+static const struct layer *next_real_layer(const struct model *m, uint32_t i)
+{
+        for (uint32_t j = i + 1; j < m->n_layers; j++)
+                if (m->layers[j].spec.type != LAYER_FLATTEN)
+                        return &m->layers[j];
+        return NULL;
+}
+
+int model_init_params(struct model *m, uint64_t seed)
+{
+        float *p = m->params_host;
+        for (uint32_t v = 0; v < m->n_vars; v++) {
+                const struct model_var *var = &m->vars[v];
+                const struct layer *L = &m->layers[var->layer];
+                float *w = p + var->offset;
+                size_t n = (size_t)var->rows * var->cols;
+                if (v != L->first_var) { /* bias */
+                        memset(w, 0, sizeof(float) * n);
+                        continue;
+                }
+                double fan_in, fan_out;
+                if (L->spec.type == LAYER_DENSE) {
+                        fan_in = var->rows;
+                        fan_out = var->cols;
+                } else { /* conv2d: (F, C*k*k) */
+                        double kk = (double)L->spec.kernel * L->spec.kernel;
+                        fan_in = var->cols;
+                        fan_out = var->rows * kk;
+                }
+                enum init_kind kind = L->spec.init;
+                if (kind == INIT_DEFAULT) {
+                        const struct layer *nx = next_real_layer(m, var->layer);
+                        kind = nx && nx->spec.type == LAYER_RELU ? INIT_HE_NORMAL : INIT_GLOROT_UNIFORM;
+                }
+                struct rng r;
+                rng_init(&r, seed, v);
+                switch (kind) {
+                case INIT_ZEROS:
+                        memset(w, 0, sizeof(float) * n);
+                        break;
+                case INIT_HE_NORMAL: {
+                        /* TF's truncated normal at 2 sigma, stddev corrected for the truncation */
+                        double sd = sqrt(2.0 / fan_in) / 0.87962566103423978;
+                        for (size_t i = 0; i < n; i++) {
+                                double z;
+                                do
+                                        z = rng_normal(&r);
+                                while (fabs(z) > 2.0);
+                                w[i] = (float)(z * sd);
+                        }
+                        break;
+                }
+                case INIT_GLOROT_UNIFORM:
+                default: {
+                        float lim = (float)sqrt(6.0 / (fan_in + fan_out));
+                        for (size_t i = 0; i < n; i++)
+                                w[i] = rng_uniform_f(&r, -lim, lim);
+                        break;
+                }
+                }
+        }
+        return model_params_sync(m);
+}
+
+int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
+                         float *loss_ret, uint32_t *correct_ret, model_layer_cb before_layer, void *ud)
+{
+        struct backend *be = m->be;
+        const struct backend_ops *op = be->ops;
+        int r;
+        m->B = 0;
+        if (B == 0 || B > m->max_batch || !x || !labels)
+                return -EINVAL;
+        for (uint32_t b = 0; b < B; b++)
+                if (labels[b] >= m->classes)
+                        return -EINVAL;
+        if ((r = backend_upload(be, m->labels, labels, B)) < 0)
+                return r;
+        if (m->host) {
+                m->input = x;
+        } else {
+                if ((r = backend_upload(be, m->x_dev, x, sizeof(float) * B * m->in_n)) < 0)
+                        return r;
+                m->input = m->x_dev;
+        }
+
+        /* The input is only ever read: the cast lets a flatten alias it. */
+        float *in = (float *)m->input;
+        for (uint32_t i = 0; i < m->n_layers; i++) {
+                struct layer *L = &m->layers[i];
+                float *out = L->alias_input ? in : L->buf;
+                size_t n = (size_t)B * L->out_n;
+                if (L->n_vars) {
+                        if (before_layer && (r = before_layer(ud, L->first_var, L->n_vars)) != 0)
+                                return r;
+                        if ((r = upload_vars(m, L->first_var, L->n_vars)) < 0)
+                                return r;
+                }
+                const float *wt = L->n_vars ? m->params + m->vars[L->first_var].offset : NULL;
+                const float *bs = L->n_vars ? m->params + m->vars[L->first_var + 1].offset : NULL;
+                switch (L->spec.type) {
+                case LAYER_DENSE:
+                        /* y (B, units) = x (B, in) @ W (in, units) + b */
+                        r = op->gemm(be, false, false, B, L->out_n, L->in_n, 1.0f, in, L->in_n, wt, L->out_n,
+                                     0.0f, out, L->out_n);
+                        if (r == 0)
+                                r = op->add_bias_rows(be, out, bs, B, L->out_n);
+                        break;
+                case LAYER_CONV2D:
+                        r = op->conv2d_fwd(be, in, wt, bs, out, B, L->c, L->h, L->w, L->oc, L->spec.kernel,
+                                           m->col);
+                        break;
+                case LAYER_MAXPOOL2D:
+                        r = op->maxpool2d_fwd(be, in, out, B, L->c, L->h, L->w, L->spec.pool);
+                        break;
+                case LAYER_RELU:
+                        r = op->relu_fwd(be, in, out, n);
+                        break;
+                case LAYER_TANH:
+                        r = op->tanh_fwd(be, in, out, n);
+                        break;
+                case LAYER_SIGMOID:
+                        r = op->sigmoid_fwd(be, in, out, n);
+                        break;
+                case LAYER_FLATTEN:
+                        r = 0;
+                        break;
+                }
+                if (r < 0)
+                        return r;
+                L->out = out;
+                in = out;
+        }
+        float loss;
+        if ((r = op->softmax_xent_fwd(be, in, m->labels, B, m->classes, m->probs, &loss)) < 0)
+                return r;
+        if (correct_ret && (r = op->correct_count(be, in, m->labels, B, m->classes, correct_ret)) < 0)
+                return r;
+        m->B = B;
+        if (loss_ret)
+                *loss_ret = loss;
+        return 0;
+}
+
+int model_forward(struct model *m, const float *x, const uint8_t *labels, uint32_t B, float *loss_ret,
+                  uint32_t *correct_ret)
+{
+        return model_forward_hooked(m, x, labels, B, loss_ret, correct_ret, NULL, NULL);
+}
+
+int model_backward(struct model *m, model_layer_cb cb, void *ud)
+{
+        struct backend *be = m->be;
+        const struct backend_ops *op = be->ops;
+        uint32_t B = m->B;
+        int r;
+        if (B == 0)
+                return -EINVAL;
+        if (m->first_param_layer < 0)
+                return 0;
+        int cur = 0;
+        if ((r = op->softmax_xent_bwd(be, m->probs, m->labels, B, m->classes, m->gbuf[cur])) < 0)
+                return r;
+        for (int i = (int)m->n_layers - 1; i >= m->first_param_layer; i--) {
+                struct layer *L = &m->layers[i];
+                const float *in = i == 0 ? m->input : m->layers[i - 1].out;
+                float *dy = m->gbuf[cur], *dx = m->gbuf[cur ^ 1];
+                bool need_dx = i > m->first_param_layer;
+                size_t n = (size_t)B * L->out_n;
+                switch (L->spec.type) {
+                case LAYER_DENSE: {
+                        float *dw = m->grads + m->vars[L->first_var].offset;
+                        float *db = m->grads + m->vars[L->first_var + 1].offset;
+                        /* dW (in, units) = x^T (in, B) @ dy (B, units) */
+                        r = op->gemm(be, true, false, L->in_n, L->out_n, B, 1.0f, in, L->in_n, dy, L->out_n,
+                                     0.0f, dw, L->out_n);
+                        if (r == 0)
+                                r = op->bias_grad(be, dy, db, B, L->out_n);
+                        if (r == 0 && need_dx) {
+                                const float *wt = m->params + m->vars[L->first_var].offset;
+                                /* dx (B, in) = dy (B, units) @ W^T (units, in) */
+                                r = op->gemm(be, false, true, B, L->in_n, L->out_n, 1.0f, dy, L->out_n, wt,
+                                             L->out_n, 0.0f, dx, L->in_n);
+                                cur ^= 1;
+                        }
+                        break;
+                }
+                case LAYER_CONV2D: {
+                        float *dw = m->grads + m->vars[L->first_var].offset;
+                        float *db = m->grads + m->vars[L->first_var + 1].offset;
+                        const float *wt = m->params + m->vars[L->first_var].offset;
+                        r = op->conv2d_bwd(be, in, wt, dy, dw, db, need_dx ? dx : NULL, B, L->c, L->h, L->w,
+                                           L->oc, L->spec.kernel, m->col);
+                        if (need_dx)
+                                cur ^= 1;
+                        break;
+                }
+                case LAYER_MAXPOOL2D:
+                        r = op->maxpool2d_bwd(be, in, dy, dx, B, L->c, L->h, L->w, L->spec.pool);
+                        cur ^= 1;
+                        break;
+                case LAYER_RELU:
+                        r = op->relu_bwd(be, L->out, dy, dy, n);
+                        break;
+                case LAYER_TANH:
+                        r = op->tanh_bwd(be, L->out, dy, dy, n);
+                        break;
+                case LAYER_SIGMOID:
+                        r = op->sigmoid_bwd(be, L->out, dy, dy, n);
+                        break;
+                case LAYER_FLATTEN:
+                        r = 0;
+                        break;
+                }
+                if (r < 0)
+                        return r;
+                if (L->n_vars) {
+                        if ((r = download_grads(m, L->first_var, L->n_vars)) < 0)
+                                return r;
+                        if (cb && (r = cb(ud, L->first_var, L->n_vars)) != 0)
+                                return r;
+                }
+        }
+        return 0;
+}
+
+int model_evaluate(struct model *m, const float *x, const uint8_t *y, uint32_t n, float *loss_ret,
+                   float *accuracy_ret)
+{
+        if (n == 0)
+                return -EINVAL;
+        double loss = 0.0;
+        uint64_t correct = 0;
+        for (uint32_t i = 0; i < n; i += m->max_batch) {
+                uint32_t B = n - i < m->max_batch ? n - i : m->max_batch;
+                float l;
+                uint32_t c;
+                int r = model_forward(m, x + (size_t)i * m->in_n, y + i, B, &l, &c);
+                if (r < 0)
+                        return r;
+                loss += (double)l * B;
+                correct += c;
+        }
+        m->B = 0; /* the chunks' state is not a pass to run backward over */
+        if (loss_ret)
+                *loss_ret = (float)(loss / n);
+        if (accuracy_ret)
+                *accuracy_ret = (float)((double)correct / n);
+        return 0;
+}
+
+static const char *layer_type_name(enum layer_type t)
+{
+        switch (t) {
+        case LAYER_DENSE: return "dense";
+        case LAYER_RELU: return "relu";
+        case LAYER_TANH: return "tanh";
+        case LAYER_SIGMOID: return "sigmoid";
+        case LAYER_CONV2D: return "conv2d";
+        case LAYER_MAXPOOL2D: return "maxpool2d";
+        case LAYER_FLATTEN: return "flatten";
+        }
+        return "?";
+}
+
+void model_describe(const struct model *m, FILE *f)
+{
+        fprintf(f, "input (%u, %u, %u)\n", m->layers[0].c, m->layers[0].h, m->layers[0].w);
+        for (uint32_t i = 0; i < m->n_layers; i++) {
+                const struct layer *L = &m->layers[i];
+                size_t np = 0;
+                fprintf(f, "%2u %-9s -> (%u, %u, %u)", i, layer_type_name(L->spec.type), L->oc, L->oh, L->ow);
+                for (uint32_t v = L->first_var; v < L->first_var + L->n_vars; v++) {
+                        const struct model_var *var = &m->vars[v];
+                        fprintf(f, "%s %s (%u, %u)", v == L->first_var ? "" : ",", var->name, var->rows,
+                                var->cols);
+                        np += (size_t)var->rows * var->cols;
+                }
+                if (L->n_vars)
+                        fprintf(f, "  %zu params", np);
+                fputc('\n', f);
+        }
+        fprintf(f, "softmax cross-entropy over %u classes; %zu parameters (%zu bytes)\n", m->classes,
+                m->n_params, m->n_params * sizeof(float));
+}

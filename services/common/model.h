@@ -1,0 +1,77 @@
+/* A feed-forward model built from a model_spec, running on a backend: forward, backward, evaluate.
+ *
+ * All parameters live in ONE contiguous float block, all gradients in another with the same layout;
+ * variables are views (offset, rows, cols) into them, in layer order, kernel before bias, so the
+ * variables of one layer are also one contiguous range. Names: "dense<i>/kernel" (in, units),
+ * "dense<i>/bias" (units), "conv<i>/kernel" (filters, C*k*k), "conv<i>/bias" (filters), i counting
+ * layers of that type from 0. The loss is softmax cross-entropy over the last layer's outputs.
+ *
+ * Host and device: model_params()/model_grads() return host blocks. On a host-memory backend (CPU)
+ * they are the live buffers. On a device backend the model uploads a layer's parameters from the host
+ * block right after the forward hook for that layer returns, and downloads a layer's gradients into
+ * the host block before the backward callback for it; after writing the host parameters outside a
+ * hook, call model_params_sync().
+ *
+ * Not thread-safe: one thread drives a model at a time (the callbacks run on that thread). */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend.h"
+#include "model_spec.h"
+
+struct model;
+
+struct model_var {
+        const char *name;  /* owned by the model */
+        uint32_t rows, cols; /* a bias is (1, units) */
+        size_t offset;     /* floats into the parameter (and gradient) block */
+        uint32_t layer;    /* index into spec->layers */
+};
+
+/* Called with a layer's variables [first_var, first_var + n_vars). A nonzero return stops the pass,
+ * which returns that value. */
+typedef int (*model_layer_cb)(void *ud, uint32_t first_var, uint32_t n_vars);
+
+/* Builds the model and allocates everything for batches up to max_batch (forward and backward never
+ * allocate). Parameters start at zero: call model_init_params or load them. -EINVAL for a spec that
+ * doesn't make sense (with no detail: config validation owns the messages), -ENOMEM. */
+int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_batch, struct model **ret);
+struct model *model_free(struct model *m); /* NULL-safe; returns NULL */
+
+uint32_t model_n_vars(const struct model *m);
+const struct model_var *model_var(const struct model *m, uint32_t i); /* i < model_n_vars */
+int model_find_var(const struct model *m, const char *name);          /* index, or -ENOENT */
+size_t model_n_params(const struct model *m);                         /* floats in each block */
+uint32_t model_max_batch(const struct model *m);
+uint32_t model_input_size(const struct model *m);                     /* C*H*W */
+uint32_t model_n_classes(const struct model *m);
+
+float *model_params(struct model *m); /* (n_params) host block */
+float *model_grads(struct model *m);  /* (n_params) host block, written by model_backward */
+int model_params_sync(struct model *m); /* host params -> device; no-op on host-memory backends */
+
+/* Glorot uniform / He normal (truncated at 2 sigma, as TF/Keras) per the spec's initializer kinds,
+ * each variable drawn from an rng seeded by (seed, variable index); biases zero. Deterministic. */
+int model_init_params(struct model *m, uint64_t seed);
+
+/* Forward pass over B <= max_batch examples; keeps what backward needs. *loss_ret: mean
+ * cross-entropy; *correct_ret (nullable): examples whose argmax matches the label. -EINVAL if B is 0
+ * or > max_batch or a label >= the number of classes. */
+int model_forward(struct model *m, const float *x /* (B, C*H*W) */, const uint8_t *labels /* (B) */,
+                  uint32_t B, float *loss_ret, uint32_t *correct_ret);
+/* As model_forward; before_layer (nullable) is called before a layer with parameters reads them. */
+int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
+                         float *loss_ret, uint32_t *correct_ret, model_layer_cb before_layer, void *ud);
+/* Gradients of the mean loss of the last forward into the gradient block (overwritten). cb
+ * (nullable) is called as soon as each layer's parameter gradients are final, last layer first.
+ * -EINVAL without a preceding forward. */
+int model_backward(struct model *m, model_layer_cb cb, void *ud);
+
+/* Mean loss and accuracy over n examples, in max_batch chunks (clobbers the forward state). */
+int model_evaluate(struct model *m, const float *x, const uint8_t *y, uint32_t n, float *loss_ret,
+                   float *accuracy_ret);
+
+/* One line per layer: type, output shape, variables and parameter count; then the total. */
+void model_describe(const struct model *m, FILE *f);

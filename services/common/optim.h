@@ -1,0 +1,45 @@
+/* Optimizers as TensorFlow 1.x defines them, applied in place on (w, g, slots, n). psd and the
+ * standalone trainer both call optim_apply, so they compute the exact same update. The kernels are pure
+ * functions; all are thread-safe on disjoint arrays. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+#define OPTIM_MAX_SLOTS 2
+
+/* Number of per-parameter slots the optimizer keeps (0..OPTIM_MAX_SLOTS). */
+unsigned optim_n_slots(enum optimizer_kind kind);
+/* Slot names as checkpoints store them: "momentum"; "m", "v"; "accumulator". NULL if out of range. */
+const char *optim_slot_name(enum optimizer_kind kind, unsigned slot);
+/* Initial value of a slot (adagrad: initial_accumulator; otherwise 0). */
+float optim_slot_init(const struct training_config *t, unsigned slot);
+/* "sgd", "momentum", "adam", "adagrad" */
+const char *optim_name(enum optimizer_kind kind);
+
+/* Learning rate at global_step: constant, or lr * rate^(step / decay_steps) (floored when staircase;
+ * decay_steps == 0 means constant). */
+double optim_learning_rate(const struct training_config *t, uint64_t global_step);
+
+/* true when every g[i] is finite. */
+bool optim_all_finite(const float *g, size_t n);
+
+/* One update of n parameters. step: global_step before this update (adam uses t = step + 1; the
+ * learning-rate schedule uses step). slots: optim_n_slots(t->optimizer) arrays of n floats. */
+void optim_apply(const struct training_config *t, uint64_t step, float *w, const float *g, float **slots,
+                 size_t n);
+
+/* The kernels. w, g and the slots must not overlap. */
+void optim_sgd(float *w, const float *g, size_t n, float lr);
+/* accum = m*accum + g; w -= lr*accum  (nesterov: w -= lr*(g + m*accum)) */
+void optim_momentum(float *w, const float *g, float *accum, size_t n, float lr, float momentum,
+                    bool nesterov);
+/* m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr_t * m / (sqrt(v) + eps),
+ * lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t) computed by the caller (optim_adam_lr). */
+void optim_adam(float *w, const float *g, float *m, float *v, size_t n, float lr_t, float beta1,
+                float beta2, float eps);
+double optim_adam_lr(double lr, double beta1, double beta2, uint64_t t);
+/* acc += g^2; w -= lr * g / (sqrt(acc) + eps) */
+void optim_adagrad(float *w, const float *g, float *acc, size_t n, float lr, float eps);

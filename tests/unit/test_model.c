@@ -1,0 +1,429 @@
+/* model: finite-difference gradient checks for every layer type and the loss, a hand-computed forward,
+ * initializer determinism, batch bounds, and the forward/backward callbacks. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend.h"
+#include "model.h"
+#include "rng.h"
+
+static struct backend *be;
+
+static int setup(void **state)
+{
+        return backend_cpu_new(1, &be);
+}
+
+static int teardown(void **state)
+{
+        be = backend_free(be);
+        return 0;
+}
+
+static struct layer_spec L(enum layer_type t, uint32_t n)
+{
+        struct layer_spec s = {.type = t};
+        switch (t) {
+        case LAYER_DENSE: s.units = n; break;
+        case LAYER_MAXPOOL2D: s.pool = n; break;
+        default: break;
+        }
+        return s;
+}
+
+static struct layer_spec conv(uint32_t filters, uint32_t k)
+{
+        return (struct layer_spec){.type = LAYER_CONV2D, .filters = filters, .kernel = k};
+}
+
+static void random_batch(struct rng *r, float *x, size_t n, uint8_t *y, uint32_t B, uint32_t classes)
+{
+        for (size_t i = 0; i < n; i++)
+                x[i] = rng_uniform_f(r, -1.0f, 1.0f);
+        for (uint32_t b = 0; b < B; b++)
+                y[b] = (uint8_t)rng_below(r, classes);
+}
+
+/* Central differences of the float loss against the analytic gradient, for every parameter. */
+static void gradcheck(const struct model_spec *spec, uint32_t B, float h, float atol, float rtol)
+{
+        struct model *m;
+        assert_int_equal(model_new(spec, be, B, &m), 0);
+        assert_int_equal(model_init_params(m, 7), 0);
+        uint32_t D = model_input_size(m), C = model_n_classes(m);
+        float *x = malloc(sizeof(float) * B * D);
+        uint8_t *y = malloc(B);
+        struct rng r;
+        rng_init(&r, 99, 0);
+        random_batch(&r, x, (size_t)B * D, y, B, C);
+        /* give the biases something to do */
+        float *p = model_params(m);
+        for (size_t i = 0; i < model_n_params(m); i++)
+                if (p[i] == 0.0f)
+                        p[i] = rng_uniform_f(&r, -0.1f, 0.1f);
+
+        float loss;
+        assert_int_equal(model_forward(m, x, y, B, &loss, NULL), 0);
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        size_t n = model_n_params(m);
+        float *g = malloc(sizeof(float) * n);
+        memcpy(g, model_grads(m), sizeof(float) * n);
+
+        size_t bad = 0;
+        double worst = 0.0;
+        for (size_t i = 0; i < n; i++) {
+                float keep = p[i];
+                float lp, lm;
+                p[i] = keep + h;
+                assert_int_equal(model_forward(m, x, y, B, &lp, NULL), 0);
+                p[i] = keep - h;
+                assert_int_equal(model_forward(m, x, y, B, &lm, NULL), 0);
+                p[i] = keep;
+                double num = ((double)lp - (double)lm) / (2.0 * h);
+                double err = fabs(num - g[i]);
+                double tol = atol + rtol * fabs(num);
+                if (err > tol) {
+                        bad++;
+                        if (bad < 5)
+                                print_message("param %zu: analytic %g numeric %g\n", i, (double)g[i], num);
+                }
+                worst = err > worst ? err : worst;
+        }
+        /* A kink (relu, max) crossed by a step can spoil a rare single entry. */
+        assert_true(bad <= n / 200);
+        free(g);
+        free(x);
+        free(y);
+        model_free(m);
+}
+
+static void test_grad_dense_loss(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 5}, .n_layers = 1, .layers = {L(LAYER_DENSE, 4)}};
+        gradcheck(&s, 3, 1e-2f, 1e-4f, 5e-3f);
+}
+
+static void test_grad_dense_activations(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 6}, .n_layers = 7,
+                               .layers = {L(LAYER_DENSE, 5), L(LAYER_TANH, 0), L(LAYER_DENSE, 4),
+                                          L(LAYER_SIGMOID, 0), L(LAYER_DENSE, 5), L(LAYER_RELU, 0),
+                                          L(LAYER_DENSE, 3)}};
+        gradcheck(&s, 4, 1e-3f, 2e-4f, 5e-3f);
+}
+
+static void test_grad_chained_activations(void **state)
+{
+        /* relu in place on dense output, then tanh and sigmoid out of place on the relu's output */
+        struct model_spec s = {.input = {1, 1, 4}, .n_layers = 6,
+                               .layers = {L(LAYER_DENSE, 6), L(LAYER_RELU, 0), L(LAYER_TANH, 0),
+                                          L(LAYER_SIGMOID, 0), L(LAYER_DENSE, 3), L(LAYER_TANH, 0)}};
+        gradcheck(&s, 3, 1e-3f, 2e-4f, 5e-3f);
+}
+
+static void test_grad_conv_pool(void **state)
+{
+        struct model_spec s = {.input = {2, 6, 5}, .n_layers = 9,
+                               .layers = {conv(3, 3), L(LAYER_TANH, 0), conv(4, 3), L(LAYER_RELU, 0),
+                                          L(LAYER_MAXPOOL2D, 2), L(LAYER_FLATTEN, 0), L(LAYER_DENSE, 5),
+                                          L(LAYER_SIGMOID, 0), L(LAYER_DENSE, 3)}};
+        gradcheck(&s, 2, 1e-3f, 2e-4f, 5e-3f);
+}
+
+static void test_grad_conv_even_kernel_pool_first(void **state)
+{
+        /* an activation on the raw input, a pool before any parameters, an even kernel */
+        struct model_spec s = {.input = {1, 8, 8}, .n_layers = 6,
+                               .layers = {L(LAYER_SIGMOID, 0), L(LAYER_MAXPOOL2D, 2), conv(2, 2),
+                                          L(LAYER_TANH, 0), L(LAYER_FLATTEN, 0), L(LAYER_DENSE, 3)}};
+        gradcheck(&s, 2, 1e-3f, 2e-4f, 5e-3f);
+}
+
+static void test_forward_known(void **state)
+{
+        /* logits = x @ W + b with W (2, 3), by hand */
+        struct model_spec s = {.input = {1, 1, 2}, .n_layers = 1, .layers = {L(LAYER_DENSE, 3)}};
+        struct model *m;
+        assert_int_equal(model_new(&s, be, 2, &m), 0);
+        assert_int_equal(model_n_vars(m), 2);
+        assert_string_equal(model_var(m, 0)->name, "dense0/kernel");
+        assert_string_equal(model_var(m, 1)->name, "dense0/bias");
+        assert_int_equal(model_var(m, 0)->rows, 2);
+        assert_int_equal(model_var(m, 0)->cols, 3);
+        assert_int_equal(model_var(m, 1)->offset, 6);
+        assert_int_equal(model_n_params(m), 9);
+        float *p = model_params(m);
+        const float W[6] = {1, 0, -1, 0.5f, 2, 0}, bias[3] = {0.1f, -0.2f, 0.3f};
+        memcpy(p, W, sizeof(W));
+        memcpy(p + 6, bias, sizeof(bias));
+        assert_int_equal(model_params_sync(m), 0);
+        const float x[4] = {1, 2, -1, 0.5f};
+        const uint8_t y[2] = {1, 2};
+        double want = 0.0;
+        int want_correct = 0;
+        for (int b = 0; b < 2; b++) {
+                double z[3], mx = -1e9, sum = 0;
+                for (int c = 0; c < 3; c++) {
+                        z[c] = bias[c] + x[2 * b] * W[c] + x[2 * b + 1] * W[3 + c];
+                        mx = z[c] > mx ? z[c] : mx;
+                }
+                int arg = 0;
+                for (int c = 0; c < 3; c++) {
+                        sum += exp(z[c] - mx);
+                        if (z[c] > z[arg])
+                                arg = c;
+                }
+                want += -(z[y[b]] - mx - log(sum));
+                want_correct += arg == y[b];
+        }
+        want /= 2;
+        float loss;
+        uint32_t correct;
+        assert_int_equal(model_forward(m, x, y, 2, &loss, &correct), 0);
+        assert_float_equal(loss, want, 1e-6);
+        assert_int_equal(correct, want_correct);
+        /* z row 0 = (2.1, 3.8, -0.7): argmax 1 == y; row 1 = (-0.65, 0.8, 1.3): argmax 2 == y */
+        assert_int_equal(correct, 2);
+
+        /* gradient of the bias is the mean of (p - onehot) */
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        float gsum = 0;
+        for (int c = 0; c < 3; c++)
+                gsum += model_grads(m)[6 + c];
+        assert_float_equal(gsum, 0.0, 1e-6);
+        model_free(m);
+}
+
+static void test_init_deterministic(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 30}, .n_layers = 5,
+                               .layers = {L(LAYER_DENSE, 40), L(LAYER_RELU, 0), L(LAYER_DENSE, 20),
+                                          L(LAYER_TANH, 0), L(LAYER_DENSE, 10)}};
+        struct model *a, *b;
+        assert_int_equal(model_new(&s, be, 4, &a), 0);
+        assert_int_equal(model_new(&s, be, 8, &b), 0);
+        assert_int_equal(model_init_params(a, 42), 0);
+        assert_int_equal(model_init_params(b, 42), 0);
+        size_t n = model_n_params(a);
+        assert_memory_equal(model_params(a), model_params(b), sizeof(float) * n);
+        assert_int_equal(model_init_params(b, 43), 0);
+        assert_memory_not_equal(model_params(a), model_params(b), sizeof(float) * n);
+
+        /* dense0 feeds a relu: He normal, truncated at 2 sigma; dense1 feeds tanh: Glorot uniform */
+        const struct model_var *k0 = model_var(a, 0), *b0 = model_var(a, 1), *k1 = model_var(a, 2);
+        const float *p = model_params(a);
+        double sd = sqrt(2.0 / 30), sum2 = 0;
+        for (size_t i = 0; i < (size_t)k0->rows * k0->cols; i++) {
+                float v = p[k0->offset + i];
+                assert_true(fabs(v) <= 2 * sd / 0.87962566103423978 + 1e-6);
+                sum2 += (double)v * v;
+        }
+        double got_sd = sqrt(sum2 / (k0->rows * k0->cols));
+        assert_true(got_sd > 0.8 * sd && got_sd < 1.2 * sd);
+        for (uint32_t i = 0; i < b0->cols; i++)
+                assert_true(p[b0->offset + i] == 0.0f);
+        float lim = (float)sqrt(6.0 / (40 + 20));
+        for (size_t i = 0; i < (size_t)k1->rows * k1->cols; i++)
+                assert_true(fabsf(p[k1->offset + i]) <= lim);
+        model_free(a);
+        model_free(b);
+}
+
+static void test_batch_bounds(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 3}, .n_layers = 1, .layers = {L(LAYER_DENSE, 2)}};
+        struct model *m;
+        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(model_max_batch(m), 4);
+        float x[15] = {0};
+        uint8_t y[5] = {0};
+        float loss;
+        assert_int_equal(model_backward(m, NULL, NULL), -EINVAL); /* no forward yet */
+        assert_int_equal(model_forward(m, x, y, 5, &loss, NULL), -EINVAL);
+        assert_int_equal(model_forward(m, x, y, 0, &loss, NULL), -EINVAL);
+        y[1] = 2; /* 2 classes */
+        assert_int_equal(model_forward(m, x, y, 4, &loss, NULL), -EINVAL);
+        y[1] = 1;
+        assert_int_equal(model_forward(m, x, y, 4, &loss, NULL), 0);
+        assert_float_equal(loss, log(2.0), 1e-6);
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        model_free(m);
+}
+
+static void test_bad_specs(void **state)
+{
+        struct model *m = NULL;
+        struct model_spec s = {.input = {1, 1, 3}, .n_layers = 1, .layers = {L(LAYER_DENSE, 1)}};
+        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL); /* one class */
+        s.layers[0].units = 257;
+        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL); /* labels are bytes */
+        s.layers[0].units = 0;
+        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL);
+        s.layers[0].units = 2;
+        assert_int_equal(model_new(&s, be, 0, &m), -EINVAL);
+        s.n_layers = 0;
+        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL);
+        struct model_spec c = {.input = {1, 4, 4}, .n_layers = 2, .layers = {conv(2, 5), L(LAYER_DENSE, 2)}};
+        assert_int_equal(model_new(&c, be, 4, &m), -EINVAL); /* kernel larger than the image */
+        c.layers[0] = L(LAYER_MAXPOOL2D, 5);
+        assert_int_equal(model_new(&c, be, 4, &m), -EINVAL);
+        struct model_spec z = {.input = {0, 1, 3}, .n_layers = 1, .layers = {L(LAYER_DENSE, 2)}};
+        assert_int_equal(model_new(&z, be, 4, &m), -EINVAL);
+        assert_null(m);
+        assert_null(model_free(NULL));
+}
+
+static void test_input_untouched(void **state)
+{
+        /* an activation on the raw input must not write into the caller's x */
+        struct model_spec s = {.input = {1, 1, 4}, .n_layers = 2, .layers = {L(LAYER_RELU, 0), L(LAYER_DENSE, 2)}};
+        struct model *m;
+        assert_int_equal(model_new(&s, be, 2, &m), 0);
+        assert_int_equal(model_init_params(m, 1), 0);
+        const float x0[8] = {-1, 2, -3, 4, 5, -6, 7, -8};
+        float x[8];
+        memcpy(x, x0, sizeof(x));
+        uint8_t y[2] = {0, 1};
+        float loss;
+        assert_int_equal(model_forward(m, x, y, 2, &loss, NULL), 0);
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        assert_memory_equal(x, x0, sizeof(x));
+        model_free(m);
+}
+
+struct cb_log {
+        uint32_t n;
+        uint32_t first[8], count[8];
+        int stop_at;   /* return -EIO on this call (1-based); 0: never */
+        struct model *m;
+        float set_to;  /* forward hook: fill the layer's params with this */
+};
+
+static int log_cb(void *ud, uint32_t first_var, uint32_t n_vars)
+{
+        struct cb_log *l = ud;
+        l->first[l->n] = first_var;
+        l->count[l->n] = n_vars;
+        l->n++;
+        if (l->m) {
+                const struct model_var *a = model_var(l->m, first_var);
+                const struct model_var *z = model_var(l->m, first_var + n_vars - 1);
+                float *p = model_params(l->m);
+                for (size_t i = a->offset; i < z->offset + (size_t)z->rows * z->cols; i++)
+                        p[i] = l->set_to;
+        }
+        return l->stop_at == (int)l->n ? -EIO : 0;
+}
+
+static void test_callbacks(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 3}, .n_layers = 4,
+                               .layers = {L(LAYER_DENSE, 4), L(LAYER_RELU, 0), L(LAYER_DENSE, 3),
+                                          L(LAYER_DENSE, 2)}};
+        struct model *m;
+        assert_int_equal(model_new(&s, be, 2, &m), 0);
+        assert_int_equal(model_init_params(m, 3), 0);
+        float x[6] = {1, 2, 3, 4, 5, 6};
+        uint8_t y[2] = {0, 1};
+        float loss;
+
+        struct cb_log fl = {0};
+        assert_int_equal(model_forward_hooked(m, x, y, 2, &loss, NULL, log_cb, &fl), 0);
+        assert_int_equal(fl.n, 3);
+        assert_int_equal(fl.first[0], 0);
+        assert_int_equal(fl.first[1], 2);
+        assert_int_equal(fl.first[2], 4);
+        assert_int_equal(fl.count[0], 2);
+
+        struct cb_log bl = {0};
+        assert_int_equal(model_backward(m, log_cb, &bl), 0);
+        assert_int_equal(bl.n, 3);
+        assert_int_equal(bl.first[0], 4); /* last layer first */
+        assert_int_equal(bl.first[1], 2);
+        assert_int_equal(bl.first[2], 0);
+        assert_int_equal(bl.count[2], 2);
+
+        struct cb_log stop = {.stop_at = 2};
+        assert_int_equal(model_backward(m, log_cb, &stop), -EIO);
+        assert_int_equal(stop.n, 2);
+
+        /* values written in the hook are the ones the layer reads: all-zero weights -> uniform probs */
+        struct cb_log zero = {.m = m, .set_to = 0.0f};
+        assert_int_equal(model_forward_hooked(m, x, y, 2, &loss, NULL, log_cb, &zero), 0);
+        assert_float_equal(loss, log(2.0), 1e-6);
+        model_free(m);
+}
+
+static void test_evaluate_chunks(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 5}, .n_layers = 3,
+                               .layers = {L(LAYER_DENSE, 6), L(LAYER_TANH, 0), L(LAYER_DENSE, 4)}};
+        struct model *small, *big;
+        assert_int_equal(model_new(&s, be, 3, &small), 0);
+        assert_int_equal(model_new(&s, be, 10, &big), 0);
+        assert_int_equal(model_init_params(small, 5), 0);
+        assert_int_equal(model_init_params(big, 5), 0);
+        float x[50];
+        uint8_t y[10];
+        struct rng r;
+        rng_init(&r, 1, 2);
+        random_batch(&r, x, 50, y, 10, 4);
+        float l1, a1, l2;
+        uint32_t c2;
+        assert_int_equal(model_evaluate(small, x, y, 10, &l1, &a1), 0);
+        assert_int_equal(model_forward(big, x, y, 10, &l2, &c2), 0);
+        assert_float_equal(l1, l2, 1e-5);
+        assert_float_equal(a1, c2 / 10.0, 1e-6);
+        assert_int_equal(model_backward(small, NULL, NULL), -EINVAL);
+        model_free(small);
+        model_free(big);
+}
+
+static void test_describe(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 784}, .n_layers = 7,
+                               .layers = {L(LAYER_DENSE, 256), L(LAYER_RELU, 0), L(LAYER_DENSE, 128),
+                                          L(LAYER_RELU, 0), L(LAYER_DENSE, 64), L(LAYER_RELU, 0),
+                                          L(LAYER_DENSE, 10)}};
+        struct model *m;
+        assert_int_equal(model_new(&s, be, 64, &m), 0);
+        assert_int_equal(model_n_params(m), 242762);
+        assert_int_equal(model_find_var(m, "dense3/bias"), 7);
+        assert_int_equal(model_find_var(m, "nope"), -ENOENT);
+        char buf[4096] = {0};
+        FILE *f = fmemopen(buf, sizeof(buf) - 1, "w");
+        model_describe(m, f);
+        fclose(f);
+        assert_non_null(strstr(buf, "dense0/kernel (784, 256)"));
+        assert_non_null(strstr(buf, "242762 parameters"));
+        model_free(m);
+}
+
+int main(void)
+{
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_grad_dense_loss),
+                cmocka_unit_test(test_grad_dense_activations),
+                cmocka_unit_test(test_grad_chained_activations),
+                cmocka_unit_test(test_grad_conv_pool),
+                cmocka_unit_test(test_grad_conv_even_kernel_pool_first),
+                cmocka_unit_test(test_forward_known),
+                cmocka_unit_test(test_init_deterministic),
+                cmocka_unit_test(test_batch_bounds),
+                cmocka_unit_test(test_bad_specs),
+                cmocka_unit_test(test_input_untouched),
+                cmocka_unit_test(test_callbacks),
+                cmocka_unit_test(test_evaluate_chunks),
+                cmocka_unit_test(test_describe),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}

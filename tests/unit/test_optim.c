@@ -1,0 +1,156 @@
+/* optim: each optimizer against hand-computed updates, learning-rate schedules, finiteness. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "optim.h"
+
+static void test_sgd(void **state)
+{
+        struct training_config t = {.optimizer = OPT_SGD, .learning_rate = 0.5};
+        float w[3] = {1, 2, 3};
+        const float g[3] = {0.2f, -0.4f, 0};
+        assert_int_equal(optim_n_slots(OPT_SGD), 0);
+        assert_null(optim_slot_name(OPT_SGD, 0));
+        optim_apply(&t, 0, w, g, NULL, 3);
+        assert_float_equal(w[0], 0.9, 1e-6);
+        assert_float_equal(w[1], 2.2, 1e-6);
+        assert_float_equal(w[2], 3.0, 1e-6);
+}
+
+static void test_momentum(void **state)
+{
+        struct training_config t = {.optimizer = OPT_MOMENTUM, .learning_rate = 0.1, .momentum = 0.9};
+        assert_int_equal(optim_n_slots(OPT_MOMENTUM), 1);
+        assert_string_equal(optim_slot_name(OPT_MOMENTUM, 0), "momentum");
+        assert_float_equal(optim_slot_init(&t, 0), 0.0, 0);
+        /* 19 elements: the blocked loop and its tail */
+        float w[19], acc[19] = {0}, g[19];
+        for (int i = 0; i < 19; i++)
+                w[i] = 1.0f, g[i] = 1.0f;
+        float *slots[1] = {acc};
+        optim_apply(&t, 0, w, g, slots, 19); /* acc = 1; w = 1 - 0.1 = 0.9 */
+        optim_apply(&t, 1, w, g, slots, 19); /* acc = 1.9; w = 0.9 - 0.19 = 0.71 */
+        for (int i = 0; i < 19; i++) {
+                assert_float_equal(acc[i], 1.9, 1e-6);
+                assert_float_equal(w[i], 0.71, 1e-6);
+        }
+        t.nesterov = true;
+        float wn[1] = {1}, an[1] = {0}, gn[1] = {1};
+        float *sn[1] = {an};
+        optim_apply(&t, 0, wn, gn, sn, 1); /* acc = 1; w = 1 - 0.1 * (1 + 0.9) = 0.81 */
+        assert_float_equal(wn[0], 0.81, 1e-6);
+        optim_apply(&t, 1, wn, gn, sn, 1); /* acc = 1.9; w = 0.81 - 0.1 * (1 + 1.71) = 0.539 */
+        assert_float_equal(wn[0], 0.539, 1e-6);
+}
+
+static void test_adam(void **state)
+{
+        struct training_config t = {.optimizer = OPT_ADAM, .learning_rate = 0.001, .beta1 = 0.9,
+                                    .beta2 = 0.999, .epsilon = 1e-8};
+        assert_int_equal(optim_n_slots(OPT_ADAM), 2);
+        assert_string_equal(optim_slot_name(OPT_ADAM, 0), "m");
+        assert_string_equal(optim_slot_name(OPT_ADAM, 1), "v");
+        float w[2] = {1, -1}, g[2] = {0.5f, -2}, m[2] = {0}, v[2] = {0};
+        float *slots[2] = {m, v};
+        optim_apply(&t, 0, w, g, slots, 2);
+        /* t = 1: lr_t = 0.001 * sqrt(0.001) / 0.1; m = 0.1 g; v = 0.001 g^2; step = lr_t * m / sqrt(v)
+         * = 0.001 * sign(g) (up to eps) */
+        assert_float_equal(m[0], 0.05, 1e-7);
+        assert_float_equal(v[1], 0.004, 1e-7);
+        assert_float_equal(w[0], 1 - 0.001, 1e-6);
+        assert_float_equal(w[1], -1 + 0.001, 1e-6);
+        optim_apply(&t, 1, w, g, slots, 2);
+        /* t = 2: m = 0.19 * 0.5 = 0.095; v = 0.001999 * 0.25; lr_t = 0.001 sqrt(0.001999) / 0.19 */
+        double lr_t = 0.001 * sqrt(1 - 0.999 * 0.999) / (1 - 0.81);
+        double mm = 0.095, vv = (0.999 * 0.001 + 0.001) * 0.25;
+        assert_float_equal(w[0], 1 - 0.001 - lr_t * mm / (sqrt(vv) + 1e-8), 1e-6);
+        assert_float_equal(optim_adam_lr(0.001, 0.9, 0.999, 2), lr_t, 1e-12);
+}
+
+static void test_adagrad(void **state)
+{
+        struct training_config t = {.optimizer = OPT_ADAGRAD, .learning_rate = 0.1,
+                                    .initial_accumulator = 0.1, .epsilon = 0};
+        assert_int_equal(optim_n_slots(OPT_ADAGRAD), 1);
+        assert_string_equal(optim_slot_name(OPT_ADAGRAD, 0), "accumulator");
+        assert_float_equal(optim_slot_init(&t, 0), 0.1, 1e-7);
+        float w[1] = {1}, g[1] = {0.3f}, acc[1] = {optim_slot_init(&t, 0)};
+        float *slots[1] = {acc};
+        optim_apply(&t, 0, w, g, slots, 1); /* acc = 0.19; w = 1 - 0.1 * 0.3 / sqrt(0.19) */
+        assert_float_equal(acc[0], 0.19, 1e-7);
+        assert_float_equal(w[0], 1 - 0.03 / sqrt(0.19), 1e-6);
+}
+
+static void test_learning_rate(void **state)
+{
+        struct training_config t = {.learning_rate = 0.1, .lr_schedule = LR_CONSTANT};
+        assert_float_equal(optim_learning_rate(&t, 12345), 0.1, 0);
+        t.lr_schedule = LR_EXPONENTIAL;
+        t.lr_decay_rate = 0.5;
+        t.lr_decay_steps = 100;
+        assert_float_equal(optim_learning_rate(&t, 0), 0.1, 1e-12);
+        assert_float_equal(optim_learning_rate(&t, 50), 0.1 * sqrt(0.5), 1e-12);
+        assert_float_equal(optim_learning_rate(&t, 200), 0.025, 1e-12);
+        t.lr_staircase = true;
+        assert_float_equal(optim_learning_rate(&t, 50), 0.1, 1e-12);
+        assert_float_equal(optim_learning_rate(&t, 199), 0.05, 1e-12);
+        assert_float_equal(optim_learning_rate(&t, 200), 0.025, 1e-12);
+        t.lr_decay_steps = 0; /* degenerate: constant */
+        assert_float_equal(optim_learning_rate(&t, 200), 0.1, 0);
+
+        /* sgd picks up the decayed rate at the given step */
+        t.optimizer = OPT_SGD;
+        t.lr_decay_steps = 100;
+        float w[1] = {1}, g[1] = {1};
+        optim_apply(&t, 250, w, g, NULL, 1);
+        assert_float_equal(w[0], 1 - 0.025, 1e-7);
+}
+
+static void test_all_finite(void **state)
+{
+        float g[37];
+        for (int i = 0; i < 37; i++)
+                g[i] = (float)i - 18.0f;
+        g[5] = 3e38f;
+        assert_true(optim_all_finite(g, 37));
+        assert_true(optim_all_finite(g, 0));
+        for (int at = 0; at < 37; at += 9) {
+                float keep = g[at];
+                g[at] = NAN;
+                assert_false(optim_all_finite(g, 37));
+                g[at] = INFINITY;
+                assert_false(optim_all_finite(g, 37));
+                g[at] = -INFINITY;
+                assert_false(optim_all_finite(g, 37));
+                g[at] = keep;
+        }
+        g[36] = NAN; /* the tail */
+        assert_false(optim_all_finite(g, 37));
+        assert_true(optim_all_finite(g, 36));
+}
+
+static void test_names(void **state)
+{
+        assert_string_equal(optim_name(OPT_SGD), "sgd");
+        assert_string_equal(optim_name(OPT_MOMENTUM), "momentum");
+        assert_string_equal(optim_name(OPT_ADAM), "adam");
+        assert_string_equal(optim_name(OPT_ADAGRAD), "adagrad");
+        assert_null(optim_slot_name(OPT_ADAM, 2));
+}
+
+int main(void)
+{
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_sgd),      cmocka_unit_test(test_momentum),
+                cmocka_unit_test(test_adam),     cmocka_unit_test(test_adagrad),
+                cmocka_unit_test(test_learning_rate), cmocka_unit_test(test_all_finite),
+                cmocka_unit_test(test_names),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
