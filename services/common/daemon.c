@@ -1,0 +1,190 @@
+/* Daemon command line and signals: see daemon.h. */
+#include "daemon.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "util.h"
+
+static void usage(FILE *f, const char *ident, enum role role) {
+        bool indexed = role != ROLE_CHIEF;
+        fprintf(f,
+                "usage: %s --job FILE%s [options]\n"
+                "       %s --instance JOB%s [options]\n"
+                "\n"
+                "  --job FILE          the job file\n"
+                "%s"
+                "  --instance JOB%s   the job file is $PSFLEET_CONFIG_DIR/jobs/JOB.json (default /etc/psfleet)\n"
+                "  --state-dir DIR     state (default $STATE_DIRECTORY, else /var/lib/psfleet)\n"
+                "  --listen ADDR       bind here instead of this task's cluster entry\n"
+                "%s"
+                "  --help              this text and the job file's keys\n"
+                "\n"
+                "TF_CONFIG, if set, supplies the cluster and this task ({\"cluster\": ..., \"task\": {\"type\": ..., \"index\": N}}).\n"
+                "Exit status 78 means the job file, TF_CONFIG or the task is wrong; nothing was started.\n\n",
+                ident, indexed ? " --task-index N" : "", ident, indexed ? ":N" : "",
+                indexed ? "  --task-index N      this task's index in the cluster's list\n" : "",
+                indexed ? ":N" : "  ",
+                role == ROLE_WORKER ? "  --loss-log FILE     append \"global_step loss\" for every step\n" : "");
+        fprintf(f, "Job file keys:\n");
+        config_print_keys(f, false);
+}
+
+int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, struct daemon_args *ret) {
+        static const struct option opts[] = {
+                {"job", required_argument, NULL, 'j'},
+                {"instance", required_argument, NULL, 'i'},
+                {"task-index", required_argument, NULL, 't'},
+                {"state-dir", required_argument, NULL, 's'},
+                {"listen", required_argument, NULL, 'l'},
+                {"loss-log", required_argument, NULL, 'L'},
+                {"help", no_argument, NULL, 'h'},
+                {},
+        };
+        const char *job = NULL, *instance = NULL, *index = NULL;
+        char err[1024];
+        struct daemon_args a = {0};
+        int c;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0)
+                switch (c) {
+                case 'j': job = optarg; break;
+                case 'i': instance = optarg; break;
+                case 't': index = optarg; break;
+                case 's': free(a.state_dir); a.state_dir = strdup(optarg); break;
+                case 'l': free(a.listen); a.listen = strdup(optarg); break;
+                case 'L':
+                        if (role != ROLE_WORKER)
+                                goto bad_usage;
+                        free(a.loss_log);
+                        a.loss_log = strdup(optarg);
+                        break;
+                case 'h':
+                        usage(stdout, ident, role);
+                        daemon_args_done(&a);
+                        return 1;
+                default:
+                        goto bad_usage;
+                }
+        if (optind < argc || (!job == !instance)) {
+                fprintf(stderr, "%s: give exactly one of --job FILE and --instance JOB%s\n", ident,
+                        role == ROLE_CHIEF ? "" : ":N");
+                goto bad_usage;
+        }
+
+        char *path = NULL;
+        if (instance) {
+                char *name;
+                int64_t idx;
+                if (config_parse_instance(instance, &name, &idx) < 0) {
+                        fprintf(stderr, "%s: --instance \"%s\": expected JOB%s\n", ident, instance,
+                                role == ROLE_CHIEF ? "" : ":INDEX");
+                        goto bad;
+                }
+                const char *dir = getenv("PSFLEET_CONFIG_DIR");
+                path = strdup_printf("%s/jobs/%s.json", dir && *dir ? dir : "/etc/psfleet", name);
+                free(name);
+                if (idx >= 0) {
+                        static char buf[24];
+                        snprintf(buf, sizeof(buf), "%lld", (long long)idx);
+                        if (index) {
+                                fprintf(stderr, "%s: give the index in --instance or --task-index, not both\n", ident);
+                                free(path);
+                                goto bad;
+                        }
+                        index = buf;
+                }
+        } else {
+                path = strdup(job);
+        }
+        if (config_load(path, &a.cfg, err, sizeof(err)) < 0) {
+                fprintf(stderr, "%s: %s\n", ident, err);
+                free(path);
+                goto bad;
+        }
+        free(path);
+
+        bool have_task = false;
+        const char *tf = getenv("TF_CONFIG");
+        if (tf && *tf) {
+                if (config_apply_tf_config(a.cfg, tf, &a.task, &have_task, err, sizeof(err)) < 0) {
+                        fprintf(stderr, "%s: %s\n", ident, err);
+                        goto bad;
+                }
+                if (have_task && a.task.role != role) {
+                        fprintf(stderr, "%s: TF_CONFIG: task.type: \"%s\" is not this daemon's role (%s)\n", ident,
+                                role_name(a.task.role), role_name(role));
+                        goto bad;
+                }
+                if (have_task && index) {
+                        struct task t;
+                        if (config_parse_task(a.cfg, role_name(role), index, &t, err, sizeof(err)) < 0) {
+                                fprintf(stderr, "%s: %s\n", ident, err);
+                                goto bad;
+                        }
+                        if (t.index != a.task.index) {
+                                fprintf(stderr, "%s: --task-index %s disagrees with TF_CONFIG's task.index %u\n", ident,
+                                        index, a.task.index);
+                                goto bad;
+                        }
+                }
+        }
+        if (!have_task) {
+                if (role == ROLE_CHIEF && !index)
+                        index = "0";
+                if (!index) {
+                        fprintf(stderr, "%s: --task-index N is required (or --instance JOB:N, or TF_CONFIG's task)\n", ident);
+                        goto bad;
+                }
+                if (config_parse_task(a.cfg, role_name(role), index, &a.task, err, sizeof(err)) < 0) {
+                        fprintf(stderr, "%s: %s\n", ident, err);
+                        goto bad;
+                }
+        }
+        a.task_name = strdup_printf("%s:%u", role_name(role), a.task.index);
+        if (!a.state_dir) {
+                const char *sd = getenv("STATE_DIRECTORY");
+                /* systemd may pass several, colon-separated: the first is ours */
+                a.state_dir = strdup(sd && *sd ? sd : "/var/lib/psfleet");
+                char *colon = strchr(a.state_dir, ':');
+                if (colon)
+                        *colon = 0;
+        }
+        if (!a.listen)
+                a.listen = strdup(config_endpoint(a.cfg, a.task)->addr);
+        *ret = a;
+        return 0;
+
+bad_usage:
+        usage(stderr, ident, role);
+bad:
+        daemon_args_done(&a);
+        return CONFIG_EX_CONFIG;
+}
+
+void daemon_args_done(struct daemon_args *a) {
+        config_free(a->cfg);
+        free(a->task_name);
+        free(a->state_dir);
+        free(a->listen);
+        free(a->loss_log);
+        *a = (struct daemon_args){0};
+}
+
+int daemon_signals_fd(void) {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGTERM);
+        sigaddset(&set, SIGHUP);
+        if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0)
+                return -errno;
+        int fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+        return fd < 0 ? -errno : fd;
+}

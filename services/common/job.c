@@ -1,0 +1,381 @@
+/* Layout of a job's variables over its ps shards, and block transfers to and from the shards. */
+#include "job.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim.h"
+#include "wire.h"
+#include "psfleet/v1/ps.pb-c.h"
+
+int job_layout_new(const struct job_config *cfg, const struct model *m, struct job_layout **ret) {
+        struct job_layout *L = calloc(1, sizeof(*L));
+        struct placement_var *pv = NULL;
+        int r = -ENOMEM;
+        if (!L)
+                return -ENOMEM;
+        L->n_vars = model_n_vars(m);
+        L->n_params = model_n_params(m);
+        L->n_shards = cfg->cluster.n_ps;
+        L->fingerprint = config_fingerprint(cfg);
+        L->optimizer = cfg->training.optimizer;
+        L->n_slots = optim_n_slots(cfg->training.optimizer);
+        L->vars = calloc(L->n_vars, sizeof(*L->vars));
+        pv = calloc(L->n_vars, sizeof(*pv));
+        if (!L->vars || !pv)
+                goto fail;
+        for (uint32_t i = 0; i < L->n_vars; i++) {
+                const struct model_var *v = model_var(m, i);
+                L->vars[i] = (struct job_var){strdup(v->name), v->rows, v->cols, v->offset, v->layer};
+                if (!L->vars[i].name)
+                        goto fail;
+                pv[i] = (struct placement_var){L->vars[i].name, v->rows, (uint64_t)v->cols * sizeof(float)};
+        }
+        r = placement_compute(pv, L->n_vars, L->n_shards, cfg->ps.split_bytes, &L->plan);
+        if (r < 0)
+                goto fail;
+        r = -ENOMEM;
+        L->shard_first = calloc(L->n_shards, sizeof(uint32_t));
+        L->shard_count = calloc(L->n_shards, sizeof(uint32_t));
+        L->shard_parts = calloc(L->plan->n_parts ? L->plan->n_parts : 1, sizeof(uint32_t));
+        if (!L->shard_first || !L->shard_count || !L->shard_parts)
+                goto fail;
+        uint32_t k = 0;
+        for (uint32_t s = 0; s < L->n_shards; s++) {
+                L->shard_first[s] = k;
+                for (uint32_t p = 0; p < L->plan->n_parts; p++)
+                        if (L->plan->parts[p].shard == s)
+                                L->shard_parts[k++] = p;
+                L->shard_count[s] = k - L->shard_first[s];
+        }
+        free(pv);
+        *ret = L;
+        return 0;
+fail:
+        free(pv);
+        job_layout_free(L);
+        return r;
+}
+
+struct job_layout *job_layout_free(struct job_layout *L) {
+        if (!L)
+                return NULL;
+        for (uint32_t i = 0; L->vars && i < L->n_vars; i++)
+                free(L->vars[i].name);
+        free(L->vars);
+        placement_free(L->plan);
+        free(L->shard_first);
+        free(L->shard_count);
+        free(L->shard_parts);
+        free(L);
+        return NULL;
+}
+
+int job_layout_find(const struct job_layout *L, const char *name) {
+        for (uint32_t i = 0; i < L->n_vars; i++)
+                if (strcmp(L->vars[i].name, name) == 0)
+                        return (int)i;
+        return -ENOENT;
+}
+
+static int errf(char *err, size_t errlen, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int errf(char *err, size_t errlen, int r, const char *fmt, ...) {
+        if (err && errlen) {
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(err, errlen, fmt, ap);
+                va_end(ap);
+        }
+        return r;
+}
+
+int job_layout_copy_in(const struct job_layout *L, const void *tensor, float *params, float *const *slots,
+                       char *err, size_t errlen) {
+        const struct wire_tensor *t = tensor;
+        char name[256];
+        snprintf(name, sizeof(name), "%s", t->name ? t->name : "");
+        int slot = -1;
+        int v = job_layout_find(L, name);
+        if (v < 0) {
+                char *sl = strrchr(name, '/');
+                if (sl) {
+                        *sl = 0;
+                        v = job_layout_find(L, name);
+                        for (unsigned s = 0; v >= 0 && s < L->n_slots; s++)
+                                if (strcmp(sl + 1, optim_slot_name(L->optimizer, s)) == 0)
+                                        slot = (int)s;
+                        if (v >= 0 && slot < 0)
+                                return errf(err, errlen, -EINVAL, "tensor \"%s\": no slot \"%s\" for optimizer %s",
+                                            t->name, sl + 1, optim_name(L->optimizer));
+                }
+        }
+        if (v < 0)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": no such variable", t->name ? t->name : "");
+        const struct job_var *jv = &L->vars[v];
+        if (t->dtype != WIRE_DTYPE_FLOAT32)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32", t->name, t->dtype);
+        if (t->ndims != 2 || t->shape[1] != jv->cols || t->row_offset >= jv->rows ||
+            t->shape[0] > jv->rows - t->row_offset || t->shape[0] == 0)
+                return errf(err, errlen, -EINVAL,
+                            "tensor \"%s\": shape (%llu, %llu) at row %llu does not fit variable (%u, %u)", t->name,
+                            (unsigned long long)(t->ndims > 0 ? t->shape[0] : 0),
+                            (unsigned long long)(t->ndims > 1 ? t->shape[1] : 0), (unsigned long long)t->row_offset,
+                            jv->rows, jv->cols);
+        float *block = slot < 0 ? params : (slots ? slots[slot] : NULL);
+        if (!block)
+                return 0;   /* slots not wanted */
+        wire_tensor_copy(t, block + jv->offset + t->row_offset * jv->cols);
+        return 0;
+}
+
+/* ---- client ---- */
+
+int ps_client_new(const struct job_config *cfg, const struct job_layout *L, const char *task, struct ps_client **ret) {
+        struct ps_client *pc = calloc(1, sizeof(*pc));
+        if (!pc)
+                return -ENOMEM;
+        pc->cfg = cfg;
+        pc->L = L;
+        pc->deadline_ms = cfg->rpc.deadline_ms;
+        snprintf(pc->task, sizeof(pc->task), "%s", task);
+        pc->ch = calloc(L->n_shards, sizeof(*pc->ch));
+        if (!pc->ch) {
+                free(pc);
+                return -ENOMEM;
+        }
+        for (uint32_t s = 0; s < L->n_shards; s++) {
+                char name[32];
+                snprintf(name, sizeof(name), "ps:%u", s);
+                int r = rpc_channel_new(cfg->cluster.ps[s].addr, name, &pc->ch[s]);
+                if (r < 0) {
+                        ps_client_free(pc);
+                        return r;
+                }
+        }
+        *ret = pc;
+        return 0;
+}
+
+struct ps_client *ps_client_free(struct ps_client *pc) {
+        if (!pc)
+                return NULL;
+        for (uint32_t s = 0; pc->ch && s < pc->L->n_shards; s++)
+                rpc_channel_free(pc->ch[s]);
+        free(pc->ch);
+        free(pc);
+        return NULL;
+}
+
+static void caller_init(struct ps_client *pc, Psfleet__V1__Caller *c) {
+        psfleet__v1__caller__init(c);
+        c->fingerprint = pc->L->fingerprint;
+        c->task = pc->task;
+}
+
+/* Appends part p of a block (lent) as a tensor named name[/suffix]. */
+static int add_part(struct wire_out *o, const struct job_layout *L, uint32_t p, const float *block,
+                    const char *suffix) {
+        const struct placement_part *pp = &L->plan->parts[p];
+        const struct job_var *v = &L->vars[pp->var];
+        char name[300];
+        if (suffix)
+                snprintf(name, sizeof(name), "%s/%s", v->name, suffix);
+        else
+                snprintf(name, sizeof(name), "%s", v->name);
+        uint64_t shape[2] = {pp->row_end - pp->row_begin, v->cols};
+        const float *data = block + v->offset + (size_t)pp->row_begin * v->cols;
+        return wire_out_tensor(o, name, WIRE_DTYPE_FLOAT32, shape, 2, pp->row_begin, data,
+                               (size_t)shape[0] * shape[1] * sizeof(float), NULL, NULL);
+}
+
+/* Waits for the batch; the first failure (ours or a server's, with its message) becomes the result. */
+static int batch_end(struct rpc_batch *b, int r, const char *what, char *err, size_t errlen) {
+        int w = rpc_batch_wait_all(b);
+        if (r < 0)
+                errf(err, errlen, r, "%s: %s", what, strerror(-r));
+        else if (w < 0) {
+                const struct rpc_result *f = rpc_batch_first_error(b);
+                r = w;
+                errf(err, errlen, r, "%s", f ? f->message : strerror(-w));
+        }
+        rpc_batch_free(b);
+        return r;
+}
+
+int ps_client_assign(struct ps_client *pc, const float *params, float *const *slots, uint64_t global_step,
+                     char *err, size_t errlen) {
+        const struct job_layout *L = pc->L;
+        struct rpc_batch *b;
+        int r = rpc_batch_new(&b);
+        if (r < 0)
+                return r;
+        for (uint32_t s = 0; s < L->n_shards && r >= 0; s++) {
+                Psfleet__V1__Caller caller;
+                caller_init(pc, &caller);
+                Psfleet__V1__AssignHeader h = PSFLEET__V1__ASSIGN_HEADER__INIT;
+                h.caller = &caller;
+                h.global_step = global_step;
+                h.with_slots = slots != NULL;
+                struct wire_out *o;
+                grpc_byte_buffer *bb;
+                if ((r = wire_out_new(&o)) < 0)
+                        break;
+                wire_out_header(o, &h.base);
+                for (uint32_t i = 0; i < L->shard_count[s] && r >= 0; i++) {
+                        uint32_t p = L->shard_parts[L->shard_first[s] + i];
+                        r = add_part(o, L, p, params, NULL);
+                        for (unsigned k = 0; slots && k < L->n_slots && r >= 0; k++)
+                                r = add_part(o, L, p, slots[k], optim_slot_name(L->optimizer, k));
+                }
+                if (r >= 0)
+                        r = wire_out_finish(o, &bb);
+                wire_out_free(o);
+                struct rpc_pending *pend;
+                if (r >= 0)
+                        r = rpc_batch_start(b, pc->ch[s], "/psfleet.v1.ParameterServer/Assign", bb, pc->deadline_ms,
+                                            true, &pend);
+        }
+        return batch_end(b, r, "assign", err, errlen);
+}
+
+int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uint64_t *global_step_ret,
+                   char *err, size_t errlen) {
+        const struct job_layout *L = pc->L;
+        struct rpc_batch *b;
+        struct rpc_pending **pend = calloc(L->n_shards, sizeof(*pend));
+        int r = pend ? rpc_batch_new(&b) : -ENOMEM;
+        if (r < 0) {
+                free(pend);
+                return r;
+        }
+        for (uint32_t s = 0; s < L->n_shards && r >= 0; s++) {
+                Psfleet__V1__Caller caller;
+                caller_init(pc, &caller);
+                Psfleet__V1__PullHeader h = PSFLEET__V1__PULL_HEADER__INIT;
+                h.caller = &caller;
+                h.with_slots = slots != NULL;
+                Psfleet__V1__PullRequest q = PSFLEET__V1__PULL_REQUEST__INIT;
+                q.header = &h;
+                r = rpc_batch_start(b, pc->ch[s], "/psfleet.v1.ParameterServer/Pull", wire_pack(&q.base),
+                                    pc->deadline_ms, false, &pend[s]);
+        }
+        if (r >= 0)
+                rpc_batch_wait_all(b);
+        for (uint32_t s = 0; s < L->n_shards && r >= 0; s++) {
+                struct rpc_result *res = rpc_pending_result(pend[s]);
+                if (res->err) {
+                        r = res->err;
+                        errf(err, errlen, r, "%s", res->message);
+                        break;
+                }
+                struct wire_in *in;
+                char e2[256];
+                r = wire_in_parse(res->reply, &in, e2, sizeof(e2));
+                res->reply = NULL;
+                if (r < 0) {
+                        errf(err, errlen, r, "ps:%u: Pull reply: %s", s, e2);
+                        break;
+                }
+                ProtobufCMessage *hm;
+                r = wire_in_header(in, &psfleet__v1__pull_reply_header__descriptor, &hm);
+                if (r >= 0) {
+                        if (s == 0 && global_step_ret)
+                                *global_step_ret = ((Psfleet__V1__PullReplyHeader *)hm)->global_step;
+                        protobuf_c_message_free_unpacked(hm, NULL);
+                }
+                for (size_t i = 0; i < in->n_tensors && r >= 0; i++) {
+                        r = job_layout_copy_in(L, &in->tensors[i], params, slots, e2, sizeof(e2));
+                        if (r < 0)
+                                errf(err, errlen, r, "ps:%u: Pull reply: %s", s, e2);
+                }
+                wire_in_free(in);
+        }
+        rpc_batch_free(b);
+        free(pend);
+        return r;
+}
+
+int ps_client_status(struct ps_client *pc, uint32_t shard, void **status_ret, char *err, size_t errlen) {
+        Psfleet__V1__ShardStatusRequest q = PSFLEET__V1__SHARD_STATUS_REQUEST__INIT;
+        ProtobufCMessage *m;
+        int r = rpc_call_msg(pc->ch[shard], "/psfleet.v1.ParameterServer/GetShardStatus", &q.base,
+                             &psfleet__v1__shard_status__descriptor, pc->deadline_ms, false, &m, err, errlen);
+        if (r >= 0)
+                *status_ret = m;
+        return r;
+}
+
+int ps_client_stop(struct ps_client *pc, const char *reason) {
+        struct rpc_batch *b;
+        int r = rpc_batch_new(&b);
+        if (r < 0)
+                return r;
+        for (uint32_t s = 0; s < pc->L->n_shards; s++) {
+                Psfleet__V1__StopRequest q = PSFLEET__V1__STOP_REQUEST__INIT;
+                q.reason = (char *)reason;
+                struct rpc_pending *p;
+                rpc_batch_start(b, pc->ch[s], "/psfleet.v1.ParameterServer/Stop", wire_pack(&q.base), 5000, false, &p);
+        }
+        r = rpc_batch_wait_all(b);
+        rpc_batch_free(b);
+        return r;
+}
+
+int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t shard, const uint32_t *parts,
+                         uint32_t n_parts, const float *grads, uint32_t worker, uint64_t local_step, bool count_step,
+                         struct rpc_pending **ret) {
+        Psfleet__V1__Caller caller;
+        caller_init(pc, &caller);
+        Psfleet__V1__PushHeader h = PSFLEET__V1__PUSH_HEADER__INIT;
+        h.caller = &caller;
+        h.worker = worker;
+        h.local_step = local_step;
+        h.want_values = true;
+        h.count_step = count_step;
+        struct wire_out *o;
+        grpc_byte_buffer *bb;
+        int r = wire_out_new(&o);
+        if (r < 0)
+                return r;
+        wire_out_header(o, &h.base);
+        for (uint32_t i = 0; i < n_parts && r >= 0; i++)
+                r = add_part(o, pc->L, parts[i], grads, NULL);
+        if (r >= 0)
+                r = wire_out_finish(o, &bb);
+        wire_out_free(o);
+        if (r < 0)
+                return r;
+        return rpc_batch_start(b, pc->ch[shard], "/psfleet.v1.ParameterServer/Push", bb, pc->deadline_ms, false, ret);
+}
+
+int ps_client_push_done(struct ps_client *pc, struct rpc_result *res, float *params, uint64_t *global_step_ret,
+                        uint64_t *incarnation_ret, char *err, size_t errlen) {
+        if (res->err)
+                return errf(err, errlen, res->err, "%s", res->message);
+        struct wire_in *in;
+        char e2[256];
+        int r = wire_in_parse(res->reply, &in, e2, sizeof(e2));
+        res->reply = NULL;
+        if (r < 0)
+                return errf(err, errlen, r, "Push reply: %s", e2);
+        ProtobufCMessage *hm;
+        r = wire_in_header(in, &psfleet__v1__push_reply_header__descriptor, &hm);
+        if (r >= 0) {
+                Psfleet__V1__PushReplyHeader *h = (Psfleet__V1__PushReplyHeader *)hm;
+                if (global_step_ret)
+                        *global_step_ret = h->global_step;
+                if (incarnation_ret)
+                        *incarnation_ret = h->incarnation;
+                protobuf_c_message_free_unpacked(hm, NULL);
+        }
+        for (size_t i = 0; i < in->n_tensors && r >= 0; i++) {
+                r = job_layout_copy_in(pc->L, &in->tensors[i], params, NULL, e2, sizeof(e2));
+                if (r < 0)
+                        errf(err, errlen, r, "Push reply: %s", e2);
+        }
+        wire_in_free(in);
+        return r;
+}

@@ -1,0 +1,78 @@
+/* What every node of a job derives from the job file alike: the model's variables, where each lives
+ * (placement over the ps shards), and a client that moves whole parameter blocks to and from the
+ * shards. Read-only after creation: safe to share between threads. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "model.h"
+#include "placement.h"
+#include "rpc.h"
+
+struct job_var {
+        char *name;
+        uint32_t rows, cols;
+        size_t offset;          /* floats into a parameter block laid out like the model's */
+        uint32_t layer;
+};
+
+struct job_layout {
+        uint32_t n_vars;
+        struct job_var *vars;
+        size_t n_params;        /* floats in a whole block */
+        struct placement *plan;
+        uint32_t n_shards;
+        uint32_t *shard_first;  /* (n_shards) index into shard_parts */
+        uint32_t *shard_count;  /* (n_shards) */
+        uint32_t *shard_parts;  /* (n_parts) part indices grouped by shard */
+        uint64_t fingerprint;
+        enum optimizer_kind optimizer;
+        unsigned n_slots;
+};
+
+/* From the model's variables and the job's ps list. */
+int job_layout_new(const struct job_config *cfg, const struct model *m, struct job_layout **ret);
+struct job_layout *job_layout_free(struct job_layout *L);
+/* Variable index by name, or -ENOENT. */
+int job_layout_find(const struct job_layout *L, const char *name);
+
+/* A received tensor named "<var>" or "<var>/<slot>" at rows [row_offset, row_offset + shape[0]) is
+ * checked against the layout and copied into params (or slots[s]). -EINVAL with a message naming the
+ * tensor for any mismatch. */
+int job_layout_copy_in(const struct job_layout *L, const void *tensor /* struct wire_tensor */, float *params,
+                       float *const *slots, char *err, size_t errlen);
+
+/* Channels to every ps shard, with the job's fingerprint stamped on each call. */
+struct ps_client {
+        const struct job_config *cfg;
+        const struct job_layout *L;
+        struct rpc_channel **ch;        /* (n_shards) */
+        char task[32];                  /* "worker:1" */
+        uint64_t deadline_ms;
+};
+
+int ps_client_new(const struct job_config *cfg, const struct job_layout *L, const char *task, struct ps_client **ret);
+struct ps_client *ps_client_free(struct ps_client *pc);
+
+/* Every shard gets its variables (and slots, if given; else the optimizer's initial values) from
+ * these blocks; shard 0 also gets global_step. All shards in parallel. */
+int ps_client_assign(struct ps_client *pc, const float *params, float *const *slots, uint64_t global_step,
+                     char *err, size_t errlen);
+/* Reads every shard into the blocks (slots too when slots != NULL). global_step from shard 0. */
+int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uint64_t *global_step_ret,
+                   char *err, size_t errlen);
+/* Shard status, for the chief and the CLI. The reply is protobuf-c's; free with
+ * psfleet__v1__shard_status__free_unpacked. */
+int ps_client_status(struct ps_client *pc, uint32_t shard, void **status_ret, char *err, size_t errlen);
+/* Tells every shard to stop (best effort; returns the first error). */
+int ps_client_stop(struct ps_client *pc, const char *reason);
+
+/* One push of gradients to one shard, for the parts listed; grads are lent to gRPC until the call
+ * finishes. The reply (fresh values) is applied with ps_client_push_done. */
+int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t shard, const uint32_t *parts,
+                         uint32_t n_parts, const float *grads, uint32_t worker, uint64_t local_step, bool count_step,
+                         struct rpc_pending **ret);
+int ps_client_push_done(struct ps_client *pc, struct rpc_result *r, float *params, uint64_t *global_step_ret,
+                        uint64_t *incarnation_ret, char *err, size_t errlen);

@@ -1,0 +1,128 @@
+/* The standalone trainer: see trainer.h. The step loop: batch → forward → backward → apply. */
+#include "trainer.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+#include "util.h"
+
+char *trainer_data_path(const struct job_config *cfg, const char *file) {
+        if (file[0] == '/')
+                return strdup(file);
+        return strdup_printf("%s/%s", cfg->data.dir, file);
+}
+
+void trainer_log_loss(FILE *f, uint64_t step, double loss) {
+        fprintf(f, "%llu %.9g\n", (unsigned long long)step, loss);
+}
+
+int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_progress_cb progress, void *ud,
+                       struct trainer_result *ret, char *err, size_t errlen) {
+        const struct training_config *t = &cfg->training;
+        struct backend *be = NULL;
+        struct model *m = NULL;
+        struct dataset *train = NULL, *test = NULL;
+        struct shard_iter *it = NULL;
+        float *x = NULL, *slots = NULL;
+        uint8_t *y = NULL;
+        char *ip = trainer_data_path(cfg, cfg->data.train_images), *lp = trainer_data_path(cfg, cfg->data.train_labels);
+        char *tip = trainer_data_path(cfg, cfg->data.test_images), *tlp = trainer_data_path(cfg, cfg->data.test_labels);
+        struct trainer_result res = {0};
+        int r;
+
+        if ((r = dataset_load(ip, lp, &train, err, errlen)) < 0 || (r = dataset_load(tip, tlp, &test, err, errlen)) < 0)
+                goto out;
+        if ((r = backend_cpu_new(t->threads, &be)) < 0 || (r = model_new(&cfg->model, be, t->batch_size, &m)) < 0) {
+                snprintf(err, errlen, "cannot build the model: %s", strerror(-r));
+                goto out;
+        }
+        if (model_input_size(m) != train->dim || dataset_max_label(train) >= model_n_classes(m)) {
+                snprintf(err, errlen, "%s: examples of %u values with labels up to %u do not fit the model's input of %u and %u classes",
+                         ip, train->dim, dataset_max_label(train), model_input_size(m), model_n_classes(m));
+                r = -EINVAL;
+                goto out;
+        }
+        if ((r = model_init_params(m, cfg->model.seed)) < 0 || (r = shard_iter_new(train, 0, 1, t->seed, &it)) < 0) {
+                snprintf(err, errlen, "cannot initialize: %s", strerror(-r));
+                goto out;
+        }
+        size_t np = model_n_params(m);
+        unsigned ns = optim_n_slots(t->optimizer);
+        x = malloc((size_t)t->batch_size * train->dim * sizeof(float));
+        y = malloc(t->batch_size);
+        slots = malloc((ns ? ns : 1) * np * sizeof(float));
+        if (!x || !y || !slots) {
+                r = -ENOMEM;
+                snprintf(err, errlen, "out of memory");
+                goto out;
+        }
+        for (unsigned s = 0; s < ns; s++) {
+                float v = optim_slot_init(t, s);
+                for (size_t i = 0; i < np; i++)
+                        slots[s * np + i] = v;
+        }
+        float *params = model_params(m), *grads = model_grads(m);
+        uint64_t warm = t->max_steps > 200 ? 20 : t->max_steps / 10;
+        uint64_t t0 = mono_us(), tw = t0;
+        for (uint64_t step = 0; step < t->max_steps; step++) {
+                if (step == warm)
+                        tw = mono_us();
+                float loss;
+                shard_next_batch(it, t->batch_size, x, y);
+                if ((r = model_forward(m, x, y, t->batch_size, &loss, NULL)) < 0 ||
+                    (r = model_backward(m, NULL, NULL)) < 0) {
+                        snprintf(err, errlen, "step %llu: %s", (unsigned long long)step, strerror(-r));
+                        goto out;
+                }
+                /* per variable, exactly as a ps shard applies it */
+                for (uint32_t v = 0; v < model_n_vars(m); v++) {
+                        const struct model_var *mv = model_var(m, v);
+                        size_t n = (size_t)mv->rows * mv->cols;
+                        float *sl[OPTIM_MAX_SLOTS] = {0};
+                        for (unsigned s = 0; s < ns; s++)
+                                sl[s] = slots + s * np + mv->offset;
+                        optim_apply(t, step, params + mv->offset, grads + mv->offset, sl, n);
+                }
+                model_params_sync(m);
+                if (loss_log)
+                        trainer_log_loss(loss_log, step, loss);
+                res.final_loss = loss;
+                if (progress && (step + 1) % t->report_every_steps == 0) {
+                        double s = (double)(mono_us() - tw) / 1e6;
+                        progress(ud, step + 1, t->max_steps, loss,
+                                 step + 1 > warm && s > 0 ? (double)(step + 1 - warm) * t->batch_size / s : 0);
+                }
+        }
+        uint64_t t1 = mono_us();
+        res.steps = t->max_steps;
+        res.wall_s = (double)(t1 - t0) / 1e6;
+        res.examples_per_s = t1 > tw ? (double)(t->max_steps - warm) * t->batch_size / ((double)(t1 - tw) / 1e6) : 0;
+        float tl, ta;
+        if ((r = model_evaluate(m, test->x, test->y, test->n, &tl, &ta)) < 0) {
+                snprintf(err, errlen, "evaluation: %s", strerror(-r));
+                goto out;
+        }
+        res.test_loss = tl;
+        res.test_accuracy = ta;
+        *ret = res;
+        r = 0;
+out:
+        free(x);
+        free(y);
+        free(slots);
+        shard_iter_free(it);
+        dataset_free(train);
+        dataset_free(test);
+        model_free(m);
+        backend_free(be);
+        free(ip);
+        free(lp);
+        free(tip);
+        free(tlp);
+        return r;
+}

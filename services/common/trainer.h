@@ -1,0 +1,31 @@
+/* The standalone trainer: the same training as a job with one worker, in one process, without any
+ * RPC — same data order (worker 0 of 1), same initial values, same optimizer code applied per
+ * variable. It is the reference the distributed path is held to. */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+
+struct trainer_result {
+        uint64_t steps;
+        double wall_s;           /* the whole training loop */
+        double examples_per_s;   /* over the steps after the first 20 (warm-up) */
+        double final_loss;
+        double test_accuracy, test_loss;
+};
+
+typedef void (*trainer_progress_cb)(void *ud, uint64_t step, uint64_t max_steps, double loss, double examples_per_s);
+
+/* Opens dir/file of the job's data section; caller frees. */
+char *trainer_data_path(const struct job_config *cfg, const char *file);
+
+/* Trains cfg->training.max_steps steps, then evaluates on the test split. If loss_log is not NULL,
+ * writes one line per step to it: "<step> <loss>" (step counts from 0; %.9g). progress may be NULL.
+ * Returns 0, or -errno with a reason in err. */
+int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_progress_cb progress, void *ud,
+                       struct trainer_result *ret, char *err, size_t errlen);
+
+/* Loss-log line, shared by the standalone trainer and workerd so the two can be compared as text. */
+void trainer_log_loss(FILE *f, uint64_t step, double loss);

@@ -1,0 +1,615 @@
+/* psd: one parameter-server shard. Holds its part of the model's variables and their optimizer slots
+ * in one contiguous block, applies gradients as they arrive (async), and replies with fresh values.
+ * Shard 0 owns global_step. Starts uninitialized; the chief assigns it.
+ *
+ * Data flow of a push, top to bottom in on_push(): receive → validate → apply → reply. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "config.h"
+#include "daemon.h"
+#include "job.h"
+#include "log.h"
+#include "model.h"
+#include "notify.h"
+#include "optim.h"
+#include "rpc.h"
+#include "util.h"
+#include "wire.h"
+#include "psfleet/v1/ps.pb-c.h"
+
+struct part {
+        uint32_t var;
+        const char *name;        /* the variable's */
+        uint32_t row_begin, rows, cols;
+        size_t n;                /* floats: rows * cols */
+        float *w;                /* (rows, cols) view into psd.block */
+        float *slot[OPTIM_MAX_SLOTS]; /* (rows, cols) each */
+        uint64_t updates;        /* gradients applied: Adam's t and the decay step */
+        pthread_mutex_t mu;
+};
+
+struct psd {
+        struct daemon_args args;
+        const struct job_config *cfg;
+        uint32_t shard;
+        struct job_layout *L;
+        struct part *parts;
+        uint32_t n_parts;
+        size_t n_floats;         /* of this shard's variables */
+        float *block;            /* (1 + n_slots) * n_floats */
+        unsigned n_slots;
+        atomic_bool initialized;
+        uint64_t incarnation;
+        atomic_uint_fast64_t global_step, pushes, rejected;
+        pthread_mutex_t err_mu;
+        char last_error[512];
+        int stop_fd;             /* eventfd: a Stop call asks the main loop to end */
+        struct rpc_server *server;
+};
+
+/* ---- helpers ---- */
+
+static void note_reject(struct psd *p, const char *msg) {
+        atomic_fetch_add(&p->rejected, 1);
+        pthread_mutex_lock(&p->err_mu);
+        snprintf(p->last_error, sizeof(p->last_error), "%s", msg);
+        pthread_mutex_unlock(&p->err_mu);
+        log_warning("rejected: %s", msg);
+}
+
+static struct part *find_part(struct psd *p, const char *name, uint64_t row_offset) {
+        for (uint32_t i = 0; i < p->n_parts; i++)
+                if (p->parts[i].row_begin == row_offset && strcmp(p->parts[i].name, name) == 0)
+                        return &p->parts[i];
+        return NULL;
+}
+
+/* Checks a tensor's metadata against a part: name (with an optional "/slot"), rows, dtype. */
+static int match_tensor(struct psd *p, const struct wire_tensor *t, bool allow_slot, struct part **part_ret,
+                        int *slot_ret, char *err, size_t errlen) {
+        char name[300];
+        snprintf(name, sizeof(name), "%s", t->name ? t->name : "");
+        int slot = -1;
+        struct part *q = find_part(p, name, t->row_offset);
+        if (!q && allow_slot) {
+                char *sl = strrchr(name, '/');
+                if (sl) {
+                        *sl = 0;
+                        q = find_part(p, name, t->row_offset);
+                        for (unsigned s = 0; q && s < p->n_slots; s++)
+                                if (strcmp(sl + 1, optim_slot_name(p->cfg->training.optimizer, s)) == 0)
+                                        slot = (int)s;
+                        if (q && slot < 0) {
+                                snprintf(err, errlen, "tensor \"%s\": optimizer %s has no slot \"%s\"", t->name,
+                                         optim_name(p->cfg->training.optimizer), sl + 1);
+                                return -EINVAL;
+                        }
+                }
+        }
+        if (!q) {
+                snprintf(err, errlen, "tensor \"%s\" rows from %llu: no such variable on ps:%u", t->name ? t->name : "",
+                         (unsigned long long)t->row_offset, p->shard);
+                return -EINVAL;
+        }
+        if (t->dtype != WIRE_DTYPE_FLOAT32) {
+                snprintf(err, errlen, "tensor \"%s\": dtype %u, expected float32 (%u)", t->name, t->dtype,
+                         WIRE_DTYPE_FLOAT32);
+                return -EINVAL;
+        }
+        if (t->ndims != 2 || t->shape[0] != q->rows || t->shape[1] != q->cols) {
+                char shape[128] = "";
+                for (unsigned i = 0, at = 0; i < t->ndims && at < sizeof(shape) - 24; i++)
+                        at += (unsigned)snprintf(shape + at, sizeof(shape) - at, "%s%llu", i ? ", " : "",
+                                                 (unsigned long long)t->shape[i]);
+                snprintf(err, errlen, "tensor \"%s\": shape (%s), expected (%u, %u)", t->name, shape, q->rows, q->cols);
+                return -EINVAL;
+        }
+        *part_ret = q;
+        *slot_ret = slot;
+        return 0;
+}
+
+static int check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t errlen) {
+        uint64_t fp = c ? c->fingerprint : 0;
+        if (fp != p->L->fingerprint) {
+                snprintf(err, errlen,
+                         "job fingerprint %016llx of %s differs from ps:%u's %016llx: the job files differ "
+                         "(the chief names the difference when the worker joins)",
+                         (unsigned long long)fp, c && c->task && *c->task ? c->task : "the caller", p->shard,
+                         (unsigned long long)p->L->fingerprint);
+                return -EPERM;
+        }
+        return 0;
+}
+
+/* A reply's values live in one buffer lent to gRPC, freed when the last tensor slice is released. */
+struct lent {
+        atomic_int refs;
+        float data[];
+};
+
+static void lent_release(void *ud) {
+        struct lent *l = ud;
+        if (atomic_fetch_sub(&l->refs, 1) == 1)
+                free(l);
+}
+
+/* ---- Push: receive → validate → apply → reply ---- */
+
+static void on_push(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        char err[600];
+        struct wire_in *in = NULL;
+        ProtobufCMessage *hm = NULL;
+        struct part **parts = NULL;
+        float *grads = NULL;
+        struct lent *vals = NULL;
+        struct wire_out *o = NULL;
+        int r;
+
+        /* receive */
+        if ((r = wire_in_parse(rpc_call_take_payload(call), &in, err, sizeof(err))) < 0 ||
+            (r = wire_in_header(in, &psfleet__v1__push_header__descriptor, &hm)) < 0) {
+                if (r == -EBADMSG && !in)
+                        ;
+                else
+                        snprintf(err, sizeof(err), "PushHeader does not parse");
+                goto reject;
+        }
+        const Psfleet__V1__PushHeader *h = (const Psfleet__V1__PushHeader *)hm;
+
+        /* validate: everything before anything is applied, so a bad push changes nothing */
+        if ((r = check_caller(p, h->caller, err, sizeof(err))) < 0)
+                goto reject;
+        if (!atomic_load(&p->initialized)) {
+                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "ps:%u is not initialized yet (waiting for the chief)",
+                              p->shard);
+                goto out;
+        }
+        size_t total = 0;
+        parts = calloc(in->n_tensors ? in->n_tensors : 1, sizeof(*parts));
+        if (!parts)
+                goto oom;
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                int slot;
+                if ((r = match_tensor(p, &in->tensors[i], false, &parts[i], &slot, err, sizeof(err))) < 0)
+                        goto reject;
+                for (size_t j = 0; j < i; j++)
+                        if (parts[j] == parts[i]) {
+                                snprintf(err, sizeof(err), "tensor \"%s\" appears twice in one push", in->tensors[i].name);
+                                r = -EINVAL;
+                                goto reject;
+                        }
+                total += parts[i]->n;
+        }
+        /* one copy out of gRPC's slices into aligned memory the optimizer reads */
+        grads = malloc(total ? total * sizeof(float) : 1);
+        vals = malloc(sizeof(*vals) + (h->want_values ? total : 0) * sizeof(float));
+        if (!grads || !vals)
+                goto oom;
+        for (size_t i = 0, at = 0; i < in->n_tensors; at += parts[i]->n, i++) {
+                wire_tensor_copy(&in->tensors[i], grads + at);
+                if (!optim_all_finite(grads + at, parts[i]->n)) {
+                        snprintf(err, sizeof(err), "gradient \"%s\" from %s contains NaN or Inf; nothing applied",
+                                 in->tensors[i].name, h->caller->task);
+                        r = -EINVAL;
+                        goto reject;
+                }
+        }
+
+        /* apply */
+        for (size_t i = 0, at = 0; i < in->n_tensors; at += parts[i]->n, i++) {
+                struct part *q = parts[i];
+                pthread_mutex_lock(&q->mu);
+                optim_apply(&p->cfg->training, q->updates, q->w, grads + at, q->slot, q->n);
+                q->updates++;
+                if (h->want_values)
+                        memcpy(vals->data + at, q->w, q->n * sizeof(float));
+                pthread_mutex_unlock(&q->mu);
+        }
+        uint64_t gs = 0;
+        if (p->shard == 0)
+                gs = h->count_step ? atomic_fetch_add(&p->global_step, 1) + 1 : atomic_load(&p->global_step);
+        atomic_fetch_add(&p->pushes, 1);
+
+        /* reply: the fresh values, lent without another copy */
+        Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
+        rh.global_step = gs;
+        rh.incarnation = p->incarnation;
+        if ((r = wire_out_new(&o)) < 0)
+                goto oom;
+        wire_out_header(o, &rh.base);
+        atomic_init(&vals->refs, 1);
+        for (size_t i = 0, at = 0; h->want_values && i < in->n_tensors; at += parts[i]->n, i++) {
+                uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
+                atomic_fetch_add(&vals->refs, 1);
+                wire_out_tensor(o, parts[i]->name, WIRE_DTYPE_FLOAT32, shape, 2, parts[i]->row_begin, vals->data + at,
+                                parts[i]->n * sizeof(float), lent_release, vals);
+        }
+        grpc_byte_buffer *bb;
+        r = wire_out_finish(o, &bb);
+        lent_release(vals);
+        vals = NULL;
+        if (r < 0)
+                goto oom;
+        rpc_call_reply(call, bb);
+        goto out;
+
+oom:
+        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+        goto out;
+reject:
+        note_reject(p, err);
+        rpc_call_fail_errno(call, r, "%s", err);
+out:
+        wire_out_free(o);
+        free(vals);
+        free(grads);
+        free(parts);
+        if (hm)
+                protobuf_c_message_free_unpacked(hm, NULL);
+        wire_in_free(in);
+}
+
+/* ---- Assign: the chief initializes or restores the shard ---- */
+
+static void on_assign(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        char err[600];
+        struct wire_in *in = NULL;
+        ProtobufCMessage *hm = NULL;
+        struct part **parts = NULL;
+        int *slots = NULL;
+        bool *seen = NULL;
+        int r;
+        if ((r = wire_in_parse(rpc_call_take_payload(call), &in, err, sizeof(err))) < 0)
+                goto reject;
+        if ((r = wire_in_header(in, &psfleet__v1__assign_header__descriptor, &hm)) < 0) {
+                snprintf(err, sizeof(err), "AssignHeader does not parse");
+                goto reject;
+        }
+        const Psfleet__V1__AssignHeader *h = (const Psfleet__V1__AssignHeader *)hm;
+        if ((r = check_caller(p, h->caller, err, sizeof(err))) < 0)
+                goto reject;
+        parts = calloc(in->n_tensors + 1, sizeof(*parts));
+        slots = calloc(in->n_tensors + 1, sizeof(*slots));
+        seen = calloc((size_t)p->n_parts * (1 + p->n_slots) + 1, sizeof(*seen));
+        if (!parts || !slots || !seen) {
+                r = -ENOMEM;
+                snprintf(err, sizeof(err), "out of memory");
+                goto reject;
+        }
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                if ((r = match_tensor(p, &in->tensors[i], true, &parts[i], &slots[i], err, sizeof(err))) < 0)
+                        goto reject;
+                seen[(size_t)(parts[i] - p->parts) * (1 + p->n_slots) + (size_t)(slots[i] + 1)] = true;
+        }
+        /* every variable must be given, and every slot too when slots are given */
+        for (uint32_t k = 0; k < p->n_parts; k++)
+                for (unsigned s = 0; s <= (h->with_slots ? p->n_slots : 0); s++)
+                        if (!seen[(size_t)k * (1 + p->n_slots) + s]) {
+                                snprintf(err, sizeof(err), "Assign is missing \"%s%s%s\" rows %u..%u", p->parts[k].name,
+                                         s ? "/" : "", s ? optim_slot_name(p->cfg->training.optimizer, s - 1) : "",
+                                         p->parts[k].row_begin, p->parts[k].row_begin + p->parts[k].rows);
+                                r = -EINVAL;
+                                goto reject;
+                        }
+        for (uint32_t k = 0; k < p->n_parts; k++)
+                pthread_mutex_lock(&p->parts[k].mu);
+        for (size_t i = 0; i < in->n_tensors; i++)
+                wire_tensor_copy(&in->tensors[i], slots[i] < 0 ? parts[i]->w : parts[i]->slot[slots[i]]);
+        for (uint32_t k = 0; k < p->n_parts; k++) {
+                struct part *q = &p->parts[k];
+                if (!h->with_slots)
+                        for (unsigned s = 0; s < p->n_slots; s++) {
+                                float v = optim_slot_init(&p->cfg->training, s);
+                                for (size_t e = 0; e < q->n; e++)
+                                        q->slot[s][e] = v;
+                        }
+                q->updates = h->global_step;
+        }
+        atomic_store(&p->global_step, p->shard == 0 ? h->global_step : 0);
+        atomic_store(&p->initialized, true);
+        for (uint32_t k = 0; k < p->n_parts; k++)
+                pthread_mutex_unlock(&p->parts[k].mu);
+        log_info_step(h->global_step, "assigned by %s: %u variable part(s)%s at global_step %llu",
+                      h->caller->task, p->n_parts, h->with_slots ? " with optimizer slots" : "",
+                      (unsigned long long)h->global_step);
+        Psfleet__V1__AssignReply rep = PSFLEET__V1__ASSIGN_REPLY__INIT;
+        rep.incarnation = p->incarnation;
+        rpc_call_reply_msg(call, &rep.base);
+        goto out;
+reject:
+        note_reject(p, err);
+        rpc_call_fail_errno(call, r, "%s", err);
+out:
+        free(parts);
+        free(slots);
+        free(seen);
+        if (hm)
+                protobuf_c_message_free_unpacked(hm, NULL);
+        wire_in_free(in);
+}
+
+/* ---- Pull ---- */
+
+static void on_pull(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        char err[600];
+        ProtobufCMessage *m = NULL;
+        int r;
+        if ((r = wire_unpack(rpc_call_payload(call), &psfleet__v1__pull_request__descriptor, &m)) < 0) {
+                snprintf(err, sizeof(err), "PullRequest does not parse");
+                goto reject;
+        }
+        const Psfleet__V1__PullRequest *q = (const Psfleet__V1__PullRequest *)m;
+        static const Psfleet__V1__PullHeader empty = PSFLEET__V1__PULL_HEADER__INIT;
+        const Psfleet__V1__PullHeader *h = q->header ? q->header : &empty;
+        if ((r = check_caller(p, h->caller, err, sizeof(err))) < 0)
+                goto reject;
+        if (!atomic_load(&p->initialized)) {
+                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "ps:%u is not initialized yet (waiting for the chief)", p->shard);
+                goto out;
+        }
+        unsigned ns = h->with_slots ? p->n_slots : 0;
+        struct lent *vals = malloc(sizeof(*vals) + p->n_floats * (1 + ns) * sizeof(float));
+        struct wire_out *o;
+        if (!vals || wire_out_new(&o) < 0) {
+                free(vals);
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                goto out;
+        }
+        atomic_init(&vals->refs, 1);
+        Psfleet__V1__PullReplyHeader rh = PSFLEET__V1__PULL_REPLY_HEADER__INIT;
+        rh.incarnation = p->incarnation;
+        size_t at = 0;
+        for (uint32_t k = 0; k < p->n_parts; k++) {
+                struct part *pt = &p->parts[k];
+                bool wanted = h->n_names == 0;
+                for (size_t i = 0; i < h->n_names && !wanted; i++)
+                        wanted = strcmp(h->names[i], pt->name) == 0;
+                if (!wanted)
+                        continue;
+                uint64_t shape[2] = {pt->rows, pt->cols};
+                pthread_mutex_lock(&pt->mu);
+                for (unsigned s = 0; s <= ns; s++)
+                        memcpy(vals->data + at + s * pt->n, s ? pt->slot[s - 1] : pt->w, pt->n * sizeof(float));
+                pthread_mutex_unlock(&pt->mu);
+                for (unsigned s = 0; s <= ns; s++) {
+                        char name[300];
+                        snprintf(name, sizeof(name), "%s%s%s", pt->name, s ? "/" : "",
+                                 s ? optim_slot_name(p->cfg->training.optimizer, s - 1) : "");
+                        atomic_fetch_add(&vals->refs, 1);
+                        wire_out_tensor(o, name, WIRE_DTYPE_FLOAT32, shape, 2, pt->row_begin, vals->data + at,
+                                        pt->n * sizeof(float), lent_release, vals);
+                        at += pt->n;
+                }
+        }
+        /* protobuf fields may come in any order: the header goes last, read after the values */
+        rh.global_step = atomic_load(&p->global_step);
+        grpc_byte_buffer *bb;
+        wire_out_header(o, &rh.base);
+        wire_out_finish(o, &bb);
+        wire_out_free(o);
+        lent_release(vals);
+        rpc_call_reply(call, bb);
+        goto out;
+reject:
+        note_reject(p, err);
+        rpc_call_fail_errno(call, r, "%s", err);
+out:
+        if (m)
+                protobuf_c_message_free_unpacked(m, NULL);
+}
+
+static void on_status(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        Psfleet__V1__ShardStatus st = PSFLEET__V1__SHARD_STATUS__INIT;
+        st.shard = p->shard;
+        st.initialized = atomic_load(&p->initialized);
+        st.incarnation = p->incarnation;
+        st.global_step = atomic_load(&p->global_step);
+        st.pushes = atomic_load(&p->pushes);
+        st.rejected = atomic_load(&p->rejected);
+        st.bytes = p->n_floats * sizeof(float);
+        st.variables = p->n_parts;
+        pthread_mutex_lock(&p->err_mu);
+        char last[sizeof(p->last_error)];
+        memcpy(last, p->last_error, sizeof(last));
+        pthread_mutex_unlock(&p->err_mu);
+        st.last_error = last;
+        rpc_call_reply_msg(call, &st.base);
+}
+
+static void on_stop(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        ProtobufCMessage *m = NULL;
+        if (wire_unpack(rpc_call_payload(call), &psfleet__v1__stop_request__descriptor, &m) == 0) {
+                const char *why = ((Psfleet__V1__StopRequest *)m)->reason;
+                log_info("stop requested: %s", why && *why ? why : "(no reason given)");
+                protobuf_c_message_free_unpacked(m, NULL);
+        }
+        Psfleet__V1__StopReply rep = PSFLEET__V1__STOP_REPLY__INIT;
+        rpc_call_reply_msg(call, &rep.base);
+        uint64_t one = 1;
+        if (write(p->stop_fd, &one, sizeof(one)) < 0)
+                log_warning_errno(errno, "cannot wake the main loop");
+}
+
+/* ---- set-up ---- */
+
+static int psd_build(struct psd *p) {
+        struct backend *be = NULL;
+        struct model *m = NULL;
+        int r;
+        p->cfg = p->args.cfg;
+        p->shard = p->args.task.index;
+        p->n_slots = optim_n_slots(p->cfg->training.optimizer);
+        p->incarnation = now_us();
+        p->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (p->stop_fd < 0)
+                return log_error_errno(errno, "eventfd");
+        pthread_mutex_init(&p->err_mu, NULL);
+        /* the variables' shapes come from the model the job file describes */
+        if ((r = backend_cpu_new(1, &be)) < 0 || (r = model_new(&p->cfg->model, be, 1, &m)) < 0) {
+                log_error_errno(r, "cannot build the model to learn its variables");
+                goto out;
+        }
+        if ((r = job_layout_new(p->cfg, m, &p->L)) < 0) {
+                log_error_errno(r, "cannot place the variables");
+                goto out;
+        }
+        p->n_parts = p->L->shard_count[p->shard];
+        p->parts = calloc(p->n_parts ? p->n_parts : 1, sizeof(*p->parts));
+        if (!p->parts) {
+                r = log_error_errno(ENOMEM, "out of memory");
+                goto out;
+        }
+        for (uint32_t k = 0; k < p->n_parts; k++) {
+                const struct placement_part *pp = &p->L->plan->parts[p->L->shard_parts[p->L->shard_first[p->shard] + k]];
+                const struct job_var *v = &p->L->vars[pp->var];
+                p->parts[k] = (struct part){.var = pp->var, .name = v->name, .row_begin = pp->row_begin,
+                                            .rows = pp->row_end - pp->row_begin, .cols = v->cols};
+                p->parts[k].n = (size_t)p->parts[k].rows * v->cols;
+                p->n_floats += p->parts[k].n;
+                pthread_mutex_init(&p->parts[k].mu, NULL);
+        }
+        p->block = calloc(p->n_floats * (1 + p->n_slots) + 1, sizeof(float));
+        if (!p->block) {
+                r = log_error_errno(ENOMEM, "cannot allocate %zu bytes for the shard", p->n_floats * (1 + p->n_slots) * 4);
+                goto out;
+        }
+        size_t at = 0;
+        for (uint32_t k = 0; k < p->n_parts; k++) {
+                p->parts[k].w = p->block + at;
+                for (unsigned s = 0; s < p->n_slots; s++)
+                        p->parts[k].slot[s] = p->block + (s + 1) * p->n_floats + at;
+                at += p->parts[k].n;
+        }
+        r = 0;
+out:
+        model_free(m);
+        backend_free(be);
+        return r;
+}
+
+static void psd_done(struct psd *p) {
+        rpc_server_free(p->server);
+        for (uint32_t k = 0; p->parts && k < p->n_parts; k++)
+                pthread_mutex_destroy(&p->parts[k].mu);
+        free(p->parts);
+        free(p->block);
+        job_layout_free(p->L);
+        if (p->stop_fd >= 0)
+                close(p->stop_fd);
+        daemon_args_done(&p->args);
+}
+
+/* The watchdog is fed only after the server answered a health check of its own: a hung server stops
+ * feeding it and systemd restarts the daemon. */
+static void feed_watchdog(const char *addr) {
+        struct rpc_channel *ch;
+        if (rpc_channel_new(addr, "self", &ch) < 0)
+                return;
+        struct rpc_result r;
+        if (rpc_call(ch, RPC_HEALTH_CHECK, NULL, 2000, false, &r) == 0)
+                notify_watchdog();
+        rpc_result_clear(&r);
+        rpc_channel_free(ch);
+}
+
+static int run(int argc, char **argv) {
+        struct psd p = {.stop_fd = -1};
+        int sfd = daemon_signals_fd();
+        if (sfd < 0) {
+                fprintf(stderr, "psd: cannot set up signals: %s\n", strerror(-sfd));
+                return 1;
+        }
+        int r = daemon_args_parse(argc, argv, "psd", ROLE_PS, &p.args);
+        if (r != 0)
+                return r == 1 ? 0 : r;
+        log_setup("psd", p.args.cfg->name, p.args.task_name);
+        rpc_global_init();
+        int ret = 1;
+        if (psd_build(&p) < 0)
+                goto out;
+
+        static const char *const services[] = {"psfleet.v1.ParameterServer", NULL};
+        struct rpc_method methods[] = {
+                {"/psfleet.v1.ParameterServer/Push", on_push, &p},
+                {"/psfleet.v1.ParameterServer/Assign", on_assign, &p},
+                {"/psfleet.v1.ParameterServer/Pull", on_pull, &p},
+                {"/psfleet.v1.ParameterServer/GetShardStatus", on_status, &p},
+                {"/psfleet.v1.ParameterServer/Stop", on_stop, &p},
+                {RPC_HEALTH_CHECK, rpc_health_handler, (void *)services},
+        };
+        unsigned threads = p.cfg->training.threads > 2 ? p.cfg->training.threads : 2;
+        r = rpc_server_new(p.args.listen, methods, sizeof(methods) / sizeof(methods[0]), threads, &p.server);
+        if (r < 0) {
+                log_error_errno(r, "cannot listen on \"%s\"", p.args.listen);
+                goto out;
+        }
+        if ((r = rpc_server_start(p.server)) < 0) {
+                log_error_errno(r, "cannot start the server");
+                goto out;
+        }
+        char self[300];
+        snprintf(self, sizeof(self), "127.0.0.1:%d", rpc_server_port(p.server));
+        log_info("serving ps:%u on %s: %u variable part(s), %zu bytes, optimizer %s; waiting for the chief to assign it",
+                 p.shard, p.args.listen, p.n_parts, p.n_floats * sizeof(float), optim_name(p.cfg->training.optimizer));
+        notify_ready();
+
+        uint64_t wd = notify_watchdog_usec();
+        uint64_t tick_ms = wd ? wd / 2000 : 2000;
+        if (tick_ms > 2000)
+                tick_ms = 2000;
+        for (;;) {
+                struct pollfd fds[2] = {{.fd = sfd, .events = POLLIN}, {.fd = p.stop_fd, .events = POLLIN}};
+                int n = poll(fds, 2, (int)tick_ms);
+                if (n < 0 && errno != EINTR) {
+                        log_error_errno(errno, "poll");
+                        break;
+                }
+                if (fds[0].revents & POLLIN) {
+                        struct signalfd_siginfo si;
+                        if (read(sfd, &si, sizeof(si)) == sizeof(si))
+                                log_info("signal %s: stopping", strsignal((int)si.ssi_signo));
+                        ret = 0;
+                        break;
+                }
+                if (fds[1].revents & POLLIN) {
+                        ret = 0;
+                        break;
+                }
+                if (wd)
+                        feed_watchdog(self);
+                if (atomic_load(&p.initialized))
+                        notify_status("serving: global_step %llu, %llu pushes, %llu rejected",
+                                      (unsigned long long)atomic_load(&p.global_step),
+                                      (unsigned long long)atomic_load(&p.pushes),
+                                      (unsigned long long)atomic_load(&p.rejected));
+                else
+                        notify_status("uninitialized: waiting for the chief to assign the variables");
+        }
+        notify_stopping();
+        if (rpc_server_shutdown(p.server, 10000) < 0)
+                log_warning("some calls did not end within 10 s");
+out:
+        psd_done(&p);
+        close(sfd);
+        return ret;
+}
+
+int main(int argc, char **argv) {
+        return run(argc, argv);
+}
