@@ -148,7 +148,7 @@ static const struct config_key keys[] = {
         K_U64("supervisor.ready_timeout_secs", supervisor.ready_timeout_secs, 600, 1, 86400,
               "How long a worker waits for the job to become ready before failing."),
 
-        K_U64("ps.split_bytes", ps.split_bytes, 4194304, 4096, INT64_MAX,
+        K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
               "Variables larger than this are split into row ranges across ps shards."),
 
         K_U64("rpc.deadline_ms", rpc.deadline_ms, 30000, 1, 3600000, "Deadline of each RPC, in milliseconds."),

@@ -131,6 +131,28 @@ int job_layout_copy_in(const struct job_layout *L, const void *tensor, float *pa
         return 0;
 }
 
+int job_model_blocks(const struct job_layout *L, struct model *m, bool *blocked) {
+        for (uint32_t v = 0; v < L->n_vars; v++) {
+                uint32_t first, n = placement_var_parts(L->plan, v, &first);
+                bool b = false;
+                if (n > 1) {
+                        uint32_t *rows = malloc(n * sizeof(uint32_t));
+                        if (!rows)
+                                return -ENOMEM;
+                        for (uint32_t i = 0; i < n; i++)
+                                rows[i] = L->plan->parts[first + i].row_begin;
+                        int r = model_set_var_blocks(m, v, n, rows);
+                        free(rows);
+                        if (r < 0 && r != -EOPNOTSUPP)
+                                return r;
+                        b = r >= 0;
+                }
+                if (blocked)
+                        blocked[v] = b;
+        }
+        return 0;
+}
+
 /* ---- client ---- */
 
 int ps_client_new(const struct job_config *cfg, const struct job_layout *L, const char *task, struct ps_client **ret) {
@@ -326,7 +348,7 @@ int ps_client_stop(struct ps_client *pc, const char *reason) {
 
 int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t shard, const uint32_t *parts,
                          uint32_t n_parts, const float *grads, uint32_t worker, uint64_t local_step, bool count_step,
-                         struct rpc_pending **ret) {
+                         void *userdata, struct rpc_pending **ret) {
         Psfleet__V1__Caller caller;
         caller_init(pc, &caller);
         Psfleet__V1__PushHeader h = PSFLEET__V1__PUSH_HEADER__INIT;
@@ -348,11 +370,12 @@ int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t sha
         wire_out_free(o);
         if (r < 0)
                 return r;
-        return rpc_batch_start(b, pc->ch[shard], "/psfleet.v1.ParameterServer/Push", bb, pc->deadline_ms, false, ret);
+        return rpc_batch_start_ud(b, pc->ch[shard], "/psfleet.v1.ParameterServer/Push", bb, pc->deadline_ms, false,
+                                  userdata, ret);
 }
 
-int ps_client_push_done(struct ps_client *pc, struct rpc_result *res, float *params, uint64_t *global_step_ret,
-                        uint64_t *incarnation_ret, char *err, size_t errlen) {
+int ps_client_push_reply(struct ps_client *pc, struct rpc_result *res, void **in_ret, uint64_t *global_step_ret,
+                         uint64_t *incarnation_ret, char *err, size_t errlen) {
         if (res->err)
                 return errf(err, errlen, res->err, "%s", res->message);
         struct wire_in *in;
@@ -363,19 +386,25 @@ int ps_client_push_done(struct ps_client *pc, struct rpc_result *res, float *par
                 return errf(err, errlen, r, "Push reply: %s", e2);
         ProtobufCMessage *hm;
         r = wire_in_header(in, &psfleet__v1__push_reply_header__descriptor, &hm);
-        if (r >= 0) {
-                Psfleet__V1__PushReplyHeader *h = (Psfleet__V1__PushReplyHeader *)hm;
-                if (global_step_ret)
-                        *global_step_ret = h->global_step;
-                if (incarnation_ret)
-                        *incarnation_ret = h->incarnation;
-                protobuf_c_message_free_unpacked(hm, NULL);
+        if (r < 0) {
+                wire_in_free(in);
+                return errf(err, errlen, r, "Push reply: header does not parse");
         }
+        Psfleet__V1__PushReplyHeader *h = (Psfleet__V1__PushReplyHeader *)hm;
+        if (global_step_ret)
+                *global_step_ret = h->global_step;
+        if (incarnation_ret)
+                *incarnation_ret = h->incarnation;
+        protobuf_c_message_free_unpacked(hm, NULL);
         for (size_t i = 0; i < in->n_tensors && r >= 0; i++) {
-                r = job_layout_copy_in(pc->L, &in->tensors[i], params, NULL, e2, sizeof(e2));
+                r = job_layout_copy_in(pc->L, &in->tensors[i], NULL, NULL, e2, sizeof(e2));
                 if (r < 0)
                         errf(err, errlen, r, "Push reply: %s", e2);
         }
-        wire_in_free(in);
-        return r;
+        if (r < 0) {
+                wire_in_free(in);
+                return r;
+        }
+        *in_ret = in;
+        return 0;
 }

@@ -44,6 +44,11 @@ int job_layout_find(const struct job_layout *L, const char *name);
 int job_layout_copy_in(const struct job_layout *L, const void *tensor /* struct wire_tensor */, float *params,
                        float *const *slots, char *err, size_t errlen);
 
+/* Makes the model compute each variable split over several parts in the same row blocks, so a worker
+ * can push and receive a block at a time; the standalone trainer sets the same blocks and gets the
+ * same arithmetic. blocked (n_vars, may be NULL) says which variables the model could block. */
+int job_model_blocks(const struct job_layout *L, struct model *m, bool *blocked);
+
 /* Channels to every ps shard, with the job's fingerprint stamped on each call. */
 struct ps_client {
         const struct job_config *cfg;
@@ -70,9 +75,11 @@ int ps_client_status(struct ps_client *pc, uint32_t shard, void **status_ret, ch
 int ps_client_stop(struct ps_client *pc, const char *reason);
 
 /* One push of gradients to one shard, for the parts listed; grads are lent to gRPC until the call
- * finishes. The reply (fresh values) is applied with ps_client_push_done. */
+ * finishes; userdata comes back with the finished call (rpc_pending_userdata). */
 int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t shard, const uint32_t *parts,
                          uint32_t n_parts, const float *grads, uint32_t worker, uint64_t local_step, bool count_step,
-                         struct rpc_pending **ret);
-int ps_client_push_done(struct ps_client *pc, struct rpc_result *r, float *params, uint64_t *global_step_ret,
-                        uint64_t *incarnation_ret, char *err, size_t errlen);
+                         void *userdata, struct rpc_pending **ret);
+/* Checks a push's reply against the layout without copying the values: *in_ret (caller frees with
+ * wire_in_free) holds them until job_layout_copy_in() puts them in place. */
+int ps_client_push_reply(struct ps_client *pc, struct rpc_result *r, void **in_ret, uint64_t *global_step_ret,
+                         uint64_t *incarnation_ret, char *err, size_t errlen);

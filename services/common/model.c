@@ -2,7 +2,13 @@
  * Activation buffers are allocated once for max_batch. Elementwise activations run in place when the
  * buffer they read is one whose producer's backward doesn't need it (dense, conv2d, maxpool2d
  * outputs), so a dense+relu pair costs one buffer. Backward ping-pongs between two gradient buffers
- * and stops at the first layer with parameters (the input gradient is never needed). */
+ * and stops at the first layer with parameters (the input gradient is never needed).
+ *
+ * A dense kernel may be split into row blocks (model_set_var_blocks) so a worker can overlap a large
+ * variable's transfer with compute. Every path runs the same arithmetic for the same blocks, whichever
+ * hooks are passed: forward is y = sum_b x[:, rows_b] @ W[rows_b, :] (one gemm per block, K = block
+ * rows, accumulating with beta = 1 after the first), backward dW[rows_b, :] = x[:, rows_b]^T @ dy per
+ * block. An unblocked kernel is one block covering all rows: exactly the single-gemm code. */
 #include "model.h"
 
 #include <assert.h>
@@ -41,6 +47,12 @@ struct model {
         struct model_var vars[MAX_VARS];
         char names[MAX_VARS][NAME_LEN];
         size_t n_params;
+        /* Row blocks of each variable: n_blocks[v] blocks, block b is rows [rb[v][b], rb[v][b + 1]).
+         * rb[v] points at whole[v] = {0, rows} when unblocked, else at blk[v] (owned, n_blocks + 1). */
+        uint32_t n_blocks[MAX_VARS];
+        const uint32_t *rb[MAX_VARS];
+        uint32_t whole[MAX_VARS][2];
+        uint32_t *blk[MAX_VARS];
 
         float *params;           /* (n_params) device */
         float *grads;            /* (n_params) device */
@@ -118,6 +130,10 @@ static int add_var(struct model *m, uint32_t layer, const char *prefix, uint32_t
         v->cols = cols;
         v->offset = m->n_params;
         v->layer = layer;
+        m->n_blocks[m->n_vars] = 1;
+        m->whole[m->n_vars][0] = 0;
+        m->whole[m->n_vars][1] = rows;
+        m->rb[m->n_vars] = m->whole[m->n_vars];
         m->n_params += (size_t)rows * cols;
         m->n_vars++;
         return 0;
@@ -278,6 +294,8 @@ struct model *model_free(struct model *m)
         backend_buf_free(be, m->gbuf[0]);
         backend_buf_free(be, m->gbuf[1]);
         backend_buf_free(be, m->col);
+        for (uint32_t v = 0; v < m->n_vars; v++)
+                free(m->blk[v]);
         free(m);
         return NULL;
 }
@@ -301,6 +319,64 @@ static int download_grads(struct model *m, uint32_t first, uint32_t n)
         size_t begin = a->offset, end = z->offset + (size_t)z->rows * z->cols;
         return backend_download(m->be, m->grads_host + begin, m->grads + begin,
                                 sizeof(float) * (end - begin));
+}
+
+/* Host -> device for rows [r0, r1) of var v; rows are contiguous in the row-major view. */
+static int upload_rows(struct model *m, uint32_t v, uint32_t r0, uint32_t r1)
+{
+        if (m->host || r1 == r0)
+                return 0;
+        const struct model_var *a = &m->vars[v];
+        size_t begin = a->offset + (size_t)r0 * a->cols, n = (size_t)(r1 - r0) * a->cols;
+        return backend_upload(m->be, m->params + begin, m->params_host + begin, sizeof(float) * n);
+}
+
+static int download_grad_rows(struct model *m, uint32_t v, uint32_t r0, uint32_t r1)
+{
+        if (m->host || r1 == r0)
+                return 0;
+        const struct model_var *a = &m->vars[v];
+        size_t begin = a->offset + (size_t)r0 * a->cols, n = (size_t)(r1 - r0) * a->cols;
+        return backend_download(m->be, m->grads_host + begin, m->grads + begin, sizeof(float) * n);
+}
+
+int model_set_var_blocks(struct model *m, uint32_t var, uint32_t n_blocks, const uint32_t *row_begin)
+{
+        if (var >= m->n_vars || n_blocks == 0)
+                return -EINVAL;
+        const struct model_var *v = &m->vars[var];
+        const struct layer *L = &m->layers[v->layer];
+        if (L->spec.type != LAYER_DENSE || var != L->first_var)
+                return -EOPNOTSUPP;
+        if (n_blocks > v->rows || (n_blocks > 1 && !row_begin))
+                return -EINVAL;
+        if (row_begin) {
+                if (row_begin[0] != 0)
+                        return -EINVAL;
+                for (uint32_t b = 1; b < n_blocks; b++)
+                        if (row_begin[b] <= row_begin[b - 1] || row_begin[b] >= v->rows)
+                                return -EINVAL;
+        }
+        uint32_t *a = NULL;
+        if (n_blocks > 1) {
+                if (!(a = malloc(sizeof(uint32_t) * (n_blocks + 1))))
+                        return -ENOMEM;
+                memcpy(a, row_begin, sizeof(uint32_t) * n_blocks);
+                a[n_blocks] = v->rows;
+        }
+        free(m->blk[var]);
+        m->blk[var] = a;
+        m->rb[var] = a ? a : m->whole[var];
+        m->n_blocks[var] = n_blocks;
+        return 0;
+}
+
+uint32_t model_var_blocks(const struct model *m, uint32_t var, const uint32_t **row_begin_ret)
+{
+        assert(var < m->n_vars);
+        if (row_begin_ret)
+                *row_begin_ret = m->rb[var];
+        return m->n_blocks[var];
 }
 
 int model_params_sync(struct model *m)
@@ -373,8 +449,38 @@ int model_init_params(struct model *m, uint64_t seed)
         return model_params_sync(m);
 }
 
-int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
-                         float *loss_ret, uint32_t *correct_ret, model_layer_cb before_layer, void *ud)
+/* Per-layer or per-block callbacks (at most one kind set) and their user data. */
+struct hooks {
+        model_layer_cb layer;
+        model_block_cb block;
+        void *ud;
+};
+
+/* Before var v's rows [rb[b], rb[b+1]) are read: the block hook, then that upload. In layer-hook mode
+ * the whole layer was uploaded after the layer hook already. */
+static int before_block(struct model *m, const struct hooks *h, uint32_t v, uint32_t b)
+{
+        if (!h->block)
+                return 0;
+        int r = h->block(h->ud, v, b);
+        if (r != 0)
+                return r;
+        return upload_rows(m, v, m->rb[v][b], m->rb[v][b + 1]);
+}
+
+/* Rows [rb[b], rb[b+1]) of var v's gradient are final: that download, then the block hook. */
+static int after_block(struct model *m, const struct hooks *h, uint32_t v, uint32_t b)
+{
+        if (!h->block)
+                return 0;
+        int r = download_grad_rows(m, v, m->rb[v][b], m->rb[v][b + 1]);
+        if (r < 0)
+                return r;
+        return h->block(h->ud, v, b);
+}
+
+static int forward(struct model *m, const float *x, const uint8_t *labels, uint32_t B, float *loss_ret,
+                   uint32_t *correct_ret, const struct hooks *h)
 {
         struct backend *be = m->be;
         const struct backend_ops *op = be->ops;
@@ -401,8 +507,8 @@ int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels,
                 struct layer *L = &m->layers[i];
                 float *out = L->alias_input ? in : L->buf;
                 size_t n = (size_t)B * L->out_n;
-                if (L->n_vars) {
-                        if (before_layer && (r = before_layer(ud, L->first_var, L->n_vars)) != 0)
+                if (L->n_vars && !h->block) {
+                        if (h->layer && (r = h->layer(h->ud, L->first_var, L->n_vars)) != 0)
                                 return r;
                         if ((r = upload_vars(m, L->first_var, L->n_vars)) < 0)
                                 return r;
@@ -410,14 +516,28 @@ int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels,
                 const float *wt = L->n_vars ? m->params + m->vars[L->first_var].offset : NULL;
                 const float *bs = L->n_vars ? m->params + m->vars[L->first_var + 1].offset : NULL;
                 switch (L->spec.type) {
-                case LAYER_DENSE:
-                        /* y (B, units) = x (B, in) @ W (in, units) + b */
-                        r = op->gemm(be, false, false, B, L->out_n, L->in_n, 1.0f, in, L->in_n, wt, L->out_n,
-                                     0.0f, out, L->out_n);
+                case LAYER_DENSE: {
+                        /* y (B, units) = sum_b x[:, rows_b] (B, k) @ W[rows_b, :] (k, units) + bias */
+                        uint32_t kv = L->first_var;
+                        const uint32_t *rb = m->rb[kv];
+                        r = 0;
+                        for (uint32_t b = 0; r == 0 && b < m->n_blocks[kv]; b++) {
+                                if ((r = before_block(m, h, kv, b)) != 0)
+                                        return r;
+                                r = op->gemm(be, false, false, B, L->out_n, rb[b + 1] - rb[b], 1.0f, in + rb[b],
+                                             L->in_n, wt + (size_t)rb[b] * L->out_n, L->out_n,
+                                             b ? 1.0f : 0.0f, out, L->out_n);
+                        }
+                        if (r == 0 && (r = before_block(m, h, kv + 1, 0)) != 0)
+                                return r;
                         if (r == 0)
                                 r = op->add_bias_rows(be, out, bs, B, L->out_n);
                         break;
+                }
                 case LAYER_CONV2D:
+                        if ((r = before_block(m, h, L->first_var, 0)) != 0 ||
+                            (r = before_block(m, h, L->first_var + 1, 0)) != 0)
+                                return r;
                         r = op->conv2d_fwd(be, in, wt, bs, out, B, L->c, L->h, L->w, L->oc, L->spec.kernel,
                                            m->col);
                         break;
@@ -453,13 +573,27 @@ int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels,
         return 0;
 }
 
+int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
+                         float *loss_ret, uint32_t *correct_ret, model_layer_cb before_layer, void *ud)
+{
+        struct hooks h = {.layer = before_layer, .ud = ud};
+        return forward(m, x, labels, B, loss_ret, correct_ret, &h);
+}
+
+int model_forward_blocks(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
+                         float *loss_ret, uint32_t *correct_ret, model_block_cb before, void *ud)
+{
+        struct hooks h = {.block = before, .ud = ud};
+        return forward(m, x, labels, B, loss_ret, correct_ret, &h);
+}
+
 int model_forward(struct model *m, const float *x, const uint8_t *labels, uint32_t B, float *loss_ret,
                   uint32_t *correct_ret)
 {
         return model_forward_hooked(m, x, labels, B, loss_ret, correct_ret, NULL, NULL);
 }
 
-int model_backward(struct model *m, model_layer_cb cb, void *ud)
+static int backward(struct model *m, const struct hooks *h)
 {
         struct backend *be = m->be;
         const struct backend_ops *op = be->ops;
@@ -480,14 +614,24 @@ int model_backward(struct model *m, model_layer_cb cb, void *ud)
                 size_t n = (size_t)B * L->out_n;
                 switch (L->spec.type) {
                 case LAYER_DENSE: {
-                        float *dw = m->grads + m->vars[L->first_var].offset;
-                        float *db = m->grads + m->vars[L->first_var + 1].offset;
-                        /* dW (in, units) = x^T (in, B) @ dy (B, units) */
-                        r = op->gemm(be, true, false, L->in_n, L->out_n, B, 1.0f, in, L->in_n, dy, L->out_n,
-                                     0.0f, dw, L->out_n);
-                        if (r == 0)
-                                r = op->bias_grad(be, dy, db, B, L->out_n);
-                        if (r == 0 && need_dx) {
+                        uint32_t kv = L->first_var;
+                        const uint32_t *rb = m->rb[kv];
+                        float *dw = m->grads + m->vars[kv].offset;
+                        float *db = m->grads + m->vars[kv + 1].offset;
+                        /* The bias first: it is ready at once and its push can start earliest. */
+                        if ((r = op->bias_grad(be, dy, db, B, L->out_n)) < 0)
+                                return r;
+                        if ((r = after_block(m, h, kv + 1, 0)) != 0)
+                                return r;
+                        /* dW[rows_b, :] (k, units) = x[:, rows_b]^T (k, B) @ dy (B, units) */
+                        for (uint32_t b = 0; b < m->n_blocks[kv]; b++) {
+                                r = op->gemm(be, true, false, rb[b + 1] - rb[b], L->out_n, B, 1.0f, in + rb[b],
+                                             L->in_n, dy, L->out_n, 0.0f, dw + (size_t)rb[b] * L->out_n,
+                                             L->out_n);
+                                if (r < 0 || (r = after_block(m, h, kv, b)) != 0)
+                                        return r;
+                        }
+                        if (need_dx) {
                                 const float *wt = m->params + m->vars[L->first_var].offset;
                                 /* dx (B, in) = dy (B, units) @ W^T (units, in) */
                                 r = op->gemm(be, false, true, B, L->in_n, L->out_n, 1.0f, dy, L->out_n, wt,
@@ -504,6 +648,9 @@ int model_backward(struct model *m, model_layer_cb cb, void *ud)
                                            L->oc, L->spec.kernel, m->col);
                         if (need_dx)
                                 cur ^= 1;
+                        if (r < 0 || (r = after_block(m, h, L->first_var + 1, 0)) != 0 ||
+                            (r = after_block(m, h, L->first_var, 0)) != 0)
+                                return r;
                         break;
                 }
                 case LAYER_MAXPOOL2D:
@@ -525,14 +672,26 @@ int model_backward(struct model *m, model_layer_cb cb, void *ud)
                 }
                 if (r < 0)
                         return r;
-                if (L->n_vars) {
+                if (L->n_vars && !h->block) {
                         if ((r = download_grads(m, L->first_var, L->n_vars)) < 0)
                                 return r;
-                        if (cb && (r = cb(ud, L->first_var, L->n_vars)) != 0)
+                        if (h->layer && (r = h->layer(h->ud, L->first_var, L->n_vars)) != 0)
                                 return r;
                 }
         }
         return 0;
+}
+
+int model_backward(struct model *m, model_layer_cb cb, void *ud)
+{
+        struct hooks h = {.layer = cb, .ud = ud};
+        return backward(m, &h);
+}
+
+int model_backward_blocks(struct model *m, model_block_cb after, void *ud)
+{
+        struct hooks h = {.block = after, .ud = ud};
+        return backward(m, &h);
 }
 
 int model_evaluate(struct model *m, const float *x, const uint8_t *y, uint32_t n, float *loss_ret,

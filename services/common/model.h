@@ -9,8 +9,8 @@
  * Host and device: model_params()/model_grads() return host blocks. On a host-memory backend (CPU)
  * they are the live buffers. On a device backend the model uploads a layer's parameters from the host
  * block right after the forward hook for that layer returns, and downloads a layer's gradients into
- * the host block before the backward callback for it; after writing the host parameters outside a
- * hook, call model_params_sync().
+ * the host block before the backward callback for it (with the block entry points, the same per
+ * (var, block) row range); after writing the host parameters outside a hook, call model_params_sync().
  *
  * Not thread-safe: one thread drives a model at a time (the callbacks run on that thread). */
 #pragma once
@@ -68,6 +68,39 @@ int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels,
  * (nullable) is called as soon as each layer's parameter gradients are final, last layer first.
  * -EINVAL without a preceding forward. */
 int model_backward(struct model *m, model_layer_cb cb, void *ud);
+
+/* Row blocks: a variable split into blocks of whole rows, so a worker can pipeline its transfer with
+ * compute (wait for block b while blocks < b are multiplied; push block b while b+1 is computed).
+ *
+ * Splits `var` into n_blocks blocks, block b being rows [row_begin[b], row_begin[b + 1]) and the last
+ * ending at the variable's rows; row_begin has n_blocks entries, starts at 0 and strictly increases
+ * (copied). n_blocks == 1 (row_begin NULL or {0}) removes blocking. Only dense kernels can be split:
+ * -EOPNOTSUPP for any other variable; -EINVAL for a bad index or spec, -ENOMEM.
+ *
+ * Blocking applies to every pass, hooked or not, and the arithmetic depends only on the boundaries:
+ * two models with the same blocks compute bit-identical results whichever entry points they use. It
+ * changes float summation order against the unblocked model (forward sums per-block products). */
+int model_set_var_blocks(struct model *m, uint32_t var, uint32_t n_blocks, const uint32_t *row_begin);
+/* Number of blocks of var (1 when unblocked); *row_begin_ret (nullable) gets its n_blocks + 1
+ * boundaries, the last being rows (owned by the model, valid until the next model_set_var_blocks). */
+uint32_t model_var_blocks(const struct model *m, uint32_t var, const uint32_t **row_begin_ret);
+
+/* Called for one block of one variable (an unblocked variable is one block 0). A nonzero return
+ * stops the pass, which returns that value. */
+typedef int (*model_block_cb)(void *ud, uint32_t var, uint32_t block);
+
+/* As model_forward_hooked, but before (nullable) is called right before each block of each variable
+ * is first read, and exactly once per (var, block). Dense: kernel blocks in order, each just before
+ * its gemm (on a device backend, the block is uploaded when before returns, so earlier blocks'
+ * gemms are already queued), then the bias just before it is added. Conv2d: kernel, then bias, then
+ * the layer. */
+int model_forward_blocks(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
+                         float *loss_ret, uint32_t *correct_ret, model_block_cb before, void *ud);
+/* As model_backward, but after (nullable) is called as soon as each (var, block)'s gradient is final
+ * (downloaded to the host block first on a device backend), exactly once each. Layers last to first;
+ * inside a layer the bias FIRST, then the kernel blocks in order (dense: each right after its gemm,
+ * before the next block's gemm and before the input gradient). */
+int model_backward_blocks(struct model *m, model_block_cb after, void *ud);
 
 /* Mean loss and accuracy over n examples, in max_batch chunks (clobbers the forward state). */
 int model_evaluate(struct model *m, const float *x, const uint8_t *y, uint32_t n, float *loss_ret,

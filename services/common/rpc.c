@@ -755,11 +755,13 @@ struct rpc_pending {
         grpc_status_code status;
         grpc_slice details;
         bool done;
+        void *userdata;
         struct rpc_result res;
 };
 
 struct rpc_batch {
         grpc_completion_queue *cq;
+        pthread_mutex_t mu;        /* the list and the count: a starter and a waiter may be two threads */
         struct rpc_pending *head;
         size_t running;
 };
@@ -770,6 +772,7 @@ int rpc_batch_new(struct rpc_batch **ret) {
         if (!b)
                 return -ENOMEM;
         b->cq = grpc_completion_queue_create_for_next(NULL);
+        pthread_mutex_init(&b->mu, NULL);
         *ret = b;
         return 0;
 }
@@ -798,21 +801,50 @@ static void pending_finish(struct rpc_pending *p) {
         p->req = NULL;
         grpc_call_unref(p->call);
         p->call = NULL;
+        pthread_mutex_lock(&p->b->mu);
         p->done = true;
         p->b->running--;
+        pthread_mutex_unlock(&p->b->mu);
 }
 
-static void batch_next(struct rpc_batch *b) {
-        grpc_event ev = grpc_completion_queue_next(b->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+static struct rpc_pending *batch_next_until(struct rpc_batch *b, gpr_timespec until) {
+        grpc_event ev = grpc_completion_queue_next(b->cq, until, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT)
+                return NULL;
         die_if(ev.type != GRPC_OP_COMPLETE, "rpc: client completion queue broke");
         struct rpc_pending *p = ev.tag;
         if (!ev.success)
                 p->status = GRPC_STATUS_UNAVAILABLE;  /* the batch itself failed: treat as transport loss */
         pending_finish(p);
+        return p;
+}
+
+static void batch_next(struct rpc_batch *b) {
+        batch_next_until(b, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+}
+
+struct rpc_pending *rpc_batch_next(struct rpc_batch *b, uint64_t timeout_ms) {
+        return batch_next_until(b, deadline_in(timeout_ms));
+}
+
+size_t rpc_batch_running(struct rpc_batch *b) {
+        pthread_mutex_lock(&b->mu);
+        size_t n = b->running;
+        pthread_mutex_unlock(&b->mu);
+        return n;
+}
+
+void *rpc_pending_userdata(const struct rpc_pending *p) {
+        return p->userdata;
 }
 
 int rpc_batch_start(struct rpc_batch *b, struct rpc_channel *ch, const char *method, grpc_byte_buffer *request,
                     uint64_t timeout_ms, bool wait_for_ready, struct rpc_pending **ret) {
+        return rpc_batch_start_ud(b, ch, method, request, timeout_ms, wait_for_ready, NULL, ret);
+}
+
+int rpc_batch_start_ud(struct rpc_batch *b, struct rpc_channel *ch, const char *method, grpc_byte_buffer *request,
+                       uint64_t timeout_ms, bool wait_for_ready, void *userdata, struct rpc_pending **ret) {
         struct rpc_pending *p = calloc(1, sizeof(*p));
         if (!p) {
                 if (request)
@@ -821,6 +853,7 @@ int rpc_batch_start(struct rpc_batch *b, struct rpc_channel *ch, const char *met
         }
         p->b = b;
         p->ch = ch;
+        p->userdata = userdata;
         snprintf(p->method, sizeof(p->method), "%s", method);
         p->req = request ? request : grpc_raw_byte_buffer_create(NULL, 0);
         grpc_metadata_array_init(&p->init_md);
@@ -849,21 +882,23 @@ int rpc_batch_start(struct rpc_batch *b, struct rpc_channel *ch, const char *met
         ops[5].data.recv_status_on_client.trailing_metadata = &p->trail_md;
         ops[5].data.recv_status_on_client.status = &p->status;
         ops[5].data.recv_status_on_client.status_details = &p->details;
-        grpc_call_error e = grpc_call_start_batch(p->call, ops, 6, p, NULL);
-        if (e != GRPC_CALL_OK) {
-                grpc_call_unref(p->call);
-                grpc_byte_buffer_destroy(p->req);
-                grpc_metadata_array_destroy(&p->init_md);
-                grpc_metadata_array_destroy(&p->trail_md);
-                free(p);
-                return -EIO;
-        }
+        /* in the list before the call starts: its completion may be taken at once by another thread */
+        pthread_mutex_lock(&b->mu);
         b->running++;
         p->next = b->head;
         if (b->head)
                 b->head->prev = p;
         b->head = p;
+        pthread_mutex_unlock(&b->mu);
         *ret = p;
+        grpc_call_error e = grpc_call_start_batch(p->call, ops, 6, p, NULL);
+        if (e != GRPC_CALL_OK) {
+                /* finish it as failed so the list stays consistent */
+                p->status = GRPC_STATUS_INTERNAL;
+                p->details = grpc_slice_from_copied_string("cannot start the call");
+                pending_finish(p);
+                return -EIO;
+        }
         return 0;
 }
 
@@ -900,12 +935,14 @@ bool rpc_pending_done(const struct rpc_pending *p) {
 
 void rpc_batch_release(struct rpc_batch *b, struct rpc_pending *p) {
         die_if(!p->done, "rpc_batch_release: call still running");
+        pthread_mutex_lock(&b->mu);
         if (p->prev)
                 p->prev->next = p->next;
         else
                 b->head = p->next;
         if (p->next)
                 p->next->prev = p->prev;
+        pthread_mutex_unlock(&b->mu);
         rpc_result_clear(&p->res);
         free(p);
 }
@@ -924,6 +961,7 @@ struct rpc_batch *rpc_batch_free(struct rpc_batch *b) {
         while (grpc_completion_queue_next(b->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN)
                 ;
         grpc_completion_queue_destroy(b->cq);
+        pthread_mutex_destroy(&b->mu);
         free(b);
         return NULL;
 }

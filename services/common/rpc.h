@@ -115,6 +115,15 @@ struct rpc_batch *rpc_batch_free(struct rpc_batch *b);   /* cancels and waits fo
 /* Starts a call; `request` is taken. The pending handle stays valid until rpc_batch_release(). */
 int rpc_batch_start(struct rpc_batch *b, struct rpc_channel *ch, const char *method, grpc_byte_buffer *request,
                     uint64_t timeout_ms, bool wait_for_ready, struct rpc_pending **ret);
+/* Same, with a pointer of the caller's kept with the call (rpc_pending_userdata). */
+int rpc_batch_start_ud(struct rpc_batch *b, struct rpc_channel *ch, const char *method, grpc_byte_buffer *request,
+                       uint64_t timeout_ms, bool wait_for_ready, void *userdata, struct rpc_pending **ret);
+void *rpc_pending_userdata(const struct rpc_pending *p);
+/* For a receiving thread: waits up to timeout_ms for any call of the batch to finish and returns it
+ * (finished, not released), or NULL on timeout. Calls may be started meanwhile from another thread;
+ * do not mix with rpc_batch_wait*() on the same batch. */
+struct rpc_pending *rpc_batch_next(struct rpc_batch *b, uint64_t timeout_ms);
+size_t rpc_batch_running(struct rpc_batch *b);
 /* Waits until `p` has finished; returns its result (owned by the batch until released). */
 struct rpc_result *rpc_batch_wait(struct rpc_batch *b, struct rpc_pending *p);
 /* Waits for every call started; returns the first error (0 if none). */

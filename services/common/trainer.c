@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "data.h"
+#include "job.h"
 #include "model.h"
 #include "optim.h"
 #include "util.h"
@@ -28,6 +29,7 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
         struct model *m = NULL;
         struct dataset *train = NULL, *test = NULL;
         struct shard_iter *it = NULL;
+        struct job_layout *L = NULL;
         float *x = NULL, *slots = NULL;
         uint8_t *y = NULL;
         char *ip = trainer_data_path(cfg, cfg->data.train_images), *lp = trainer_data_path(cfg, cfg->data.train_labels);
@@ -45,6 +47,11 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
                 snprintf(err, errlen, "%s: examples of %u values with labels up to %u do not fit the model's input of %u and %u classes",
                          ip, train->dim, dataset_max_label(train), model_input_size(m), model_n_classes(m));
                 r = -EINVAL;
+                goto out;
+        }
+        /* the row blocks a distributed run computes in, so the arithmetic is the same */
+        if ((r = job_layout_new(cfg, m, &L)) < 0 || (r = job_model_blocks(L, m, NULL)) < 0) {
+                snprintf(err, errlen, "cannot lay out the variables: %s", strerror(-r));
                 goto out;
         }
         if ((r = model_init_params(m, cfg->model.seed)) < 0 || (r = shard_iter_new(train, 0, 1, t->seed, &it)) < 0) {
@@ -116,6 +123,7 @@ out:
         free(y);
         free(slots);
         shard_iter_free(it);
+        job_layout_free(L);
         dataset_free(train);
         dataset_free(test);
         model_free(m);

@@ -26,8 +26,24 @@
 #include "rpc.h"
 #include "trainer.h"
 #include "util.h"
+#include "wire.h"
 #include "psfleet/v1/supervisor.pb-c.h"
 #include "psfleet/v1/worker.pb-c.h"
+
+enum group_state { G_IDLE, G_QUEUED, G_FLIGHT, G_ARRIVED, G_FAILED };
+
+struct group {
+        uint32_t shard;
+        uint32_t *parts, n_parts;
+        uint32_t remaining;       /* parts whose gradients are not final yet this step (compute thread) */
+        /* under worker.mu */
+        enum group_state state;
+        bool count_step;
+        struct wire_in *reply;    /* G_ARRIVED: the fresh values */
+        uint32_t unconsumed;      /* parts of the reply not yet copied into the model */
+        int err;
+        char msg[600];
+};
 
 struct worker {
         struct daemon_args args;
@@ -45,17 +61,31 @@ struct worker {
         FILE *loss_log;
         int sfd;                  /* signalfd */
 
-        /* per layer and shard: the parts to push, and the push in flight */
-        uint32_t n_layers;
-        uint32_t **lparts;        /* [layer * n_shards + shard] -> part indices */
-        uint32_t *lcount;         /* [layer * n_shards + shard] */
-        struct rpc_pending **pending; /* [layer * n_shards + shard] */
-        uint32_t count_layer;     /* the last layer pushed to shard 0 in a step carries count_step */
+        /* Communication runs on two threads of its own: a sender that starts pushes as backward
+         * hands over gradients, and a receiver that takes the replies as they arrive. The compute
+         * thread only waits, in forward, for the values it is about to use. */
+        struct group *groups;     /* (n_groups) a push: one row block, or a layer's small variables */
+        uint32_t n_groups;
+        uint32_t *cb_first, *cb_count; /* [(var, block) callback slot] -> parts, via cb_parts */
+        uint32_t *cb_parts;
+        uint32_t *var_cb;         /* (n_vars) first callback slot of each variable */
+        uint32_t n_cb;
+        uint32_t *part_group;     /* (n_parts) */
         struct rpc_batch *batch;
+        pthread_t sender, receiver;
+        bool threads_started;
+        pthread_mutex_t mu;       /* guards the groups' state, the queue, global_step, count_inflight */
+        pthread_cond_t cond;
+        uint32_t *queue;          /* (n_groups) ring of groups to send */
+        uint32_t q_head, q_len;
+        bool comm_stop;
+        uint32_t count_inflight;  /* pushes that will increment global_step, not yet answered */
+        bool counted;             /* this step has sent its counting push */
         int step_err;
         char step_msg[600];
 
         uint64_t local_step, global_step, examples;
+        uint64_t wait_us, push_us;  /* time spent waiting for fresh values, and starting pushes */
         atomic_bool stop;
         float last_loss;
         double ex_per_s;
@@ -148,6 +178,13 @@ static int join(struct worker *w) {
                                 r = -EPERM;
                                 break;
                         }
+                        if (rep->state == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE ||
+                            rep->state == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED) {
+                                log_info("the job has ended: %s; nothing to do", rep->reason);
+                                protobuf_c_message_free_unpacked(m, NULL);
+                                r = -ESHUTDOWN;
+                                break;
+                        }
                         if (rep->ready) {
                                 w->global_step = rep->global_step;
                                 protobuf_c_message_free_unpacked(m, NULL);
@@ -204,59 +241,185 @@ static int pull_all(struct worker *w) {
         }
 }
 
-/* ---- the step's communication, called from inside forward and backward ---- */
+/* ---- the step's communication ---- */
 
-/* Before a layer's forward: its fresh values must have arrived. */
-static int wait_layer(void *ud, uint32_t first_var, uint32_t n_vars) {
-        struct worker *w = ud;
-        uint32_t layer = w->L->vars[first_var].layer, S = w->L->n_shards;
-        (void)n_vars;
-        for (uint32_t s = 0; s < S; s++) {
-                struct rpc_pending *p = w->pending[layer * S + s];
-                if (!p)
+static void *sender_main(void *arg) {
+        struct worker *w = arg;
+        pthread_mutex_lock(&w->mu);
+        for (;;) {
+                while (w->q_len == 0 && !w->comm_stop)
+                        pthread_cond_wait(&w->cond, &w->mu);
+                if (w->q_len == 0)
+                        break;
+                struct group *g = &w->groups[w->queue[w->q_head]];
+                w->q_head = (w->q_head + 1) % w->n_groups;
+                w->q_len--;
+                g->state = G_FLIGHT;
+                bool count = g->count_step;
+                uint64_t step = w->local_step;
+                pthread_mutex_unlock(&w->mu);
+                struct rpc_pending *p;
+                int r = ps_client_push_start(w->pc, w->batch, g->shard, g->parts, g->n_parts, model_grads(w->m), w->index,
+                                             step, count, g, &p);
+                pthread_mutex_lock(&w->mu);
+                if (r < 0 && g->state == G_FLIGHT && !rpc_batch_running(w->batch)) {
+                        /* not started at all: no completion will come */
+                        g->state = G_FAILED;
+                        g->err = r;
+                        snprintf(g->msg, sizeof(g->msg), "cannot start a push to ps:%u: %s", g->shard, strerror(-r));
+                        pthread_cond_broadcast(&w->cond);
+                }
+        }
+        pthread_mutex_unlock(&w->mu);
+        return NULL;
+}
+
+static void *receiver_main(void *arg) {
+        struct worker *w = arg;
+        for (;;) {
+                struct rpc_pending *p = rpc_batch_next(w->batch, 100);
+                if (!p) {
+                        pthread_mutex_lock(&w->mu);
+                        bool end = w->comm_stop && w->q_len == 0 && rpc_batch_running(w->batch) == 0;
+                        pthread_mutex_unlock(&w->mu);
+                        if (end)
+                                break;
                         continue;
-                struct rpc_result *res = rpc_batch_wait(w->batch, p);
+                }
+                struct group *g = rpc_pending_userdata(p);
+                void *in = NULL;
                 uint64_t gs = 0;
                 char err[600];
-                int r = ps_client_push_done(w->pc, res, model_params(w->m), &gs, NULL, err, sizeof(err));
+                int r = ps_client_push_reply(w->pc, rpc_pending_result(p), &in, &gs, NULL, err, sizeof(err));
                 rpc_batch_release(w->batch, p);
-                w->pending[layer * S + s] = NULL;
+                pthread_mutex_lock(&w->mu);
+                g->unconsumed = g->n_parts;
                 if (r < 0) {
-                        if (!w->step_err) {
-                                w->step_err = r;
-                                snprintf(w->step_msg, sizeof(w->step_msg), "%s", err);
-                        }
-                        continue;
+                        g->state = G_FAILED;
+                        g->err = r;
+                        snprintf(g->msg, sizeof(g->msg), "%s", err);
+                } else {
+                        g->state = G_ARRIVED;
+                        g->reply = in;
+                        if (g->shard == 0 && gs > w->global_step)
+                                w->global_step = gs;
                 }
-                if (s == 0 && gs > w->global_step)
-                        w->global_step = gs;
+                if (g->count_step) {
+                        g->count_step = false;
+                        w->count_inflight--;
+                }
+                pthread_cond_broadcast(&w->cond);
+                pthread_mutex_unlock(&w->mu);
         }
-        return 0;
+        return NULL;
 }
 
-/* After a layer's backward: push its gradients at once. */
-static int push_layer(void *ud, uint32_t first_var, uint32_t n_vars) {
+/* Before forward reads a block: its fresh values must be in place. Copies them from the reply. */
+static int before_block(void *ud, uint32_t var, uint32_t block) {
         struct worker *w = ud;
-        uint32_t layer = w->L->vars[first_var].layer, S = w->L->n_shards;
-        (void)n_vars;
-        for (uint32_t s = 0; s < S; s++) {
-                uint32_t n = w->lcount[layer * S + s];
-                if (!n)
-                        continue;
-                int r = ps_client_push_start(w->pc, w->batch, s, w->lparts[layer * S + s], n, model_grads(w->m), w->index,
-                                             w->local_step, s == 0 && layer == w->count_layer,
-                                             &w->pending[layer * S + s]);
-                if (r < 0 && !w->step_err) {
-                        w->step_err = r;
-                        snprintf(w->step_msg, sizeof(w->step_msg), "cannot start a push to ps:%u: %s", s, strerror(-r));
+        uint32_t slot = w->var_cb[var] + block;
+        for (uint32_t i = 0; i < w->cb_count[slot]; i++) {
+                uint32_t part = w->cb_parts[w->cb_first[slot] + i];
+                struct group *g = &w->groups[w->part_group[part]];
+                uint64_t t0 = mono_us();
+                pthread_mutex_lock(&w->mu);
+                while (g->state == G_QUEUED || g->state == G_FLIGHT)
+                        pthread_cond_wait(&w->cond, &w->mu);   /* bounded: every push has a deadline */
+                enum group_state st = g->state;
+                pthread_mutex_unlock(&w->mu);
+                w->wait_us += mono_us() - t0;
+                if (st == G_IDLE)
+                        continue;      /* nothing was pushed for it yet: the first step */
+                if (st == G_ARRIVED) {
+                        const struct placement_part *pp = &w->L->plan->parts[part];
+                        const char *name = w->L->vars[pp->var].name;
+                        for (size_t t = 0; t < g->reply->n_tensors; t++)
+                                if (g->reply->tensors[t].row_offset == pp->row_begin &&
+                                    strcmp(g->reply->tensors[t].name, name) == 0)
+                                        job_layout_copy_in(w->L, &g->reply->tensors[t], model_params(w->m), NULL, NULL, 0);
+                } else if (!w->step_err) {
+                        w->step_err = g->err;
+                        snprintf(w->step_msg, sizeof(w->step_msg), "%s", g->msg);
                 }
+                pthread_mutex_lock(&w->mu);
+                if (--g->unconsumed == 0) {
+                        g->reply = wire_in_free(g->reply);
+                        g->state = G_IDLE;
+                }
+                pthread_mutex_unlock(&w->mu);
         }
         return 0;
 }
 
-static void wait_all(struct worker *w) {
-        for (uint32_t v = 0; v < w->L->n_vars; v++)
-                wait_layer(w, v, 1);
+/* After backward made a block's gradient final: its group goes to the sender once complete. */
+static int after_block(void *ud, uint32_t var, uint32_t block) {
+        struct worker *w = ud;
+        uint64_t t0 = mono_us();
+        uint32_t slot = w->var_cb[var] + block;
+        for (uint32_t i = 0; i < w->cb_count[slot]; i++) {
+                uint32_t gi = w->part_group[w->cb_parts[w->cb_first[slot] + i]];
+                struct group *g = &w->groups[gi];
+                if (--g->remaining > 0)
+                        continue;
+                g->remaining = g->n_parts;
+                pthread_mutex_lock(&w->mu);
+                g->state = G_QUEUED;
+                /* the first push to shard 0 of a step counts it in global_step */
+                g->count_step = g->shard == 0 && !w->counted;
+                if (g->count_step) {
+                        w->counted = true;
+                        w->count_inflight++;
+                }
+                w->queue[(w->q_head + w->q_len++) % w->n_groups] = gi;
+                pthread_cond_broadcast(&w->cond);
+                pthread_mutex_unlock(&w->mu);
+        }
+        w->push_us += mono_us() - t0;
+        return 0;
+}
+
+/* Waits for every push in flight and drops the values they bring. */
+static void drain(struct worker *w) {
+        pthread_mutex_lock(&w->mu);
+        for (uint32_t i = 0; i < w->n_groups; i++) {
+                struct group *g = &w->groups[i];
+                while (g->state == G_QUEUED || g->state == G_FLIGHT)
+                        pthread_cond_wait(&w->cond, &w->mu);
+                g->reply = wire_in_free(g->reply);
+                g->state = G_IDLE;
+                g->remaining = g->n_parts;
+        }
+        pthread_mutex_unlock(&w->mu);
+}
+
+static int comm_start(struct worker *w) {
+        int r = pthread_create(&w->sender, NULL, sender_main, w);
+        if (r != 0)
+                return -r;
+        r = pthread_create(&w->receiver, NULL, receiver_main, w);
+        if (r != 0) {
+                pthread_mutex_lock(&w->mu);
+                w->comm_stop = true;
+                pthread_cond_broadcast(&w->cond);
+                pthread_mutex_unlock(&w->mu);
+                pthread_join(w->sender, NULL);
+                return -r;
+        }
+        w->threads_started = true;
+        return 0;
+}
+
+static void comm_stop(struct worker *w) {
+        if (!w->threads_started)
+                return;
+        drain(w);
+        pthread_mutex_lock(&w->mu);
+        w->comm_stop = true;
+        pthread_cond_broadcast(&w->cond);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->sender, NULL);
+        pthread_join(w->receiver, NULL);
+        w->threads_started = false;
 }
 
 static void report(struct worker *w, const char *state) {
@@ -287,29 +450,39 @@ static int train(struct worker *w) {
         const struct training_config *t = &w->cfg->training;
         uint64_t max = t->max_steps;
         uint64_t win_t = mono_us(), win_ex = 0;
+        int r = comm_start(w);
+        if (r < 0)
+                return log_error_errno(r, "cannot start the communication threads");
         set_state(w, "training");
         log_info_step(w->global_step, "training from global_step %llu to %llu on shard %u of %u (%u examples)",
                       (unsigned long long)w->global_step, (unsigned long long)max, w->index, w->n_workers,
                       shard_size(w->it));
         while (!signalled(w)) {
-                /* one push that counts a step may still be in flight */
-                uint64_t in_flight = w->pending[w->count_layer * w->L->n_shards] ? 1 : 0;
-                if (w->global_step + in_flight >= max)
+                /* a push that counts a step may still be in flight */
+                pthread_mutex_lock(&w->mu);
+                bool reached = w->global_step + w->count_inflight >= max;
+                w->counted = false;
+                pthread_mutex_unlock(&w->mu);
+                if (reached)
                         break;
                 float loss;
                 shard_next_batch(w->it, t->batch_size, w->x, w->y);
                 w->step_err = 0;
-                int r = model_forward_hooked(w->m, w->x, w->y, t->batch_size, &loss, NULL, wait_layer, w);
+                r = model_forward_blocks(w->m, w->x, w->y, t->batch_size, &loss, NULL, before_block, w);
                 if (r >= 0 && !w->step_err)
-                        r = model_backward(w->m, push_layer, w);
-                if (r < 0)
+                        r = model_backward_blocks(w->m, after_block, w);
+                if (r < 0) {
+                        comm_stop(w);
                         return log_error_errno(r, "step %llu failed", (unsigned long long)w->local_step);
+                }
                 if (w->step_err) {
                         /* a shard was lost or restarted: wait for it, re-read the values, carry on */
                         log_warning("step %llu: %s; re-reading the parameters", (unsigned long long)w->local_step, w->step_msg);
-                        wait_all(w);
-                        if ((r = pull_all(w)) < 0)
+                        drain(w);
+                        if ((r = pull_all(w)) < 0) {
+                                comm_stop(w);
                                 return r;
+                        }
                         continue;
                 }
                 if (w->loss_log)
@@ -331,11 +504,84 @@ static int train(struct worker *w) {
                         log_debug_step(w->global_step, "loss %.4f, %.0f examples/s", loss, w->ex_per_s);
                 }
         }
-        wait_all(w);
+        /* the last pushes' values are the job's; apply them so status and logs agree */
+        for (uint32_t v = 0; v < w->L->n_vars; v++)
+                for (uint32_t b = 0; b < (v + 1 < w->L->n_vars ? w->var_cb[v + 1] : w->n_cb) - w->var_cb[v]; b++)
+                        before_block(w, v, b);
+        comm_stop(w);
         return 0;
 }
 
 /* ---- set-up ---- */
+
+/* Which parts each forward/backward callback covers, and how parts group into pushes: a row block of
+ * a large variable is a push of its own; a layer's other variables go together, one push per shard. */
+static int comm_layout(struct worker *w) {
+        const struct job_layout *L = w->L;
+        uint32_t NP = L->plan->n_parts, S = L->n_shards;
+        bool *blocked = calloc(L->n_vars, sizeof(bool));
+        w->var_cb = calloc(L->n_vars, sizeof(uint32_t));
+        w->cb_first = calloc(NP, sizeof(uint32_t));
+        w->cb_count = calloc(NP, sizeof(uint32_t));
+        w->cb_parts = calloc(NP, sizeof(uint32_t));
+        w->part_group = calloc(NP, sizeof(uint32_t));
+        w->groups = calloc(NP, sizeof(*w->groups));
+        w->queue = calloc(NP, sizeof(uint32_t));
+        uint32_t *layer_group = malloc((size_t)w->cfg->model.n_layers * S * sizeof(uint32_t));
+        int r = -ENOMEM;
+        if (!blocked || !w->var_cb || !w->cb_first || !w->cb_count || !w->cb_parts || !w->part_group || !w->groups ||
+            !w->queue || !layer_group)
+                goto out;
+        if ((r = job_model_blocks(L, w->m, blocked)) < 0)
+                goto out;
+        for (uint32_t i = 0; i < w->cfg->model.n_layers * S; i++)
+                layer_group[i] = UINT32_MAX;
+        uint32_t k = 0;
+        for (uint32_t v = 0; v < L->n_vars; v++) {
+                uint32_t first, n = placement_var_parts(L->plan, v, &first);
+                w->var_cb[v] = w->n_cb;
+                for (uint32_t i = 0; i < n; i++) {
+                        uint32_t p = first + i;
+                        if (blocked[v] || i == 0) {
+                                w->cb_first[w->n_cb] = k;
+                                w->n_cb++;
+                        }
+                        w->cb_parts[k++] = p;
+                        w->cb_count[w->n_cb - 1]++;
+                        /* its group */
+                        const struct placement_part *pp = &L->plan->parts[p];
+                        uint32_t gi, *lg = &layer_group[L->vars[v].layer * S + pp->shard];
+                        if (blocked[v]) {
+                                gi = w->n_groups++;
+                        } else {
+                                if (*lg == UINT32_MAX)
+                                        *lg = w->n_groups++;
+                                gi = *lg;
+                        }
+                        struct group *g = &w->groups[gi];
+                        uint32_t *np = realloc(g->parts, (g->n_parts + 1) * sizeof(uint32_t));
+                        if (!np) {
+                                r = -ENOMEM;
+                                goto out;
+                        }
+                        g->parts = np;
+                        g->parts[g->n_parts++] = p;
+                        g->remaining = g->n_parts;
+                        g->shard = pp->shard;
+                        w->part_group[p] = gi;
+                }
+        }
+        uint32_t nb = 0;
+        for (uint32_t v = 0; v < L->n_vars; v++)
+                nb += blocked[v];
+        log_info("%u variable(s) in %u part(s) over %u shard(s), %u pushed in row blocks; %u pushes per step",
+                 L->n_vars, NP, S, nb, w->n_groups);
+        r = 0;
+out:
+        free(blocked);
+        free(layer_group);
+        return r;
+}
 
 static int build(struct worker *w) {
         const struct job_config *cfg = w->cfg;
@@ -365,26 +611,10 @@ static int build(struct worker *w) {
                 return r;
         w->x = malloc((size_t)cfg->training.batch_size * w->train->dim * sizeof(float));
         w->y = malloc(cfg->training.batch_size);
-        /* which parts each layer pushes to each shard */
-        uint32_t S = w->L->n_shards;
-        w->n_layers = cfg->model.n_layers;
-        w->lparts = calloc((size_t)w->n_layers * S, sizeof(*w->lparts));
-        w->lcount = calloc((size_t)w->n_layers * S, sizeof(*w->lcount));
-        w->pending = calloc((size_t)w->n_layers * S, sizeof(*w->pending));
-        if (!w->x || !w->y || !w->lparts || !w->lcount || !w->pending)
+        if (!w->x || !w->y)
                 return log_error_errno(ENOMEM, "out of memory");
-        w->count_layer = UINT32_MAX;
-        for (uint32_t p = 0; p < w->L->plan->n_parts; p++) {
-                const struct placement_part *pp = &w->L->plan->parts[p];
-                uint32_t layer = w->L->vars[pp->var].layer, k = layer * S + pp->shard;
-                uint32_t *n = realloc(w->lparts[k], (w->lcount[k] + 1) * sizeof(*n));
-                if (!n)
-                        return log_error_errno(ENOMEM, "out of memory");
-                n[w->lcount[k]++] = p;
-                w->lparts[k] = n;
-                if (pp->shard == 0 && (w->count_layer == UINT32_MAX || layer < w->count_layer))
-                        w->count_layer = layer;
-        }
+        if ((r = comm_layout(w)) < 0)
+                return log_error_errno(r, "cannot lay out the pushes");
         if (w->args.loss_log) {
                 w->loss_log = fopen(w->args.loss_log, "we");
                 if (!w->loss_log)
@@ -395,12 +625,19 @@ static int build(struct worker *w) {
 
 static void done(struct worker *w) {
         rpc_server_free(w->server);
+        comm_stop(w);
         rpc_batch_free(w->batch);
-        for (uint32_t i = 0; w->lparts && i < w->n_layers * w->L->n_shards; i++)
-                free(w->lparts[i]);
-        free(w->lparts);
-        free(w->lcount);
-        free(w->pending);
+        for (uint32_t i = 0; w->groups && i < w->n_groups; i++) {
+                free(w->groups[i].parts);
+                wire_in_free(w->groups[i].reply);
+        }
+        free(w->groups);
+        free(w->var_cb);
+        free(w->cb_first);
+        free(w->cb_count);
+        free(w->cb_parts);
+        free(w->part_group);
+        free(w->queue);
         ps_client_free(w->pc);
         rpc_channel_free(w->chief);
         job_layout_free(w->L);
@@ -418,6 +655,8 @@ static void done(struct worker *w) {
 static int run(int argc, char **argv) {
         struct worker w = {0};
         pthread_mutex_init(&w.st_mu, NULL);
+        pthread_mutex_init(&w.mu, NULL);
+        pthread_cond_init(&w.cond, NULL);
         w.sfd = daemon_signals_fd();
         if (w.sfd < 0) {
                 fprintf(stderr, "workerd: cannot set up signals: %s\n", strerror(-w.sfd));
@@ -452,7 +691,7 @@ static int run(int argc, char **argv) {
                 ret = CONFIG_EX_CONFIG;
                 goto out;
         }
-        if (r == -ECANCELED) {
+        if (r == -ECANCELED || r == -ESHUTDOWN) {
                 ret = 0;
                 goto out;
         }
@@ -467,7 +706,8 @@ static int run(int argc, char **argv) {
         set_state(&w, "done: %llu local steps, global_step %llu", (unsigned long long)w.local_step,
                   (unsigned long long)w.global_step);
         report(&w, "done");
-        log_info_step(w.global_step, "done: %llu local steps, loss %.4f", (unsigned long long)w.local_step, w.last_loss);
+        log_info_step(w.global_step, "done: %llu local steps, loss %.4f; waited %.2f s for fresh values, %.2f s starting pushes",
+                      (unsigned long long)w.local_step, w.last_loss, (double)w.wait_us / 1e6, (double)w.push_us / 1e6);
         ret = 0;
 out:
         notify_stopping();

@@ -235,7 +235,7 @@ static void test_defaults(void **state) {
         assert_int_equal(c->supervisor.save_summaries_secs, 10);
         assert_int_equal(c->supervisor.eval_every_steps, 0);
         assert_int_equal(c->supervisor.ready_timeout_secs, 600);
-        assert_int_equal(c->ps.split_bytes, 4194304);
+        assert_int_equal(c->ps.split_bytes, 262144);
         assert_int_equal(c->rpc.deadline_ms, 30000);
         assert_string_equal(c->device.device, "auto");
         assert_true(c->device.gpu_memory_fraction == 1.0);
@@ -592,7 +592,7 @@ static void test_canonical(void **state) {
                 "{\"cluster\":{\"chief\":[\"localhost:7000\"],\"ps\":[\"localhost:7001\"],"
                 "\"worker\":[\"localhost:7002\",\"localhost:7003\"]},"
                 "\"model\":{\"input\":[1,1,784],\"layers\":[{\"init\":\"default\",\"type\":\"dense\",\"units\":10}],"
-                "\"seed\":1},\"ps\":{\"split_bytes\":4194304},"
+                "\"seed\":1},\"ps\":{\"split_bytes\":262144},"
                 "\"training\":{\"batch_size\":32,\"beta1\":0.90000000000000002,\"beta2\":0.999,\"epsilon\":9.9999999999999995e-8,"
                 "\"initial_accumulator\":0.10000000000000001,\"learning_rate\":0.01,\"lr_decay_rate\":0.95999999999999996,"
                 "\"lr_decay_steps\":1000,\"lr_schedule\":\"constant\",\"lr_staircase\":false,\"max_steps\":1000,"

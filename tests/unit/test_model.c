@@ -1,5 +1,7 @@
 /* model: finite-difference gradient checks for every layer type and the loss, a hand-computed forward,
- * initializer determinism, batch bounds, and the forward/backward callbacks. */
+ * initializer determinism, batch bounds, the forward/backward callbacks, and row-blocked kernels
+ * (also on a pretend device backend: the CPU ops with host_memory off, so uploads and downloads are
+ * real copies). */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -53,11 +55,15 @@ static void random_batch(struct rng *r, float *x, size_t n, uint8_t *y, uint32_t
                 y[b] = (uint8_t)rng_below(r, classes);
 }
 
-/* Central differences of the float loss against the analytic gradient, for every parameter. */
-static void gradcheck(const struct model_spec *spec, uint32_t B, float h, float atol, float rtol)
+/* Central differences of the float loss against the analytic gradient, for every parameter; var
+ * `bvar` split into nb blocks at rb first when nb > 1. */
+static void gradcheck_blocked(const struct model_spec *spec, uint32_t B, float h, float atol, float rtol,
+                              uint32_t bvar, uint32_t nb, const uint32_t *rb)
 {
         struct model *m;
         assert_int_equal(model_new(spec, be, B, &m), 0);
+        if (nb > 1)
+                assert_int_equal(model_set_var_blocks(m, bvar, nb, rb), 0);
         assert_int_equal(model_init_params(m, 7), 0);
         uint32_t D = model_input_size(m), C = model_n_classes(m);
         float *x = malloc(sizeof(float) * B * D);
@@ -104,6 +110,11 @@ static void gradcheck(const struct model_spec *spec, uint32_t B, float h, float 
         free(x);
         free(y);
         model_free(m);
+}
+
+static void gradcheck(const struct model_spec *spec, uint32_t B, float h, float atol, float rtol)
+{
+        gradcheck_blocked(spec, B, h, atol, rtol, 0, 1, NULL);
 }
 
 static void test_grad_dense_loss(void **state)
@@ -408,6 +419,276 @@ static void test_describe(void **state)
         model_free(m);
 }
 
+/* ---- row blocks ---- */
+
+/* The CPU ops as if on a device: separate buffers, real upload/download copies. */
+static struct backend_ops dev_ops;
+static struct backend dev_be;
+
+static struct backend *fake_device(void)
+{
+        dev_ops = *be->ops;
+        dev_ops.name = "fake-device";
+        dev_ops.host_memory = false;
+        dev_be = (struct backend){.ops = &dev_ops, .ctx = be->ctx};
+        return &dev_be;
+}
+
+static void test_grad_blocked(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 7}, .n_layers = 3,
+                               .layers = {L(LAYER_DENSE, 5), L(LAYER_TANH, 0), L(LAYER_DENSE, 3)}};
+        const uint32_t rb0[3] = {0, 2, 3};
+        gradcheck_blocked(&s, 4, 1e-3f, 2e-4f, 5e-3f, 0, 3, rb0);
+        const uint32_t rb2[5] = {0, 1, 2, 3, 4}; /* dense1/kernel (5, 3): a block per row */
+        gradcheck_blocked(&s, 4, 1e-3f, 2e-4f, 5e-3f, 2, 5, rb2);
+}
+
+static const struct model_spec mlp = {.input = {1, 1, 20}, .n_layers = 5,
+                                      .layers = {{.type = LAYER_DENSE, .units = 16}, {.type = LAYER_RELU},
+                                                 {.type = LAYER_DENSE, .units = 8}, {.type = LAYER_SIGMOID},
+                                                 {.type = LAYER_DENSE, .units = 5}}};
+static const uint32_t mlp_rb0[4] = {0, 3, 11, 12}; /* dense0/kernel (20, 16) */
+static const uint32_t mlp_rb2[2] = {0, 9};         /* dense1/kernel (16, 8) */
+
+static struct model *mlp_new(struct backend *b, bool blocked, uint32_t B)
+{
+        struct model *m;
+        assert_int_equal(model_new(&mlp, b, B, &m), 0);
+        assert_int_equal(model_init_params(m, 11), 0);
+        float *p = model_params(m);
+        for (uint32_t v = 1; v < model_n_vars(m); v += 2) /* nonzero biases */
+                for (uint32_t i = 0; i < model_var(m, v)->cols; i++)
+                        p[model_var(m, v)->offset + i] = 0.01f * (float)(i + v);
+        assert_int_equal(model_params_sync(m), 0);
+        if (blocked) {
+                assert_int_equal(model_set_var_blocks(m, 0, 4, mlp_rb0), 0);
+                assert_int_equal(model_set_var_blocks(m, 2, 2, mlp_rb2), 0);
+        }
+        return m;
+}
+
+static void test_blocked_matches_unblocked(void **state)
+{
+        const uint32_t B = 6;
+        struct model *u = mlp_new(be, false, B), *b1 = mlp_new(be, true, B), *b2 = mlp_new(be, true, B);
+        float x[6 * 20];
+        uint8_t y[6];
+        struct rng r;
+        rng_init(&r, 5, 5);
+        random_batch(&r, x, sizeof(x) / sizeof(x[0]), y, B, 5);
+        float lu, l1, l2;
+        uint32_t cu, c1, c2;
+        assert_int_equal(model_forward(u, x, y, B, &lu, &cu), 0);
+        assert_int_equal(model_backward(u, NULL, NULL), 0);
+        assert_int_equal(model_forward(b1, x, y, B, &l1, &c1), 0);
+        assert_int_equal(model_backward(b1, NULL, NULL), 0);
+        assert_int_equal(model_forward_blocks(b2, x, y, B, &l2, &c2, NULL, NULL), 0);
+        assert_int_equal(model_backward_blocks(b2, NULL, NULL), 0);
+        assert_true(fabsf(l1 - lu) <= 1e-5f * fabsf(lu));
+        assert_int_equal(c1, cu);
+        size_t n = model_n_params(u);
+        const float *gu = model_grads(u), *g1 = model_grads(b1);
+        for (size_t i = 0; i < n; i++)
+                assert_true(fabsf(g1[i] - gu[i]) <= 1e-5f * fabsf(gu[i]) + 1e-7f);
+        /* the same blocks give the same bits, whichever entry points */
+        assert_memory_equal(&l1, &l2, sizeof(float));
+        assert_int_equal(c1, c2);
+        assert_memory_equal(g1, model_grads(b2), sizeof(float) * n);
+
+        /* one block again: back to the unblocked bits */
+        assert_int_equal(model_set_var_blocks(b1, 0, 1, NULL), 0);
+        const uint32_t zero = 0;
+        assert_int_equal(model_set_var_blocks(b1, 2, 1, &zero), 0);
+        assert_int_equal(model_var_blocks(b1, 0, NULL), 1);
+        assert_int_equal(model_forward(b1, x, y, B, &l1, NULL), 0);
+        assert_int_equal(model_backward(b1, NULL, NULL), 0);
+        assert_memory_equal(&l1, &lu, sizeof(float));
+        assert_memory_equal(g1, gu, sizeof(float) * n);
+        model_free(u);
+        model_free(b1);
+        model_free(b2);
+}
+
+struct blk_log {
+        struct model *m;
+        const float *ref;    /* (n_params) the values forward should see / the final gradients */
+        float *snap;         /* (n_params) gradients seen in the after-callbacks */
+        uint32_t n, var[32], block[32];
+        uint32_t stop_at;    /* return `ret` on this call (1-based); 0: never */
+        int ret;
+};
+
+static void rows_of(struct model *m, uint32_t var, uint32_t block, size_t *begin, size_t *end)
+{
+        const uint32_t *rb;
+        const struct model_var *v = model_var(m, var);
+        assert_true(block < model_var_blocks(m, var, &rb));
+        *begin = v->offset + (size_t)rb[block] * v->cols;
+        *end = v->offset + (size_t)rb[block + 1] * v->cols;
+}
+
+static int blk_record(struct blk_log *l, uint32_t var, uint32_t block)
+{
+        assert_true(l->n < 32);
+        l->var[l->n] = var;
+        l->block[l->n] = block;
+        l->n++;
+        return l->stop_at == l->n ? l->ret : 0;
+}
+
+/* Writes the block's real values, and poisons everything read earlier (blocks < b of this kernel;
+ * the whole kernel at its bias): a block read before its callback, or after a later one, gives NaN. */
+static int before_cb(void *ud, uint32_t var, uint32_t block)
+{
+        struct blk_log *l = ud;
+        float *p = model_params(l->m);
+        size_t b0, b1;
+        rows_of(l->m, var, block, &b0, &b1);
+        memcpy(p + b0, l->ref + b0, sizeof(float) * (b1 - b0));
+        const struct model_var *v = model_var(l->m, var);
+        size_t poison_from = v->rows == 1 ? model_var(l->m, var - 1)->offset : v->offset;
+        for (size_t i = poison_from; i < b0; i++)
+                p[i] = NAN;
+        return blk_record(l, var, block);
+}
+
+/* Snapshots the block's gradient, then poisons it: a later write would leave no NaN behind. */
+static int after_cb(void *ud, uint32_t var, uint32_t block)
+{
+        struct blk_log *l = ud;
+        float *g = model_grads(l->m);
+        size_t b0, b1;
+        rows_of(l->m, var, block, &b0, &b1);
+        memcpy(l->snap + b0, g + b0, sizeof(float) * (b1 - b0));
+        for (size_t i = b0; i < b1; i++)
+                g[i] = NAN;
+        return blk_record(l, var, block);
+}
+
+static void check_block_callbacks(struct backend *b)
+{
+        const uint32_t B = 4;
+        struct model *ref = mlp_new(be, true, B), *m = mlp_new(b, true, B);
+        size_t n = model_n_params(m);
+        float x[4 * 20];
+        uint8_t y[4];
+        struct rng r;
+        rng_init(&r, 8, 1);
+        random_batch(&r, x, sizeof(x) / sizeof(x[0]), y, B, 5);
+        float lref, loss;
+        assert_int_equal(model_forward(ref, x, y, B, &lref, NULL), 0);
+        assert_int_equal(model_backward(ref, NULL, NULL), 0);
+
+        /* every parameter NaN until its block's callback writes it */
+        float *p = model_params(m);
+        for (size_t i = 0; i < n; i++)
+                p[i] = NAN;
+        assert_int_equal(model_params_sync(m), 0);
+        struct blk_log fl = {.m = m, .ref = model_params(ref)};
+        assert_int_equal(model_forward_blocks(m, x, y, B, &loss, NULL, before_cb, &fl), 0);
+        assert_memory_equal(&loss, &lref, sizeof(float));
+        const uint32_t fvar[] = {0, 0, 0, 0, 1, 2, 2, 3, 4, 5};
+        const uint32_t fblk[] = {0, 1, 2, 3, 0, 0, 1, 0, 0, 0};
+        assert_int_equal(fl.n, 10);
+        assert_memory_equal(fl.var, fvar, sizeof(fvar));
+        assert_memory_equal(fl.block, fblk, sizeof(fblk));
+        memcpy(p, model_params(ref), sizeof(float) * n); /* un-poison for backward's dx */
+        assert_int_equal(model_params_sync(m), 0);
+
+        float *snap = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++)
+                snap[i] = NAN;
+        struct blk_log bl = {.m = m, .snap = snap};
+        assert_int_equal(model_backward_blocks(m, after_cb, &bl), 0);
+        const uint32_t bvar[] = {5, 4, 3, 2, 2, 1, 0, 0, 0, 0}; /* last layer first; bias first */
+        const uint32_t bblk[] = {0, 0, 0, 0, 1, 0, 0, 1, 2, 3};
+        assert_int_equal(bl.n, 10);
+        assert_memory_equal(bl.var, bvar, sizeof(bvar));
+        assert_memory_equal(bl.block, bblk, sizeof(bblk));
+        assert_memory_equal(snap, model_grads(ref), sizeof(float) * n);
+        if (backend_host_memory(b)) /* nothing wrote a block after its callback */
+                for (size_t i = 0; i < n; i++)
+                        assert_true(isnan(model_grads(m)[i]));
+        free(snap);
+        model_free(ref);
+        model_free(m);
+}
+
+static void test_block_callbacks(void **state)
+{
+        check_block_callbacks(be);
+}
+
+static void test_block_callbacks_device(void **state)
+{
+        check_block_callbacks(fake_device());
+}
+
+static void test_block_callbacks_stop(void **state)
+{
+        const uint32_t B = 2;
+        struct model *m = mlp_new(be, true, B);
+        float x[2 * 20] = {0};
+        uint8_t y[2] = {1, 2};
+        float loss;
+        size_t n = model_n_params(m);
+        float *ref = malloc(sizeof(float) * n);
+        memcpy(ref, model_params(m), sizeof(float) * n);
+        struct blk_log fl = {.m = m, .ref = ref, .stop_at = 3, .ret = -EIO};
+        assert_int_equal(model_forward_blocks(m, x, y, B, &loss, NULL, before_cb, &fl), -EIO);
+        assert_int_equal(fl.n, 3);
+        assert_int_equal(model_backward_blocks(m, NULL, NULL), -EINVAL); /* no complete forward */
+
+        memcpy(model_params(m), ref, sizeof(float) * n);
+        assert_int_equal(model_forward_blocks(m, x, y, B, &loss, NULL, NULL, NULL), 0);
+        float *snap = malloc(sizeof(float) * n);
+        struct blk_log bl = {.m = m, .snap = snap, .stop_at = 5, .ret = 7}; /* any nonzero */
+        assert_int_equal(model_backward_blocks(m, after_cb, &bl), 7);
+        assert_int_equal(bl.n, 5);
+        struct blk_log b2 = {.m = m, .snap = snap, .stop_at = 9, .ret = -EPIPE}; /* dense0 block 2 */
+        assert_int_equal(model_backward_blocks(m, after_cb, &b2), -EPIPE);
+        assert_int_equal(b2.n, 9);
+        free(snap);
+        free(ref);
+        model_free(m);
+}
+
+static void test_block_bad_specs(void **state)
+{
+        struct model_spec s = {.input = {1, 6, 6}, .n_layers = 3,
+                               .layers = {conv(2, 3), L(LAYER_FLATTEN, 0), L(LAYER_DENSE, 4)}};
+        struct model *m;
+        assert_int_equal(model_new(&s, be, 2, &m), 0);
+        const uint32_t ok[3] = {0, 10, 40}; /* dense0/kernel is var 2, (72, 4) */
+        assert_int_equal(model_set_var_blocks(m, 0, 3, ok), -EOPNOTSUPP); /* conv kernel */
+        assert_int_equal(model_set_var_blocks(m, 3, 1, NULL), -EOPNOTSUPP); /* bias */
+        assert_int_equal(model_set_var_blocks(m, 4, 3, ok), -EINVAL);        /* no such var */
+        assert_int_equal(model_set_var_blocks(m, 2, 0, ok), -EINVAL);
+        assert_int_equal(model_set_var_blocks(m, 2, 3, NULL), -EINVAL);
+        const uint32_t not0[2] = {1, 10}, flat[3] = {0, 10, 10}, down[3] = {0, 10, 5}, past[2] = {0, 72};
+        assert_int_equal(model_set_var_blocks(m, 2, 2, not0), -EINVAL);
+        assert_int_equal(model_set_var_blocks(m, 2, 1, not0), -EINVAL);
+        assert_int_equal(model_set_var_blocks(m, 2, 3, flat), -EINVAL);
+        assert_int_equal(model_set_var_blocks(m, 2, 3, down), -EINVAL);
+        assert_int_equal(model_set_var_blocks(m, 2, 2, past), -EINVAL);
+        assert_int_equal(model_set_var_blocks(m, 2, 73, ok), -EINVAL); /* more blocks than rows */
+        assert_int_equal(model_var_blocks(m, 2, NULL), 1);              /* failures change nothing */
+
+        assert_int_equal(model_set_var_blocks(m, 2, 3, ok), 0);
+        assert_int_equal(model_var_blocks(m, 2, NULL), 3);
+        assert_int_equal(model_set_var_blocks(m, 2, 2, down), 0); /* only {0, 10} is read */
+        assert_int_equal(model_set_var_blocks(m, 2, 3, flat), -EINVAL);
+        const uint32_t *rb;
+        assert_int_equal(model_var_blocks(m, 2, &rb), 2);
+        const uint32_t want[3] = {0, 10, 72};
+        assert_memory_equal(rb, want, sizeof(want));
+        assert_int_equal(model_var_blocks(m, 0, &rb), 1); /* conv kernel: one block of all rows */
+        assert_int_equal(rb[0], 0);
+        assert_int_equal(rb[1], 2);
+        model_free(m);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -424,6 +705,12 @@ int main(void)
                 cmocka_unit_test(test_callbacks),
                 cmocka_unit_test(test_evaluate_chunks),
                 cmocka_unit_test(test_describe),
+                cmocka_unit_test(test_grad_blocked),
+                cmocka_unit_test(test_blocked_matches_unblocked),
+                cmocka_unit_test(test_block_callbacks),
+                cmocka_unit_test(test_block_callbacks_device),
+                cmocka_unit_test(test_block_callbacks_stop),
+                cmocka_unit_test(test_block_bad_specs),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The demo on a fresh machine: installs what is missing, builds, and trains the Fashion-MNIST MLP with
+# one parameter server and two workers on this machine (psfleet local), printing the result as JSON.
+set -euo pipefail
+cd "$(dirname "$0")"
+packaging/install-deps.sh
+cmake --preset default >/dev/null
+cmake --build --preset default
+exec ./build/services/cli/psfleet local examples/fmnist-mlp.json "$@"
