@@ -177,6 +177,11 @@ void daemon_args_done(struct daemon_args *a) {
         *a = (struct daemon_args){0};
 }
 
+/* OpenBLAS starts its thread pool in a library constructor, before main() could block any signal, so
+ * a SIGTERM could land on one of its threads and kill the process. Shutting the pool down here makes
+ * OpenBLAS start it again, when needed, from a thread that has them blocked. */
+extern void blas_thread_shutdown_(void) __attribute__((weak));
+
 int daemon_signals_fd(void) {
         sigset_t set;
         sigemptyset(&set);
@@ -185,6 +190,8 @@ int daemon_signals_fd(void) {
         sigaddset(&set, SIGHUP);
         if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0)
                 return -errno;
+        if (blas_thread_shutdown_)
+                blas_thread_shutdown_();
         int fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
         return fd < 0 ? -errno : fd;
 }

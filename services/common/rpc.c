@@ -677,8 +677,12 @@ int rpc_channel_new(const char *target, const char *name, struct rpc_channel **r
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ENABLE_RETRIES, .value.integer = 0},
                 /* Each channel its own connection: peers do not share one TCP stream by accident. */
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
+                /* A peer that comes up late (a psd restarted by systemd) is noticed within a second,
+                 * not after gRPC's default backoff of up to two minutes. */
+                {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
+                {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
         };
-        grpc_channel_args cargs = {.num_args = tuned_args(args, 4), .args = args};
+        grpc_channel_args cargs = {.num_args = tuned_args(args, 6), .args = args};
         grpc_channel_credentials *creds = grpc_insecure_credentials_create();
         c->ch = grpc_channel_create(target, creds, &cargs);
         grpc_channel_credentials_release(creds);

@@ -1,0 +1,276 @@
+/* chiefd's SQLite record: schema, statements, and SQLite result codes translated to -errno. */
+#include "chief_db.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHIEF_DB_SCHEMA_VERSION 1
+
+struct chief_db {
+        sqlite3 *h;
+        pthread_mutex_t lock;
+};
+
+/* The one place where SQLite's result codes become errno values. */
+static int db_errno(sqlite3 *h, int rc) {
+        switch (rc & 0xff) {
+        case SQLITE_OK:
+        case SQLITE_ROW:
+        case SQLITE_DONE:
+                return 0;
+        case SQLITE_NOMEM:
+                return -ENOMEM;
+        case SQLITE_BUSY:
+        case SQLITE_LOCKED:
+                return -EBUSY;
+        case SQLITE_READONLY:
+                return -EROFS;
+        case SQLITE_PERM:
+        case SQLITE_AUTH:
+                return -EACCES;
+        case SQLITE_CANTOPEN: {
+                int e = h ? sqlite3_system_errno(h) : 0;
+                return e > 0 ? -e : -ENOENT;
+        }
+        case SQLITE_FULL:
+                return -ENOSPC;
+        case SQLITE_CORRUPT:
+        case SQLITE_NOTADB:
+        case SQLITE_FORMAT:
+                return -EBADMSG;
+        case SQLITE_CONSTRAINT:
+        case SQLITE_MISMATCH:
+        case SQLITE_RANGE:
+        case SQLITE_MISUSE:
+                return -EINVAL;
+        case SQLITE_TOOBIG:
+                return -E2BIG;
+        case SQLITE_INTERRUPT:
+                return -EINTR;
+        case SQLITE_ABORT:
+                return -ECANCELED;
+        case SQLITE_IOERR: {
+                int e = h ? sqlite3_system_errno(h) : 0;
+                return e > 0 ? -e : -EIO;
+        }
+        default:
+                return -EIO;
+        }
+}
+
+static const char schema[] =
+        "CREATE TABLE IF NOT EXISTS job ("
+        "  id INTEGER PRIMARY KEY CHECK (id = 1),"
+        "  fingerprint TEXT NOT NULL,"          /* hex: uint64 does not fit SQLite's signed INTEGER */
+        "  state INTEGER NOT NULL,"
+        "  global_step INTEGER NOT NULL,"
+        "  max_steps INTEGER NOT NULL,"
+        "  started_us INTEGER NOT NULL,"
+        "  updated_us INTEGER NOT NULL,"
+        "  test_accuracy REAL NOT NULL,"
+        "  test_loss REAL NOT NULL,"
+        "  wall_s REAL NOT NULL);"
+        "CREATE TABLE IF NOT EXISTS progress ("
+        "  id INTEGER PRIMARY KEY,"
+        "  time_us INTEGER NOT NULL,"
+        "  worker INTEGER NOT NULL,"
+        "  local_step INTEGER NOT NULL,"
+        "  global_step INTEGER NOT NULL,"
+        "  loss REAL NOT NULL,"
+        "  examples_per_s REAL NOT NULL,"
+        "  examples INTEGER NOT NULL,"
+        "  state TEXT NOT NULL);"
+        "CREATE INDEX IF NOT EXISTS progress_worker ON progress (worker, id);"
+        "CREATE TABLE IF NOT EXISTS evaluations ("
+        "  id INTEGER PRIMARY KEY,"
+        "  time_us INTEGER NOT NULL,"
+        "  global_step INTEGER NOT NULL,"
+        "  examples INTEGER NOT NULL,"
+        "  loss REAL NOT NULL,"
+        "  accuracy REAL NOT NULL);";
+
+int chief_db_open(const char *path, struct chief_db **ret) {
+        struct chief_db *db = calloc(1, sizeof(*db));
+        if (!db)
+                return -ENOMEM;
+        pthread_mutex_init(&db->lock, NULL);
+        int rc = sqlite3_open_v2(path, &db->h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+        int r = db_errno(db->h, rc);
+        if (r < 0)
+                goto fail;
+        sqlite3_busy_timeout(db->h, 5000);
+        /* WAL: readers (psfleet, tests) never block the chief. synchronous=NORMAL: a commit is durable
+         * at the next checkpoint; progress rows are cheap to lose in a power cut, not worth an fsync. */
+        rc = sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_exec(db->h, schema, NULL, NULL, NULL);
+        if (rc == SQLITE_OK) {
+                char q[64];
+                snprintf(q, sizeof(q), "PRAGMA user_version=%d;", CHIEF_DB_SCHEMA_VERSION);
+                rc = sqlite3_exec(db->h, q, NULL, NULL, NULL);
+        }
+        r = db_errno(db->h, rc);
+        if (r < 0)
+                goto fail;
+        *ret = db;
+        return 0;
+fail:
+        chief_db_close(db);
+        return r;
+}
+
+struct chief_db *chief_db_close(struct chief_db *db) {
+        if (!db)
+                return NULL;
+        sqlite3_close(db->h);   /* NULL-safe */
+        pthread_mutex_destroy(&db->lock);
+        free(db);
+        return NULL;
+}
+
+/* Prepares sql, lets bind() fill its parameters, steps it once. For statements without rows. */
+static int exec_one(struct chief_db *db, const char *sql, void (*bind)(sqlite3_stmt *st, const void *ud),
+                    const void *ud) {
+        sqlite3_stmt *st = NULL;
+        pthread_mutex_lock(&db->lock);
+        int rc = sqlite3_prepare_v2(db->h, sql, -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+                bind(st, ud);
+                rc = sqlite3_step(st);
+        }
+        int r = db_errno(db->h, rc);
+        sqlite3_finalize(st);
+        pthread_mutex_unlock(&db->lock);
+        return r;
+}
+
+static void bind_job(sqlite3_stmt *st, const void *ud) {
+        const struct chief_db_job *j = ud;
+        char fp[17];
+        snprintf(fp, sizeof(fp), "%016" PRIx64, j->fingerprint);
+        sqlite3_bind_text(st, 1, fp, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int(st, 2, j->state);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64)j->global_step);
+        sqlite3_bind_int64(st, 4, (sqlite3_int64)j->max_steps);
+        sqlite3_bind_int64(st, 5, (sqlite3_int64)j->started_us);
+        sqlite3_bind_int64(st, 6, (sqlite3_int64)j->updated_us);
+        sqlite3_bind_double(st, 7, j->test_accuracy);
+        sqlite3_bind_double(st, 8, j->test_loss);
+        sqlite3_bind_double(st, 9, j->wall_s);
+}
+
+int chief_db_save_job(struct chief_db *db, const struct chief_db_job *j) {
+        return exec_one(db,
+                        "INSERT OR REPLACE INTO job (id, fingerprint, state, global_step, max_steps, started_us,"
+                        " updated_us, test_accuracy, test_loss, wall_s) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        bind_job, j);
+}
+
+int chief_db_load_job(struct chief_db *db, struct chief_db_job *ret) {
+        sqlite3_stmt *st = NULL;
+        pthread_mutex_lock(&db->lock);
+        int rc = sqlite3_prepare_v2(db->h,
+                                    "SELECT fingerprint, state, global_step, max_steps, started_us, updated_us,"
+                                    " test_accuracy, test_loss, wall_s FROM job WHERE id = 1",
+                                    -1, &st, NULL);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_step(st);
+        int r = rc == SQLITE_DONE ? -ENOENT : db_errno(db->h, rc);
+        if (rc == SQLITE_ROW) {
+                const char *fp = (const char *)sqlite3_column_text(st, 0);
+                *ret = (struct chief_db_job){
+                        .fingerprint = fp ? strtoull(fp, NULL, 16) : 0,
+                        .state = sqlite3_column_int(st, 1),
+                        .global_step = (uint64_t)sqlite3_column_int64(st, 2),
+                        .max_steps = (uint64_t)sqlite3_column_int64(st, 3),
+                        .started_us = (uint64_t)sqlite3_column_int64(st, 4),
+                        .updated_us = (uint64_t)sqlite3_column_int64(st, 5),
+                        .test_accuracy = (float)sqlite3_column_double(st, 6),
+                        .test_loss = (float)sqlite3_column_double(st, 7),
+                        .wall_s = (float)sqlite3_column_double(st, 8),
+                };
+        }
+        sqlite3_finalize(st);
+        pthread_mutex_unlock(&db->lock);
+        return r;
+}
+
+static void bind_progress(sqlite3_stmt *st, const void *ud) {
+        const struct chief_db_progress *p = ud;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64)p->time_us);
+        sqlite3_bind_int64(st, 2, p->worker);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64)p->local_step);
+        sqlite3_bind_int64(st, 4, (sqlite3_int64)p->global_step);
+        sqlite3_bind_double(st, 5, p->loss);
+        sqlite3_bind_double(st, 6, p->examples_per_s);
+        sqlite3_bind_int64(st, 7, (sqlite3_int64)p->examples);
+        sqlite3_bind_text(st, 8, p->state ? p->state : "", -1, SQLITE_TRANSIENT);
+}
+
+int chief_db_add_progress(struct chief_db *db, const struct chief_db_progress *p) {
+        return exec_one(db,
+                        "INSERT INTO progress (time_us, worker, local_step, global_step, loss, examples_per_s,"
+                        " examples, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        bind_progress, p);
+}
+
+int chief_db_last_progress(struct chief_db *db, uint32_t worker, struct chief_db_progress *ret, char *state_buf,
+                           size_t state_len) {
+        sqlite3_stmt *st = NULL;
+        pthread_mutex_lock(&db->lock);
+        int rc = sqlite3_prepare_v2(db->h,
+                                    "SELECT time_us, local_step, global_step, loss, examples_per_s, examples, state"
+                                    " FROM progress WHERE worker = ? ORDER BY id DESC LIMIT 1",
+                                    -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+                sqlite3_bind_int64(st, 1, worker);
+                rc = sqlite3_step(st);
+        }
+        int r = rc == SQLITE_DONE ? -ENOENT : db_errno(db->h, rc);
+        if (rc == SQLITE_ROW) {
+                const char *s = (const char *)sqlite3_column_text(st, 6);
+                snprintf(state_buf, state_len, "%s", s ? s : "");
+                *ret = (struct chief_db_progress){
+                        .time_us = (uint64_t)sqlite3_column_int64(st, 0),
+                        .worker = worker,
+                        .local_step = (uint64_t)sqlite3_column_int64(st, 1),
+                        .global_step = (uint64_t)sqlite3_column_int64(st, 2),
+                        .loss = (float)sqlite3_column_double(st, 3),
+                        .examples_per_s = (float)sqlite3_column_double(st, 4),
+                        .examples = (uint64_t)sqlite3_column_int64(st, 5),
+                        .state = state_buf,
+                };
+        }
+        sqlite3_finalize(st);
+        pthread_mutex_unlock(&db->lock);
+        return r;
+}
+
+struct eval_row {
+        uint64_t time_us, global_step;
+        uint32_t examples;
+        float loss, accuracy;
+};
+
+static void bind_eval(sqlite3_stmt *st, const void *ud) {
+        const struct eval_row *e = ud;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64)e->time_us);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64)e->global_step);
+        sqlite3_bind_int64(st, 3, e->examples);
+        sqlite3_bind_double(st, 4, e->loss);
+        sqlite3_bind_double(st, 5, e->accuracy);
+}
+
+int chief_db_add_evaluation(struct chief_db *db, uint64_t time_us, uint64_t global_step, uint32_t examples,
+                            float loss, float accuracy) {
+        struct eval_row e = {time_us, global_step, examples, loss, accuracy};
+        return exec_one(db,
+                        "INSERT INTO evaluations (time_us, global_step, examples, loss, accuracy)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        bind_eval, &e);
+}

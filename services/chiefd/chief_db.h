@@ -1,0 +1,50 @@
+/* chiefd's record of a job in SQLite (WAL): the job's state, per-worker progress reports and
+ * evaluations. The one place where SQLite result codes become -errno.
+ * Thread-safe: every call takes the database's own lock. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+struct chief_db;
+
+/* The job's row: one per database. Plain data. */
+struct chief_db_job {
+        uint64_t fingerprint;
+        int state;              /* Psfleet__V1__JobState */
+        uint64_t global_step, max_steps;
+        uint64_t started_us;    /* wall clock µs when the job was first started */
+        uint64_t updated_us;
+        float test_accuracy;    /* -1 until evaluated */
+        float test_loss;
+        float wall_s;
+};
+
+/* One Report of one worker. Plain data; state points at the caller's string. */
+struct chief_db_progress {
+        uint64_t time_us;
+        uint32_t worker;
+        uint64_t local_step, global_step;
+        float loss, examples_per_s;
+        uint64_t examples;
+        const char *state;
+};
+
+/* Opens (creating when missing) the database at path, in WAL mode, with the schema in place.
+ * Returns 0 and a new handle in *ret, or -errno (-EIO, -EACCES, -ENOSPC, -EBUSY, -ENOMEM, ...). */
+int chief_db_open(const char *path, struct chief_db **ret);
+struct chief_db *chief_db_close(struct chief_db *db); /* NULL-safe; returns NULL */
+
+/* The job row: 0 and *ret filled, -ENOENT when the job was never recorded, or -errno. */
+int chief_db_load_job(struct chief_db *db, struct chief_db_job *ret);
+/* Inserts or replaces the job row. */
+int chief_db_save_job(struct chief_db *db, const struct chief_db_job *j);
+
+/* Appends one progress row. */
+int chief_db_add_progress(struct chief_db *db, const struct chief_db_progress *p);
+/* The latest row of worker w: 0 and *ret filled (ret->state points into state_buf), -ENOENT, or -errno. */
+int chief_db_last_progress(struct chief_db *db, uint32_t worker, struct chief_db_progress *ret, char *state_buf,
+                           size_t state_len);
+
+/* Appends one evaluation on the test split. */
+int chief_db_add_evaluation(struct chief_db *db, uint64_t time_us, uint64_t global_step, uint32_t examples,
+                            float loss, float accuracy);

@@ -1,0 +1,113 @@
+#!/usr/bin/python3
+"""Training benchmark: examples/s of the demo model for --standalone, 1 ps + 1 worker and 1 ps + 2
+workers, with the same batch and thread count, measured side by side in one run; the GFLOP/s the
+standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when Debian's python3-torch
+is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same model and batch.
+
+Prints one JSON line per measurement. Usage:
+  tests/bench/bench_train.py [--build build] [--job examples/fmnist-mlp.json] [--steps 3000] [--rounds 2]
+"""
+import argparse, json, os, subprocess, sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def model_flops_per_example(job):
+    """Multiply-adds x2 of forward, weight gradients and input gradients (none for the first layer)."""
+    m = json.load(open(job))["model"]
+    shape = list(m["input"])
+    if len(shape) == 1:
+        shape = [1, 1, shape[0]]
+    c, h, w = shape
+    flops, first = 0, True
+    for l in m["layers"]:
+        t = l["type"]
+        if t == "dense":
+            n_in = c * h * w
+            macs = n_in * l["units"]
+            flops += 2 * macs * (2 if first else 3)
+            c, h, w, first = 1, 1, l["units"], False
+        elif t == "conv2d":
+            k, f = l["kernel"], l["filters"]
+            macs = f * c * k * k * h * w
+            flops += 2 * macs * (2 if first else 3)
+            c, first = f, False
+        elif t == "maxpool2d":
+            h, w = h // l["pool"], w // l["pool"]
+        elif t == "flatten":
+            c, h, w = 1, 1, c * h * w
+    return flops
+
+
+def run(cmd, env=None):
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr[-3000:])
+        raise SystemExit("failed: %s (exit %d)" % (" ".join(cmd), out.returncode))
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    return json.loads(lines[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.environ.get("PSFLEET_BUILD_DIR", os.path.join(ROOT, "build")))
+    ap.add_argument("--job", default=os.path.join(ROOT, "examples", "fmnist-mlp.json"))
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--anchor", default=os.path.join(ROOT, "..", "shared", "anchors", "torch_fmnist.py"))
+    a = ap.parse_args()
+    psfleet = os.path.join(a.build, "services", "cli", "psfleet")
+    job = json.load(open(a.job))
+    batch = job["training"].get("batch_size", 64)
+    threads = job["training"].get("threads", 1)
+    fpe = model_flops_per_example(a.job)
+
+    sg = subprocess.run([os.path.join(a.build, "tests", "bench", "bench_sgemm")], capture_output=True, text=True)
+    sgemm = {j["threads"]: j["gflops"] for j in map(json.loads, sg.stdout.split("\n")[:-1])}
+
+    modes = [("standalone", ["--standalone"]), ("1ps+1worker", ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers", ["--ps", "1", "--workers", "2"])]
+    best = {}
+    for _ in range(a.rounds):  # interleaved rounds, best of each: the machine is shared and noisy
+        for name, extra in modes:
+            r = run([psfleet, "local", a.job, "--quiet", "--max-steps", str(a.steps)] + extra)
+            if r["examples_per_s"] > best.get(name, {}).get("examples_per_s", 0):
+                best[name] = r
+    sa = best["standalone"]["examples_per_s"]
+    for name, _ in modes:
+        r = best[name]
+        line = {"mode": name, "batch": batch, "threads": threads, "steps": a.steps,
+                "examples_per_s": round(r["examples_per_s"], 1), "ratio_to_standalone": round(r["examples_per_s"] / sa, 3),
+                "test_accuracy": r.get("test_accuracy")}
+        if name == "standalone":
+            line["gflops"] = round(sa * fpe / 1e9, 2)
+            line["sgemm_gflops_same_threads"] = sgemm.get(threads)
+            line["fraction_of_sgemm_peak"] = round(sa * fpe / 1e9 / sgemm[threads], 3) if threads in sgemm else None
+        print(json.dumps(line), flush=True)
+
+    # The anchor: PyTorch, single process, same model and batch, 1 and 2 threads.
+    try:
+        subprocess.run(["/usr/bin/python3", "-c", "import torch"], check=True, capture_output=True)
+        have_torch = os.path.exists(a.anchor)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        have_torch = False
+    if not have_torch:
+        print(json.dumps({"anchor": "pytorch", "skipped": "python3-torch or the anchor script is not installed"}))
+        return
+    model = "cnn" if any(l["type"] == "conv2d" for l in job["model"]["layers"]) else "mlp"
+    epochs = a.steps * batch / 60000
+    anchors = {}
+    for t in (1, 2):
+        r = run(["/usr/bin/python3", a.anchor, "--model", model, "--threads", str(t), "--batch", str(batch),
+                 "--epochs", "%.4f" % epochs])
+        anchors[t] = r["examples_per_s"]
+        print(json.dumps({"anchor": r["anchor"], "model": model, "threads": t, "batch": batch,
+                          "examples_per_s": r["examples_per_s"]}), flush=True)
+    top = max(anchors.values())
+    print(json.dumps({"standalone_vs_best_pytorch": round(sa / top, 3),
+                      "distributed_1ps_1worker_vs_standalone": best["1ps+1worker"]["examples_per_s"] / sa}))
+
+
+if __name__ == "__main__":
+    main()

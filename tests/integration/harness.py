@@ -1,0 +1,380 @@
+"""Integration-test harness: real daemons on loopback with free ports.
+
+Finds the build (PSFLEET_BUILD_DIR, set by CTest), writes job files with a cluster of free loopback
+ports, starts psd/workerd/chiefd (or `psfleet local`), waits for readiness through the standard
+grpc.health.v1.Health/Check, and kills every process it started, even when a test fails; then checks
+that none is left. Every process started here carries PSFLEET_TEST_TAG in its environment, so that
+grandchildren (the daemons `psfleet local` starts) can be found and accounted for too.
+
+Run with Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf). Stubs are generated at test
+time into a temporary directory with protoc and /usr/bin/grpc_python_plugin.
+"""
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+SKIP = 77  # CTest SKIP_RETURN_CODE
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE_DIR = os.environ.get("PSFLEET_SOURCE_DIR") or os.path.dirname(os.path.dirname(HERE))
+BUILD_DIR = os.environ.get("PSFLEET_BUILD_DIR") or os.path.join(SOURCE_DIR, "build")
+BIN = {
+    "psd": os.path.join(BUILD_DIR, "services", "psd", "psd"),
+    "workerd": os.path.join(BUILD_DIR, "services", "workerd", "workerd"),
+    "chiefd": os.path.join(BUILD_DIR, "services", "chiefd", "chiefd"),
+    "psfleet": os.path.join(BUILD_DIR, "services", "cli", "psfleet"),
+}
+EXAMPLE = os.path.join(SOURCE_DIR, "examples", "fmnist-mlp.json")
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+TAG = "psfleet-it-" + uuid.uuid4().hex[:12]
+
+
+def log(*a):
+    print("[%7.2f]" % (time.monotonic() - _T0), *a, file=sys.stderr, flush=True)
+
+
+_T0 = time.monotonic()
+
+
+def skip(why):
+    log("SKIP:", why)
+    sys.exit(SKIP)
+
+
+def require(*names):
+    for n in names:
+        if not os.access(BIN[n], os.X_OK):
+            skip("%s not built (%s)" % (n, BIN[n]))
+    if not os.path.isdir(DATA_DIR):
+        skip("Fashion-MNIST not installed in " + DATA_DIR)
+
+
+# ---- ports and job files -----------------------------------------------------------------------
+
+def free_ports(n):
+    """n distinct free loopback ports (held together while picking, so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class Workdir:
+    """A temporary directory for one test, removed at exit unless PSFLEET_KEEP_TEST_DIR is set."""
+
+    def __init__(self):
+        self.path = tempfile.mkdtemp(prefix="psfleet-it-")
+        if not os.environ.get("PSFLEET_KEEP_TEST_DIR"):
+            atexit.register(shutil.rmtree, self.path, True)
+
+    def file(self, name):
+        return os.path.join(self.path, name)
+
+
+def load_example():
+    with open(EXAMPLE) as f:
+        return json.load(f)
+
+
+def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None, ps=None, base=None):
+    """Writes a job file with a fresh loopback cluster; returns (path, job dict)."""
+    job = json.loads(json.dumps(base)) if base else load_example()
+    ports = free_ports(1 + n_ps + n_workers)
+    job["cluster"] = {
+        "chief": ["127.0.0.1:%d" % ports[0]],
+        "ps": ["127.0.0.1:%d" % p for p in ports[1:1 + n_ps]],
+        "worker": ["127.0.0.1:%d" % p for p in ports[1 + n_ps:]],
+    }
+    if training:
+        job.setdefault("training", {}).update(training)
+    if model:
+        job["model"] = model
+    if ps:
+        job.setdefault("ps", {}).update(ps)
+    path = wd.file(name)
+    with open(path, "w") as f:
+        json.dump(job, f, indent=2)
+    return path, job
+
+
+# ---- processes ---------------------------------------------------------------------------------
+
+_procs = []
+
+
+def child_env(extra=None):
+    env = dict(os.environ)
+    env["PSFLEET_TEST_TAG"] = TAG
+    env.pop("TF_CONFIG", None)
+    env.pop("NOTIFY_SOCKET", None)
+    # OpenBLAS starts a thread in a library constructor, before a daemon can block signals; with one
+    # thread at load time the pool is made later and inherits the mask (see psfleet local).
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+class Proc:
+    """A started process whose stderr (and stdout) go to a file in the work dir."""
+
+    def __init__(self, wd, name, argv, env=None, stdout_to_log=True):
+        self.name = name
+        self.argv = argv
+        self.log_path = wd.file(name.replace(":", "-") + ".log")
+        self.out_path = wd.file(name.replace(":", "-") + ".out")
+        self._log = open(self.log_path, "wb")
+        self._out = self._log if stdout_to_log else open(self.out_path, "wb")
+        log("start", name, " ".join(argv))
+        self.p = subprocess.Popen(argv, stdout=self._out, stderr=self._log, env=child_env(env),
+                                  stdin=subprocess.DEVNULL)
+        _procs.append(self)
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def wait(self, timeout):
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("%s did not exit within %.0f s" % (self.name, timeout))
+
+    def stderr(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stdout(self):
+        with open(self.out_path if self._out is not self._log else self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def kill(self, sig=signal.SIGTERM):
+        if self.alive():
+            self.p.send_signal(sig)
+
+
+def daemon(wd, kind, job, index=None, args=(), env=None, state_dir=None):
+    argv = [BIN[kind], "--job", job, "--state-dir", state_dir or wd.file("state")]
+    if index is not None:
+        argv += ["--task-index", str(index)]
+    argv += list(args)
+    name = {"psd": "ps", "workerd": "worker", "chiefd": "chief"}[kind] + ":%d" % (index or 0)
+    return Proc(wd, name, argv, env)
+
+
+def tagged_pids():
+    """Every live process (but us) whose environment carries this run's tag."""
+    found = []
+    needle = ("PSFLEET_TEST_TAG=" + TAG).encode()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % d, "rb") as f:
+                env = f.read().split(b"\0")
+            with open("/proc/%s/stat" % d) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            found.append(int(d))
+    return found
+
+
+def wait_no_tagged(timeout=15):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        left = tagged_pids()
+        if not left:
+            return []
+        time.sleep(0.1)
+    return tagged_pids()
+
+
+def cleanup():
+    """SIGTERM, then SIGKILL after 10 s, for everything we started; then anything still tagged."""
+    for pr in _procs:
+        pr.kill(signal.SIGTERM)
+    end = time.monotonic() + 10
+    for pr in _procs:
+        try:
+            pr.p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log("killing", pr.name)
+            pr.p.kill()
+            pr.p.wait()
+    for pid in tagged_pids():
+        log("killing leftover tagged pid", pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def main(test):
+    """Runs test(), always cleans up, fails if anything we started is left running."""
+    rc = 0
+    try:
+        test()
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        rc = 1
+    finally:
+        if rc not in (0, SKIP):
+            for pr in _procs:
+                sys.stderr.write("---- %s (%s) ----\n%s" % (pr.name, " ".join(pr.argv), pr.stderr()[-4000:]))
+        cleanup()
+        left = wait_no_tagged(5)
+        if left:
+            log("FAIL: processes left behind:", left)
+            rc = rc or 1
+    log("PASS" if rc == 0 else ("SKIP" if rc == SKIP else "FAIL (%d)" % rc))
+    sys.exit(rc)
+
+
+# ---- gRPC ---------------------------------------------------------------------------------------
+
+_stubs = None
+
+
+def stubs():
+    """Generated modules: ps_pb2, supervisor_pb2, worker_pb2 (+ _grpc), health_pb2 (+ _grpc)."""
+    global _stubs
+    if _stubs:
+        return _stubs
+    try:
+        import grpc  # noqa: F401
+    except ImportError:
+        skip("python3-grpcio is not installed for %s" % sys.executable)
+    out = tempfile.mkdtemp(prefix="psfleet-stubs-")
+    atexit.register(shutil.rmtree, out, True)
+    plugin = shutil.which("grpc_python_plugin") or "/usr/bin/grpc_python_plugin"
+    protos = ["psfleet/v1/tensor.proto", "psfleet/v1/ps.proto", "psfleet/v1/supervisor.proto",
+              "psfleet/v1/worker.proto"]
+    # health.proto from a flat path: a generated grpc/ package would shadow the grpc module.
+    shutil.copy("/usr/share/grpc-proto/grpc/health/v1/health.proto", os.path.join(out, "health.proto"))
+    try:
+        import grpc_tools.protoc  # noqa: F401
+        gen = [sys.executable, "-m", "grpc_tools.protoc"]
+        plug = []
+    except ImportError:
+        if not shutil.which("protoc") or not os.access(plugin, os.X_OK):
+            skip("neither grpc_tools nor protoc + grpc_python_plugin is available")
+        gen = ["protoc"]
+        plug = ["--plugin=protoc-gen-grpc_python=" + plugin]
+    for inc, files in ((os.path.join(SOURCE_DIR, "proto"), protos), (out, ["health.proto"])):
+        subprocess.run(gen + plug + ["-I" + inc, "--python_out=" + out, "--grpc_python_out=" + out] + files,
+                       check=True)
+    sys.path.insert(0, out)
+    import importlib
+    mods = {}
+    for m in ("tensor", "ps", "supervisor", "worker"):
+        mods[m + "_pb2"] = importlib.import_module("psfleet.v1.%s_pb2" % m)
+        if m != "tensor":
+            mods[m + "_pb2_grpc"] = importlib.import_module("psfleet.v1.%s_pb2_grpc" % m)
+    mods["health_pb2"] = importlib.import_module("health_pb2")
+    mods["health_pb2_grpc"] = importlib.import_module("health_pb2_grpc")
+
+    class S:
+        pass
+
+    _stubs = S()
+    for k, v in mods.items():
+        setattr(_stubs, k, v)
+    return _stubs
+
+
+def channel(addr):
+    import grpc
+    return grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", -1),
+                                                ("grpc.initial_reconnect_backoff_ms", 100),
+                                                ("grpc.max_reconnect_backoff_ms", 500)])
+
+
+def healthy(addr, timeout=0.5):
+    import grpc
+    s = stubs()
+    with channel(addr) as ch:
+        try:
+            r = s.health_pb2_grpc.HealthStub(ch).Check(s.health_pb2.HealthCheckRequest(), timeout=timeout)
+            return r.status == s.health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+
+
+def wait_healthy(addr, proc=None, timeout=30):
+    """Polls Health/Check (short deadlines) until SERVING; fails early if proc exits."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if healthy(addr):
+            return
+        if proc is not None and not proc.alive():
+            raise AssertionError("%s exited with %s before it was ready:\n%s"
+                                 % (proc.name, proc.p.returncode, proc.stderr()[-3000:]))
+        time.sleep(0.1)
+    raise AssertionError("%s not healthy after %.0f s" % (addr, timeout))
+
+
+def job_status(chief_addr, timeout=2.0):
+    s = stubs()
+    with channel(chief_addr) as ch:
+        return s.supervisor_pb2_grpc.SupervisorStub(ch).GetStatus(s.supervisor_pb2.StatusRequest(),
+                                                                  timeout=timeout)
+
+
+def wait_state(chief_addr, state_name, timeout=60, procs=()):
+    """Waits until the chief reports JOB_STATE_<state_name>; returns that JobStatus."""
+    import grpc
+    s = stubs()
+    want = s.supervisor_pb2.JobState.Value("JOB_STATE_" + state_name)
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        try:
+            last = job_status(chief_addr)
+            if last.state == want:
+                return last
+            if last.state == s.supervisor_pb2.JOB_STATE_FAILED:
+                raise AssertionError("job failed: " + last.reason)
+        except grpc.RpcError as e:
+            last = e
+        for p in procs:
+            if not p.alive() and p.p.returncode != 0:
+                raise AssertionError("%s exited with %s:\n%s" % (p.name, p.p.returncode, p.stderr()[-3000:]))
+        time.sleep(0.2)
+    raise AssertionError("chief not %s after %.0f s; last: %s" % (state_name, timeout, last))
+
+
+def psfleet_local(wd, job, args=(), env=None, name="psfleet-local"):
+    """Starts `psfleet local` (stdout kept apart: the JSON line)."""
+    e = {"TMPDIR": wd.path}
+    if env:
+        e.update(env)
+    return Proc(wd, name, [BIN["psfleet"], "local", job] + list(args), e, stdout_to_log=False)
+
+
+def result_line(proc):
+    lines = [l for l in proc.stdout().splitlines() if l.strip()]
+    assert len(lines) == 1, "expected one JSON line on stdout, got %r" % lines
+    return json.loads(lines[0])
