@@ -540,3 +540,23 @@ int wire_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d, Proto
         *ret = m;
         return 0;
 }
+
+void wire_reader_init(struct wire_reader *r, const struct wire_tensor *t) {
+        *r = (struct wire_reader){.t = t};
+}
+
+void wire_reader_read(struct wire_reader *r, void *dst, size_t n) {
+        uint8_t *p = dst;
+        while (n > 0 && r->seg < r->t->n_segs) {
+                const struct wire_seg *g = &r->t->segs[r->seg];
+                size_t k = g->n - r->off < n ? g->n - r->off : n;
+                memcpy(p, g->p + r->off, k);
+                p += k;
+                n -= k;
+                r->off += k;
+                if (r->off == g->n) {
+                        r->seg++;
+                        r->off = 0;
+                }
+        }
+}

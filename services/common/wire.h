@@ -97,5 +97,15 @@ int wire_in_header(const struct wire_in *in, const ProtobufCMessageDescriptor *d
 /* Copies the tensor's bytes into dst (nbytes of room). */
 void wire_tensor_copy(const struct wire_tensor *t, void *dst);
 
+/* Reads a tensor's bytes a piece at a time, e.g. through a small buffer that stays in cache, so a
+ * consumer (the optimizer) reads gradients without a full-size copy. */
+struct wire_reader {
+        const struct wire_tensor *t;
+        size_t seg, off;
+};
+void wire_reader_init(struct wire_reader *r, const struct wire_tensor *t);
+/* Copies the next n bytes (the caller keeps within nbytes) into dst. */
+void wire_reader_read(struct wire_reader *r, void *dst, size_t n);
+
 /* Unpacks a whole message without tensors from a byte buffer (not taken). */
 int wire_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d, ProtobufCMessage **ret);

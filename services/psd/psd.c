@@ -27,6 +27,8 @@
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 
+#define PSD_BOUNCE 4096   /* floats: gradients stream through this much stack, in cache */
+
 struct part {
         uint32_t var;
         const char *name;        /* the variable's */
@@ -152,7 +154,6 @@ static void on_push(struct rpc_call *call, void *ud) {
         struct wire_in *in = NULL;
         ProtobufCMessage *hm = NULL;
         struct part **parts = NULL;
-        float *grads = NULL;
         struct lent *vals = NULL;
         struct wire_out *o = NULL;
         int r;
@@ -192,29 +193,44 @@ static void on_push(struct rpc_call *call, void *ud) {
                         }
                 total += parts[i]->n;
         }
-        /* one copy out of gRPC's slices into aligned memory the optimizer reads */
-        grads = malloc(total ? total * sizeof(float) : 1);
+        /* Gradients stream out of gRPC's slices through a small buffer that stays in cache: checked
+         * for NaN/Inf first (nothing is applied unless all are finite), then applied. */
         vals = malloc(sizeof(*vals) + (h->want_values ? total : 0) * sizeof(float));
-        if (!grads || !vals)
+        if (!vals)
                 goto oom;
-        for (size_t i = 0, at = 0; i < in->n_tensors; at += parts[i]->n, i++) {
-                wire_tensor_copy(&in->tensors[i], grads + at);
-                if (!optim_all_finite(grads + at, parts[i]->n)) {
-                        snprintf(err, sizeof(err), "gradient \"%s\" from %s contains NaN or Inf; nothing applied",
-                                 in->tensors[i].name, h->caller->task);
-                        r = -EINVAL;
-                        goto reject;
+        float bounce[PSD_BOUNCE] __attribute__((aligned(64)));
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                struct wire_reader rd;
+                wire_reader_init(&rd, &in->tensors[i]);
+                for (size_t at = 0; at < parts[i]->n; at += PSD_BOUNCE) {
+                        size_t k = parts[i]->n - at < PSD_BOUNCE ? parts[i]->n - at : PSD_BOUNCE;
+                        wire_reader_read(&rd, bounce, k * sizeof(float));
+                        if (!optim_all_finite(bounce, k)) {
+                                snprintf(err, sizeof(err), "gradient \"%s\" from %s contains NaN or Inf; nothing applied",
+                                         in->tensors[i].name, h->caller->task);
+                                r = -EINVAL;
+                                goto reject;
+                        }
                 }
         }
 
         /* apply */
-        for (size_t i = 0, at = 0; i < in->n_tensors; at += parts[i]->n, i++) {
+        for (size_t i = 0, vat = 0; i < in->n_tensors; vat += parts[i]->n, i++) {
                 struct part *q = parts[i];
+                struct wire_reader rd;
+                wire_reader_init(&rd, &in->tensors[i]);
                 pthread_mutex_lock(&q->mu);
-                optim_apply(&p->cfg->training, q->updates, q->w, grads + at, q->slot, q->n);
+                for (size_t at = 0; at < q->n; at += PSD_BOUNCE) {
+                        size_t k = q->n - at < PSD_BOUNCE ? q->n - at : PSD_BOUNCE;
+                        float *sl[OPTIM_MAX_SLOTS] = {0};
+                        for (unsigned s = 0; s < p->n_slots; s++)
+                                sl[s] = q->slot[s] + at;
+                        wire_reader_read(&rd, bounce, k * sizeof(float));
+                        optim_apply(&p->cfg->training, q->updates, q->w + at, bounce, sl, k);
+                }
                 q->updates++;
                 if (h->want_values)
-                        memcpy(vals->data + at, q->w, q->n * sizeof(float));
+                        memcpy(vals->data + vat, q->w, q->n * sizeof(float));
                 pthread_mutex_unlock(&q->mu);
         }
         uint64_t gs = 0;
@@ -254,7 +270,6 @@ reject:
 out:
         wire_out_free(o);
         free(vals);
-        free(grads);
         free(parts);
         if (hm)
                 protobuf_c_message_free_unpacked(hm, NULL);

@@ -233,6 +233,28 @@ static void test_unknown_fields_skipped(void **state) {
         wire_in_free(in);
 }
 
+static void test_reader_in_pieces(void **state) {
+        (void)state;
+        float w[1000], b[2] = {1, 2};
+        for (int i = 0; i < 1000; i++)
+                w[i] = (float)i * 0.5f;
+        grpc_byte_buffer *bb = build_push(w, 1000, b, 2);
+        uint8_t *flat;
+        size_t n = flatten(bb, &flat);
+        grpc_byte_buffer_destroy(bb);
+        /* slices of 13 bytes: floats straddle them; read in pieces of 7 floats */
+        struct wire_in *in;
+        assert_int_equal(wire_in_parse(chopped(flat, n, 13), &in, NULL, 0), 0);
+        struct wire_reader rd;
+        wire_reader_init(&rd, &in->tensors[0]);
+        float got[1000];
+        for (size_t at = 0; at < 1000; at += 7)
+                wire_reader_read(&rd, got + at, (1000 - at < 7 ? 1000 - at : 7) * sizeof(float));
+        assert_memory_equal(got, w, sizeof(w));
+        wire_in_free(in);
+        free(flat);
+}
+
 static void test_dtype_size(void **state) {
         (void)state;
         assert_int_equal(wire_dtype_size(WIRE_DTYPE_FLOAT32), 4);
@@ -249,6 +271,7 @@ int main(void) {
                 cmocka_unit_test(test_malformed),
                 cmocka_unit_test(test_truncation_everywhere),
                 cmocka_unit_test(test_unknown_fields_skipped),
+                cmocka_unit_test(test_reader_in_pieces),
                 cmocka_unit_test(test_dtype_size),
         };
         int r = cmocka_run_group_tests(tests, NULL, NULL);
