@@ -18,6 +18,9 @@ PKGS=(
   python3 python3-grpcio python3-protobuf protobuf-compiler-grpc python3-numpy  # Python test clients
   dataset-fashion-mnist       # the demo's data
   procps psmisc               # pgrep/pkill in tests
+  python3-venv                # a venv for PyPI test tools (safetensors, tensorboard)
+  debootstrap systemd-container  # the system test: a Debian container booted with systemd-nspawn
+  dpkg-dev lintian rpm rpmlint   # building and checking the .deb and .rpm packages
 )
 
 missing=()

@@ -1,0 +1,154 @@
+# A Debian container booted with systemd-nspawn, for tests that need a real systemd (PID 1 on the test
+# machines is not systemd). Source this file, then:
+#   ct_boot NAME TARBALL WORKDIR [systemd-nspawn options...]   unpack, boot, wait until systemd is up
+#   ct NAME... / ct_sh 'script'                                 run a command / a bash script inside
+#   ct_teardown                                                 power off, kill if need be, remove the
+#                                                               cgroup and the unpacked rootfs
+# ct_teardown is safe to call twice and from an EXIT trap, whatever state ct_boot reached.
+# What works on these machines, and why each step is here: ../../../shared/notes/systemd-container.md.
+
+CT_NAME=
+CT_DIR=
+CT_CGROUP=
+CT_NSPAWN_PID=
+CT_INIT_PID=
+
+ct_log() { printf '%s [%6.1fs] %s\n' "$(date +%H:%M:%S)" "$(ct_elapsed)" "$*" >&2; }
+ct_elapsed() { awk -v s="${CT_T0:-0}" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f", n - s }'; }
+CT_T0=${CT_T0:-$(date +%s.%N)}
+
+# The cgroup the container lives in: its own, so that teardown can remove everything nspawn made.
+# The hosts have a hybrid v1/v2 layout (v2 at /sys/fs/cgroup/unified); a pure v2 host has it at the top.
+ct_cgroup_root() {
+        if [ -f /sys/fs/cgroup/unified/cgroup.procs ]; then
+                echo /sys/fs/cgroup/unified
+        elif [ -f /sys/fs/cgroup/cgroup.procs ] && [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
+                echo /sys/fs/cgroup
+        else
+                return 1
+        fi
+}
+
+ct_boot() {
+        local name=$1 tarball=$2 dir=$3
+        shift 3
+        CT_NAME=$name
+        CT_DIR=$dir
+        mkdir -p "$dir/root"
+        tar -C "$dir/root" --numeric-owner -xf "$tarball"
+        local cgroot
+        cgroot=$(ct_cgroup_root) || { ct_log "no cgroup2 hierarchy to put the container in"; return 1; }
+        CT_CGROUP=$cgroot/psfleet-test-$name
+        mkdir -p "$CT_CGROUP"
+        # The subshell moves itself into the new cgroup, then becomes nspawn.
+        (
+                echo "$BASHPID" >"$CT_CGROUP/cgroup.procs"
+                SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 exec systemd-nspawn -q -b --register=no --keep-unit \
+                        --console=read-only -M "$name" -D "$dir/root" "$@"
+        ) >"$dir/console.log" 2>&1 </dev/null &
+        CT_NSPAWN_PID=$!
+        local i
+        for i in $(seq 1 200); do
+                CT_INIT_PID=$(cat "/proc/$CT_NSPAWN_PID/task/$CT_NSPAWN_PID/children" 2>/dev/null | awk '{print $1}')
+                [ -n "$CT_INIT_PID" ] && break
+                if ! ct_alive "$CT_NSPAWN_PID"; then
+                        ct_log "systemd-nspawn exited early:"; tail -n 20 "$dir/console.log" >&2; return 1
+                fi
+                sleep 0.05
+        done
+        [ -n "$CT_INIT_PID" ] || { ct_log "no init process in the container"; return 1; }
+        # systemd is up once it answers; `is-system-running --wait` returns when boot is over.
+        # (at most 2 minutes: before its D-Bus is up, systemctl fails at once, hence the loop)
+        local state= deadline=$((SECONDS + 120))
+        while [ $SECONDS -lt $deadline ]; do
+                state=$(ct timeout $((deadline - SECONDS + 1)) systemctl is-system-running --wait 2>/dev/null) && break
+                case $state in running|degraded) break ;; esac
+                sleep 0.1
+        done
+        case $state in
+        running) ;;
+        degraded) ct_log "container booted degraded:"; ct systemctl --failed --no-pager >&2 || true ;;
+        *) ct_log "container did not boot (state \"$state\")"; tail -n 30 "$dir/console.log" >&2; return 1 ;;
+        esac
+        ct_log "container $name booted (nspawn $CT_NSPAWN_PID, init $CT_INIT_PID)"
+}
+
+# Runs a command inside, with a clean environment.
+ct() {
+        nsenter -t "$CT_INIT_PID" -a -- env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+                LANG=C.UTF-8 TERM=dumb SYSTEMD_PAGER= SYSTEMD_COLORS=0 DEBIAN_FRONTEND=noninteractive "$@"
+}
+
+ct_sh() { ct bash -euo pipefail -c "$1"; }
+
+# Whether PID is running: a zombie (exited, not yet reaped by this shell) is not.
+ct_alive() {
+        local st
+        st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+        [ -n "$st" ] && [ "$st" != Z ]
+}
+
+ct_teardown() {
+        local rc=0 i
+        if [ -n "$CT_NSPAWN_PID" ] && ct_alive "$CT_NSPAWN_PID"; then
+                # SIGRTMIN+4 asks systemd for a poweroff; nspawn exits when the container has.
+                [ -n "$CT_INIT_PID" ] && kill -s RTMIN+4 "$CT_INIT_PID" 2>/dev/null || true
+                # The psfleet units may take their TimeoutStopSec=30s. Once the container has said
+                # "Powering off.", nspawn normally exits at once; now and then (on a loaded host) it
+                # lingers, and then it is killed: the container itself is down by then.
+                local off=0
+                for i in $(seq 1 450); do
+                        ct_alive "$CT_NSPAWN_PID" || break
+                        if grep -q "^Powering off" "$CT_DIR/console.log" 2>/dev/null; then
+                                off=$((off + 1))
+                                [ $off -lt 100 ] || break
+                        fi
+                        sleep 0.1
+                done
+                if ct_alive "$CT_NSPAWN_PID"; then
+                        if [ $off -ge 100 ]; then
+                                ct_log "container $CT_NAME powered off, but systemd-nspawn lingers: killing it"
+                        else
+                                ct_log "container $CT_NAME did not power off in 45 s: killing it"
+                                rc=1
+                        fi
+                        kill -KILL "$CT_NSPAWN_PID" 2>/dev/null || true
+                fi
+                wait "$CT_NSPAWN_PID" 2>/dev/null || true
+        fi
+        if [ -n "$CT_CGROUP" ] && [ -d "$CT_CGROUP" ]; then
+                # Whatever is left (a killed container's processes): kill it, then remove the tree, deepest
+                # directories first.
+                local procs
+                for i in $(seq 1 50); do
+                        procs=$(find "$CT_CGROUP" -name cgroup.procs -exec cat {} + 2>/dev/null)
+                        [ -z "$procs" ] && break
+                        [ -f "$CT_CGROUP/cgroup.kill" ] && echo 1 >"$CT_CGROUP/cgroup.kill" 2>/dev/null ||
+                                kill -KILL $procs 2>/dev/null || true
+                        sleep 0.1
+                done
+                # (a cgroup whose children are still being released may refuse rmdir for a moment)
+                for i in $(seq 1 20); do
+                        find "$CT_CGROUP" -depth -type d -exec rmdir {} + 2>/dev/null || true
+                        [ -d "$CT_CGROUP" ] || break
+                        sleep 0.1
+                done
+                if [ -d "$CT_CGROUP" ]; then
+                        ct_log "could not remove the cgroup $CT_CGROUP"
+                        rc=1
+                fi
+        fi
+        if [ -n "$CT_DIR" ] && [ -d "$CT_DIR/root" ]; then
+                # Nothing may still be mounted below the rootfs before it is deleted.
+                if grep -q " $CT_DIR/root" /proc/self/mounts; then
+                        ct_log "mounts left below $CT_DIR/root; not deleting it"
+                        rc=1
+                else
+                        rm -rf "$CT_DIR/root"
+                fi
+        fi
+        CT_NSPAWN_PID=
+        CT_INIT_PID=
+        CT_CGROUP=
+        return $rc
+}

@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# The system test: psfleet's .deb packages on a real systemd. Boots a Debian 12 container with
+# systemd-nspawn, apt-installs the packages there, runs a small job (1 chief, 2 ps, 2 workers) as
+# systemd services, checks readiness, status lines, a restart after kill -9, the end of the job and
+# `psfleet status`, then stops everything and purges the packages, leaving no unit or user behind.
+# The container and its cgroups are removed whatever happens.
+#
+#   nspawn_test.sh PACKAGE_DIR        (the .debs, from packages_test.sh)
+# Environment: PSFLEET_TEST_CACHE (rootfs and apt cache; default /var/cache/psfleet-test),
+#              PSFLEET_TEST_KEEP=1 (leave the work directory for inspection after a failure),
+#              PSFLEET_TEST_ARTIFACTS=DIR (copy the `systemd-analyze security` reports there)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+pkgdir=$(cd "${1:?usage: nspawn_test.sh PACKAGE_DIR}" && pwd)
+cache=${PSFLEET_TEST_CACHE:-/var/cache/psfleet-test}
+data=/usr/share/datasets/fashion-mnist
+job=systest
+CT_T0=$(date +%s.%N)
+. "$here/container.sh"
+
+fail() { ct_log "FAIL: $*"; exit 1; }
+step() { ct_log "--- $*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+        echo "nspawn_test: needs root (systemd-nspawn); skipping" >&2
+        exit 77
+fi
+for t in systemd-nspawn nsenter debootstrap python3; do
+        command -v "$t" >/dev/null || fail "$t is missing (Debian packages: systemd-container, util-linux, debootstrap, python3)"
+done
+[ -f "$data/train-images-idx3-ubyte.gz" ] || fail "$data is missing (Debian package dataset-fashion-mnist)"
+debs=()
+for p in psfleet-common psfleet-psd psfleet-workerd psfleet-chiefd psfleet; do
+        f=$(ls "$pkgdir"/${p}_*.deb 2>/dev/null | head -n1)
+        [ -n "$f" ] || fail "no $p .deb in $pkgdir"
+        debs+=("/mnt/pkgs/$(basename "$f")")
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-systest.XXXXXX")
+name=psfleet-$$
+dump_logs() {
+        [ -n "$CT_INIT_PID" ] || return 0
+        ct_log "the units, and the journal of the psfleet units:"
+        ct systemctl list-units --all --no-pager 'psfleet*' >&2 || true
+        ct journalctl --no-pager -o short-monotonic -u 'psfleet-*' -n 200 >&2 || true
+}
+cleanup() {
+        local rc=$?
+        [ $rc -ne 0 ] && dump_logs
+        ct_teardown || rc=1
+        if [ "${PSFLEET_TEST_KEEP:-0}" != 1 ] || [ $rc -eq 0 ]; then
+                rm -rf "$work"
+        fi
+        ct_log "system test $([ $rc -eq 0 ] && echo passed || echo FAILED) in $(ct_elapsed) s"
+        exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step "root filesystem"
+tarball=$(bash "$here/rootfs.sh" "$cache")
+ct_log "rootfs $tarball"
+
+# The job's ports: free on the host now (the container shares the host's network).
+read -r p_chief p_ps0 p_ps1 p_w0 p_w1 < <(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(5)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+
+step "boot"
+mkdir -p "$cache/apt-archives/partial"
+ct_boot "$name" "$tarball" "$work" \
+        --bind-ro="$pkgdir:/mnt/pkgs" --bind-ro="$data:$data" \
+        --bind="$cache/apt-archives:/var/cache/apt/archives"
+
+step "apt install ${debs[*]##*/}"
+# Every step is bounded, so that the EXIT trap (teardown) always runs before CTest's own timeout.
+if ! ct timeout 300 apt-get install -y -q "${debs[@]}" >"$work/apt.log" 2>&1; then
+        # The cached package lists may be stale: refresh them once.
+        ct timeout 180 apt-get update -q >>"$work/apt.log" 2>&1 || true
+        ct timeout 300 apt-get install -y -q "${debs[@]}" >>"$work/apt.log" 2>&1 ||
+                { tail -n 40 "$work/apt.log" >&2; fail "apt install"; }
+fi
+grep -E "^(Unpacking|Setting up) " "$work/apt.log" | sed 's/^/  /' >&2 || true
+ct getent passwd psfleet >/dev/null || fail "no psfleet user after install"
+ct test -d /var/lib/psfleet || fail "no /var/lib/psfleet after install"
+for u in psfleet-psd@ psfleet-workerd@ psfleet-chiefd@; do
+        st=$(ct systemctl is-active "${u}$job:0.service" || true)
+        [ "$st" = inactive ] || fail "$u$job:0 is \"$st\" right after install: the packages must start nothing"
+done
+
+step "systemd-analyze verify (templates through a colon-free instance) and security"
+for u in psfleet-psd@check.service psfleet-workerd@check.service psfleet-chiefd@check.service psfleet.target; do
+        out=$(ct systemd-analyze verify --man=no "$u" 2>&1) || fail "systemd-analyze verify $u: $out"
+        [ -z "$out" ] || fail "systemd-analyze verify $u warns: $out"
+done
+for u in psfleet-psd@check.service psfleet-chiefd@check.service psfleet-workerd@check.service; do
+        ct systemd-analyze security --no-pager "$u" >"$work/security-$u.txt" 2>&1 || true
+        [ -z "${PSFLEET_TEST_ARTIFACTS:-}" ] || { mkdir -p "$PSFLEET_TEST_ARTIFACTS"; cp "$work/security-$u.txt" "$PSFLEET_TEST_ARTIFACTS/"; }
+        e=$(sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p' "$work/security-$u.txt")
+        ct_log "exposure $u: $e"
+        case $u in
+        psfleet-workerd*) ;;
+        *) awk -v e="$e" 'BEGIN { exit !(e != "" && e <= 2.0) }' || fail "$u: exposure $e > 2.0" ;;
+        esac
+done
+
+step "job $job: chief :$p_chief, ps :$p_ps0 :$p_ps1, workers :$p_w0 :$p_w1"
+ct tee /etc/psfleet/jobs/$job.json >/dev/null <<EOF
+{
+  "job": "$job",
+  "cluster": {
+    "chief": ["127.0.0.1:$p_chief"],
+    "ps": ["127.0.0.1:$p_ps0", "127.0.0.1:$p_ps1"],
+    "worker": ["127.0.0.1:$p_w0", "127.0.0.1:$p_w1"]
+  },
+  "model": {
+    "input": [784],
+    "seed": 1,
+    "layers": [{"type": "dense", "units": 64}, {"type": "relu"}, {"type": "dense", "units": 10}]
+  },
+  "data": {"dir": "$data"},
+  "training": {
+    "batch_size": 32, "optimizer": "momentum", "momentum": 0.9, "learning_rate": 0.01,
+    "max_steps": 3000, "report_every_steps": 20, "threads": 1, "seed": 1
+  }
+}
+EOF
+ps0=psfleet-psd@$job:0.service ps1=psfleet-psd@$job:1.service
+w0=psfleet-workerd@$job:0.service w1=psfleet-workerd@$job:1.service
+chief=psfleet-chiefd@$job.service
+all=("$chief" "$ps0" "$ps1" "$w0" "$w1")
+# Enabled instances belong to psfleet.target (the node's set); the purge below must remove the links.
+ct systemctl enable -q "${all[@]}" || fail "systemctl enable"
+
+prop() { ct systemctl show -P "$2" "$1"; }
+# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s.
+wait_for() {
+        local secs=$1 what=$2 i
+        shift 2
+        for i in $(seq 1 $((secs * 5))); do
+                "$@" && return 0
+                sleep 0.2
+        done
+        fail "timed out after $secs s waiting for $what"
+}
+is_active() { [ "$(prop "$1" ActiveState)" = active ]; }
+is_inactive() { [ "$(prop "$1" ActiveState)" = inactive ]; }
+status_has() { local u=$1; shift; prop "$u" StatusText | grep -q "$@"; }
+
+step "start the parameter servers"
+ct systemctl start "$ps0" "$ps1" || fail "systemctl start $ps0 $ps1"
+# Type=notify: start returns once READY=1 came.
+for u in "$ps0" "$ps1"; do
+        is_active "$u" || fail "$u is not active after start"
+        wait_for 10 "$u's STATUS=" status_has "$u" uninitialized
+        ct_log "$u: $(prop "$u" StatusText)"
+done
+[ "$(prop "$ps0" User)" = psfleet ] || fail "$ps0 does not run as psfleet"
+
+step "kill -9 a running psd: systemd restarts it"
+old=$(prop "$ps1" MainPID)
+[ "$old" -gt 0 ] || fail "$ps1 has no main PID"
+ct bash -c "kill -9 $old"
+restarted() { [ "$(prop "$ps1" NRestarts)" -ge 1 ] && is_active "$ps1" && [ "$(prop "$ps1" MainPID)" != "$old" ]; }
+wait_for 20 "$ps1 to be restarted" restarted
+ct_log "$ps1: PID $old killed, now PID $(prop "$ps1" MainPID), NRestarts=$(prop "$ps1" NRestarts)"
+wait_for 10 "$ps1's STATUS= after the restart" status_has "$ps1" uninitialized
+
+step "start the chief"
+ct systemctl start "$chief" || fail "systemctl start $chief"
+# "ready: global_step 0/600, waiting for workers", then "step 0/600, ..." while no worker has pushed
+wait_for 30 "the chief to declare the job ready" status_has "$chief" -E "^(ready|step 0/)"
+ct systemctl status --no-pager "$chief" >"$work/status.txt" 2>&1 || true
+grep -qE "Status: \"(ready|step 0/)" "$work/status.txt" ||
+        { cat "$work/status.txt" >&2; fail "systemctl status $chief shows no STATUS= line"; }
+ct_log "systemctl status $chief: $(grep 'Status:' "$work/status.txt" | sed 's/^ *//')"
+for u in "$ps0" "$ps1"; do wait_for 10 "$u to be assigned" status_has "$u" "^serving"; done
+
+step "start the workers"
+ct systemctl start "$w0" "$w1" || fail "systemctl start $w0 $w1"
+seen_step=
+training_or_done() {
+        local s
+        s=$(prop "$chief" StatusText)
+        case $s in "step 0/"*) ;; step\ *) [ -n "$seen_step" ] || { seen_step=$s; ct_log "$chief: $s"; } ;; esac
+        case $s in done*) return 0 ;; failed*) fail "the job failed: $s" ;; esac
+        return 1
+}
+wait_for 240 "the job to finish" training_or_done
+ct_log "$chief: $(prop "$chief" StatusText)"
+[ -n "$seen_step" ] || ct_log "(the job finished before a step N/M status line was seen)"
+
+step "psfleet status"
+ct timeout 30 psfleet status --job /etc/psfleet/jobs/$job.json | tee "$work/psfleet-status.txt" | sed 's/^/  /' >&2 ||
+        fail "psfleet status failed"
+grep -q "^job $job: done" "$work/psfleet-status.txt" || fail "psfleet status does not say the job is done"
+is_active "$chief" || fail "$chief should keep serving after the job is done"
+# Workers exit 0 at max_steps, the ps when the chief stops them: inactive, not failed.
+for u in "$w0" "$w1" "$ps0" "$ps1"; do
+        wait_for 30 "$u to exit" is_inactive "$u"
+        r=$(prop "$u" Result)
+        [ "$r" = success ] || fail "$u ended with result \"$r\""
+done
+
+step "journal fields"
+ct journalctl --no-pager -o json -u 'psfleet-*' JOB=$job >"$work/journal.json"
+for t in chief:0 ps:0 ps:1 worker:0 worker:1; do
+        grep -q "\"TASK\":\"$t\"" "$work/journal.json" || fail "no journal entry with JOB=$job TASK=$t"
+done
+grep -q '"STEP":"' "$work/journal.json" || fail "no journal entry with a STEP= field"
+ct_log "journalctl -u 'psfleet-*' JOB=$job: $(wc -l <"$work/journal.json") entries from 5 tasks"
+
+step "stop everything"
+ct systemctl stop psfleet.target "${all[@]}" || fail "systemctl stop"
+for u in "${all[@]}"; do
+        st=$(prop "$u" ActiveState)
+        [ "$st" = inactive ] || fail "$u is $st after stop"
+done
+
+step "apt purge"
+ct timeout 180 apt-get purge -y -q psfleet-common psfleet-psd psfleet-workerd psfleet-chiefd psfleet >"$work/purge.log" 2>&1 ||
+        { tail -n 30 "$work/purge.log" >&2; fail "apt purge"; }
+left=$(ct bash -c 'ls -d /usr/lib/systemd/system/psfleet* /etc/systemd/system/*/psfleet* /etc/systemd/system/psfleet* \
+        /var/lib/psfleet /usr/bin/psd /usr/bin/workerd /usr/bin/chiefd /usr/bin/psfleet 2>/dev/null' || true)
+[ -z "$left" ] || fail "left behind after purge: $left"
+units=$(ct systemctl list-units --all --no-legend --plain 'psfleet*' || true)
+[ -z "$units" ] || fail "units still loaded after purge: $units"
+files=$(ct systemctl list-unit-files --no-legend 'psfleet*' || true)   # exits 1 when nothing matches
+[ -z "$files" ] || fail "unit files still known after purge: $files"
+ct getent passwd psfleet >/dev/null && fail "the psfleet user is still there after purge"
+ct getent group psfleet >/dev/null && fail "the psfleet group is still there after purge"
+ct_log "purged: no unit, file, user or group left"
