@@ -85,7 +85,8 @@ struct worker {
         char step_msg[600];
 
         uint64_t local_step, global_step, examples;
-        uint64_t wait_us, push_us;  /* time spent waiting for fresh values, and starting pushes */
+        uint64_t wait_us, push_us;
+        uint64_t wd_usec, wd_last;  /* systemd's watchdog interval, and when it was last fed */  /* time spent waiting for fresh values, and starting pushes */
         atomic_bool stop;
         float last_loss;
         double ex_per_s;
@@ -103,6 +104,18 @@ static void set_state(struct worker *w, const char *fmt, ...) {
         va_end(ap);
         pthread_mutex_unlock(&w->st_mu);
         notify_status("%s", w->state);
+}
+
+/* The watchdog is fed after each step, and on each round of a bounded wait: a worker stuck anywhere
+ * else (a hung BLAS call, a deadlock) stops feeding it and systemd restarts it. */
+static void feed_watchdog(struct worker *w) {
+        if (!w->wd_usec)
+                return;
+        uint64_t now = mono_us();
+        if (now - w->wd_last >= w->wd_usec / 4) {
+                notify_watchdog();
+                w->wd_last = now;
+        }
 }
 
 static bool signalled(struct worker *w) {
@@ -201,6 +214,7 @@ static int join(struct worker *w) {
                         snprintf(last, sizeof(last), "%s", why);
                 }
                 set_state(w, "%s", why);
+                feed_watchdog(w);
                 if (mono_us() > deadline) {
                         log_error("gave up after supervisor.ready_timeout_secs=%llu: %s",
                                   (unsigned long long)w->cfg->supervisor.ready_timeout_secs, why);
@@ -231,6 +245,7 @@ static int pull_all(struct worker *w) {
                         return model_params_sync(w->m);
                 }
                 set_state(w, "waiting: cannot read the parameters: %s", err);
+                feed_watchdog(w);
                 if (mono_us() > deadline || (r != -EAGAIN && r != -ETIMEDOUT))
                         return log_error_errno(r, "cannot read the parameters: %s", err);
                 log_info("cannot read the parameters yet: %s; retrying", err);
@@ -487,6 +502,7 @@ static int train(struct worker *w) {
                 }
                 if (w->loss_log)
                         trainer_log_loss(w->loss_log, w->local_step, loss);
+                feed_watchdog(w);
                 pthread_mutex_lock(&w->st_mu);
                 w->local_step++;
                 w->examples += t->batch_size;
@@ -687,6 +703,7 @@ static int run(int argc, char **argv) {
                 goto out;
         }
         notify_ready();
+        w.wd_usec = notify_watchdog_usec();
         r = join(&w);
         if (r == -EPERM) {
                 ret = CONFIG_EX_CONFIG;
