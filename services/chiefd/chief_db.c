@@ -3,13 +3,14 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define CHIEF_DB_SCHEMA_VERSION 1
+#define CHIEF_DB_SCHEMA_VERSION 2
 
 struct chief_db {
         sqlite3 *h;
@@ -92,7 +93,21 @@ static const char schema[] =
         "  global_step INTEGER NOT NULL,"
         "  examples INTEGER NOT NULL,"
         "  loss REAL NOT NULL,"
-        "  accuracy REAL NOT NULL);";
+        "  accuracy REAL NOT NULL);"
+        /* Version 2. A row exists only for a file that was complete and durable before the row was
+         * committed; chiefd removes files without a row at start. */
+        "CREATE TABLE IF NOT EXISTS checkpoints ("
+        "  global_step INTEGER PRIMARY KEY,"
+        "  time_us INTEGER NOT NULL,"
+        "  path TEXT NOT NULL,"
+        "  bytes INTEGER NOT NULL,"
+        "  checksum TEXT NOT NULL,"              /* crc32c:%08x of the whole file */
+        "  loss REAL,"                           /* NULL: unknown */
+        "  eval_step INTEGER NOT NULL,"
+        "  eval_accuracy REAL NOT NULL,"
+        "  eval_loss REAL NOT NULL,"
+        "  trigger TEXT NOT NULL);"
+        "CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints (time_us, global_step);";
 
 int chief_db_open(const char *path, struct chief_db **ret) {
         struct chief_db *db = calloc(1, sizeof(*db));
@@ -273,4 +288,203 @@ int chief_db_add_evaluation(struct chief_db *db, uint64_t time_us, uint64_t glob
                         "INSERT INTO evaluations (time_us, global_step, examples, loss, accuracy)"
                         " VALUES (?, ?, ?, ?, ?)",
                         bind_eval, &e);
+}
+
+int chief_db_last_evaluation(struct chief_db *db, uint64_t *step_ret, float *loss_ret, float *accuracy_ret) {
+        sqlite3_stmt *st = NULL;
+        pthread_mutex_lock(&db->lock);
+        int rc = sqlite3_prepare_v2(db->h, "SELECT global_step, loss, accuracy FROM evaluations ORDER BY id DESC LIMIT 1",
+                                    -1, &st, NULL);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_step(st);
+        int r = rc == SQLITE_DONE ? -ENOENT : db_errno(db->h, rc);
+        if (rc == SQLITE_ROW) {
+                *step_ret = (uint64_t)sqlite3_column_int64(st, 0);
+                *loss_ret = (float)sqlite3_column_double(st, 1);
+                *accuracy_ret = (float)sqlite3_column_double(st, 2);
+        }
+        sqlite3_finalize(st);
+        pthread_mutex_unlock(&db->lock);
+        return r;
+}
+
+/* ---- checkpoints ---- */
+
+#define CKPT_COLUMNS "global_step, time_us, path, bytes, checksum, loss, eval_step, eval_accuracy, eval_loss, trigger"
+
+static const char *text_or_empty(sqlite3_stmt *st, int col) {
+        const char *t = (const char *)sqlite3_column_text(st, col);
+        return t ? t : "";
+}
+
+static void read_ckpt(sqlite3_stmt *st, struct chief_db_checkpoint *c) {
+        memset(c, 0, sizeof(*c));
+        c->global_step = (uint64_t)sqlite3_column_int64(st, 0);
+        c->time_us = (uint64_t)sqlite3_column_int64(st, 1);
+        snprintf(c->path, sizeof(c->path), "%s", text_or_empty(st, 2));
+        c->bytes = (uint64_t)sqlite3_column_int64(st, 3);
+        snprintf(c->checksum, sizeof(c->checksum), "%s", text_or_empty(st, 4));
+        c->loss = sqlite3_column_type(st, 5) == SQLITE_NULL ? NAN : (float)sqlite3_column_double(st, 5);
+        c->eval_step = (uint64_t)sqlite3_column_int64(st, 6);
+        c->eval_accuracy = (float)sqlite3_column_double(st, 7);
+        c->eval_loss = (float)sqlite3_column_double(st, 8);
+        snprintf(c->trigger, sizeof(c->trigger), "%s", text_or_empty(st, 9));
+}
+
+/* Appends a row to a growing array. */
+static int push_ckpt(struct chief_db_checkpoint **a, size_t *n, const struct chief_db_checkpoint *c) {
+        struct chief_db_checkpoint *b = realloc(*a, (*n + 1) * sizeof(*b));
+        if (!b)
+                return -ENOMEM;
+        b[(*n)++] = *c;
+        *a = b;
+        return 0;
+}
+
+/* Runs a query and collects its checkpoint rows (lock held). bind_step >= 0 binds parameter 1. */
+static int select_ckpts(struct chief_db *db, const char *sql, int64_t bind_param, struct chief_db_checkpoint **ret,
+                        size_t *n_ret) {
+        sqlite3_stmt *st = NULL;
+        struct chief_db_checkpoint *a = NULL;
+        size_t n = 0;
+        int rc = sqlite3_prepare_v2(db->h, sql, -1, &st, NULL), r = 0;
+        if (rc == SQLITE_OK && bind_param >= 0)
+                sqlite3_bind_int64(st, 1, bind_param);
+        while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+                struct chief_db_checkpoint c;
+                read_ckpt(st, &c);
+                if ((r = push_ckpt(&a, &n, &c)) < 0)
+                        break;
+                rc = SQLITE_OK;
+        }
+        if (r >= 0 && rc != SQLITE_DONE)
+                r = rc == SQLITE_OK ? -EIO : db_errno(db->h, rc);
+        sqlite3_finalize(st);
+        if (r < 0) {
+                free(a);
+                return r;
+        }
+        *ret = a;
+        *n_ret = n;
+        return 0;
+}
+
+static int exec_sql(struct chief_db *db, const char *sql) {
+        return db_errno(db->h, sqlite3_exec(db->h, sql, NULL, NULL, NULL));
+}
+
+int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoint *ck, uint32_t keep,
+                            struct chief_db_checkpoint **removed_ret, size_t *n_removed_ret) {
+        struct chief_db_checkpoint *old = NULL, *gone = NULL;
+        size_t n_old = 0, n_gone = 0;
+        sqlite3_stmt *st = NULL;
+        pthread_mutex_lock(&db->lock);
+        /* This row must survive a power cut once we say the checkpoint is saved. */
+        int r = exec_sql(db, "PRAGMA synchronous=FULL");
+        if (r >= 0)
+                r = exec_sql(db, "BEGIN IMMEDIATE");
+        if (r < 0)
+                goto out;
+        r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints WHERE global_step = ?", (int64_t)ck->global_step,
+                         &old, &n_old);
+        if (r >= 0 && n_old == 1 && strcmp(old[0].path, ck->path) != 0)
+                r = push_ckpt(&gone, &n_gone, &old[0]);
+        if (r >= 0) {
+                int rc = sqlite3_prepare_v2(db->h, "INSERT OR REPLACE INTO checkpoints (" CKPT_COLUMNS ")"
+                                            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", -1, &st, NULL);
+                if (rc == SQLITE_OK) {
+                        sqlite3_bind_int64(st, 1, (sqlite3_int64)ck->global_step);
+                        sqlite3_bind_int64(st, 2, (sqlite3_int64)ck->time_us);
+                        sqlite3_bind_text(st, 3, ck->path, -1, SQLITE_TRANSIENT);
+                        sqlite3_bind_int64(st, 4, (sqlite3_int64)ck->bytes);
+                        sqlite3_bind_text(st, 5, ck->checksum, -1, SQLITE_TRANSIENT);
+                        if (isfinite(ck->loss))
+                                sqlite3_bind_double(st, 6, ck->loss);
+                        else
+                                sqlite3_bind_null(st, 6);
+                        sqlite3_bind_int64(st, 7, (sqlite3_int64)ck->eval_step);
+                        sqlite3_bind_double(st, 8, ck->eval_accuracy);
+                        sqlite3_bind_double(st, 9, ck->eval_loss);
+                        sqlite3_bind_text(st, 10, ck->trigger, -1, SQLITE_TRANSIENT);
+                        rc = sqlite3_step(st);
+                }
+                r = db_errno(db->h, rc);
+                sqlite3_finalize(st);
+        }
+        struct chief_db_checkpoint *beyond = NULL;
+        size_t n_beyond = 0;
+        if (r >= 0)
+                r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints ORDER BY time_us DESC, global_step DESC"
+                                 " LIMIT -1 OFFSET ?", (int64_t)keep, &beyond, &n_beyond);
+        for (size_t i = 0; r >= 0 && i < n_beyond; i++) {
+                int rc = sqlite3_prepare_v2(db->h, "DELETE FROM checkpoints WHERE global_step = ?", -1, &st, NULL);
+                if (rc == SQLITE_OK) {
+                        sqlite3_bind_int64(st, 1, (sqlite3_int64)beyond[i].global_step);
+                        rc = sqlite3_step(st);
+                }
+                r = db_errno(db->h, rc);
+                sqlite3_finalize(st);
+                if (r >= 0)
+                        r = push_ckpt(&gone, &n_gone, &beyond[i]);
+        }
+        free(beyond);
+        if (r >= 0)
+                r = exec_sql(db, "COMMIT");
+        if (r < 0)
+                exec_sql(db, "ROLLBACK");
+out:
+        exec_sql(db, "PRAGMA synchronous=NORMAL");
+        pthread_mutex_unlock(&db->lock);
+        free(old);
+        if (r < 0) {
+                free(gone);
+                return r;
+        }
+        *removed_ret = gone;
+        *n_removed_ret = n_gone;
+        return 0;
+}
+
+int chief_db_list_checkpoints(struct chief_db *db, struct chief_db_checkpoint **ret, size_t *n_ret) {
+        pthread_mutex_lock(&db->lock);
+        int r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints ORDER BY time_us DESC, global_step DESC", -1,
+                             ret, n_ret);
+        pthread_mutex_unlock(&db->lock);
+        return r;
+}
+
+int chief_db_delete_checkpoint(struct chief_db *db, uint64_t global_step, struct chief_db_checkpoint *ret) {
+        struct chief_db_checkpoint *rows = NULL;
+        size_t n = 0;
+        sqlite3_stmt *st = NULL;
+        pthread_mutex_lock(&db->lock);
+        int r = exec_sql(db, "PRAGMA synchronous=FULL");
+        if (r >= 0)
+                r = exec_sql(db, "BEGIN IMMEDIATE");
+        if (r < 0)
+                goto out;
+        r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints WHERE global_step = ?", (int64_t)global_step,
+                         &rows, &n);
+        if (r >= 0 && n == 0)
+                r = -ENOENT;
+        if (r >= 0) {
+                int rc = sqlite3_prepare_v2(db->h, "DELETE FROM checkpoints WHERE global_step = ?", -1, &st, NULL);
+                if (rc == SQLITE_OK) {
+                        sqlite3_bind_int64(st, 1, (sqlite3_int64)global_step);
+                        rc = sqlite3_step(st);
+                }
+                r = db_errno(db->h, rc);
+                sqlite3_finalize(st);
+        }
+        if (r >= 0)
+                r = exec_sql(db, "COMMIT");
+        if (r < 0)
+                exec_sql(db, "ROLLBACK");
+        else if (ret)
+                *ret = rows[0];
+out:
+        exec_sql(db, "PRAGMA synchronous=NORMAL");
+        pthread_mutex_unlock(&db->lock);
+        free(rows);
+        return r;
 }

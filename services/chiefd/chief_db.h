@@ -1,5 +1,5 @@
-/* chiefd's record of a job in SQLite (WAL): the job's state, per-worker progress reports and
- * evaluations. The one place where SQLite result codes become -errno.
+/* chiefd's record of a job in SQLite (WAL): the job's state, per-worker progress reports,
+ * evaluations and checkpoints. The one place where SQLite result codes become -errno.
  * Thread-safe: every call takes the database's own lock. */
 #pragma once
 #include <stddef.h>
@@ -48,3 +48,31 @@ int chief_db_last_progress(struct chief_db *db, uint32_t worker, struct chief_db
 /* Appends one evaluation on the test split. */
 int chief_db_add_evaluation(struct chief_db *db, uint64_t time_us, uint64_t global_step, uint32_t examples,
                             float loss, float accuracy);
+
+/* The latest evaluation: 0 and the outputs, -ENOENT when there is none, or -errno. */
+int chief_db_last_evaluation(struct chief_db *db, uint64_t *step_ret, float *loss_ret, float *accuracy_ret);
+
+/* One checkpoint's row. Plain data. */
+struct chief_db_checkpoint {
+        uint64_t global_step;   /* the key: one checkpoint per step */
+        uint64_t time_us;       /* wall clock when recorded */
+        uint64_t bytes;
+        char path[1024];
+        char checksum[32];      /* "crc32c:1a2b3c4d" */
+        float loss;             /* NAN: unknown */
+        uint64_t eval_step;     /* 0: no evaluation yet */
+        float eval_accuracy, eval_loss;   /* -1: none */
+        char trigger[16];       /* "steps", "secs", "request", "end" */
+};
+
+/* In one durable transaction (synchronous=FULL): records ck, replacing a row of the same global_step,
+ * and deletes every row beyond the `keep` newest (by time, then step). The deleted rows (and a
+ * replaced row whose path differs) come back in *removed_ret (malloc'd, *n_removed_ret of them; the
+ * caller frees) so that their files can be removed after the commit. Returns 0 or -errno (nothing
+ * changed). */
+int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoint *ck, uint32_t keep,
+                            struct chief_db_checkpoint **removed_ret, size_t *n_removed_ret);
+/* Every checkpoint row, newest first (by time, then step): *ret malloc'd (NULL when none), *n_ret. */
+int chief_db_list_checkpoints(struct chief_db *db, struct chief_db_checkpoint **ret, size_t *n_ret);
+/* Deletes the row of global_step (durably): 0 and the row in *ret (may be NULL), -ENOENT, or -errno. */
+int chief_db_delete_checkpoint(struct chief_db *db, uint64_t global_step, struct chief_db_checkpoint *ret);

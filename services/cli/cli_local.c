@@ -54,7 +54,7 @@ struct child {
 
 struct local {
         /* options */
-        const char *job_path, *loss_log;
+        const char *job_path, *loss_log, *state_dir_opt;
         bool standalone, keep_state, quiet;
         uint64_t max_steps, n_ps, n_workers;    /* 0: the job's own */
 
@@ -127,6 +127,10 @@ static void local_help(FILE *f) {
                 "  --loss-log FILE    write \"global_step loss\" for every step (with several workers, worker k\n"
                 "                     writes FILE.k)\n"
                 "  --keep-state       keep the state directory (its path is printed)\n"
+                "  --state-dir DIR    use DIR as the state directory (created if missing, never removed): a job\n"
+                "                     run again with the same DIR restores from its latest checkpoint; the\n"
+                "                     chief's record, checkpoints and summaries are in DIR/JOB/, the job file the\n"
+                "                     children read (with this run's cluster) in DIR/job.json\n"
                 "  --quiet            no progress display; children log warnings and errors only\n"
                 "\n"
                 "The daemons are looked up in $PSFLEET_BIN_DIR when set; else next to this program in the\n"
@@ -688,8 +692,8 @@ int cmd_local(int argc, char **argv) {
                 {"standalone", no_argument, NULL, 'S'},     {"loss-log", required_argument, NULL, 'l'},
                 {"keep-state", no_argument, NULL, 'k'},     {"quiet", no_argument, NULL, 'q'},
                 {"workers", required_argument, NULL, 'w'},  {"ps", required_argument, NULL, 'p'},
-                {"max-steps", required_argument, NULL, 'm'}, {"help", no_argument, NULL, 'h'},
-                {},
+                {"max-steps", required_argument, NULL, 'm'}, {"state-dir", required_argument, NULL, 'd'},
+                {"help", no_argument, NULL, 'h'},           {},
         };
         struct local L = {0};
         int c, r;
@@ -699,6 +703,7 @@ int cmd_local(int argc, char **argv) {
                 case 'S': L.standalone = true; break;
                 case 'l': L.loss_log = optarg; break;
                 case 'k': L.keep_state = true; break;
+                case 'd': L.state_dir_opt = optarg; break;
                 case 'q': L.quiet = true; break;
                 case 'w':
                         if ((r = parse_count("--workers", optarg, MAX_TASKS, &L.n_workers)))
@@ -740,13 +745,25 @@ int cmd_local(int argc, char **argv) {
         for (int i = 0; i < 3; i++)
                 if (!(L.bins[i] = find_bin(names[i])))
                         goto out;
-        const char *tmp = getenv("TMPDIR");
-        L.state_dir = strdup_printf("%s/psfleet-local-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!L.state_dir || !mkdtemp(L.state_dir)) {
-                fprintf(stderr, "psfleet: cannot create a state directory: %m\n");
-                free(L.state_dir);
-                L.state_dir = NULL;
-                goto out;
+        if (L.state_dir_opt) {
+                /* The user's: kept, and reused by the next run (which then restores from it). */
+                L.keep_state = true;
+                r = mkdir_p(L.state_dir_opt, 0750);
+                L.state_dir = r >= 0 ? realpath(L.state_dir_opt, NULL) : NULL;
+                if (!L.state_dir) {
+                        fprintf(stderr, "psfleet: cannot use \"%s\" as the state directory: %s\n", L.state_dir_opt,
+                                strerror(r < 0 ? -r : errno));
+                        goto out;
+                }
+        } else {
+                const char *tmp = getenv("TMPDIR");
+                L.state_dir = strdup_printf("%s/psfleet-local-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+                if (!L.state_dir || !mkdtemp(L.state_dir)) {
+                        fprintf(stderr, "psfleet: cannot create a state directory: %m\n");
+                        free(L.state_dir);
+                        L.state_dir = NULL;
+                        goto out;
+                }
         }
         /* gRPC's reconnect backoff grows to minutes by default: a daemon that starts a second after its
          * peer first tried would then wait far longer than needed. Ours and the children's channels

@@ -1,6 +1,7 @@
 /* psfleet status: asks a job's chief for its JobStatus and prints it, readable or as JSON. */
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,9 +32,27 @@ static json_t *num_or_null(double v) {
         return isfinite(v) ? json_real(v) : json_null();
 }
 
-static void print_json(const Psfleet__V1__JobStatus *s) {
+json_t *cli_checkpoint_json(const Psfleet__V1__Checkpoint *c) {
+        json_t *o = json_object();
+        json_object_set_new(o, "global_step", json_integer((json_int_t)c->global_step));
+        json_object_set_new(o, "time_us", json_integer((json_int_t)c->time_us));
+        json_object_set_new(o, "path", json_string(c->path ? c->path : ""));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)c->bytes));
+        json_object_set_new(o, "checksum", json_string(c->checksum ? c->checksum : ""));
+        json_object_set_new(o, "loss", num_or_null(c->loss));
+        json_object_set_new(o, "eval_step", c->eval_step ? json_integer((json_int_t)c->eval_step) : json_null());
+        json_object_set_new(o, "eval_accuracy", c->eval_accuracy >= 0 ? json_real(c->eval_accuracy) : json_null());
+        json_object_set_new(o, "eval_loss", c->eval_loss >= 0 ? json_real(c->eval_loss) : json_null());
+        json_object_set_new(o, "trigger", json_string(c->trigger ? c->trigger : ""));
+        return o;
+}
+
+void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
+        char fp[24];
+        snprintf(fp, sizeof(fp), "%016" PRIx64, s->fingerprint);
         json_t *o = json_object();
         json_object_set_new(o, "job", json_string(s->job ? s->job : ""));
+        json_object_set_new(o, "fingerprint", json_string(fp));
         json_object_set_new(o, "state", json_string(cli_state_name(s->state)));
         json_object_set_new(o, "reason", json_string(s->reason ? s->reason : ""));
         json_object_set_new(o, "global_step", json_integer((json_int_t)s->global_step));
@@ -44,8 +63,19 @@ static void print_json(const Psfleet__V1__JobStatus *s) {
         json_object_set_new(o, "loss", num_or_null(s->loss));
         json_object_set_new(o, "test_accuracy", num_or_null(s->test_accuracy));
         json_object_set_new(o, "test_loss", num_or_null(s->test_loss));
+        json_object_set_new(o, "eval_step", s->eval_accuracy >= 0 ? json_integer((json_int_t)s->eval_step) : json_null());
+        json_object_set_new(o, "eval_accuracy", s->eval_accuracy >= 0 ? json_real(s->eval_accuracy) : json_null());
+        json_object_set_new(o, "eval_loss", s->eval_accuracy >= 0 ? json_real(s->eval_loss) : json_null());
         json_object_set_new(o, "started_us", json_integer((json_int_t)s->started_us));
         json_object_set_new(o, "wall_s", num_or_null(s->wall_s));
+        json_object_set_new(o, "last_checkpoint", s->last_checkpoint ? cli_checkpoint_json(s->last_checkpoint) : json_null());
+        json_object_set_new(o, "checkpoints", json_integer(s->checkpoints));
+        json_object_set_new(o, "restored_step", s->restored_from && *s->restored_from
+                                                        ? json_integer((json_int_t)s->restored_step) : json_null());
+        json_object_set_new(o, "restored_from", s->restored_from && *s->restored_from ? json_string(s->restored_from)
+                                                                                     : json_null());
+        json_object_set_new(o, "checkpoint_dir", json_string(s->checkpoint_dir ? s->checkpoint_dir : ""));
+        json_object_set_new(o, "summary_dir", json_string(s->summary_dir ? s->summary_dir : ""));
         json_t *nodes = json_array();
         for (size_t i = 0; i < s->n_nodes; i++) {
                 const Psfleet__V1__NodeStatus *n = s->nodes[i];
@@ -61,8 +91,10 @@ static void print_json(const Psfleet__V1__JobStatus *s) {
         }
         json_object_set_new(o, "nodes", nodes);
         char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        if (text)
-                printf("%s\n", text);
+        if (text) {
+                fprintf(f, "%s\n", text);
+                fflush(f);
+        }
         free(text);
         json_decref(o);
 }
@@ -81,6 +113,17 @@ static void print_text(const Psfleet__V1__JobStatus *s) {
                 printf("  eta        %s\n", cli_format_duration(s->eta_s, buf, sizeof(buf)));
         if (s->test_accuracy >= 0)
                 printf("  test       accuracy %.4f, loss %.4f\n", s->test_accuracy, s->test_loss);
+        else if (s->eval_accuracy >= 0)
+                printf("  eval       accuracy %.4f, loss %.4f at step %llu\n", s->eval_accuracy, s->eval_loss,
+                       (unsigned long long)s->eval_step);
+        if (s->last_checkpoint)
+                printf("  checkpoint step %llu, %s (%u kept)\n", (unsigned long long)s->last_checkpoint->global_step,
+                       s->last_checkpoint->path, s->checkpoints);
+        else
+                printf("  checkpoint none yet\n");
+        if (s->restored_from && *s->restored_from)
+                printf("  restored   from step %llu, %s\n", (unsigned long long)s->restored_step, s->restored_from);
+        printf("  fingerprint %016" PRIx64 "\n", s->fingerprint);
         if (s->started_us) {
                 time_t t = (time_t)(s->started_us / 1000000);
                 struct tm tm;
@@ -132,23 +175,15 @@ int cmd_status(int argc, char **argv) {
                 default: status_help(stderr); return CLI_EX_USAGE;
                 }
         }
-        if (optind < argc || !address == !job) {
-                fprintf(stderr, "psfleet status: give exactly one of --address HOST:PORT and --job JOB.json\n");
+        if (optind < argc) {
+                status_help(stderr);
                 return CLI_EX_USAGE;
         }
-        struct job_config *cfg = NULL;
-        char err[1024];
-        if (job) {
-                int r = cli_load_job(job, &cfg);
-                if (r)
-                        return r;
-                if (config_apply_tf_config(cfg, getenv("TF_CONFIG"), NULL, NULL, err, sizeof(err)) < 0) {
-                        fprintf(stderr, "psfleet: %s\n", err);
-                        config_free(cfg);
-                        return CONFIG_EX_CONFIG;
-                }
-                address = cfg->cluster.chief[0].addr;
-        }
+        char *chief = NULL, err[1024];
+        int rr = cli_chief_address("status", address, job, &chief);
+        if (rr)
+                return rr;
+        address = chief;
         rpc_global_init();
         Psfleet__V1__JobStatus *s = NULL;
         int r = cli_get_status(address, timeout_ms, &s, err, sizeof(err));
@@ -157,13 +192,13 @@ int cmd_status(int argc, char **argv) {
                 fprintf(stderr, "psfleet: cannot get the job's status from the chief at %s: %s\n", address, err);
                 ret = 1;
         } else if (json) {
-                print_json(s);
+                cli_print_status_json(stdout, s);
         } else {
                 print_text(s);
         }
         if (s)
                 psfleet__v1__job_status__free_unpacked(s, NULL);
-        config_free(cfg);
+        free(chief);
         rpc_global_shutdown();
         return ret;
 }

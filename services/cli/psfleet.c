@@ -25,6 +25,9 @@ static void usage(FILE *f) {
                 "  local JOB.json       run the whole job on this machine (P psd, W workerd, 1 chiefd as\n"
                 "                       child processes on loopback), or in one process with --standalone\n"
                 "  status               ask a job's chief how the job is doing\n"
+                "  watch                follow a job's progress as it happens (a live bar on a terminal)\n"
+                "  checkpoints list|save|rm STEP\n"
+                "                       a job's checkpoints: list them, save one now, delete one\n"
                 "  placement JOB.json   print how the job's variables are spread over its ps shards\n"
                 "\n"
                 "`psfleet COMMAND --help` describes each command.\n"
@@ -42,8 +45,36 @@ int cli_load_job(const char *path, struct job_config **ret) {
 
 /* ---- progress display ---- */
 
+void progress_init_file(struct progress *p, FILE *f, bool quiet) {
+        *p = (struct progress){.f = f, .tty = isatty(fileno(f)) == 1, .quiet = quiet};
+}
+
 void progress_init(struct progress *p, bool quiet) {
-        *p = (struct progress){.tty = isatty(STDERR_FILENO) == 1, .quiet = quiet};
+        progress_init_file(p, stderr, quiet);
+}
+
+int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret) {
+        if (!address == !job) {
+                fprintf(stderr, "psfleet %s: give exactly one of --address HOST:PORT and --job JOB.json\n", cmd);
+                return CLI_EX_USAGE;
+        }
+        if (address) {
+                *ret = strdup(address);
+                return *ret ? 0 : 1;
+        }
+        struct job_config *cfg;
+        char err[1024];
+        int r = cli_load_job(job, &cfg);
+        if (r)
+                return r;
+        if (config_apply_tf_config(cfg, getenv("TF_CONFIG"), NULL, NULL, err, sizeof(err)) < 0) {
+                fprintf(stderr, "psfleet: %s\n", err);
+                config_free(cfg);
+                return CONFIG_EX_CONFIG;
+        }
+        *ret = strdup(cfg->cluster.chief[0].addr);
+        config_free(cfg);
+        return *ret ? 0 : 1;
 }
 
 const char *cli_format_duration(double s, char *buf, size_t len) {
@@ -61,6 +92,11 @@ const char *cli_format_duration(double s, char *buf, size_t len) {
 
 void progress_update(struct progress *p, const char *state, uint64_t step, uint64_t max_steps, double loss,
                      double examples_per_s, double eta_s) {
+        progress_update_extra(p, state, step, max_steps, loss, examples_per_s, eta_s, NULL, false);
+}
+
+void progress_update_extra(struct progress *p, const char *state, uint64_t step, uint64_t max_steps, double loss,
+                           double examples_per_s, double eta_s, const char *extra, bool force_line) {
         if (p->quiet)
                 return;
         char eta[32], lossbuf[32], eps[32];
@@ -81,23 +117,27 @@ void progress_update(struct progress *p, const char *state, uint64_t step, uint6
                 for (unsigned i = 0; i < WIDTH; i++)
                         bar[i] = i < fill ? '#' : '-';
                 bar[WIDTH] = 0;
-                fprintf(stderr, "\r\033[K%-8.8s [%s] %llu/%llu  loss %s  %s ex/s  ETA %s", state, bar,
-                        (unsigned long long)step, (unsigned long long)max_steps, lossbuf, eps, eta);
-                fflush(stderr);
+                fprintf(p->f, "\r\033[K%-8.8s [%s] %llu/%llu  loss %s  %s ex/s  ETA %s%s%s", state, bar,
+                        (unsigned long long)step, (unsigned long long)max_steps, lossbuf, eps, eta,
+                        extra ? "  " : "", extra ? extra : "");
+                fflush(p->f);
                 p->drawn = true;
                 return;
         }
         uint64_t t = mono_us();
-        if (p->last_line_us && t - p->last_line_us < 5 * 1000000ULL)
+        if (!force_line && p->last_line_us && t - p->last_line_us < 5 * 1000000ULL)
                 return;
         p->last_line_us = t;
-        fprintf(stderr, "psfleet: %s: step %llu/%llu, loss %s, %s examples/s, ETA %s\n", state,
-                (unsigned long long)step, (unsigned long long)max_steps, lossbuf, eps, eta);
+        fprintf(p->f, "psfleet: %s: step %llu/%llu, loss %s, %s examples/s, ETA %s%s%s\n", state,
+                (unsigned long long)step, (unsigned long long)max_steps, lossbuf, eps, eta, extra ? ", " : "",
+                extra ? extra : "");
+        fflush(p->f);
 }
 
 void progress_end(struct progress *p) {
         if (p->tty && p->drawn) {
-                fputc('\n', stderr);
+                fputc('\n', p->f);
+                fflush(p->f);
                 p->drawn = false;
         }
 }
@@ -213,6 +253,10 @@ int main(int argc, char **argv) {
                 return cmd_local(argc - 1, argv + 1);
         if (strcmp(cmd, "status") == 0)
                 return cmd_status(argc - 1, argv + 1);
+        if (strcmp(cmd, "watch") == 0)
+                return cmd_watch(argc - 1, argv + 1);
+        if (strcmp(cmd, "checkpoints") == 0)
+                return cmd_checkpoints(argc - 1, argv + 1);
         if (strcmp(cmd, "placement") == 0)
                 return cmd_placement(argc - 1, argv + 1);
         fprintf(stderr, "psfleet: unknown command \"%s\"\n\n", cmd);

@@ -1012,6 +1012,170 @@ int rpc_call_msg(struct rpc_channel *ch, const char *method, const ProtobufCMess
         return e;
 }
 
+/* ---------------- client streaming ---------------- */
+
+struct rpc_stream {
+        struct rpc_channel *ch;
+        char method[128];
+        grpc_completion_queue *cq;
+        grpc_call *call;
+        grpc_metadata_array init_md, trail_md;
+        grpc_byte_buffer *req, *recv;
+        grpc_status_code status;
+        grpc_slice details;
+        unsigned outstanding;     /* batches started whose completion was not yet taken */
+        bool recv_pending, status_done, ended;
+        char tag_start, tag_recv, tag_status;   /* their addresses tag the three kinds of batch */
+        struct rpc_result res;
+};
+
+static void stream_end(struct rpc_stream *s) {
+        struct rpc_result *r = &s->res;
+        r->status = s->status;
+        r->err = rpc_errno_from_status(s->status);
+        if (r->err) {
+                const char *m = strrchr(s->method, '/');
+                snprintf(r->message, sizeof(r->message), "%s (%s) %s: %s: %.*s", s->ch->name, s->ch->target,
+                         m ? m + 1 : s->method, rpc_status_name(s->status), (int)GRPC_SLICE_LENGTH(s->details),
+                         (const char *)GRPC_SLICE_START_PTR(s->details));
+        }
+        s->ended = true;
+}
+
+/* Takes one completion (waiting until `until`); false on timeout. */
+static bool stream_take(struct rpc_stream *s, gpr_timespec until, void **tag_ret, bool *ok_ret) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, until, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT)
+                return false;
+        die_if(ev.type != GRPC_OP_COMPLETE, "rpc: stream completion queue broke");
+        s->outstanding--;
+        if (ev.tag == &s->tag_status)
+                s->status_done = true;
+        else if (ev.tag == &s->tag_recv)
+                s->recv_pending = false;
+        *tag_ret = ev.tag;
+        *ok_ret = ev.success;
+        return true;
+}
+
+int rpc_stream_open(struct rpc_channel *ch, const char *method, grpc_byte_buffer *request, uint64_t timeout_ms,
+                    struct rpc_stream **ret) {
+        struct rpc_stream *s = calloc(1, sizeof(*s));
+        void *h = channel_method(ch, method);
+        if (!s || !h) {
+                free(s);
+                if (request)
+                        grpc_byte_buffer_destroy(request);
+                return -ENOMEM;
+        }
+        s->ch = ch;
+        snprintf(s->method, sizeof(s->method), "%s", method);
+        s->req = request ? request : grpc_raw_byte_buffer_create(NULL, 0);
+        s->details = grpc_empty_slice();
+        grpc_metadata_array_init(&s->init_md);
+        grpc_metadata_array_init(&s->trail_md);
+        s->cq = grpc_completion_queue_create_for_next(NULL);
+        gpr_timespec deadline = timeout_ms ? deadline_in(timeout_ms) : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+        s->call = grpc_channel_create_registered_call(ch->ch, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq, h, deadline, NULL);
+
+        grpc_op ops[4];
+        memset(ops, 0, sizeof(ops));
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        ops[1].op = GRPC_OP_SEND_MESSAGE;
+        ops[1].data.send_message.send_message = s->req;
+        ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+        ops[3].data.recv_initial_metadata.recv_initial_metadata = &s->init_md;
+        grpc_call_error e1 = grpc_call_start_batch(s->call, ops, 4, &s->tag_start, NULL);
+        if (e1 == GRPC_CALL_OK)
+                s->outstanding++;
+        memset(ops, 0, sizeof(ops));
+        ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+        ops[0].data.recv_status_on_client.trailing_metadata = &s->trail_md;
+        ops[0].data.recv_status_on_client.status = &s->status;
+        ops[0].data.recv_status_on_client.status_details = &s->details;
+        grpc_call_error e2 = grpc_call_start_batch(s->call, ops, 1, &s->tag_status, NULL);
+        if (e2 == GRPC_CALL_OK) {
+                s->outstanding++;
+        } else {
+                /* Cannot happen on a fresh call; fail the stream rather than wait for a status forever. */
+                s->status_done = true;
+                s->status = GRPC_STATUS_INTERNAL;
+                grpc_call_cancel(s->call, NULL);
+                stream_end(s);
+        }
+        *ret = s;
+        return 0;
+}
+
+int rpc_stream_next(struct rpc_stream *s, uint64_t timeout_ms, grpc_byte_buffer **msg_ret) {
+        if (s->ended)
+                return s->res.err;
+        if (!s->recv_pending) {
+                grpc_op op;
+                memset(&op, 0, sizeof(op));
+                op.op = GRPC_OP_RECV_MESSAGE;
+                op.data.recv_message.recv_message = &s->recv;
+                s->recv = NULL;
+                if (grpc_call_start_batch(s->call, &op, 1, &s->tag_recv, NULL) != GRPC_CALL_OK) {
+                        grpc_call_cancel(s->call, NULL);
+                } else {
+                        s->recv_pending = true;
+                        s->outstanding++;
+                }
+        }
+        gpr_timespec until = deadline_in(timeout_ms);
+        while (s->recv_pending) {
+                void *tag;
+                bool ok;
+                if (!stream_take(s, until, &tag, &ok))
+                        return -ETIMEDOUT;
+                if (tag == &s->tag_recv && ok && s->recv) {
+                        *msg_ret = s->recv;
+                        s->recv = NULL;
+                        return 1;
+                }
+        }
+        /* No message: the stream is over (the server finished it, or the call failed). The status
+         * follows promptly either way. */
+        while (!s->status_done) {
+                void *tag;
+                bool ok;
+                stream_take(s, gpr_inf_future(GPR_CLOCK_MONOTONIC), &tag, &ok);
+        }
+        stream_end(s);
+        return s->res.err;
+}
+
+const struct rpc_result *rpc_stream_status(const struct rpc_stream *s) {
+        return &s->res;
+}
+
+struct rpc_stream *rpc_stream_close(struct rpc_stream *s) {
+        if (!s)
+                return NULL;
+        if (!s->status_done)
+                grpc_call_cancel(s->call, NULL);
+        while (s->outstanding > 0) {
+                void *tag;
+                bool ok;
+                stream_take(s, gpr_inf_future(GPR_CLOCK_MONOTONIC), &tag, &ok);
+        }
+        if (s->recv)
+                grpc_byte_buffer_destroy(s->recv);
+        grpc_byte_buffer_destroy(s->req);
+        grpc_metadata_array_destroy(&s->init_md);
+        grpc_metadata_array_destroy(&s->trail_md);
+        grpc_slice_unref(s->details);
+        grpc_call_unref(s->call);
+        grpc_completion_queue_shutdown(s->cq);
+        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN)
+                ;
+        grpc_completion_queue_destroy(s->cq);
+        free(s);
+        return NULL;
+}
+
 void rpc_health_handler(struct rpc_call *c, void *services) {
         ProtobufCMessage *m;
         if (wire_unpack(rpc_call_payload(c), &grpc__health__v1__health_check_request__descriptor, &m) < 0) {

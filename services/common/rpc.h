@@ -135,6 +135,27 @@ bool rpc_pending_done(const struct rpc_pending *p);
 /* Frees a finished call's handle and its result. */
 void rpc_batch_release(struct rpc_batch *b, struct rpc_pending *p);
 
+/* Server streaming, client side: one call, its own completion queue, messages read one at a time.
+ * A stream is used by one thread at a time.
+ *
+ * rpc_stream_open starts the call (`request` taken; NULL: empty message); timeout_ms bounds the whole
+ * call (0: no deadline). It fails only for lack of memory: a peer that is down shows in the first
+ * rpc_stream_next. */
+struct rpc_stream;
+int rpc_stream_open(struct rpc_channel *ch, const char *method, grpc_byte_buffer *request, uint64_t timeout_ms,
+                    struct rpc_stream **ret);
+/* Waits up to timeout_ms for the next message. Returns 1 with the message in *msg_ret (the caller
+ * owns it); 0 when the stream ended with status OK; -ETIMEDOUT when nothing came in time (the stream
+ * stays usable: call again); or the -errno of the call's status, the server's message in
+ * rpc_stream_status(). After 0 or a failure, every later call returns the same. */
+int rpc_stream_next(struct rpc_stream *s, uint64_t timeout_ms, grpc_byte_buffer **msg_ret);
+/* The call's outcome once rpc_stream_next returned 0 or a failure (err, status, message); before
+ * that, err is 0 and status OK. Owned by the stream. */
+const struct rpc_result *rpc_stream_status(const struct rpc_stream *s);
+/* Cancels the call if it is still running, waits for gRPC to be done with it, frees everything.
+ * NULL-safe; returns NULL. */
+struct rpc_stream *rpc_stream_close(struct rpc_stream *s);
+
 /* grpc.health.v1.Health/Check: SERVING for "" and for every name in `services` (a NULL-terminated
  * array passed as userdata, may be NULL), NOT_FOUND for any other service. */
 #define RPC_HEALTH_CHECK "/grpc.health.v1.Health/Check"

@@ -492,6 +492,193 @@ static void test_shutdown_in_flight(void **state) {
         pthread_create(&f->d.thread, NULL, deferred_thread, &f->d);
 }
 
+/* ---- server streaming, client side ---- */
+
+#define M_STREAM "/test.Echo/Stream"
+
+/* Stream: the request says what to send: "N" (N messages "msg-i", then OK), "N:fail" (N messages, then
+ * NOT_FOUND), "slow" (a message every 300 ms until the client goes away). A thread per call sends. */
+struct streamer {
+        pthread_mutex_t mu;
+        pthread_t threads[16];
+        size_t n_threads;
+        atomic_int cancel_seen;
+};
+
+struct stream_job {
+        struct rpc_call *call;
+        struct streamer *st;
+        char what[32];
+};
+
+static void *stream_thread(void *arg) {
+        struct stream_job *j = arg;
+        if (strcmp(j->what, "slow") == 0) {
+                for (int i = 0;; i++) {
+                        char m[32];
+                        int n = snprintf(m, sizeof(m), "slow-%d", i);
+                        if (rpc_call_send(j->call, bytes_bb(m, (size_t)n), 2000) < 0 || rpc_call_cancelled(j->call)) {
+                                atomic_fetch_add(&j->st->cancel_seen, 1);
+                                rpc_call_finish(j->call, GRPC_STATUS_CANCELLED, "client went away");
+                                break;
+                        }
+                        usleep(300 * 1000);
+                }
+        } else {
+                int count = atoi(j->what);
+                for (int i = 0; i < count; i++) {
+                        char m[32];
+                        int n = snprintf(m, sizeof(m), "msg-%d", i);
+                        assert_int_equal(rpc_call_send(j->call, bytes_bb(m, (size_t)n), 2000), 0);
+                }
+                if (strstr(j->what, ":fail"))
+                        rpc_call_finish(j->call, GRPC_STATUS_NOT_FOUND, "nothing more here");
+                else
+                        rpc_call_finish(j->call, GRPC_STATUS_OK, NULL);
+        }
+        free(j);
+        return NULL;
+}
+
+static void h_stream(struct rpc_call *c, void *ud) {
+        struct streamer *st = ud;
+        struct stream_job *j = calloc(1, sizeof(*j));
+        j->call = c;
+        j->st = st;
+        bb_read(rpc_call_payload(c), j->what, sizeof(j->what) - 1);
+        pthread_mutex_lock(&st->mu);
+        assert_true(st->n_threads < 16);
+        assert_int_equal(pthread_create(&st->threads[st->n_threads++], NULL, stream_thread, j), 0);
+        pthread_mutex_unlock(&st->mu);
+}
+
+struct sfx {
+        struct rpc_server *s;
+        struct rpc_channel *ch;
+        struct streamer st;
+};
+
+static int stream_setup(void **state) {
+        struct sfx *f = calloc(1, sizeof(*f));
+        pthread_mutex_init(&f->st.mu, NULL);
+        struct rpc_method m[] = {{M_STREAM, h_stream, &f->st}, {M_ECHO, h_echo, NULL}};
+        assert_int_equal(rpc_server_new("127.0.0.1:0", m, 2, 2, &f->s), 0);
+        assert_int_equal(rpc_server_start(f->s), 0);
+        char addr[64];
+        snprintf(addr, sizeof(addr), "127.0.0.1:%d", rpc_server_port(f->s));
+        assert_int_equal(rpc_channel_new(addr, "streamer:0", &f->ch), 0);
+        *state = f;
+        return 0;
+}
+
+static int stream_teardown(void **state) {
+        struct sfx *f = *state;
+        for (size_t i = 0; i < f->st.n_threads; i++)
+                pthread_join(f->st.threads[i], NULL);
+        rpc_channel_free(f->ch);
+        assert_int_equal(rpc_server_shutdown(f->s, 10000), 0);
+        rpc_server_free(f->s);
+        pthread_mutex_destroy(&f->st.mu);
+        free(f);
+        return 0;
+}
+
+static void test_stream_messages(void **state) {
+        struct sfx *f = *state;
+        struct rpc_stream *s;
+        assert_int_equal(rpc_stream_open(f->ch, M_STREAM, bytes_bb("5", 1), 10000, &s), 0);
+        for (int i = 0; i < 5; i++) {
+                grpc_byte_buffer *m = NULL;
+                char got[32] = "", want[32];
+                assert_int_equal(rpc_stream_next(s, 5000, &m), 1);
+                bb_read(m, got, sizeof(got) - 1);
+                grpc_byte_buffer_destroy(m);
+                snprintf(want, sizeof(want), "msg-%d", i);
+                assert_string_equal(got, want);
+        }
+        grpc_byte_buffer *m = NULL;
+        assert_int_equal(rpc_stream_next(s, 5000, &m), 0);
+        assert_null(m);
+        assert_int_equal(rpc_stream_next(s, 5000, &m), 0);   /* stays ended */
+        assert_int_equal(rpc_stream_status(s)->status, GRPC_STATUS_OK);
+        assert_int_equal(rpc_stream_status(s)->err, 0);
+        rpc_stream_close(s);
+        assert_null(rpc_stream_close(NULL));
+}
+
+static void test_stream_failure(void **state) {
+        struct sfx *f = *state;
+        struct rpc_stream *s;
+        assert_int_equal(rpc_stream_open(f->ch, M_STREAM, bytes_bb("2:fail", 6), 10000, &s), 0);
+        grpc_byte_buffer *m = NULL;
+        assert_int_equal(rpc_stream_next(s, 5000, &m), 1);
+        grpc_byte_buffer_destroy(m);
+        assert_int_equal(rpc_stream_next(s, 5000, &m), 1);
+        grpc_byte_buffer_destroy(m);
+        assert_int_equal(rpc_stream_next(s, 5000, &m), -ENOENT);
+        const struct rpc_result *r = rpc_stream_status(s);
+        assert_int_equal(r->status, GRPC_STATUS_NOT_FOUND);
+        assert_non_null(strstr(r->message, "streamer:0"));
+        assert_non_null(strstr(r->message, "Stream: NOT_FOUND: nothing more here"));
+        rpc_stream_close(s);
+}
+
+static void test_stream_timeout_and_cancel(void **state) {
+        struct sfx *f = *state;
+        struct rpc_stream *s;
+        assert_int_equal(rpc_stream_open(f->ch, M_STREAM, bytes_bb("slow", 4), 0, &s), 0);
+        grpc_byte_buffer *m = NULL;
+        assert_int_equal(rpc_stream_next(s, 5000, &m), 1);    /* slow-0 at once */
+        grpc_byte_buffer_destroy(m);
+        m = NULL;
+        assert_int_equal(rpc_stream_next(s, 20, &m), -ETIMEDOUT);  /* the next is 300 ms away */
+        assert_null(m);
+        assert_int_equal(rpc_stream_next(s, 5000, &m), 1);    /* the same receive, still waiting */
+        char got[32] = "";
+        bb_read(m, got, sizeof(got) - 1);
+        grpc_byte_buffer_destroy(m);
+        assert_string_equal(got, "slow-1");
+        rpc_stream_close(s);                                  /* cancels: the server notices */
+        for (int i = 0; i < 300 && atomic_load(&f->st.cancel_seen) == 0; i++)
+                usleep(10 * 1000);
+        assert_int_equal(atomic_load(&f->st.cancel_seen), 1);
+}
+
+static void test_stream_deadline(void **state) {
+        struct sfx *f = *state;
+        struct rpc_stream *s;
+        assert_int_equal(rpc_stream_open(f->ch, M_STREAM, bytes_bb("slow", 4), 500, &s), 0);
+        grpc_byte_buffer *m = NULL;
+        int r, n = 0;
+        while ((r = rpc_stream_next(s, 5000, &m)) == 1) {
+                grpc_byte_buffer_destroy(m);
+                n++;
+        }
+        assert_int_equal(r, -ETIMEDOUT);       /* DEADLINE_EXCEEDED of the whole call */
+        assert_int_equal(rpc_stream_status(s)->status, GRPC_STATUS_DEADLINE_EXCEEDED);
+        assert_true(n >= 1 && n <= 3);
+        rpc_stream_close(s);
+}
+
+static void test_stream_server_down(void **state) {
+        (void)state;
+        struct rpc_method m[] = {{M_ECHO, h_echo, NULL}};
+        struct rpc_server *srv;
+        assert_int_equal(rpc_server_new("127.0.0.1:0", m, 1, 1, &srv), 0);
+        char addr[64];
+        snprintf(addr, sizeof(addr), "127.0.0.1:%d", rpc_server_port(srv));
+        rpc_server_free(srv);
+        struct rpc_channel *ch;
+        assert_int_equal(rpc_channel_new(addr, "chief:0", &ch), 0);
+        struct rpc_stream *s;
+        assert_int_equal(rpc_stream_open(ch, M_STREAM, NULL, 5000, &s), 0);
+        grpc_byte_buffer *msg = NULL;
+        assert_int_equal(rpc_stream_next(s, 5000, &msg), -EAGAIN);
+        assert_non_null(strstr(rpc_stream_status(s)->message, "UNAVAILABLE"));
+        rpc_stream_close(s);
+        rpc_channel_free(ch);
+}
+
 static void test_errno_mapping(void **state) {
         (void)state;
         int errs[] = {EINVAL, ETIMEDOUT, ENOENT, EEXIST, EACCES, ENOMEM, EPERM, ECONNABORTED, ERANGE,
@@ -520,6 +707,11 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_port_in_use, setup, teardown),
                 cmocka_unit_test(test_server_down),
                 cmocka_unit_test_setup_teardown(test_shutdown_in_flight, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_stream_messages, stream_setup, stream_teardown),
+                cmocka_unit_test_setup_teardown(test_stream_failure, stream_setup, stream_teardown),
+                cmocka_unit_test_setup_teardown(test_stream_timeout_and_cancel, stream_setup, stream_teardown),
+                cmocka_unit_test_setup_teardown(test_stream_deadline, stream_setup, stream_teardown),
+                cmocka_unit_test(test_stream_server_down),
         };
         int r = cmocka_run_group_tests(tests, NULL, NULL);
         rpc_global_shutdown();

@@ -1,0 +1,451 @@
+/* A job's checkpoints, files and rows: see chief_ckpt.h. */
+#include "chief_ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "log.h"
+#include "optim.h"
+#include "util.h"
+
+#define FORMAT "psfleet.checkpoint.v1"
+
+struct chief_ckpt {
+        struct chief_db *db;
+        char *dir, *job;
+        const struct job_layout *L;
+        uint64_t fingerprint;
+        uint32_t keep;
+        uint64_t test_delay_ms;
+        pthread_mutex_t mu;
+};
+
+static int errf(char *err, size_t len, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int errf(char *err, size_t len, int r, const char *fmt, ...) {
+        if (err && len) {
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(err, len, fmt, ap);
+                va_end(ap);
+        }
+        return r;
+}
+
+static void sleep_ms(uint64_t ms) {
+        struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+}
+
+int chief_ckpt_new(struct chief_db *db, const struct chief_ckpt_config *cfg, struct chief_ckpt **ret, char *err,
+                   size_t errlen) {
+        int r = mkdir_p(cfg->dir, 0750);
+        if (r < 0)
+                return errf(err, errlen, r, "cannot create the checkpoint directory \"%s\": %s", cfg->dir, strerror(-r));
+        char *abs = realpath(cfg->dir, NULL);
+        if (!abs)
+                return errf(err, errlen, -errno, "cannot resolve \"%s\": %s", cfg->dir, strerror(errno));
+        struct chief_ckpt *s = calloc(1, sizeof(*s));
+        char *job = strdup(cfg->job ? cfg->job : "");
+        if (!s || !job) {
+                free(s);
+                free(job);
+                free(abs);
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        }
+        *s = (struct chief_ckpt){.db = db, .dir = abs, .job = job, .L = cfg->L, .fingerprint = cfg->fingerprint,
+                                 .keep = cfg->keep ? cfg->keep : 1, .test_delay_ms = cfg->test_delay_ms};
+        pthread_mutex_init(&s->mu, NULL);
+        *ret = s;
+        return 0;
+}
+
+struct chief_ckpt *chief_ckpt_free(struct chief_ckpt *s) {
+        if (!s)
+                return NULL;
+        pthread_mutex_destroy(&s->mu);
+        free(s->dir);
+        free(s->job);
+        free(s);
+        return NULL;
+}
+
+const char *chief_ckpt_dir(const struct chief_ckpt *s) {
+        return s->dir;
+}
+
+char *chief_ckpt_path(const struct chief_ckpt *s, uint64_t global_step) {
+        return strdup_printf("%s/ckpt-%010" PRIu64 ".safetensors", s->dir, global_step);
+}
+
+/* "ckpt-<digits>.safetensors" -> its step; false for any other name. */
+static bool parse_name(const char *name, uint64_t *step) {
+        const char *p = name + 5;
+        size_t n = strspn(p, "0123456789");
+        char digits[24];
+        if (strncmp(name, "ckpt-", 5) != 0 || n == 0 || n >= sizeof(digits) || strcmp(p + n, ".safetensors") != 0)
+                return false;
+        memcpy(digits, p, n);
+        digits[n] = 0;
+        return parse_u64(digits, 0, UINT64_MAX, step) == 0;
+}
+
+static const char *base_name(const char *path) {
+        const char *slash = strrchr(path, '/');
+        return slash ? slash + 1 : path;
+}
+
+static bool exists(const char *path) {
+        struct stat st;
+        return stat(path, &st) == 0;
+}
+
+/* ---- saving ---- */
+
+int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slots, uint64_t global_step,
+                    const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
+                    size_t errlen) {
+        const struct job_layout *L = s->L;
+        unsigned ns = slots ? L->n_slots : 0;
+        size_t n = (size_t)L->n_vars * (1 + ns);
+        struct ckpt_tensor *t = calloc(n, sizeof(*t));
+        char **names = calloc(n, sizeof(*names));
+        char *path = chief_ckpt_path(s, global_step);
+        struct chief_db_checkpoint *removed = NULL;
+        size_t n_removed = 0;
+        int r = 0;
+        if (!t || !names || !path) {
+                r = errf(err, errlen, -ENOMEM, "out of memory");
+                goto out;
+        }
+        for (uint32_t v = 0, k = 0; v < L->n_vars; v++)
+                for (unsigned sl = 0; sl <= ns; sl++, k++) {
+                        const struct job_var *jv = &L->vars[v];
+                        names[k] = sl ? strdup_printf("%s/%s", jv->name, optim_slot_name(L->optimizer, sl - 1))
+                                      : strdup(jv->name);
+                        if (!names[k]) {
+                                r = errf(err, errlen, -ENOMEM, "out of memory");
+                                goto out;
+                        }
+                        t[k] = (struct ckpt_tensor){names[k], jv->rows, jv->cols,
+                                                    (sl ? slots[sl - 1] : params) + jv->offset};
+                }
+        char step[24], fp[24], tus[24], slot_list[64] = "";
+        uint64_t time_us = now_us();
+        snprintf(step, sizeof(step), "%" PRIu64, global_step);
+        snprintf(fp, sizeof(fp), "%016" PRIx64, s->fingerprint);
+        snprintf(tus, sizeof(tus), "%" PRIu64, time_us);
+        for (unsigned sl = 0; sl < ns; sl++)
+                snprintf(slot_list + strlen(slot_list), sizeof(slot_list) - strlen(slot_list), "%s%s", sl ? "," : "",
+                         optim_slot_name(L->optimizer, sl));
+        const struct ckpt_kv meta[] = {
+                {"format", FORMAT},     {"job", s->job},
+                {"global_step", step},  {"fingerprint", fp},
+                {"optimizer", optim_name(L->optimizer)}, {"slots", slot_list},
+                {"time_us", tus},       {"writer", "psfleet chiefd " PSFLEET_VERSION},
+        };
+
+        pthread_mutex_lock(&s->mu);
+        /* A row must always describe the file at its path: forget an older checkpoint of this step
+         * before its file is replaced. */
+        r = chief_db_delete_checkpoint(s->db, global_step, NULL);
+        if (r < 0 && r != -ENOENT) {
+                errf(err, errlen, r, "cannot update the record of global_step %" PRIu64 ": %s", global_step,
+                     strerror(-r));
+                goto unlock;
+        }
+        struct ckpt_written w;
+        r = ckpt_write(path, t, n, meta, ELEMENTSOF(meta), s->test_delay_ms, &w, err, errlen);
+        if (r < 0)
+                goto unlock;
+        if (s->test_delay_ms)
+                sleep_ms(s->test_delay_ms);   /* test hook: the file is in place, its row not yet */
+        struct chief_db_checkpoint row = *stats;
+        row.global_step = global_step;
+        row.time_us = time_us;
+        row.bytes = w.bytes;
+        snprintf(row.path, sizeof(row.path), "%s", path);
+        ckpt_format_checksum(w.crc32c, row.checksum, sizeof(row.checksum));
+        r = chief_db_add_checkpoint(s->db, &row, s->keep, &removed, &n_removed);
+        if (r < 0) {
+                unlink(path);
+                errf(err, errlen, r, "cannot record \"%s\" in the database: %s", path, strerror(-r));
+                goto unlock;
+        }
+        for (size_t i = 0; i < n_removed; i++) {
+                if (strcmp(removed[i].path, path) == 0)
+                        continue;
+                if (unlink(removed[i].path) < 0 && errno != ENOENT)
+                        log_warning_errno(errno, "Cannot remove the old checkpoint \"%s\" (no longer recorded)",
+                                          removed[i].path);
+                else
+                        log_info("Removed the checkpoint of global_step %" PRIu64 " (\"%s\"): keeping the last %u",
+                                 removed[i].global_step, removed[i].path, s->keep);
+        }
+        if (ret)
+                *ret = row;
+unlock:
+        pthread_mutex_unlock(&s->mu);
+out:
+        for (size_t i = 0; names && i < n; i++)
+                free(names[i]);
+        free(names);
+        free(t);
+        free(path);
+        free(removed);
+        return r;
+}
+
+/* ---- loading ---- */
+
+static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
+                       bool *slots_loaded, char *err, size_t errlen) {
+        const struct job_layout *L = s->L;
+        uint64_t max = (uint64_t)L->n_params * sizeof(float) * (1 + OPTIM_MAX_SLOTS) + (16u << 20);
+        struct ckpt *ck = NULL;
+        char e[512], sum[32];
+        int r = ckpt_read(row->path, max, &ck, e, sizeof(e));
+        if (r == -ENOENT)
+                return errf(err, errlen, r, "the file is missing");
+        if (r == -EBADMSG || r == -EFBIG)
+                return errf(err, errlen, -EBADMSG, "%s", e);
+        if (r < 0)
+                return errf(err, errlen, r, "%s", e);
+        if (ckpt_bytes(ck) != row->bytes) {
+                r = errf(err, errlen, -EBADMSG, "the file is %" PRIu64 " bytes, %" PRIu64 " were recorded", ckpt_bytes(ck),
+                         row->bytes);
+                goto out;
+        }
+        ckpt_format_checksum(ckpt_crc32c(ck), sum, sizeof(sum));
+        if (strcmp(sum, row->checksum) != 0) {
+                r = errf(err, errlen, -EBADMSG, "checksum %s, %s was recorded", sum, row->checksum);
+                goto out;
+        }
+        const char *gs = ckpt_meta(ck, "global_step");
+        uint64_t step;
+        if (!gs || parse_u64(gs, 0, UINT64_MAX, &step) < 0 || step != row->global_step) {
+                r = errf(err, errlen, -EBADMSG, "its metadata says global_step \"%s\", %" PRIu64 " was recorded",
+                         gs ? gs : "(none)", row->global_step);
+                goto out;
+        }
+        /* Every tensor must belong to the model: "<var>" or "<var>/<slot>". */
+        for (size_t i = 0; i < ckpt_n_tensors(ck); i++) {
+                char name[300];
+                snprintf(name, sizeof(name), "%s", ckpt_tensor_name(ck, i));
+                char *sl = strrchr(name, '/');
+                if (job_layout_find(L, name) >= 0)
+                        continue;
+                if (sl) {
+                        *sl = 0;
+                        if (job_layout_find(L, name) >= 0)
+                                continue;
+                }
+                r = errf(err, errlen, -EINVAL, "tensor \"%s\" is not a variable of this job's model",
+                         ckpt_tensor_name(ck, i));
+                goto out;
+        }
+        for (uint32_t v = 0; v < L->n_vars; v++) {
+                const struct job_var *jv = &L->vars[v];
+                r = ckpt_get(ck, jv->name, jv->rows, jv->cols, params + jv->offset, e, sizeof(e));
+                if (r < 0) {
+                        r = errf(err, errlen, -EINVAL, "%s", e);
+                        goto out;
+                }
+        }
+        const char *opt = ckpt_meta(ck, "optimizer");
+        bool same = opt && strcmp(opt, optim_name(L->optimizer)) == 0;
+        *slots_loaded = false;
+        if (same && slots && L->n_slots) {
+                for (uint32_t v = 0; v < L->n_vars; v++)
+                        for (unsigned sl = 0; sl < L->n_slots; sl++) {
+                                const struct job_var *jv = &L->vars[v];
+                                char name[300];
+                                snprintf(name, sizeof(name), "%s/%s", jv->name, optim_slot_name(L->optimizer, sl));
+                                r = ckpt_get(ck, name, jv->rows, jv->cols, slots[sl] + jv->offset, e, sizeof(e));
+                                if (r < 0) {
+                                        r = errf(err, errlen, -EINVAL, "optimizer %s: %s", opt, e);
+                                        goto out;
+                                }
+                        }
+                *slots_loaded = true;
+        } else if (!same && L->n_slots) {
+                log_notice("Checkpoint \"%s\" was written with optimizer %s, the job uses %s: its variables are "
+                           "restored, the optimizer's slots start afresh", row->path, opt ? opt : "(unknown)",
+                           optim_name(L->optimizer));
+        }
+        const char *fp = ckpt_meta(ck, "fingerprint");
+        char ours[24];
+        snprintf(ours, sizeof(ours), "%016" PRIx64, s->fingerprint);
+        if (fp && strcmp(fp, ours) != 0)
+                log_info("Checkpoint \"%s\" was written by a job with fingerprint %s (this one: %s): the cluster or "
+                         "training settings changed; its variables fit the model, so it is used",
+                         row->path, fp, ours);
+        r = 0;
+out:
+        ckpt_free(ck);
+        return r;
+}
+
+int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
+                    bool *slots_loaded, char *err, size_t errlen) {
+        pthread_mutex_lock(&s->mu);
+        int r = load_locked(s, row, params, slots, slots_loaded, err, errlen);
+        pthread_mutex_unlock(&s->mu);
+        return r;
+}
+
+int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
+                           struct chief_db_checkpoint *ret, char *err, size_t errlen) {
+        struct chief_db_checkpoint *rows = NULL;
+        size_t n = 0;
+        int r = chief_db_list_checkpoints(s->db, &rows, &n);
+        if (r < 0)
+                return errf(err, errlen, r, "cannot list the checkpoints: %s", strerror(-r));
+        pthread_mutex_lock(&s->mu);
+        r = 0;
+        for (size_t i = 0; i < n; i++) {
+                const struct chief_db_checkpoint *row = &rows[i];
+                char e[600];
+                int l = load_locked(s, row, params, slots, slots_loaded, e, sizeof(e));
+                if (l == 0) {
+                        *ret = *row;
+                        r = 1;
+                        break;
+                }
+                if (l == -EINVAL) {
+                        r = errf(err, errlen, l,
+                                 "checkpoint \"%s\" (global_step %" PRIu64 ") holds a different model: %s; to start "
+                                 "this job afresh, remove its state (chief.db and the checkpoints)",
+                                 row->path, row->global_step, e);
+                        break;
+                }
+                const char *next = i + 1 < n ? "trying the previous one" : "no older checkpoint is left";
+                if (l == -ENOENT || l == -EBADMSG) {
+                        char *aside = NULL;
+                        if (l == -EBADMSG && (aside = strdup_printf("%s.corrupt", row->path)) && rename(row->path, aside) < 0) {
+                                free(aside);
+                                aside = NULL;
+                        }
+                        int d = chief_db_delete_checkpoint(s->db, row->global_step, NULL);
+                        log_warning("Checkpoint \"%s\" (global_step %" PRIu64 ") is %s: %s; %s%s%s; %s", row->path,
+                                    row->global_step, l == -ENOENT ? "missing" : "corrupt", e,
+                                    d < 0 ? "could not forget it" : "forgot it", aside ? ", moved the file aside to " : "",
+                                    aside ? aside : "", next);
+                        free(aside);
+                } else {
+                        /* Not the file's fault (permissions, I/O, memory): leave it recorded. */
+                        log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
+                                    row->global_step, e, next);
+                }
+        }
+        pthread_mutex_unlock(&s->mu);
+        free(rows);
+        return r;
+}
+
+/* ---- deleting, listing, repairing ---- */
+
+int chief_ckpt_delete(struct chief_ckpt *s, uint64_t global_step, struct chief_db_checkpoint *ret, char *err,
+                      size_t errlen) {
+        struct chief_db_checkpoint row;
+        pthread_mutex_lock(&s->mu);
+        int r = chief_db_delete_checkpoint(s->db, global_step, &row);
+        if (r == -ENOENT)
+                errf(err, errlen, r, "there is no checkpoint of global_step %" PRIu64, global_step);
+        else if (r < 0)
+                errf(err, errlen, r, "cannot delete the record of global_step %" PRIu64 ": %s", global_step, strerror(-r));
+        else if (unlink(row.path) < 0 && errno != ENOENT)
+                /* The row is gone, so the file is no checkpoint any more; reconcile removes it later. */
+                log_warning_errno(errno, "Cannot remove \"%s\" (no longer recorded)", row.path);
+        pthread_mutex_unlock(&s->mu);
+        if (r >= 0 && ret)
+                *ret = row;
+        return r;
+}
+
+int chief_ckpt_newest(struct chief_ckpt *s, struct chief_db_checkpoint *ret, uint32_t *count_ret) {
+        struct chief_db_checkpoint *rows = NULL;
+        size_t n = 0;
+        int r = chief_db_list_checkpoints(s->db, &rows, &n);
+        if (r >= 0 && n == 0)
+                r = -ENOENT;
+        if (r >= 0)
+                *ret = rows[0];
+        if (count_ret)
+                *count_ret = r >= 0 || r == -ENOENT ? (uint32_t)n : 0;
+        free(rows);
+        return r;
+}
+
+int chief_ckpt_reconcile(struct chief_ckpt *s) {
+        struct chief_db_checkpoint *rows = NULL;
+        size_t n = 0;
+        int repairs = 0;
+        pthread_mutex_lock(&s->mu);
+        int r = chief_db_list_checkpoints(s->db, &rows, &n);
+        for (size_t i = 0; r >= 0 && i < n; i++) {
+                struct chief_db_checkpoint *row = &rows[i];
+                if (exists(row->path))
+                        continue;
+                char *here = strdup_printf("%s/%s", s->dir, base_name(row->path));
+                struct chief_db_checkpoint *gone = NULL;
+                size_t n_gone = 0;
+                if (here && strcmp(here, row->path) != 0 && exists(here)) {
+                        log_notice("Checkpoint of global_step %" PRIu64 ": recorded as \"%s\", found as \"%s\"; following it",
+                                   row->global_step, row->path, here);
+                        snprintf(row->path, sizeof(row->path), "%s", here);
+                        r = chief_db_add_checkpoint(s->db, row, UINT32_MAX, &gone, &n_gone);
+                        free(gone);
+                } else {
+                        log_warning("Checkpoint of global_step %" PRIu64 " is recorded but its file \"%s\" is missing; "
+                                    "forgetting it", row->global_step, row->path);
+                        r = chief_db_delete_checkpoint(s->db, row->global_step, NULL);
+                        row->path[0] = 0;
+                }
+                free(here);
+                repairs++;
+        }
+        DIR *d = r >= 0 ? opendir(s->dir) : NULL;
+        if (r >= 0 && !d)
+                r = -errno;
+        for (struct dirent *e; d && (e = readdir(d));) {
+                char *path = strdup_printf("%s/%s", s->dir, e->d_name);
+                uint64_t step;
+                size_t len = strlen(e->d_name);
+                if (!path)
+                        break;
+                if (strncmp(e->d_name, ".ckpt-", 6) == 0 && len > 4 && strcmp(e->d_name + len - 4, ".tmp") == 0) {
+                        if (unlink(path) == 0) {
+                                log_warning("Removed \"%s\": the write of a checkpoint was interrupted", path);
+                                repairs++;
+                        }
+                } else if (parse_name(e->d_name, &step)) {
+                        bool recorded = false;
+                        for (size_t i = 0; i < n && !recorded; i++)
+                                recorded = rows[i].global_step == step && strcmp(rows[i].path, path) == 0;
+                        if (!recorded && unlink(path) == 0) {
+                                log_warning("Removed \"%s\": a checkpoint file that was never recorded (chiefd stopped "
+                                            "between writing it and recording it)", path);
+                                repairs++;
+                        }
+                }
+                free(path);
+        }
+        if (d)
+                closedir(d);
+        pthread_mutex_unlock(&s->mu);
+        free(rows);
+        return r < 0 ? r : repairs;
+}

@@ -1,0 +1,78 @@
+/* A job's checkpoints: safetensors files in one directory (ckpt-<global_step>.safetensors, written by
+ * ckpt.c) and their rows in SQLite (chief_db.c). The rows are the record: a file becomes a checkpoint
+ * when its row is committed, which happens only after the file is complete, fsync'd and renamed into
+ * place, so no partial file is ever listed. At start, chief_ckpt_reconcile() makes files and rows agree
+ * again after a crash.
+ *
+ * Tensors are the job's variables (names as the model gives them, shape [rows, cols]) and, under
+ * "<var>/<slot>", the optimizer's slots; "__metadata__" holds format, job, global_step, fingerprint,
+ * optimizer, slots, time_us.
+ *
+ * Part of chiefd: logs the repairs it makes (the daemon's own log). Thread-safe: one lock serializes
+ * saves, loads, deletions and repairs; listing reads SQLite only. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chief_db.h"
+#include "config.h"
+#include "job.h"
+
+struct chief_ckpt;
+
+struct chief_ckpt_config {
+        const char *dir;                /* created when missing */
+        const struct job_layout *L;     /* variables (block layout), optimizer; must outlive the store */
+        const char *job;
+        uint64_t fingerprint;
+        uint32_t keep;                  /* supervisor.keep_checkpoints */
+        uint64_t test_delay_ms;         /* test hook (PSFLEET_TEST_CHECKPOINT_DELAY_MS): sleep before the
+                                         * rename and again before the row is committed; 0: off */
+};
+
+/* Returns 0 and *ret, or -errno with err saying why (the directory cannot be created). */
+int chief_ckpt_new(struct chief_db *db, const struct chief_ckpt_config *cfg, struct chief_ckpt **ret, char *err,
+                   size_t errlen);
+struct chief_ckpt *chief_ckpt_free(struct chief_ckpt *s);   /* NULL-safe; returns NULL */
+/* The directory, absolute. */
+const char *chief_ckpt_dir(const struct chief_ckpt *s);
+/* "<dir>/ckpt-<global_step, 10 digits>.safetensors"; malloc'd. */
+char *chief_ckpt_path(const struct chief_ckpt *s, uint64_t global_step);
+
+/* After a crash: removes temp files of interrupted writes and checkpoint files without a row, forgets
+ * rows whose file is gone (a row whose file was moved along with the directory follows it). Each
+ * repair is logged. Returns the number of repairs, or -errno. */
+int chief_ckpt_reconcile(struct chief_ckpt *s);
+
+/* Writes params (and slots, n_slots blocks, or NULL) in the model's block layout as the checkpoint of
+ * global_step, then records it with stats' loss, eval_* and trigger in one transaction that also drops
+ * rows beyond the newest `keep`; then removes the dropped files. *ret gets the row. Returns 0, or -errno
+ * with err (nothing recorded, no file left behind). */
+int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slots, uint64_t global_step,
+                    const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
+                    size_t errlen);
+
+/* Reads and verifies one checkpoint into params (and slots when the file's optimizer is the job's;
+ * *slots_loaded says whether they were). Checks: the file exists, its size and CRC-32C match the row,
+ * it parses, its global_step matches, and it holds exactly the model's variables with their shapes
+ * (and the optimizer's slots). Returns 0; -ENOENT (file missing), -EBADMSG (corrupt: size, checksum or
+ * format), -EINVAL (a valid file of a different model), or another -errno; err says why. */
+int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
+                    bool *slots_loaded, char *err, size_t errlen);
+
+/* The newest checkpoint that loads: tries rows newest first; a missing or corrupt one is logged by name,
+ * its file moved aside to "<path>.corrupt" (if present) and its row deleted, and the previous one is
+ * tried. Returns 1 with *ret and the values loaded; 0 when none is usable; -EINVAL when the newest
+ * intact one holds a different model (err says how: the job must not silently start afresh); or
+ * another -errno. */
+int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
+                           struct chief_db_checkpoint *ret, char *err, size_t errlen);
+
+/* Deletes the checkpoint of global_step: its row (durably), then its file. 0 and *ret (may be NULL),
+ * -ENOENT, or -errno. */
+int chief_ckpt_delete(struct chief_ckpt *s, uint64_t global_step, struct chief_db_checkpoint *ret, char *err,
+                      size_t errlen);
+
+/* The newest row and the number of rows: 0, -ENOENT when there is none, or -errno. */
+int chief_ckpt_newest(struct chief_ckpt *s, struct chief_db_checkpoint *ret, uint32_t *count_ret);

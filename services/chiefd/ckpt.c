@@ -1,0 +1,444 @@
+/* Checkpoint files in the safetensors format: see ckpt.h. */
+#include "ckpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "util.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoints store floats as they lie in memory");
+
+#define HEADER_MAX (100u << 20)    /* safetensors' own limit on the JSON header */
+
+static int errf(char *err, size_t len, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int errf(char *err, size_t len, int r, const char *fmt, ...) {
+        if (err && len) {
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(err, len, fmt, ap);
+                va_end(ap);
+        }
+        return r;
+}
+
+const char *ckpt_format_checksum(uint32_t crc, char *buf, size_t len) {
+        snprintf(buf, len, "crc32c:%08" PRIx32, crc);
+        return buf;
+}
+
+/* ---- writing ---- */
+
+char *ckpt_temp_path(const char *path) {
+        const char *slash = strrchr(path, '/');
+        if (!slash)
+                return strdup_printf(".%s.tmp", path);
+        return strdup_printf("%.*s/.%s.tmp", (int)(slash - path), path, slash + 1);
+}
+
+static int write_all(int fd, const void *p, size_t n, uint32_t *crc) {
+        const uint8_t *b = p;
+        *crc = crc32c_update(*crc, p, n);
+        while (n) {
+                ssize_t w = write(fd, b, n > (1u << 30) ? (1u << 30) : n);
+                if (w < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                b += w;
+                n -= (size_t)w;
+        }
+        return 0;
+}
+
+static int fsync_dir_of(const char *path) {
+        char *copy = strdup(path);
+        if (!copy)
+                return -ENOMEM;
+        int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        free(copy);
+        if (fd < 0)
+                return -errno;
+        int r = fsync(fd) < 0 ? -errno : 0;
+        close(fd);
+        return r;
+}
+
+/* The header: metadata first, then the tensors in the order given, padded to a multiple of 8. */
+static char *build_header(const struct ckpt_tensor *t, size_t n, const struct ckpt_kv *meta, size_t n_meta,
+                          size_t *len_ret) {
+        json_t *h = json_object(), *m = json_object();
+        for (size_t i = 0; i < n_meta; i++)
+                json_object_set_new(m, meta[i].key, json_string(meta[i].value));
+        json_object_set_new(h, "__metadata__", m);
+        uint64_t at = 0;
+        for (size_t i = 0; i < n; i++) {
+                uint64_t bytes = (uint64_t)t[i].rows * t[i].cols * sizeof(float);
+                json_t *o = json_pack("{s:s, s:[I,I], s:[I,I]}", "dtype", "F32", "shape", (json_int_t)t[i].rows,
+                                      (json_int_t)t[i].cols, "data_offsets", (json_int_t)at, (json_int_t)(at + bytes));
+                if (!o || json_object_set_new(h, t[i].name, o) < 0) {
+                        json_decref(h);
+                        return NULL;
+                }
+                at += bytes;
+        }
+        char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        json_decref(h);
+        if (!text)
+                return NULL;
+        size_t len = strlen(text), padded = (len + 7) & ~(size_t)7;
+        char *out = realloc(text, padded + 1);
+        if (!out) {
+                free(text);
+                return NULL;
+        }
+        memset(out + len, ' ', padded - len);
+        out[padded] = 0;
+        *len_ret = padded;
+        return out;
+}
+
+int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, const struct ckpt_kv *meta,
+               size_t n_meta, uint64_t delay_ms, struct ckpt_written *ret, char *err, size_t errlen) {
+        for (size_t i = 0; i < n; i++)
+                for (size_t j = 0; j < i; j++)
+                        if (strcmp(tensors[i].name, tensors[j].name) == 0)
+                                return errf(err, errlen, -EINVAL, "tensor \"%s\" given twice", tensors[i].name);
+        size_t hlen;
+        char *header = build_header(tensors, n, meta, n_meta, &hlen);
+        char *tmp = ckpt_temp_path(path);
+        int fd = -1, r;
+        if (!header || !tmp) {
+                r = errf(err, errlen, -ENOMEM, "out of memory");
+                goto out;
+        }
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+                r = errf(err, errlen, -errno, "cannot create \"%s\": %s", tmp, strerror(errno));
+                goto out;
+        }
+        uint32_t crc = 0;
+        uint8_t lenb[8];
+        uint64_t total = 8 + hlen;
+        for (int i = 0; i < 8; i++)
+                lenb[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+        r = write_all(fd, lenb, 8, &crc);
+        if (r >= 0)
+                r = write_all(fd, header, hlen, &crc);
+        for (size_t i = 0; i < n && r >= 0; i++) {
+                size_t bytes = (size_t)tensors[i].rows * tensors[i].cols * sizeof(float);
+                r = write_all(fd, tensors[i].data, bytes, &crc);
+                total += bytes;
+        }
+        if (r < 0) {
+                errf(err, errlen, r, "cannot write \"%s\": %s", tmp, strerror(-r));
+                goto fail;
+        }
+        if (fsync(fd) < 0) {
+                r = errf(err, errlen, -errno, "cannot fsync \"%s\": %s", tmp, strerror(errno));
+                goto fail;
+        }
+        r = close(fd) < 0 ? -errno : 0;
+        fd = -1;
+        if (r < 0) {
+                errf(err, errlen, r, "cannot close \"%s\": %s", tmp, strerror(-r));
+                goto fail;
+        }
+        if (delay_ms) {
+                struct timespec ts = {(time_t)(delay_ms / 1000), (long)(delay_ms % 1000) * 1000000L};
+                while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                        ;
+        }
+        if (rename(tmp, path) < 0) {
+                r = errf(err, errlen, -errno, "cannot rename \"%s\" to \"%s\": %s", tmp, path, strerror(errno));
+                goto fail;
+        }
+        r = fsync_dir_of(path);
+        if (r < 0) {
+                /* The file is complete and in place; only its directory entry may not survive a power cut. */
+                errf(err, errlen, r, "cannot fsync the directory of \"%s\": %s", path, strerror(-r));
+                goto out;
+        }
+        *ret = (struct ckpt_written){.bytes = total, .crc32c = crc};
+        r = 0;
+        goto out;
+fail:
+        if (fd >= 0)
+                close(fd);
+        unlink(tmp);
+out:
+        free(header);
+        free(tmp);
+        return r;
+}
+
+/* ---- reading ---- */
+
+struct ckpt_t {
+        const char *name;               /* owned by the header's JSON */
+        unsigned ndims;
+        uint64_t shape[CKPT_MAX_DIMS];
+        uint64_t begin, end;            /* into the data section */
+};
+
+struct ckpt {
+        uint8_t *buf;
+        size_t size;
+        uint32_t crc;
+        json_t *header;
+        const uint8_t *data;            /* buf + 8 + header length */
+        size_t n;
+        struct ckpt_t *t;
+};
+
+struct ckpt *ckpt_free(struct ckpt *c) {
+        if (!c)
+                return NULL;
+        json_decref(c->header);
+        free(c->t);
+        free(c->buf);
+        free(c);
+        return NULL;
+}
+
+uint64_t ckpt_bytes(const struct ckpt *c) {
+        return c->size;
+}
+
+uint32_t ckpt_crc32c(const struct ckpt *c) {
+        return c->crc;
+}
+
+const char *ckpt_meta(const struct ckpt *c, const char *key) {
+        json_t *v = json_object_get(json_object_get(c->header, "__metadata__"), key);
+        return json_string_value(v);
+}
+
+size_t ckpt_n_tensors(const struct ckpt *c) {
+        return c->n;
+}
+
+const char *ckpt_tensor_name(const struct ckpt *c, size_t i) {
+        return c->t[i].name;
+}
+
+static int read_whole(const char *path, uint64_t max, uint8_t **buf_ret, size_t *len_ret, char *err, size_t errlen) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errf(err, errlen, -errno, "cannot open \"%s\": %s", path, strerror(errno));
+        struct stat st;
+        int r = 0;
+        uint8_t *buf = NULL;
+        if (fstat(fd, &st) < 0) {
+                r = errf(err, errlen, -errno, "cannot stat \"%s\": %s", path, strerror(errno));
+                goto out;
+        }
+        if (!S_ISREG(st.st_mode)) {
+                r = errf(err, errlen, -EBADMSG, "\"%s\" is not a regular file", path);
+                goto out;
+        }
+        if ((uint64_t)st.st_size > max) {
+                r = errf(err, errlen, -EFBIG, "\"%s\" is %lld bytes, more than the %" PRIu64 " expected", path,
+                         (long long)st.st_size, max);
+                goto out;
+        }
+        size_t len = (size_t)st.st_size, got = 0;
+        buf = malloc(len ? len : 1);
+        if (!buf) {
+                r = errf(err, errlen, -ENOMEM, "out of memory for \"%s\" (%zu bytes)", path, len);
+                goto out;
+        }
+        while (got < len) {
+                ssize_t n = read(fd, buf + got, len - got);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0) {
+                        r = errf(err, errlen, -errno, "cannot read \"%s\": %s", path, strerror(errno));
+                        goto out;
+                }
+                if (n == 0) {
+                        r = errf(err, errlen, -EBADMSG, "\"%s\" shrank while being read", path);
+                        goto out;
+                }
+                got += (size_t)n;
+        }
+        *buf_ret = buf;
+        *len_ret = len;
+        buf = NULL;
+out:
+        free(buf);
+        close(fd);
+        return r;
+}
+
+static int cmp_begin(const void *a, const void *b) {
+        const struct ckpt_t *x = *(const struct ckpt_t *const *)a, *y = *(const struct ckpt_t *const *)b;
+        return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+/* Checks the parsed header: one entry per tensor, contiguous data covering the data section. */
+static int parse_header(struct ckpt *c, const char *path, size_t data_len, char *err, size_t errlen) {
+        if (!json_is_object(c->header))
+                return errf(err, errlen, -EBADMSG, "\"%s\": the header is not a JSON object", path);
+        size_t n = json_object_size(c->header);
+        c->t = calloc(n ? n : 1, sizeof(*c->t));
+        struct ckpt_t **order = calloc(n ? n : 1, sizeof(*order));
+        int r = 0;
+        if (!c->t || !order) {
+                free(order);
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        }
+        const char *key;
+        json_t *v;
+        json_object_foreach(c->header, key, v) {
+                if (strcmp(key, "__metadata__") == 0) {
+                        const char *mk;
+                        json_t *mv;
+                        if (!json_is_object(v)) {
+                                r = errf(err, errlen, -EBADMSG, "\"%s\": __metadata__ is not an object", path);
+                                goto out;
+                        }
+                        json_object_foreach(v, mk, mv) {
+                                if (!json_is_string(mv)) {
+                                        r = errf(err, errlen, -EBADMSG, "\"%s\": __metadata__ \"%s\" is not a string",
+                                                 path, mk);
+                                        goto out;
+                                }
+                        }
+                        continue;
+                }
+                struct ckpt_t *t = &c->t[c->n];
+                json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
+                       *off = json_object_get(v, "data_offsets");
+                if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) || !json_is_array(off) ||
+                    json_array_size(off) != 2) {
+                        r = errf(err, errlen, -EBADMSG, "\"%s\": tensor \"%s\" lacks dtype, shape or data_offsets", path,
+                                 key);
+                        goto out;
+                }
+                if (strcmp(json_string_value(dt), "F32") != 0) {
+                        r = errf(err, errlen, -EBADMSG, "\"%s\": tensor \"%s\" has dtype %s; only F32 is used here",
+                                 path, key, json_string_value(dt));
+                        goto out;
+                }
+                t->name = key;
+                t->ndims = (unsigned)json_array_size(shape);
+                if (t->ndims > CKPT_MAX_DIMS) {
+                        r = errf(err, errlen, -EBADMSG, "\"%s\": tensor \"%s\" has %u dimensions", path, key, t->ndims);
+                        goto out;
+                }
+                uint64_t elems = 1;
+                for (unsigned d = 0; d < t->ndims; d++) {
+                        json_t *x = json_array_get(shape, d);
+                        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > (1LL << 40)) {
+                                r = errf(err, errlen, -EBADMSG, "\"%s\": tensor \"%s\": bad shape", path, key);
+                                goto out;
+                        }
+                        t->shape[d] = (uint64_t)json_integer_value(x);
+                        elems *= t->shape[d];
+                }
+                json_t *b = json_array_get(off, 0), *e = json_array_get(off, 1);
+                if (!json_is_integer(b) || !json_is_integer(e) || json_integer_value(b) < 0 ||
+                    json_integer_value(e) < json_integer_value(b)) {
+                        r = errf(err, errlen, -EBADMSG, "\"%s\": tensor \"%s\": bad data_offsets", path, key);
+                        goto out;
+                }
+                t->begin = (uint64_t)json_integer_value(b);
+                t->end = (uint64_t)json_integer_value(e);
+                if (t->end - t->begin != elems * sizeof(float)) {
+                        r = errf(err, errlen, -EBADMSG,
+                                 "\"%s\": tensor \"%s\": data_offsets span %" PRIu64 " bytes, its shape needs %" PRIu64,
+                                 path, key, t->end - t->begin, elems * (uint64_t)sizeof(float));
+                        goto out;
+                }
+                order[c->n] = t;
+                c->n++;
+        }
+        qsort(order, c->n, sizeof(*order), cmp_begin);
+        uint64_t at = 0;
+        for (size_t i = 0; i < c->n; i++) {
+                if (order[i]->begin != at) {
+                        r = errf(err, errlen, -EBADMSG, "\"%s\": tensor \"%s\" starts at byte %" PRIu64 " of the data, expected %" PRIu64,
+                                 path, order[i]->name, order[i]->begin, at);
+                        goto out;
+                }
+                at = order[i]->end;
+        }
+        if (at != data_len)
+                r = errf(err, errlen, -EBADMSG, "\"%s\": the tensors cover %" PRIu64 " bytes of data, the file holds %zu",
+                         path, at, data_len);
+out:
+        free(order);
+        return r;
+}
+
+int ckpt_read(const char *path, uint64_t max_bytes, struct ckpt **ret, char *err, size_t errlen) {
+        struct ckpt *c = calloc(1, sizeof(*c));
+        if (!c)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        int r = read_whole(path, max_bytes, &c->buf, &c->size, err, errlen);
+        if (r < 0)
+                goto fail;
+        c->crc = crc32c(c->buf, c->size);
+        if (c->size < 8) {
+                r = errf(err, errlen, -EBADMSG, "\"%s\" is %zu bytes: too short for a safetensors file", path, c->size);
+                goto fail;
+        }
+        uint64_t hlen = 0;
+        for (int i = 0; i < 8; i++)
+                hlen |= (uint64_t)c->buf[i] << (8 * i);
+        if (hlen > HEADER_MAX || hlen > c->size - 8) {
+                r = errf(err, errlen, -EBADMSG, "\"%s\": header length %" PRIu64 " does not fit the file (%zu bytes)", path,
+                         hlen, c->size);
+                goto fail;
+        }
+        json_error_t je;
+        c->header = json_loadb((const char *)c->buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+        if (!c->header) {
+                r = errf(err, errlen, -EBADMSG, "\"%s\": the header is not valid JSON: %s", path, je.text);
+                goto fail;
+        }
+        c->data = c->buf + 8 + hlen;
+        r = parse_header(c, path, c->size - 8 - (size_t)hlen, err, errlen);
+        if (r < 0)
+                goto fail;
+        *ret = c;
+        return 0;
+fail:
+        ckpt_free(c);
+        return r;
+}
+
+int ckpt_get(const struct ckpt *c, const char *name, uint32_t rows, uint32_t cols, float *dst, char *err,
+             size_t errlen) {
+        for (size_t i = 0; i < c->n; i++) {
+                const struct ckpt_t *t = &c->t[i];
+                if (strcmp(t->name, name) != 0)
+                        continue;
+                bool ok = (t->ndims == 2 && t->shape[0] == rows && t->shape[1] == cols) ||
+                          (t->ndims == 1 && rows == 1 && t->shape[0] == cols);
+                if (!ok) {
+                        char shape[160] = "";
+                        for (unsigned d = 0, at = 0; d < t->ndims && at < sizeof(shape) - 24; d++)
+                                at += (unsigned)snprintf(shape + at, sizeof(shape) - at, "%s%" PRIu64, d ? ", " : "",
+                                                         t->shape[d]);
+                        return errf(err, errlen, -EINVAL, "tensor \"%s\" has shape [%s], the model's is [%u, %u]", name,
+                                    shape, rows, cols);
+                }
+                memcpy(dst, c->data + t->begin, (size_t)(t->end - t->begin));
+                return 0;
+        }
+        return errf(err, errlen, -ENOENT, "no tensor \"%s\"", name);
+}

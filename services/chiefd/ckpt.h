@@ -1,0 +1,69 @@
+/* Checkpoint files in the safetensors format (https://github.com/huggingface/safetensors): an 8-byte
+ * little-endian header length N, N bytes of JSON (padded with spaces to a multiple of 8), then the
+ * tensors' bytes back to back. The JSON maps each tensor's name to {"dtype": "F32", "shape": [...],
+ * "data_offsets": [begin, end]} (offsets into the data section) and "__metadata__" to a map of
+ * strings. Any safetensors reader opens these files; chiefd reads them back here.
+ *
+ * Writes are durable and atomic: a reader sees the old file or the new one, never a part.
+ * Thread-safe: no shared state. Little-endian hosts only (floats are written as they lie in memory). */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPT_MAX_DIMS 8
+
+/* One tensor to write: written with shape [rows, cols]. */
+struct ckpt_tensor {
+        const char *name;
+        uint32_t rows, cols;
+        const float *data;      /* (rows, cols) */
+};
+
+/* One "__metadata__" entry: both strings. */
+struct ckpt_kv {
+        const char *key, *value;
+};
+
+struct ckpt_written {
+        uint64_t bytes;         /* of the whole file */
+        uint32_t crc32c;        /* CRC-32C of the whole file */
+};
+
+/* Writes the tensors (names must be distinct) and metadata as a safetensors file at path: into a
+ * temp file ".<name>.tmp" beside it, fsync, rename over path, fsync the directory. delay_ms > 0 sleeps
+ * between the fsync and the rename: a test hook, so that a test can kill the writer while only the
+ * temp file exists. Returns 0 and *ret; or -errno with err saying what failed, the temp file removed
+ * and path untouched. */
+int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, const struct ckpt_kv *meta,
+               size_t n_meta, uint64_t delay_ms, struct ckpt_written *ret, char *err, size_t errlen);
+
+/* The temp file name ckpt_write uses for path (".<basename>.tmp" in the same directory); malloc'd. */
+char *ckpt_temp_path(const char *path);
+
+/* A checkpoint file read whole and checked. */
+struct ckpt;
+
+/* Reads the whole file (at most max_bytes), computes its CRC-32C, and checks the format: a JSON
+ * object header; every tensor of dtype F32 with a shape whose element count matches its data_offsets;
+ * the tensors back to back and covering the data section exactly (as safetensors' own loader demands);
+ * every metadata value a string. Returns 0 and *ret (free with ckpt_free); -errno from the file system
+ * (-ENOENT, -EACCES, -EIO, -EFBIG over max_bytes); -EBADMSG when the file is not a valid safetensors
+ * file of F32 tensors. err says why in every case. */
+int ckpt_read(const char *path, uint64_t max_bytes, struct ckpt **ret, char *err, size_t errlen);
+struct ckpt *ckpt_free(struct ckpt *c);   /* NULL-safe; returns NULL */
+
+uint64_t ckpt_bytes(const struct ckpt *c);
+uint32_t ckpt_crc32c(const struct ckpt *c);
+/* A "__metadata__" value, or NULL when absent. Owned by c. */
+const char *ckpt_meta(const struct ckpt *c, const char *key);
+size_t ckpt_n_tensors(const struct ckpt *c);
+const char *ckpt_tensor_name(const struct ckpt *c, size_t i);   /* i < ckpt_n_tensors; owned by c */
+
+/* Copies tensor `name` into dst (rows * cols floats) after checking that its shape is [rows, cols]
+ * (or [cols] when rows is 1: a bias as other frameworks store it). Returns 0; -ENOENT when there is
+ * no such tensor; -EINVAL when the shape differs, with both shapes in err. */
+int ckpt_get(const struct ckpt *c, const char *name, uint32_t rows, uint32_t cols, float *dst, char *err,
+             size_t errlen);
+
+/* "crc32c:1a2b3c4d" into buf (at least 16 bytes); returns buf. */
+const char *ckpt_format_checksum(uint32_t crc, char *buf, size_t len);

@@ -1,0 +1,235 @@
+/* psfleet checkpoints list|save|rm: a job's checkpoints, through the chief. Readable tables or JSON. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "rpc.h"
+#include "util.h"
+#include "wire.h"
+
+#define M_LIST "/psfleet.v1.Supervisor/ListCheckpoints"
+#define M_SAVE "/psfleet.v1.Supervisor/SaveCheckpoint"
+#define M_DELETE "/psfleet.v1.Supervisor/DeleteCheckpoint"
+
+static void ckpt_help(FILE *f) {
+        fprintf(f, "Usage: psfleet checkpoints list [--json] (--address HOST:PORT | --job JOB.json)\n"
+                   "       psfleet checkpoints save [--json] [--reason TEXT] (--address ... | --job ...)\n"
+                   "       psfleet checkpoints rm STEP... [--json] (--address ... | --job ...)\n"
+                   "\n"
+                   "A job's checkpoints, as its chief (chiefd) records them: safetensors files with the variables\n"
+                   "and the optimizer's slots, one per global_step.\n"
+                   "\n"
+                   "  list      the recorded checkpoints, newest first: step, time, size, checksum, the workers'\n"
+                   "            loss and the latest evaluation when it was saved, what triggered it, its path\n"
+                   "  save      save one now; returns once it is written and recorded (or names the newest one\n"
+                   "            when global_step has not moved since)\n"
+                   "  rm STEP   delete the checkpoint of that global_step: its record, then its file\n"
+                   "\n"
+                   "  --address HOST:PORT  the chief's address\n"
+                   "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   "  --json               JSON instead of text\n"
+                   "  --reason TEXT        save: logged by the chief\n"
+                   "  --timeout-ms N       deadline of each call (default 60000)\n"
+                   "\n"
+                   "Exit status: 0 success, 1 the chief refused or could not be reached, 2 bad usage, 78 bad job file.\n");
+}
+
+static const char *fmt_time(uint64_t us, char *buf, size_t len) {
+        time_t t = (time_t)(us / 1000000);
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm);
+        return buf;
+}
+
+static const char *fmt_bytes(uint64_t b, char *buf, size_t len) {
+        if (b >= 1ull << 30)
+                snprintf(buf, len, "%.1f GiB", (double)b / (1 << 30));
+        else if (b >= 1ull << 20)
+                snprintf(buf, len, "%.1f MiB", (double)b / (1 << 20));
+        else if (b >= 1ull << 10)
+                snprintf(buf, len, "%.1f KiB", (double)b / (1 << 10));
+        else
+                snprintf(buf, len, "%llu B", (unsigned long long)b);
+        return buf;
+}
+
+static void print_row(const Psfleet__V1__Checkpoint *c) {
+        char t[32], b[32], loss[16] = "-", acc[16] = "-";
+        if (isfinite(c->loss))
+                snprintf(loss, sizeof(loss), "%.4f", c->loss);
+        if (c->eval_accuracy >= 0)
+                snprintf(acc, sizeof(acc), "%.4f", c->eval_accuracy);
+        printf("%10llu  %s  %9s  %-8s  %-8s  %-7s  %s  %s\n", (unsigned long long)c->global_step,
+               fmt_time(c->time_us, t, sizeof(t)), fmt_bytes(c->bytes, b, sizeof(b)), loss, acc,
+               c->trigger ? c->trigger : "", c->checksum ? c->checksum : "", c->path ? c->path : "");
+}
+
+static void print_json(json_t *o) {
+        char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        if (text)
+                printf("%s\n", text);
+        free(text);
+        json_decref(o);
+}
+
+static int do_list(struct rpc_channel *ch, bool json, uint64_t timeout_ms) {
+        Psfleet__V1__ListCheckpointsRequest q = PSFLEET__V1__LIST_CHECKPOINTS_REQUEST__INIT;
+        ProtobufCMessage *m;
+        char err[1024];
+        if (rpc_call_msg(ch, M_LIST, &q.base, &psfleet__v1__list_checkpoints_reply__descriptor, timeout_ms, false, &m,
+                         err, sizeof(err)) < 0) {
+                fprintf(stderr, "psfleet: cannot list the checkpoints: %s\n", err);
+                return 1;
+        }
+        const Psfleet__V1__ListCheckpointsReply *rep = (const Psfleet__V1__ListCheckpointsReply *)m;
+        if (json) {
+                json_t *o = json_object(), *a = json_array();
+                json_object_set_new(o, "checkpoint_dir", json_string(rep->checkpoint_dir ? rep->checkpoint_dir : ""));
+                json_object_set_new(o, "keep", json_integer(rep->keep));
+                for (size_t i = 0; i < rep->n_checkpoints; i++)
+                        json_array_append_new(a, cli_checkpoint_json(rep->checkpoints[i]));
+                json_object_set_new(o, "checkpoints", a);
+                print_json(o);
+        } else {
+                printf("%zu checkpoint%s in %s (keeping the last %u)\n", rep->n_checkpoints,
+                       rep->n_checkpoints == 1 ? "" : "s", rep->checkpoint_dir ? rep->checkpoint_dir : "?", rep->keep);
+                if (rep->n_checkpoints)
+                        printf("%10s  %-19s  %9s  %-8s  %-8s  %-7s  %-15s  %s\n", "STEP", "TIME", "SIZE", "LOSS",
+                               "EVAL ACC", "TRIGGER", "CHECKSUM", "PATH");
+                for (size_t i = 0; i < rep->n_checkpoints; i++)
+                        print_row(rep->checkpoints[i]);
+        }
+        protobuf_c_message_free_unpacked(m, NULL);
+        return 0;
+}
+
+static int do_save(struct rpc_channel *ch, bool json, const char *reason, uint64_t timeout_ms) {
+        Psfleet__V1__SaveCheckpointRequest q = PSFLEET__V1__SAVE_CHECKPOINT_REQUEST__INIT;
+        q.reason = (char *)(reason ? reason : "psfleet checkpoints save");
+        ProtobufCMessage *m;
+        char err[1024];
+        if (rpc_call_msg(ch, M_SAVE, &q.base, &psfleet__v1__save_checkpoint_reply__descriptor, timeout_ms, false, &m,
+                         err, sizeof(err)) < 0) {
+                fprintf(stderr, "psfleet: cannot save a checkpoint: %s\n", err);
+                return 1;
+        }
+        const Psfleet__V1__SaveCheckpointReply *rep = (const Psfleet__V1__SaveCheckpointReply *)m;
+        const Psfleet__V1__Checkpoint *c = rep->checkpoint;
+        if (!c) {
+                fprintf(stderr, "psfleet: the chief's reply names no checkpoint\n");
+        } else if (json) {
+                json_t *o = cli_checkpoint_json(c);
+                json_object_set_new(o, "existing", json_boolean(rep->existing));
+                print_json(o);
+        } else if (rep->existing) {
+                printf("global_step %llu is already checkpointed: %s\n", (unsigned long long)c->global_step, c->path);
+        } else {
+                char b[32];
+                printf("saved the checkpoint of global_step %llu: %s (%s, %s)\n", (unsigned long long)c->global_step,
+                       c->path, fmt_bytes(c->bytes, b, sizeof(b)), c->checksum);
+        }
+        int ret = c ? 0 : 1;
+        protobuf_c_message_free_unpacked(m, NULL);
+        return ret;
+}
+
+static int do_rm(struct rpc_channel *ch, bool json, char **steps, int n, uint64_t timeout_ms) {
+        int ret = 0;
+        for (int i = 0; i < n; i++) {
+                uint64_t step;
+                if (parse_u64(steps[i], 0, UINT64_MAX, &step) < 0) {
+                        fprintf(stderr, "psfleet checkpoints rm: \"%s\" is not a global_step\n", steps[i]);
+                        return CLI_EX_USAGE;
+                }
+        }
+        for (int i = 0; i < n; i++) {
+                uint64_t step;
+                parse_u64(steps[i], 0, UINT64_MAX, &step);
+                Psfleet__V1__DeleteCheckpointRequest q = PSFLEET__V1__DELETE_CHECKPOINT_REQUEST__INIT;
+                q.global_step = step;
+                ProtobufCMessage *m;
+                char err[1024];
+                if (rpc_call_msg(ch, M_DELETE, &q.base, &psfleet__v1__delete_checkpoint_reply__descriptor, timeout_ms,
+                                 false, &m, err, sizeof(err)) < 0) {
+                        fprintf(stderr, "psfleet: cannot delete the checkpoint of global_step %llu: %s\n",
+                                (unsigned long long)step, err);
+                        ret = 1;
+                        continue;
+                }
+                const Psfleet__V1__Checkpoint *c = ((const Psfleet__V1__DeleteCheckpointReply *)m)->deleted;
+                if (json && c)
+                        print_json(cli_checkpoint_json(c));
+                else if (c)
+                        printf("deleted the checkpoint of global_step %llu (%s)\n", (unsigned long long)c->global_step,
+                               c->path);
+                protobuf_c_message_free_unpacked(m, NULL);
+        }
+        return ret;
+}
+
+int cmd_checkpoints(int argc, char **argv) {
+        static const struct option opts[] = {
+                {"json", no_argument, NULL, 'J'},           {"address", required_argument, NULL, 'a'},
+                {"job", required_argument, NULL, 'j'},      {"reason", required_argument, NULL, 'r'},
+                {"timeout-ms", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+                {},
+        };
+        const char *address = NULL, *job = NULL, *reason = NULL;
+        bool json = false;
+        uint64_t timeout_ms = 60000;
+        int c;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
+                switch (c) {
+                case 'J': json = true; break;
+                case 'a': address = optarg; break;
+                case 'j': job = optarg; break;
+                case 'r': reason = optarg; break;
+                case 't':
+                        if (parse_u64(optarg, 1, 3600000, &timeout_ms) < 0) {
+                                fprintf(stderr, "psfleet checkpoints: --timeout-ms \"%s\": expected 1..3600000\n", optarg);
+                                return CLI_EX_USAGE;
+                        }
+                        break;
+                case 'h': ckpt_help(stdout); return 0;
+                default: ckpt_help(stderr); return CLI_EX_USAGE;
+                }
+        }
+        const char *sub = optind < argc ? argv[optind] : NULL;
+        int nargs = argc - optind - 1;
+        if (!sub || (strcmp(sub, "list") != 0 && strcmp(sub, "save") != 0 && strcmp(sub, "rm") != 0) ||
+            (strcmp(sub, "rm") == 0 ? nargs < 1 : nargs != 0)) {
+                ckpt_help(stderr);
+                return CLI_EX_USAGE;
+        }
+        char *chief = NULL;
+        int r = cli_chief_address("checkpoints", address, job, &chief);
+        if (r)
+                return r;
+        rpc_global_init();
+        struct rpc_channel *ch;
+        int ret = 1;
+        r = rpc_channel_new(chief, "chief", &ch);
+        if (r < 0) {
+                fprintf(stderr, "psfleet: cannot create a channel to \"%s\": %s\n", chief, strerror(-r));
+        } else {
+                if (strcmp(sub, "list") == 0)
+                        ret = do_list(ch, json, timeout_ms);
+                else if (strcmp(sub, "save") == 0)
+                        ret = do_save(ch, json, reason, timeout_ms);
+                else
+                        ret = do_rm(ch, json, argv + optind + 1, nargs, timeout_ms);
+                rpc_channel_free(ch);
+        }
+        free(chief);
+        rpc_global_shutdown();
+        return ret;
+}

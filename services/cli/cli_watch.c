@@ -1,0 +1,241 @@
+/* psfleet watch: follows a job through the chief's Watch stream. A bar redrawn in place on a terminal,
+ * plain lines otherwise, or one JSON object per update. Reconnects (bounded) when the chief goes away
+ * before the job has ended. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "rpc.h"
+#include "util.h"
+#include "wire.h"
+
+#define M_WATCH "/psfleet.v1.Supervisor/Watch"
+#define TICK_MS 200
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+        interrupted = sig;
+}
+
+static void watch_help(FILE *f) {
+        fprintf(f, "Usage: psfleet watch [--json] (--address HOST:PORT | --job JOB.json) [OPTIONS]\n"
+                   "\n"
+                   "Follows a job as it trains, through the chief's Watch stream: on a terminal a bar redrawn in\n"
+                   "place (state, step/max, loss, examples/s, ETA, newest checkpoint); otherwise a line every 5 s\n"
+                   "and at each change of state. Ends when the job is done or has failed.\n"
+                   "\n"
+                   "  --address HOST:PORT  the chief's address\n"
+                   "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   "  --json               one JSON object per update (as `psfleet status --json`), one per line\n"
+                   "  --interval-ms N      at most one update per N ms (default 500, at least 100)\n"
+                   "  --retry-secs N       how long to keep trying to reach the chief (default 30)\n"
+                   "\n"
+                   "Exit status: 0 the job is done, 1 it failed or the chief could not be reached, 2 bad usage,\n"
+                   "78 bad job file, 130 interrupted.\n");
+}
+
+struct watch {
+        const char *address;
+        bool json;
+        uint32_t interval_ms;
+        uint64_t retry_us;
+        struct progress prog;
+        Psfleet__V1__JobState last_state;
+        bool seen;
+        bool got;               /* the current stream delivered a message */
+};
+
+/* Shows one status. */
+static void show(struct watch *w, const Psfleet__V1__JobStatus *s) {
+        if (w->json) {
+                cli_print_status_json(stdout, s);
+                return;
+        }
+        char extra[160] = "";
+        if (s->last_checkpoint)
+                snprintf(extra, sizeof(extra), "ckpt %llu", (unsigned long long)s->last_checkpoint->global_step);
+        if (s->eval_accuracy >= 0)
+                snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), "%seval %.4f", extra[0] ? "  " : "",
+                         s->eval_accuracy);
+        bool changed = !w->seen || s->state != w->last_state;
+        if (changed && !w->prog.tty && s->reason && *s->reason)
+                fprintf(w->prog.f, "psfleet: job %s is %s: %s\n", s->job ? s->job : "?", cli_state_name(s->state),
+                        s->reason);
+        bool running = s->state >= PSFLEET__V1__JOB_STATE__JOB_STATE_TRAINING;
+        progress_update_extra(&w->prog, cli_state_name(s->state), s->global_step, s->max_steps, s->loss,
+                              running ? s->examples_per_s : -1, s->eta_s, extra[0] ? extra : NULL, changed);
+        w->last_state = s->state;
+        w->seen = true;
+}
+
+static void show_end(struct watch *w, const Psfleet__V1__JobStatus *s) {
+        if (w->json)
+                return;
+        progress_end(&w->prog);
+        if (s->state == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE)
+                fprintf(w->prog.f, "job %s done at global_step %llu: test accuracy %.4f, test loss %.4f%s%s\n",
+                        s->job ? s->job : "?", (unsigned long long)s->global_step, s->test_accuracy, s->test_loss,
+                        s->last_checkpoint ? "; final checkpoint " : "",
+                        s->last_checkpoint ? s->last_checkpoint->path : "");
+        else
+                fprintf(w->prog.f, "job %s failed: %s\n", s->job ? s->job : "?", s->reason ? s->reason : "");
+        fflush(w->prog.f);
+}
+
+/* One stream until it ends. Returns 0 done, 1 failed, 130 interrupted, or -errno (stream broken) with err. */
+static int follow(struct watch *w, struct rpc_channel *ch, char *err, size_t errlen) {
+        Psfleet__V1__WatchRequest q = PSFLEET__V1__WATCH_REQUEST__INIT;
+        q.min_interval_ms = w->interval_ms;
+        struct rpc_stream *st;
+        int r = rpc_stream_open(ch, M_WATCH, wire_pack(&q.base), 0, &st);
+        if (r < 0) {
+                snprintf(err, errlen, "%s", strerror(-r));
+                return r;
+        }
+        int ret = 0;
+        for (;;) {
+                if (interrupted) {
+                        ret = 128 + interrupted;
+                        break;
+                }
+                grpc_byte_buffer *bb = NULL;
+                r = rpc_stream_next(st, TICK_MS, &bb);
+                if (r == -ETIMEDOUT)
+                        continue;
+                if (r < 0 || r == 0) {
+                        snprintf(err, errlen, "%s", r < 0 ? rpc_stream_status(st)->message : "the stream ended early");
+                        ret = r < 0 ? r : -EPROTO;
+                        break;
+                }
+                ProtobufCMessage *m;
+                r = wire_unpack(bb, &psfleet__v1__job_status__descriptor, &m);
+                grpc_byte_buffer_destroy(bb);
+                if (r < 0) {
+                        snprintf(err, errlen, "a JobStatus from the chief does not parse");
+                        ret = -EBADMSG;
+                        break;
+                }
+                const Psfleet__V1__JobStatus *s = (const Psfleet__V1__JobStatus *)m;
+                w->got = true;
+                show(w, s);
+                bool done = s->state == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE,
+                     failed = s->state == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED;
+                if (done || failed)
+                        show_end(w, s);
+                protobuf_c_message_free_unpacked(m, NULL);
+                if (done || failed) {
+                        ret = done ? 0 : 1;
+                        break;
+                }
+        }
+        rpc_stream_close(st);
+        return ret;
+}
+
+int cmd_watch(int argc, char **argv) {
+        static const struct option opts[] = {
+                {"json", no_argument, NULL, 'J'},           {"address", required_argument, NULL, 'a'},
+                {"job", required_argument, NULL, 'j'},      {"interval-ms", required_argument, NULL, 'i'},
+                {"retry-secs", required_argument, NULL, 'r'}, {"help", no_argument, NULL, 'h'},
+                {},
+        };
+        const char *address = NULL, *job = NULL;
+        struct watch w = {.interval_ms = 500, .retry_us = 30 * 1000000ULL};
+        uint64_t v;
+        int c;
+        optind = 1;
+        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
+                switch (c) {
+                case 'J': w.json = true; break;
+                case 'a': address = optarg; break;
+                case 'j': job = optarg; break;
+                case 'i':
+                        if (parse_u64(optarg, 100, 3600000, &v) < 0) {
+                                fprintf(stderr, "psfleet watch: --interval-ms \"%s\": expected 100..3600000\n", optarg);
+                                return CLI_EX_USAGE;
+                        }
+                        w.interval_ms = (uint32_t)v;
+                        break;
+                case 'r':
+                        if (parse_u64(optarg, 0, 86400, &v) < 0) {
+                                fprintf(stderr, "psfleet watch: --retry-secs \"%s\": expected 0..86400\n", optarg);
+                                return CLI_EX_USAGE;
+                        }
+                        w.retry_us = v * 1000000ULL;
+                        break;
+                case 'h': watch_help(stdout); return 0;
+                default: watch_help(stderr); return CLI_EX_USAGE;
+                }
+        }
+        if (optind < argc) {
+                watch_help(stderr);
+                return CLI_EX_USAGE;
+        }
+        char *chief = NULL;
+        int r = cli_chief_address("watch", address, job, &chief);
+        if (r)
+                return r;
+        progress_init_file(&w.prog, stdout, false);
+        struct sigaction sa = {.sa_handler = on_sigint};
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+
+        rpc_global_init();
+        struct rpc_channel *ch = NULL;
+        char err[1024] = "", last_err[1024] = "";
+        uint64_t since = 0, backoff_ms = 100;
+        int ret = 1;
+        for (;;) {
+                if (!ch && (r = rpc_channel_new(chief, "chief", &ch)) < 0) {
+                        fprintf(stderr, "psfleet: cannot create a channel to \"%s\": %s\n", chief, strerror(-r));
+                        break;
+                }
+                w.got = false;
+                r = follow(&w, ch, err, sizeof(err));
+                if (r >= 0) {
+                        ret = r;
+                        if (r >= 128)
+                                progress_end(&w.prog);
+                        break;
+                }
+                /* The chief is not there (yet, or any more): try again, bounded. */
+                uint64_t t = mono_us();
+                if (w.got) {
+                        since = 0;
+                        backoff_ms = 100;
+                }
+                if (!since)
+                        since = t;
+                if (t - since > w.retry_us) {
+                        progress_end(&w.prog);
+                        fprintf(stderr, "psfleet: cannot watch the job at %s: %s\n", chief, err);
+                        break;
+                }
+                if (strcmp(err, last_err) != 0 && !w.json) {
+                        progress_end(&w.prog);
+                        fprintf(stderr, "psfleet: waiting for the chief at %s: %s\n", chief, err);
+                        snprintf(last_err, sizeof(last_err), "%s", err);
+                }
+                /* A failed channel may keep failing fast (reconnect backoff): start the next try afresh. */
+                ch = rpc_channel_free(ch);
+                for (uint64_t slept = 0; slept < backoff_ms && !interrupted; slept += 50)
+                        usleep(50 * 1000);
+                if (interrupted) {
+                        ret = 128 + interrupted;
+                        break;
+                }
+                backoff_ms = backoff_ms * 2 > 2000 ? 2000 : backoff_ms * 2;
+        }
+        rpc_channel_free(ch);
+        free(chief);
+        rpc_global_shutdown();
+        return ret;
+}

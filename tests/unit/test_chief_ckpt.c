@@ -1,0 +1,299 @@
+/* A job's checkpoint store: saving with rotation, loading the newest usable one, corrupt and missing
+ * files skipped and moved aside, a different model refused, and the repairs after a crash. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "backend.h"
+#include "chief_ckpt.h"
+#include "chief_db.h"
+#include "config.h"
+#include "job.h"
+#include "log.h"
+#include "model.h"
+#include "optim.h"
+#include "util.h"
+
+#define DIR_TEMPLATE "/tmp/psfleet-test-chief-ckpt-XXXXXX"
+static char dir[sizeof(DIR_TEMPLATE)];
+
+struct job {
+        struct job_config *cfg;
+        struct backend *be;
+        struct model *m;
+        struct job_layout *L;
+};
+
+static void job_new(struct job *j, unsigned units, const char *optimizer) {
+        char json[1024], err[512];
+        snprintf(json, sizeof(json),
+                 "{\"job\": \"t\", \"cluster\": {\"chief\": [\"127.0.0.1:1\"], \"ps\": [\"127.0.0.1:2\", \"127.0.0.1:3\"],"
+                 " \"worker\": [\"127.0.0.1:4\"]},"
+                 " \"model\": {\"input\": [4], \"layers\": [{\"type\": \"dense\", \"units\": %u}, {\"type\": \"relu\"},"
+                 " {\"type\": \"dense\", \"units\": 2}]},"
+                 " \"training\": {\"optimizer\": \"%s\"}}",
+                 units, optimizer);
+        int r = config_load_string(json, "test.json", &j->cfg, err, sizeof(err));
+        if (r < 0)
+                fail_msg("%s", err);
+        assert_int_equal(backend_cpu_new(1, &j->be), 0);
+        assert_int_equal(model_new(&j->cfg->model, j->be, 1, &j->m), 0);
+        assert_int_equal(job_layout_new(j->cfg, j->m, &j->L), 0);
+}
+
+static void job_free(struct job *j) {
+        job_layout_free(j->L);
+        model_free(j->m);
+        backend_free(j->be);
+        config_free(j->cfg);
+}
+
+struct fx {
+        struct job job;
+        struct chief_db *db;
+        struct chief_ckpt *s;
+        size_t n;                       /* floats per block */
+        float *p, *slots[1], *q, *qslots[1];
+        char ckdir[128];
+};
+
+static int setup(void **state) {
+        memcpy(dir, DIR_TEMPLATE, sizeof(DIR_TEMPLATE));
+        if (!mkdtemp(dir))
+                return -1;
+        log_set_max_level(LOG_ERR);     /* the store logs its repairs; the assertions say what matters */
+        struct fx *f = calloc(1, sizeof(*f));
+        job_new(&f->job, 3, "momentum");
+        char dbp[128];
+        snprintf(dbp, sizeof(dbp), "%s/chief.db", dir);
+        assert_int_equal(chief_db_open(dbp, &f->db), 0);
+        snprintf(f->ckdir, sizeof(f->ckdir), "%s/ck", dir);
+        struct chief_ckpt_config cc = {.dir = f->ckdir, .L = f->job.L, .job = "t", .fingerprint = 0x1234, .keep = 2};
+        char err[256];
+        assert_int_equal(chief_ckpt_new(f->db, &cc, &f->s, err, sizeof(err)), 0);
+        f->n = f->job.L->n_params;
+        f->p = calloc(f->n, sizeof(float));
+        f->slots[0] = calloc(f->n, sizeof(float));
+        f->q = calloc(f->n, sizeof(float));
+        f->qslots[0] = calloc(f->n, sizeof(float));
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state) {
+        struct fx *f = *state;
+        chief_ckpt_free(f->s);
+        chief_db_close(f->db);
+        job_free(&f->job);
+        free(f->p);
+        free(f->slots[0]);
+        free(f->q);
+        free(f->qslots[0]);
+        free(f);
+        char cmd[64];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+        return system(cmd) == 0 ? 0 : -1;
+}
+
+static void fill(struct fx *f, float base) {
+        for (size_t i = 0; i < f->n; i++) {
+                f->p[i] = base + (float)i;
+                f->slots[0][i] = -base - (float)i;
+        }
+}
+
+static void save_step(struct fx *f, uint64_t step, struct chief_db_checkpoint *row) {
+        struct chief_db_checkpoint stats = {.loss = 0.5f, .eval_step = step, .eval_accuracy = 0.75f,
+                                            .eval_loss = 0.6f, .trigger = "steps"};
+        char err[256];
+        fill(f, (float)step);
+        int r = chief_ckpt_save(f->s, f->p, f->slots, step, &stats, row, err, sizeof(err));
+        if (r < 0)
+                fail_msg("%s", err);
+}
+
+static size_t n_rows(struct fx *f) {
+        struct chief_db_checkpoint *rows;
+        size_t n;
+        assert_int_equal(chief_db_list_checkpoints(f->db, &rows, &n), 0);
+        free(rows);
+        return n;
+}
+
+static void flip_byte(const char *path, long from_end) {
+        FILE *fp = fopen(path, "r+b");
+        assert_non_null(fp);
+        fseek(fp, -from_end, SEEK_END);
+        int c = fgetc(fp);
+        fseek(fp, -from_end, SEEK_END);
+        fputc(c ^ 0x40, fp);
+        fclose(fp);
+}
+
+static void test_save_rotate_load(void **state) {
+        struct fx *f = *state;
+        struct chief_db_checkpoint r10, r20, r30, got;
+        save_step(f, 10, &r10);
+        assert_non_null(strstr(r10.path, "/ck/ckpt-0000000010.safetensors"));
+        assert_int_equal(strncmp(r10.checksum, "crc32c:", 7), 0);
+        assert_true(r10.bytes > f->n * 8);
+        save_step(f, 20, &r20);
+        save_step(f, 30, &r30);
+        assert_int_equal(n_rows(f), 2);             /* keep = 2 */
+        assert_int_equal(access(r10.path, F_OK), -1);
+        assert_int_equal(access(r20.path, F_OK), 0);
+        uint32_t count;
+        assert_int_equal(chief_ckpt_newest(f->s, &got, &count), 0);
+        assert_int_equal(got.global_step, 30);
+        assert_int_equal(count, 2);
+        assert_true(got.eval_accuracy == 0.75f && got.loss == 0.5f);
+        assert_string_equal(got.trigger, "steps");
+
+        bool slots_loaded;
+        char err[512];
+        assert_int_equal(chief_ckpt_load_latest(f->s, f->q, f->qslots, &slots_loaded, &got, err, sizeof(err)), 1);
+        assert_int_equal(got.global_step, 30);
+        assert_true(slots_loaded);
+        fill(f, 30);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_memory_equal(f->qslots[0], f->slots[0], f->n * sizeof(float));
+
+        /* the newest is corrupted: the one before is used, the bad file moved aside and forgotten */
+        flip_byte(r30.path, 5);
+        assert_int_equal(chief_ckpt_load_latest(f->s, f->q, f->qslots, &slots_loaded, &got, err, sizeof(err)), 1);
+        assert_int_equal(got.global_step, 20);
+        fill(f, 20);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_int_equal(n_rows(f), 1);
+        assert_int_equal(access(r30.path, F_OK), -1);
+        char aside[1100];
+        snprintf(aside, sizeof(aside), "%s.corrupt", r30.path);
+        assert_int_equal(access(aside, F_OK), 0);
+
+        /* missing: forgotten; nothing usable left */
+        unlink(r20.path);
+        assert_int_equal(chief_ckpt_load_latest(f->s, f->q, f->qslots, &slots_loaded, &got, err, sizeof(err)), 0);
+        assert_int_equal(n_rows(f), 0);
+        assert_int_equal(chief_ckpt_newest(f->s, &got, &count), -ENOENT);
+        assert_int_equal(count, 0);
+}
+
+static void test_same_step_replaced(void **state) {
+        struct fx *f = *state;
+        struct chief_db_checkpoint a, b, got;
+        save_step(f, 5, &a);
+        save_step(f, 5, &b);
+        assert_int_equal(n_rows(f), 1);
+        assert_string_equal(a.path, b.path);
+        bool sl;
+        char err[256];
+        assert_int_equal(chief_ckpt_load(f->s, &b, f->q, f->qslots, &sl, err, sizeof(err)), 0);
+        assert_int_equal(chief_ckpt_newest(f->s, &got, NULL), 0);
+        assert_string_equal(got.checksum, b.checksum);
+}
+
+static void test_different_model_refused(void **state) {
+        struct fx *f = *state;
+        struct chief_db_checkpoint row, got;
+        save_step(f, 7, &row);
+        struct job other;
+        job_new(&other, 5, "momentum");
+        struct chief_ckpt_config cc = {.dir = f->ckdir, .L = other.L, .job = "t", .keep = 2};
+        struct chief_ckpt *s2;
+        char err[512];
+        assert_int_equal(chief_ckpt_new(f->db, &cc, &s2, err, sizeof(err)), 0);
+        float *q = calloc(other.L->n_params, sizeof(float)), *qs[1] = {calloc(other.L->n_params, sizeof(float))};
+        bool sl;
+        assert_int_equal(chief_ckpt_load_latest(s2, q, qs, &sl, &got, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "holds a different model"));
+        assert_non_null(strstr(err, "dense0/kernel"));
+        assert_int_equal(n_rows(f), 1);                 /* not forgotten: it is not corrupt */
+        assert_int_equal(access(row.path, F_OK), 0);
+        free(q);
+        free(qs[0]);
+        chief_ckpt_free(s2);
+        job_free(&other);
+}
+
+static void test_other_optimizer(void **state) {
+        struct fx *f = *state;
+        struct chief_db_checkpoint row, got;
+        save_step(f, 9, &row);
+        struct job other;
+        job_new(&other, 3, "adam");
+        struct chief_ckpt_config cc = {.dir = f->ckdir, .L = other.L, .job = "t", .keep = 2};
+        struct chief_ckpt *s2;
+        char err[512];
+        assert_int_equal(chief_ckpt_new(f->db, &cc, &s2, err, sizeof(err)), 0);
+        float *q = calloc(other.L->n_params, sizeof(float));
+        float *qs[2] = {calloc(other.L->n_params, sizeof(float)), calloc(other.L->n_params, sizeof(float))};
+        bool sl = true;
+        assert_int_equal(chief_ckpt_load_latest(s2, q, qs, &sl, &got, err, sizeof(err)), 1);
+        assert_false(sl);                               /* variables restored, slots start afresh */
+        fill(f, 9);
+        assert_memory_equal(q, f->p, f->n * sizeof(float));
+        free(q);
+        free(qs[0]);
+        free(qs[1]);
+        chief_ckpt_free(s2);
+        job_free(&other);
+}
+
+static void touch(const char *path) {
+        assert_int_equal(write_file_atomic(path, "partial", 7), 0);
+}
+
+static void test_reconcile(void **state) {
+        struct fx *f = *state;
+        struct chief_db_checkpoint a, b;
+        save_step(f, 100, &a);
+        save_step(f, 200, &b);
+        char tmp[256], orphan[256], other[256];
+        snprintf(tmp, sizeof(tmp), "%s/.ckpt-0000000300.safetensors.tmp", f->ckdir);
+        snprintf(orphan, sizeof(orphan), "%s/ckpt-0000000400.safetensors", f->ckdir);
+        snprintf(other, sizeof(other), "%s/notes.txt", f->ckdir);
+        touch(tmp);       /* killed before the rename */
+        touch(orphan);    /* killed between the rename and the record */
+        touch(other);     /* not ours: left alone */
+        unlink(a.path);   /* recorded, file gone */
+        assert_int_equal(chief_ckpt_reconcile(f->s), 3);
+        assert_int_equal(access(tmp, F_OK), -1);
+        assert_int_equal(access(orphan, F_OK), -1);
+        assert_int_equal(access(other, F_OK), 0);
+        assert_int_equal(n_rows(f), 1);
+        assert_int_equal(access(b.path, F_OK), 0);
+        assert_int_equal(chief_ckpt_reconcile(f->s), 0);   /* nothing left to repair */
+}
+
+static void test_delete(void **state) {
+        struct fx *f = *state;
+        struct chief_db_checkpoint a, gone;
+        char err[256];
+        save_step(f, 11, &a);
+        assert_int_equal(chief_ckpt_delete(f->s, 12, &gone, err, sizeof(err)), -ENOENT);
+        assert_non_null(strstr(err, "no checkpoint of global_step 12"));
+        assert_int_equal(chief_ckpt_delete(f->s, 11, &gone, err, sizeof(err)), 0);
+        assert_string_equal(gone.path, a.path);
+        assert_int_equal(access(a.path, F_OK), -1);
+        assert_int_equal(n_rows(f), 0);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_save_rotate_load, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_same_step_replaced, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_different_model_refused, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_other_optimizer, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_reconcile, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}

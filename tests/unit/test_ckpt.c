@@ -1,0 +1,261 @@
+/* Checkpoint files in the safetensors format: the bytes on disk (header length, JSON, alignment,
+ * contiguous offsets), reading back, and every way a file can be refused. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "ckpt.h"
+#include "crc32c.h"
+#include "util.h"
+
+static char dir[] = "/tmp/psfleet-test-ckpt-XXXXXX";
+static const float A[6] = {1, 2, 3, 4, 5, 6};       /* (2, 3) */
+static const float B[4] = {-1, 0.5f, 1e-30f, 7};    /* (1, 4) */
+
+static int setup(void **state) {
+        (void)state;
+        return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+        (void)state;
+        char cmd[64];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+        return system(cmd) == 0 ? 0 : -1;
+}
+
+static char *path_of(const char *name) {
+        char *p = strdup_printf("%s/%s", dir, name);
+        assert_non_null(p);
+        return p;
+}
+
+static void write_two(const char *path, struct ckpt_written *w) {
+        const struct ckpt_tensor t[] = {{"dense0/kernel", 2, 3, A}, {"dense0/bias", 1, 4, B}};
+        const struct ckpt_kv meta[] = {{"global_step", "42"}, {"optimizer", "sgd"}};
+        char err[256];
+        assert_int_equal(ckpt_write(path, t, 2, meta, 2, 0, w, err, sizeof(err)), 0);
+}
+
+static uint8_t *slurp(const char *path, size_t *len) {
+        char *d;
+        assert_int_equal(read_file(path, 1 << 24, &d, len), 0);
+        return (uint8_t *)d;
+}
+
+static void spit(const char *path, const void *d, size_t n) {
+        assert_int_equal(write_file_atomic(path, d, n), 0);
+}
+
+static void test_layout_on_disk(void **state) {
+        (void)state;
+        char *p = path_of("a.safetensors");
+        struct ckpt_written w;
+        write_two(p, &w);
+        size_t len;
+        uint8_t *d = slurp(p, &len);
+        assert_int_equal(w.bytes, len);
+        assert_int_equal(w.crc32c, crc32c(d, len));
+        uint64_t hlen = 0;
+        for (int i = 0; i < 8; i++)
+                hlen |= (uint64_t)d[i] << (8 * i);
+        assert_int_equal(hlen % 8, 0);                  /* data starts 8-byte aligned */
+        assert_int_equal(len, 8 + hlen + sizeof(A) + sizeof(B));
+        assert_int_equal(d[8], '{');
+        json_error_t je;
+        json_t *h = json_loadb((const char *)d + 8, hlen, 0, &je);
+        assert_non_null(h);
+        json_t *k = json_object_get(h, "dense0/kernel"), *b = json_object_get(h, "dense0/bias");
+        assert_string_equal(json_string_value(json_object_get(k, "dtype")), "F32");
+        assert_int_equal(json_integer_value(json_array_get(json_object_get(k, "shape"), 0)), 2);
+        assert_int_equal(json_integer_value(json_array_get(json_object_get(k, "shape"), 1)), 3);
+        assert_int_equal(json_integer_value(json_array_get(json_object_get(k, "data_offsets"), 0)), 0);
+        assert_int_equal(json_integer_value(json_array_get(json_object_get(k, "data_offsets"), 1)), 24);
+        assert_int_equal(json_integer_value(json_array_get(json_object_get(b, "data_offsets"), 0)), 24);
+        assert_int_equal(json_integer_value(json_array_get(json_object_get(b, "data_offsets"), 1)), 40);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(h, "__metadata__"), "global_step")), "42");
+        assert_memory_equal(d + 8 + hlen, A, sizeof(A));
+        assert_memory_equal(d + 8 + hlen + sizeof(A), B, sizeof(B));
+        json_decref(h);
+        free(d);
+        /* no temp file is left behind */
+        char *tmp = ckpt_temp_path(p);
+        assert_int_equal(access(tmp, F_OK), -1);
+        assert_int_equal(strcmp(tmp + strlen(dir), "/.a.safetensors.tmp"), 0);
+        free(tmp);
+        free(p);
+}
+
+static void test_read_back(void **state) {
+        (void)state;
+        char *p = path_of("b.safetensors");
+        struct ckpt_written w;
+        write_two(p, &w);
+        struct ckpt *c;
+        char err[256];
+        assert_int_equal(ckpt_read(p, 1 << 20, &c, err, sizeof(err)), 0);
+        assert_int_equal(ckpt_bytes(c), w.bytes);
+        assert_int_equal(ckpt_crc32c(c), w.crc32c);
+        assert_int_equal(ckpt_n_tensors(c), 2);
+        assert_string_equal(ckpt_meta(c, "optimizer"), "sgd");
+        assert_null(ckpt_meta(c, "nope"));
+        float a[6], b[4];
+        assert_int_equal(ckpt_get(c, "dense0/kernel", 2, 3, a, err, sizeof(err)), 0);
+        assert_memory_equal(a, A, sizeof(A));
+        assert_int_equal(ckpt_get(c, "dense0/bias", 1, 4, b, err, sizeof(err)), 0);
+        assert_memory_equal(b, B, sizeof(B));
+        assert_int_equal(ckpt_get(c, "dense0/kernel", 3, 2, a, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "[2, 3]"));
+        assert_int_equal(ckpt_get(c, "dense1/kernel", 2, 3, a, err, sizeof(err)), -ENOENT);
+        ckpt_free(c);
+        assert_null(ckpt_free(NULL));
+        char sum[32];
+        assert_string_equal(ckpt_format_checksum(0x1a2b3c4d, sum, sizeof(sum)), "crc32c:1a2b3c4d");
+        free(p);
+}
+
+/* A file another writer made: a 1-D bias (as other frameworks store it), extra spaces, any key order. */
+static void test_foreign_file(void **state) {
+        (void)state;
+        const char hdr[] = "{\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                           "\"__metadata__\":{\"x\":\"y\"}}   ";
+        uint8_t buf[8 + sizeof(hdr) - 1 + 16];
+        uint64_t hl = sizeof(hdr) - 1;
+        for (int i = 0; i < 8; i++)
+                buf[i] = (uint8_t)(hl >> (8 * i));
+        memcpy(buf + 8, hdr, hl);
+        memcpy(buf + 8 + hl, B, 16);
+        char *p = path_of("foreign.safetensors");
+        spit(p, buf, sizeof(buf));
+        struct ckpt *c;
+        char err[256];
+        assert_int_equal(ckpt_read(p, 1 << 20, &c, err, sizeof(err)), 0);
+        float b[4];
+        assert_int_equal(ckpt_get(c, "b", 1, 4, b, err, sizeof(err)), 0);
+        assert_memory_equal(b, B, 16);
+        assert_int_equal(ckpt_get(c, "b", 2, 2, b, err, sizeof(err)), -EINVAL);
+        ckpt_free(c);
+        free(p);
+}
+
+static void expect_bad(const char *name, const void *d, size_t n, const char *why) {
+        char *p = path_of(name);
+        spit(p, d, n);
+        struct ckpt *c = NULL;
+        char err[256] = "";
+        assert_int_equal(ckpt_read(p, 1 << 20, &c, err, sizeof(err)), -EBADMSG);
+        assert_null(c);
+        if (!strstr(err, why))
+                fail_msg("%s: expected \"%s\" in \"%s\"", name, why, err);
+        free(p);
+}
+
+static void with_header(const char *name, const char *hdr, size_t data_len, const char *why) {
+        size_t hl = strlen(hdr), n = 8 + hl + data_len;
+        uint8_t *buf = calloc(1, n);
+        for (int i = 0; i < 8; i++)
+                buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+        memcpy(buf + 8, hdr, hl);
+        expect_bad(name, buf, n, why);
+        free(buf);
+}
+
+static void test_refused(void **state) {
+        (void)state;
+        expect_bad("short", "abc", 3, "too short");
+        uint8_t huge[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0};
+        expect_bad("huge", huge, sizeof(huge), "header length");
+        with_header("notjson", "{nope", 0, "not valid JSON");
+        with_header("array", "[1,2]", 0, "not a JSON object");
+        with_header("f16", "{\"a\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "dtype F16");
+        with_header("size", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "its shape needs 8");
+        with_header("gap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "starts at byte 4");
+        with_header("tail", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, "cover 4 bytes");
+        with_header("overlap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                               "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "starts at byte 4");
+        with_header("meta", "{\"__metadata__\":{\"a\":1}}", 0, "not a string");
+        with_header("dup", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                           "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "not valid JSON");
+
+        /* truncated: a write cut short is refused, not read as zeros */
+        char *p = path_of("whole.safetensors");
+        struct ckpt_written w;
+        write_two(p, &w);
+        size_t len;
+        uint8_t *d = slurp(p, &len);
+        expect_bad("truncated", d, len - 4, "cover 40 bytes");
+        free(d);
+        free(p);
+
+        struct ckpt *c = NULL;
+        char err[256];
+        char *missing = path_of("missing.safetensors");
+        assert_int_equal(ckpt_read(missing, 1 << 20, &c, err, sizeof(err)), -ENOENT);
+        free(missing);
+}
+
+/* A flipped data byte still parses: only the checksum tells, so the caller compares it. */
+static void test_bit_flip_changes_checksum(void **state) {
+        (void)state;
+        char *p = path_of("flip.safetensors");
+        struct ckpt_written w;
+        write_two(p, &w);
+        size_t len;
+        uint8_t *d = slurp(p, &len);
+        d[len - 3] ^= 0x10;
+        spit(p, d, len);
+        struct ckpt *c;
+        char err[256];
+        assert_int_equal(ckpt_read(p, 1 << 20, &c, err, sizeof(err)), 0);
+        assert_int_not_equal(ckpt_crc32c(c), w.crc32c);
+        ckpt_free(c);
+        assert_int_equal(ckpt_read(p, 16, &c, err, sizeof(err)), -EFBIG);
+        free(d);
+        free(p);
+}
+
+static void test_write_errors(void **state) {
+        (void)state;
+        const struct ckpt_tensor t[] = {{"x", 1, 1, A}, {"x", 1, 1, B}};
+        struct ckpt_written w;
+        char err[256];
+        char *p = path_of("dup.safetensors");
+        assert_int_equal(ckpt_write(p, t, 2, NULL, 0, 0, &w, err, sizeof(err)), -EINVAL);
+        assert_int_equal(access(p, F_OK), -1);
+        free(p);
+        p = path_of("no/such/dir/x.safetensors");
+        assert_int_equal(ckpt_write(p, t, 1, NULL, 0, 0, &w, err, sizeof(err)), -ENOENT);
+        assert_non_null(strstr(err, "cannot create"));
+        free(p);
+        /* replacing an existing file leaves the new content, whole */
+        p = path_of("replace.safetensors");
+        write_two(p, &w);
+        assert_int_equal(ckpt_write(p, t, 1, NULL, 0, 1, &w, err, sizeof(err)), 0);
+        struct ckpt *c;
+        assert_int_equal(ckpt_read(p, 1 << 20, &c, err, sizeof(err)), 0);
+        assert_int_equal(ckpt_n_tensors(c), 1);
+        ckpt_free(c);
+        free(p);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_layout_on_disk),
+                cmocka_unit_test(test_read_back),
+                cmocka_unit_test(test_foreign_file),
+                cmocka_unit_test(test_refused),
+                cmocka_unit_test(test_bit_flip_changes_checksum),
+                cmocka_unit_test(test_write_errors),
+        };
+        return cmocka_run_group_tests(tests, setup, teardown);
+}
