@@ -1637,12 +1637,20 @@ static int phase_stopping(struct chief *c, struct loop *lp) {
 static int supervise(struct chief *c, int sfd) {
         struct loop lp = {0};
         struct pollfd fds[2] = {{.fd = sfd, .events = POLLIN}, {.fd = c->wake_fd, .events = POLLIN}};
+        /* The watchdog is fed on every turn of this loop: every call it makes has a deadline, so a
+         * chiefd whose loop stops turning is hung, and systemd restarts it. */
+        uint64_t wd = notify_watchdog_usec();
+        int wd_ms = wd ? (int)(wd / 4000) : -1;
         for (;;) {
                 uint64_t t = mono_us();
                 int timeout = lp.next == UINT64_MAX ? -1
                               : lp.next > t         ? (int)((lp.next - t + 999) / 1000)
                                                     : 0;
+                if (wd_ms >= 0 && (timeout < 0 || timeout > wd_ms))
+                        timeout = wd_ms;
                 int n = poll(fds, 2, timeout);
+                if (wd)
+                        notify_watchdog();
                 if (n < 0 && errno != EINTR)
                         return log_error_errno(errno, "poll() failed");
                 if (n > 0 && (fds[0].revents & POLLIN)) {

@@ -132,9 +132,9 @@ static const struct config_key keys[] = {
         K_U64("training.seed", training.seed, 1, 0, INT64_MAX, "Seed of data shuffling."),
 
         K_STR("supervisor.checkpoint_dir", supervisor.checkpoint_dir, "checkpoints",
-              "Where chiefd writes checkpoints; relative to the state directory."),
+              "Where chiefd writes checkpoints; a relative path is under STATE_DIR/JOB/."),
         K_STR("supervisor.summary_dir", supervisor.summary_dir, "summaries",
-              "Where chiefd writes TensorBoard summaries; relative to the state directory."),
+              "Where chiefd writes TensorBoard summaries; a relative path is under STATE_DIR/JOB/."),
         K_U64("supervisor.save_checkpoint_steps", supervisor.save_checkpoint_steps, 0, 0, INT64_MAX,
               "Save a checkpoint every this many global steps; 0: off."),
         K_U64("supervisor.save_checkpoint_secs", supervisor.save_checkpoint_secs, 600, 0, 31536000,
@@ -149,7 +149,7 @@ static const struct config_key keys[] = {
               "How long a worker waits for the job to become ready before failing."),
 
         K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
-              "Variables larger than this are split into row ranges across ps shards."),
+              "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),
 
         K_U64("rpc.deadline_ms", rpc.deadline_ms, 30000, 1, 3600000, "Deadline of each RPC, in milliseconds."),
 

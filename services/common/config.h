@@ -50,7 +50,7 @@ struct data_config {
 };
 
 struct supervisor_config {
-        char *checkpoint_dir, *summary_dir;  /* relative paths resolve under the state directory */
+        char *checkpoint_dir, *summary_dir;  /* relative paths resolve under STATE_DIR/JOB/ */
         uint64_t save_checkpoint_steps;       /* 0: off */
         uint64_t save_checkpoint_secs;        /* 0: off */
         uint32_t keep_checkpoints;
