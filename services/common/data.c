@@ -300,6 +300,21 @@ void shard_next_batch(struct shard_iter *it, uint32_t B, float *x, uint8_t *y)
         it->seen += B;
 }
 
+void shard_skip(struct shard_iter *it, uint64_t examples)
+{
+        /* whole epochs are skipped by count: each epoch's order depends only on (seed, k, epoch) */
+        uint64_t left = it->n - it->pos;
+        if (examples >= left && it->n > 0) {
+                uint64_t rest = examples - left, epochs = rest / it->n;
+                it->epoch += 1 + epochs;
+                shard_shuffle(it);
+                it->pos = (uint32_t)(rest % it->n);
+        } else {
+                it->pos += (uint32_t)examples;
+        }
+        it->seen += examples;
+}
+
 uint64_t shard_epoch(const struct shard_iter *it)
 {
         return it->epoch;

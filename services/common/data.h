@@ -45,6 +45,8 @@ struct shard_iter *shard_iter_free(struct shard_iter *it); /* NULL-safe; returns
 /* Copies the next B examples into x (B, dim) and y (B), continuing into the next epoch (reshuffled)
  * when this one runs out. */
 void shard_next_batch(struct shard_iter *it, uint32_t B, float *x, uint8_t *y);
+/* Moves on by this many examples, as if shard_next_batch had read them (without copying). */
+void shard_skip(struct shard_iter *it, uint64_t examples);
 uint64_t shard_epoch(const struct shard_iter *it);         /* 0 for the first pass */
 uint64_t shard_examples_seen(const struct shard_iter *it); /* in total, all epochs */
 uint32_t shard_size(const struct shard_iter *it);          /* examples in this shard */

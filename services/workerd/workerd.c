@@ -715,6 +715,14 @@ static int run(int argc, char **argv) {
         }
         if (r < 0 || (r = pull_all(&w)) < 0)
                 goto out;
+        if (w.global_step > 0) {
+                /* a resumed job: carry on in the data where this worker's share of the steps left it */
+                uint64_t skip = w.global_step / w.n_workers * w.cfg->training.batch_size;
+                shard_skip(w.it, skip);
+                log_info_step(w.global_step, "resuming at global_step %llu: skipped %llu examples of this shard (epoch %llu)",
+                              (unsigned long long)w.global_step, (unsigned long long)skip,
+                              (unsigned long long)shard_epoch(w.it));
+        }
         if (w.global_step >= w.cfg->training.max_steps) {
                 log_info("the job is already at global_step %llu of %llu: nothing to do",
                          (unsigned long long)w.global_step, (unsigned long long)w.cfg->training.max_steps);

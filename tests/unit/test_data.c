@@ -258,6 +258,34 @@ static void test_shard_epochs(void **state)
         dataset_free(d);
 }
 
+/* Skipping n examples lands where reading them would have, across epoch boundaries too. */
+static void test_shard_skip(void **state)
+{
+        (void)state;
+        struct dataset *d = make_dataset(50);
+        uint64_t skips[] = {0, 3, 16, 17, 40, 123};
+        for (size_t s = 0; s < sizeof(skips) / sizeof(skips[0]); s++) {
+                struct shard_iter *a, *b;
+                assert_int_equal(shard_iter_new(d, 1, 3, 9, &a), 0);
+                assert_int_equal(shard_iter_new(d, 1, 3, 9, &b), 0);
+                float xa[4 * 2], xb[4 * 2];   /* (B, dim) */
+                uint8_t ya[4], yb[4];
+                for (uint64_t i = 0; i < skips[s]; i++)
+                        shard_next_batch(a, 1, xa, ya);
+                shard_skip(b, skips[s]);
+                assert_int_equal(shard_examples_seen(a), shard_examples_seen(b));
+                for (int i = 0; i < 20; i++) {
+                        shard_next_batch(a, 4, xa, ya);
+                        shard_next_batch(b, 4, xb, yb);
+                        assert_memory_equal(ya, yb, 4);
+                        assert_memory_equal(xa, xb, sizeof(xa));
+                }
+                shard_iter_free(a);
+                shard_iter_free(b);
+        }
+        dataset_free(d);
+}
+
 static void test_fashion_mnist(void **state)
 {
         const char *base = "/usr/share/datasets/fashion-mnist";
@@ -295,7 +323,8 @@ int main(void)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_idx_roundtrip), cmocka_unit_test(test_idx_errors),
                 cmocka_unit_test(test_dataset),       cmocka_unit_test(test_shards),
-                cmocka_unit_test(test_shard_epochs),  cmocka_unit_test(test_fashion_mnist),
+                cmocka_unit_test(test_shard_epochs),  cmocka_unit_test(test_shard_skip),
+                cmocka_unit_test(test_fashion_mnist),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
