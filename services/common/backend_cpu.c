@@ -12,6 +12,11 @@
 
 /* ---- pure kernels (no allocation, no globals) ---- */
 
+/* Elementwise kernels run in blocks of 8: each block loads into a local array before storing, so
+ * in-place calls are well defined and GCC's -O2 (very-cheap vectorizer cost model) emits branch-free
+ * SIMD; a plain `x > 0 ? x : 0` loop compiles to a branch that mispredicts half the time. */
+#define BLK 8
+
 static void cpu_gemm_k(bool ta, bool tb, uint32_t M, uint32_t N, uint32_t K, float alpha, const float *A,
                        uint32_t lda, const float *B, uint32_t ldb, float beta, float *C, uint32_t ldc)
 {
@@ -91,100 +96,221 @@ static uint32_t correct_count_k(const float *scores, const uint8_t *labels, uint
         return correct;
 }
 
-/* col (C*k*k, H*W): col[(c, ky, kx), (y, x)] = img[c, y + ky - pad, x + kx - pad], 0 outside. */
-static void im2col_k(const float *img /* (C, H, W) */, uint32_t C, uint32_t H, uint32_t W, uint32_t k,
-                     float *col)
+/* Convolution as im2col + one sgemm per chunk of G examples. The chunk's columns sit side by side:
+ * col (C*k*k, G*H*W), col[(c, ky, kx), j*H*W + y*W + x] = img_j[c, y + ky - pad, x + kx - pad] (0
+ * outside), pad = (k - 1) / 2 (TF's "same": an even kernel gets the extra row/column after). With
+ * stride 1 each row of col is its input channel shifted as a whole, so im2col is one memcpy per row
+ * plus the zeroed borders, and col2im one vectorized add per row: per-element index arithmetic and
+ * row-sized library calls cost more than the sgemm they feed. */
+
+/* Examples per chunk: col about the size of a core's L2 (1 MiB), so that im2col's output is still in
+ * cache when the sgemm reads it. Measured on the CNN of examples/fmnist-cnn.json (2 cores, batch 64):
+ * 0.6 to 1.6 MiB chunks are best; 4 and 16 MiB lose 10 to 25 %. Layers whose col for one example is
+ * that large already (conv 5x5x64 on 14x14: 0.6 MiB) run one example per sgemm; small ones (the first
+ * conv: 25 rows) batch a dozen examples into one wider product. */
+#define CONV_CHUNK_FLOATS ((size_t)1 << 18)
+
+static uint32_t conv_chunk(uint32_t B, uint32_t C, uint32_t H, uint32_t W, uint32_t k)
 {
-        int pad = (int)(k - 1) / 2;
-        for (uint32_t c = 0; c < C; c++)
-                for (uint32_t ky = 0; ky < k; ky++)
-                        for (uint32_t kx = 0; kx < k; kx++) {
-                                float *row = col + ((size_t)(c * k + ky) * k + kx) * H * W;
-                                for (uint32_t y = 0; y < H; y++) {
-                                        int sy = (int)y + (int)ky - pad;
-                                        float *out = row + (size_t)y * W;
-                                        if (sy < 0 || sy >= (int)H) {
-                                                memset(out, 0, sizeof(float) * W);
-                                                continue;
-                                        }
-                                        const float *in = img + ((size_t)c * H + (size_t)sy) * W;
-                                        for (uint32_t x = 0; x < W; x++) {
-                                                int sx = (int)x + (int)kx - pad;
-                                                out[x] = (sx < 0 || sx >= (int)W) ? 0.0f : in[sx];
-                                        }
-                                }
-                        }
+        size_t per = (size_t)C * k * k * H * W;
+        size_t g = per ? CONV_CHUNK_FLOATS / per : B;
+        return g < 1 ? 1 : g > B ? B : (uint32_t)g;
 }
 
-/* The adjoint of im2col: img += scatter(col). */
-static void col2im_add_k(const float *col, uint32_t C, uint32_t H, uint32_t W, uint32_t k,
+/* The x range [x0, x1) whose source column x + d lies inside [0, W). */
+static void valid_cols(int d, uint32_t W, uint32_t *x0, uint32_t *x1)
+{
+        int a = d < 0 ? -d : 0, z = d > 0 ? (int)W - d : (int)W;
+        *x0 = (uint32_t)(a < (int)W ? a : (int)W);
+        *x1 = (uint32_t)(z > a ? z : a);
+}
+
+/* One im2col row (c, ky, kx) covers the whole channel image shifted by (dy, d) = (ky - pad, kx - pad):
+ * out[y*W + x] = in[(y + dy)*W + x + d], in flat terms out[i] = in[i + off] with off = dy*W + d. The
+ * flat range [lo, hi) where the source index stays inside the channel is copied in one piece; then the
+ * columns whose x + d falls outside [0, W) (they read a neighbouring row) are zeroed, as are the rows
+ * outside the image. */
+struct shift {
+        long off;
+        size_t lo, hi;      /* flat range copied */
+        uint32_t y0, y1;    /* rows inside the image */
+        uint32_t x0, x1;    /* columns inside the image */
+};
+
+static void shift_plan(uint32_t H, uint32_t W, int dy, int d, struct shift *s)
+{
+        long HW = (long)H * W, off = (long)dy * W + d;
+        int y0 = dy < 0 ? -dy : 0, y1 = dy > 0 ? (int)H - dy : (int)H;
+        if (y1 < y0)
+                y1 = y0;
+        s->y0 = (uint32_t)(y0 < (int)H ? y0 : (int)H);
+        s->y1 = (uint32_t)(y1 < (int)H ? y1 : (int)H);
+        long lo = (long)s->y0 * W, hi = (long)s->y1 * W;
+        lo = lo > -off ? lo : -off;
+        hi = hi < HW - off ? hi : HW - off;
+        s->off = off;
+        s->lo = (size_t)(lo < 0 ? 0 : lo);
+        s->hi = (size_t)(hi > lo ? hi : lo);
+        valid_cols(d, W, &s->x0, &s->x1);
+}
+
+/* One example into its column block of col (row stride ld floats). */
+static void im2col_k(const float *img /* (C, H, W) */, uint32_t C, uint32_t H, uint32_t W, uint32_t k,
+                     float *col, size_t ld)
+{
+        int pad = (int)(k - 1) / 2;
+        size_t HW = (size_t)H * W;
+        for (uint32_t ky = 0; ky < k; ky++)
+                for (uint32_t kx = 0; kx < k; kx++) {
+                        struct shift s;
+                        shift_plan(H, W, (int)ky - pad, (int)kx - pad, &s);
+                        for (uint32_t c = 0; c < C; c++) {
+                                float *out = col + ((size_t)(c * k + ky) * k + kx) * ld;
+                                const float *in = img + (size_t)c * HW;
+                                memset(out, 0, sizeof(float) * s.lo);
+                                memcpy(out + s.lo, in + (long)s.lo + s.off, sizeof(float) * (s.hi - s.lo));
+                                memset(out + s.hi, 0, sizeof(float) * (HW - s.hi));
+                                if (s.x0 == 0 && s.x1 == W)
+                                        continue;
+                                for (uint32_t y = s.y0; y < s.y1; y++) {
+                                        float *r = out + (size_t)y * W;
+                                        for (uint32_t x = 0; x < s.x0; x++)
+                                                r[x] = 0.0f;
+                                        for (uint32_t x = s.x1; x < W; x++)
+                                                r[x] = 0.0f;
+                                }
+                        }
+                }
+}
+
+/* The adjoint of im2col for one example: img += scatter(its column block of col). The entries of col
+ * that im2col would have zeroed (padding) are zeroed first, so that one flat add per row is exact. */
+static void col2im_add_k(float *col, size_t ld, uint32_t C, uint32_t H, uint32_t W, uint32_t k,
                          float *img /* (C, H, W) */)
 {
         int pad = (int)(k - 1) / 2;
-        for (uint32_t c = 0; c < C; c++)
-                for (uint32_t ky = 0; ky < k; ky++)
-                        for (uint32_t kx = 0; kx < k; kx++) {
-                                const float *row = col + ((size_t)(c * k + ky) * k + kx) * H * W;
-                                for (uint32_t y = 0; y < H; y++) {
-                                        int sy = (int)y + (int)ky - pad;
-                                        if (sy < 0 || sy >= (int)H)
-                                                continue;
-                                        const float *in = row + (size_t)y * W;
-                                        float *out = img + ((size_t)c * H + (size_t)sy) * W;
-                                        for (uint32_t x = 0; x < W; x++) {
-                                                int sx = (int)x + (int)kx - pad;
-                                                if (sx >= 0 && sx < (int)W)
-                                                        out[sx] += in[x];
+        size_t HW = (size_t)H * W;
+        for (uint32_t ky = 0; ky < k; ky++)
+                for (uint32_t kx = 0; kx < k; kx++) {
+                        struct shift s;
+                        shift_plan(H, W, (int)ky - pad, (int)kx - pad, &s);
+                        for (uint32_t c = 0; c < C; c++) {
+                                float *row = col + ((size_t)(c * k + ky) * k + kx) * ld;
+                                if (s.x0 != 0 || s.x1 != W)
+                                        for (uint32_t y = s.y0; y < s.y1; y++) {
+                                                float *r = row + (size_t)y * W;
+                                                for (uint32_t x = 0; x < s.x0; x++)
+                                                        r[x] = 0.0f;
+                                                for (uint32_t x = s.x1; x < W; x++)
+                                                        r[x] = 0.0f;
                                         }
+                                /* img[c][i + off] += row[i] for i in [lo, hi); lo + off >= 0 */
+                                float *out = img + (size_t)c * HW + (size_t)((long)s.lo + s.off);
+                                const float *in = row + s.lo;
+                                size_t n = s.hi - s.lo, i = 0;
+                                for (; i + BLK <= n; i += BLK) {
+                                        float t[BLK];
+                                        for (int j = 0; j < BLK; j++)
+                                                t[j] = out[i + j] + in[i + j];
+                                        for (int j = 0; j < BLK; j++)
+                                                out[i + j] = t[j];
                                 }
+                                for (; i < n; i++)
+                                        out[i] += in[i];
                         }
+                }
 }
 
+/* G: examples per chunk; col holds C*k*k*G*H*W floats, tmp (unused when G == 1) F*G*H*W. */
 static void conv2d_fwd_k(const float *x, const float *w /* (F, C*k*k) */, const float *bias /* (F) */,
                          float *y, uint32_t B, uint32_t C, uint32_t H, uint32_t W, uint32_t F, uint32_t k,
-                         float *col)
+                         uint32_t G, float *col, float *tmp)
 {
         uint32_t HW = H * W, CKK = C * k * k;
-        for (uint32_t b = 0; b < B; b++) {
-                const float *xb = x + (size_t)b * C * HW;
-                float *yb = y + (size_t)b * F * HW; /* (F, HW) */
-                for (uint32_t f = 0; f < F; f++)
-                        for (uint32_t i = 0; i < HW; i++)
-                                yb[(size_t)f * HW + i] = bias[f];
-                im2col_k(xb, C, H, W, k, col);
-                cpu_gemm_k(false, false, F, HW, CKK, 1.0f, w, CKK, col, HW, 1.0f, yb, HW);
+        for (uint32_t b0 = 0; b0 < B; b0 += G) {
+                uint32_t g = B - b0 < G ? B - b0 : G;
+                size_t ld = (size_t)g * HW;
+                for (uint32_t j = 0; j < g; j++)
+                        im2col_k(x + (size_t)(b0 + j) * C * HW, C, H, W, k, col + (size_t)j * HW, ld);
+                if (g == 1) {
+                        /* straight into y_b (F, HW), bias first */
+                        float *yb = y + (size_t)b0 * F * HW;
+                        for (uint32_t f = 0; f < F; f++)
+                                for (uint32_t i = 0; i < HW; i++)
+                                        yb[(size_t)f * HW + i] = bias[f];
+                        cpu_gemm_k(false, false, F, HW, CKK, 1.0f, w, CKK, col, HW, 1.0f, yb, HW);
+                        continue;
+                }
+                /* tmp (F, g*HW) = w @ col, then y_{b0+j}[f] = tmp[f, j*HW ...] + bias[f] */
+                cpu_gemm_k(false, false, F, (uint32_t)ld, CKK, 1.0f, w, CKK, col, (uint32_t)ld, 0.0f, tmp, (uint32_t)ld);
+                for (uint32_t j = 0; j < g; j++)
+                        for (uint32_t f = 0; f < F; f++) {
+                                const float *src = tmp + (size_t)f * ld + (size_t)j * HW;
+                                float *dst = y + ((size_t)(b0 + j) * F + f) * HW;
+                                float bf = bias[f];
+                                uint32_t i = 0;
+                                for (; i + BLK <= HW; i += BLK)
+                                        for (int t = 0; t < BLK; t++)
+                                                dst[i + t] = src[i + t] + bf;
+                                for (; i < HW; i++)
+                                        dst[i] = src[i] + bf;
+                        }
         }
 }
 
 static void conv2d_bwd_k(const float *x, const float *w, const float *dy, float *dw, float *db, float *dx,
                          uint32_t B, uint32_t C, uint32_t H, uint32_t W, uint32_t F, uint32_t k,
-                         float *col)
+                         uint32_t G, float *col, float *tmp)
 {
         uint32_t HW = H * W, CKK = C * k * k;
         memset(db, 0, sizeof(float) * F);
-        for (uint32_t b = 0; b < B; b++) {
-                const float *xb = x + (size_t)b * C * HW;
-                const float *dyb = dy + (size_t)b * F * HW; /* (F, HW) */
+        for (uint32_t b0 = 0; b0 < B; b0 += G) {
+                uint32_t g = B - b0 < G ? B - b0 : G;
+                size_t ld = (size_t)g * HW;
+                const float *dyt; /* (F, g*HW): this chunk's dy with the examples side by side */
+                if (g == 1) {
+                        dyt = dy + (size_t)b0 * F * HW;
+                } else {
+                        for (uint32_t j = 0; j < g; j++)
+                                for (uint32_t f = 0; f < F; f++)
+                                        memcpy(tmp + (size_t)f * ld + (size_t)j * HW,
+                                               dy + ((size_t)(b0 + j) * F + f) * HW, sizeof(float) * HW);
+                        dyt = tmp;
+                }
                 for (uint32_t f = 0; f < F; f++) {
-                        const float *r = dyb + (size_t)f * HW;
+                        /* eight partial sums: SIMD, and no chain of dependent adds */
+                        const float *r = dyt + (size_t)f * ld;
+                        float p[BLK] = { 0 };
+                        size_t i = 0;
+                        for (; i + BLK <= ld; i += BLK)
+                                for (int t = 0; t < BLK; t++)
+                                        p[t] += r[i + t];
                         float s = 0.0f;
-                        for (uint32_t i = 0; i < HW; i++)
+                        for (; i < ld; i++)
                                 s += r[i];
+                        for (int t = 0; t < BLK; t++)
+                                s += p[t];
                         db[f] += s;
                 }
-                im2col_k(xb, C, H, W, k, col);
-                /* dw (F, CKK) (+)= dy_b (F, HW) @ col^T (HW, CKK) */
-                cpu_gemm_k(false, true, F, CKK, HW, 1.0f, dyb, HW, col, HW, b == 0 ? 0.0f : 1.0f, dw, CKK);
+                for (uint32_t j = 0; j < g; j++)
+                        im2col_k(x + (size_t)(b0 + j) * C * HW, C, H, W, k, col + (size_t)j * HW, ld);
+                /* dw (F, CKK) (+)= dyt (F, g*HW) @ col^T (g*HW, CKK) */
+                cpu_gemm_k(false, true, F, CKK, (uint32_t)ld, 1.0f, dyt, (uint32_t)ld, col, (uint32_t)ld,
+                           b0 == 0 ? 0.0f : 1.0f, dw, CKK);
                 if (dx) {
-                        float *dxb = dx + (size_t)b * C * HW;
-                        /* dcol (CKK, HW) = w^T (CKK, F) @ dy_b (F, HW), reusing the workspace */
-                        cpu_gemm_k(true, false, CKK, HW, F, 1.0f, w, CKK, dyb, HW, 0.0f, col, HW);
-                        memset(dxb, 0, sizeof(float) * C * HW);
-                        col2im_add_k(col, C, H, W, k, dxb);
+                        /* dcol (CKK, g*HW) = w^T (CKK, F) @ dyt (F, g*HW), reusing col */
+                        cpu_gemm_k(true, false, CKK, (uint32_t)ld, F, 1.0f, w, CKK, dyt, (uint32_t)ld, 0.0f, col,
+                                   (uint32_t)ld);
+                        for (uint32_t j = 0; j < g; j++) {
+                                float *dxb = dx + (size_t)(b0 + j) * C * HW;
+                                memset(dxb, 0, sizeof(float) * C * HW);
+                                col2im_add_k(col + (size_t)j * HW, ld, C, H, W, k, dxb);
+                        }
                 }
         }
 }
 
+/* Max pooling, window = stride = p. p == 2 (the common case) has its own loops, same results. */
 static void maxpool2d_fwd_k(const float *x, float *y, uint32_t B, uint32_t C, uint32_t H, uint32_t W,
                             uint32_t p)
 {
@@ -192,7 +318,18 @@ static void maxpool2d_fwd_k(const float *x, float *y, uint32_t B, uint32_t C, ui
         for (size_t bc = 0; bc < (size_t)B * C; bc++) {
                 const float *xi = x + bc * H * W;
                 float *yo = y + bc * OH * OW;
-                for (uint32_t oy = 0; oy < OH; oy++)
+                for (uint32_t oy = 0; oy < OH; oy++) {
+                        float *yr = yo + (size_t)oy * OW;
+                        if (p == 2) {
+                                const float *r0 = xi + (size_t)(2 * oy) * W, *r1 = r0 + W;
+                                for (uint32_t ox = 0; ox < OW; ox++) {
+                                        float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];
+                                        float m = b > a ? b : a;
+                                        m = c > m ? c : m;
+                                        yr[ox] = d > m ? d : m;
+                                }
+                                continue;
+                        }
                         for (uint32_t ox = 0; ox < OW; ox++) {
                                 float m = -INFINITY;
                                 for (uint32_t dy = 0; dy < p; dy++)
@@ -200,39 +337,105 @@ static void maxpool2d_fwd_k(const float *x, float *y, uint32_t B, uint32_t C, ui
                                                 float v = xi[(size_t)(oy * p + dy) * W + ox * p + dx];
                                                 m = v > m ? v : m;
                                         }
-                                yo[(size_t)oy * OW + ox] = m;
+                                yr[ox] = m;
                         }
+                }
         }
 }
 
+/* Windows don't overlap, so every dx entry is written once: dy at the window's first maximum, 0 at
+ * the rest of the window and in the rows and columns no window covers. */
 static void maxpool2d_bwd_k(const float *x, const float *dy, float *dx, uint32_t B, uint32_t C,
                             uint32_t H, uint32_t W, uint32_t p)
 {
         uint32_t OH = H / p, OW = W / p;
-        memset(dx, 0, sizeof(float) * B * C * H * W);
         for (size_t bc = 0; bc < (size_t)B * C; bc++) {
                 const float *xi = x + bc * H * W;
                 const float *dyo = dy + bc * OH * OW;
                 float *dxi = dx + bc * H * W;
-                for (uint32_t oy = 0; oy < OH; oy++)
-                        for (uint32_t ox = 0; ox < OW; ox++) {
-                                size_t best = (size_t)(oy * p) * W + ox * p;
-                                for (uint32_t wy = 0; wy < p; wy++)
-                                        for (uint32_t wx = 0; wx < p; wx++) {
-                                                size_t i = (size_t)(oy * p + wy) * W + ox * p + wx;
-                                                if (xi[i] > xi[best])
-                                                        best = i;
-                                        }
-                                dxi[best] += dyo[(size_t)oy * OW + ox];
+                for (uint32_t oy = 0; oy < OH; oy++) {
+                        const float *g = dyo + (size_t)oy * OW;
+                        if (p == 2) {
+                                const float *r0 = xi + (size_t)(2 * oy) * W, *r1 = r0 + W;
+                                float *d0 = dxi + (size_t)(2 * oy) * W, *d1 = d0 + W;
+                                for (uint32_t ox = 0; ox < OW; ox++) {
+                                        uint32_t i = 2 * ox;
+                                        float a = r0[i], b = r0[i + 1], c = r1[i], d = r1[i + 1], v = g[ox];
+                                        int best = 0;
+                                        float m = a;
+                                        if (b > m)
+                                                m = b, best = 1;
+                                        if (c > m)
+                                                m = c, best = 2;
+                                        if (d > m)
+                                                best = 3;
+                                        d0[i] = best == 0 ? v : 0.0f;
+                                        d0[i + 1] = best == 1 ? v : 0.0f;
+                                        d1[i] = best == 2 ? v : 0.0f;
+                                        d1[i + 1] = best == 3 ? v : 0.0f;
+                                }
+                        } else {
+                                for (uint32_t ox = 0; ox < OW; ox++) {
+                                        size_t best = (size_t)(oy * p) * W + ox * p;
+                                        for (uint32_t wy = 0; wy < p; wy++)
+                                                for (uint32_t wx = 0; wx < p; wx++) {
+                                                        size_t i = (size_t)(oy * p + wy) * W + ox * p + wx;
+                                                        if (xi[i] > xi[best])
+                                                                best = i;
+                                                        dxi[i] = 0.0f;
+                                                }
+                                        dxi[best] = g[ox];
+                                }
                         }
+                        for (uint32_t wy = 0; wy < p; wy++) /* columns past the last window */
+                                for (uint32_t xx = OW * p; xx < W; xx++)
+                                        dxi[(size_t)(oy * p + wy) * W + xx] = 0.0f;
+                }
+                memset(dxi + (size_t)OH * p * W, 0, sizeof(float) * (H - OH * p) * W); /* rows past them */
         }
 }
 
 /* ---- the table ---- */
 
+/* The backend's own state: a scratch area for chunked convolution, grown (never shrunk) at the first
+ * pass that needs it; device_model_new runs that pass before training. */
+struct cpu_ctx {
+        float *scratch;
+        size_t scratch_floats;
+};
+
 static void cpu_free(struct backend *be)
 {
-        (void)be;
+        struct cpu_ctx *c = be->ctx;
+        if (c)
+                free(c->scratch);
+        free(c);
+}
+
+/* Examples per chunk, and col/tmp for them: the scratch area when it can hold a chunk of G > 1,
+ * else one example in the caller's workspace (G = 1 needs no tmp). */
+static uint32_t conv_buffers(struct backend *be, uint32_t B, uint32_t C, uint32_t H, uint32_t W, uint32_t F,
+                             uint32_t k, float *ws, float **col, float **tmp)
+{
+        struct cpu_ctx *c = be->ctx;
+        uint32_t G = conv_chunk(B, C, H, W, k);
+        size_t need = (size_t)G * H * W * ((size_t)C * k * k + F);
+        if (G > 1 && need > c->scratch_floats) {
+                float *p = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63);
+                if (p) {
+                        free(c->scratch);
+                        c->scratch = p;
+                        c->scratch_floats = need;
+                }
+        }
+        if (G == 1 || need > c->scratch_floats) {
+                *col = ws;
+                *tmp = NULL;
+                return 1;
+        }
+        *col = c->scratch;
+        *tmp = c->scratch + (size_t)G * C * k * k * H * W;
+        return G;
 }
 
 static void *cpu_alloc(struct backend *be, size_t bytes)
@@ -288,10 +491,6 @@ static int cpu_bias_grad(struct backend *be, const void *dy, void *db, uint32_t 
         return 0;
 }
 
-/* Elementwise kernels run in blocks of 8: each block loads into a local array before storing, so
- * in-place calls are well defined and GCC's -O2 (very-cheap vectorizer cost model) emits branch-free
- * SIMD; a plain `x > 0 ? x : 0` loop compiles to a branch that mispredicts half the time. */
-#define BLK 8
 
 static int cpu_relu_fwd(struct backend *be, const void *xv, void *yv, size_t n)
 {
@@ -405,7 +604,9 @@ static int cpu_correct_count(struct backend *be, const void *scores, const void 
 static int cpu_conv2d_fwd(struct backend *be, const void *x, const void *w, const void *b, void *y,
                           uint32_t B, uint32_t C, uint32_t H, uint32_t W, uint32_t F, uint32_t k, void *col)
 {
-        conv2d_fwd_k(x, w, b, y, B, C, H, W, F, k, col);
+        float *cb, *tmp;
+        uint32_t G = conv_buffers(be, B, C, H, W, F, k, col, &cb, &tmp);
+        conv2d_fwd_k(x, w, b, y, B, C, H, W, F, k, G, cb, tmp);
         return 0;
 }
 
@@ -413,7 +614,9 @@ static int cpu_conv2d_bwd(struct backend *be, const void *x, const void *w, cons
                           void *db, void *dx, uint32_t B, uint32_t C, uint32_t H, uint32_t W, uint32_t F,
                           uint32_t k, void *col)
 {
-        conv2d_bwd_k(x, w, dy, dw, db, dx, B, C, H, W, F, k, col);
+        float *cb, *tmp;
+        uint32_t G = conv_buffers(be, B, C, H, W, F, k, col, &cb, &tmp);
+        conv2d_bwd_k(x, w, dy, dw, db, dx, B, C, H, W, F, k, G, cb, tmp);
         return 0;
 }
 
@@ -462,9 +665,14 @@ static const struct backend_ops cpu_ops = {
 int backend_cpu_new(unsigned threads, struct backend **ret)
 {
         struct backend *be = calloc(1, sizeof(*be));
-        if (!be)
+        struct cpu_ctx *c = calloc(1, sizeof(*c));
+        if (!be || !c) {
+                free(be);
+                free(c);
                 return -ENOMEM;
+        }
         be->ops = &cpu_ops;
+        be->ctx = c;
         if (threads > 0)
                 openblas_set_num_threads((int)threads);
         *ret = be;

@@ -7,6 +7,7 @@
 
 #include "backend.h"
 #include "data.h"
+#include "device.h"
 #include "job.h"
 #include "model.h"
 #include "optim.h"
@@ -39,8 +40,10 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
 
         if ((r = dataset_load(ip, lp, &train, err, errlen)) < 0 || (r = dataset_load(tip, tlp, &test, err, errlen)) < 0)
                 goto out;
-        if ((r = backend_cpu_new(t->threads, &be)) < 0 || (r = model_new(&cfg->model, be, t->batch_size, &m)) < 0) {
-                snprintf(err, errlen, "cannot build the model: %s", strerror(-r));
+        char msg[512];
+        if ((r = device_backend_new(&cfg->device, t->threads, &be, msg, sizeof(msg))) < 0 ||
+            (r = device_model_new(be, &cfg->model, t->batch_size, &m, msg, sizeof(msg))) < 0) {
+                snprintf(err, errlen, "%s", msg);
                 goto out;
         }
         if (model_input_size(m) != train->dim || dataset_max_label(train) >= model_n_classes(m)) {

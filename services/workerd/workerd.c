@@ -18,6 +18,7 @@
 #include "backend.h"
 #include "config.h"
 #include "daemon.h"
+#include "device.h"
 #include "data.h"
 #include "job.h"
 #include "log.h"
@@ -86,7 +87,8 @@ struct worker {
 
         uint64_t local_step, global_step, examples;
         uint64_t wait_us, push_us;
-        uint64_t wd_usec, wd_last;  /* systemd's watchdog interval, and when it was last fed */  /* time spent waiting for fresh values, and starting pushes */
+        uint64_t wd_usec, wd_last;  /* systemd's watchdog interval, and when it was last fed */
+        bool config_error;          /* the device options are wrong: exit 78, restarting cannot help */  /* time spent waiting for fresh values, and starting pushes */
         atomic_bool stop;
         float last_loss;
         double ex_per_s;
@@ -610,11 +612,27 @@ static int build(struct worker *w) {
         free(lp);
         if (r < 0)
                 return log_error_errno(r, "cannot read the training data: %s", err);
-        if ((r = backend_cpu_new(cfg->training.threads, &w->be)) < 0)
-                return log_error_errno(r, "cannot create the CPU backend");
-        log_info("backend %s, %u thread(s)", backend_name(w->be), cfg->training.threads);
-        if ((r = model_new(&cfg->model, w->be, cfg->training.batch_size, &w->m)) < 0)
-                return log_error_errno(r, "cannot build the model");
+        /* where to compute: the job's device options, overridable per node (PSFLEET_DEVICE, ...) */
+        char msg[1024];
+        r = device_backend_new(&cfg->device, cfg->training.threads, &w->be, msg, sizeof(msg));
+        if (r < 0) {
+                w->config_error = true;
+                return log_error_errno(r, "device: %s", msg);
+        }
+        if (r == DEVICE_FELL_BACK)
+                log_notice("%s", msg);
+        else
+                log_info("device: %s", msg);
+        if ((r = device_model_new(w->be, &cfg->model, cfg->training.batch_size, &w->m, msg, sizeof(msg))) < 0) {
+                w->config_error = r == -ENOMEM;   /* a memory cap too small for the model: fix the options */
+                return log_error_errno(r, "cannot build the model: %s", msg);
+        }
+        if (device_log_placement(&cfg->device)) {
+                char lines[8192];
+                device_placement(w->be, w->m, lines, sizeof(lines));
+                for (char *save = NULL, *l = strtok_r(lines, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+                        log_info("placement: %s", l);
+        }
         if (model_input_size(w->m) != w->train->dim || dataset_max_label(w->train) >= model_n_classes(w->m))
                 return log_error_errno(EINVAL, "the training data (%u values, labels up to %u) do not fit the model (input %u, %u classes)",
                                        w->train->dim, dataset_max_label(w->train), model_input_size(w->m), model_n_classes(w->m));
@@ -689,8 +707,11 @@ static int run(int argc, char **argv) {
         rpc_global_init();
         snprintf(w.state, sizeof(w.state), "starting");
         int ret = 1;
-        if (build(&w) < 0)
+        if (build(&w) < 0) {
+                if (w.config_error)
+                        ret = CONFIG_EX_CONFIG;
                 goto out;
+        }
 
         static const char *const services[] = {"psfleet.v1.Worker", NULL};
         struct rpc_method methods[] = {

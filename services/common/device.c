@@ -1,0 +1,913 @@
+/* Device selection with soft placement, the GPU memory check at model build, and placement logging.
+ * See device.h; the decisions are explained in docs/gpu.md. No CUDA header here: the CUDA backend is
+ * reached through the plugin libpsfleet-cuda.so, opened at run time (see cuda_load). */
+#include "device.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/* The CUDA backend is a plugin, libpsfleet-cuda.so, opened at run time: the same workerd runs on a
+ * node without CUDA's libraries (on the CPU), and packages need no CUDA dependency. Looked for at
+ * $PSFLEET_CUDA_PLUGIN (a path; empty: never), the build tree, <exe>/../lib/psfleet/, then by name. */
+static struct {
+        pthread_once_t once;
+        int (*probe)(struct device_gpu_info *, uint32_t, char *, size_t);
+        int (*create)(const struct device_opts *, struct backend **, char *, size_t);
+        int (*mem_stats)(const struct backend *, struct device_mem_stats *);
+        const char *(*device_name)(const struct backend *);
+        char why[600];
+} plugin = {.once = PTHREAD_ONCE_INIT};
+
+static void *cuda_try(const char *path)
+{
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+                const char *e = dlerror();
+                snprintf(plugin.why, sizeof(plugin.why), "%.500s", e ? e : path);
+        }
+        return h;
+}
+
+static void cuda_load(void)
+{
+        void *h = NULL;
+        const char *env = getenv("PSFLEET_CUDA_PLUGIN");
+        snprintf(plugin.why, sizeof(plugin.why), "no libpsfleet-plugin.so found");
+        if (env) {
+                if (!*env) {
+                        snprintf(plugin.why, sizeof(plugin.why), "PSFLEET_CUDA_PLUGIN is empty");
+                        return;
+                }
+                h = cuda_try(env);
+        } else {
+#ifdef PSFLEET_CUDA_PLUGIN_BUILD
+                if (access(PSFLEET_CUDA_PLUGIN_BUILD, R_OK) == 0)
+                        h = cuda_try(PSFLEET_CUDA_PLUGIN_BUILD);
+#endif
+                char exe[PATH_MAX];
+                ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+                if (!h && n > 0) {
+                        exe[n] = 0;
+                        char *slash = strrchr(exe, '/');
+                        if (slash) {
+                                *slash = 0;
+                                char path[PATH_MAX + 64];
+                                snprintf(path, sizeof(path), "%s/../lib/psfleet/libpsfleet-plugin.so", exe);
+                                if (access(path, R_OK) == 0)
+                                        h = cuda_try(path);
+                        }
+                }
+                if (!h)
+                        h = cuda_try("libpsfleet-plugin.so");
+        }
+        if (!h)
+                return;
+        plugin.probe = (int (*)(struct device_gpu_info *, uint32_t, char *, size_t))dlsym(h, "backend_cuda_probe");
+        plugin.create = (int (*)(const struct device_opts *, struct backend **, char *, size_t))dlsym(h, "backend_cuda_new");
+        plugin.mem_stats = (int (*)(const struct backend *, struct device_mem_stats *))dlsym(h, "backend_cuda_mem_stats");
+        plugin.device_name = (const char *(*)(const struct backend *))dlsym(h, "backend_cuda_device_name");
+        if (!plugin.probe || !plugin.create || !plugin.mem_stats || !plugin.device_name) {
+                snprintf(plugin.why, sizeof(plugin.why), "the CUDA plugin lacks its entry points");
+                plugin.probe = NULL;
+                plugin.create = NULL;
+                plugin.mem_stats = NULL;
+                plugin.device_name = NULL;
+        }
+}
+
+#define CUDA_FN(f) (pthread_once(&plugin.once, cuda_load), plugin.f)
+
+/* Oldest GPU the CUDA backend's PTX can be compiled for (CUDA 13 supports sm_75 and newer). */
+#define MIN_CC 75
+
+/* ---- options ---- */
+
+static int parse_bool(const char *s, bool *ret)
+{
+        static const char *const yes[] = { "1", "true", "yes", "on" }, *const no[] = { "0", "false", "no", "off" };
+        for (size_t i = 0; i < ELEMENTSOF(yes); i++) {
+                if (strcasecmp(s, yes[i]) == 0) {
+                        *ret = true;
+                        return 0;
+                }
+                if (strcasecmp(s, no[i]) == 0) {
+                        *ret = false;
+                        return 0;
+                }
+        }
+        return -EINVAL;
+}
+
+/* "auto" | "cpu" | "gpu:N[,M...]" (ordinals 0..255, no repeats, at most DEVICE_MAX_GPUS). */
+static int parse_device(const char *s, struct device_request *req)
+{
+        if (strcmp(s, "auto") == 0) {
+                req->kind = DEVICE_AUTO;
+                return 0;
+        }
+        if (strcmp(s, "cpu") == 0) {
+                req->kind = DEVICE_CPU;
+                return 0;
+        }
+        if (strncmp(s, "gpu:", 4) != 0)
+                return -EINVAL;
+        req->kind = DEVICE_GPU;
+        req->n_gpus = 0;
+        for (const char *p = s + 4;;) {
+                char num[8];
+                size_t len = strcspn(p, ",");
+                uint64_t id;
+                if (len == 0 || len >= sizeof(num) || req->n_gpus == DEVICE_MAX_GPUS)
+                        return -EINVAL;
+                memcpy(num, p, len);
+                num[len] = 0;
+                if (parse_u64(num, 0, 255, &id) < 0)
+                        return -EINVAL;
+                for (uint32_t i = 0; i < req->n_gpus; i++)
+                        if (req->gpus[i] == (int)id)
+                                return -EINVAL;
+                req->gpus[req->n_gpus++] = (int)id;
+                if (p[len] == 0)
+                        return 0;
+                p += len + 1;
+        }
+}
+
+static const char *env(const char *name)
+{
+        const char *v = getenv(name);
+        return v && *v ? v : NULL;
+}
+
+int device_request_resolve(const struct device_config *dc, struct device_request *ret, char *msg, size_t msglen)
+{
+        struct device_request req = {
+                .gpu_memory_fraction = dc->gpu_memory_fraction,
+                .allow_growth = dc->allow_growth,
+                .log_device_placement = dc->log_device_placement,
+        };
+        const char *dev = dc->device ? dc->device : "auto", *origin = "device.device", *v;
+        if ((v = env("PSFLEET_DEVICE"))) {
+                dev = v;
+                origin = "PSFLEET_DEVICE";
+        }
+        if (parse_device(dev, &req) < 0) {
+                snprintf(msg, msglen, "%s: \"%s\" is not auto, cpu, gpu:N or gpu:N,M,... (at most %d GPUs, each once)",
+                         origin, dev, DEVICE_MAX_GPUS);
+                return -EINVAL;
+        }
+        if ((v = env("PSFLEET_GPU_MEMORY_FRACTION"))) {
+                char *end;
+                errno = 0;
+                double f = strtod(v, &end);
+                if (errno || *end || !(f > 0.0 && f <= 1.0)) {
+                        snprintf(msg, msglen, "PSFLEET_GPU_MEMORY_FRACTION: \"%s\" is not a number in (0, 1]", v);
+                        return -EINVAL;
+                }
+                req.gpu_memory_fraction = f;
+        }
+        static const struct {
+                const char *name;
+                size_t off;
+        } flags[] = {
+                { "PSFLEET_ALLOW_GROWTH", offsetof(struct device_request, allow_growth) },
+                { "PSFLEET_LOG_DEVICE_PLACEMENT", offsetof(struct device_request, log_device_placement) },
+                { "PSFLEET_ALLOW_SOFT_PLACEMENT", offsetof(struct device_request, allow_soft_placement) },
+                { "PSFLEET_FAKE_NO_GPU", offsetof(struct device_request, fake_no_gpu) },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(flags); i++) {
+                if (!(v = env(flags[i].name)))
+                        continue;
+                if (parse_bool(v, (bool *)((char *)&req + flags[i].off)) < 0) {
+                        snprintf(msg, msglen, "%s: \"%s\" is not 0, 1, true or false", flags[i].name, v);
+                        return -EINVAL;
+                }
+        }
+        if (!(req.gpu_memory_fraction > 0.0 && req.gpu_memory_fraction <= 1.0)) {
+                snprintf(msg, msglen, "device.gpu_memory_fraction: %g is not in (0, 1]", req.gpu_memory_fraction);
+                return -EINVAL;
+        }
+        *ret = req;
+        return 0;
+}
+
+bool device_log_placement(const struct device_config *dc)
+{
+        struct device_request req;
+        char msg[256];
+        return device_request_resolve(dc, &req, msg, sizeof(msg)) == 0 && req.log_device_placement;
+}
+
+/* ---- selection ---- */
+
+static double gib(size_t b)
+{
+        return (double)b / (1024.0 * 1024.0 * 1024.0);
+}
+
+static double mib(size_t b)
+{
+        return (double)b / (1024.0 * 1024.0);
+}
+
+/* The usable GPUs: how many are visible (>= 0), with infos filled; or 0 with the reason in why. */
+static int find_gpus(const struct device_request *req, struct device_gpu_info *infos, char *why, size_t whylen)
+{
+        if (req->fake_no_gpu) {
+                snprintf(why, whylen, "PSFLEET_FAKE_NO_GPU is set");
+                return 0;
+        }
+        if (!CUDA_FN(probe)) {
+                snprintf(why, whylen, "the CUDA backend is not available: %.300s", plugin.why);
+                return 0;
+        }
+        char m[256] = "";
+        int n = CUDA_FN(probe)(infos, DEVICE_MAX_GPUS, m, sizeof(m));
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        if (n < 0) {
+                snprintf(why, whylen, "%s", m[0] ? m : strerror(-n));
+                return 0;
+        }
+        if (n == 0) {
+                if (cvd)
+                        snprintf(why, whylen, "no CUDA device is visible (CUDA_VISIBLE_DEVICES=\"%s\")", cvd);
+                else
+                        snprintf(why, whylen, "no CUDA device is visible");
+        }
+        return n < DEVICE_MAX_GPUS ? n : DEVICE_MAX_GPUS;
+}
+
+static int cpu_backend(unsigned threads, struct backend **ret, const char *why, char *msg, size_t msglen)
+{
+        int r = backend_cpu_new(threads, ret);
+        if (r < 0) {
+                snprintf(msg, msglen, "cannot start the CPU backend: %s", strerror(-r));
+                return r;
+        }
+        if (why) {
+                snprintf(msg, msglen, "%s; running on the CPU with %u BLAS thread%s", why, threads,
+                         threads == 1 ? "" : "s");
+                return DEVICE_FELL_BACK;
+        }
+        snprintf(msg, msglen, "cpu, %u BLAS thread%s", threads, threads == 1 ? "" : "s");
+        return 0;
+}
+
+/* The backends the options ask for: the CPU, or one CUDA backend per GPU (several only if many). */
+static int select_backends(const struct device_config *dc, unsigned cpu_threads, bool many, struct backend **ret,
+                           uint32_t *n_ret, char *msg, size_t msglen)
+{
+        struct device_request req;
+        int r = device_request_resolve(dc, &req, msg, msglen);
+        if (r < 0)
+                return r;
+        *n_ret = 1; /* every CPU path below */
+        if (req.kind == DEVICE_CPU)
+                return cpu_backend(cpu_threads, ret, NULL, msg, msglen);
+
+        struct device_gpu_info infos[DEVICE_MAX_GPUS];
+        char why[400] = "", req_s[96] = "auto";
+        int n = find_gpus(&req, infos, why, sizeof(why));
+        struct device_opts o = {
+                .gpu_memory_fraction = req.gpu_memory_fraction,
+                .allow_growth = req.allow_growth,
+        };
+        if (req.kind == DEVICE_AUTO) {
+                /* The visible GPUs that our PTX can run on, in order. */
+                for (int i = 0; i < n && o.n_gpus < DEVICE_MAX_GPUS; i++)
+                        if (infos[i].cc_major * 10 + infos[i].cc_minor >= MIN_CC)
+                                o.gpus[o.n_gpus++] = i;
+                if (o.n_gpus == 0 && n > 0)
+                        snprintf(why, sizeof(why), "no visible GPU has compute capability %d.%d or newer (gpu:0 \"%s\" is %d.%d)",
+                                 MIN_CC / 10, MIN_CC % 10, infos[0].name, infos[0].cc_major, infos[0].cc_minor);
+                if (o.n_gpus == 0) {
+                        char w[448];
+                        snprintf(w, sizeof(w), "device auto: no usable GPU (%s)", why);
+                        return cpu_backend(cpu_threads, ret, w, msg, msglen);
+                }
+        } else {
+                size_t off = (size_t)snprintf(req_s, sizeof(req_s), "gpu:");
+                const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+                char none[400];
+                if (n == 0) { /* why says why there is none */
+                        snprintf(none, sizeof(none), "no GPU is visible (%.360s)", why);
+                        snprintf(why, sizeof(why), "%s", none);
+                }
+                for (uint32_t i = 0; i < req.n_gpus; i++) {
+                        int g = req.gpus[i];
+                        if (off < sizeof(req_s))
+                                off += (size_t)snprintf(req_s + off, sizeof(req_s) - off, "%s%d", i ? "," : "", g);
+                        if (why[0] == 0 && g >= n)
+                                snprintf(why, sizeof(why), "GPU %d does not exist: %d GPU%s visible%s%s%s", g, n,
+                                         n == 1 ? " is" : "s are", cvd ? " (CUDA_VISIBLE_DEVICES=\"" : "", cvd ? cvd : "",
+                                         cvd ? "\")" : "");
+                        else if (why[0] == 0 && infos[g].cc_major * 10 + infos[g].cc_minor < MIN_CC)
+                                snprintf(why, sizeof(why), "GPU %d \"%s\" has compute capability %d.%d; psfleet needs %d.%d or newer",
+                                         g, infos[g].name, infos[g].cc_major, infos[g].cc_minor, MIN_CC / 10, MIN_CC % 10);
+                        o.gpus[o.n_gpus++] = g;
+                }
+                if (why[0]) {
+                        char w[512];
+                        snprintf(w, sizeof(w), "device \"%s\": %s", req_s, why);
+                        if (req.allow_soft_placement)
+                                return cpu_backend(cpu_threads, ret, w, msg, msglen);
+                        snprintf(msg, msglen, "%s (set PSFLEET_ALLOW_SOFT_PLACEMENT=1 or device \"auto\" to fall back to the CPU)", w);
+                        return -ENODEV;
+                }
+        }
+
+        /* One GPU per backend; several are replicas (device_replicas), which the caller must ask for. */
+        char note[160] = "";
+        if (o.n_gpus > 1 && !many) {
+                if (req.kind == DEVICE_GPU) {
+                        snprintf(msg, msglen, "device \"%s\" names several GPUs: this program runs one "
+                                 "(device_backends_new and device_replicas run several; docs/gpu.md)", req_s);
+                        return -EOPNOTSUPP;
+                }
+                snprintf(note, sizeof(note), "; %u GPUs visible, using gpu:%d only", o.n_gpus, o.gpus[0]);
+                o.n_gpus = 1;
+        }
+        struct backend *bes[DEVICE_MAX_GPUS];
+        uint32_t made = 0;
+        for (; made < o.n_gpus; made++) {
+                struct device_opts one = o;
+                one.n_gpus = 1;
+                one.gpus[0] = o.gpus[made];
+                char m[320] = "";
+                r = CUDA_FN(create)(&one, &bes[made], m, sizeof(m));
+                if (r < 0) {
+                        char w[480];
+                        snprintf(w, sizeof(w), "device \"%s\": gpu:%d: %s", req.kind == DEVICE_AUTO ? "auto" : req_s,
+                                 one.gpus[0], m[0] ? m : strerror(-r));
+                        while (made > 0)
+                                backend_free(bes[--made]);
+                        /* A memory cap that cannot be had is a configuration problem, not a missing GPU. */
+                        if (r != -ENOMEM && (req.kind == DEVICE_AUTO || req.allow_soft_placement)) {
+                                *n_ret = 1;
+                                return cpu_backend(cpu_threads, ret, w, msg, msglen);
+                        }
+                        snprintf(msg, msglen, "%s", w);
+                        return r;
+                }
+        }
+        const struct device_gpu_info *gi = &infos[o.gpus[0]];
+        struct device_mem_stats st = { 0 };
+        CUDA_FN(mem_stats)(bes[0], &st);
+        char list[96] = "";
+        for (uint32_t i = 0, off = 0; i < made && off < sizeof(list); i++)
+                off += (uint32_t)snprintf(list + off, sizeof(list) - off, "%s%d", i ? "," : "", o.gpus[i]);
+        snprintf(msg, msglen, "cuda gpu:%s (%s%s, cc %d.%d, %.1f GiB), memory cap %.1f GiB%s (fraction %.3g%s)%s", list,
+                 made > 1 ? "each " : "", gi->name, gi->cc_major, gi->cc_minor, gib(gi->total_bytes), gib(st.cap),
+                 made > 1 ? " each" : "", o.gpu_memory_fraction,
+                 o.allow_growth ? ", allocated as needed" : ", reserved up front", note);
+        for (uint32_t i = 0; i < made; i++)
+                ret[i] = bes[i];
+        *n_ret = made;
+        return 0;
+}
+
+int device_backend_new(const struct device_config *dc, unsigned cpu_threads, struct backend **ret, char *msg,
+                       size_t msglen)
+{
+        struct backend *bes[DEVICE_MAX_GPUS];
+        uint32_t n = 0;
+        int r = select_backends(dc, cpu_threads, false, bes, &n, msg, msglen);
+        if (r >= 0)
+                *ret = bes[0];
+        return r;
+}
+
+int device_backends_new(const struct device_config *dc, unsigned cpu_threads, struct backend **ret, uint32_t *n_ret,
+                        char *msg, size_t msglen)
+{
+        struct backend *bes[DEVICE_MAX_GPUS];
+        uint32_t n = 0;
+        int r = select_backends(dc, cpu_threads, true, bes, &n, msg, msglen);
+        if (r < 0)
+                return r;
+        for (uint32_t i = 0; i < n; i++)
+                ret[i] = bes[i];
+        *n_ret = n;
+        return r;
+}
+
+/* ---- the model on a device: count, check, build, warm up ---- */
+
+/* A backend that only counts what model_new allocates: it hands out distinct fake addresses that are
+ * never dereferenced (model_new does not touch buffers; no op is ever called on it). */
+struct counter {
+        struct backend be;
+        struct backend_ops ops;
+        size_t bytes, granule;
+        uintptr_t next;
+};
+
+static void *count_alloc(struct backend *be, size_t bytes)
+{
+        struct counter *c = be->ctx;
+        c->bytes += (bytes + c->granule - 1) / c->granule * c->granule;
+        c->next += 64;
+        return (void *)c->next;
+}
+
+static void count_buf_free(struct backend *be, void *buf)
+{
+}
+
+static void count_free(struct backend *be)
+{
+}
+
+/* Bytes of device memory model_new will take on be (with the CUDA allocator's 512-byte rounding). */
+static int count_model_bytes(const struct backend *be, const struct model_spec *spec, uint32_t max_batch,
+                             size_t *ret)
+{
+        struct counter c = { .granule = 512, .next = 0x10000 };
+        c.ops = (struct backend_ops){ .name = "count", .host_memory = be->ops->host_memory, .free = count_free,
+                                      .alloc = count_alloc, .buf_free = count_buf_free };
+        c.be.ops = &c.ops;
+        c.be.ctx = &c;
+        struct model *m;
+        int r = model_new(spec, &c.be, max_batch, &m);
+        if (r < 0)
+                return r;
+        model_free(m);
+        *ret = c.bytes;
+        return 0;
+}
+
+int device_model_new(struct backend *be, const struct model_spec *spec, uint32_t max_batch, struct model **ret,
+                     char *msg, size_t msglen)
+{
+        struct model *m = NULL;
+        float *x = NULL;
+        uint8_t *y = NULL;
+        struct device_mem_stats st = { 0 };
+        bool cuda = CUDA_FN(mem_stats) && CUDA_FN(mem_stats)(be, &st) == 0;
+        size_t need = 0;
+        int r;
+
+        if (backend_host_memory(be) || !cuda) {
+                r = model_new(spec, be, max_batch, &m);
+                if (r < 0)
+                        snprintf(msg, msglen, "cannot build the model: %s", strerror(-r));
+                else
+                        *ret = m;
+                return r;
+        }
+        if ((r = count_model_bytes(be, spec, max_batch, &need)) < 0) {
+                snprintf(msg, msglen, "cannot build the model: %s", strerror(-r));
+                return r;
+        }
+        const char *hint = "raise device.gpu_memory_fraction (or PSFLEET_GPU_MEMORY_FRACTION) or lower training.batch_size";
+        if (need > st.cap) {
+                snprintf(msg, msglen, "the model needs %.1f MiB of GPU memory at batch %u, more than the cap of %.1f MiB "
+                         "(%.1f MiB already in use): %s", mib(need), max_batch, mib(st.cap), mib(st.in_use), hint);
+                return -ENOMEM;
+        }
+        if ((r = model_new(spec, be, max_batch, &m)) < 0) {
+                if (r == -ENOMEM && CUDA_FN(mem_stats)(be, &st) == 0)
+                        snprintf(msg, msglen, "the model needs %.1f MiB of GPU memory at batch %u and %.1f MiB of the cap of "
+                                 "%.1f MiB could not be had: %s", mib(need), max_batch, mib(st.last_failed), mib(st.cap), hint);
+                else
+                        snprintf(msg, msglen, "cannot build the model: %s", strerror(-r));
+                return r;
+        }
+        /* One pass at full batch allocates every workspace a training step needs. */
+        uint32_t D = model_input_size(m);
+        x = calloc((size_t)max_batch * D, sizeof(float));
+        y = calloc(max_batch, 1);
+        if (!x || !y) {
+                r = -ENOMEM;
+                snprintf(msg, msglen, "out of memory");
+                goto fail;
+        }
+        float loss;
+        if ((r = model_forward(m, x, y, max_batch, &loss, NULL)) < 0 || (r = model_backward(m, NULL, NULL)) < 0) {
+                if (r == -ENOMEM && CUDA_FN(mem_stats)(be, &st) == 0)
+                        snprintf(msg, msglen, "the model's buffers fit in the GPU memory cap of %.1f MiB (%.1f MiB) but a "
+                                 "training step's workspaces do not (%.1f MiB more could not be had): %s",
+                                 mib(st.cap), mib(need), mib(st.last_failed), hint);
+                else
+                        snprintf(msg, msglen, "first pass on the device: %s", strerror(-r));
+                goto fail;
+        }
+        free(x);
+        free(y);
+        *ret = m;
+        return 0;
+fail:
+        free(x);
+        free(y);
+        model_free(m);
+        return r;
+}
+
+/* ---- placement ---- */
+
+/* What computes each kind of layer on the CUDA backend (backend_cuda.cu). */
+static const char *cuda_impl(const char *type)
+{
+        static const struct {
+                const char *type, *impl;
+        } t[] = {
+                { "dense", "cuBLAS sgemm + bias kernel" },
+                { "conv2d", "cuDNN convolution" },
+                { "maxpool2d", "cuDNN pooling (backward: psfleet kernel)" },
+                { "relu", "cuDNN activation" },
+                { "tanh", "cuDNN activation" },
+                { "sigmoid", "cuDNN activation" },
+                { "flatten", "no computation" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(t); i++)
+                if (strcmp(type, t[i].type) == 0)
+                        return t[i].impl;
+        return "?";
+}
+
+int device_placement(const struct backend *be, const struct model *m, char *buf, size_t len)
+{
+        char *desc = NULL;
+        size_t dlen = 0;
+        FILE *f = open_memstream(&desc, &dlen);
+        if (!f || len == 0)
+                return f ? (fclose(f), free(desc), 0) : 0;
+        model_describe(m, f);
+        fclose(f);
+        const char *where = CUDA_FN(device_name) ? CUDA_FN(device_name)(be) : NULL;
+        bool gpu = where != NULL;
+        if (!gpu)
+                where = backend_name(be);
+        size_t off = 0;
+        int lines = 0;
+        buf[0] = 0;
+        for (char *save = NULL, *line = strtok_r(desc, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+                char type[32] = "";
+                unsigned idx;
+                const char *impl = NULL;
+                if (sscanf(line, "%u %31s", &idx, type) == 2)
+                        impl = gpu ? cuda_impl(type) : strcmp(type, "dense") == 0 || strcmp(type, "conv2d") == 0
+                                                               ? "OpenBLAS sgemm"
+                                                               : "C loops";
+                else if (strncmp(line, "softmax", 7) == 0)
+                        impl = gpu ? "cuDNN softmax + psfleet loss kernels" : "C loops";
+                else
+                        continue; /* the input line */
+                if (off < len)
+                        off += (size_t)snprintf(buf + off, len - off, "%s%s: %s (%s)", lines ? "\n" : "", line, where, impl);
+                lines++;
+        }
+        free(desc);
+        return lines;
+}
+
+/* ---- replicas: one model per backend, the batch split between them ---- */
+
+enum job { JOB_NONE, JOB_FORWARD, JOB_BACKWARD, JOB_QUIT };
+
+struct replica {
+        struct device_replicas *set;
+        uint32_t index;
+        struct model *m;
+        pthread_t thread;
+        bool started;
+        /* this pass */
+        uint32_t off, B;           /* its shard: examples [off, off + B) */
+        uint64_t items;            /* (var, block) items it has reached */
+        bool finished;
+        int result;
+        float loss;
+        uint32_t correct;
+};
+
+struct device_replicas {
+        uint32_t n, active;        /* replicas, and those with examples in this pass */
+        struct replica rep[DEVICE_MAX_GPUS];
+        uint32_t B;                /* this pass's whole batch */
+        const float *x;
+        const uint8_t *labels;
+        bool want_correct;
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        enum job job;
+        uint64_t job_seq;
+        uint64_t published;        /* forward: blocks replica 0 has made ready */
+        bool abort;
+        model_block_cb user_cb;
+        void *user_ud;
+};
+
+uint32_t device_replicas_count(const struct device_replicas *r)
+{
+        return r->n;
+}
+
+struct model *device_replicas_model(struct device_replicas *r)
+{
+        return r->rep[0].m;
+}
+
+/* Floats [*first, *first + *count) of var's block in the parameter (and gradient) blocks. */
+static void block_range(const struct model *m, uint32_t var, uint32_t block, size_t *first, size_t *count)
+{
+        const struct model_var *v = model_var(m, var);
+        const uint32_t *rb;
+        model_var_blocks(m, var, &rb);
+        *first = v->offset + (size_t)rb[block] * v->cols;
+        *count = (size_t)(rb[block + 1] - rb[block]) * v->cols;
+}
+
+/* Forward, replica i > 0: wait until replica 0 has made the next block ready, then copy it. */
+static int follower_before(void *ud, uint32_t var, uint32_t block)
+{
+        struct replica *p = ud;
+        struct device_replicas *s = p->set;
+        uint64_t k = ++p->items;
+        pthread_mutex_lock(&s->mu);
+        while (s->published < k && !s->abort)
+                pthread_cond_wait(&s->cv, &s->mu);
+        bool ab = s->abort;
+        pthread_mutex_unlock(&s->mu);
+        if (ab)
+                return -ECANCELED;
+        size_t first, count;
+        block_range(p->m, var, block, &first, &count);
+        memcpy(model_params(p->m) + first, model_params(s->rep[0].m) + first, sizeof(float) * count);
+        return 0;
+}
+
+/* Forward, replica 0: the caller's callback fills the block, then the others may read it. */
+static int leader_before(void *ud, uint32_t var, uint32_t block)
+{
+        struct device_replicas *s = ud;
+        int r = s->user_cb ? s->user_cb(s->user_ud, var, block) : 0;
+        pthread_mutex_lock(&s->mu);
+        if (r != 0)
+                s->abort = true;
+        else
+                s->published++;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        return r;
+}
+
+/* Backward, replica i > 0: its gradient of the block is on the host. */
+static int follower_after(void *ud, uint32_t var, uint32_t block)
+{
+        struct replica *p = ud;
+        struct device_replicas *s = p->set;
+        pthread_mutex_lock(&s->mu);
+        p->items++;
+        bool ab = s->abort;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        return ab ? -ECANCELED : 0;
+}
+
+/* Backward, replica 0: when every replica has the block, sum_i (B_i / B) g_i into replica 0's, then
+ * the caller's callback. */
+static int leader_after(void *ud, uint32_t var, uint32_t block)
+{
+        struct device_replicas *s = ud;
+        uint64_t k = ++s->rep[0].items;
+        int err = 0;
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t i = 1; i < s->active && !err; i++) {
+                struct replica *p = &s->rep[i];
+                while (p->items < k && !p->finished && !s->abort)
+                        pthread_cond_wait(&s->cv, &s->mu);
+                if (p->items < k)
+                        err = s->abort ? -ECANCELED : p->result < 0 ? p->result : -EPROTO;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (err)
+                return err;
+        size_t first, count;
+        block_range(s->rep[0].m, var, block, &first, &count);
+        float *g0 = model_grads(s->rep[0].m) + first;
+        if (s->active > 1) {
+                float w0 = (float)s->rep[0].B / (float)s->B;
+                for (size_t j = 0; j < count; j++)
+                        g0[j] *= w0;
+                for (uint32_t i = 1; i < s->active; i++) {
+                        const float *gi = model_grads(s->rep[i].m) + first;
+                        float wi = (float)s->rep[i].B / (float)s->B;
+                        for (size_t j = 0; j < count; j++)
+                                g0[j] += wi * gi[j];
+                }
+        }
+        return s->user_cb ? s->user_cb(s->user_ud, var, block) : 0;
+}
+
+static void *follower_main(void *arg)
+{
+        struct replica *p = arg;
+        struct device_replicas *s = p->set;
+        uint64_t seen = 0;
+        for (;;) {
+                pthread_mutex_lock(&s->mu);
+                while (s->job_seq == seen)
+                        pthread_cond_wait(&s->cv, &s->mu);
+                seen = s->job_seq;
+                enum job job = s->job;
+                bool mine = p->index < s->active;
+                pthread_mutex_unlock(&s->mu);
+                if (job == JOB_QUIT)
+                        return NULL;
+                if (!mine)
+                        continue;
+                int r = 0;
+                if (job == JOB_FORWARD)
+                        r = model_forward_blocks(p->m, s->x + (size_t)p->off * model_input_size(p->m), s->labels + p->off,
+                                                 p->B, &p->loss, s->want_correct ? &p->correct : NULL, follower_before, p);
+                else if (job == JOB_BACKWARD)
+                        r = model_backward_blocks(p->m, follower_after, p);
+                pthread_mutex_lock(&s->mu);
+                p->result = r;
+                p->finished = true;
+                if (r != 0)
+                        s->abort = true;
+                pthread_cond_broadcast(&s->cv);
+                pthread_mutex_unlock(&s->mu);
+        }
+}
+
+/* Starts job on the active followers (the caller runs replica 0). */
+static void start_job(struct device_replicas *s, enum job job)
+{
+        pthread_mutex_lock(&s->mu);
+        s->job = job;
+        s->published = 0;
+        s->abort = false;
+        for (uint32_t i = 0; i < s->n; i++) {
+                s->rep[i].items = 0;
+                s->rep[i].finished = false;
+                s->rep[i].result = 0;
+        }
+        s->job_seq++;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+}
+
+/* Ends replica 0's part (result r0) and waits for the followers; the first error wins. */
+static int finish_job(struct device_replicas *s, int r0)
+{
+        pthread_mutex_lock(&s->mu);
+        if (r0 != 0) {
+                s->abort = true;
+                pthread_cond_broadcast(&s->cv);
+        }
+        int r = r0;
+        for (uint32_t i = 1; i < s->active; i++) {
+                while (!s->rep[i].finished)
+                        pthread_cond_wait(&s->cv, &s->mu);
+                if (r == 0 && s->rep[i].result != -ECANCELED)
+                        r = s->rep[i].result;
+        }
+        for (uint32_t i = 1; i < s->active && r == 0; i++)
+                r = s->rep[i].result;
+        pthread_mutex_unlock(&s->mu);
+        return r;
+}
+
+int device_replicas_forward_blocks(struct device_replicas *s, const float *x, const uint8_t *labels, uint32_t B,
+                                   float *loss_ret, uint32_t *correct_ret, model_block_cb before, void *ud)
+{
+        uint32_t max = model_max_batch(s->rep[0].m) * s->n;
+        if (B == 0 || B > max || !x || !labels)
+                return -EINVAL;
+        s->active = B < s->n ? B : s->n;
+        for (uint32_t i = 0, off = 0; i < s->active; i++) {
+                uint32_t b = B / s->active + (i < B % s->active);
+                if (b > model_max_batch(s->rep[i].m))
+                        return -EINVAL;
+                s->rep[i].off = off;
+                s->rep[i].B = b;
+                off += b;
+        }
+        s->B = B;
+        s->x = x;
+        s->labels = labels;
+        s->want_correct = correct_ret != NULL;
+        s->user_cb = before;
+        s->user_ud = ud;
+        struct replica *p0 = &s->rep[0];
+        start_job(s, JOB_FORWARD);
+        int r = model_forward_blocks(p0->m, x, labels, p0->B, &p0->loss, correct_ret ? &p0->correct : NULL,
+                                     leader_before, s);
+        r = finish_job(s, r);
+        if (r != 0)
+                return r;
+        double loss = 0;
+        uint32_t correct = 0;
+        for (uint32_t i = 0; i < s->active; i++) {
+                loss += (double)s->rep[i].loss * s->rep[i].B;
+                correct += s->rep[i].correct;
+        }
+        if (loss_ret)
+                *loss_ret = (float)(loss / B);
+        if (correct_ret)
+                *correct_ret = correct;
+        return 0;
+}
+
+int device_replicas_backward_blocks(struct device_replicas *s, model_block_cb after, void *ud)
+{
+        if (s->B == 0)
+                return -EINVAL;
+        s->user_cb = after;
+        s->user_ud = ud;
+        start_job(s, JOB_BACKWARD);
+        int r = model_backward_blocks(s->rep[0].m, leader_after, s);
+        return finish_job(s, r);
+}
+
+int device_replicas_params_sync(struct device_replicas *s)
+{
+        const float *p0 = model_params(s->rep[0].m);
+        size_t n = model_n_params(s->rep[0].m);
+        int r = model_params_sync(s->rep[0].m);
+        for (uint32_t i = 1; i < s->n && r == 0; i++) {
+                memcpy(model_params(s->rep[i].m), p0, sizeof(float) * n);
+                r = model_params_sync(s->rep[i].m);
+        }
+        return r;
+}
+
+int device_replicas_set_var_blocks(struct device_replicas *s, uint32_t var, uint32_t n_blocks, const uint32_t *row_begin)
+{
+        for (uint32_t i = 0; i < s->n; i++) {
+                int r = model_set_var_blocks(s->rep[i].m, var, n_blocks, row_begin);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+struct device_replicas *device_replicas_free(struct device_replicas *s)
+{
+        if (!s)
+                return NULL;
+        pthread_mutex_lock(&s->mu);
+        s->job = JOB_QUIT;
+        s->job_seq++;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        for (uint32_t i = 0; i < s->n; i++) {
+                if (s->rep[i].started)
+                        pthread_join(s->rep[i].thread, NULL);
+                model_free(s->rep[i].m);
+        }
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return NULL;
+}
+
+int device_replicas_new(struct backend *const *bes, uint32_t n, const struct model_spec *spec, uint32_t max_batch,
+                        struct device_replicas **ret, char *msg, size_t msglen)
+{
+        if (n == 0 || n > DEVICE_MAX_GPUS || max_batch == 0) {
+                snprintf(msg, msglen, "%u replicas of batch %u: between 1 and %d replicas, batch at least 1", n, max_batch,
+                         DEVICE_MAX_GPUS);
+                return -EINVAL;
+        }
+        struct device_replicas *s = calloc(1, sizeof(*s));
+        if (!s) {
+                snprintf(msg, msglen, "out of memory");
+                return -ENOMEM;
+        }
+        pthread_mutex_init(&s->mu, NULL);
+        pthread_cond_init(&s->cv, NULL);
+        s->n = n;
+        uint32_t per = (max_batch + n - 1) / n; /* the largest shard */
+        int r = 0;
+        for (uint32_t i = 0; i < n && r == 0; i++) {
+                s->rep[i].set = s;
+                s->rep[i].index = i;
+                r = device_model_new(bes[i], spec, per, &s->rep[i].m, msg, msglen);
+        }
+        for (uint32_t i = 1; i < n && r == 0; i++) {
+                r = -pthread_create(&s->rep[i].thread, NULL, follower_main, &s->rep[i]);
+                if (r == 0)
+                        s->rep[i].started = true;
+                else
+                        snprintf(msg, msglen, "cannot start a replica thread: %s", strerror(-r));
+        }
+        if (r < 0) {
+                device_replicas_free(s);
+                return r;
+        }
+        *ret = s;
+        return 0;
+}

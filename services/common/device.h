@@ -1,0 +1,176 @@
+/* Device selection: which backend a worker computes on (CPU or CUDA GPUs), with TensorFlow's soft
+ * placement for "auto", the GPU memory options, and per-node environment overrides. It is plain C and
+ * includes no CUDA header: the CUDA backend (services/workerd/backend/, library psfleet_cuda) is
+ * reached through the backend_cuda_* entry points declared at the end, which are weak references
+ * here and resolve to NULL when psfleet_cuda is not linked into the program ("no CUDA compiled in").
+ *
+ * Environment overrides, read by every function below that takes a device_config (each one, when
+ * set and not empty, replaces the job file's value for this node only):
+ *   PSFLEET_DEVICE                 auto | cpu | gpu:N | gpu:N,M,...
+ *   PSFLEET_GPU_MEMORY_FRACTION    (0, 1]
+ *   PSFLEET_ALLOW_GROWTH           0|1|true|false
+ *   PSFLEET_LOG_DEVICE_PLACEMENT   0|1|true|false
+ *   PSFLEET_ALLOW_SOFT_PLACEMENT   0|1|true|false (default 0): an explicit gpu request that cannot be
+ *                                  met falls back to the CPU instead of failing
+ *   PSFLEET_FAKE_NO_GPU            1: behave as if no GPU were visible (tests)
+ * CUDA_VISIBLE_DEVICES is honoured by CUDA itself: "gpu:N" counts among the visible GPUs.
+ *
+ * Not thread-safe (reads the environment); call from main() or the thread that builds the model. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "config.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DEVICE_MAX_GPUS 16
+
+/* device_backend_new's positive return: an "auto" (or soft-placed gpu) request is running on the CPU
+ * because no usable GPU was found; msg says why. Log it once (notice level). */
+#define DEVICE_FELL_BACK 1
+
+/* The device options after environment overrides, parsed. */
+struct device_request {
+        enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_GPU } kind;
+        uint32_t n_gpus;                 /* DEVICE_GPU: the listed ordinals, in order */
+        int gpus[DEVICE_MAX_GPUS];
+        double gpu_memory_fraction;      /* (0, 1] */
+        bool allow_growth;
+        bool log_device_placement;
+        bool allow_soft_placement;
+        bool fake_no_gpu;
+};
+
+/* Applies the environment overrides to dc and parses the result into *ret. Returns 0, or -EINVAL
+ * with one line in msg naming the variable (or "device.device") and the bad value. */
+int device_request_resolve(const struct device_config *dc, struct device_request *ret, char *msg,
+                           size_t msglen);
+
+/* Builds the backend the options ask for. cpu_threads: OpenBLAS threads of the CPU backend.
+ * Returns 0 with a one-line description of the choice in msg ("cuda gpu:0 (NVIDIA H200, cc 9.0,
+ * 139.8 GiB), memory cap 69.9 GiB reserved up front" or "cpu, 2 threads"), DEVICE_FELL_BACK when
+ * an auto request found no usable GPU and runs on the CPU (msg: why; log it once), or -errno with
+ * the reason in msg: -EINVAL bad options, -ENODEV an explicit gpu request that cannot be met
+ * (no CUDA compiled in, no GPU, no such ordinal), -ENOMEM the memory cap cannot be reserved,
+ * -EOPNOTSUPP a list of several GPUs (see device_backends_new); another -errno when a CUDA library
+ * fails to start on an explicit request. With "auto" and several GPUs it takes the first and says so.
+ * *ret is written only on success; free it with backend_free(). */
+int device_backend_new(const struct device_config *dc, unsigned cpu_threads, struct backend **ret,
+                       char *msg, size_t msglen);
+
+/* model_new with the device's memory checked up front: on a CUDA backend it first counts the
+ * bytes the model will allocate and compares them with the backend's memory cap, then builds the
+ * model and runs one forward and backward pass on zeros so that every workspace of a training step
+ * (cuDNN's included) is allocated now, not mid-training; the step loop then allocates nothing.
+ * The gradient block is left holding that pass's gradients (overwritten by the next backward).
+ * On other backends it is model_new (the CPU backend's convolution workspace is then allocated at the
+ * first pass). Returns 0, or -errno with one line in msg (for -ENOMEM on a GPU: how much the model
+ * needs against the cap, and which option to change). */
+int device_model_new(struct backend *be, const struct model_spec *spec, uint32_t max_batch,
+                     struct model **ret, char *msg, size_t msglen);
+
+/* true when device placement logging is on (job file or PSFLEET_LOG_DEVICE_PLACEMENT). */
+bool device_log_placement(const struct device_config *dc);
+
+/* Where each layer of m runs, for log_device_placement: one line per layer ("conv0 (conv2d 5x5x32):
+ * cuda:0 cuDNN"), then the loss, '\n'-separated, NUL-terminated, truncated to len. Returns the
+ * number of lines. */
+int device_placement(const struct backend *be, const struct model *m, char *buf, size_t len);
+
+/* ---- several GPUs in one worker: data-parallel replicas ----
+ *
+ * device_backends_new is device_backend_new for a list of GPUs ("gpu:0,1", or "auto" with several
+ * visible): one CUDA backend per GPU, in the listed order, *n_ret of them (1 for cpu and for a single
+ * GPU). device_backend_new itself refuses a list (-EOPNOTSUPP), so that nobody gets one GPU of several
+ * by accident; with "auto" it takes the first GPU and says so.
+ *
+ * A device_replicas object runs one model per backend. A batch of B examples is split into n
+ * contiguous shards (sizes differ by at most one); every replica runs forward and backward on its
+ * shard in its own thread, replica 0 on the caller's thread; the gradients are combined into replica
+ * 0's host gradient block as the gradient of the mean loss over the whole batch, sum_i (B_i / B) g_i,
+ * so the caller sees one model with one set of gradients and pushes once per step. Parameters flow
+ * the other way: the caller writes replica 0's host parameter block (in its before callback, as with
+ * one model), and every other replica copies each block from there before it reads it.
+ *
+ * Callbacks run on the caller's thread, in the order model_forward_blocks / model_backward_blocks
+ * give, once per (var, block): before is called before any replica reads that block; after is
+ * called when every replica's gradient of that block is final and summed. The sum is on the host
+ * (each replica downloads its gradients, as a single model does); see docs/gpu.md. One thread drives
+ * a device_replicas at a time. */
+struct device_replicas;
+
+int device_backends_new(const struct device_config *dc, unsigned cpu_threads, struct backend **ret /* [DEVICE_MAX_GPUS] */,
+                        uint32_t *n_ret, char *msg, size_t msglen);
+
+/* Builds n models (device_model_new on each backend, max_batch split as the batches will be) and
+ * their n - 1 threads. The backends are borrowed: free them after device_replicas_free. Returns 0
+ * or -errno with one line in msg. */
+int device_replicas_new(struct backend *const *bes, uint32_t n, const struct model_spec *spec, uint32_t max_batch,
+                        struct device_replicas **ret, char *msg, size_t msglen);
+struct device_replicas *device_replicas_free(struct device_replicas *r); /* NULL-safe; returns NULL */
+uint32_t device_replicas_count(const struct device_replicas *r);
+/* Replica 0: variables, sizes, and the host parameter and gradient blocks the caller reads and writes. */
+struct model *device_replicas_model(struct device_replicas *r);
+/* model_set_var_blocks on every replica. */
+int device_replicas_set_var_blocks(struct device_replicas *r, uint32_t var, uint32_t n_blocks, const uint32_t *row_begin);
+/* As model_forward_blocks over the whole batch: *loss_ret the mean over B, *correct_ret the sum. */
+int device_replicas_forward_blocks(struct device_replicas *r, const float *x, const uint8_t *labels, uint32_t B,
+                                   float *loss_ret, uint32_t *correct_ret, model_block_cb before, void *ud);
+/* As model_backward_blocks: replica 0's gradient block gets the whole batch's gradient. */
+int device_replicas_backward_blocks(struct device_replicas *r, model_block_cb after, void *ud);
+/* Replica 0's host parameters to every replica's device. */
+int device_replicas_params_sync(struct device_replicas *r);
+
+/* ---- implemented by the CUDA backend (psfleet_cuda); NULL here when it is not linked ----
+ * The CUDA backend defines PSFLEET_CUDA_IMPL before including this header, so that its definitions
+ * are the strong ones. */
+#ifdef PSFLEET_CUDA_IMPL
+#define DEVICE_CUDA_WEAK
+#else
+#define DEVICE_CUDA_WEAK __attribute__((weak))
+#endif
+
+struct device_gpu_info {
+        int ordinal;                     /* among the visible GPUs */
+        char name[96];
+        int cc_major, cc_minor;
+        size_t total_bytes, free_bytes;
+};
+
+struct device_opts {
+        uint32_t n_gpus;                 /* 1; several GPUs: see docs/gpu.md */
+        int gpus[DEVICE_MAX_GPUS];
+        double gpu_memory_fraction;      /* cap = fraction * total memory of each GPU */
+        bool allow_growth;               /* false: reserve the cap up front (TF's default) */
+};
+
+struct device_mem_stats {
+        size_t cap;                      /* bytes this backend may hold on its GPU */
+        size_t reserved;                 /* bytes taken from the driver (cudaMalloc) */
+        size_t in_use, peak;             /* bytes handed out now, and at most */
+        uint64_t device_mallocs;         /* cudaMalloc calls so far */
+        size_t last_failed;              /* bytes of the last allocation that did not fit, or 0 */
+};
+
+/* Visible GPUs: fills up to max infos, returns how many there are (0: none), or -errno with the
+ * driver's reason in msg (no driver, driver too old, ...). */
+extern int backend_cuda_probe(struct device_gpu_info *infos, uint32_t max, char *msg, size_t msglen)
+        DEVICE_CUDA_WEAK;
+/* A CUDA backend on o->gpus[0]. Returns 0, or -errno with the reason in msg. */
+extern int backend_cuda_new(const struct device_opts *o, struct backend **ret, char *msg, size_t msglen)
+        DEVICE_CUDA_WEAK;
+/* Memory figures of a backend made by backend_cuda_new. Returns 0, or -EINVAL for another backend. */
+extern int backend_cuda_mem_stats(const struct backend *be, struct device_mem_stats *ret)
+        DEVICE_CUDA_WEAK;
+/* "cuda:0 NVIDIA H200" for placement lines; NULL for another backend. */
+extern const char *backend_cuda_device_name(const struct backend *be) DEVICE_CUDA_WEAK;
+
+#ifdef __cplusplus
+}
+#endif
