@@ -51,7 +51,10 @@ struct worker {
         const struct job_config *cfg;
         uint32_t index, n_workers;
         struct backend *be;
-        struct model *m;
+        struct model *m;          /* the model; with several local GPUs, replica 0 of rep */
+        struct device_replicas *rep; /* several local GPUs: the batch split across them, gradients summed */
+        struct backend *bes[DEVICE_MAX_GPUS];
+        uint32_t n_bes;
         struct job_layout *L;
         struct ps_client *pc;
         struct rpc_channel *chief;
@@ -244,7 +247,7 @@ static int pull_all(struct worker *w) {
                 int r = ps_client_pull(w->pc, model_params(w->m), NULL, &gs, err, sizeof(err));
                 if (r == 0) {
                         w->global_step = gs;
-                        return model_params_sync(w->m);
+                        return w->rep ? device_replicas_params_sync(w->rep) : model_params_sync(w->m);
                 }
                 set_state(w, "waiting: cannot read the parameters: %s", err);
                 feed_watchdog(w);
@@ -485,9 +488,11 @@ static int train(struct worker *w) {
                 float loss;
                 shard_next_batch(w->it, t->batch_size, w->x, w->y);
                 w->step_err = 0;
-                r = model_forward_blocks(w->m, w->x, w->y, t->batch_size, &loss, NULL, before_block, w);
+                r = w->rep ? device_replicas_forward_blocks(w->rep, w->x, w->y, t->batch_size, &loss, NULL, before_block, w)
+                           : model_forward_blocks(w->m, w->x, w->y, t->batch_size, &loss, NULL, before_block, w);
                 if (r >= 0 && !w->step_err)
-                        r = model_backward_blocks(w->m, after_block, w);
+                        r = w->rep ? device_replicas_backward_blocks(w->rep, after_block, w)
+                                   : model_backward_blocks(w->m, after_block, w);
                 if (r < 0) {
                         comm_stop(w);
                         return log_error_errno(r, "step %llu failed", (unsigned long long)w->local_step);
@@ -553,6 +558,23 @@ static int comm_layout(struct worker *w) {
                 goto out;
         if ((r = job_model_blocks(L, w->m, blocked)) < 0)
                 goto out;
+        for (uint32_t v = 0; w->rep && v < L->n_vars; v++) {
+                const uint32_t *rows;
+                uint32_t nb = model_var_blocks(w->m, v, &rows);
+                if (nb <= 1)
+                        continue;
+                /* a copy: setting the blocks again on replica 0 frees the model's own array */
+                uint32_t *copy = malloc(nb * sizeof(uint32_t));
+                if (!copy) {
+                        r = -ENOMEM;
+                        goto out;
+                }
+                memcpy(copy, rows, nb * sizeof(uint32_t));
+                r = device_replicas_set_var_blocks(w->rep, v, nb, copy);
+                free(copy);
+                if (r < 0)
+                        goto out;
+        }
         for (uint32_t i = 0; i < w->cfg->model.n_layers * S; i++)
                 layer_group[i] = UINT32_MAX;
         uint32_t k = 0;
@@ -614,18 +636,42 @@ static int build(struct worker *w) {
                 return log_error_errno(r, "cannot read the training data: %s", err);
         /* where to compute: the job's device options, overridable per node (PSFLEET_DEVICE, ...) */
         char msg[1024];
-        r = device_backend_new(&cfg->device, cfg->training.threads, &w->be, msg, sizeof(msg));
-        if (r < 0) {
+        struct device_request req;
+        if ((r = device_request_resolve(&cfg->device, &req, msg, sizeof(msg))) < 0) {
                 w->config_error = true;
                 return log_error_errno(r, "device: %s", msg);
         }
-        if (r == DEVICE_FELL_BACK)
-                log_notice("%s", msg);
-        else
-                log_info("device: %s", msg);
-        if ((r = device_model_new(w->be, &cfg->model, cfg->training.batch_size, &w->m, msg, sizeof(msg))) < 0) {
-                w->config_error = r == -ENOMEM;   /* a memory cap too small for the model: fix the options */
-                return log_error_errno(r, "cannot build the model: %s", msg);
+        if (req.kind == DEVICE_GPU && req.n_gpus > 1) {
+                /* several local GPUs: one model per GPU, the batch split across them, one push per step */
+                int fell = device_backends_new(&cfg->device, cfg->training.threads, w->bes, &w->n_bes, msg, sizeof(msg));
+                r = fell;
+                if (fell == DEVICE_FELL_BACK)
+                        log_notice("%s", msg);
+                if (r < 0 ||
+                    (r = device_replicas_new(w->bes, w->n_bes, &cfg->model, cfg->training.batch_size, &w->rep, msg,
+                                             sizeof(msg))) < 0) {
+                        w->config_error = r == -EINVAL || r == -ENODEV || r == -ENOMEM;
+                        return log_error_errno(r, "device: %s", msg);
+                }
+                w->be = w->bes[0];
+                w->m = device_replicas_model(w->rep);
+                if (fell != DEVICE_FELL_BACK)
+                        log_info("device: %u replicas, the batch of %u split across them: %s", w->n_bes,
+                                 cfg->training.batch_size, msg);
+        } else {
+                r = device_backend_new(&cfg->device, cfg->training.threads, &w->be, msg, sizeof(msg));
+                if (r < 0) {
+                        w->config_error = true;
+                        return log_error_errno(r, "device: %s", msg);
+                }
+                if (r == DEVICE_FELL_BACK)
+                        log_notice("%s", msg);
+                else
+                        log_info("device: %s", msg);
+                if ((r = device_model_new(w->be, &cfg->model, cfg->training.batch_size, &w->m, msg, sizeof(msg))) < 0) {
+                        w->config_error = r == -ENOMEM;   /* a memory cap too small for the model: fix the options */
+                        return log_error_errno(r, "cannot build the model: %s", msg);
+                }
         }
         if (device_log_placement(&cfg->device)) {
                 char lines[8192];
@@ -678,8 +724,14 @@ static void done(struct worker *w) {
         job_layout_free(w->L);
         shard_iter_free(w->it);
         dataset_free(w->train);
-        model_free(w->m);
-        backend_free(w->be);
+        if (w->rep) {
+                device_replicas_free(w->rep);
+                for (uint32_t i = 0; i < w->n_bes; i++)
+                        backend_free(w->bes[i]);
+        } else {
+                model_free(w->m);
+                backend_free(w->be);
+        }
         free(w->x);
         free(w->y);
         if (w->loss_log)
