@@ -1189,59 +1189,7 @@ static void serve_saves(struct chief *c) {
  * and of every slot when slots != NULL; shard 0 also gets global_step. All in parallel. */
 static int assign_shards(struct chief *c, const bool *which, const float *params, float *const *slots, uint64_t gs,
                          char *err, size_t errlen) {
-        const struct job_layout *L = c->L;
-        struct rpc_batch *b;
-        int r = rpc_batch_new(&b);
-        if (r < 0) {
-                strfmt(err, errlen, "out of memory");
-                return r;
-        }
-        for (uint32_t s = 0; s < L->n_shards && r >= 0; s++) {
-                if (!which[s])
-                        continue;
-                Psfleet__V1__Caller caller = PSFLEET__V1__CALLER__INIT;
-                caller.fingerprint = L->fingerprint;
-                caller.task = (char *)"chief:0";
-                Psfleet__V1__AssignHeader h = PSFLEET__V1__ASSIGN_HEADER__INIT;
-                h.caller = &caller;
-                h.global_step = gs;
-                h.with_slots = slots != NULL;
-                struct wire_out *o;
-                grpc_byte_buffer *bb;
-                if ((r = wire_out_new(&o)) < 0)
-                        break;
-                wire_out_header(o, &h.base);
-                for (uint32_t i = 0; i < L->shard_count[s] && r >= 0; i++) {
-                        const struct placement_part *pp = &L->plan->parts[L->shard_parts[L->shard_first[s] + i]];
-                        const struct job_var *v = &L->vars[pp->var];
-                        uint64_t shape[2] = {pp->row_end - pp->row_begin, v->cols};
-                        size_t at = v->offset + (size_t)pp->row_begin * v->cols, bytes = (size_t)shape[0] * shape[1] * 4;
-                        r = wire_out_tensor(o, v->name, WIRE_DTYPE_FLOAT32, shape, 2, pp->row_begin, params + at, bytes,
-                                            NULL, NULL);
-                        for (unsigned k = 0; slots && k < L->n_slots && r >= 0; k++) {
-                                char name[300];
-                                strfmt(name, sizeof(name), "%s/%s", v->name, optim_slot_name(L->optimizer, k));
-                                r = wire_out_tensor(o, name, WIRE_DTYPE_FLOAT32, shape, 2, pp->row_begin, slots[k] + at,
-                                                    bytes, NULL, NULL);
-                        }
-                }
-                if (r >= 0)
-                        r = wire_out_finish(o, &bb);
-                wire_out_free(o);
-                struct rpc_pending *pend;
-                if (r >= 0)
-                        r = rpc_batch_start(b, c->pc->ch[s], M_ASSIGN, bb, c->cfg->rpc.deadline_ms, true, &pend);
-        }
-        int w = rpc_batch_wait_all(b);
-        if (r < 0) {
-                strfmt(err, errlen, "assign: %s", strerror(-r));
-        } else if (w < 0) {
-                const struct rpc_result *f = rpc_batch_first_error(b);
-                r = w;
-                strfmt(err, errlen, "%s", f ? f->message : strerror(-w));
-        }
-        rpc_batch_free(b);
-        return r;
+        return ps_client_assign(c->pc, which, params, slots, gs, err, errlen);
 }
 
 /* "ps:1", "ps:0, ps:2", "every shard (3)" */
@@ -1350,7 +1298,7 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 pthread_mutex_unlock(&c->lock);
                 r = model_init_params(c->model, cfg->model.seed);
                 if (r >= 0)
-                        r = ps_client_assign(c->pc, model_params(c->model), NULL, 0, err, sizeof(err));
+                        r = ps_client_assign(c->pc, NULL, model_params(c->model), NULL, 0, err, sizeof(err));
                 if (r < 0) {
                         strfmt(why, sizeof(why), "assigning the variables: %s", err);
                 } else {

@@ -227,14 +227,16 @@ static int batch_end(struct rpc_batch *b, int r, const char *what, char *err, si
         return r;
 }
 
-int ps_client_assign(struct ps_client *pc, const float *params, float *const *slots, uint64_t global_step,
-                     char *err, size_t errlen) {
+int ps_client_assign(struct ps_client *pc, const bool *which, const float *params, float *const *slots,
+                     uint64_t global_step, char *err, size_t errlen) {
         const struct job_layout *L = pc->L;
         struct rpc_batch *b;
         int r = rpc_batch_new(&b);
         if (r < 0)
                 return r;
         for (uint32_t s = 0; s < L->n_shards && r >= 0; s++) {
+                if (which && !which[s])
+                        continue;
                 Psfleet__V1__Caller caller;
                 caller_init(pc, &caller);
                 Psfleet__V1__AssignHeader h = PSFLEET__V1__ASSIGN_HEADER__INIT;

@@ -61,10 +61,10 @@ struct ps_client {
 int ps_client_new(const struct job_config *cfg, const struct job_layout *L, const char *task, struct ps_client **ret);
 struct ps_client *ps_client_free(struct ps_client *pc);
 
-/* Every shard gets its variables (and slots, if given; else the optimizer's initial values) from
- * these blocks; shard 0 also gets global_step. All shards in parallel. */
-int ps_client_assign(struct ps_client *pc, const float *params, float *const *slots, uint64_t global_step,
-                     char *err, size_t errlen);
+/* The shards in which[] (NULL: every shard) get their variables (and slots, if given; else the
+ * optimizer's initial values) from these blocks; shard 0 also gets global_step. All in parallel. */
+int ps_client_assign(struct ps_client *pc, const bool *which, const float *params, float *const *slots,
+                     uint64_t global_step, char *err, size_t errlen);
 /* Reads every shard into the blocks (slots too when slots != NULL). global_step from shard 0. */
 int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uint64_t *global_step_ret,
                    char *err, size_t errlen);
