@@ -1313,6 +1313,12 @@ static int add(json_t *obj, const char *key, json_t *v) {
         return json_object_set_new(obj, key, v); /* steals v, also on failure */
 }
 
+/* Keys each node may set for itself: they change no value any other node computes, so they stay out
+ * of the canonical form and the fingerprint (a worker with more BLAS threads is the same job). */
+static bool node_local(const char *key) {
+        return strcmp(key, "training.threads") == 0 || strcmp(key, "training.report_every_steps") == 0;
+}
+
 static json_t *section_json(const struct job_config *c, const char *section) {
         size_t plen = strlen(section);
         json_t *o = json_object();
@@ -1325,7 +1331,7 @@ static json_t *section_json(const struct job_config *c, const char *section) {
                 const void *f = (const char *) c + k->offset;
                 const char *name = k->name + plen + 1;
 
-                if (strncmp(k->name, section, plen) != 0 || k->name[plen] != '.')
+                if (strncmp(k->name, section, plen) != 0 || k->name[plen] != '.' || node_local(k->name))
                         continue;
                 switch (k->type) {
                 case KT_U32: r |= add(o, name, json_integer(*(const uint32_t *) f)); break;

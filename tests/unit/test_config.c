@@ -596,8 +596,15 @@ static void test_canonical(void **state) {
                 "\"training\":{\"batch_size\":32,\"beta1\":0.90000000000000002,\"beta2\":0.999,\"epsilon\":9.9999999999999995e-8,"
                 "\"initial_accumulator\":0.10000000000000001,\"learning_rate\":0.01,\"lr_decay_rate\":0.95999999999999996,"
                 "\"lr_decay_steps\":1000,\"lr_schedule\":\"constant\",\"lr_staircase\":false,\"max_steps\":1000,"
-                "\"momentum\":0.90000000000000002,\"nesterov\":false,\"optimizer\":\"sgd\",\"report_every_steps\":50,"
-                "\"seed\":1,\"threads\":1}}");
+                "\"momentum\":0.90000000000000002,\"nesterov\":false,\"optimizer\":\"sgd\",\"seed\":1}}");
+
+        /* Node-local keys (BLAS threads, how often to report) leave the fingerprint alone. */
+        {
+                struct job_config *t = load_string_ok("{" CLUSTER ", " MODEL ", 'training': {'batch_size': 32, "
+                                                      "'optimizer': 'sgd', 'threads': 8, 'report_every_steps': 7}}");
+                assert_true(config_fingerprint(t) == config_fingerprint(a));
+                config_free(t);
+        }
 
         /* A different layer: a different fingerprint, and the diff names the layer's key. */
         m = load_string_ok("{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 128}, "
