@@ -32,17 +32,6 @@ struct chief_ckpt {
         pthread_mutex_t mu;
 };
 
-static int errf(char *err, size_t len, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int errf(char *err, size_t len, int r, const char *fmt, ...) {
-        if (err && len) {
-                va_list ap;
-                va_start(ap, fmt);
-                vsnprintf(err, len, fmt, ap);
-                va_end(ap);
-        }
-        return r;
-}
-
 static void sleep_ms(uint64_t ms) {
         struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
         while (nanosleep(&ts, &ts) < 0 && errno == EINTR)

@@ -53,7 +53,6 @@
 #define M_LIST_CKPT "/psfleet.v1.Supervisor/ListCheckpoints"
 #define M_SAVE_CKPT "/psfleet.v1.Supervisor/SaveCheckpoint"
 #define M_DELETE_CKPT "/psfleet.v1.Supervisor/DeleteCheckpoint"
-#define M_ASSIGN "/psfleet.v1.ParameterServer/Assign"
 #define M_SHARD_STATUS "/psfleet.v1.ParameterServer/GetShardStatus"
 #define M_WORKER_STATUS "/psfleet.v1.Worker/GetWorkerStatus"
 #define M_WORKER_STOP "/psfleet.v1.Worker/Stop"
@@ -1185,13 +1184,6 @@ static void serve_saves(struct chief *c) {
         answer_saves(c, r, &row, existing, err);
 }
 
-/* Assigns the given shards (which[s]) from the blocks: their parts (row ranges) of every variable,
- * and of every slot when slots != NULL; shard 0 also gets global_step. All in parallel. */
-static int assign_shards(struct chief *c, const bool *which, const float *params, float *const *slots, uint64_t gs,
-                         char *err, size_t errlen) {
-        return ps_client_assign(c->pc, which, params, slots, gs, err, errlen);
-}
-
 /* "ps:1", "ps:0, ps:2", "every shard (3)" */
 static void shard_list(const struct chief *c, const bool *which, char *buf, size_t len) {
         uint32_t n = 0, N = c->cfg->cluster.n_ps;
@@ -1231,7 +1223,7 @@ static int restore_shards(struct chief *c, const bool *which, char *why, size_t 
                          shards, row.path, row.global_step);
         pthread_mutex_unlock(&c->lock);
         notify_status("restoring %s from %s", shards, row.path);
-        r = assign_shards(c, which, model_params(c->model), slots_loaded ? c->slots : NULL, row.global_step, err,
+        r = ps_client_assign(c->pc, which, model_params(c->model), slots_loaded ? c->slots : NULL, row.global_step, err,
                           sizeof(err));
         if (r < 0) {
                 strfmt(why, len, "restoring %s from \"%s\": %s", shards, row.path, err);

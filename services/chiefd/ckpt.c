@@ -22,17 +22,6 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoints store flo
 
 #define HEADER_MAX (100u << 20)    /* safetensors' own limit on the JSON header */
 
-static int errf(char *err, size_t len, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int errf(char *err, size_t len, int r, const char *fmt, ...) {
-        if (err && len) {
-                va_list ap;
-                va_start(ap, fmt);
-                vsnprintf(err, len, fmt, ap);
-                va_end(ap);
-        }
-        return r;
-}
-
 const char *ckpt_format_checksum(uint32_t crc, char *buf, size_t len) {
         snprintf(buf, len, "crc32c:%08" PRIx32, crc);
         return buf;

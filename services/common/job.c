@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "optim.h"
+#include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 
@@ -79,17 +80,6 @@ int job_layout_find(const struct job_layout *L, const char *name) {
                 if (strcmp(L->vars[i].name, name) == 0)
                         return (int)i;
         return -ENOENT;
-}
-
-static int errf(char *err, size_t errlen, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int errf(char *err, size_t errlen, int r, const char *fmt, ...) {
-        if (err && errlen) {
-                va_list ap;
-                va_start(ap, fmt);
-                vsnprintf(err, errlen, fmt, ap);
-                va_end(ap);
-        }
-        return r;
 }
 
 int job_layout_copy_in(const struct job_layout *L, const void *tensor, float *params, float *const *slots,

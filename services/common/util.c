@@ -240,3 +240,13 @@ fail:
         free(buf);
         return r;
 }
+
+int errf(char *err, size_t errlen, int r, const char *fmt, ...) {
+        if (err && errlen) {
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(err, errlen, fmt, ap);
+                va_end(ap);
+        }
+        return r;
+}

@@ -21,6 +21,9 @@ int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret);
 
 /* Returns a malloc'd string formatted like printf, or NULL when out of memory. Caller frees. */
 char *strdup_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Writes one message into a caller's error buffer (err may be NULL) and returns r, so that
+ * `return errf(err, errlen, -EINVAL, "...", ...)` reports and fails in one line. */
+int errf(char *err, size_t errlen, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* Creates path and its missing parents with mode (like mkdir -p). Returns 0 (also when it already
  * exists as a directory), or -errno (-ENOTDIR when a component is not a directory). */

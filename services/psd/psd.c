@@ -159,12 +159,10 @@ static void on_push(struct rpc_call *call, void *ud) {
         int r;
 
         /* receive */
-        if ((r = wire_in_parse(rpc_call_take_payload(call), &in, err, sizeof(err))) < 0 ||
-            (r = wire_in_header(in, &psfleet__v1__push_header__descriptor, &hm)) < 0) {
-                if (r == -EBADMSG && !in)
-                        ;
-                else
-                        snprintf(err, sizeof(err), "PushHeader does not parse");
+        if ((r = wire_in_parse(rpc_call_take_payload(call), &in, err, sizeof(err))) < 0)
+                goto reject;   /* err says why */
+        if ((r = wire_in_header(in, &psfleet__v1__push_header__descriptor, &hm)) < 0) {
+                snprintf(err, sizeof(err), "PushHeader does not parse");
                 goto reject;
         }
         const Psfleet__V1__PushHeader *h = (const Psfleet__V1__PushHeader *)hm;
