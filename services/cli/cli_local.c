@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -115,7 +116,8 @@ static void local_help(FILE *f) {
                 "free loopback ports, with a temporary state directory, and waits until the chief reports\n"
                 "the job done. Prints one JSON line on stdout:\n"
                 "  {\"global_step\": N, \"test_accuracy\": x, \"examples_per_s\": y, \"wall_s\": z,\n"
-                "   \"mode\": \"distributed\", \"ps\": P, \"workers\": W}\n"
+                "   \"mode\": \"distributed\", \"ps\": P, \"workers\": W,\n"
+                "   \"cpu_s\": CPU seconds all the job's processes used so far}\n"
                 "Progress goes to stderr: a bar on a terminal, a line every 5 s otherwise. The children's\n"
                 "logs go to stderr too. Ctrl-C, SIGTERM, or a child dying with a non-zero status stops\n"
                 "every child and exits non-zero.\n"
@@ -396,6 +398,33 @@ static void free_children(struct local *L) {
         L->kids = NULL;
 }
 
+/* ---- CPU used so far: the JSON line's cpu_s ---- */
+
+static double rusage_cpu_s(int who) {
+        struct rusage ru;
+        if (getrusage(who, &ru) < 0)
+                return 0;
+        return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+               ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* utime + stime of a running child, all its threads, from /proc/PID/stat (fields 14 and 15). */
+static double proc_cpu_s(pid_t pid) {
+        char path[64], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return 0;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+        unsigned long long ut = 0, st = 0;
+        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+                return 0;
+        return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 /* ---- children ---- */
 
 static int spawn(struct child *k) {
@@ -613,10 +642,15 @@ static int supervise(struct local *L) {
                         psfleet__v1__job_status__free_unpacked(s, NULL);
         }
         progress_end(&L->prog);
+        /* ours, the children already reaped, and those still running */
+        double cpu = rusage_cpu_s(RUSAGE_SELF) + rusage_cpu_s(RUSAGE_CHILDREN);
+        for (uint32_t i = 0; i < L->n_kids; i++)
+                if (L->kids[i].pid > 0)
+                        cpu += proc_cpu_s(L->kids[i].pid);
         printf("{\"global_step\": %llu, \"test_accuracy\": %.4f, \"examples_per_s\": %.1f, \"wall_s\": %.3f, "
-               "\"mode\": \"distributed\", \"ps\": %u, \"workers\": %u}\n",
+               "\"mode\": \"distributed\", \"ps\": %u, \"workers\": %u, \"cpu_s\": %.2f}\n",
                (unsigned long long)done->global_step, done->test_accuracy, done->examples_per_s, done->wall_s,
-               L->chief, L->n_kids - L->chief - 1);
+               L->chief, L->n_kids - L->chief - 1, cpu);
         fflush(stdout);
         psfleet__v1__job_status__free_unpacked(done, NULL);
 
@@ -663,8 +697,8 @@ static int run_standalone(struct local *L) {
                 return 1;
         }
         printf("{\"global_step\": %llu, \"test_accuracy\": %.4f, \"examples_per_s\": %.1f, \"wall_s\": %.3f, "
-               "\"mode\": \"standalone\", \"ps\": 0, \"workers\": 1}\n",
-               (unsigned long long)res.steps, res.test_accuracy, res.examples_per_s, res.wall_s);
+               "\"mode\": \"standalone\", \"ps\": 0, \"workers\": 1, \"cpu_s\": %.2f}\n",
+               (unsigned long long)res.steps, res.test_accuracy, res.examples_per_s, res.wall_s, rusage_cpu_s(RUSAGE_SELF));
         return 0;
 }
 

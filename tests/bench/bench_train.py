@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Training benchmark: examples/s of the demo model for --standalone, 1 ps + 1 worker and 1 ps + 2
-workers, with the same batch and thread count, measured side by side in one run; the GFLOP/s the
+workers, with the same batch and thread count, measured side by side in one run, with the CPU each run
+used; the GFLOP/s the
 standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when Debian's python3-torch
 is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same model and batch.
 
@@ -62,6 +63,7 @@ def main():
     batch = job["training"].get("batch_size", 64)
     threads = job["training"].get("threads", 1)
     fpe = model_flops_per_example(a.job)
+    ncpu = len(os.sched_getaffinity(0))
 
     sg = subprocess.run([os.path.join(a.build, "tests", "bench", "bench_sgemm")], capture_output=True, text=True)
     sgemm = {j["threads"]: j["gflops"] for j in map(json.loads, sg.stdout.split("\n")[:-1])}
@@ -79,7 +81,13 @@ def main():
         r = best[name]
         line = {"mode": name, "batch": batch, "threads": threads, "steps": a.steps,
                 "examples_per_s": round(r["examples_per_s"], 1), "ratio_to_standalone": round(r["examples_per_s"] / sa, 3),
-                "test_accuracy": r.get("test_accuracy")}
+                "test_accuracy": r.get("test_accuracy"),
+                # CPU of every process of the run (start-up and the final evaluation included) per step,
+                # and what that allows at best on this machine's cores: a job needing k times the
+                # standalone's CPU cannot run faster than ncpu/k of it, however well it overlaps.
+                "cpu_ms_per_step": round(r["cpu_s"] * 1000 / a.steps, 2)}
+        if name != "standalone":
+            line["cpu_bound_ratio"] = round(min(1.0, ncpu * best["standalone"]["cpu_s"] / r["cpu_s"]), 3)
         if name == "standalone":
             line["gflops"] = round(sa * fpe / 1e9, 2)
             line["sgemm_gflops_same_threads"] = sgemm.get(threads)
