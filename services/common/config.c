@@ -128,7 +128,7 @@ static const struct config_key keys[] = {
         K_U64("training.max_steps", training.max_steps, 1000, 1, 1000000000000, "Training stops when global_step reaches this."),
         K_U32("training.report_every_steps", training.report_every_steps, 50, 1, 1000000,
               "Workers report loss and throughput to the chief every this many local steps."),
-        K_U32("training.threads", training.threads, 1, 1, 256, "CPU (BLAS) threads per process."),
+        K_U32("training.threads", training.threads, 1, 1, 256, "CPU threads per process: BLAS threads in workerd, server threads in psd."),
         K_U64("training.seed", training.seed, 1, 0, INT64_MAX, "Seed of data shuffling."),
 
         K_STR("supervisor.checkpoint_dir", supervisor.checkpoint_dir, "checkpoints",

@@ -40,7 +40,7 @@ struct training_config {
         bool lr_staircase;
         uint64_t max_steps;         /* of global_step */
         uint32_t report_every_steps;
-        uint32_t threads;           /* BLAS threads per process */
+        uint32_t threads;           /* BLAS threads in workerd, server threads in psd */
         uint64_t seed;              /* data shuffling */
 };
 

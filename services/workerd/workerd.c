@@ -79,7 +79,8 @@ struct worker {
         pthread_t sender, receiver;
         bool threads_started;
         pthread_mutex_t mu;       /* guards the groups' state, the queue, global_step, count_inflight */
-        pthread_cond_t cond;
+        pthread_cond_t cond;      /* a group's state changed: what compute (and drain) wait for */
+        pthread_cond_t send_cond; /* the queue grew, or comm_stop: what the sender waits for */
         uint32_t *queue;          /* (n_groups) ring of groups to send */
         uint32_t q_head, q_len;
         bool comm_stop;
@@ -268,7 +269,7 @@ static void *sender_main(void *arg) {
         pthread_mutex_lock(&w->mu);
         for (;;) {
                 while (w->q_len == 0 && !w->comm_stop)
-                        pthread_cond_wait(&w->cond, &w->mu);
+                        pthread_cond_wait(&w->send_cond, &w->mu);
                 if (w->q_len == 0)
                         break;
                 struct group *g = &w->groups[w->queue[w->q_head]];
@@ -391,7 +392,7 @@ static int after_block(void *ud, uint32_t var, uint32_t block) {
                         w->count_inflight++;
                 }
                 w->queue[(w->q_head + w->q_len++) % w->n_groups] = gi;
-                pthread_cond_broadcast(&w->cond);
+                pthread_cond_signal(&w->send_cond);
                 pthread_mutex_unlock(&w->mu);
         }
         w->push_us += mono_us() - t0;
@@ -420,7 +421,7 @@ static int comm_start(struct worker *w) {
         if (r != 0) {
                 pthread_mutex_lock(&w->mu);
                 w->comm_stop = true;
-                pthread_cond_broadcast(&w->cond);
+                pthread_cond_signal(&w->send_cond);
                 pthread_mutex_unlock(&w->mu);
                 pthread_join(w->sender, NULL);
                 return -r;
@@ -435,7 +436,7 @@ static void comm_stop(struct worker *w) {
         drain(w);
         pthread_mutex_lock(&w->mu);
         w->comm_stop = true;
-        pthread_cond_broadcast(&w->cond);
+        pthread_cond_signal(&w->send_cond);
         pthread_mutex_unlock(&w->mu);
         pthread_join(w->sender, NULL);
         pthread_join(w->receiver, NULL);
@@ -744,6 +745,7 @@ static int run(int argc, char **argv) {
         pthread_mutex_init(&w.st_mu, NULL);
         pthread_mutex_init(&w.mu, NULL);
         pthread_cond_init(&w.cond, NULL);
+        pthread_cond_init(&w.send_cond, NULL);
         w.sfd = daemon_signals_fd();
         if (w.sfd < 0) {
                 fprintf(stderr, "workerd: cannot set up signals: %s\n", strerror(-w.sfd));

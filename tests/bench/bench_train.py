@@ -7,6 +7,7 @@ is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same
 
 Prints one JSON line per measurement. Usage:
   tests/bench/bench_train.py [--build build] [--job examples/fmnist-mlp.json] [--steps 3000] [--rounds 2]
+                             [--no-anchor]
 """
 import argparse, json, os, subprocess, sys
 
@@ -57,6 +58,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--anchor", default=os.path.join(ROOT, "..", "shared", "anchors", "torch_fmnist.py"))
+    ap.add_argument("--no-anchor", action="store_true", help="skip the PyTorch anchor (the smoke test)")
     a = ap.parse_args()
     psfleet = os.path.join(a.build, "services", "cli", "psfleet")
     job = json.load(open(a.job))
@@ -95,6 +97,9 @@ def main():
         print(json.dumps(line), flush=True)
 
     # The anchor: PyTorch, single process, same model and batch, 1 and 2 threads.
+    if a.no_anchor:
+        print(json.dumps({"anchor": "pytorch", "skipped": "--no-anchor"}))
+        return
     try:
         subprocess.run(["/usr/bin/python3", "-c", "import torch"], check=True, capture_output=True)
         have_torch = os.path.exists(a.anchor)
