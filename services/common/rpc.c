@@ -448,19 +448,14 @@ int rpc_server_start(struct rpc_server *s) {
         return 0;
 }
 
-int rpc_server_shutdown(struct rpc_server *s, uint64_t timeout_ms) {
-        if (!s->started || s->stopped)
-                return 0;
-        pthread_mutex_lock(&s->mu);
-        s->shutting_down = true;
-        pthread_mutex_unlock(&s->mu);
-        grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
-        grpc_server_cancel_all_calls(s->server);
+#define RPC_SHUTDOWN_GRACE_MS 500
 
+/* Waits up to ms for the shutdown notification and for every call to have ended. */
+static int server_wait_idle(struct rpc_server *s, uint64_t ms) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += (time_t)(timeout_ms / 1000);
-        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        until.tv_sec += (time_t)(ms / 1000);
+        until.tv_nsec += (long)(ms % 1000) * 1000000L;
         if (until.tv_nsec >= 1000000000L) {
                 until.tv_sec++;
                 until.tv_nsec -= 1000000000L;
@@ -471,8 +466,24 @@ int rpc_server_shutdown(struct rpc_server *s, uint64_t timeout_ms) {
                 if (pthread_cond_timedwait(&s->cond, &s->mu, &until) == ETIMEDOUT)
                         r = -ETIMEDOUT;
         pthread_mutex_unlock(&s->mu);
-        if (r < 0)
-                return r;   /* a handler still holds a call: destroying the queue now would abort */
+        return r;
+}
+
+int rpc_server_shutdown(struct rpc_server *s, uint64_t timeout_ms) {
+        if (!s->started || s->stopped)
+                return 0;
+        pthread_mutex_lock(&s->mu);
+        s->shutting_down = true;
+        pthread_mutex_unlock(&s->mu);
+        grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
+        /* Replies already given (a Stop call's own, say) are still on their way out: cancelling every
+         * call at once would turn them into UNAVAILABLE at the client. So calls get a short grace to
+         * end; only those still running after it (streams, held replies) are cancelled. */
+        uint64_t grace = timeout_ms / 2 < RPC_SHUTDOWN_GRACE_MS ? timeout_ms / 2 : RPC_SHUTDOWN_GRACE_MS;
+        if (server_wait_idle(s, grace) < 0)
+                grpc_server_cancel_all_calls(s->server);
+        if (server_wait_idle(s, timeout_ms - grace) < 0)
+                return -ETIMEDOUT;   /* a handler still holds a call: destroying the queue now would abort */
 
         grpc_completion_queue_shutdown(s->cq);
         for (unsigned i = 0; i < s->n_threads; i++)

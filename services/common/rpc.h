@@ -48,8 +48,10 @@ int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_
                    struct rpc_server **ret);
 int rpc_server_port(const struct rpc_server *s);     /* the bound port */
 int rpc_server_start(struct rpc_server *s);
-/* Stops accepting calls, cancels those in flight, waits (at most timeout_ms) for every handler to have
- * ended its call, and joins the threads. Returns -ETIMEDOUT if some call was never ended. */
+/* Stops accepting calls, gives those in flight 0.5 s (at most half of timeout_ms) to end, so replies
+ * already given still reach their clients, cancels the rest, waits (within timeout_ms in all) for every
+ * handler to have ended its call, and joins the threads. Returns -ETIMEDOUT if some call was never
+ * ended. */
 int rpc_server_shutdown(struct rpc_server *s, uint64_t timeout_ms);
 struct rpc_server *rpc_server_free(struct rpc_server *s);   /* shuts down first if needed */
 uint64_t rpc_server_in_flight(const struct rpc_server *s);

@@ -679,6 +679,65 @@ static void test_stream_server_down(void **state) {
         rpc_channel_free(ch);
 }
 
+/* A Stop-like call: the handler answers (8 MiB, so the reply is still on its way) and at once asks for
+ * the server to shut down. The reply must reach the client all the same. */
+static atomic_bool stop_asked;
+
+static void h_stop(struct rpc_call *c, void *ud) {
+        (void)ud;
+        size_t n = 8u << 20;
+        grpc_slice sl = grpc_slice_malloc(n);
+        memset(GRPC_SLICE_START_PTR(sl), 7, n);
+        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+        grpc_slice_unref(sl);
+        rpc_call_reply(c, bb);
+        atomic_store(&stop_asked, true);
+}
+
+struct stop_client {
+        struct rpc_channel *ch;
+        struct rpc_result r;
+        int err;
+};
+
+static void *stop_client_thread(void *arg) {
+        struct stop_client *sc = arg;
+        sc->err = rpc_call(sc->ch, M_ECHO, NULL, 10000, false, &sc->r);
+        return NULL;
+}
+
+static void test_reply_survives_shutdown(void **state) {
+        (void)state;
+        for (int round = 0; round < 5; round++) {
+                struct rpc_method m[] = {{M_ECHO, h_stop, NULL}};
+                struct rpc_server *srv;
+                assert_int_equal(rpc_server_new("127.0.0.1:0", m, 1, 1, &srv), 0);
+                assert_int_equal(rpc_server_start(srv), 0);
+                char addr[64];
+                snprintf(addr, sizeof(addr), "127.0.0.1:%d", rpc_server_port(srv));
+                struct stop_client sc = {0};
+                assert_int_equal(rpc_channel_new(addr, "chief:0", &sc.ch), 0);
+                atomic_store(&stop_asked, false);
+                pthread_t t;
+                assert_int_equal(pthread_create(&t, NULL, stop_client_thread, &sc), 0);
+                while (!atomic_load(&stop_asked))
+                        usleep(100);
+                assert_int_equal(rpc_server_shutdown(srv, 10000), 0);
+                pthread_join(t, NULL);
+                if (sc.err != 0)
+                        fail_msg("round %d: %s", round, sc.r.message);
+                grpc_byte_buffer_reader rd;
+                grpc_byte_buffer_reader_init(&rd, sc.r.reply);
+                grpc_slice all = grpc_byte_buffer_reader_readall(&rd);
+                grpc_byte_buffer_reader_destroy(&rd);
+                assert_int_equal(GRPC_SLICE_LENGTH(all), 8u << 20);
+                grpc_slice_unref(all);
+                rpc_result_clear(&sc.r);
+                rpc_channel_free(sc.ch);
+                rpc_server_free(srv);
+        }
+}
+
 static void test_errno_mapping(void **state) {
         (void)state;
         int errs[] = {EINVAL, ETIMEDOUT, ENOENT, EEXIST, EACCES, ENOMEM, EPERM, ECONNABORTED, ERANGE,
@@ -712,6 +771,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_stream_timeout_and_cancel, stream_setup, stream_teardown),
                 cmocka_unit_test_setup_teardown(test_stream_deadline, stream_setup, stream_teardown),
                 cmocka_unit_test(test_stream_server_down),
+                cmocka_unit_test(test_reply_survives_shutdown),
         };
         int r = cmocka_run_group_tests(tests, NULL, NULL);
         rpc_global_shutdown();
