@@ -448,7 +448,7 @@ int rpc_server_start(struct rpc_server *s) {
         return 0;
 }
 
-#define RPC_SHUTDOWN_GRACE_MS 500
+#define RPC_SHUTDOWN_GRACE_MS 1000
 
 /* Waits up to ms for the shutdown notification and for every call to have ended. */
 static int server_wait_idle(struct rpc_server *s, uint64_t ms) {

@@ -48,7 +48,7 @@ int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_
                    struct rpc_server **ret);
 int rpc_server_port(const struct rpc_server *s);     /* the bound port */
 int rpc_server_start(struct rpc_server *s);
-/* Stops accepting calls, gives those in flight 0.5 s (at most half of timeout_ms) to end, so replies
+/* Stops accepting calls, gives those in flight 1 s (at most half of timeout_ms) to end, so replies
  * already given still reach their clients, cancels the rest, waits (within timeout_ms in all) for every
  * handler to have ended its call, and joins the threads. Returns -ETIMEDOUT if some call was never
  * ended. */
