@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -373,20 +374,46 @@ static int exec_sql(struct chief_db *db, const char *sql) {
         return db_errno(db->h, sqlite3_exec(db->h, sql, NULL, NULL, NULL));
 }
 
+/* A change to the checkpoint records: it must survive a power cut once we report it, so it commits
+ * with synchronous=FULL. Takes db->lock; durable_end() commits (r >= 0) or rolls back, and returns r. */
+static int durable_begin(struct chief_db *db) {
+        pthread_mutex_lock(&db->lock);
+        int r = exec_sql(db, "PRAGMA synchronous=FULL");
+        return r >= 0 ? exec_sql(db, "BEGIN IMMEDIATE") : r;
+}
+
+static int durable_end(struct chief_db *db, int r, bool begun) {
+        if (begun && r >= 0)
+                r = exec_sql(db, "COMMIT");
+        if (begun && r < 0)
+                exec_sql(db, "ROLLBACK");
+        exec_sql(db, "PRAGMA synchronous=NORMAL");
+        pthread_mutex_unlock(&db->lock);
+        return r;
+}
+
+static int delete_ckpt_row(struct chief_db *db, uint64_t global_step) {
+        sqlite3_stmt *st = NULL;
+        int rc = sqlite3_prepare_v2(db->h, "DELETE FROM checkpoints WHERE global_step = ?", -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+                sqlite3_bind_int64(st, 1, (sqlite3_int64)global_step);
+                rc = sqlite3_step(st);
+        }
+        int r = db_errno(db->h, rc);
+        sqlite3_finalize(st);
+        return r;
+}
+
 int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoint *ck, uint32_t keep,
                             struct chief_db_checkpoint **removed_ret, size_t *n_removed_ret) {
         struct chief_db_checkpoint *old = NULL, *gone = NULL;
         size_t n_old = 0, n_gone = 0;
         sqlite3_stmt *st = NULL;
-        pthread_mutex_lock(&db->lock);
-        /* This row must survive a power cut once we say the checkpoint is saved. */
-        int r = exec_sql(db, "PRAGMA synchronous=FULL");
+        int r = durable_begin(db);
+        bool begun = r >= 0;
         if (r >= 0)
-                r = exec_sql(db, "BEGIN IMMEDIATE");
-        if (r < 0)
-                goto out;
-        r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints WHERE global_step = ?", (int64_t)ck->global_step,
-                         &old, &n_old);
+                r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints WHERE global_step = ?",
+                                 (int64_t)ck->global_step, &old, &n_old);
         if (r >= 0 && n_old == 1 && strcmp(old[0].path, ck->path) != 0)
                 r = push_ckpt(&gone, &n_gone, &old[0]);
         if (r >= 0) {
@@ -417,24 +444,12 @@ int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoin
                 r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints ORDER BY time_us DESC, global_step DESC"
                                  " LIMIT -1 OFFSET ?", (int64_t)keep, &beyond, &n_beyond);
         for (size_t i = 0; r >= 0 && i < n_beyond; i++) {
-                int rc = sqlite3_prepare_v2(db->h, "DELETE FROM checkpoints WHERE global_step = ?", -1, &st, NULL);
-                if (rc == SQLITE_OK) {
-                        sqlite3_bind_int64(st, 1, (sqlite3_int64)beyond[i].global_step);
-                        rc = sqlite3_step(st);
-                }
-                r = db_errno(db->h, rc);
-                sqlite3_finalize(st);
+                r = delete_ckpt_row(db, beyond[i].global_step);
                 if (r >= 0)
                         r = push_ckpt(&gone, &n_gone, &beyond[i]);
         }
         free(beyond);
-        if (r >= 0)
-                r = exec_sql(db, "COMMIT");
-        if (r < 0)
-                exec_sql(db, "ROLLBACK");
-out:
-        exec_sql(db, "PRAGMA synchronous=NORMAL");
-        pthread_mutex_unlock(&db->lock);
+        r = durable_end(db, r, begun);
         free(old);
         if (r < 0) {
                 free(gone);
@@ -456,35 +471,18 @@ int chief_db_list_checkpoints(struct chief_db *db, struct chief_db_checkpoint **
 int chief_db_delete_checkpoint(struct chief_db *db, uint64_t global_step, struct chief_db_checkpoint *ret) {
         struct chief_db_checkpoint *rows = NULL;
         size_t n = 0;
-        sqlite3_stmt *st = NULL;
-        pthread_mutex_lock(&db->lock);
-        int r = exec_sql(db, "PRAGMA synchronous=FULL");
+        int r = durable_begin(db);
+        bool begun = r >= 0;
         if (r >= 0)
-                r = exec_sql(db, "BEGIN IMMEDIATE");
-        if (r < 0)
-                goto out;
-        r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints WHERE global_step = ?", (int64_t)global_step,
-                         &rows, &n);
+                r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints WHERE global_step = ?",
+                                 (int64_t)global_step, &rows, &n);
         if (r >= 0 && n == 0)
                 r = -ENOENT;
-        if (r >= 0) {
-                int rc = sqlite3_prepare_v2(db->h, "DELETE FROM checkpoints WHERE global_step = ?", -1, &st, NULL);
-                if (rc == SQLITE_OK) {
-                        sqlite3_bind_int64(st, 1, (sqlite3_int64)global_step);
-                        rc = sqlite3_step(st);
-                }
-                r = db_errno(db->h, rc);
-                sqlite3_finalize(st);
-        }
         if (r >= 0)
-                r = exec_sql(db, "COMMIT");
-        if (r < 0)
-                exec_sql(db, "ROLLBACK");
-        else if (ret)
+                r = delete_ckpt_row(db, global_step);
+        r = durable_end(db, r, begun);
+        if (r >= 0 && ret)
                 *ret = rows[0];
-out:
-        exec_sql(db, "PRAGMA synchronous=NORMAL");
-        pthread_mutex_unlock(&db->lock);
         free(rows);
         return r;
 }

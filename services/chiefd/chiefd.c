@@ -172,19 +172,6 @@ static void strfmt(char *buf, size_t len, const char *fmt, ...) {
         va_end(ap);
 }
 
-static const char *state_name(Psfleet__V1__JobState s) {
-        switch (s) {
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_INITIALIZING: return "initializing";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_RESTORING: return "restoring";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_READY: return "ready";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_TRAINING: return "training";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPING: return "stopping";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_DONE: return "done";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED: return "failed";
-        default: return "unspecified";
-        }
-}
-
 /* ---- derived figures (lock held) ---- */
 
 static void add_sample_locked(struct chief *c, uint64_t t, uint64_t step) {
@@ -353,13 +340,13 @@ static void h_join(struct rpc_call *call, void *ud) {
         case PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPING:
         case PSFLEET__V1__JOB_STATE__JOB_STATE_DONE:
                 strfmt(reason, sizeof(reason), "the job has ended (%s at global_step %" PRIu64 ")",
-                         state_name(c->state), c->global_step);
+                         job_state_name(c->state), c->global_step);
                 break;
         case PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED:
                 strfmt(reason, sizeof(reason), "the job failed: %s", c->reason);
                 break;
         default:
-                strfmt(reason, sizeof(reason), "the job is %s: %s", state_name(c->state),
+                strfmt(reason, sizeof(reason), "the job is %s: %s", job_state_name(c->state),
                          c->reason[0] ? c->reason : "starting");
                 break;
         }
@@ -641,7 +628,7 @@ static void h_save_ckpt(struct rpc_call *call, void *ud) {
         } else if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED) {
                 rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "the job failed: %s", c->reason);
         } else if (!ready_once_locked(c)) {
-                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "the job is not ready yet (%s: %s)", state_name(st),
+                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "the job is not ready yet (%s: %s)", job_state_name(st),
                               c->reason);
         } else {
                 struct rpc_call **a = realloc(c->save_calls, (c->n_save_calls + 1) * sizeof(*a));
@@ -1756,7 +1743,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 /* A restart of the same job: it keeps its start time. */
                 c->started_us = prev.started_us;
                 log_info("Database \"%s\": the job was last %s at global_step %" PRIu64, db_path,
-                         state_name((Psfleet__V1__JobState)prev.state), prev.global_step);
+                         job_state_name(prev.state), prev.global_step);
         } else if (r >= 0) {
                 log_notice("Database \"%s\" holds a job with another fingerprint (%016" PRIx64 "): starting afresh",
                            db_path, prev.fingerprint);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "job.h"            /* job_state_name */
 #include "psfleet/v1/supervisor.pb-c.h"
 
 #define CLI_EX_USAGE 2
@@ -25,6 +26,10 @@ int cli_load_job(const char *path, struct job_config **ret);
  * set). Exactly one must be given. On success returns 0 and a malloc'd "host:port" in *ret; else prints
  * why (prefixed with `cmd`) and returns the exit status (CLI_EX_USAGE or CONFIG_EX_CONFIG). */
 int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret);
+
+/* A whole number in [min, max] for option `opt` of `psfleet cmd`; else prints why and returns
+ * CLI_EX_USAGE. */
+int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret);
 
 /* A progress display: a bar redrawn in place on a terminal, a plain line every ~5 s otherwise,
  * nothing when quiet. */
@@ -58,5 +63,3 @@ struct json_t *cli_checkpoint_json(const Psfleet__V1__Checkpoint *c);
 /* The chief's JobStatus as protobuf-c (free with psfleet__v1__job_status__free_unpacked), from
  * `address`. Returns 0, or -errno with the reason in err. */
 int cli_get_status(const char *address, uint64_t timeout_ms, Psfleet__V1__JobStatus **ret, char *err, size_t errlen);
-/* "initializing", "training", ...; "unknown" otherwise. */
-const char *cli_state_name(int state);

@@ -194,10 +194,8 @@ int cmd_checkpoints(int argc, char **argv) {
                 case 'j': job = optarg; break;
                 case 'r': reason = optarg; break;
                 case 't':
-                        if (parse_u64(optarg, 1, 3600000, &timeout_ms) < 0) {
-                                fprintf(stderr, "psfleet checkpoints: --timeout-ms \"%s\": expected 1..3600000\n", optarg);
+                        if (cli_parse_number("checkpoints", "--timeout-ms", optarg, 1, 3600000, &timeout_ms))
                                 return CLI_EX_USAGE;
-                        }
                         break;
                 case 'h': ckpt_help(stdout); return 0;
                 default: ckpt_help(stderr); return CLI_EX_USAGE;

@@ -630,7 +630,7 @@ static int supervise(struct local *L) {
                         stop_all(L);
                         return 1;
                 }
-                const char *st = cli_state_name(s->state);
+                const char *st = job_state_name(s->state);
                 if (s->state == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE)
                         st = "done";
                 progress_update(&L->prog, st, s->global_step, s->max_steps, s->loss,
@@ -712,15 +712,6 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
         return 0;
 }
 
-static int parse_count(const char *opt, const char *s, uint64_t max, uint64_t *ret) {
-        if (parse_u64(s, 1, max, ret) < 0) {
-                fprintf(stderr, "psfleet local: %s \"%s\": expected a whole number in 1..%llu\n", opt, s,
-                        (unsigned long long)max);
-                return CLI_EX_USAGE;
-        }
-        return 0;
-}
-
 int cmd_local(int argc, char **argv) {
         static const struct option opts[] = {
                 {"standalone", no_argument, NULL, 'S'},     {"loss-log", required_argument, NULL, 'l'},
@@ -740,15 +731,15 @@ int cmd_local(int argc, char **argv) {
                 case 'd': L.state_dir_opt = optarg; break;
                 case 'q': L.quiet = true; break;
                 case 'w':
-                        if ((r = parse_count("--workers", optarg, MAX_TASKS, &L.n_workers)))
+                        if ((r = cli_parse_number("local", "--workers", optarg, 1, MAX_TASKS, &L.n_workers)))
                                 return r;
                         break;
                 case 'p':
-                        if ((r = parse_count("--ps", optarg, MAX_TASKS, &L.n_ps)))
+                        if ((r = cli_parse_number("local", "--ps", optarg, 1, MAX_TASKS, &L.n_ps)))
                                 return r;
                         break;
                 case 'm':
-                        if ((r = parse_count("--max-steps", optarg, 1000000000000ULL, &L.max_steps)))
+                        if ((r = cli_parse_number("local", "--max-steps", optarg, 1, 1000000000000ULL, &L.max_steps)))
                                 return r;
                         break;
                 case 'h': local_help(stdout); return 0;

@@ -53,7 +53,7 @@ void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
         json_t *o = json_object();
         json_object_set_new(o, "job", json_string(s->job ? s->job : ""));
         json_object_set_new(o, "fingerprint", json_string(fp));
-        json_object_set_new(o, "state", json_string(cli_state_name(s->state)));
+        json_object_set_new(o, "state", json_string(job_state_name(s->state)));
         json_object_set_new(o, "reason", json_string(s->reason ? s->reason : ""));
         json_object_set_new(o, "global_step", json_integer((json_int_t)s->global_step));
         json_object_set_new(o, "max_steps", json_integer((json_int_t)s->max_steps));
@@ -101,7 +101,7 @@ void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
 
 static void print_text(const Psfleet__V1__JobStatus *s) {
         char buf[64];
-        printf("job %s: %s\n", s->job ? s->job : "?", cli_state_name(s->state));
+        printf("job %s: %s\n", s->job ? s->job : "?", job_state_name(s->state));
         if (s->reason && *s->reason)
                 printf("  reason     %s\n", s->reason);
         printf("  step       %llu/%llu (%.1f %%)\n", (unsigned long long)s->global_step,
@@ -166,10 +166,8 @@ int cmd_status(int argc, char **argv) {
                 case 'a': address = optarg; break;
                 case 'j': job = optarg; break;
                 case 't':
-                        if (parse_u64(optarg, 1, 3600000, &timeout_ms) < 0) {
-                                fprintf(stderr, "psfleet status: --timeout-ms \"%s\": expected 1..3600000\n", optarg);
+                        if (cli_parse_number("status", "--timeout-ms", optarg, 1, 3600000, &timeout_ms))
                                 return CLI_EX_USAGE;
-                        }
                         break;
                 case 'h': status_help(stdout); return 0;
                 default: status_help(stderr); return CLI_EX_USAGE;

@@ -66,10 +66,10 @@ static void show(struct watch *w, const Psfleet__V1__JobStatus *s) {
                          s->eval_accuracy);
         bool changed = !w->seen || s->state != w->last_state;
         if (changed && !w->prog.tty && s->reason && *s->reason)
-                fprintf(w->prog.f, "psfleet: job %s is %s: %s\n", s->job ? s->job : "?", cli_state_name(s->state),
+                fprintf(w->prog.f, "psfleet: job %s is %s: %s\n", s->job ? s->job : "?", job_state_name(s->state),
                         s->reason);
         bool running = s->state >= PSFLEET__V1__JOB_STATE__JOB_STATE_TRAINING;
-        progress_update_extra(&w->prog, cli_state_name(s->state), s->global_step, s->max_steps, s->loss,
+        progress_update_extra(&w->prog, job_state_name(s->state), s->global_step, s->max_steps, s->loss,
                               running ? s->examples_per_s : -1, s->eta_s, extra[0] ? extra : NULL, changed);
         w->last_state = s->state;
         w->seen = true;
@@ -157,17 +157,13 @@ int cmd_watch(int argc, char **argv) {
                 case 'a': address = optarg; break;
                 case 'j': job = optarg; break;
                 case 'i':
-                        if (parse_u64(optarg, 100, 3600000, &v) < 0) {
-                                fprintf(stderr, "psfleet watch: --interval-ms \"%s\": expected 100..3600000\n", optarg);
+                        if (cli_parse_number("watch", "--interval-ms", optarg, 100, 3600000, &v))
                                 return CLI_EX_USAGE;
-                        }
                         w.interval_ms = (uint32_t)v;
                         break;
                 case 'r':
-                        if (parse_u64(optarg, 0, 86400, &v) < 0) {
-                                fprintf(stderr, "psfleet watch: --retry-secs \"%s\": expected 0..86400\n", optarg);
+                        if (cli_parse_number("watch", "--retry-secs", optarg, 0, 86400, &v))
                                 return CLI_EX_USAGE;
-                        }
                         w.retry_us = v * 1000000ULL;
                         break;
                 case 'h': watch_help(stdout); return 0;

@@ -53,6 +53,14 @@ void progress_init(struct progress *p, bool quiet) {
         progress_init_file(p, stderr, quiet);
 }
 
+int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret) {
+        if (parse_u64(s, min, max, ret) >= 0)
+                return 0;
+        fprintf(stderr, "psfleet %s: %s \"%s\": expected %llu..%llu\n", cmd, opt, s, (unsigned long long)min,
+                (unsigned long long)max);
+        return CLI_EX_USAGE;
+}
+
 int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret) {
         if (!address == !job) {
                 fprintf(stderr, "psfleet %s: give exactly one of --address HOST:PORT and --job JOB.json\n", cmd);
@@ -143,19 +151,6 @@ void progress_end(struct progress *p) {
 }
 
 /* ---- the chief's status ---- */
-
-const char *cli_state_name(int state) {
-        switch (state) {
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_INITIALIZING: return "initializing";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_RESTORING: return "restoring";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_READY: return "ready";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_TRAINING: return "training";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPING: return "stopping";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_DONE: return "done";
-        case PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED: return "failed";
-        default: return "unknown";
-        }
-}
 
 int cli_get_status(const char *address, uint64_t timeout_ms, Psfleet__V1__JobStatus **ret, char *err, size_t errlen) {
         struct rpc_channel *ch;

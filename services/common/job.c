@@ -11,6 +11,7 @@
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
+#include "psfleet/v1/supervisor.pb-c.h"
 
 int job_layout_new(const struct job_config *cfg, const struct model *m, struct job_layout **ret) {
         struct job_layout *L = calloc(1, sizeof(*L));
@@ -399,4 +400,17 @@ int ps_client_push_reply(struct ps_client *pc, struct rpc_result *res, void **in
         }
         *in_ret = in;
         return 0;
+}
+
+const char *job_state_name(int state) {
+        switch (state) {
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_INITIALIZING: return "initializing";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_RESTORING: return "restoring";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_READY: return "ready";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_TRAINING: return "training";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPING: return "stopping";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_DONE: return "done";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED: return "failed";
+        default: return "unknown";
+        }
 }

@@ -83,3 +83,6 @@ int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t sha
  * wire_in_free) holds them until job_layout_copy_in() puts them in place. */
 int ps_client_push_reply(struct ps_client *pc, struct rpc_result *r, void **in_ret, uint64_t *global_step_ret,
                          uint64_t *incarnation_ret, char *err, size_t errlen);
+
+/* A psfleet.v1.JobState value as a word ("training"), for logs, status lines and the CLI. */
+const char *job_state_name(int state);

@@ -300,25 +300,29 @@ struct model *model_free(struct model *m)
         return NULL;
 }
 
-/* Host -> device for vars [first, first + n): they are contiguous. */
+/* Vars [first, first + n) are contiguous: their first float and their count. */
+static size_t vars_span(const struct model *m, uint32_t first, uint32_t n, size_t *count)
+{
+        const struct model_var *a = &m->vars[first], *z = &m->vars[first + n - 1];
+        *count = z->offset + (size_t)z->rows * z->cols - a->offset;
+        return a->offset;
+}
+
+/* Host -> device for vars [first, first + n). */
 static int upload_vars(struct model *m, uint32_t first, uint32_t n)
 {
         if (m->host || n == 0)
                 return 0;
-        const struct model_var *a = &m->vars[first], *z = &m->vars[first + n - 1];
-        size_t begin = a->offset, end = z->offset + (size_t)z->rows * z->cols;
-        return backend_upload(m->be, m->params + begin, m->params_host + begin,
-                              sizeof(float) * (end - begin));
+        size_t count, begin = vars_span(m, first, n, &count);
+        return backend_upload(m->be, m->params + begin, m->params_host + begin, sizeof(float) * count);
 }
 
 static int download_grads(struct model *m, uint32_t first, uint32_t n)
 {
         if (m->host || n == 0)
                 return 0;
-        const struct model_var *a = &m->vars[first], *z = &m->vars[first + n - 1];
-        size_t begin = a->offset, end = z->offset + (size_t)z->rows * z->cols;
-        return backend_download(m->be, m->grads_host + begin, m->grads + begin,
-                                sizeof(float) * (end - begin));
+        size_t count, begin = vars_span(m, first, n, &count);
+        return backend_download(m->be, m->grads_host + begin, m->grads + begin, sizeof(float) * count);
 }
 
 /* Host -> device for rows [r0, r1) of var v; rows are contiguous in the row-major view. */

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Training benchmark: examples/s of the demo model for --standalone, 1 ps + 1 worker and 1 ps + 2
 workers, with the same batch and thread count, measured side by side in one run, with the CPU each run
-used; the GFLOP/s the
-standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when Debian's python3-torch
-is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same model and batch.
+used; the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
+Debian's python3-torch is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same
+model and batch.
 
 Prints one JSON line per measurement. Usage:
   tests/bench/bench_train.py [--build build] [--job examples/fmnist-mlp.json] [--steps 3000] [--rounds 2]
@@ -90,7 +90,7 @@ def main():
                 "cpu_ms_per_step": round(r["cpu_s"] * 1000 / a.steps, 2)}
         if name != "standalone":
             line["cpu_bound_ratio"] = round(min(1.0, ncpu * best["standalone"]["cpu_s"] / r["cpu_s"]), 3)
-        if name == "standalone":
+        else:
             line["gflops"] = round(sa * fpe / 1e9, 2)
             line["sgemm_gflops_same_threads"] = sgemm.get(threads)
             line["fraction_of_sgemm_peak"] = round(sa * fpe / 1e9 / sgemm[threads], 3) if threads in sgemm else None

@@ -462,7 +462,9 @@ static void *shutdown_thread(void *arg) {
 
 static void test_shutdown_in_flight(void **state) {
         struct fx *f = *state;
-        f->d.delay_ms = 30;
+        /* ~40 deferred calls answered one at a time: far longer than the shutdown's 1 s grace, so the
+         * shutdown still has calls to cut off */
+        f->d.delay_ms = 60;
         struct rpc_batch *b;
         struct rpc_pending *p[64];
         rpc_batch_new(&b);
@@ -679,7 +681,7 @@ static void test_stream_server_down(void **state) {
         rpc_channel_free(ch);
 }
 
-/* A Stop-like call: the handler answers (8 MiB, so the reply is still on its way) and at once asks for
+/* A Stop-like call: the handler answers (4 MiB, so the reply is still on its way) and at once asks for
  * the server to shut down. The reply must reach the client all the same. */
 static atomic_bool stop_asked;
 
