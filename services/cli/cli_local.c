@@ -66,6 +66,7 @@ struct local {
         uint32_t n_kids, chief;                 /* index of the chief in kids */
         struct progress prog;
         bool rpc_up;
+        double cpu_base;                        /* CPU seconds already counted when we started */
 };
 
 static int sig_pipe[2] = {-1, -1};
@@ -408,6 +409,12 @@ static double rusage_cpu_s(int who) {
                ru.ru_stime.tv_usec * 1e-6;
 }
 
+/* Ours and our reaped children's CPU, less what the process had before this command: rusage survives
+ * exec, so a shell that built the project and then exec'd us (run-demo.sh) would count the build. */
+static double used_cpu_s(const struct local *L) {
+        return rusage_cpu_s(RUSAGE_SELF) + rusage_cpu_s(RUSAGE_CHILDREN) - L->cpu_base;
+}
+
 /* utime + stime of a running child, all its threads, from /proc/PID/stat (fields 14 and 15). */
 static double proc_cpu_s(pid_t pid) {
         char path[64], buf[1024];
@@ -643,7 +650,7 @@ static int supervise(struct local *L) {
         }
         progress_end(&L->prog);
         /* ours, the children already reaped, and those still running */
-        double cpu = rusage_cpu_s(RUSAGE_SELF) + rusage_cpu_s(RUSAGE_CHILDREN);
+        double cpu = used_cpu_s(L);
         for (uint32_t i = 0; i < L->n_kids; i++)
                 if (L->kids[i].pid > 0)
                         cpu += proc_cpu_s(L->kids[i].pid);
@@ -698,7 +705,7 @@ static int run_standalone(struct local *L) {
         }
         printf("{\"global_step\": %llu, \"test_accuracy\": %.4f, \"examples_per_s\": %.1f, \"wall_s\": %.3f, "
                "\"mode\": \"standalone\", \"ps\": 0, \"workers\": 1, \"cpu_s\": %.2f}\n",
-               (unsigned long long)res.steps, res.test_accuracy, res.examples_per_s, res.wall_s, rusage_cpu_s(RUSAGE_SELF));
+               (unsigned long long)res.steps, res.test_accuracy, res.examples_per_s, res.wall_s, used_cpu_s(L));
         return 0;
 }
 
@@ -720,7 +727,7 @@ int cmd_local(int argc, char **argv) {
                 {"max-steps", required_argument, NULL, 'm'}, {"state-dir", required_argument, NULL, 'd'},
                 {"help", no_argument, NULL, 'h'},           {},
         };
-        struct local L = {0};
+        struct local L = {.cpu_base = rusage_cpu_s(RUSAGE_SELF) + rusage_cpu_s(RUSAGE_CHILDREN)};
         int c, r;
         optind = 1;
         while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
