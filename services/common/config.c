@@ -152,6 +152,9 @@ static const struct config_key keys[] = {
               "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),
 
         K_U64("rpc.deadline_ms", rpc.deadline_ms, 30000, 1, 3600000, "Deadline of each RPC, in milliseconds."),
+        K_BOOL("rpc.shared_memory", rpc.shared_memory, true,
+               "A workerd and a psd on the same host move tensors through shared memory instead of loopback "
+               "gRPC (every other call stays gRPC). Each node decides for itself."),
 
         { .name = "device.device", .type = KT_STRING, FIELD(device.device), .sdef = "auto",
           .check = check_device, .doc = "Where workers compute: auto, cpu, gpu:N or gpu:N,M,..." },

@@ -65,6 +65,7 @@ struct ps_config {
 
 struct rpc_config {
         uint64_t deadline_ms;   /* per call */
+        bool shared_memory;     /* workerd: pushes to a psd on this host through shared memory */
 };
 
 struct device_config {

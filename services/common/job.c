@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "optim.h"
+#include "shmlink.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
@@ -399,6 +400,47 @@ int ps_client_push_reply(struct ps_client *pc, struct rpc_result *res, void **in
                 return r;
         }
         *in_ret = in;
+        return 0;
+}
+
+int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, const char *segment,
+                         const uint8_t *nonce, uint32_t generation, uint32_t n_groups, const uint32_t *group_index,
+                         const uint32_t *const *group_parts, const uint32_t *group_n, int32_t *pid_ret, char *err,
+                         size_t errlen) {
+        Psfleet__V1__PushGroup *groups = calloc(n_groups + 1, sizeof(*groups));
+        Psfleet__V1__PushGroup **gp = calloc(n_groups + 1, sizeof(*gp));
+        if (!groups || !gp) {
+                free(groups);
+                free(gp);
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        }
+        for (uint32_t i = 0; i < n_groups; i++) {
+                psfleet__v1__push_group__init(&groups[i]);
+                groups[i].index = group_index[i];
+                groups[i].n_parts = group_n[i];
+                groups[i].parts = (uint32_t *)group_parts[i];
+                gp[i] = &groups[i];
+        }
+        Psfleet__V1__Caller caller;
+        caller_init(pc, &caller);
+        Psfleet__V1__AttachSharedMemoryRequest q = PSFLEET__V1__ATTACH_SHARED_MEMORY_REQUEST__INIT;
+        q.caller = &caller;
+        q.worker = worker;
+        q.segment = (char *)segment;
+        q.nonce.data = (uint8_t *)nonce;
+        q.nonce.len = SHMLINK_NONCE;
+        q.generation = generation;
+        q.n_groups = n_groups;
+        q.groups = gp;
+        ProtobufCMessage *m;
+        int r = rpc_call_msg(pc->ch[shard], "/psfleet.v1.ParameterServer/AttachSharedMemory", &q.base,
+                             &psfleet__v1__attach_shared_memory_reply__descriptor, pc->deadline_ms, false, &m, err, errlen);
+        free(groups);
+        free(gp);
+        if (r < 0)
+                return r;
+        *pid_ret = ((Psfleet__V1__AttachSharedMemoryReply *)m)->pid;
+        protobuf_c_message_free_unpacked(m, NULL);
         return 0;
 }
 

@@ -84,5 +84,14 @@ int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t sha
 int ps_client_push_reply(struct ps_client *pc, struct rpc_result *r, void **in_ret, uint64_t *global_step_ret,
                          uint64_t *incarnation_ret, char *err, size_t errlen);
 
+/* Asks `shard` to serve this worker's pushes through its shared-memory segment (shmlink.h) from now
+ * on: segment name, nonce and the shard's link generation; the groups that go to this shard, each
+ * with its record index in the segment and its placement parts. Returns 0 with psd's process id, or
+ * -errno with the reason (psd on another host cannot open the segment: FAILED_PRECONDITION). */
+int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, const char *segment,
+                         const uint8_t *nonce, uint32_t generation, uint32_t n_groups, const uint32_t *group_index,
+                         const uint32_t *const *group_parts, const uint32_t *group_n, int32_t *pid_ret, char *err,
+                         size_t errlen);
+
 /* A psfleet.v1.JobState value as a word ("training"), for logs, status lines and the CLI. */
 const char *job_state_name(int state);

@@ -58,6 +58,7 @@ struct model {
         float *grads;            /* (n_params) device */
         float *params_host;      /* == params on host-memory backends */
         float *grads_host;
+        bool ext_host;           /* the host blocks are the caller's (model_use_host_blocks) */
 
         float *x_dev;            /* (max_batch, in_n) device copy of the input; NULL on host backends */
         uint8_t *labels;         /* (max_batch) device */
@@ -282,12 +283,14 @@ struct model *model_free(struct model *m)
         struct backend *be = m->be;
         for (uint32_t i = 0; i < m->n_layers; i++)
                 backend_buf_free(be, m->layers[i].buf);
-        if (!m->host) {
+        if (!m->host && !m->ext_host) {
                 free(m->params_host);
                 free(m->grads_host);
         }
-        backend_buf_free(be, m->params);
-        backend_buf_free(be, m->grads);
+        if (!m->host || !m->ext_host) {
+                backend_buf_free(be, m->params);
+                backend_buf_free(be, m->grads);
+        }
         backend_buf_free(be, m->x_dev);
         backend_buf_free(be, m->labels);
         backend_buf_free(be, m->probs);
@@ -298,6 +301,29 @@ struct model *model_free(struct model *m)
                 free(m->blk[v]);
         free(m);
         return NULL;
+}
+
+int model_use_host_blocks(struct model *m, float *params, float *grads)
+{
+        size_t bytes = sizeof(float) * m->n_params;
+        if (!params || !grads || m->ext_host || (uintptr_t)params % 64 || (uintptr_t)grads % 64 ||
+            (params < grads ? (char *)params + bytes > (char *)grads : (char *)grads + bytes > (char *)params))
+                return -EINVAL;
+        memcpy(params, m->params_host, bytes);
+        memcpy(grads, m->grads_host, bytes);
+        if (m->host) {
+                backend_buf_free(m->be, m->params);
+                backend_buf_free(m->be, m->grads);
+                m->params = params;
+                m->grads = grads;
+        } else {
+                free(m->params_host);
+                free(m->grads_host);
+        }
+        m->params_host = params;
+        m->grads_host = grads;
+        m->ext_host = true;
+        return 0;
 }
 
 /* Vars [first, first + n) are contiguous: their first float and their count. */
@@ -627,6 +653,16 @@ static int backward(struct model *m, const struct hooks *h)
                                 return r;
                         if ((r = after_block(m, h, kv + 1, 0)) != 0)
                                 return r;
+                        /* The input gradient before the kernel's blocks: once a block's callback runs,
+                         * this pass reads the kernel no more, so the caller may overwrite it. */
+                        if (need_dx) {
+                                const float *wt = m->params + m->vars[L->first_var].offset;
+                                /* dx (B, in) = dy (B, units) @ W^T (units, in) */
+                                if ((r = op->gemm(be, false, true, B, L->in_n, L->out_n, 1.0f, dy, L->out_n, wt,
+                                                  L->out_n, 0.0f, dx, L->in_n)) < 0)
+                                        return r;
+                                cur ^= 1;
+                        }
                         /* dW[rows_b, :] (k, units) = x[:, rows_b]^T (k, B) @ dy (B, units) */
                         for (uint32_t b = 0; b < m->n_blocks[kv]; b++) {
                                 r = op->gemm(be, true, false, rb[b + 1] - rb[b], L->out_n, B, 1.0f, in + rb[b],
@@ -634,13 +670,6 @@ static int backward(struct model *m, const struct hooks *h)
                                              L->out_n);
                                 if (r < 0 || (r = after_block(m, h, kv, b)) != 0)
                                         return r;
-                        }
-                        if (need_dx) {
-                                const float *wt = m->params + m->vars[L->first_var].offset;
-                                /* dx (B, in) = dy (B, units) @ W^T (units, in) */
-                                r = op->gemm(be, false, true, B, L->in_n, L->out_n, 1.0f, dy, L->out_n, wt,
-                                             L->out_n, 0.0f, dx, L->in_n);
-                                cur ^= 1;
                         }
                         break;
                 }

@@ -51,6 +51,12 @@ uint32_t model_n_classes(const struct model *m);
 float *model_params(struct model *m); /* (n_params) host block */
 float *model_grads(struct model *m);  /* (n_params) host block, written by model_backward */
 int model_params_sync(struct model *m); /* host params -> device; no-op on host-memory backends */
+/* Moves the host parameter and gradient blocks into memory of the caller's (n_params floats each,
+ * 64-byte aligned, not overlapping; a shared-memory segment, say), contents kept: from then on
+ * model_params()/model_grads() return them and, on a host-memory backend, the passes compute in
+ * them. The caller keeps that memory valid until model_free(), which leaves it alone. Once per
+ * model; -EINVAL otherwise or for misaligned or overlapping blocks. */
+int model_use_host_blocks(struct model *m, float *params, float *grads);
 
 /* Glorot uniform / He normal (truncated at 2 sigma, as TF/Keras) per the spec's initializer kinds,
  * each variable drawn from an rng seeded by (seed, variable index); biases zero. Deterministic. */
@@ -98,8 +104,10 @@ int model_forward_blocks(struct model *m, const float *x, const uint8_t *labels,
                          float *loss_ret, uint32_t *correct_ret, model_block_cb before, void *ud);
 /* As model_backward, but after (nullable) is called as soon as each (var, block)'s gradient is final
  * (downloaded to the host block first on a device backend), exactly once each. Layers last to first;
- * inside a layer the bias FIRST, then the kernel blocks in order (dense: each right after its gemm,
- * before the next block's gemm and before the input gradient). */
+ * inside a layer the bias FIRST, then the kernel blocks in order (dense: the input gradient first,
+ * then each block right after its gemm, before the next block's gemm). When after() runs for a
+ * variable's block, the pass reads that variable's parameters no more: the callback may overwrite
+ * them (with fresh values from a ps, say) and the rest of the pass is unchanged. */
 int model_backward_blocks(struct model *m, model_block_cb after, void *ud);
 
 /* Mean loss and accuracy over n examples, in max_batch chunks (clobbers the forward state). */

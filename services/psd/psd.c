@@ -2,7 +2,10 @@
  * in one contiguous block, applies gradients as they arrive (async), and replies with fresh values.
  * Shard 0 owns global_step. Starts uninitialized; the chief assigns it.
  *
- * Data flow of a push, top to bottom in on_push(): receive → validate → apply → reply. */
+ * Data flow of a push, top to bottom in on_push(): receive → validate → apply → reply. A worker on
+ * this host may instead push through shared memory (shmlink.h): a thread per such worker runs the
+ * same steps in serve_link_push(), reading the gradients from the worker's segment and writing the
+ * fresh values back into it. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -23,17 +26,22 @@
 #include "notify.h"
 #include "optim.h"
 #include "rpc.h"
+#include "shmlink.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 
 #define PSD_BOUNCE 4096   /* floats: gradients stream through this much stack, in cache */
+/* A link's thread spins this long for the next push before it sleeps: a worker's pushes of one step
+ * come a few tens of microseconds apart, and a futex wake-up costs about as much on a VM. */
+#define LINK_SPIN_US 100
 
 struct part {
         uint32_t var;
         const char *name;        /* the variable's */
         uint32_t row_begin, rows, cols;
         size_t n;                /* floats: rows * cols */
+        size_t model_off;        /* floats into a whole model's block (a worker's segment) */
         float *w;                /* (rows, cols) view into psd.block */
         float *slot[OPTIM_MAX_SLOTS]; /* (rows, cols) each */
         uint64_t updates;        /* gradients applied: Adam's t and the decay step */
@@ -57,6 +65,27 @@ struct psd {
         char last_error[512];
         int stop_fd;             /* eventfd: a Stop call asks the main loop to end */
         struct rpc_server *server;
+        pthread_mutex_t links_mu;
+        struct link *links;      /* workers pushing through shared memory */
+        uint32_t *plan_part;     /* (plan parts) index into parts[], or UINT32_MAX: another shard's */
+};
+
+/* A worker on this host whose pushes come through its shared-memory segment; served by a thread of
+ * its own. */
+struct link {
+        struct psd *p;
+        struct shmlink *l;
+        uint32_t worker;
+        uint32_t n_groups;
+        uint32_t *groups;        /* (n_groups) the groups' records in the segment */
+        uint32_t **gparts;       /* (n_groups) each group's parts, indices into psd.parts */
+        uint32_t *gn;            /* (n_groups) */
+        uint32_t *last;          /* (n_groups) the push of each served last */
+        float *scratch;          /* (largest group) the gradients, copied out of the segment */
+        pthread_t thread;
+        bool started;
+        atomic_bool stop, ended;
+        struct link *next;
 };
 
 /* ---- helpers ---- */
@@ -146,6 +175,15 @@ static void lent_release(void *ud) {
                 free(l);
 }
 
+/* shard 0 counts the step of a push that says so; every shard counts the push */
+static uint64_t count_push(struct psd *p, bool count_step) {
+        uint64_t gs = 0;
+        if (p->shard == 0)
+                gs = count_step ? atomic_fetch_add(&p->global_step, 1) + 1 : atomic_load(&p->global_step);
+        atomic_fetch_add(&p->pushes, 1);
+        return gs;
+}
+
 /* ---- Push: receive → validate → apply → reply ---- */
 
 static void on_push(struct rpc_call *call, void *ud) {
@@ -231,10 +269,7 @@ static void on_push(struct rpc_call *call, void *ud) {
                         memcpy(vals->data + vat, q->w, q->n * sizeof(float));
                 pthread_mutex_unlock(&q->mu);
         }
-        uint64_t gs = 0;
-        if (p->shard == 0)
-                gs = h->count_step ? atomic_fetch_add(&p->global_step, 1) + 1 : atomic_load(&p->global_step);
-        atomic_fetch_add(&p->pushes, 1);
+        uint64_t gs = count_push(p, h->count_step);
 
         /* reply: the fresh values, lent without another copy */
         Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
@@ -272,6 +307,249 @@ out:
         if (hm)
                 protobuf_c_message_free_unpacked(hm, NULL);
         wire_in_free(in);
+}
+
+/* ---- Pushes through shared memory: receive → validate → apply → reply, per link ---- */
+
+static void serve_link_push(struct link *k, const struct shmlink_push *push) {
+        struct psd *p = k->p;
+        uint32_t gi = push->index, g = k->groups[gi];
+        char err[600];
+        if (!atomic_load(&p->initialized)) {
+                snprintf(err, sizeof(err), "ps:%u is not initialized yet (waiting for the chief)", p->shard);
+                shmlink_reply(k->l, g, push->seq, -EAGAIN, 0, err);
+                return;
+        }
+        /* receive and validate: copied out of the segment first, so the values checked are the values
+         * applied whatever the other process does meanwhile; nothing applied unless all are finite */
+        const float *grads = shmlink_grads(k->l);
+        float *values = shmlink_params(k->l);
+        size_t at = 0;
+        for (uint32_t j = 0; j < k->gn[gi]; j++) {
+                const struct part *q = &p->parts[k->gparts[gi][j]];
+                memcpy(k->scratch + at, grads + q->model_off, q->n * sizeof(float));
+                if (!optim_all_finite(k->scratch + at, q->n)) {
+                        snprintf(err, sizeof(err), "gradient \"%s\" rows %u..%u from worker:%u contains NaN or Inf; nothing applied",
+                                 q->name, q->row_begin, q->row_begin + q->rows, k->worker);
+                        note_reject(p, err);
+                        shmlink_reply(k->l, g, push->seq, -EINVAL, 0, err);
+                        return;
+                }
+                at += q->n;
+        }
+        /* apply, and reply: the fresh values go where the worker's forward reads them */
+        at = 0;
+        for (uint32_t j = 0; j < k->gn[gi]; j++) {
+                struct part *q = &p->parts[k->gparts[gi][j]];
+                float *sl[OPTIM_MAX_SLOTS] = {0};
+                for (unsigned s = 0; s < p->n_slots; s++)
+                        sl[s] = q->slot[s];
+                pthread_mutex_lock(&q->mu);
+                optim_apply(&p->cfg->training, q->updates, q->w, k->scratch + at, sl, q->n);
+                q->updates++;
+                memcpy(values + q->model_off, q->w, q->n * sizeof(float));
+                pthread_mutex_unlock(&q->mu);
+                at += q->n;
+        }
+        shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step), NULL);
+}
+
+static void *link_main(void *arg) {
+        struct link *k = arg;
+        const char *why = "stopping";
+        for (;;) {
+                struct shmlink_push push;
+                int r = shmlink_next(k->l, k->groups, k->n_groups, k->last, LINK_SPIN_US, 1000, &k->stop, &push);
+                if (r > 0) {
+                        serve_link_push(k, &push);
+                } else if (r < 0) {
+                        if (!atomic_load(&k->stop))
+                                why = "the worker ended it";
+                        break;
+                } else if (!shmlink_worker_alive(k->l)) {
+                        why = "the worker's process is gone";
+                        break;
+                }
+        }
+        log_info("worker:%u's shared-memory link ended: %s", k->worker, why);
+        atomic_store(&k->ended, true);
+        return NULL;
+}
+
+static struct link *link_free(struct link *k) {
+        if (!k)
+                return NULL;
+        if (k->started) {
+                atomic_store(&k->stop, true);
+                shmlink_kick(k->l);
+                pthread_join(k->thread, NULL);
+        }
+        shmlink_free(k->l);
+        for (uint32_t i = 0; k->gparts && i < k->n_groups; i++)
+                free(k->gparts[i]);
+        free(k->gparts);
+        free(k->gn);
+        free(k->groups);
+        free(k->last);
+        free(k->scratch);
+        free(k);
+        return NULL;
+}
+
+/* Unlinks the links whose thread ended (and, with worker != UINT32_MAX, that worker's link) into a
+ * list the caller frees outside links_mu. */
+static struct link *links_take(struct psd *p, uint32_t worker) {
+        struct link *gone = NULL;
+        pthread_mutex_lock(&p->links_mu);
+        for (struct link **pk = &p->links; *pk;) {
+                struct link *k = *pk;
+                if (atomic_load(&k->ended) || k->worker == worker) {
+                        *pk = k->next;
+                        k->next = gone;
+                        gone = k;
+                } else {
+                        pk = &k->next;
+                }
+        }
+        pthread_mutex_unlock(&p->links_mu);
+        return gone;
+}
+
+static void links_free(struct link *k) {
+        while (k) {
+                struct link *next = k->next;
+                link_free(k);
+                k = next;
+        }
+}
+
+static uint32_t links_count(struct psd *p) {
+        uint32_t n = 0;
+        pthread_mutex_lock(&p->links_mu);
+        for (struct link *k = p->links; k; k = k->next)
+                n += !atomic_load(&k->ended);
+        pthread_mutex_unlock(&p->links_mu);
+        return n;
+}
+
+/* The groups of an attach request, checked against this shard: each part once, every part ours. */
+static int link_groups(struct psd *p, struct link *k, const Psfleet__V1__AttachSharedMemoryRequest *q, char *err,
+                       size_t errlen) {
+        uint32_t n_plan = p->L->plan->n_parts;
+        bool *seen = calloc(n_plan + 1, sizeof(bool));
+        bool *gseen = calloc(shmlink_n_groups(k->l) + 1, sizeof(bool));
+        k->n_groups = (uint32_t)q->n_groups;
+        k->groups = calloc(q->n_groups + 1, sizeof(uint32_t));
+        k->gparts = calloc(q->n_groups + 1, sizeof(uint32_t *));
+        k->gn = calloc(q->n_groups + 1, sizeof(uint32_t));
+        k->last = calloc(q->n_groups + 1, sizeof(uint32_t));
+        int r = -ENOMEM;
+        size_t largest = 1;
+        if (!seen || !gseen || !k->groups || !k->gparts || !k->gn || !k->last) {
+                errf(err, errlen, r, "out of memory");
+                goto out;
+        }
+        r = -EINVAL;
+        for (size_t i = 0; i < q->n_groups; i++) {
+                const Psfleet__V1__PushGroup *pg = q->groups[i];
+                if (pg->index >= shmlink_n_groups(k->l) || gseen[pg->index]) {
+                        errf(err, errlen, r, "group %u: no such group in the segment, or given twice", pg->index);
+                        goto out;
+                }
+                gseen[pg->index] = true;
+                k->groups[i] = pg->index;
+                if (!(k->gparts[i] = calloc(pg->n_parts + 1, sizeof(uint32_t)))) {
+                        r = errf(err, errlen, -ENOMEM, "out of memory");
+                        goto out;
+                }
+                size_t floats = 0;
+                for (size_t j = 0; j < pg->n_parts; j++) {
+                        uint32_t pp = pg->parts[j];
+                        if (pp >= n_plan || p->plan_part[pp] == UINT32_MAX || seen[pp]) {
+                                errf(err, errlen, r, "group %u: part %u is not a part of ps:%u, or is given twice",
+                                     pg->index, pp, p->shard);
+                                goto out;
+                        }
+                        seen[pp] = true;
+                        k->gparts[i][k->gn[i]++] = p->plan_part[pp];
+                        floats += p->parts[p->plan_part[pp]].n;
+                }
+                largest = floats > largest ? floats : largest;
+        }
+        if (!(k->scratch = malloc(largest * sizeof(float)))) {
+                r = errf(err, errlen, -ENOMEM, "out of memory");
+                goto out;
+        }
+        r = 0;
+out:
+        free(seen);
+        free(gseen);
+        return r;
+}
+
+static void on_attach(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        char err[800];
+        ProtobufCMessage *m = NULL;
+        struct link *k = NULL;
+        int r;
+        if ((r = wire_unpack(rpc_call_payload(call), &psfleet__v1__attach_shared_memory_request__descriptor, &m)) < 0) {
+                snprintf(err, sizeof(err), "AttachSharedMemoryRequest does not parse");
+                goto reject;
+        }
+        const Psfleet__V1__AttachSharedMemoryRequest *q = (const Psfleet__V1__AttachSharedMemoryRequest *)m;
+        if ((r = check_caller(p, q->caller, err, sizeof(err))) < 0)
+                goto reject;
+        if (q->nonce.len != SHMLINK_NONCE) {
+                r = -EINVAL;
+                snprintf(err, sizeof(err), "nonce of %zu bytes, expected %d", q->nonce.len, SHMLINK_NONCE);
+                goto reject;
+        }
+        if (!(k = calloc(1, sizeof(*k)))) {
+                r = -ENOMEM;
+                snprintf(err, sizeof(err), "out of memory");
+                goto reject;
+        }
+        k->p = p;
+        k->worker = q->worker;
+        char why[600];
+        if ((r = shmlink_open(q->segment, q->nonce.data, p->L->fingerprint, p->L->n_params, p->shard, q->generation,
+                              &k->l, why, sizeof(why))) < 0) {
+                /* the usual reason: the worker is on another host. Not an error of the job. */
+                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "ps:%u cannot serve worker:%u through shared memory: %s",
+                              p->shard, q->worker, why);
+                goto out;
+        }
+        if ((r = link_groups(p, k, q, why, sizeof(why))) < 0) {
+                snprintf(err, sizeof(err), "AttachSharedMemory from worker:%u: %s", q->worker, why);
+                goto reject;
+        }
+        /* a worker restarted on this host replaces its old link */
+        links_free(links_take(p, k->worker));
+        shmlink_mark(k->l, k->groups, k->n_groups, k->last);
+        if ((r = -pthread_create(&k->thread, NULL, link_main, k)) < 0) {
+                snprintf(err, sizeof(err), "cannot start a thread: %s", strerror(-r));
+                goto reject;
+        }
+        k->started = true;
+        pthread_mutex_lock(&p->links_mu);
+        k->next = p->links;
+        p->links = k;
+        pthread_mutex_unlock(&p->links_mu);
+        log_info("worker:%u pushes through shared memory %s: %u group(s)", k->worker, q->segment, k->n_groups);
+        k = NULL;
+        Psfleet__V1__AttachSharedMemoryReply rep = PSFLEET__V1__ATTACH_SHARED_MEMORY_REPLY__INIT;
+        rep.incarnation = p->incarnation;
+        rep.pid = (int32_t)getpid();
+        rpc_call_reply_msg(call, &rep.base);
+        goto out;
+reject:
+        note_reject(p, err);
+        rpc_call_fail_errno(call, r, "%s", err);
+out:
+        link_free(k);
+        if (m)
+                protobuf_c_message_free_unpacked(m, NULL);
 }
 
 /* ---- Assign: the chief initializes or restores the shard ---- */
@@ -441,6 +719,7 @@ static void on_status(struct rpc_call *call, void *ud) {
         memcpy(last, p->last_error, sizeof(last));
         pthread_mutex_unlock(&p->err_mu);
         st.last_error = last;
+        st.shared_memory_links = links_count(p);
         rpc_call_reply_msg(call, &st.base);
 }
 
@@ -473,6 +752,7 @@ static int psd_build(struct psd *p) {
         if (p->stop_fd < 0)
                 return log_error_errno(errno, "eventfd");
         pthread_mutex_init(&p->err_mu, NULL);
+        pthread_mutex_init(&p->links_mu, NULL);
         /* the variables' shapes come from the model the job file describes */
         if ((r = backend_cpu_new(1, &be)) < 0 || (r = model_new(&p->cfg->model, be, 1, &m)) < 0) {
                 log_error_errno(r, "cannot build the model to learn its variables");
@@ -483,6 +763,15 @@ static int psd_build(struct psd *p) {
                 goto out;
         }
         p->n_parts = p->L->shard_count[p->shard];
+        p->plan_part = malloc((p->L->plan->n_parts + 1) * sizeof(uint32_t));
+        if (!p->plan_part) {
+                r = log_error_errno(ENOMEM, "out of memory");
+                goto out;
+        }
+        for (uint32_t i = 0; i < p->L->plan->n_parts; i++)
+                p->plan_part[i] = UINT32_MAX;
+        for (uint32_t k = 0; k < p->n_parts; k++)
+                p->plan_part[p->L->shard_parts[p->L->shard_first[p->shard] + k]] = k;
         p->parts = calloc(p->n_parts ? p->n_parts : 1, sizeof(*p->parts));
         if (!p->parts) {
                 r = log_error_errno(ENOMEM, "out of memory");
@@ -494,6 +783,7 @@ static int psd_build(struct psd *p) {
                 p->parts[k] = (struct part){.var = pp->var, .name = v->name, .row_begin = pp->row_begin,
                                             .rows = pp->row_end - pp->row_begin, .cols = v->cols};
                 p->parts[k].n = (size_t)p->parts[k].rows * v->cols;
+                p->parts[k].model_off = v->offset + (size_t)pp->row_begin * v->cols;
                 p->n_floats += p->parts[k].n;
                 pthread_mutex_init(&p->parts[k].mu, NULL);
         }
@@ -518,6 +808,9 @@ out:
 
 static void psd_done(struct psd *p) {
         rpc_server_free(p->server);
+        links_free(p->links);   /* after the server: no attach can come any more */
+        p->links = NULL;
+        free(p->plan_part);
         for (uint32_t k = 0; p->parts && k < p->n_parts; k++)
                 pthread_mutex_destroy(&p->parts[k].mu);
         free(p->parts);
@@ -563,6 +856,7 @@ static int run(int argc, char **argv) {
                 {"/psfleet.v1.ParameterServer/Assign", on_assign, &p},
                 {"/psfleet.v1.ParameterServer/Pull", on_pull, &p},
                 {"/psfleet.v1.ParameterServer/GetShardStatus", on_status, &p},
+                {"/psfleet.v1.ParameterServer/AttachSharedMemory", on_attach, &p},
                 {"/psfleet.v1.ParameterServer/Stop", on_stop, &p},
                 {RPC_HEALTH_CHECK, rpc_health_handler, (void *)services},
         };
@@ -610,11 +904,12 @@ static int run(int argc, char **argv) {
                 }
                 if (wd)
                         feed_watchdog(self);
+                links_free(links_take(&p, UINT32_MAX));   /* links whose worker is gone */
                 if (atomic_load(&p.initialized))
-                        notify_status("serving: global_step %llu, %llu pushes, %llu rejected",
+                        notify_status("serving: global_step %llu, %llu pushes, %llu rejected, %u shared-memory link(s)",
                                       (unsigned long long)atomic_load(&p.global_step),
                                       (unsigned long long)atomic_load(&p.pushes),
-                                      (unsigned long long)atomic_load(&p.rejected));
+                                      (unsigned long long)atomic_load(&p.rejected), links_count(&p));
                 else
                         notify_status("uninitialized: waiting for the chief to assign the variables");
         }

@@ -3,11 +3,17 @@
  *
  * The step loop, in train(): batch → forward → backward → push → (next step) fresh values → report.
  * Communication overlaps compute: each layer's gradients are pushed as soon as backward produces them,
- * and the next forward waits for a layer's fresh values only when it reaches that layer. */
+ * and the next forward waits for a layer's fresh values only when it reaches that layer.
+ *
+ * Two ways a push travels: to a psd on another host, through gRPC (a sender and a receiver thread);
+ * to a psd on this host, through shared memory (shmlink.h): the model's blocks live in a segment psd
+ * maps, so psd reads the gradients where backward wrote them and writes the fresh values where
+ * forward reads them, and the compute thread itself pushes and waits. */
 #include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +31,7 @@
 #include "model.h"
 #include "notify.h"
 #include "rpc.h"
+#include "shmlink.h"
 #include "trainer.h"
 #include "util.h"
 #include "wire.h"
@@ -32,6 +39,10 @@
 #include "psfleet/v1/worker.pb-c.h"
 
 enum group_state { G_IDLE, G_QUEUED, G_FLIGHT, G_ARRIVED, G_FAILED };
+
+/* The compute thread spins this long for a shared-memory answer before it sleeps: answers are due
+ * within tens of microseconds once psd has the push. */
+#define LINK_SPIN_US 200
 
 struct group {
         uint32_t shard;
@@ -42,6 +53,8 @@ struct group {
         bool count_step;
         struct wire_in *reply;    /* G_ARRIVED: the fresh values */
         uint32_t unconsumed;      /* parts of the reply not yet copied into the model */
+        bool via_link;            /* G_FLIGHT through shared memory: answer `seq` comes there */
+        uint32_t seq;
         int err;
         char msg[600];
 };
@@ -89,10 +102,16 @@ struct worker {
         int step_err;
         char step_msg[600];
 
+        /* Shared memory with the ps shards on this host (NULL: every push through gRPC). */
+        struct shmlink *link;
+        bool *link_up;            /* (n_shards) this shard's pushes go through the link */
+        bool *link_said;          /* (n_shards) why not was logged once */
+        int32_t *link_pid;        /* (n_shards) its psd's process */
+
         uint64_t local_step, global_step, examples;
-        uint64_t wait_us, push_us;
+        uint64_t wait_us, push_us;  /* time spent waiting for fresh values, and starting pushes */
         uint64_t wd_usec, wd_last;  /* systemd's watchdog interval, and when it was last fed */
-        bool config_error;          /* the device options are wrong: exit 78, restarting cannot help */  /* time spent waiting for fresh values, and starting pushes */
+        bool config_error;          /* the device options are wrong: exit 78, restarting cannot help */
         atomic_bool stop;
         float last_loss;
         double ex_per_s;
@@ -264,6 +283,91 @@ static int pull_all(struct worker *w) {
 
 /* ---- the step's communication ---- */
 
+/* Pushes of `shard` go through gRPC from now on (until link_attach succeeds again). */
+static void link_down(struct worker *w, uint32_t shard) {
+        if (!w->link || !w->link_up[shard])
+                return;
+        w->link_up[shard] = false;
+        shmlink_shard_close(w->link, shard);
+}
+
+/* Asks each shard not linked yet to serve our pushes through shared memory. A shard that cannot (on
+ * another host; an older psd) is told again after the next recovery, and why is logged once. */
+static void link_attach(struct worker *w) {
+        const struct job_layout *L = w->L;
+        if (!w->link)
+                return;
+        uint32_t *index = calloc(w->n_groups + 1, sizeof(uint32_t)), *n = calloc(w->n_groups + 1, sizeof(uint32_t));
+        const uint32_t **parts = calloc(w->n_groups + 1, sizeof(*parts));
+        for (uint32_t s = 0; index && n && parts && s < L->n_shards; s++) {
+                if (w->link_up[s])
+                        continue;
+                uint32_t k = 0;
+                for (uint32_t i = 0; i < w->n_groups; i++)
+                        if (w->groups[i].shard == s) {
+                                index[k] = i;
+                                parts[k] = w->groups[i].parts;
+                                n[k++] = w->groups[i].n_parts;
+                        }
+                uint32_t gen = shmlink_shard_open(w->link, s);
+                int32_t pid = 0;
+                char err[800];
+                int r = ps_client_attach_shm(w->pc, s, w->index, shmlink_name(w->link), shmlink_nonce(w->link), gen, k,
+                                             index, parts, n, &pid, err, sizeof(err));
+                if (r == 0 && (pid <= 0 || (kill(pid, 0) < 0 && errno == ESRCH)))
+                        r = errf(err, sizeof(err), -ESRCH, "ps:%u's process %d is not visible from here (another PID namespace?)",
+                                 s, (int)pid);
+                if (r < 0) {
+                        shmlink_shard_close(w->link, s);
+                        if (!w->link_said[s])
+                                log_info("ps:%u: pushing through gRPC: %s", s, err);
+                        w->link_said[s] = true;
+                        continue;
+                }
+                w->link_up[s] = true;
+                w->link_pid[s] = pid;
+                w->link_said[s] = false;
+                log_info("ps:%u is on this host: pushing through shared memory (%u group(s))", s, k);
+        }
+        free(index);
+        free(n);
+        free(parts);
+}
+
+/* Waits for the answer to group gi's shared-memory push (its values are then in the model) and makes
+ * the group idle. A refusal or a lost psd becomes the step's error; a lost psd also takes the link
+ * down. Compute thread only. */
+static void link_settle(struct worker *w, uint32_t gi) {
+        struct group *g = &w->groups[gi];
+        uint64_t gs = 0;
+        char err[500];
+        int r = -ECONNRESET;
+        if (w->link_up[g->shard])
+                r = shmlink_wait(w->link, gi, g->seq, w->link_pid[g->shard], LINK_SPIN_US, w->cfg->rpc.deadline_ms * 1000,
+                                 &gs, err, sizeof(err));
+        else
+                snprintf(err, sizeof(err), "the shared-memory link is down");
+        pthread_mutex_lock(&w->mu);
+        if (r == 0 && g->shard == 0 && gs > w->global_step)
+                w->global_step = gs;
+        if (g->count_step) {
+                g->count_step = false;
+                w->count_inflight--;
+        }
+        g->state = G_IDLE;
+        g->via_link = false;
+        pthread_cond_broadcast(&w->cond);
+        pthread_mutex_unlock(&w->mu);
+        if (r < 0) {
+                if (!w->step_err) {
+                        w->step_err = r;
+                        snprintf(w->step_msg, sizeof(w->step_msg), "ps:%u through shared memory: %s", g->shard, err);
+                }
+                if (r == -ETIMEDOUT || r == -ECONNRESET || r == -EPROTO)
+                        link_down(w, g->shard);
+        }
+}
+
 static void *sender_main(void *arg) {
         struct worker *w = arg;
         pthread_mutex_lock(&w->mu);
@@ -343,6 +447,12 @@ static int before_block(void *ud, uint32_t var, uint32_t block) {
                 uint32_t part = w->cb_parts[w->cb_first[slot] + i];
                 struct group *g = &w->groups[w->part_group[part]];
                 uint64_t t0 = mono_us();
+                if (g->via_link) {
+                        /* psd wrote the values into the model already: wait for its answer only */
+                        link_settle(w, w->part_group[part]);
+                        w->wait_us += mono_us() - t0;
+                        continue;
+                }
                 pthread_mutex_lock(&w->mu);
                 while (g->state == G_QUEUED || g->state == G_FLIGHT)
                         pthread_cond_wait(&w->cond, &w->mu);   /* bounded: every push has a deadline */
@@ -383,17 +493,23 @@ static int after_block(void *ud, uint32_t var, uint32_t block) {
                 if (--g->remaining > 0)
                         continue;
                 g->remaining = g->n_parts;
+                bool link = w->link && w->link_up[g->shard];
                 pthread_mutex_lock(&w->mu);
-                g->state = G_QUEUED;
+                g->state = link ? G_FLIGHT : G_QUEUED;
+                g->via_link = link;
                 /* the first push to shard 0 of a step counts it in global_step */
                 g->count_step = g->shard == 0 && !w->counted;
                 if (g->count_step) {
                         w->counted = true;
                         w->count_inflight++;
                 }
-                w->queue[(w->q_head + w->q_len++) % w->n_groups] = gi;
-                pthread_cond_signal(&w->send_cond);
+                if (!link) {
+                        w->queue[(w->q_head + w->q_len++) % w->n_groups] = gi;
+                        pthread_cond_signal(&w->send_cond);
+                }
                 pthread_mutex_unlock(&w->mu);
+                if (link)
+                        g->seq = shmlink_push(w->link, gi, g->shard, w->local_step, g->count_step);
         }
         w->push_us += mono_us() - t0;
         return 0;
@@ -401,6 +517,9 @@ static int after_block(void *ud, uint32_t var, uint32_t block) {
 
 /* Waits for every push in flight and drops the values they bring. */
 static void drain(struct worker *w) {
+        for (uint32_t i = 0; i < w->n_groups; i++)
+                if (w->groups[i].via_link)
+                        link_settle(w, i);
         pthread_mutex_lock(&w->mu);
         for (uint32_t i = 0; i < w->n_groups; i++) {
                 struct group *g = &w->groups[i];
@@ -506,6 +625,7 @@ static int train(struct worker *w) {
                                 comm_stop(w);
                                 return r;
                         }
+                        link_attach(w);
                         continue;
                 }
                 if (w->loss_log)
@@ -625,6 +745,31 @@ out:
         return r;
 }
 
+/* The model's blocks move into a shared-memory segment that psd shards on this host can map. Without
+ * one (no /dev/shm, several local GPUs), every push goes through gRPC. */
+static void link_setup(struct worker *w) {
+        const struct job_layout *L = w->L;
+        char err[600];
+        int r;
+        if (w->rep) {
+                log_info("pushing through gRPC only: shared memory is not used with several local GPUs");
+                return;
+        }
+        w->link_up = calloc(L->n_shards, sizeof(bool));
+        w->link_said = calloc(L->n_shards, sizeof(bool));
+        w->link_pid = calloc(L->n_shards, sizeof(int32_t));
+        if (!w->link_up || !w->link_said || !w->link_pid) {
+                r = errf(err, sizeof(err), -ENOMEM, "out of memory");
+        } else if ((r = shmlink_create(w->cfg->name, w->index, L->fingerprint, L->n_params, L->n_shards, w->n_groups,
+                                       &w->link, err, sizeof(err))) == 0 &&
+                   (r = model_use_host_blocks(w->m, shmlink_params(w->link), shmlink_grads(w->link))) < 0) {
+                snprintf(err, sizeof(err), "cannot move the model into it: %s", strerror(-r));
+                w->link = shmlink_free(w->link);
+        }
+        if (r < 0)
+                log_notice("no shared memory for ps shards on this host (%s): pushing through gRPC only", err);
+}
+
 static int build(struct worker *w) {
         const struct job_config *cfg = w->cfg;
         char err[1024];
@@ -697,6 +842,10 @@ static int build(struct worker *w) {
                 return log_error_errno(ENOMEM, "out of memory");
         if ((r = comm_layout(w)) < 0)
                 return log_error_errno(r, "cannot lay out the pushes");
+        if (cfg->rpc.shared_memory)
+                link_setup(w);
+        else
+                log_info("rpc.shared_memory is off: pushing through gRPC only");
         if (w->args.loss_log) {
                 w->loss_log = fopen(w->args.loss_log, "we");
                 if (!w->loss_log)
@@ -733,6 +882,10 @@ static void done(struct worker *w) {
                 model_free(w->m);
                 backend_free(w->be);
         }
+        shmlink_free(w->link);   /* after the model, whose blocks it held */
+        free(w->link_up);
+        free(w->link_said);
+        free(w->link_pid);
         free(w->x);
         free(w->y);
         if (w->loss_log)
@@ -790,6 +943,7 @@ static int run(int argc, char **argv) {
         }
         if (r < 0 || (r = pull_all(&w)) < 0)
                 goto out;
+        link_attach(&w);
         if (w.global_step > 0) {
                 /* a resumed job: carry on in the data where this worker's share of the steps left it */
                 uint64_t skip = w.global_step / w.n_workers * w.cfg->training.batch_size;

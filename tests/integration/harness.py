@@ -91,7 +91,7 @@ def load_example():
         return json.load(f)
 
 
-def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None, ps=None, base=None):
+def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None, ps=None, base=None, rpc=None):
     """Writes a job file with a fresh loopback cluster; returns (path, job dict)."""
     job = json.loads(json.dumps(base)) if base else load_example()
     ports = free_ports(1 + n_ps + n_workers)
@@ -106,6 +106,8 @@ def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None
         job["model"] = model
     if ps:
         job.setdefault("ps", {}).update(ps)
+    if rpc:
+        job.setdefault("rpc", {}).update(rpc)
     path = wd.file(name)
     with open(path, "w") as f:
         json.dump(job, f, indent=2)

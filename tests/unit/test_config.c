@@ -85,7 +85,7 @@ static const char *full_json =
         "                 'save_checkpoint_secs': 0, 'keep_checkpoints': 3, 'save_summaries_secs': 5,\n"
         "                 'eval_every_steps': 1000, 'ready_timeout_secs': 60},\n"
         "  'ps': {'split_bytes': 8192},\n"
-        "  'rpc': {'deadline_ms': 5000},\n"
+        "  'rpc': {'deadline_ms': 5000, 'shared_memory': false},\n"
         "  'device': {'device': 'gpu:0,1', 'gpu_memory_fraction': 0.5, 'allow_growth': true,\n"
         "             'log_device_placement': true}\n"
         "}\n";
@@ -176,6 +176,7 @@ static void test_full_file(void **state) {
         assert_int_equal(c->supervisor.ready_timeout_secs, 60);
         assert_int_equal(c->ps.split_bytes, 8192);
         assert_int_equal(c->rpc.deadline_ms, 5000);
+        assert_false(c->rpc.shared_memory);
         assert_string_equal(c->device.device, "gpu:0,1");
         assert_true(c->device.gpu_memory_fraction == 0.5);
         assert_true(c->device.allow_growth);
@@ -237,6 +238,7 @@ static void test_defaults(void **state) {
         assert_int_equal(c->supervisor.ready_timeout_secs, 600);
         assert_int_equal(c->ps.split_bytes, 262144);
         assert_int_equal(c->rpc.deadline_ms, 30000);
+        assert_true(c->rpc.shared_memory);
         assert_string_equal(c->device.device, "auto");
         assert_true(c->device.gpu_memory_fraction == 1.0);
         assert_false(c->device.allow_growth);
@@ -302,6 +304,8 @@ static const struct bad_case bad_cases[] = {
         { "{" BASE ", 'supervisor': {'ready_timeout_secs': 86401}}",
           "supervisor.ready_timeout_secs: 86401 is out of range [1, 86400]" },
         { "{" BASE ", 'rpc': {'deadline_ms': 3600001}}", "rpc.deadline_ms: 3600001 is out of range [1, 3600000]" },
+        { "{" BASE ", 'rpc': {'shared_memory': 1}}",
+          "rpc.shared_memory: expected a boolean (true or false), got integer 1" },
         { "{" BASE ", 'ps': {'split_bytes': 1024}}",
           "ps.split_bytes: 1024 is out of range [4096, 9223372036854775807]" },
         { "{" BASE ", 'data': {'dir': ''}}", "data.dir: must not be empty" },

@@ -553,16 +553,19 @@ static int before_cb(void *ud, uint32_t var, uint32_t block)
         return blk_record(l, var, block);
 }
 
-/* Snapshots the block's gradient, then poisons it: a later write would leave no NaN behind. */
+/* Snapshots the block's gradient, then poisons it: a later write would leave no NaN behind. Poisons
+ * the block's parameters too: the pass must not read them after this callback (a worker's ps may
+ * overwrite them with fresh values from here on), so a later read would spread NaN into the
+ * gradients still to come. */
 static int after_cb(void *ud, uint32_t var, uint32_t block)
 {
         struct blk_log *l = ud;
-        float *g = model_grads(l->m);
+        float *g = model_grads(l->m), *p = model_params(l->m);
         size_t b0, b1;
         rows_of(l->m, var, block, &b0, &b1);
         memcpy(l->snap + b0, g + b0, sizeof(float) * (b1 - b0));
         for (size_t i = b0; i < b1; i++)
-                g[i] = NAN;
+                g[i] = p[i] = NAN;
         return blk_record(l, var, block);
 }
 
@@ -623,6 +626,54 @@ static void test_block_callbacks(void **state)
 static void test_block_callbacks_device(void **state)
 {
         check_block_callbacks(fake_device());
+}
+
+/* The host blocks moved into memory of the caller's: same values, same results, left alone by
+ * model_free. */
+static void check_use_host_blocks(struct backend *b)
+{
+        const uint32_t B = 4;
+        struct model *ref = mlp_new(be, true, B), *m = mlp_new(b, true, B);
+        size_t n = model_n_params(m);
+        float *mem = aligned_alloc(64, (2 * n * sizeof(float) + 63) / 64 * 64 + 64);
+        float *params = mem, *grads = mem + (n + 15) / 16 * 16;
+        assert_int_equal(model_use_host_blocks(m, params + 1, grads), -EINVAL);     /* misaligned */
+        assert_int_equal(model_use_host_blocks(m, params, params + 16), -EINVAL);   /* overlapping */
+        assert_int_equal(model_use_host_blocks(m, params, grads), 0);
+        assert_ptr_equal(model_params(m), params);
+        assert_ptr_equal(model_grads(m), grads);
+        assert_memory_equal(params, model_params(ref), sizeof(float) * n);
+        assert_int_equal(model_use_host_blocks(m, params, grads), -EINVAL);         /* once */
+        float x[4 * 20];
+        uint8_t y[4];
+        struct rng r;
+        rng_init(&r, 9, 1);
+        random_batch(&r, x, sizeof(x) / sizeof(x[0]), y, B, 5);
+        float lref, loss;
+        assert_int_equal(model_forward(ref, x, y, B, &lref, NULL), 0);
+        assert_int_equal(model_backward(ref, NULL, NULL), 0);
+        assert_int_equal(model_forward(m, x, y, B, &loss, NULL), 0);
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        assert_memory_equal(&loss, &lref, sizeof(float));
+        assert_memory_equal(grads, model_grads(ref), sizeof(float) * n);
+        /* new values written into the caller's block reach the passes after a sync */
+        params[0] += 1.0f;
+        assert_int_equal(model_params_sync(m), 0);
+        assert_int_equal(model_forward(m, x, y, B, &loss, NULL), 0);
+        assert_true(memcmp(&loss, &lref, sizeof(float)) != 0);
+        model_free(m);        /* must not free mem: ASan would report the free below */
+        model_free(ref);
+        free(mem);
+}
+
+static void test_use_host_blocks(void **state)
+{
+        check_use_host_blocks(be);
+}
+
+static void test_use_host_blocks_device(void **state)
+{
+        check_use_host_blocks(fake_device());
 }
 
 static void test_block_callbacks_stop(void **state)
@@ -710,6 +761,8 @@ int main(void)
                 cmocka_unit_test(test_block_callbacks),
                 cmocka_unit_test(test_block_callbacks_device),
                 cmocka_unit_test(test_block_callbacks_stop),
+                cmocka_unit_test(test_use_host_blocks),
+                cmocka_unit_test(test_use_host_blocks_device),
                 cmocka_unit_test(test_block_bad_specs),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

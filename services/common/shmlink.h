@@ -1,0 +1,119 @@
+/* The shared-memory link between a workerd and the psd shards on its host: tensors move through
+ * memory both processes map, instead of through loopback gRPC.
+ *
+ * The worker owns one segment (POSIX shared memory, "/psfleet-JOB-workerK-PID-N", mode 0600): its
+ * model's parameter block and gradient block, and a control area. A psd on the same host maps it
+ * when the worker asks (ParameterServer/AttachSharedMemory, a gRPC call that also proves both are on
+ * one host: psd must open the segment and find the nonce the call carries), and from then on serves
+ * that worker's pushes straight out of it: it reads the gradients where backward wrote them and
+ * writes the fresh values where forward reads them. A push is then a sequence number in memory and,
+ * only when the other side sleeps, one futex wake-up.
+ *
+ * A push group is a fixed set of parts of one shard (agreed when attaching). Per group:
+ *   worker  shmlink_push():  the group's gradients are final in the block; push_seq = seq
+ *   psd     shmlink_next():  sees the new seq; copies the gradients out, checks them, applies them,
+ *                            writes the values into the parameter block
+ *           shmlink_reply(): status, global_step and message; done_seq = seq
+ *   worker  shmlink_wait():  before reading the group's values again.
+ * Between push and the end of wait the worker neither writes the group's gradients nor reads its
+ * values; psd touches a group's ranges only while serving its push.
+ *
+ * Trust: psd treats everything in the segment as untrusted input. The layout is checked once when it
+ * opens it, no offset is ever read from the segment afterwards (the groups come from the attach
+ * call), and gradients are copied out before they are checked.
+ *
+ * Each side's functions are for one thread at a time per group (worker) or per shard (psd); the two
+ * sides run concurrently. Errors are -errno; functions with (err, errlen) also say why there. */
+#pragma once
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SHMLINK_NONCE 16
+#define SHMLINK_MSG 384          /* bytes of a reply's message, NUL included */
+#define SHMLINK_MAX_SHARDS 1024
+#define SHMLINK_MAX_GROUPS 65536
+
+struct shmlink;
+
+/* ---- the worker's side ---- */
+
+/* Creates and maps a new segment for worker `worker` of `job` with n_params floats in each block,
+ * n_shards shards and n_groups push groups; the blocks start zeroed, page-aligned. Also removes
+ * segments of this job and worker index left behind by processes that no longer run. Returns
+ * -errno (e.g. -EACCES, -ENOSPC when /dev/shm is full) with the reason in err. */
+int shmlink_create(const char *job, uint32_t worker, uint64_t fingerprint, size_t n_params, uint32_t n_shards,
+                   uint32_t n_groups, struct shmlink **ret, char *err, size_t errlen);
+
+/* The segment's name for shm_open ("/psfleet-..."), and the nonce a psd must find in it. */
+const char *shmlink_name(const struct shmlink *l);
+const uint8_t *shmlink_nonce(const struct shmlink *l);
+
+/* Starts a new generation of the link to `shard` and returns it: a psd still serving an older
+ * generation stops. The worker sends the new generation when it attaches. */
+uint32_t shmlink_shard_open(struct shmlink *l, uint32_t shard);
+/* Ends the link to `shard` (the psd serving it stops at its next look). */
+void shmlink_shard_close(struct shmlink *l, uint32_t shard);
+
+/* Group g's gradients (of `shard`) are in the gradient block: hands them to psd. Returns the push's
+ * sequence number, to wait for. */
+uint32_t shmlink_push(struct shmlink *l, uint32_t g, uint32_t shard, uint64_t local_step, bool count_step);
+/* True when push `seq` of group g has been answered. */
+bool shmlink_answered(const struct shmlink *l, uint32_t g, uint32_t seq);
+/* Waits until push `seq` of group g is answered: returns 0 (*global_step_ret: shard 0's after the
+ * push, else 0), or psd's refusal (-EINVAL, -EAGAIN, ...) with psd's message. Spins up to spin_us,
+ * then sleeps. While waiting, checks every 20 ms that process psd_pid still exists: -ECONNRESET when it
+ * does not; -ETIMEDOUT after timeout_us. */
+int shmlink_wait(struct shmlink *l, uint32_t g, uint32_t seq, pid_t psd_pid, uint64_t spin_us, uint64_t timeout_us,
+                 uint64_t *global_step_ret, char *err, size_t errlen);
+
+/* ---- psd's side ---- */
+
+/* Maps the worker's segment `name` for serving `shard` at generation gen, after checking it: the
+ * nonce, the fingerprint and the block size must be these, the shard and generation must exist,
+ * the layout must fit the file. Records this process as the shard's server. -ENOENT when there is no
+ * such segment (the worker is on another host), -EPROTO for a segment that does not match, with
+ * the reason in err. */
+int shmlink_open(const char *name, const uint8_t nonce[SHMLINK_NONCE], uint64_t fingerprint, size_t n_params,
+                 uint32_t shard, uint32_t gen, struct shmlink **ret, char *err, size_t errlen);
+uint32_t shmlink_n_groups(const struct shmlink *l);
+pid_t shmlink_worker_pid(const struct shmlink *l);
+uint32_t shmlink_worker(const struct shmlink *l);
+/* False once the worker's process no longer exists (it died without closing the segment). */
+bool shmlink_worker_alive(const struct shmlink *l);
+
+/* One push to serve. */
+struct shmlink_push {
+        uint32_t index;          /* into the groups[] passed to shmlink_next */
+        uint32_t seq;
+        uint64_t local_step;
+        bool count_step;
+};
+
+/* Records in last[] (n entries) the pushes of groups[0..n) (group indices of the segment, <
+ * shmlink_n_groups) made so far: they belong to an earlier link and are never served. Call it before
+ * the attach is acknowledged, then pass last[] to every shmlink_next. */
+void shmlink_mark(struct shmlink *l, const uint32_t *groups, uint32_t n, uint32_t *last);
+/* Waits for the next push to the shard this link was opened for, among groups[0..n); last[] keeps
+ * which push of each was served. Spins up to spin_us, then sleeps up to timeout_ms. Returns 1 with
+ * *ret, 0 on timeout, -ESHUTDOWN when the worker ended this generation or closed the segment, or
+ * when *stop is set (see shmlink_kick). */
+int shmlink_next(struct shmlink *l, const uint32_t *groups, uint32_t n, uint32_t *last, uint64_t spin_us,
+                 uint64_t timeout_ms, const atomic_bool *stop, struct shmlink_push *ret);
+/* Answers push `seq` of group g: status 0 or -errno, the message (NULL: none), global_step. */
+void shmlink_reply(struct shmlink *l, uint32_t g, uint32_t seq, int status, uint64_t global_step, const char *msg);
+/* Wakes a thread sleeping in shmlink_next on this link, so it sees its stop flag. */
+void shmlink_kick(struct shmlink *l);
+
+/* ---- both ---- */
+
+/* The parameter and gradient blocks, (n_params) floats each, page-aligned. */
+float *shmlink_params(struct shmlink *l);
+float *shmlink_grads(struct shmlink *l);
+size_t shmlink_n_params(const struct shmlink *l);
+
+/* Unmaps. The worker's side also marks the segment closed (every psd serving it stops), and removes
+ * its name. NULL-safe; returns NULL. */
+struct shmlink *shmlink_free(struct shmlink *l);
