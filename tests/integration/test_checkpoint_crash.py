@@ -222,6 +222,9 @@ def test():
     wait_for("the second restore", lambda: chief.stderr().count("Restored ps:0 from checkpoint") == 2, 30, [ps, chief])
     wait_for("training after it", lambda: h.job_status(chief_addr).global_step > gs + 50, 60, [ps, chief, worker])
     assert "re-reading the parameters" in worker.stderr(), worker.stderr()[-2000:]
+    # on one host the worker pushed through shared memory: it saw psd's process go, and linked the new one
+    assert "through shared memory: the ps process" in worker.stderr(), worker.stderr()[-2000:]
+    assert worker.stderr().count("ps:0 is on this host: pushing through shared memory") == 2, worker.stderr()[-2000:]
     h.log("worker carried on after the second restore")
     sup.Stop(s.ps_pb2.StopRequest(reason="test done"), timeout=5)
     assert chief.wait(60) == 0, chief.stderr()[-3000:]

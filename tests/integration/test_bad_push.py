@@ -1,0 +1,116 @@
+"""psd refuses bad pushes and changes nothing: through gRPC (a Python client) a NaN or Inf gradient, a
+wrong shape, a wrong dtype, a short payload, an unknown variable and a wrong fingerprint each get
+INVALID_ARGUMENT (FAILED_PRECONDITION for the fingerprint) with a message naming the tensor; through
+shared memory (tests/integration/shm_client.c) bad attach requests and a NaN gradient are refused too,
+and good pushes put psd's fresh values into the worker's segment. The variables are unchanged by
+every refusal (Pull before and after) and GetShardStatus counts each one."""
+import os
+import struct
+
+import harness as h
+
+SHM_CLIENT = os.path.join(h.BUILD_DIR, "tests", "integration", "shm_client")
+
+
+def test():
+    h.require("psd", "chiefd")
+    if not os.access(SHM_CLIENT, os.X_OK):
+        h.skip("shm_client not built (%s)" % SHM_CLIENT)
+    s = h.stubs()
+    import grpc
+    wd = h.Workdir()
+    job, spec = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": 100})
+    chief_addr, ps_addr = spec["cluster"]["chief"][0], spec["cluster"]["ps"][0]
+    chief = h.daemon(wd, "chiefd", job)
+    ps = h.daemon(wd, "psd", job, 0)
+    h.wait_healthy(ps_addr, ps)
+    st = h.wait_state(chief_addr, "READY", 30, [chief, ps])
+    fp = st.fingerprint
+    caller = s.tensor_pb2.Caller(fingerprint=fp, task="worker:0")
+    F32 = s.tensor_pb2.DTYPE_FLOAT32
+
+    with h.channel(ps_addr) as ch:
+        stub = s.ps_pb2_grpc.ParameterServerStub(ch)
+
+        def pull():
+            r = stub.Pull(s.ps_pb2.PullRequest(header=s.ps_pb2.PullHeader(caller=caller, with_slots=True)), timeout=5)
+            return {(t.name, t.row_offset): t.data for t in r.tensors}, r.header.global_step
+
+        def status():
+            return stub.GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=5)
+
+        def tensor(name, rows, cols, values=None, dtype=F32, row_offset=0, data=None):
+            if data is None:
+                vals = values if values is not None else [0.01] * (rows * cols)
+                data = struct.pack("<%df" % len(vals), *vals)
+            return s.tensor_pb2.Tensor(name=name, dtype=dtype, shape=[rows, cols], row_offset=row_offset, data=data)
+
+        def push(grads, who=caller):
+            hdr = s.ps_pb2.PushHeader(caller=who, worker=0, local_step=1, want_values=True, count_step=True)
+            return stub.Push(s.ps_pb2.PushRequest(header=hdr, grads=grads), timeout=5)
+
+        before, gs0 = pull()
+        rejected0 = status().rejected
+        good_bias = tensor("dense3/bias", 1, 10)
+        nan = float("nan")
+        cases = [
+            ("NaN", [good_bias, tensor("dense2/bias", 1, 64, [0.0] * 63 + [nan])],
+             grpc.StatusCode.INVALID_ARGUMENT, 'gradient "dense2/bias" from worker:0 contains NaN or Inf'),
+            ("Inf", [tensor("dense0/kernel", 196, 256, [float("inf")] + [0.0] * (196 * 256 - 1), row_offset=196)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'gradient "dense0/kernel" from worker:0 contains NaN or Inf'),
+            ("shape", [tensor("dense3/bias", 1, 9)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense3/bias": shape (1, 9), expected (1, 10)'),
+            ("dtype", [tensor("dense3/bias", 1, 10, dtype=s.tensor_pb2.DTYPE_INT64, data=b"\0" * 80)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense3/bias": dtype 2, expected float32'),
+            ("size", [tensor("dense3/bias", 1, 10, data=b"\0" * 36)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense3/bias": 36 data bytes do not match shape'),
+            ("unknown", [good_bias, tensor("dense9/kernel", 2, 2)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense9/kernel" rows from 0: no such variable on ps:0'),
+            ("rows", [tensor("dense0/kernel", 196, 256, row_offset=100)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense0/kernel" rows from 100: no such variable on ps:0'),
+            ("twice", [good_bias, good_bias],
+             grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense3/bias" appears twice in one push'),
+            ("fingerprint", [good_bias], grpc.StatusCode.FAILED_PRECONDITION, "job fingerprint"),
+        ]
+        for what, grads, code, msg in cases:
+            who = s.tensor_pb2.Caller(fingerprint=fp ^ 1, task="worker:0") if what == "fingerprint" else caller
+            try:
+                push(grads, who)
+                raise AssertionError("%s: push accepted" % what)
+            except grpc.RpcError as e:
+                h.log("%-11s %s: %s" % (what, e.code().name, e.details()))
+                assert e.code() == code, (what, e.code(), e.details())
+                assert msg in e.details(), (what, e.details())
+        after, gs1 = pull()
+        assert after == before and gs1 == gs0, "a refused push changed the shard"
+        st = status()
+        assert st.rejected == rejected0 + len(cases), (st.rejected, rejected0, len(cases))
+        assert msg in st.last_error, st.last_error
+
+        # A good push is applied and answered with the fresh values.
+        rep = push([good_bias])
+        assert rep.header.global_step == gs0 + 1, rep.header
+        assert [t.name for t in rep.values] == ["dense3/bias"], rep.values
+        now, _ = pull()
+        assert now[("dense3/bias", 0)] == rep.values[0].data != before[("dense3/bias", 0)]
+
+        # Shared memory: the C client plays a worker on this host.
+        rejected1 = status().rejected
+        cli = h.Proc(wd, "shm_client", [SHM_CLIENT, job])
+        assert cli.wait(60) == 0, cli.stderr()
+        h.log("shm_client:", cli.stderr().strip().replace("\n", "; "))
+        assert "ok: 11 groups pushed through shared memory" in cli.stderr(), cli.stderr()
+        st = status()
+        # refused: three attach requests (wrong groups, twice), the NaN push; the nonce and the missing
+        # segment are not the job's fault, so they are not counted
+        assert st.rejected == rejected1 + 3, (st.rejected, rejected1)
+        assert "NaN or Inf" in st.last_error, st.last_error
+    ps.kill()
+    chief.kill()
+    assert ps.wait(15) == 0, ps.stderr()
+    # the link ended with the client's exit; psd said so
+    assert "shared-memory link ended" in ps.stderr(), ps.stderr()[-2000:]
+
+
+if __name__ == "__main__":
+    h.main(test)
