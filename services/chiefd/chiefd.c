@@ -957,8 +957,9 @@ static uint32_t probe_shards(struct chief *c, uint32_t *n_init, char *why, size_
                         if (st->initialized)
                                 strfmt(pi->state, sizeof(pi->state),
                                          "initialized: %u variables, %" PRIu64 " bytes, %" PRIu64
-                                         " pushes, %" PRIu64 " rejected",
-                                         st->variables, st->bytes, st->pushes, st->rejected);
+                                         " pushes, %" PRIu64 " rejected, %u shared-memory link(s)",
+                                         st->variables, st->bytes, st->pushes, st->rejected,
+                                         st->shared_memory_links);
                         else
                                 strfmt(pi->state, sizeof(pi->state), "uninitialized");
                         n_ok++;

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Training benchmark: examples/s of the demo model for --standalone, 1 ps + 1 worker and 1 ps + 2
 workers, with the same batch and thread count, measured side by side in one run, with the CPU each run
-used; the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
+used. The distributed modes run as a job on one host runs: tensors between workerd and psd through
+shared memory (rpc.shared_memory, the default); the "-grpc" modes run the same jobs with it off, every
+tensor through loopback gRPC, as between hosts. Also the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
 Debian's python3-torch is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same
 model and batch.
 
@@ -9,7 +11,7 @@ Prints one JSON line per measurement. Usage:
   tests/bench/bench_train.py [--build build] [--job examples/fmnist-mlp.json] [--steps 3000] [--rounds 2]
                              [--no-anchor]
 """
-import argparse, json, os, subprocess, sys
+import argparse, json, os, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -70,18 +72,29 @@ def main():
     sg = subprocess.run([os.path.join(a.build, "tests", "bench", "bench_sgemm")], capture_output=True, text=True)
     sgemm = {j["threads"]: j["gflops"] for j in map(json.loads, sg.stdout.split("\n")[:-1])}
 
-    modes = [("standalone", ["--standalone"]), ("1ps+1worker", ["--ps", "1", "--workers", "1"]),
-             ("1ps+2workers", ["--ps", "1", "--workers", "2"])]
+    # the same job with every tensor through gRPC
+    grpc_job = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-grpc-", delete=False)
+    gj = json.load(open(a.job))
+    gj.setdefault("rpc", {})["shared_memory"] = False
+    gj.setdefault("job", os.path.splitext(os.path.basename(a.job))[0])
+    json.dump(gj, grpc_job)
+    grpc_job.close()
+    modes = [("standalone", a.job, ["--standalone"]), ("1ps+1worker", a.job, ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers", a.job, ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-grpc", grpc_job.name, ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers-grpc", grpc_job.name, ["--ps", "1", "--workers", "2"])]
     best = {}
     for _ in range(a.rounds):  # interleaved rounds, best of each: the machine is shared and noisy
-        for name, extra in modes:
-            r = run([psfleet, "local", a.job, "--quiet", "--max-steps", str(a.steps)] + extra)
+        for name, jobfile, extra in modes:
+            r = run([psfleet, "local", jobfile, "--quiet", "--max-steps", str(a.steps)] + extra)
             if name not in best or r["examples_per_s"] > best[name]["examples_per_s"]:
                 best[name] = r
     sa = best["standalone"]["examples_per_s"]
-    for name, _ in modes:
+    os.unlink(grpc_job.name)
+    for name, _, _ in modes:
         r = best[name]
-        line = {"mode": name, "batch": batch, "threads": threads, "steps": a.steps,
+        line = {"mode": name, "transport": "none" if name == "standalone" else
+                ("grpc" if name.endswith("-grpc") else "shared memory"), "batch": batch, "threads": threads, "steps": a.steps,
                 "examples_per_s": round(r["examples_per_s"], 1), "ratio_to_standalone": round(r["examples_per_s"] / sa, 3),
                 "test_accuracy": r.get("test_accuracy"),
                 # CPU of every process of the run (start-up and the final evaluation included) per step,
@@ -119,7 +132,9 @@ def main():
                           "examples_per_s": r["examples_per_s"]}), flush=True)
     top = max(anchors.values())
     print(json.dumps({"standalone_vs_best_pytorch": round(sa / top, 3),
-                      "distributed_1ps_1worker_vs_standalone": best["1ps+1worker"]["examples_per_s"] / sa}))
+                      "distributed_1ps_1worker_vs_standalone": round(best["1ps+1worker"]["examples_per_s"] / sa, 3),
+                      "distributed_1ps_1worker_grpc_vs_standalone":
+                          round(best["1ps+1worker-grpc"]["examples_per_s"] / sa, 3)}))
 
 
 if __name__ == "__main__":
