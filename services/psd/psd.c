@@ -32,9 +32,11 @@
 #include "psfleet/v1/ps.pb-c.h"
 
 #define PSD_BOUNCE 4096   /* floats: gradients stream through this much stack, in cache */
-/* A link's thread spins this long for the next push before it sleeps: a worker's pushes of one step
- * come a few tens of microseconds apart, and a futex wake-up costs about as much on a VM. */
-#define LINK_SPIN_US 100
+/* How long a link's thread spins for the next push before it sleeps: not at all. Its core is the one a
+ * second worker on this host computes on; spinning there for 100 µs after each push cost 1 ps + 2
+ * workers a third of its examples/s on two cores, while the one wake-up per push it saves did not show
+ * with one worker (docs/performance.md). */
+#define LINK_SPIN_US 0
 
 struct part {
         uint32_t var;
