@@ -11,7 +11,6 @@
  * or the sleeper sees the new word (and futex_wait itself refuses to sleep on a changed word). */
 #include "shmlink.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -78,6 +77,7 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "atomics shared between processes must
 
 struct shmlink {
         bool owner;                /* the worker's side */
+        int fd;                    /* the worker's: the memfd, or -1 */
         char name[128];
         void *base;
         size_t size;
@@ -149,36 +149,6 @@ static void point(struct shmlink *l, const struct shm_header *h) {
         l->grads = (float *)(b + h->grads_off);
 }
 
-/* Removes /dev/shm/psfleet-JOB-workerK-PID-N segments whose PID no longer runs. Best effort. */
-static void unlink_stale(const char *job, uint32_t worker) {
-        char prefix[128];
-        int n = snprintf(prefix, sizeof(prefix), "psfleet-%s-worker%u-", job, worker);
-        DIR *d = opendir("/dev/shm");
-        if (!d || n <= 0 || (size_t)n >= sizeof(prefix)) {
-                if (d)
-                        closedir(d);
-                return;
-        }
-        struct dirent *e;
-        while ((e = readdir(d))) {
-                if (strncmp(e->d_name, prefix, (size_t)n) != 0)
-                        continue;
-                char pidbuf[16];
-                size_t k = strcspn(e->d_name + n, "-");
-                uint64_t pid;
-                if (k == 0 || k >= sizeof(pidbuf))
-                        continue;
-                memcpy(pidbuf, e->d_name + n, k);
-                pidbuf[k] = 0;
-                if (parse_u64(pidbuf, 1, INT32_MAX, &pid) < 0 || !process_gone((pid_t)pid))
-                        continue;
-                char name[300];
-                snprintf(name, sizeof(name), "/%s", e->d_name);
-                shm_unlink(name);
-        }
-        closedir(d);
-}
-
 int shmlink_create(const char *job, uint32_t worker, uint64_t fingerprint, size_t n_params, uint32_t n_shards,
                    uint32_t n_groups, struct shmlink **ret, char *err, size_t errlen) {
         if (!job || n_shards == 0 || n_shards > SHMLINK_MAX_SHARDS || n_groups > SHMLINK_MAX_GROUPS ||
@@ -188,45 +158,43 @@ int shmlink_create(const char *job, uint32_t worker, uint64_t fingerprint, size_
         if (!l)
                 return errf(err, errlen, -ENOMEM, "out of memory");
         l->owner = true;
+        l->fd = -1;
         l->seq = calloc(n_groups ? n_groups : 1, sizeof(uint32_t));
-        static atomic_uint serial;
-        int n = snprintf(l->name, sizeof(l->name), "/psfleet-%s-worker%u-%d-%u", job, worker, (int)getpid(),
-                         atomic_fetch_add(&serial, 1));
         int r;
         if (!l->seq) {
                 r = errf(err, errlen, -ENOMEM, "out of memory");
                 goto fail;
         }
-        if (n <= 0 || (size_t)n >= sizeof(l->name) || strchr(l->name + 1, '/')) {
-                r = errf(err, errlen, -EINVAL, "shared memory: job name \"%s\" does not make a segment name", job);
-                goto fail;
-        }
-        unlink_stale(job, worker);
+        char label[128];
+        snprintf(label, sizeof(label), "psfleet-%s-worker%u", job, worker);
         uint64_t so, go, po, gro, size;
         layout(n_shards, n_groups, n_params, &so, &go, &po, &gro, &size);
-        int fd = shm_open(l->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        if (fd < 0) {
-                r = errf(err, errlen, -errno, "cannot create shared memory \"%s\": %s", l->name, strerror(errno));
+        /* A memfd: it has no name anyone could leave behind, it goes with the last process that maps it
+         * however that process ends, and its size is sealed, so a psd mapping it can never fault on a
+         * segment cut short under it. */
+        l->fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (l->fd < 0) {
+                r = errf(err, errlen, -errno, "cannot create shared memory: memfd_create: %s", strerror(errno));
                 goto fail;
         }
-        /* posix_fallocate, not ftruncate alone: a full /dev/shm is an error now, not a SIGBUS later */
-        int fr = ftruncate(fd, (off_t)size) < 0 ? errno : posix_fallocate(fd, 0, (off_t)size);
+        /* posix_fallocate, not ftruncate alone: no memory for it is an error now, not a SIGBUS later */
+        int fr = ftruncate(l->fd, (off_t)size) < 0 ? errno : posix_fallocate(l->fd, 0, (off_t)size);
+        if (fr == 0 && fcntl(l->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+                fr = errno;
         if (fr != 0) {
-                close(fd);
-                shm_unlink(l->name);
-                r = errf(err, errlen, -fr, "cannot size shared memory \"%s\" to %llu bytes: %s", l->name,
-                         (unsigned long long)size, strerror(fr));
+                r = errf(err, errlen, -fr, "cannot make %llu bytes of shared memory: %s", (unsigned long long)size,
+                         strerror(fr));
                 goto fail;
         }
-        l->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        int me = errno;
-        close(fd);
+        l->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, l->fd, 0);
         if (l->base == MAP_FAILED) {
+                int me = errno;
                 l->base = NULL;
-                shm_unlink(l->name);
-                r = errf(err, errlen, -me, "cannot map shared memory \"%s\": %s", l->name, strerror(me));
+                r = errf(err, errlen, -me, "cannot map shared memory: %s", strerror(me));
                 goto fail;
         }
+        /* what a psd on this host opens: our descriptor, through /proc */
+        snprintf(l->name, sizeof(l->name), "/proc/%d/fd/%d", (int)getpid(), l->fd);
         l->size = size;
         struct shm_header *h = l->base;
         memcpy(h->magic, MAGIC, sizeof(h->magic));
@@ -241,7 +209,6 @@ int shmlink_create(const char *job, uint32_t worker, uint64_t fingerprint, size_
         h->shards_off = so, h->groups_off = go, h->params_off = po, h->grads_off = gro, h->size = size;
         if (getrandom(h->nonce, sizeof(h->nonce), 0) != (ssize_t)sizeof(h->nonce)) {
                 r = errf(err, errlen, -EIO, "cannot draw a nonce for shared memory");
-                shm_unlink(l->name);
                 goto fail;
         }
         memcpy(l->nonce, h->nonce, sizeof(l->nonce));
@@ -254,6 +221,8 @@ int shmlink_create(const char *job, uint32_t worker, uint64_t fingerprint, size_
 fail:
         if (l->base)
                 munmap(l->base, l->size);
+        if (l->fd >= 0)
+                close(l->fd);
         free(l->seq);
         free(l);
         return r;
@@ -367,11 +336,28 @@ static int check_header(const struct shm_header *h, size_t file_size, const uint
 int shmlink_open(const char *name, const uint8_t nonce[SHMLINK_NONCE], uint64_t fingerprint, size_t n_params,
                  uint32_t shard, uint32_t gen, struct shmlink **ret, char *err, size_t errlen) {
         char why[300];
-        if (!name || name[0] != '/' || strlen(name) >= sizeof(((struct shmlink *)0)->name) || strchr(name + 1, '/'))
-                return errf(err, errlen, -EINVAL, "shared memory name \"%s\" is not a segment name", name ? name : "");
-        int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+        unsigned pid, fdn;
+        int used = 0;
+        if (!name || strlen(name) >= sizeof(((struct shmlink *)0)->name) ||
+            sscanf(name, "/proc/%u/fd/%u%n", &pid, &fdn, &used) != 2 || name[used] != 0)
+                return errf(err, errlen, -EINVAL, "\"%s\" is not a segment's path (/proc/PID/fd/N)", name ? name : "");
+        int fd = open(name, O_RDWR | O_CLOEXEC);
         if (fd < 0)
                 return errf(err, errlen, -errno, "cannot open shared memory \"%s\": %s", name, strerror(errno));
+        /* what we opened: only a psfleet worker's memfd, its size sealed */
+        char self[64], target[256];
+        snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+        ssize_t tn = readlink(self, target, sizeof(target) - 1);
+        target[tn < 0 ? 0 : tn] = 0;
+        if (strncmp(target, "/memfd:psfleet-", 15) != 0) {
+                close(fd);
+                return errf(err, errlen, -EPROTO, "shared memory \"%s\" is \"%s\", not a psfleet segment", name, target);
+        }
+        int seals = fcntl(fd, F_GET_SEALS);
+        if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+                close(fd);
+                return errf(err, errlen, -EPROTO, "shared memory \"%s\" may shrink (not sealed)", name);
+        }
         struct stat st;
         if (fstat(fd, &st) < 0 || (size_t)st.st_size < PAGE) {
                 close(fd);
@@ -387,6 +373,8 @@ int shmlink_open(const char *name, const uint8_t nonce[SHMLINK_NONCE], uint64_t 
         struct shm_header h;
         memcpy(&h, base, sizeof(h));
         int r = check_header(&h, size, nonce, fingerprint, n_params, shard, why, sizeof(why));
+        if (r == 0 && (unsigned)h.worker_pid != pid)
+                r = errf(why, sizeof(why), -EPROTO, "it belongs to process %d, not %u", (int)h.worker_pid, pid);
         if (r < 0) {
                 munmap(base, size);
                 return errf(err, errlen, r, "shared memory \"%s\": %s", name, why);
@@ -530,12 +518,13 @@ struct shmlink *shmlink_free(struct shmlink *l) {
                         atomic_store(&l->h->closed, 1);
                         for (uint32_t s = 0; s < l->n_shards; s++)
                                 ring(&l->shards[s]);
-                        shm_unlink(l->name);
                 } else if (atomic_load(&l->shards[l->shard].psd_pid) == (int32_t)getpid()) {
                         atomic_store(&l->shards[l->shard].psd_pid, 0);
                 }
                 munmap(l->base, l->size);
         }
+        if (l->owner && l->fd >= 0)
+                close(l->fd);
         free(l->seq);
         free(l);
         return NULL;

@@ -1,13 +1,14 @@
 /* The shared-memory link between a workerd and the psd shards on its host: tensors move through
  * memory both processes map, instead of through loopback gRPC.
  *
- * The worker owns one segment (POSIX shared memory, "/psfleet-JOB-workerK-PID-N", mode 0600): its
- * model's parameter block and gradient block, and a control area. A psd on the same host maps it
- * when the worker asks (ParameterServer/AttachSharedMemory, a gRPC call that also proves both are on
- * one host: psd must open the segment and find the nonce the call carries), and from then on serves
- * that worker's pushes straight out of it: it reads the gradients where backward wrote them and
- * writes the fresh values where forward reads them. A push is then a sequence number in memory and,
- * only when the other side sleeps, one futex wake-up.
+ * The worker owns one segment (a sealed memfd): its model's parameter block and gradient block, and a
+ * control area. A psd on the same host maps it when the worker asks (ParameterServer/
+ * AttachSharedMemory, a gRPC call that also proves both are on one host: psd must open the worker's
+ * descriptor as /proc/PID/fd/N and find the nonce the call carries), and from then on serves that
+ * worker's pushes straight out of it: it reads the gradients where backward wrote them and writes the
+ * fresh values where forward reads them. A push is then a sequence number in memory and, only when
+ * the other side sleeps, one futex wake-up. The segment has no name in any file system: it goes with
+ * the last process that maps it, however that process ends.
  *
  * A push group is a fixed set of parts of one shard (agreed when attaching). Per group:
  *   worker  shmlink_push():  the group's gradients are final in the block; push_seq = seq
@@ -18,9 +19,10 @@
  * Between push and the end of wait the worker neither writes the group's gradients nor reads its
  * values; psd touches a group's ranges only while serving its push.
  *
- * Trust: psd treats everything in the segment as untrusted input. The layout is checked once when it
- * opens it, no offset is ever read from the segment afterwards (the groups come from the attach
- * call), and gradients are copied out before they are checked.
+ * Trust: psd treats everything in the segment as untrusted input. It opens only a psfleet memfd whose
+ * size is sealed (so it can never fault on a segment cut short), checks the layout once, never reads
+ * an offset from the segment afterwards (the groups come from the attach call), and copies gradients
+ * out before it checks them.
  *
  * Each side's functions are for one thread at a time per group (worker) or per shard (psd); the two
  * sides run concurrently. Errors are -errno; functions with (err, errlen) also say why there. */
@@ -41,13 +43,12 @@ struct shmlink;
 /* ---- the worker's side ---- */
 
 /* Creates and maps a new segment for worker `worker` of `job` with n_params floats in each block,
- * n_shards shards and n_groups push groups; the blocks start zeroed, page-aligned. Also removes
- * segments of this job and worker index left behind by processes that no longer run. Returns
- * -errno (e.g. -EACCES, -ENOSPC when /dev/shm is full) with the reason in err. */
+ * n_shards shards and n_groups push groups; the blocks start zeroed, page-aligned, and all the memory
+ * is reserved at once. Returns -errno (e.g. -ENOMEM, -ENOSPC) with the reason in err. */
 int shmlink_create(const char *job, uint32_t worker, uint64_t fingerprint, size_t n_params, uint32_t n_shards,
                    uint32_t n_groups, struct shmlink **ret, char *err, size_t errlen);
 
-/* The segment's name for shm_open ("/psfleet-..."), and the nonce a psd must find in it. */
+/* The segment's path for a psd on this host ("/proc/PID/fd/N"), and the nonce it must find in it. */
 const char *shmlink_name(const struct shmlink *l);
 const uint8_t *shmlink_nonce(const struct shmlink *l);
 
@@ -71,11 +72,12 @@ int shmlink_wait(struct shmlink *l, uint32_t g, uint32_t seq, pid_t psd_pid, uin
 
 /* ---- psd's side ---- */
 
-/* Maps the worker's segment `name` for serving `shard` at generation gen, after checking it: the
- * nonce, the fingerprint and the block size must be these, the shard and generation must exist,
- * the layout must fit the file. Records this process as the shard's server. -ENOENT when there is no
- * such segment (the worker is on another host), -EPROTO for a segment that does not match, with
- * the reason in err. */
+/* Maps the worker's segment at `name` ("/proc/PID/fd/N") for serving `shard` at generation gen,
+ * after checking it: a psfleet memfd with its size sealed, of process PID, with this nonce,
+ * fingerprint and block size; the shard and generation must exist, the layout must fit. Records this
+ * process as the shard's server. -ENOENT when there is no such descriptor (the worker is on another
+ * host), -EACCES when it is not ours to open, -EPROTO for a segment that does not match, -EINVAL for
+ * a path of another form, with the reason in err. */
 int shmlink_open(const char *name, const uint8_t nonce[SHMLINK_NONCE], uint64_t fingerprint, size_t n_params,
                  uint32_t shard, uint32_t gen, struct shmlink **ret, char *err, size_t errlen);
 uint32_t shmlink_n_groups(const struct shmlink *l);

@@ -746,7 +746,7 @@ out:
 }
 
 /* The model's blocks move into a shared-memory segment that psd shards on this host can map. Without
- * one (no /dev/shm, several local GPUs), every push goes through gRPC. */
+ * one (no memory for it, several local GPUs), every push goes through gRPC. */
 static void link_setup(struct worker *w) {
         const struct job_layout *L = w->L;
         char err[600];

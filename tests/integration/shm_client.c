@@ -64,8 +64,9 @@ int main(int argc, char **argv) {
         CHECK(r < 0 && strstr(err, "FAILED_PRECONDITION") && strstr(err, "nonce"), "wrong nonce: %d %s", r, err);
         printf("refused, wrong nonce: %s\n", err);
         /* refused: no such segment (as for a worker on another host) */
-        r = ps_client_attach_shm(pc, 0, 0, "/psfleet-no-such-segment", shmlink_nonce(l), gen, n, index, parts, one, &pid,
-                                 err, sizeof(err));
+        char nowhere[64];
+        snprintf(nowhere, sizeof(nowhere), "/proc/%d/fd/9999", (int)getpid());
+        r = ps_client_attach_shm(pc, 0, 0, nowhere, shmlink_nonce(l), gen, n, index, parts, one, &pid, err, sizeof(err));
         CHECK(r < 0 && strstr(err, "FAILED_PRECONDITION") && strstr(err, "No such file"), "no segment: %d %s", r, err);
         printf("refused, no segment: %s\n", err);
         /* refused: a part given twice, a group the segment does not have */

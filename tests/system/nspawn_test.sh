@@ -214,8 +214,8 @@ grep -q '"STEP":"' "$work/journal.json" || fail "no journal entry with a STEP= f
 ct_log "journalctl -u 'psfleet-*' JOB=$job: $(wc -l <"$work/journal.json") entries from 5 tasks"
 
 step "shared memory under the units' hardening"
-# psd (PrivateDevices=, PrivateUsers=, PrivateIPC=) opens each worker's segment in /dev/shm: both ps
-# shards run on this host, so every worker pushes to both through shared memory.
+# psd (ProtectProc=invisible, PrivateDevices=, PrivateIPC=) opens each worker's memfd through /proc:
+# both ps shards run on this host, so every worker pushes to both through shared memory.
 for u in "$w0" "$w1"; do
         n=$(ct journalctl --no-pager -o cat -u "$u" | grep -c "is on this host: pushing through shared memory" || true)
         [ "$n" = 2 ] || { ct journalctl --no-pager -o cat -u "$u" | tail -n 20 >&2;
@@ -223,10 +223,10 @@ for u in "$w0" "$w1"; do
 done
 ct journalctl --no-pager -o cat -u "$ps0" | grep -q "pushes through shared memory" ||
         fail "$ps0 never served a worker through shared memory"
-# the workers removed their segments when they exited
+# segments are memfds: nothing in /dev/shm, before or after
 left=$(ct sh -c 'ls /dev/shm | grep "^psfleet-" || true')
-[ -z "$left" ] || fail "segments left in /dev/shm: $left"
-ct_log "both workers pushed to both shards through shared memory; no segment left behind"
+[ -z "$left" ] || fail "files left in /dev/shm: $left"
+ct_log "both workers pushed to both shards through shared memory; nothing in /dev/shm"
 
 step "stop everything"
 ct systemctl stop psfleet.target "${all[@]}" || fail "systemctl stop"
