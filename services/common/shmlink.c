@@ -34,7 +34,7 @@
 
 struct shm_header {
         char magic[8];
-        uint32_t version, header_bytes;
+        uint32_t version;
         uint32_t n_shards, n_groups;
         uint32_t worker;
         int32_t worker_pid;
@@ -85,7 +85,6 @@ struct shmlink {
         struct shm_shard *shards;
         struct shm_group *groups;
         uint32_t n_shards, n_groups; /* as checked at open: never re-read from the segment */
-        size_t n_params;
         float *params, *grads;
         uint32_t shard, gen;       /* psd's side: what it serves */
         uint8_t nonce[SHMLINK_NONCE];
@@ -199,7 +198,6 @@ int shmlink_create(const char *job, uint32_t worker, uint64_t fingerprint, size_
         struct shm_header *h = l->base;
         memcpy(h->magic, MAGIC, sizeof(h->magic));
         h->version = VERSION;
-        h->header_bytes = sizeof(*h);
         h->n_shards = n_shards;
         h->n_groups = n_groups;
         h->worker = worker;
@@ -215,7 +213,6 @@ int shmlink_create(const char *job, uint32_t worker, uint64_t fingerprint, size_
         point(l, h);
         l->n_shards = n_shards;
         l->n_groups = n_groups;
-        l->n_params = n_params;
         *ret = l;
         return 0;
 fail:
@@ -390,7 +387,6 @@ int shmlink_open(const char *name, const uint8_t nonce[SHMLINK_NONCE], uint64_t 
         point(l, &h);
         l->n_shards = h.n_shards;
         l->n_groups = h.n_groups;
-        l->n_params = n_params;
         l->shard = shard;
         l->gen = gen;
         memcpy(l->nonce, nonce, SHMLINK_NONCE);
@@ -504,10 +500,6 @@ float *shmlink_params(struct shmlink *l) {
 
 float *shmlink_grads(struct shmlink *l) {
         return l->grads;
-}
-
-size_t shmlink_n_params(const struct shmlink *l) {
-        return l->n_params;
 }
 
 struct shmlink *shmlink_free(struct shmlink *l) {

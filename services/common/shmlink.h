@@ -114,7 +114,6 @@ void shmlink_kick(struct shmlink *l);
 /* The parameter and gradient blocks, (n_params) floats each, page-aligned. */
 float *shmlink_params(struct shmlink *l);
 float *shmlink_grads(struct shmlink *l);
-size_t shmlink_n_params(const struct shmlink *l);
 
 /* Unmaps. The worker's side also marks the segment closed (every psd serving it stops), and removes
  * its name. NULL-safe; returns NULL. */
