@@ -32,6 +32,7 @@
 #include "daemon.h"
 #include "data.h"
 #include "job.h"
+#include "ps_client.h"
 #include "log.h"
 #include "model.h"
 #include "notify.h"

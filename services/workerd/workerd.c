@@ -27,6 +27,7 @@
 #include "device.h"
 #include "data.h"
 #include "job.h"
+#include "ps_client.h"
 #include "log.h"
 #include "model.h"
 #include "notify.h"

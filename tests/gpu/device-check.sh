@@ -70,7 +70,8 @@ else
         [ -x "$bin/bench_cnn" ] && run_env ldd "$bin/bench_cnn" | grep "not found"
         bin="$work/bin"
         mkdir -p "$bin" "$work/obj"
-        inc="-I$root/services/common -I$root/$bundle/include"
+        inc="-I$root/$bundle/include"
+        for room in "$root"/services/common "$root"/services/common/*/; do inc="$inc -I$room"; done
         cudnn_inc=$(find ${site:+$site/nvidia} /usr/local/cuda/include /usr/include -maxdepth 4 -name cudnn.h 2>/dev/null | head -1)
         [ -n "$cudnn_inc" ] && inc="$inc -I$(dirname "$cudnn_inc")"
         libs="-L$work/lib -l:libopenblas.so.0 -l:libjansson.so.4"
@@ -81,7 +82,7 @@ else
         nvcc -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -DPSFLEET_VERSION='"device-check"' -D_GNU_SOURCE $inc \
                 -c "$root/services/workerd/backend/backend_cuda.cu" -o "$work/obj/backend_cuda.o" || ok=0
         for s in $common; do
-                gcc -std=c11 -O2 -D_GNU_SOURCE -DPSFLEET_VERSION='"device-check"' $inc -c "$root/services/common/$s" \
+                gcc -std=c11 -O2 -D_GNU_SOURCE -DPSFLEET_VERSION='"device-check"' $inc -c "$(ls "$root"/services/common/*/"$s")" \
                         -o "$work/obj/${s%.c}.o" || ok=0
         done
         objs="$work/obj/backend_cuda.o"

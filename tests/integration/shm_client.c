@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "config.h"
 #include "job.h"
+#include "ps_client.h"
 #include "model.h"
 #include "rpc.h"
 #include "shmlink.h"

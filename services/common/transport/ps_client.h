@@ -1,53 +1,12 @@
-/* What every node of a job derives from the job file alike: the model's variables, where each lives
- * (placement over the ps shards), and a client that moves whole parameter blocks to and from the
- * shards. Read-only after creation: safe to share between threads. */
+/* The client of a job's ps shards: channels to every shard, with the job's fingerprint stamped on each
+ * call, and whole parameter blocks moved to and from them (assign, pull, push). */
 #pragma once
 #include <stdbool.h>
-#include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
-#include "model.h"
-#include "placement.h"
+#include "job.h"
 #include "rpc.h"
-
-struct job_var {
-        char *name;
-        uint32_t rows, cols;
-        size_t offset;          /* floats into a parameter block laid out like the model's */
-        uint32_t layer;
-};
-
-struct job_layout {
-        uint32_t n_vars;
-        struct job_var *vars;
-        size_t n_params;        /* floats in a whole block */
-        struct placement *plan;
-        uint32_t n_shards;
-        uint32_t *shard_first;  /* (n_shards) index into shard_parts */
-        uint32_t *shard_count;  /* (n_shards) */
-        uint32_t *shard_parts;  /* (n_parts) part indices grouped by shard */
-        uint64_t fingerprint;
-        enum optimizer_kind optimizer;
-        unsigned n_slots;
-};
-
-/* From the model's variables and the job's ps list. */
-int job_layout_new(const struct job_config *cfg, const struct model *m, struct job_layout **ret);
-struct job_layout *job_layout_free(struct job_layout *L);
-/* Variable index by name, or -ENOENT. */
-int job_layout_find(const struct job_layout *L, const char *name);
-
-/* A received tensor named "<var>" or "<var>/<slot>" at rows [row_offset, row_offset + shape[0]) is
- * checked against the layout and copied into params (or slots[s]). -EINVAL with a message naming the
- * tensor for any mismatch. */
-int job_layout_copy_in(const struct job_layout *L, const void *tensor /* struct wire_tensor */, float *params,
-                       float *const *slots, char *err, size_t errlen);
-
-/* Makes the model compute each variable split over several parts in the same row blocks, so a worker
- * can push and receive a block at a time; the standalone trainer sets the same blocks and gets the
- * same arithmetic. blocked (n_vars, may be NULL) says which variables the model could block. */
-int job_model_blocks(const struct job_layout *L, struct model *m, bool *blocked);
 
 /* Channels to every ps shard, with the job's fingerprint stamped on each call. */
 struct ps_client {
@@ -93,5 +52,3 @@ int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, 
                          const uint32_t *const *group_parts, const uint32_t *group_n, int32_t *pid_ret, char *err,
                          size_t errlen);
 
-/* A psfleet.v1.JobState value as a word ("training"), for logs, status lines and the CLI. */
-const char *job_state_name(int state);

@@ -1,0 +1,159 @@
+/* Layout of a job's variables over its ps shards, and block transfers to and from the shards. */
+#include "job.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim.h"
+#include "shmlink.h"
+#include "util.h"
+#include "wire.h"
+#include "psfleet/v1/ps.pb-c.h"
+#include "psfleet/v1/supervisor.pb-c.h"
+
+int job_layout_new(const struct job_config *cfg, const struct model *m, struct job_layout **ret) {
+        struct job_layout *L = calloc(1, sizeof(*L));
+        struct placement_var *pv = NULL;
+        int r = -ENOMEM;
+        if (!L)
+                return -ENOMEM;
+        L->n_vars = model_n_vars(m);
+        L->n_params = model_n_params(m);
+        L->n_shards = cfg->cluster.n_ps;
+        L->fingerprint = config_fingerprint(cfg);
+        L->optimizer = cfg->training.optimizer;
+        L->n_slots = optim_n_slots(cfg->training.optimizer);
+        L->vars = calloc(L->n_vars, sizeof(*L->vars));
+        pv = calloc(L->n_vars, sizeof(*pv));
+        if (!L->vars || !pv)
+                goto fail;
+        for (uint32_t i = 0; i < L->n_vars; i++) {
+                const struct model_var *v = model_var(m, i);
+                L->vars[i] = (struct job_var){strdup(v->name), v->rows, v->cols, v->offset, v->layer};
+                if (!L->vars[i].name)
+                        goto fail;
+                pv[i] = (struct placement_var){L->vars[i].name, v->rows, (uint64_t)v->cols * sizeof(float)};
+        }
+        r = placement_compute(pv, L->n_vars, L->n_shards, cfg->ps.split_bytes, &L->plan);
+        if (r < 0)
+                goto fail;
+        r = -ENOMEM;
+        L->shard_first = calloc(L->n_shards, sizeof(uint32_t));
+        L->shard_count = calloc(L->n_shards, sizeof(uint32_t));
+        L->shard_parts = calloc(L->plan->n_parts ? L->plan->n_parts : 1, sizeof(uint32_t));
+        if (!L->shard_first || !L->shard_count || !L->shard_parts)
+                goto fail;
+        uint32_t k = 0;
+        for (uint32_t s = 0; s < L->n_shards; s++) {
+                L->shard_first[s] = k;
+                for (uint32_t p = 0; p < L->plan->n_parts; p++)
+                        if (L->plan->parts[p].shard == s)
+                                L->shard_parts[k++] = p;
+                L->shard_count[s] = k - L->shard_first[s];
+        }
+        free(pv);
+        *ret = L;
+        return 0;
+fail:
+        free(pv);
+        job_layout_free(L);
+        return r;
+}
+
+struct job_layout *job_layout_free(struct job_layout *L) {
+        if (!L)
+                return NULL;
+        for (uint32_t i = 0; L->vars && i < L->n_vars; i++)
+                free(L->vars[i].name);
+        free(L->vars);
+        placement_free(L->plan);
+        free(L->shard_first);
+        free(L->shard_count);
+        free(L->shard_parts);
+        free(L);
+        return NULL;
+}
+
+int job_layout_find(const struct job_layout *L, const char *name) {
+        for (uint32_t i = 0; i < L->n_vars; i++)
+                if (strcmp(L->vars[i].name, name) == 0)
+                        return (int)i;
+        return -ENOENT;
+}
+
+int job_layout_copy_in(const struct job_layout *L, const void *tensor, float *params, float *const *slots,
+                       char *err, size_t errlen) {
+        const struct wire_tensor *t = tensor;
+        char name[256];
+        snprintf(name, sizeof(name), "%s", t->name ? t->name : "");
+        int slot = -1;
+        int v = job_layout_find(L, name);
+        if (v < 0) {
+                char *sl = strrchr(name, '/');
+                if (sl) {
+                        *sl = 0;
+                        v = job_layout_find(L, name);
+                        for (unsigned s = 0; v >= 0 && s < L->n_slots; s++)
+                                if (strcmp(sl + 1, optim_slot_name(L->optimizer, s)) == 0)
+                                        slot = (int)s;
+                        if (v >= 0 && slot < 0)
+                                return errf(err, errlen, -EINVAL, "tensor \"%s\": no slot \"%s\" for optimizer %s",
+                                            t->name, sl + 1, optim_name(L->optimizer));
+                }
+        }
+        if (v < 0)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": no such variable", t->name ? t->name : "");
+        const struct job_var *jv = &L->vars[v];
+        if (t->dtype != WIRE_DTYPE_FLOAT32)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32", t->name, t->dtype);
+        if (t->ndims != 2 || t->shape[1] != jv->cols || t->row_offset >= jv->rows ||
+            t->shape[0] > jv->rows - t->row_offset || t->shape[0] == 0)
+                return errf(err, errlen, -EINVAL,
+                            "tensor \"%s\": shape (%llu, %llu) at row %llu does not fit variable (%u, %u)", t->name,
+                            (unsigned long long)(t->ndims > 0 ? t->shape[0] : 0),
+                            (unsigned long long)(t->ndims > 1 ? t->shape[1] : 0), (unsigned long long)t->row_offset,
+                            jv->rows, jv->cols);
+        float *block = slot < 0 ? params : (slots ? slots[slot] : NULL);
+        if (!block)
+                return 0;   /* slots not wanted */
+        wire_tensor_copy(t, block + jv->offset + t->row_offset * jv->cols);
+        return 0;
+}
+
+int job_model_blocks(const struct job_layout *L, struct model *m, bool *blocked) {
+        for (uint32_t v = 0; v < L->n_vars; v++) {
+                uint32_t first, n = placement_var_parts(L->plan, v, &first);
+                bool b = false;
+                if (n > 1) {
+                        uint32_t *rows = malloc(n * sizeof(uint32_t));
+                        if (!rows)
+                                return -ENOMEM;
+                        for (uint32_t i = 0; i < n; i++)
+                                rows[i] = L->plan->parts[first + i].row_begin;
+                        int r = model_set_var_blocks(m, v, n, rows);
+                        free(rows);
+                        if (r < 0 && r != -EOPNOTSUPP)
+                                return r;
+                        b = r >= 0;
+                }
+                if (blocked)
+                        blocked[v] = b;
+        }
+        return 0;
+}
+
+const char *job_state_name(int state) {
+        switch (state) {
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_INITIALIZING: return "initializing";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_RESTORING: return "restoring";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_READY: return "ready";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_TRAINING: return "training";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPING: return "stopping";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_DONE: return "done";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED: return "failed";
+        default: return "unknown";
+        }
+}
