@@ -54,7 +54,6 @@
 #define M_LIST_CKPT "/psfleet.v1.Supervisor/ListCheckpoints"
 #define M_SAVE_CKPT "/psfleet.v1.Supervisor/SaveCheckpoint"
 #define M_DELETE_CKPT "/psfleet.v1.Supervisor/DeleteCheckpoint"
-#define M_SHARD_STATUS "/psfleet.v1.ParameterServer/GetShardStatus"
 #define M_WORKER_STATUS "/psfleet.v1.Worker/GetWorkerStatus"
 #define M_WORKER_STOP "/psfleet.v1.Worker/Stop"
 
@@ -920,24 +919,10 @@ static uint32_t probe_shards(struct chief *c, uint32_t *n_init, char *why, size_
         uint32_t n_ok = 0, n_in = 0;
         why[0] = 0;
         for (uint32_t s = 0; s < c->cfg->cluster.n_ps; s++) {
-                Psfleet__V1__ShardStatusRequest q = PSFLEET__V1__SHARD_STATUS_REQUEST__INIT;
                 ProtobufCMessage *m = NULL;
                 char e[512];
-                int r = probe_call(c->pc->ch[s], M_SHARD_STATUS, &q.base, &psfleet__v1__shard_status__descriptor,
-                                   PROBE_TIMEOUT_MS, &m, e, sizeof(e));
+                int r = ps_client_probe(c->pc, s, PROBE_TIMEOUT_MS, (void **)&m, e, sizeof(e));
                 uint64_t t = mono_us();
-                if (r < 0) {
-                        /* gRPC backs off reconnecting (up to minutes) and fails calls fast meanwhile; a
-                         * fresh channel notices a shard that has just come up at the next probe. Only
-                         * this thread uses the ps channels. */
-                        struct rpc_channel *fresh;
-                        char name[32];
-                        strfmt(name, sizeof(name), "ps:%u", s);
-                        if (rpc_channel_new(c->cfg->cluster.ps[s].addr, name, &fresh) >= 0) {
-                                rpc_channel_free(c->pc->ch[s]);
-                                c->pc->ch[s] = fresh;
-                        }
-                }
                 pthread_mutex_lock(&c->lock);
                 struct ps_info *pi = &c->ps[s];
                 if (r < 0) {

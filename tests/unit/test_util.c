@@ -137,6 +137,23 @@ static void test_files(void **state) {
         free(p);
 }
 
+static void test_backoff(void **state) {
+        struct backoff b;
+        backoff_init(&b, 100, 2000);
+        uint64_t want[] = {100, 200, 400, 800, 1600, 2000, 2000};
+        for (size_t i = 0; i < ELEMENTSOF(want); i++)
+                assert_int_equal(backoff_next(&b), want[i]);
+        backoff_reset(&b);
+        assert_int_equal(backoff_next(&b), 100);
+        backoff_init(&b, 0, 0);   /* a zero first wait would never grow: it is 1 */
+        assert_int_equal(backoff_next(&b), 1);
+        assert_int_equal(backoff_next(&b), 1);
+        backoff_init(&b, 3, UINT64_MAX);   /* doubling never overflows */
+        for (int i = 0; i < 70; i++)
+                backoff_next(&b);
+        assert_true(backoff_next(&b) >= (UINT64_MAX >> 2));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_clocks),
@@ -144,6 +161,7 @@ int main(void) {
                 cmocka_unit_test(test_strdup_printf),
                 cmocka_unit_test(test_mkdir_p),
                 cmocka_unit_test(test_files),
+                cmocka_unit_test(test_backoff),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

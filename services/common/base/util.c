@@ -26,6 +26,22 @@ uint64_t mono_us(void) {
         return clock_us(CLOCK_MONOTONIC);
 }
 
+void backoff_init(struct backoff *b, uint64_t first, uint64_t max) {
+        *b = (struct backoff){.first = first ? first : 1};
+        b->max = max < b->first ? b->first : max;
+        b->cur = b->first;
+}
+
+uint64_t backoff_next(struct backoff *b) {
+        uint64_t now = b->cur;
+        b->cur = b->cur > b->max / 2 ? b->max : b->cur * 2;
+        return now;
+}
+
+void backoff_reset(struct backoff *b) {
+        b->cur = b->first;
+}
+
 int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret) {
         uint64_t v = 0;
 

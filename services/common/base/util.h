@@ -14,6 +14,16 @@ uint64_t now_us(void);
 /* Monotonic time (CLOCK_MONOTONIC) in microseconds; for intervals and deadlines. */
 uint64_t mono_us(void);
 
+/* Exponential backoff for a retry loop: waits of `first`, doubling up to `max` (any unit; the caller's).
+ * backoff_next() returns the wait to make now and doubles the next one; backoff_reset() starts over
+ * after a success. Not thread-safe: one per loop. */
+struct backoff {
+        uint64_t first, max, cur;
+};
+void backoff_init(struct backoff *b, uint64_t first, uint64_t max);
+uint64_t backoff_next(struct backoff *b);
+void backoff_reset(struct backoff *b);
+
 /* Parses the whole of s as an unsigned decimal number (no sign, no spaces, no trailing text) into
  * *ret. Returns 0; -EINVAL if s is NULL, empty or not all digits; -ERANGE if the value overflows or
  * lies outside [min, max]. *ret is written only on success. */

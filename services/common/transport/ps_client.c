@@ -193,6 +193,34 @@ int ps_client_status(struct ps_client *pc, uint32_t shard, void **status_ret, ch
         return r;
 }
 
+int ps_client_probe(struct ps_client *pc, uint32_t shard, uint64_t timeout_ms, void **status_ret, char *err,
+                    size_t errlen) {
+        Psfleet__V1__ShardStatusRequest q = PSFLEET__V1__SHARD_STATUS_REQUEST__INIT;
+        struct rpc_channel *ch = pc->ch[shard];
+        struct rpc_result res;
+        int r = rpc_call(ch, "/psfleet.v1.ParameterServer/GetShardStatus", wire_pack(&q.base), timeout_ms, false, &res);
+        if (r < 0) {
+                const char *tail = strstr(res.message, rpc_status_name(res.status));
+                errf(err, errlen, r, "%s (%s): %s", rpc_channel_name(ch), rpc_channel_target(ch), tail ? tail : res.message);
+                /* gRPC backs off reconnecting (up to minutes) and fails calls fast meanwhile; a fresh
+                 * channel notices a shard that has just come up at the next probe. */
+                struct rpc_channel *fresh;
+                if (rpc_channel_new(pc->cfg->cluster.ps[shard].addr, rpc_channel_name(ch), &fresh) >= 0) {
+                        rpc_channel_free(ch);
+                        pc->ch[shard] = fresh;
+                }
+        } else {
+                ProtobufCMessage *m;
+                r = wire_unpack(res.reply, &psfleet__v1__shard_status__descriptor, &m);
+                if (r < 0)
+                        errf(err, errlen, r, "%s (%s): reply does not parse", rpc_channel_name(ch), rpc_channel_target(ch));
+                else
+                        *status_ret = m;
+        }
+        rpc_result_clear(&res);
+        return r;
+}
+
 int ps_client_stop(struct ps_client *pc, const char *reason) {
         struct rpc_batch *b;
         int r = rpc_batch_new(&b);

@@ -30,6 +30,12 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
 /* Shard status, for the chief and the CLI. The reply is protobuf-c's; free with
  * psfleet__v1__shard_status__free_unpacked. */
 int ps_client_status(struct ps_client *pc, uint32_t shard, void **status_ret, char *err, size_t errlen);
+/* As ps_client_status with its own timeout, for a supervisor that polls: when the shard does not
+ * answer, the channel to it is replaced by a fresh one, so a shard that has just come up is seen at
+ * the next probe (gRPC otherwise backs off reconnecting for up to minutes). The error names the shard
+ * and its address. Not thread-safe against other calls on the same shard. */
+int ps_client_probe(struct ps_client *pc, uint32_t shard, uint64_t timeout_ms, void **status_ret, char *err,
+                    size_t errlen);
 /* Tells every shard to stop (best effort; returns the first error). */
 int ps_client_stop(struct ps_client *pc, const char *reason);
 
