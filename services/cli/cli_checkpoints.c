@@ -1,7 +1,4 @@
 /* psfleet checkpoints list|save|rm: a job's checkpoints, through the chief. Readable tables or JSON. */
-#include <errno.h>
-#include <getopt.h>
-#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,10 +6,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
+#include "cli_chief.h"
+#include "cli_json.h"
+#include "cli_opt.h"
+#include "cli_util.h"
+#include "commands.h"
 #include "rpc.h"
 #include "util.h"
-#include "wire.h"
 
 #define M_LIST "/psfleet.v1.Supervisor/ListCheckpoints"
 #define M_SAVE "/psfleet.v1.Supervisor/SaveCheckpoint"
@@ -72,23 +72,12 @@ static void print_row(const Psfleet__V1__Checkpoint *c) {
                c->trigger ? c->trigger : "", c->checksum ? c->checksum : "", c->path ? c->path : "");
 }
 
-static void print_json(json_t *o) {
-        char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        if (text)
-                printf("%s\n", text);
-        free(text);
-        json_decref(o);
-}
-
 static int do_list(struct rpc_channel *ch, bool json, uint64_t timeout_ms) {
         Psfleet__V1__ListCheckpointsRequest q = PSFLEET__V1__LIST_CHECKPOINTS_REQUEST__INIT;
         ProtobufCMessage *m;
-        char err[1024];
-        if (rpc_call_msg(ch, M_LIST, &q.base, &psfleet__v1__list_checkpoints_reply__descriptor, timeout_ms, false, &m,
-                         err, sizeof(err)) < 0) {
-                fprintf(stderr, "psfleet: cannot list the checkpoints: %s\n", err);
+        if (cli_chief_call(ch, M_LIST, &q.base, &psfleet__v1__list_checkpoints_reply__descriptor, timeout_ms,
+                           "list the checkpoints", &m))
                 return 1;
-        }
         const Psfleet__V1__ListCheckpointsReply *rep = (const Psfleet__V1__ListCheckpointsReply *)m;
         if (json) {
                 json_t *o = json_object(), *a = json_array();
@@ -97,7 +86,7 @@ static int do_list(struct rpc_channel *ch, bool json, uint64_t timeout_ms) {
                 for (size_t i = 0; i < rep->n_checkpoints; i++)
                         json_array_append_new(a, cli_checkpoint_json(rep->checkpoints[i]));
                 json_object_set_new(o, "checkpoints", a);
-                print_json(o);
+                cli_print_json(stdout, o);
         } else {
                 printf("%zu checkpoint%s in %s (keeping the last %u)\n", rep->n_checkpoints,
                        rep->n_checkpoints == 1 ? "" : "s", rep->checkpoint_dir ? rep->checkpoint_dir : "?", rep->keep);
@@ -115,20 +104,17 @@ static int do_save(struct rpc_channel *ch, bool json, const char *reason, uint64
         Psfleet__V1__SaveCheckpointRequest q = PSFLEET__V1__SAVE_CHECKPOINT_REQUEST__INIT;
         q.reason = (char *)(reason ? reason : "psfleet checkpoints save");
         ProtobufCMessage *m;
-        char err[1024];
-        if (rpc_call_msg(ch, M_SAVE, &q.base, &psfleet__v1__save_checkpoint_reply__descriptor, timeout_ms, false, &m,
-                         err, sizeof(err)) < 0) {
-                fprintf(stderr, "psfleet: cannot save a checkpoint: %s\n", err);
+        if (cli_chief_call(ch, M_SAVE, &q.base, &psfleet__v1__save_checkpoint_reply__descriptor, timeout_ms,
+                           "save a checkpoint", &m))
                 return 1;
-        }
         const Psfleet__V1__SaveCheckpointReply *rep = (const Psfleet__V1__SaveCheckpointReply *)m;
         const Psfleet__V1__Checkpoint *c = rep->checkpoint;
         if (!c) {
-                fprintf(stderr, "psfleet: the chief's reply names no checkpoint\n");
+                cli_error("the chief's reply names no checkpoint");
         } else if (json) {
                 json_t *o = cli_checkpoint_json(c);
                 json_object_set_new(o, "existing", json_boolean(rep->existing));
-                print_json(o);
+                cli_print_json(stdout, o);
         } else if (rep->existing) {
                 printf("global_step %llu is already checkpointed: %s\n", (unsigned long long)c->global_step, c->path);
         } else {
@@ -156,17 +142,16 @@ static int do_rm(struct rpc_channel *ch, bool json, char **steps, int n, uint64_
                 Psfleet__V1__DeleteCheckpointRequest q = PSFLEET__V1__DELETE_CHECKPOINT_REQUEST__INIT;
                 q.global_step = step;
                 ProtobufCMessage *m;
-                char err[1024];
-                if (rpc_call_msg(ch, M_DELETE, &q.base, &psfleet__v1__delete_checkpoint_reply__descriptor, timeout_ms,
-                                 false, &m, err, sizeof(err)) < 0) {
-                        fprintf(stderr, "psfleet: cannot delete the checkpoint of global_step %llu: %s\n",
-                                (unsigned long long)step, err);
+                char what[96];
+                snprintf(what, sizeof(what), "delete the checkpoint of global_step %llu", (unsigned long long)step);
+                if (cli_chief_call(ch, M_DELETE, &q.base, &psfleet__v1__delete_checkpoint_reply__descriptor,
+                                   timeout_ms, what, &m)) {
                         ret = 1;
                         continue;
                 }
                 const Psfleet__V1__Checkpoint *c = ((const Psfleet__V1__DeleteCheckpointReply *)m)->deleted;
                 if (json && c)
-                        print_json(cli_checkpoint_json(c));
+                        cli_print_json(stdout, cli_checkpoint_json(c));
                 else if (c)
                         printf("deleted the checkpoint of global_step %llu (%s)\n", (unsigned long long)c->global_step,
                                c->path);
@@ -176,55 +161,43 @@ static int do_rm(struct rpc_channel *ch, bool json, char **steps, int n, uint64_
 }
 
 int cmd_checkpoints(int argc, char **argv) {
-        static const struct option opts[] = {
-                {"json", no_argument, NULL, 'J'},           {"address", required_argument, NULL, 'a'},
-                {"job", required_argument, NULL, 'j'},      {"reason", required_argument, NULL, 'r'},
-                {"timeout-ms", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
-                {},
-        };
         const char *address = NULL, *job = NULL, *reason = NULL;
         bool json = false;
-        uint64_t timeout_ms = 60000;
-        int c;
-        optind = 1;
-        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
-                switch (c) {
-                case 'J': json = true; break;
-                case 'a': address = optarg; break;
-                case 'j': job = optarg; break;
-                case 'r': reason = optarg; break;
-                case 't':
-                        if (cli_parse_number("checkpoints", "--timeout-ms", optarg, 1, 3600000, &timeout_ms))
-                                return CLI_EX_USAGE;
-                        break;
-                case 'h': ckpt_help(stdout); return 0;
-                default: ckpt_help(stderr); return CLI_EX_USAGE;
-                }
-        }
-        const char *sub = optind < argc ? argv[optind] : NULL;
-        int nargs = argc - optind - 1;
-        if (!sub || (strcmp(sub, "list") != 0 && strcmp(sub, "save") != 0 && strcmp(sub, "rm") != 0) ||
+        uint64_t timeout_us = 60000 * 1000;
+        const struct cli_opt opts[] = {
+                CLI_FLAG("json", &json),
+                CLI_CHIEF_OPTS(&address, &job),
+                CLI_STRING("reason", &reason),
+                CLI_DURATION("timeout-ms", &timeout_us, 1, 3600000, 1000),
+                {NULL},
+        };
+        const struct cli_args args = {
+                .cmd = "checkpoints", .opts = opts, .help = ckpt_help, .min_operands = 1, .max_operands = -1,
+        };
+        int first, r;
+        if (!cli_args_parse(&args, argc, argv, &first, &r))
+                return r;
+        const char *sub = argv[first];
+        int nargs = argc - first - 1;
+        if ((strcmp(sub, "list") != 0 && strcmp(sub, "save") != 0 && strcmp(sub, "rm") != 0) ||
             (strcmp(sub, "rm") == 0 ? nargs < 1 : nargs != 0)) {
                 ckpt_help(stderr);
                 return CLI_EX_USAGE;
         }
         char *chief = NULL;
-        int r = cli_chief_address("checkpoints", address, job, &chief);
-        if (r)
+        if ((r = cli_chief_address("checkpoints", address, job, &chief)))
                 return r;
         rpc_global_init();
         struct rpc_channel *ch;
+        uint64_t timeout_ms = timeout_us / 1000;
         int ret = 1;
-        r = rpc_channel_new(chief, "chief", &ch);
-        if (r < 0) {
-                fprintf(stderr, "psfleet: cannot create a channel to \"%s\": %s\n", chief, strerror(-r));
-        } else {
+        if (cli_chief_channel(chief, &ch) == 0) {
                 if (strcmp(sub, "list") == 0)
                         ret = do_list(ch, json, timeout_ms);
                 else if (strcmp(sub, "save") == 0)
                         ret = do_save(ch, json, reason, timeout_ms);
                 else
-                        ret = do_rm(ch, json, argv + optind + 1, nargs, timeout_ms);
+                        ret = do_rm(ch, json, argv + first + 1, nargs, timeout_ms);
                 rpc_channel_free(ch);
         }
         free(chief);

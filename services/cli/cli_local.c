@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -25,7 +24,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_chief.h"
+#include "cli_opt.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "job.h"
 #include "rpc.h"
 #include "trainer.h"
 #include "util.h"
@@ -237,7 +240,7 @@ static int write_job_copy(struct local *L, json_t *cluster) {
         json_error_t je;
         json_t *root = json_load_file(L->job_path, 0, &je);
         if (!root || !json_is_object(root)) {
-                fprintf(stderr, "psfleet: %s: cannot re-read the job file: %s\n", L->job_path, je.text);
+                cli_error("%s: cannot re-read the job file: %s", L->job_path, je.text);
                 json_decref(root);
                 return 1;
         }
@@ -255,7 +258,7 @@ static int write_job_copy(struct local *L, json_t *cluster) {
         int r = L->job_copy ? json_dump_file(root, L->job_copy, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : -1;
         json_decref(root);
         if (r < 0) {
-                fprintf(stderr, "psfleet: cannot write \"%s\"\n", L->job_copy ? L->job_copy : "job copy");
+                cli_error("cannot write \"%s\"", L->job_copy ? L->job_copy : "job copy");
                 return 1;
         }
         /* The children will load this copy; load it here too so that an override out of range is
@@ -303,13 +306,13 @@ static int build_children(struct local *L) {
         uint16_t *ports = calloc(L->n_kids, sizeof(uint16_t));
         if (!L->kids || !ports) {
                 free(ports);
-                fprintf(stderr, "psfleet: out of memory\n");
+                cli_error("out of memory");
                 return 1;
         }
         int r = pick_ports(ports, L->n_kids);
         if (r < 0) {
                 free(ports);
-                fprintf(stderr, "psfleet: cannot find free loopback ports: %s\n", strerror(-r));
+                cli_error("cannot find free loopback ports: %s", strerror(-r));
                 return 1;
         }
         for (uint32_t i = 0; i < L->n_kids; i++) {
@@ -347,7 +350,7 @@ static int build_children(struct local *L) {
                 k->envp = k->tf_config ? child_env(k->tf_config, L->quiet) : NULL;
                 if (!k->envp) {
                         json_decref(cluster);
-                        fprintf(stderr, "psfleet: out of memory\n");
+                        cli_error("out of memory");
                         return 1;
                 }
                 k->bin = L->bins[i < P ? 0 : i == P ? 2 : 1];
@@ -367,7 +370,7 @@ static int build_children(struct local *L) {
                         /* fresh, like --standalone's: a rerun must not append to an old log */
                         int fd = path ? open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
                         if (fd < 0) {
-                                fprintf(stderr, "psfleet: cannot create the loss log \"%s\": %m\n",
+                                cli_error("cannot create the loss log \"%s\": %m",
                                         path ? path : L->loss_log);
                                 free(path);
                                 json_decref(cluster);
@@ -519,7 +522,7 @@ static void stop_all(struct local *L) {
         wait_children(L, TERM_US);
         for (uint32_t i = 0; i < L->n_kids; i++)
                 if (L->kids[i].pid > 0) {
-                        fprintf(stderr, "psfleet: %s (pid %d) did not stop within %llu s of SIGTERM: killing it\n",
+                        cli_error("%s (pid %d) did not stop within %llu s of SIGTERM: killing it",
                                 L->kids[i].task, (int)L->kids[i].pid, TERM_US / 1000000);
                         kill(L->kids[i].pid, SIGKILL);
                 }
@@ -566,7 +569,7 @@ static int supervise(struct local *L) {
         for (uint32_t i = 0; i < L->n_kids; i++) {
                 int r = spawn(&L->kids[i]);
                 if (r < 0) {
-                        fprintf(stderr, "psfleet: cannot start %s: %s\n", L->kids[i].task, strerror(-r));
+                        cli_error("cannot start %s: %s", L->kids[i].task, strerror(-r));
                         stop_all(L);
                         return 1;
                 }
@@ -580,7 +583,7 @@ static int supervise(struct local *L) {
                 int sig = wait_signal(all_ready ? 500 : 100);
                 if (sig) {
                         progress_end(&L->prog);
-                        fprintf(stderr, "psfleet: %s: stopping %u processes\n", strsignal(sig), alive(L));
+                        cli_error("%s: stopping %u processes", strsignal(sig), alive(L));
                         stop_all(L);
                         return 128 + sig;
                 }
@@ -589,7 +592,7 @@ static int supervise(struct local *L) {
                         struct child *k = bad >= 0 ? &L->kids[bad] : chief;
                         progress_end(&L->prog);
                         describe_status(k->status, buf, sizeof(buf));
-                        fprintf(stderr, "psfleet: %s %s%s; stopping the others\n", k->task, buf,
+                        cli_error("%s %s%s; stopping the others", k->task, buf,
                                 bad < 0 ? " before the job was done" : "");
                         stop_all(L);
                         return 1;
@@ -606,8 +609,8 @@ static int supervise(struct local *L) {
                         if (!all_ready && mono_us() - start > READY_TIMEOUT_US) {
                                 for (uint32_t i = 0; i < L->n_kids; i++)
                                         if (!L->kids[i].ready && L->kids[i].pid > 0) {
-                                                fprintf(stderr, "psfleet: %s (%s) did not answer its health check "
-                                                        "within %llu s; stopping everything\n",
+                                                cli_error("%s (%s) did not answer its health check within "
+                                                          "%llu s; stopping everything",
                                                         L->kids[i].task, L->kids[i].addr, READY_TIMEOUT_US / 1000000);
                                                 break;
                                         }
@@ -622,7 +625,7 @@ static int supervise(struct local *L) {
                 if (cli_get_status(chief->addr, 2000, &s, err, sizeof(err)) < 0) {
                         if (mono_us() - last_ok > STATUS_FAIL_US) {
                                 progress_end(&L->prog);
-                                fprintf(stderr, "psfleet: the chief has not answered for %llu s: %s\n",
+                                cli_error("the chief has not answered for %llu s: %s",
                                         STATUS_FAIL_US / 1000000, err);
                                 stop_all(L);
                                 return 1;
@@ -632,7 +635,7 @@ static int supervise(struct local *L) {
                 last_ok = mono_us();
                 if (s->state == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED) {
                         progress_end(&L->prog);
-                        fprintf(stderr, "psfleet: the job failed: %s\n", s->reason ? s->reason : "");
+                        cli_error("the job failed: %s", s->reason ? s->reason : "");
                         psfleet__v1__job_status__free_unpacked(s, NULL);
                         stop_all(L);
                         return 1;
@@ -667,7 +670,7 @@ static int supervise(struct local *L) {
                 const struct child *k = &L->kids[i];
                 if (k->pid == 0 && !(WIFEXITED(k->status) && WEXITSTATUS(k->status) == 0)) {
                         describe_status(k->status, buf, sizeof(buf));
-                        fprintf(stderr, "psfleet: warning: %s %s after the job was done\n", k->task, buf);
+                        cli_error("warning: %s %s after the job was done", k->task, buf);
                 }
         }
         stop_all(L);
@@ -688,7 +691,7 @@ static int run_standalone(struct local *L) {
                 L->cfg->training.max_steps = L->max_steps;
         FILE *log = NULL;
         if (L->loss_log && !(log = fopen(L->loss_log, "we"))) {
-                fprintf(stderr, "psfleet: cannot create the loss log \"%s\": %m\n", L->loss_log);
+                cli_error("cannot create the loss log \"%s\": %m", L->loss_log);
                 return 1;
         }
         struct trainer_result res;
@@ -696,11 +699,11 @@ static int run_standalone(struct local *L) {
         int r = trainer_standalone(L->cfg, log, standalone_progress, L, &res, err, sizeof(err));
         progress_end(&L->prog);
         if (log && fclose(log) != 0 && r >= 0) {
-                fprintf(stderr, "psfleet: cannot write the loss log \"%s\": %m\n", L->loss_log);
+                cli_error("cannot write the loss log \"%s\": %m", L->loss_log);
                 return 1;
         }
         if (r < 0) {
-                fprintf(stderr, "psfleet: standalone training failed: %s\n", err);
+                cli_error("standalone training failed: %s", err);
                 return 1;
         }
         printf("{\"global_step\": %llu, \"test_accuracy\": %.4f, \"examples_per_s\": %.1f, \"wall_s\": %.3f, "
@@ -720,49 +723,31 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 }
 
 int cmd_local(int argc, char **argv) {
-        static const struct option opts[] = {
-                {"standalone", no_argument, NULL, 'S'},     {"loss-log", required_argument, NULL, 'l'},
-                {"keep-state", no_argument, NULL, 'k'},     {"quiet", no_argument, NULL, 'q'},
-                {"workers", required_argument, NULL, 'w'},  {"ps", required_argument, NULL, 'p'},
-                {"max-steps", required_argument, NULL, 'm'}, {"state-dir", required_argument, NULL, 'd'},
-                {"help", no_argument, NULL, 'h'},           {},
-        };
         struct local L = {.cpu_base = rusage_cpu_s(RUSAGE_SELF) + rusage_cpu_s(RUSAGE_CHILDREN)};
-        int c, r;
-        optind = 1;
-        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
-                switch (c) {
-                case 'S': L.standalone = true; break;
-                case 'l': L.loss_log = optarg; break;
-                case 'k': L.keep_state = true; break;
-                case 'd': L.state_dir_opt = optarg; break;
-                case 'q': L.quiet = true; break;
-                case 'w':
-                        if ((r = cli_parse_number("local", "--workers", optarg, 1, MAX_TASKS, &L.n_workers)))
-                                return r;
-                        break;
-                case 'p':
-                        if ((r = cli_parse_number("local", "--ps", optarg, 1, MAX_TASKS, &L.n_ps)))
-                                return r;
-                        break;
-                case 'm':
-                        if ((r = cli_parse_number("local", "--max-steps", optarg, 1, 1000000000000ULL, &L.max_steps)))
-                                return r;
-                        break;
-                case 'h': local_help(stdout); return 0;
-                default: local_help(stderr); return CLI_EX_USAGE;
-                }
-        }
-        if (argc - optind != 1) {
-                fprintf(stderr, "Usage: psfleet local JOB.json [OPTIONS]  (psfleet local --help)\n");
-                return CLI_EX_USAGE;
-        }
-        L.job_path = argv[optind];
+        const struct cli_opt opts[] = {
+                CLI_FLAG("standalone", &L.standalone),
+                CLI_STRING("loss-log", &L.loss_log),
+                CLI_FLAG("keep-state", &L.keep_state),
+                CLI_FLAG("quiet", &L.quiet),
+                CLI_NUMBER("workers", &L.n_workers, 1, MAX_TASKS),
+                CLI_NUMBER("ps", &L.n_ps, 1, MAX_TASKS),
+                CLI_NUMBER("max-steps", &L.max_steps, 1, 1000000000000ULL),
+                CLI_STRING("state-dir", &L.state_dir_opt),
+                {NULL},
+        };
+        const struct cli_args args = {
+                .cmd = "local", .opts = opts, .help = local_help, .min_operands = 1, .max_operands = 1,
+                .usage = "Usage: psfleet local JOB.json [OPTIONS]  (psfleet local --help)",
+        };
+        int first, r;
+        if (!cli_args_parse(&args, argc, argv, &first, &r))
+                return r;
+        L.job_path = argv[first];
         if ((r = cli_load_job(L.job_path, &L.cfg)))
                 return r;
         progress_init(&L.prog, L.quiet);
         if ((r = signals_setup()) < 0) {
-                fprintf(stderr, "psfleet: cannot set up signal handling: %s\n", strerror(-r));
+                cli_error("cannot set up signal handling: %s", strerror(-r));
                 config_free(L.cfg);
                 return 1;
         }
@@ -783,7 +768,7 @@ int cmd_local(int argc, char **argv) {
                 r = mkdir_p(L.state_dir_opt, 0750);
                 L.state_dir = r >= 0 ? realpath(L.state_dir_opt, NULL) : NULL;
                 if (!L.state_dir) {
-                        fprintf(stderr, "psfleet: cannot use \"%s\" as the state directory: %s\n", L.state_dir_opt,
+                        cli_error("cannot use \"%s\" as the state directory: %s", L.state_dir_opt,
                                 strerror(r < 0 ? -r : errno));
                         goto out;
                 }
@@ -791,7 +776,7 @@ int cmd_local(int argc, char **argv) {
                 const char *tmp = getenv("TMPDIR");
                 L.state_dir = strdup_printf("%s/psfleet-local-XXXXXX", tmp && *tmp ? tmp : "/tmp");
                 if (!L.state_dir || !mkdtemp(L.state_dir)) {
-                        fprintf(stderr, "psfleet: cannot create a state directory: %m\n");
+                        cli_error("cannot create a state directory: %m");
                         free(L.state_dir);
                         L.state_dir = NULL;
                         goto out;

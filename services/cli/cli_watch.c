@@ -2,15 +2,18 @@
  * plain lines otherwise, or one JSON object per update. Reconnects (bounded) when the chief goes away
  * before the job has ended. */
 #include <errno.h>
-#include <getopt.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_chief.h"
+#include "cli_json.h"
+#include "cli_opt.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "job.h"
 #include "rpc.h"
 #include "util.h"
 #include "wire.h"
@@ -42,10 +45,8 @@ static void watch_help(FILE *f) {
 }
 
 struct watch {
-        const char *address;
         bool json;
-        uint32_t interval_ms;
-        uint64_t retry_us;
+        uint64_t interval_us, retry_us;
         struct progress prog;
         Psfleet__V1__JobState last_state;
         bool seen;
@@ -92,7 +93,7 @@ static void show_end(struct watch *w, const Psfleet__V1__JobStatus *s) {
 /* One stream until it ends. Returns 0 done, 1 failed, 130 interrupted, or -errno (stream broken) with err. */
 static int follow(struct watch *w, struct rpc_channel *ch, char *err, size_t errlen) {
         Psfleet__V1__WatchRequest q = PSFLEET__V1__WATCH_REQUEST__INIT;
-        q.min_interval_ms = w->interval_ms;
+        q.min_interval_ms = (uint32_t)(w->interval_us / 1000);
         struct rpc_stream *st;
         int r = rpc_stream_open(ch, M_WATCH, wire_pack(&q.base), 0, &st);
         if (r < 0) {
@@ -139,99 +140,81 @@ static int follow(struct watch *w, struct rpc_channel *ch, char *err, size_t err
         return ret;
 }
 
-int cmd_watch(int argc, char **argv) {
-        static const struct option opts[] = {
-                {"json", no_argument, NULL, 'J'},           {"address", required_argument, NULL, 'a'},
-                {"job", required_argument, NULL, 'j'},      {"interval-ms", required_argument, NULL, 'i'},
-                {"retry-secs", required_argument, NULL, 'r'}, {"help", no_argument, NULL, 'h'},
-                {},
-        };
-        const char *address = NULL, *job = NULL;
-        struct watch w = {.interval_ms = 500, .retry_us = 30 * 1000000ULL};
-        uint64_t v;
-        int c;
-        optind = 1;
-        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
-                switch (c) {
-                case 'J': w.json = true; break;
-                case 'a': address = optarg; break;
-                case 'j': job = optarg; break;
-                case 'i':
-                        if (cli_parse_number("watch", "--interval-ms", optarg, 100, 3600000, &v))
-                                return CLI_EX_USAGE;
-                        w.interval_ms = (uint32_t)v;
+/* Follows the job at `chief` until it ends, reconnecting within w->retry_us of the last answer.
+ * Returns the exit status. */
+static int watch_job(struct watch *w, const char *chief) {
+        struct rpc_channel *ch = NULL;
+        char err[1024] = "", last_err[1024] = "";
+        uint64_t since = 0;
+        struct backoff retry;
+        backoff_init(&retry, 100, 2000);
+        int ret = 1;
+        for (;;) {
+                if (!ch && cli_chief_channel(chief, &ch))
                         break;
-                case 'r':
-                        if (cli_parse_number("watch", "--retry-secs", optarg, 0, 86400, &v))
-                                return CLI_EX_USAGE;
-                        w.retry_us = v * 1000000ULL;
+                w->got = false;
+                int r = follow(w, ch, err, sizeof(err));
+                if (r >= 0) {
+                        ret = r;
+                        if (r >= 128)
+                                progress_end(&w->prog);
                         break;
-                case 'h': watch_help(stdout); return 0;
-                default: watch_help(stderr); return CLI_EX_USAGE;
+                }
+                /* The chief is not there (yet, or any more): try again, bounded. */
+                uint64_t t = mono_us();
+                if (w->got) {
+                        since = 0;
+                        backoff_reset(&retry);
+                }
+                if (!since)
+                        since = t;
+                if (t - since > w->retry_us) {
+                        progress_end(&w->prog);
+                        cli_error("cannot watch the job at %s: %s", chief, err);
+                        break;
+                }
+                if (strcmp(err, last_err) != 0 && !w->json) {
+                        progress_end(&w->prog);
+                        cli_error("waiting for the chief at %s: %s", chief, err);
+                        snprintf(last_err, sizeof(last_err), "%s", err);
+                }
+                /* A failed channel may keep failing fast (reconnect backoff): start the next try afresh. */
+                ch = rpc_channel_free(ch);
+                uint64_t wait_ms = backoff_next(&retry);
+                for (uint64_t slept = 0; slept < wait_ms && !interrupted; slept += 50)
+                        usleep(50 * 1000);
+                if (interrupted) {
+                        ret = 128 + interrupted;
+                        break;
                 }
         }
-        if (optind < argc) {
-                watch_help(stderr);
-                return CLI_EX_USAGE;
-        }
+        rpc_channel_free(ch);
+        return ret;
+}
+
+int cmd_watch(int argc, char **argv) {
+        const char *address = NULL, *job = NULL;
+        struct watch w = {.interval_us = 500 * 1000, .retry_us = 30 * 1000000ULL};
+        const struct cli_opt opts[] = {
+                CLI_FLAG("json", &w.json),
+                CLI_CHIEF_OPTS(&address, &job),
+                CLI_DURATION("interval-ms", &w.interval_us, 100, 3600000, 1000),
+                CLI_DURATION("retry-secs", &w.retry_us, 0, 86400, 1000000),
+                {NULL},
+        };
+        const struct cli_args args = {.cmd = "watch", .opts = opts, .help = watch_help, .max_operands = 0};
+        int first, r;
         char *chief = NULL;
-        int r = cli_chief_address("watch", address, job, &chief);
-        if (r)
+        if (!cli_args_parse(&args, argc, argv, &first, &r) || (r = cli_chief_address("watch", address, job, &chief)))
                 return r;
         progress_init_file(&w.prog, stdout, false);
         struct sigaction sa = {.sa_handler = on_sigint};
         sigemptyset(&sa.sa_mask);
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
-
         rpc_global_init();
-        struct rpc_channel *ch = NULL;
-        char err[1024] = "", last_err[1024] = "";
-        uint64_t since = 0, backoff_ms = 100;
-        int ret = 1;
-        for (;;) {
-                if (!ch && (r = rpc_channel_new(chief, "chief", &ch)) < 0) {
-                        fprintf(stderr, "psfleet: cannot create a channel to \"%s\": %s\n", chief, strerror(-r));
-                        break;
-                }
-                w.got = false;
-                r = follow(&w, ch, err, sizeof(err));
-                if (r >= 0) {
-                        ret = r;
-                        if (r >= 128)
-                                progress_end(&w.prog);
-                        break;
-                }
-                /* The chief is not there (yet, or any more): try again, bounded. */
-                uint64_t t = mono_us();
-                if (w.got) {
-                        since = 0;
-                        backoff_ms = 100;
-                }
-                if (!since)
-                        since = t;
-                if (t - since > w.retry_us) {
-                        progress_end(&w.prog);
-                        fprintf(stderr, "psfleet: cannot watch the job at %s: %s\n", chief, err);
-                        break;
-                }
-                if (strcmp(err, last_err) != 0 && !w.json) {
-                        progress_end(&w.prog);
-                        fprintf(stderr, "psfleet: waiting for the chief at %s: %s\n", chief, err);
-                        snprintf(last_err, sizeof(last_err), "%s", err);
-                }
-                /* A failed channel may keep failing fast (reconnect backoff): start the next try afresh. */
-                ch = rpc_channel_free(ch);
-                for (uint64_t slept = 0; slept < backoff_ms && !interrupted; slept += 50)
-                        usleep(50 * 1000);
-                if (interrupted) {
-                        ret = 128 + interrupted;
-                        break;
-                }
-                backoff_ms = backoff_ms * 2 > 2000 ? 2000 : backoff_ms * 2;
-        }
-        rpc_channel_free(ch);
+        r = watch_job(&w, chief);
         free(chief);
         rpc_global_shutdown();
-        return ret;
+        return r;
 }

@@ -1,0 +1,85 @@
+/* The chief's answers as JSON, for the commands' --json. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli_json.h"
+#include "job.h"
+
+void cli_print_json(FILE *f, json_t *o) {
+        char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        if (text) {
+                fprintf(f, "%s\n", text);
+                fflush(f);
+        }
+        free(text);
+        json_decref(o);
+}
+
+/* JSON numbers for floats that may be NaN (no report yet): null. */
+static json_t *num_or_null(double v) {
+        return isfinite(v) ? json_real(v) : json_null();
+}
+
+json_t *cli_checkpoint_json(const Psfleet__V1__Checkpoint *c) {
+        json_t *o = json_object();
+        json_object_set_new(o, "global_step", json_integer((json_int_t)c->global_step));
+        json_object_set_new(o, "time_us", json_integer((json_int_t)c->time_us));
+        json_object_set_new(o, "path", json_string(c->path ? c->path : ""));
+        json_object_set_new(o, "bytes", json_integer((json_int_t)c->bytes));
+        json_object_set_new(o, "checksum", json_string(c->checksum ? c->checksum : ""));
+        json_object_set_new(o, "loss", num_or_null(c->loss));
+        json_object_set_new(o, "eval_step", c->eval_step ? json_integer((json_int_t)c->eval_step) : json_null());
+        json_object_set_new(o, "eval_accuracy", c->eval_accuracy >= 0 ? json_real(c->eval_accuracy) : json_null());
+        json_object_set_new(o, "eval_loss", c->eval_loss >= 0 ? json_real(c->eval_loss) : json_null());
+        json_object_set_new(o, "trigger", json_string(c->trigger ? c->trigger : ""));
+        return o;
+}
+
+void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
+        char fp[24];
+        snprintf(fp, sizeof(fp), "%016" PRIx64, s->fingerprint);
+        json_t *o = json_object();
+        json_object_set_new(o, "job", json_string(s->job ? s->job : ""));
+        json_object_set_new(o, "fingerprint", json_string(fp));
+        json_object_set_new(o, "state", json_string(job_state_name(s->state)));
+        json_object_set_new(o, "reason", json_string(s->reason ? s->reason : ""));
+        json_object_set_new(o, "global_step", json_integer((json_int_t)s->global_step));
+        json_object_set_new(o, "max_steps", json_integer((json_int_t)s->max_steps));
+        json_object_set_new(o, "steps_per_s", num_or_null(s->steps_per_s));
+        json_object_set_new(o, "examples_per_s", num_or_null(s->examples_per_s));
+        json_object_set_new(o, "eta_s", s->eta_s >= 0 ? json_real(s->eta_s) : json_null());
+        json_object_set_new(o, "loss", num_or_null(s->loss));
+        json_object_set_new(o, "test_accuracy", num_or_null(s->test_accuracy));
+        json_object_set_new(o, "test_loss", num_or_null(s->test_loss));
+        json_object_set_new(o, "eval_step", s->eval_accuracy >= 0 ? json_integer((json_int_t)s->eval_step) : json_null());
+        json_object_set_new(o, "eval_accuracy", s->eval_accuracy >= 0 ? json_real(s->eval_accuracy) : json_null());
+        json_object_set_new(o, "eval_loss", s->eval_accuracy >= 0 ? json_real(s->eval_loss) : json_null());
+        json_object_set_new(o, "started_us", json_integer((json_int_t)s->started_us));
+        json_object_set_new(o, "wall_s", num_or_null(s->wall_s));
+        json_object_set_new(o, "last_checkpoint", s->last_checkpoint ? cli_checkpoint_json(s->last_checkpoint) : json_null());
+        json_object_set_new(o, "checkpoints", json_integer(s->checkpoints));
+        json_object_set_new(o, "restored_step", s->restored_from && *s->restored_from
+                                                        ? json_integer((json_int_t)s->restored_step) : json_null());
+        json_object_set_new(o, "restored_from", s->restored_from && *s->restored_from ? json_string(s->restored_from)
+                                                                                     : json_null());
+        json_object_set_new(o, "checkpoint_dir", json_string(s->checkpoint_dir ? s->checkpoint_dir : ""));
+        json_object_set_new(o, "summary_dir", json_string(s->summary_dir ? s->summary_dir : ""));
+        json_t *nodes = json_array();
+        for (size_t i = 0; i < s->n_nodes; i++) {
+                const Psfleet__V1__NodeStatus *n = s->nodes[i];
+                json_t *no = json_object();
+                json_object_set_new(no, "task", json_string(n->task ? n->task : ""));
+                json_object_set_new(no, "address", json_string(n->address ? n->address : ""));
+                json_object_set_new(no, "state", json_string(n->state ? n->state : ""));
+                json_object_set_new(no, "local_step", json_integer((json_int_t)n->local_step));
+                json_object_set_new(no, "loss", num_or_null(n->loss));
+                json_object_set_new(no, "examples_per_s", num_or_null(n->examples_per_s));
+                json_object_set_new(no, "last_report_us", json_integer((json_int_t)n->last_report_us));
+                json_array_append_new(nodes, no);
+        }
+        json_object_set_new(o, "nodes", nodes);
+        cli_print_json(f, o);
+}

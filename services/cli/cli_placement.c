@@ -1,0 +1,70 @@
+/* psfleet placement: where each variable of a job's model lives, computed from the job file alone as
+ * every node computes it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cli_opt.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "job.h"
+#include "model.h"
+#include "placement.h"
+
+static void placement_help(FILE *f) {
+        fprintf(f, "Usage: psfleet placement JOB.json\n\n"
+                   "Prints where each variable of the job's model lives: one row per variable (or row\n"
+                   "range of a split variable) with its shard and bytes, then the bytes per shard. Every\n"
+                   "node computes the same plan from the job file (greedy by bytes; variables larger\n"
+                   "than ps.split_bytes are split into row ranges).\n");
+}
+
+int cmd_placement(int argc, char **argv) {
+        static const struct cli_opt opts[] = {{NULL}};
+        static const struct cli_args args = {
+                .cmd = "placement", .opts = opts, .help = placement_help, .terse = true,
+                .min_operands = 1, .max_operands = 1, .usage = "Usage: psfleet placement JOB.json",
+        };
+        int first, r;
+        if (!cli_args_parse(&args, argc, argv, &first, &r))
+                return r;
+        const char *path = argv[first];
+        struct job_config *cfg;
+        if ((r = cli_load_job(path, &cfg)))
+                return r;
+        struct backend *be = NULL;
+        struct model *m = NULL;
+        struct job_layout *L = NULL;
+        struct placement_var *pv = NULL;
+        int ret = 1;
+        r = backend_cpu_new(1, &be);
+        if (r >= 0)
+                r = model_new(&cfg->model, be, 1, &m);
+        if (r >= 0)
+                r = job_layout_new(cfg, m, &L);
+        if (r < 0) {
+                cli_error("cannot build the model of \"%s\": %s", path, strerror(-r));
+                goto out;
+        }
+        pv = calloc(L->n_vars, sizeof(*pv));
+        if (!pv) {
+                cli_error("out of memory");
+                goto out;
+        }
+        for (uint32_t i = 0; i < L->n_vars; i++)
+                pv[i] = (struct placement_var){L->vars[i].name, L->vars[i].rows,
+                                               (uint64_t)L->vars[i].cols * sizeof(float)};
+        printf("job %s: %u variables, %zu parameters (%zu bytes) on %u ps shard%s, split_bytes %llu\n", cfg->name,
+               L->n_vars, L->n_params, L->n_params * sizeof(float), L->n_shards, L->n_shards == 1 ? "" : "s",
+               (unsigned long long)cfg->ps.split_bytes);
+        placement_print(stdout, L->plan, pv);
+        ret = 0;
+out:
+        free(pv);
+        job_layout_free(L);
+        model_free(m);
+        backend_free(be);
+        config_free(cfg);
+        return ret;
+}

@@ -1,0 +1,137 @@
+/* What every psfleet command shares: messages, job loading, the chief's address, numbers, durations
+ * and the progress display. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli_util.h"
+#include "util.h"
+
+void cli_error(const char *fmt, ...) {
+        char msg[4096];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        fprintf(stderr, "psfleet: %s\n", msg);
+}
+
+int cli_load_job(const char *path, struct job_config **ret) {
+        char err[1024];
+        if (config_load(path, ret, err, sizeof(err)) < 0) {
+                cli_error("%s", err);
+                return CONFIG_EX_CONFIG;
+        }
+        return 0;
+}
+
+int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret) {
+        if (!address == !job) {
+                fprintf(stderr, "psfleet %s: give exactly one of --address HOST:PORT and --job JOB.json\n", cmd);
+                return CLI_EX_USAGE;
+        }
+        if (address) {
+                *ret = strdup(address);
+                return *ret ? 0 : 1;
+        }
+        struct job_config *cfg;
+        char err[1024];
+        int r = cli_load_job(job, &cfg);
+        if (r)
+                return r;
+        if (config_apply_tf_config(cfg, getenv("TF_CONFIG"), NULL, NULL, err, sizeof(err)) < 0) {
+                cli_error("%s", err);
+                config_free(cfg);
+                return CONFIG_EX_CONFIG;
+        }
+        *ret = strdup(cfg->cluster.chief[0].addr);
+        config_free(cfg);
+        return *ret ? 0 : 1;
+}
+
+int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret) {
+        if (parse_u64(s, min, max, ret) >= 0)
+                return 0;
+        fprintf(stderr, "psfleet %s: %s \"%s\": expected %llu..%llu\n", cmd, opt, s, (unsigned long long)min,
+                (unsigned long long)max);
+        return CLI_EX_USAGE;
+}
+
+const char *cli_format_duration(double s, char *buf, size_t len) {
+        if (!(s >= 0) || s > 1e8) {
+                snprintf(buf, len, "?");
+                return buf;
+        }
+        unsigned long t = (unsigned long)(s + 0.5);
+        if (t >= 3600)
+                snprintf(buf, len, "%lu:%02lu:%02lu", t / 3600, t / 60 % 60, t % 60);
+        else
+                snprintf(buf, len, "%lu:%02lu", t / 60, t % 60);
+        return buf;
+}
+
+/* ---- progress display ---- */
+
+void progress_init_file(struct progress *p, FILE *f, bool quiet) {
+        *p = (struct progress){.f = f, .tty = isatty(fileno(f)) == 1, .quiet = quiet};
+}
+
+void progress_init(struct progress *p, bool quiet) {
+        progress_init_file(p, stderr, quiet);
+}
+
+void progress_update(struct progress *p, const char *state, uint64_t step, uint64_t max_steps, double loss,
+                     double examples_per_s, double eta_s) {
+        progress_update_extra(p, state, step, max_steps, loss, examples_per_s, eta_s, NULL, false);
+}
+
+void progress_update_extra(struct progress *p, const char *state, uint64_t step, uint64_t max_steps, double loss,
+                           double examples_per_s, double eta_s, const char *extra, bool force_line) {
+        if (p->quiet)
+                return;
+        char eta[32], lossbuf[32], eps[32];
+        cli_format_duration(eta_s, eta, sizeof(eta));
+        if (isfinite(loss))
+                snprintf(lossbuf, sizeof(lossbuf), "%.4f", loss);
+        else
+                snprintf(lossbuf, sizeof(lossbuf), "?");
+        if (examples_per_s >= 0)
+                snprintf(eps, sizeof(eps), "%.0f", examples_per_s);
+        else
+                snprintf(eps, sizeof(eps), "?");
+        if (p->tty) {
+                enum { WIDTH = 30 };
+                char bar[WIDTH + 1];
+                unsigned fill = max_steps ? (unsigned)((double)(step > max_steps ? max_steps : step) * WIDTH / max_steps)
+                                          : 0;
+                for (unsigned i = 0; i < WIDTH; i++)
+                        bar[i] = i < fill ? '#' : '-';
+                bar[WIDTH] = 0;
+                fprintf(p->f, "\r\033[K%-8.8s [%s] %llu/%llu  loss %s  %s ex/s  ETA %s%s%s", state, bar,
+                        (unsigned long long)step, (unsigned long long)max_steps, lossbuf, eps, eta,
+                        extra ? "  " : "", extra ? extra : "");
+                fflush(p->f);
+                p->drawn = true;
+                return;
+        }
+        uint64_t t = mono_us();
+        if (!force_line && p->last_line_us && t - p->last_line_us < 5 * 1000000ULL)
+                return;
+        p->last_line_us = t;
+        fprintf(p->f, "psfleet: %s: step %llu/%llu, loss %s, %s examples/s, ETA %s%s%s\n", state,
+                (unsigned long long)step, (unsigned long long)max_steps, lossbuf, eps, eta, extra ? ", " : "",
+                extra ? extra : "");
+        fflush(p->f);
+}
+
+void progress_end(struct progress *p) {
+        if (p->tty && p->drawn) {
+                fputc('\n', p->f);
+                fflush(p->f);
+                p->drawn = false;
+        }
+}

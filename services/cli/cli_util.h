@@ -1,0 +1,54 @@
+/* What every psfleet command shares: exit statuses, messages, job loading, the chief's address,
+ * numbers and durations, and the progress display. No RPC here: a command that only reads a job file
+ * (placement) needs none. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+
+#define CLI_EX_USAGE 2
+
+/* Prints "psfleet: " and the formatted message and a newline on stderr, in one write (the children of
+ * `psfleet local` share our stderr); keeps errno for %m. */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Loads a job file; on failure prints the config error and returns CONFIG_EX_CONFIG (else 0). The caller
+ * frees *ret with config_free. */
+int cli_load_job(const char *path, struct job_config **ret);
+
+/* Which chief to ask: `address`, else the chief entry of the job file `job` (TF_CONFIG's cluster when
+ * set). Exactly one must be given. On success returns 0 and a malloc'd "host:port" in *ret (the caller
+ * frees it); else prints why (prefixed with `cmd`) and returns the exit status (1, CLI_EX_USAGE or
+ * CONFIG_EX_CONFIG). */
+int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret);
+
+/* A whole number in [min, max] for option `opt` of `psfleet cmd`: returns 0 with it in *ret; else
+ * prints why ("psfleet cmd: --opt "s": expected min..max") and returns CLI_EX_USAGE (*ret untouched). */
+int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret);
+
+/* Formats seconds as "1:02:03" / "2:03", or "?" when negative, NaN or absurd, into buf; returns buf. */
+const char *cli_format_duration(double s, char *buf, size_t len);
+
+/* A progress display: a bar redrawn in place on a terminal, a plain line every ~5 s otherwise,
+ * nothing when quiet. */
+struct progress {
+        FILE *f;
+        bool tty, quiet, drawn;
+        uint64_t last_line_us;
+};
+/* On stderr. */
+void progress_init(struct progress *p, bool quiet);
+/* On f (a terminal or not). */
+void progress_init_file(struct progress *p, FILE *f, bool quiet);
+/* loss NAN and examples_per_s or eta_s < 0 mean unknown. */
+void progress_update(struct progress *p, const char *state, uint64_t step, uint64_t max_steps, double loss,
+                     double examples_per_s, double eta_s);
+/* The same with `extra` (may be NULL) after the ETA; force_line prints a plain line even within 5 s
+ * of the last one (a state change). */
+void progress_update_extra(struct progress *p, const char *state, uint64_t step, uint64_t max_steps, double loss,
+                           double examples_per_s, double eta_s, const char *extra, bool force_line);
+/* Ends the bar's line (so that the next message starts on a fresh one). */
+void progress_end(struct progress *p);
