@@ -1,0 +1,402 @@
+/* Tests of the CLI's shared helpers (services/cli): the option table parser, numbers, durations, the
+ * chief's address, job loading, messages, the progress display and the status JSON. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "cli_json.h"
+#include "cli_opt.h"
+#include "cli_util.h"
+#include "util.h"
+
+/* ---- capturing what a helper prints on stdout or stderr ---- */
+
+static int saved_fd = -1;
+static FILE *captured, *captured_stream;
+
+static void capture(FILE *f) {
+        fflush(f);
+        captured_stream = f;
+        captured = tmpfile();
+        assert_non_null(captured);
+        saved_fd = dup(fileno(f));
+        assert_true(saved_fd >= 0);
+        assert_true(dup2(fileno(captured), fileno(f)) >= 0);
+}
+
+/* Ends the capture of f; returns what was printed (malloc'd). */
+static char *captured_text(FILE *f) {
+        fflush(f);
+        assert_true(dup2(saved_fd, fileno(f)) >= 0);
+        close(saved_fd);
+        saved_fd = -1;
+        long n = ftell(captured);
+        char *s = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
+        assert_non_null(s);
+        rewind(captured);
+        assert_int_equal(fread(s, 1, (size_t)n, captured), (size_t)n);
+        fclose(captured);
+        return s;
+}
+
+/* After a failed assertion within a capture: gives the stream back and shows what it held (the
+ * failure's message among it). */
+static int uncapture(void **state) {
+        if (saved_fd >= 0) {
+                char *t = captured_text(captured_stream);
+                fprintf(stderr, "captured:\n%s\n", t);
+                free(t);
+        }
+        return 0;
+}
+
+static void assert_printed(FILE *f, const char *want) {
+        char *got = captured_text(f);
+        assert_string_equal(got, want);
+        free(got);
+}
+
+/* ---- numbers and durations ---- */
+
+static void test_parse_number(void **state) {
+        uint64_t v = 7;
+        capture(stderr);
+        assert_int_equal(cli_parse_number("local", "--ps", "3", 1, 64, &v), 0);
+        assert_int_equal(v, 3);
+        assert_int_equal(cli_parse_number("local", "--ps", "64", 1, 64, &v), 0);
+        assert_int_equal(v, 64);
+        assert_printed(stderr, "");
+
+        const char *bad[] = {"0", "65", "", "abc", "-1", "+3", " 3", "3 ", "3x", "99999999999999999999999"};
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                char want[128];
+                v = 7;
+                capture(stderr);
+                assert_int_equal(cli_parse_number("local", "--ps", bad[i], 1, 64, &v), CLI_EX_USAGE);
+                snprintf(want, sizeof(want), "psfleet local: --ps \"%s\": expected 1..64\n", bad[i]);
+                assert_printed(stderr, want);
+                assert_int_equal(v, 7);
+        }
+}
+
+static void test_format_duration(void **state) {
+        char buf[32];
+        assert_string_equal(cli_format_duration(0, buf, sizeof(buf)), "0:00");
+        assert_string_equal(cli_format_duration(59.4, buf, sizeof(buf)), "0:59");
+        assert_string_equal(cli_format_duration(59.6, buf, sizeof(buf)), "1:00");
+        assert_string_equal(cli_format_duration(3599, buf, sizeof(buf)), "59:59");
+        assert_string_equal(cli_format_duration(3725, buf, sizeof(buf)), "1:02:05");
+        assert_string_equal(cli_format_duration(360000, buf, sizeof(buf)), "100:00:00");
+        assert_string_equal(cli_format_duration(-1, buf, sizeof(buf)), "?");
+        assert_string_equal(cli_format_duration(NAN, buf, sizeof(buf)), "?");
+        assert_string_equal(cli_format_duration(1e9, buf, sizeof(buf)), "?");
+        char small[4];
+        assert_string_equal(cli_format_duration(3725, small, sizeof(small)), "1:0");   /* truncated, terminated */
+}
+
+/* ---- the option table ---- */
+
+static int help_calls;
+static void help(FILE *f) {
+        help_calls++;
+        fprintf(f, "HELP\n");
+}
+
+struct parsed {
+        bool flag;
+        const char *str;
+        uint64_t num, dur;
+};
+
+/* Parses the words of line (split at spaces; argv[0] "cmd") with a table of the four kinds. */
+static bool parse(const char *line, struct parsed *p, int min_operands, int max_operands, const char *usage,
+                  bool terse, int *first, int *status) {
+        *p = (struct parsed){.str = "default", .num = 5, .dur = 2000000};
+        const struct cli_opt opts[] = {
+                CLI_FLAG("flag", &p->flag),
+                CLI_STRING("str", &p->str),
+                CLI_NUMBER("num", &p->num, 1, 64),
+                CLI_DURATION("dur-ms", &p->dur, 100, 3600000, 1000),
+                {NULL},
+        };
+        const struct cli_args a = {.cmd = "cmd", .opts = opts, .help = help, .terse = terse,
+                                   .min_operands = min_operands, .max_operands = max_operands, .usage = usage};
+        static char buf[256];
+        char *argv[32];
+        int argc = 0;
+        snprintf(buf, sizeof(buf), "cmd %s", line);
+        for (char *save = NULL, *w = strtok_r(buf, " ", &save); w && argc < 31; w = strtok_r(NULL, " ", &save))
+                argv[argc++] = w;
+        argv[argc] = NULL;
+        help_calls = 0;
+        *first = -1;
+        *status = -1;
+        bool ok = cli_args_parse(&a, argc, argv, first, status);
+        if (ok) {       /* the operands, whatever their place on the line, are after the options */
+                for (int i = *first; i < argc; i++)
+                        assert_true(strncmp(argv[i], "--", 2) != 0);
+        }
+        return ok;
+}
+
+static void test_args_values(void **state) {
+        struct parsed p;
+        int first, status;
+
+        capture(stderr);
+        assert_true(parse("", &p, 0, 0, NULL, false, &first, &status));
+        assert_false(p.flag);
+        assert_string_equal(p.str, "default");
+        assert_int_equal(p.num, 5);
+        assert_int_equal(p.dur, 2000000);
+
+        assert_true(parse("--flag --str hello --num 64 --dur-ms 250", &p, 0, 0, NULL, false, &first, &status));
+        assert_true(p.flag);
+        assert_string_equal(p.str, "hello");
+        assert_int_equal(p.num, 64);
+        assert_int_equal(p.dur, 250000);        /* microseconds */
+        assert_int_equal(first, 8);
+
+        assert_true(parse("--str=x --num=1 --dur-ms=3600000", &p, 0, 0, NULL, false, &first, &status));
+        assert_string_equal(p.str, "x");
+        assert_int_equal(p.num, 1);
+        assert_int_equal(p.dur, UINT64_C(3600000000));
+
+        /* operands anywhere: getopt moves them after the options */
+        assert_true(parse("job.json --flag more --num 2", &p, 1, 2, NULL, false, &first, &status));
+        assert_int_equal(first, 4);
+        assert_true(p.flag);
+        assert_int_equal(p.num, 2);
+        /* a unique prefix names its option */
+        assert_true(parse("--fl --nu 3", &p, 0, 0, NULL, false, &first, &status));
+        assert_true(p.flag);
+        assert_int_equal(p.num, 3);
+        assert_printed(stderr, "");
+        assert_int_equal(help_calls, 0);
+}
+
+static void test_args_help(void **state) {
+        struct parsed p;
+        int first, status;
+        capture(stdout);
+        assert_false(parse("--num 3 --help --bogus", &p, 1, 1, "usage", false, &first, &status));
+        assert_printed(stdout, "HELP\n");
+        assert_int_equal(status, 0);
+        assert_int_equal(help_calls, 1);
+}
+
+static void test_args_bad(void **state) {
+        struct parsed p;
+        int first, status;
+        static const struct {
+                const char *line, *usage;
+                bool terse;
+                const char *want;       /* on stderr */
+        } cases[] = {
+                {"--num 0", NULL, false, "psfleet cmd: --num \"0\": expected 1..64\n"},
+                {"--num 65", NULL, false, "psfleet cmd: --num \"65\": expected 1..64\n"},
+                {"--num x", NULL, false, "psfleet cmd: --num \"x\": expected 1..64\n"},
+                {"--dur-ms 99", NULL, false, "psfleet cmd: --dur-ms \"99\": expected 100..3600000\n"},
+                {"--dur-ms 1s", NULL, false, "psfleet cmd: --dur-ms \"1s\": expected 100..3600000\n"},
+                {"--dur-ms 3600001", NULL, false, "psfleet cmd: --dur-ms \"3600001\": expected 100..3600000\n"},
+                {"--bogus", NULL, false, "cmd: unrecognized option '--bogus'\nHELP\n"},
+                {"--bogus", NULL, true, "cmd: unrecognized option '--bogus'\n"},
+                {"--flag=1", NULL, false, "cmd: option '--flag' doesn't allow an argument\nHELP\n"},
+                {"--num", NULL, false, "cmd: option '--num' requires an argument\nHELP\n"},
+                {"-x", NULL, false, "cmd: invalid option -- 'x'\nHELP\n"},
+                {"a b c", NULL, false, "HELP\n"},                       /* too many operands: help */
+                {"a b c", "Usage: cmd A [B]", false, "Usage: cmd A [B]\n"},
+                {"--flag", "Usage: cmd A [B]", true, "Usage: cmd A [B]\n"},   /* too few */
+        };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                capture(stderr);
+                bool ok = parse(cases[i].line, &p, 1, 2, cases[i].usage, cases[i].terse, &first, &status);
+                char *got = captured_text(stderr);
+                if (strcmp(got, cases[i].want) != 0 || ok || status != CLI_EX_USAGE)
+                        fail_msg("\"%s\": ok %d, status %d, printed \"%s\", expected \"%s\"", cases[i].line, ok, status,
+                                 got, cases[i].want);
+                free(got);
+        }
+        /* no upper bound on operands */
+        capture(stderr);
+        assert_true(parse("a b c d e", &p, 1, -1, NULL, false, &first, &status));
+        assert_int_equal(first, 1);
+        assert_false(parse("", &p, 1, -1, NULL, false, &first, &status));
+        assert_printed(stderr, "HELP\n");
+}
+
+/* ---- messages, jobs and the chief's address ---- */
+
+static void test_error(void **state) {
+        capture(stderr);
+        errno = ENOENT;
+        cli_error("cannot open \"%s\": %m", "x");
+        assert_int_equal(errno, ENOENT);
+        cli_error("%d %s", 3, "things");
+        assert_printed(stderr, "psfleet: cannot open \"x\": No such file or directory\npsfleet: 3 things\n");
+}
+
+static char *example(void) {
+        const char *src = getenv("PSFLEET_SOURCE_DIR");
+        return strdup_printf("%s/examples/fmnist-mlp.json", src ? src : ".");
+}
+
+static void test_load_job(void **state) {
+        struct job_config *cfg = NULL;
+        char *path = example();
+        assert_int_equal(cli_load_job(path, &cfg), 0);
+        assert_non_null(cfg);
+        assert_string_equal(cfg->name, "fmnist-mlp");
+        config_free(cfg);
+        free(path);
+
+        capture(stderr);
+        assert_int_equal(cli_load_job("/nonexistent/job.json", &cfg), CONFIG_EX_CONFIG);
+        char *got = captured_text(stderr);
+        assert_true(strncmp(got, "psfleet: ", 9) == 0);
+        assert_non_null(strstr(got, "/nonexistent/job.json"));
+        free(got);
+}
+
+static void test_chief_address(void **state) {
+        char *addr = NULL, *path = example();
+        capture(stderr);
+        assert_int_equal(cli_chief_address("status", NULL, NULL, &addr), CLI_EX_USAGE);
+        assert_int_equal(cli_chief_address("watch", "h:1", path, &addr), CLI_EX_USAGE);
+        assert_printed(stderr, "psfleet status: give exactly one of --address HOST:PORT and --job JOB.json\n"
+                               "psfleet watch: give exactly one of --address HOST:PORT and --job JOB.json\n");
+        assert_null(addr);
+
+        assert_int_equal(cli_chief_address("status", "h:1", NULL, &addr), 0);
+        assert_string_equal(addr, "h:1");
+        free(addr);
+
+        unsetenv("TF_CONFIG");
+        assert_int_equal(cli_chief_address("status", NULL, path, &addr), 0);
+        assert_string_equal(addr, "127.0.0.1:2222");
+        free(addr);
+
+        /* TF_CONFIG's cluster wins over the file's */
+        setenv("TF_CONFIG", "{\"cluster\": {\"chief\": [\"10.0.0.9:7000\"], \"ps\": [\"10.0.0.9:7001\"], "
+                            "\"worker\": [\"10.0.0.9:7002\"]}}", 1);
+        assert_int_equal(cli_chief_address("status", NULL, path, &addr), 0);
+        assert_string_equal(addr, "10.0.0.9:7000");
+        free(addr);
+
+        addr = NULL;
+        setenv("TF_CONFIG", "{\"cluster\": ", 1);
+        capture(stderr);
+        assert_int_equal(cli_chief_address("status", NULL, path, &addr), CONFIG_EX_CONFIG);
+        char *got = captured_text(stderr);
+        assert_true(strncmp(got, "psfleet: TF_CONFIG", 18) == 0);
+        free(got);
+        assert_null(addr);
+        unsetenv("TF_CONFIG");
+        free(path);
+}
+
+/* ---- progress display ---- */
+
+static void test_progress_lines(void **state) {
+        FILE *f = tmpfile();
+        struct progress p;
+        progress_init_file(&p, f, false);
+        assert_false(p.tty);
+        progress_update(&p, "training", 50, 100, 0.12345, 1234.4, 65);
+        progress_update(&p, "training", 60, 100, 0.1, 1300, 60);                /* within 5 s: nothing */
+        progress_update_extra(&p, "done", 100, 100, NAN, -1, -1, "ckpt 100", true);   /* forced */
+        progress_end(&p);                                                       /* no bar: nothing */
+        struct progress q;
+        progress_init_file(&q, f, true);
+        progress_update(&q, "training", 1, 2, 1, 1, 1);                         /* quiet */
+        long n = ftell(f);
+        char buf[512] = "";
+        rewind(f);
+        assert_int_equal(fread(buf, 1, sizeof(buf) - 1, f), (size_t)n);
+        fclose(f);
+        assert_string_equal(buf, "psfleet: training: step 50/100, loss 0.1235, 1234 examples/s, ETA 1:05\n"
+                                 "psfleet: done: step 100/100, loss ?, ? examples/s, ETA ?, ckpt 100\n");
+}
+
+static void test_progress_bar(void **state) {
+        FILE *f = tmpfile();
+        struct progress p;
+        progress_init_file(&p, f, false);
+        p.tty = true;   /* as on a terminal */
+        progress_update_extra(&p, "training", 150, 100, 0.5, 10, 3725, "eval 0.9000", false);
+        progress_end(&p);
+        progress_end(&p);       /* once only */
+        long n = ftell(f);
+        char buf[512] = "";
+        rewind(f);
+        assert_int_equal(fread(buf, 1, sizeof(buf) - 1, f), (size_t)n);
+        fclose(f);
+        assert_string_equal(buf, "\r\033[Ktraining [##############################] 150/100  loss 0.5000  10 ex/s  "
+                                 "ETA 1:02:05  eval 0.9000\n");
+}
+
+/* ---- JSON ---- */
+
+static void test_status_json(void **state) {
+        Psfleet__V1__Checkpoint c = PSFLEET__V1__CHECKPOINT__INIT;
+        c.global_step = 100;
+        c.path = (char *)"/ck/100.safetensors";
+        c.loss = NAN;
+        c.eval_accuracy = -1;
+        c.eval_loss = -1;
+        Psfleet__V1__JobStatus s = PSFLEET__V1__JOB_STATUS__INIT;
+        s.job = (char *)"j";
+        s.fingerprint = 0xabc;
+        s.global_step = 100;
+        s.max_steps = 200;
+        s.loss = NAN;
+        s.steps_per_s = 2.5;
+        s.examples_per_s = NAN;
+        s.eta_s = -1;
+        s.test_accuracy = NAN;
+        s.test_loss = NAN;
+        s.eval_accuracy = -1;
+        s.wall_s = NAN;
+        s.last_checkpoint = &c;
+        FILE *f = tmpfile();
+        cli_print_status_json(f, &s);
+        long n = ftell(f);
+        char buf[2048] = "";
+        rewind(f);
+        assert_int_equal(fread(buf, 1, sizeof(buf) - 1, f), (size_t)n);
+        fclose(f);
+        assert_non_null(strstr(buf, "{\"job\":\"j\",\"fingerprint\":\"0000000000000abc\","));
+        assert_non_null(strstr(buf, "\"global_step\":100,\"max_steps\":200,\"steps_per_s\":2.5,"
+                                    "\"examples_per_s\":null,\"eta_s\":null,\"loss\":null,"));
+        assert_non_null(strstr(buf, "\"last_checkpoint\":{\"global_step\":100,\"time_us\":0,"
+                                    "\"path\":\"/ck/100.safetensors\",\"bytes\":0,\"checksum\":\"\",\"loss\":null,"
+                                    "\"eval_step\":null,\"eval_accuracy\":null,\"eval_loss\":null,\"trigger\":\"\"}"));
+        assert_non_null(strstr(buf, "\"restored_step\":null,\"restored_from\":null,"));
+        assert_non_null(strstr(buf, "\"nodes\":[]}\n"));
+        assert_int_equal(strchr(buf, '\n') - buf, (long)strlen(buf) - 1);    /* one line */
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_teardown(test_parse_number, uncapture),
+                cmocka_unit_test_teardown(test_format_duration, uncapture),
+                cmocka_unit_test_teardown(test_args_values, uncapture),
+                cmocka_unit_test_teardown(test_args_help, uncapture),
+                cmocka_unit_test_teardown(test_args_bad, uncapture),
+                cmocka_unit_test_teardown(test_error, uncapture),
+                cmocka_unit_test_teardown(test_load_job, uncapture),
+                cmocka_unit_test_teardown(test_chief_address, uncapture),
+                cmocka_unit_test_teardown(test_progress_lines, uncapture),
+                cmocka_unit_test_teardown(test_progress_bar, uncapture),
+                cmocka_unit_test_teardown(test_status_json, uncapture),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
