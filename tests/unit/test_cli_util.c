@@ -32,19 +32,24 @@ static void capture(FILE *f) {
         assert_true(dup2(fileno(captured), fileno(f)) >= 0);
 }
 
+/* What was written to the temporary file f, which it closes (malloc'd). */
+static char *read_back(FILE *f) {
+        long n = ftell(f);
+        char *s = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
+        assert_non_null(s);
+        rewind(f);
+        assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+        fclose(f);
+        return s;
+}
+
 /* Ends the capture of f; returns what was printed (malloc'd). */
 static char *captured_text(FILE *f) {
         fflush(f);
         assert_true(dup2(saved_fd, fileno(f)) >= 0);
         close(saved_fd);
         saved_fd = -1;
-        long n = ftell(captured);
-        char *s = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
-        assert_non_null(s);
-        rewind(captured);
-        assert_int_equal(fread(s, 1, (size_t)n, captured), (size_t)n);
-        fclose(captured);
-        return s;
+        return read_back(captured);
 }
 
 /* After a failed assertion within a capture: gives the stream back and shows what it held (the
@@ -193,40 +198,53 @@ static void test_args_help(void **state) {
         assert_int_equal(help_calls, 1);
 }
 
-static void test_args_bad(void **state) {
+/* Parsing line fails with CLI_EX_USAGE after printing want on stderr. */
+static void expect_usage(const char *line, const char *usage, bool terse, const char *want) {
         struct parsed p;
         int first, status;
-        static const struct {
-                const char *line, *usage;
-                bool terse;
-                const char *want;       /* on stderr */
-        } cases[] = {
-                {"--num 0", NULL, false, "psfleet cmd: --num \"0\": expected 1..64\n"},
-                {"--num 65", NULL, false, "psfleet cmd: --num \"65\": expected 1..64\n"},
-                {"--num x", NULL, false, "psfleet cmd: --num \"x\": expected 1..64\n"},
-                {"--dur-ms 99", NULL, false, "psfleet cmd: --dur-ms \"99\": expected 100..3600000\n"},
-                {"--dur-ms 1s", NULL, false, "psfleet cmd: --dur-ms \"1s\": expected 100..3600000\n"},
-                {"--dur-ms 3600001", NULL, false, "psfleet cmd: --dur-ms \"3600001\": expected 100..3600000\n"},
-                {"--bogus", NULL, false, "cmd: unrecognized option '--bogus'\nHELP\n"},
-                {"--bogus", NULL, true, "cmd: unrecognized option '--bogus'\n"},
-                {"--flag=1", NULL, false, "cmd: option '--flag' doesn't allow an argument\nHELP\n"},
-                {"--num", NULL, false, "cmd: option '--num' requires an argument\nHELP\n"},
-                {"-x", NULL, false, "cmd: invalid option -- 'x'\nHELP\n"},
-                {"a b c", NULL, false, "HELP\n"},                       /* too many operands: help */
-                {"a b c", "Usage: cmd A [B]", false, "Usage: cmd A [B]\n"},
-                {"--flag", "Usage: cmd A [B]", true, "Usage: cmd A [B]\n"},   /* too few */
-        };
-        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
-                capture(stderr);
-                bool ok = parse(cases[i].line, &p, 1, 2, cases[i].usage, cases[i].terse, &first, &status);
-                char *got = captured_text(stderr);
-                if (strcmp(got, cases[i].want) != 0 || ok || status != CLI_EX_USAGE)
-                        fail_msg("\"%s\": ok %d, status %d, printed \"%s\", expected \"%s\"", cases[i].line, ok, status,
-                                 got, cases[i].want);
-                free(got);
-        }
-        /* no upper bound on operands */
         capture(stderr);
+        bool ok = parse(line, &p, 1, 2, usage, terse, &first, &status);
+        char *got = captured_text(stderr);
+        if (strcmp(got, want) != 0 || ok || status != CLI_EX_USAGE)
+                fail_msg("\"%s\": ok %d, status %d, printed \"%s\", expected \"%s\"", line, ok, status, got, want);
+        free(got);
+}
+
+static void test_args_bad(void **state) {
+        /* a value out of bounds or not a number: the bounds in the option's unit, no help */
+        static const char *const values[][3] = {
+                {"num", "0", "1..64"}, {"num", "65", "1..64"}, {"num", "x", "1..64"},
+                {"dur-ms", "99", "100..3600000"}, {"dur-ms", "1s", "100..3600000"},
+                {"dur-ms", "3600001", "100..3600000"}, {"dur-ms", "-5", "100..3600000"},
+        };
+        for (size_t i = 0; i < ELEMENTSOF(values); i++) {
+                char line[64], want[128];
+                snprintf(line, sizeof(line), "--%s %s", values[i][0], values[i][1]);
+                snprintf(want, sizeof(want), "psfleet cmd: --%s \"%s\": expected %s\n", values[i][0], values[i][1],
+                         values[i][2]);
+                expect_usage(line, NULL, false, want);
+        }
+        /* what getopt_long complains of, then the help unless terse */
+        static const char *const complaints[][2] = {
+                {"--bogus", "cmd: unrecognized option '--bogus'\n"},
+                {"--flag=1", "cmd: option '--flag' doesn't allow an argument\n"},
+                {"--num", "cmd: option '--num' requires an argument\n"},
+                {"-x", "cmd: invalid option -- 'x'\n"},
+        };
+        for (size_t i = 0; i < ELEMENTSOF(complaints); i++) {
+                char want[128];
+                snprintf(want, sizeof(want), "%sHELP\n", complaints[i][1]);
+                expect_usage(complaints[i][0], NULL, false, want);
+                expect_usage(complaints[i][0], NULL, true, complaints[i][1]);
+        }
+        /* the operand count: the usage line, else the help */
+        expect_usage("a b c", NULL, false, "HELP\n");
+        expect_usage("a b c", "Usage: cmd A [B]", false, "Usage: cmd A [B]\n");
+        expect_usage("--flag", "Usage: cmd A [B]", true, "Usage: cmd A [B]\n");
+
+        struct parsed p;
+        int first, status;
+        capture(stderr);        /* no upper bound */
         assert_true(parse("a b c d e", &p, 1, -1, NULL, false, &first, &status));
         assert_int_equal(first, 1);
         assert_false(parse("", &p, 1, -1, NULL, false, &first, &status));
@@ -317,13 +335,10 @@ static void test_progress_lines(void **state) {
         struct progress q;
         progress_init_file(&q, f, true);
         progress_update(&q, "training", 1, 2, 1, 1, 1);                         /* quiet */
-        long n = ftell(f);
-        char buf[512] = "";
-        rewind(f);
-        assert_int_equal(fread(buf, 1, sizeof(buf) - 1, f), (size_t)n);
-        fclose(f);
+        char *buf = read_back(f);
         assert_string_equal(buf, "psfleet: training: step 50/100, loss 0.1235, 1234 examples/s, ETA 1:05\n"
                                  "psfleet: done: step 100/100, loss ?, ? examples/s, ETA ?, ckpt 100\n");
+        free(buf);
 }
 
 static void test_progress_bar(void **state) {
@@ -334,13 +349,10 @@ static void test_progress_bar(void **state) {
         progress_update_extra(&p, "training", 150, 100, 0.5, 10, 3725, "eval 0.9000", false);
         progress_end(&p);
         progress_end(&p);       /* once only */
-        long n = ftell(f);
-        char buf[512] = "";
-        rewind(f);
-        assert_int_equal(fread(buf, 1, sizeof(buf) - 1, f), (size_t)n);
-        fclose(f);
+        char *buf = read_back(f);
         assert_string_equal(buf, "\r\033[Ktraining [##############################] 150/100  loss 0.5000  10 ex/s  "
                                  "ETA 1:02:05  eval 0.9000\n");
+        free(buf);
 }
 
 /* ---- JSON ---- */
@@ -368,11 +380,7 @@ static void test_status_json(void **state) {
         s.last_checkpoint = &c;
         FILE *f = tmpfile();
         cli_print_status_json(f, &s);
-        long n = ftell(f);
-        char buf[2048] = "";
-        rewind(f);
-        assert_int_equal(fread(buf, 1, sizeof(buf) - 1, f), (size_t)n);
-        fclose(f);
+        char *buf = read_back(f);
         assert_non_null(strstr(buf, "{\"job\":\"j\",\"fingerprint\":\"0000000000000abc\","));
         assert_non_null(strstr(buf, "\"global_step\":100,\"max_steps\":200,\"steps_per_s\":2.5,"
                                     "\"examples_per_s\":null,\"eta_s\":null,\"loss\":null,"));
@@ -382,6 +390,7 @@ static void test_status_json(void **state) {
         assert_non_null(strstr(buf, "\"restored_step\":null,\"restored_from\":null,"));
         assert_non_null(strstr(buf, "\"nodes\":[]}\n"));
         assert_int_equal(strchr(buf, '\n') - buf, (long)strlen(buf) - 1);    /* one line */
+        free(buf);
 }
 
 int main(void) {
