@@ -203,7 +203,7 @@ int cmd_placement(int argc, char **argv) {
         if (r >= 0)
                 r = model_new(&cfg->model, be, 1, &m);
         if (r >= 0)
-                r = job_layout_new(cfg, m, &L);
+                r = job_layout_new(cfg, &L);
         if (r < 0) {
                 fprintf(stderr, "psfleet: cannot build the model of \"%s\": %s\n", argv[optind], strerror(-r));
                 goto out;

@@ -17,12 +17,10 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-#include "backend.h"
 #include "config.h"
 #include "daemon.h"
 #include "job.h"
 #include "log.h"
-#include "model.h"
 #include "notify.h"
 #include "optim.h"
 #include "rpc.h"
@@ -743,8 +741,6 @@ static void on_stop(struct rpc_call *call, void *ud) {
 /* ---- set-up ---- */
 
 static int psd_build(struct psd *p) {
-        struct backend *be = NULL;
-        struct model *m = NULL;
         int r;
         p->cfg = p->args.cfg;
         p->shard = p->args.task.index;
@@ -756,11 +752,7 @@ static int psd_build(struct psd *p) {
         pthread_mutex_init(&p->err_mu, NULL);
         pthread_mutex_init(&p->links_mu, NULL);
         /* the variables' shapes come from the model the job file describes */
-        if ((r = backend_cpu_new(1, &be)) < 0 || (r = model_new(&p->cfg->model, be, 1, &m)) < 0) {
-                log_error_errno(r, "cannot build the model to learn its variables");
-                goto out;
-        }
-        if ((r = job_layout_new(p->cfg, m, &p->L)) < 0) {
+        if ((r = job_layout_new(p->cfg, &p->L)) < 0) {
                 log_error_errno(r, "cannot place the variables");
                 goto out;
         }
@@ -803,8 +795,6 @@ static int psd_build(struct psd *p) {
         }
         r = 0;
 out:
-        model_free(m);
-        backend_free(be);
         return r;
 }
 

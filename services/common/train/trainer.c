@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "blocks.h"
 #include "data.h"
 #include "device.h"
 #include "job.h"
@@ -53,7 +54,7 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
                 goto out;
         }
         /* the row blocks a distributed run computes in, so the arithmetic is the same */
-        if ((r = job_layout_new(cfg, m, &L)) < 0 || (r = job_model_blocks(L, m, NULL)) < 0) {
+        if ((r = job_layout_new(cfg, &L)) < 0 || (r = job_model_blocks(L, m, NULL)) < 0) {
                 snprintf(err, errlen, "cannot lay out the variables: %s", strerror(-r));
                 goto out;
         }
