@@ -1758,7 +1758,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         if (r >= 0)
                 r = model_new(&cfg->model, c->be, EVAL_BATCH, &c->model);
         if (r >= 0)
-                r = job_layout_new(cfg, c->model, &c->L);
+                r = job_layout_new(cfg, &c->L);
         if (r >= 0)
                 r = ps_client_new(cfg, c->L, "chief:0", &c->pc);
         if (r < 0) {

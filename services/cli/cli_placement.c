@@ -4,12 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
 #include "cli_opt.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "job.h"
-#include "model.h"
 #include "placement.h"
 
 static void placement_help(FILE *f) {
@@ -33,16 +31,10 @@ int cmd_placement(int argc, char **argv) {
         struct job_config *cfg;
         if ((r = cli_load_job(path, &cfg)))
                 return r;
-        struct backend *be = NULL;
-        struct model *m = NULL;
         struct job_layout *L = NULL;
         struct placement_var *pv = NULL;
         int ret = 1;
-        r = backend_cpu_new(1, &be);
-        if (r >= 0)
-                r = model_new(&cfg->model, be, 1, &m);
-        if (r >= 0)
-                r = job_layout_new(cfg, m, &L);
+        r = job_layout_new(cfg, &L);
         if (r < 0) {
                 cli_error("cannot build the model of \"%s\": %s", path, strerror(-r));
                 goto out;
@@ -63,8 +55,6 @@ int cmd_placement(int argc, char **argv) {
 out:
         free(pv);
         job_layout_free(L);
-        model_free(m);
-        backend_free(be);
         config_free(cfg);
         return ret;
 }

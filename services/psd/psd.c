@@ -1,6 +1,7 @@
-/* psd: one parameter-server shard. Holds its part of the model's variables and their optimizer slots
- * in one contiguous block, applies gradients as they arrive (async), and replies with fresh values.
- * Shard 0 owns global_step. Starts uninitialized; the chief assigns it.
+/* psd: one parameter-server shard. Its variables (shard.c) are the job's parts placed on it, with
+ * their optimizer slots; it applies gradients as they arrive (async) and replies with fresh values.
+ * Shard 0 owns global_step. Starts uninitialized; the chief assigns it. This file is run() and the
+ * RPC handlers; shard.c validates and applies.
  *
  * Data flow of a push, top to bottom in on_push(): receive → validate → apply → reply. A worker on
  * this host may instead push through shared memory (shmlink.h): a thread per such worker runs the
@@ -17,59 +18,39 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-#include "backend.h"
 #include "config.h"
 #include "daemon.h"
 #include "job.h"
 #include "log.h"
-#include "model.h"
 #include "notify.h"
 #include "optim.h"
 #include "rpc.h"
+#include "shard.h"
 #include "shmlink.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 
-#define PSD_BOUNCE 4096   /* floats: gradients stream through this much stack, in cache */
 /* How long a link's thread spins for the next push before it sleeps: not at all. Its core is the one a
  * second worker on this host computes on; spinning there for 100 µs after each push cost 1 ps + 2
  * workers a third of its examples/s on two cores, while the one wake-up per push it saves did not show
  * with one worker (docs/performance.md). */
 #define LINK_SPIN_US 0
 
-struct part {
-        uint32_t var;
-        const char *name;        /* the variable's */
-        uint32_t row_begin, rows, cols;
-        size_t n;                /* floats: rows * cols */
-        size_t model_off;        /* floats into a whole model's block (a worker's segment) */
-        float *w;                /* (rows, cols) view into psd.block */
-        float *slot[OPTIM_MAX_SLOTS]; /* (rows, cols) each */
-        uint64_t updates;        /* gradients applied: Adam's t and the decay step */
-        pthread_mutex_t mu;
-};
-
 struct psd {
         struct daemon_args args;
         const struct job_config *cfg;
         uint32_t shard;
         struct job_layout *L;
-        struct part *parts;
-        uint32_t n_parts;
-        size_t n_floats;         /* of this shard's variables */
-        float *block;            /* (1 + n_slots) * n_floats */
-        unsigned n_slots;
-        atomic_bool initialized;
+        struct shard *s;         /* the variables */
         uint64_t incarnation;
-        atomic_uint_fast64_t global_step, pushes, rejected;
+        atomic_uint_fast64_t pushes, rejected;
         pthread_mutex_t err_mu;
         char last_error[512];
         int stop_fd;             /* eventfd: a Stop call asks the main loop to end */
         struct rpc_server *server;
         pthread_mutex_t links_mu;
         struct link *links;      /* workers pushing through shared memory */
-        uint32_t *plan_part;     /* (plan parts) index into parts[], or UINT32_MAX: another shard's */
 };
 
 /* A worker on this host whose pushes come through its shared-memory segment; served by a thread of
@@ -78,11 +59,12 @@ struct link {
         struct psd *p;
         struct shmlink *l;
         uint32_t worker;
+        char name[24];           /* "worker:<i>", for messages */
         uint32_t n_groups;
-        uint32_t *groups;        /* (n_groups) the groups' records in the segment */
-        uint32_t **gparts;       /* (n_groups) each group's parts, indices into psd.parts */
-        uint32_t *gn;            /* (n_groups) */
+        uint32_t *groups;        /* (n_groups) the groups' records in the segment; owns the next three */
         uint32_t *last;          /* (n_groups) the push of each served last */
+        uint32_t *first, *count; /* (n_groups) each group's parts: parts[first, first + count) */
+        uint32_t *parts;         /* indices into the shard's parts, a group's adjacent */
         float *scratch;          /* (largest group) the gradients, copied out of the segment */
         pthread_t thread;
         bool started;
@@ -98,58 +80,6 @@ static void note_reject(struct psd *p, const char *msg) {
         snprintf(p->last_error, sizeof(p->last_error), "%s", msg);
         pthread_mutex_unlock(&p->err_mu);
         log_warning("rejected: %s", msg);
-}
-
-static struct part *find_part(struct psd *p, const char *name, uint64_t row_offset) {
-        for (uint32_t i = 0; i < p->n_parts; i++)
-                if (p->parts[i].row_begin == row_offset && strcmp(p->parts[i].name, name) == 0)
-                        return &p->parts[i];
-        return NULL;
-}
-
-/* Checks a tensor's metadata against a part: name (with an optional "/slot"), rows, dtype. */
-static int match_tensor(struct psd *p, const struct wire_tensor *t, bool allow_slot, struct part **part_ret,
-                        int *slot_ret, char *err, size_t errlen) {
-        char name[300];
-        snprintf(name, sizeof(name), "%s", t->name ? t->name : "");
-        int slot = -1;
-        struct part *q = find_part(p, name, t->row_offset);
-        if (!q && allow_slot) {
-                char *sl = strrchr(name, '/');
-                if (sl) {
-                        *sl = 0;
-                        q = find_part(p, name, t->row_offset);
-                        for (unsigned s = 0; q && s < p->n_slots; s++)
-                                if (strcmp(sl + 1, optim_slot_name(p->cfg->training.optimizer, s)) == 0)
-                                        slot = (int)s;
-                        if (q && slot < 0) {
-                                snprintf(err, errlen, "tensor \"%s\": optimizer %s has no slot \"%s\"", t->name,
-                                         optim_name(p->cfg->training.optimizer), sl + 1);
-                                return -EINVAL;
-                        }
-                }
-        }
-        if (!q) {
-                snprintf(err, errlen, "tensor \"%s\" rows from %llu: no such variable on ps:%u", t->name ? t->name : "",
-                         (unsigned long long)t->row_offset, p->shard);
-                return -EINVAL;
-        }
-        if (t->dtype != WIRE_DTYPE_FLOAT32) {
-                snprintf(err, errlen, "tensor \"%s\": dtype %u, expected float32 (%u)", t->name, t->dtype,
-                         WIRE_DTYPE_FLOAT32);
-                return -EINVAL;
-        }
-        if (t->ndims != 2 || t->shape[0] != q->rows || t->shape[1] != q->cols) {
-                char shape[128] = "";
-                for (unsigned i = 0, at = 0; i < t->ndims && at < sizeof(shape) - 24; i++)
-                        at += (unsigned)snprintf(shape + at, sizeof(shape) - at, "%s%llu", i ? ", " : "",
-                                                 (unsigned long long)t->shape[i]);
-                snprintf(err, errlen, "tensor \"%s\": shape (%s), expected (%u, %u)", t->name, shape, q->rows, q->cols);
-                return -EINVAL;
-        }
-        *part_ret = q;
-        *slot_ret = slot;
-        return 0;
 }
 
 static int check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t errlen) {
@@ -177,11 +107,32 @@ static void lent_release(void *ud) {
                 free(l);
 }
 
+/* receive: a message of a header and tensors, its header unpacked and the caller it names (the
+ * header's field "caller", in every request that carries tensors) checked. 0, or -errno with err
+ * saying why. */
+static int receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageDescriptor *d, struct wire_in **in,
+                   ProtobufCMessage **hm, char *err, size_t errlen) {
+        int r;
+        if ((r = wire_in_parse(rpc_call_take_payload(call), in, err, errlen)) < 0)
+                return r;
+        if ((r = wire_in_header(*in, d, hm)) < 0)
+                return errf(err, errlen, r, "%s does not parse", d->short_name);
+        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, "caller");
+        return check_caller(p, f ? *(const Psfleet__V1__Caller *const *)((const char *)*hm + f->offset) : NULL, err,
+                            errlen);
+}
+
+/* A refused call: counted, remembered for the status, logged, and failed with err. */
+static void reject(struct psd *p, struct rpc_call *call, int r, const char *err) {
+        note_reject(p, err);
+        rpc_call_fail_errno(call, r, "%s", err);
+}
+
 /* shard 0 counts the step of a push that says so; every shard counts the push */
 static uint64_t count_push(struct psd *p, bool count_step) {
         uint64_t gs = 0;
         if (p->shard == 0)
-                gs = count_step ? atomic_fetch_add(&p->global_step, 1) + 1 : atomic_load(&p->global_step);
+                gs = count_step ? atomic_fetch_add(&p->s->global_step, 1) + 1 : atomic_load(&p->s->global_step);
         atomic_fetch_add(&p->pushes, 1);
         return gs;
 }
@@ -193,84 +144,35 @@ static void on_push(struct rpc_call *call, void *ud) {
         char err[600];
         struct wire_in *in = NULL;
         ProtobufCMessage *hm = NULL;
-        struct part **parts = NULL;
+        struct shard_part **parts = NULL;
         struct lent *vals = NULL;
         struct wire_out *o = NULL;
         int r;
 
         /* receive */
-        if ((r = wire_in_parse(rpc_call_take_payload(call), &in, err, sizeof(err))) < 0)
-                goto reject;   /* err says why */
-        if ((r = wire_in_header(in, &psfleet__v1__push_header__descriptor, &hm)) < 0) {
-                snprintf(err, sizeof(err), "PushHeader does not parse");
+        if ((r = receive(p, call, &psfleet__v1__push_header__descriptor, &in, &hm, err, sizeof(err))) < 0)
                 goto reject;
-        }
         const Psfleet__V1__PushHeader *h = (const Psfleet__V1__PushHeader *)hm;
 
         /* validate: everything before anything is applied, so a bad push changes nothing */
-        if ((r = check_caller(p, h->caller, err, sizeof(err))) < 0)
-                goto reject;
-        if (!atomic_load(&p->initialized)) {
+        if (!atomic_load(&p->s->initialized)) {
                 rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "ps:%u is not initialized yet (waiting for the chief)",
                               p->shard);
                 goto out;
         }
-        size_t total = 0;
+        size_t total;
         parts = calloc(in->n_tensors ? in->n_tensors : 1, sizeof(*parts));
         if (!parts)
                 goto oom;
-        for (size_t i = 0; i < in->n_tensors; i++) {
-                int slot;
-                if ((r = match_tensor(p, &in->tensors[i], false, &parts[i], &slot, err, sizeof(err))) < 0)
-                        goto reject;
-                for (size_t j = 0; j < i; j++)
-                        if (parts[j] == parts[i]) {
-                                snprintf(err, sizeof(err), "tensor \"%s\" appears twice in one push", in->tensors[i].name);
-                                r = -EINVAL;
-                                goto reject;
-                        }
-                total += parts[i]->n;
-        }
-        /* Gradients stream out of gRPC's slices through a small buffer that stays in cache: checked
-         * for NaN/Inf first (nothing is applied unless all are finite), then applied. */
+        /* names, shapes, each part once, and (streamed out of gRPC's slices) all finite */
+        if ((r = shard_wire_check(p->s, in, h->caller->task, parts, &total, err, sizeof(err))) < 0)
+                goto reject;
         vals = malloc(sizeof(*vals) + (h->want_values ? total : 0) * sizeof(float));
         if (!vals)
                 goto oom;
-        float bounce[PSD_BOUNCE] __attribute__((aligned(64)));
-        for (size_t i = 0; i < in->n_tensors; i++) {
-                struct wire_reader rd;
-                wire_reader_init(&rd, &in->tensors[i]);
-                for (size_t at = 0; at < parts[i]->n; at += PSD_BOUNCE) {
-                        size_t k = parts[i]->n - at < PSD_BOUNCE ? parts[i]->n - at : PSD_BOUNCE;
-                        wire_reader_read(&rd, bounce, k * sizeof(float));
-                        if (!optim_all_finite(bounce, k)) {
-                                snprintf(err, sizeof(err), "gradient \"%s\" from %s contains NaN or Inf; nothing applied",
-                                         in->tensors[i].name, h->caller->task);
-                                r = -EINVAL;
-                                goto reject;
-                        }
-                }
-        }
 
         /* apply */
-        for (size_t i = 0, vat = 0; i < in->n_tensors; vat += parts[i]->n, i++) {
-                struct part *q = parts[i];
-                struct wire_reader rd;
-                wire_reader_init(&rd, &in->tensors[i]);
-                pthread_mutex_lock(&q->mu);
-                for (size_t at = 0; at < q->n; at += PSD_BOUNCE) {
-                        size_t k = q->n - at < PSD_BOUNCE ? q->n - at : PSD_BOUNCE;
-                        float *sl[OPTIM_MAX_SLOTS] = {0};
-                        for (unsigned s = 0; s < p->n_slots; s++)
-                                sl[s] = q->slot[s] + at;
-                        wire_reader_read(&rd, bounce, k * sizeof(float));
-                        optim_apply(&p->cfg->training, q->updates, q->w + at, bounce, sl, k);
-                }
-                q->updates++;
-                if (h->want_values)
-                        memcpy(vals->data + vat, q->w, q->n * sizeof(float));
-                pthread_mutex_unlock(&q->mu);
-        }
+        shard_wire_apply(p->s, in, parts, h->want_values ? vals->data : NULL);
         uint64_t gs = count_push(p, h->count_step);
 
         /* reply: the fresh values, lent without another copy */
@@ -281,11 +183,11 @@ static void on_push(struct rpc_call *call, void *ud) {
                 goto oom;
         wire_out_header(o, &rh.base);
         atomic_init(&vals->refs, 1);
-        for (size_t i = 0, at = 0; h->want_values && i < in->n_tensors; at += parts[i]->n, i++) {
+        for (size_t i = 0, at = 0; h->want_values && i < in->n_tensors; at += parts[i]->a.n, i++) {
                 uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
                 atomic_fetch_add(&vals->refs, 1);
                 wire_out_tensor(o, parts[i]->name, WIRE_DTYPE_FLOAT32, shape, 2, parts[i]->row_begin, vals->data + at,
-                                parts[i]->n * sizeof(float), lent_release, vals);
+                                parts[i]->a.n * sizeof(float), lent_release, vals);
         }
         grpc_byte_buffer *bb;
         r = wire_out_finish(o, &bb);
@@ -300,8 +202,7 @@ oom:
         rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
         goto out;
 reject:
-        note_reject(p, err);
-        rpc_call_fail_errno(call, r, "%s", err);
+        reject(p, call, r, err);
 out:
         wire_out_free(o);
         free(vals);
@@ -317,42 +218,21 @@ static void serve_link_push(struct link *k, const struct shmlink_push *push) {
         struct psd *p = k->p;
         uint32_t gi = push->index, g = k->groups[gi];
         char err[600];
-        if (!atomic_load(&p->initialized)) {
+        if (!atomic_load(&p->s->initialized)) {
                 snprintf(err, sizeof(err), "ps:%u is not initialized yet (waiting for the chief)", p->shard);
                 shmlink_reply(k->l, g, push->seq, -EAGAIN, 0, err);
                 return;
         }
         /* receive and validate: copied out of the segment first, so the values checked are the values
          * applied whatever the other process does meanwhile; nothing applied unless all are finite */
-        const float *grads = shmlink_grads(k->l);
-        float *values = shmlink_params(k->l);
-        size_t at = 0;
-        for (uint32_t j = 0; j < k->gn[gi]; j++) {
-                const struct part *q = &p->parts[k->gparts[gi][j]];
-                memcpy(k->scratch + at, grads + q->model_off, q->n * sizeof(float));
-                if (!optim_all_finite(k->scratch + at, q->n)) {
-                        snprintf(err, sizeof(err), "gradient \"%s\" rows %u..%u from worker:%u contains NaN or Inf; nothing applied",
-                                 q->name, q->row_begin, q->row_begin + q->rows, k->worker);
-                        note_reject(p, err);
-                        shmlink_reply(k->l, g, push->seq, -EINVAL, 0, err);
-                        return;
-                }
-                at += q->n;
+        const uint32_t *parts = k->parts + k->first[gi];
+        if (shard_block_check(p->s, shmlink_grads(k->l), parts, k->count[gi], k->scratch, k->name, err, sizeof(err)) < 0) {
+                note_reject(p, err);
+                shmlink_reply(k->l, g, push->seq, -EINVAL, 0, err);
+                return;
         }
         /* apply, and reply: the fresh values go where the worker's forward reads them */
-        at = 0;
-        for (uint32_t j = 0; j < k->gn[gi]; j++) {
-                struct part *q = &p->parts[k->gparts[gi][j]];
-                float *sl[OPTIM_MAX_SLOTS] = {0};
-                for (unsigned s = 0; s < p->n_slots; s++)
-                        sl[s] = q->slot[s];
-                pthread_mutex_lock(&q->mu);
-                optim_apply(&p->cfg->training, q->updates, q->w, k->scratch + at, sl, q->n);
-                q->updates++;
-                memcpy(values + q->model_off, q->w, q->n * sizeof(float));
-                pthread_mutex_unlock(&q->mu);
-                at += q->n;
-        }
+        shard_block_apply(p->s, parts, k->count[gi], k->scratch, shmlink_params(k->l));
         shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step), NULL);
 }
 
@@ -387,12 +267,8 @@ static struct link *link_free(struct link *k) {
                 pthread_join(k->thread, NULL);
         }
         shmlink_free(k->l);
-        for (uint32_t i = 0; k->gparts && i < k->n_groups; i++)
-                free(k->gparts[i]);
-        free(k->gparts);
-        free(k->gn);
         free(k->groups);
-        free(k->last);
+        free(k->parts);
         free(k->scratch);
         free(k);
         return NULL;
@@ -437,20 +313,21 @@ static uint32_t links_count(struct psd *p) {
 /* The groups of an attach request, checked against this shard: each part once, every part ours. */
 static int link_groups(struct psd *p, struct link *k, const Psfleet__V1__AttachSharedMemoryRequest *q, char *err,
                        size_t errlen) {
-        uint32_t n_plan = p->L->plan->n_parts;
+        uint32_t n_plan = p->L->plan->n_parts, n = (uint32_t)q->n_groups, at = 0;
         bool *seen = calloc(n_plan + 1, sizeof(bool));
         bool *gseen = calloc(shmlink_n_groups(k->l) + 1, sizeof(bool));
-        k->n_groups = (uint32_t)q->n_groups;
-        k->groups = calloc(q->n_groups + 1, sizeof(uint32_t));
-        k->gparts = calloc(q->n_groups + 1, sizeof(uint32_t *));
-        k->gn = calloc(q->n_groups + 1, sizeof(uint32_t));
-        k->last = calloc(q->n_groups + 1, sizeof(uint32_t));
+        k->n_groups = n;
+        k->groups = calloc(4 * ((size_t)n + 1), sizeof(uint32_t));
+        k->parts = calloc(p->s->n_parts + 1, sizeof(uint32_t));   /* each part once: no more */
         int r = -ENOMEM;
         size_t largest = 1;
-        if (!seen || !gseen || !k->groups || !k->gparts || !k->gn || !k->last) {
+        if (!seen || !gseen || !k->groups || !k->parts) {
                 errf(err, errlen, r, "out of memory");
                 goto out;
         }
+        k->last = k->groups + n + 1;
+        k->first = k->last + n + 1;
+        k->count = k->first + n + 1;
         r = -EINVAL;
         for (size_t i = 0; i < q->n_groups; i++) {
                 const Psfleet__V1__PushGroup *pg = q->groups[i];
@@ -460,22 +337,21 @@ static int link_groups(struct psd *p, struct link *k, const Psfleet__V1__AttachS
                 }
                 gseen[pg->index] = true;
                 k->groups[i] = pg->index;
-                if (!(k->gparts[i] = calloc(pg->n_parts + 1, sizeof(uint32_t)))) {
-                        r = errf(err, errlen, -ENOMEM, "out of memory");
-                        goto out;
-                }
+                k->first[i] = at;
                 size_t floats = 0;
                 for (size_t j = 0; j < pg->n_parts; j++) {
                         uint32_t pp = pg->parts[j];
-                        if (pp >= n_plan || p->plan_part[pp] == UINT32_MAX || seen[pp]) {
+                        int part = shard_plan_part(p->s, pp);
+                        if (part < 0 || seen[pp]) {
                                 errf(err, errlen, r, "group %u: part %u is not a part of ps:%u, or is given twice",
                                      pg->index, pp, p->shard);
                                 goto out;
                         }
                         seen[pp] = true;
-                        k->gparts[i][k->gn[i]++] = p->plan_part[pp];
-                        floats += p->parts[p->plan_part[pp]].n;
+                        k->parts[at++] = (uint32_t)part;
+                        floats += p->s->parts[part].a.n;
                 }
+                k->count[i] = at - k->first[i];
                 largest = floats > largest ? floats : largest;
         }
         if (!(k->scratch = malloc(largest * sizeof(float)))) {
@@ -514,6 +390,7 @@ static void on_attach(struct rpc_call *call, void *ud) {
         }
         k->p = p;
         k->worker = q->worker;
+        snprintf(k->name, sizeof(k->name), "worker:%u", q->worker);
         char why[600];
         if ((r = shmlink_open(q->segment, q->nonce.data, p->L->fingerprint, p->L->n_params, p->shard, q->generation,
                               &k->l, why, sizeof(why))) < 0) {
@@ -546,8 +423,7 @@ static void on_attach(struct rpc_call *call, void *ud) {
         rpc_call_reply_msg(call, &rep.base);
         goto out;
 reject:
-        note_reject(p, err);
-        rpc_call_fail_errno(call, r, "%s", err);
+        reject(p, call, r, err);
 out:
         link_free(k);
         if (m)
@@ -561,74 +437,20 @@ static void on_assign(struct rpc_call *call, void *ud) {
         char err[600];
         struct wire_in *in = NULL;
         ProtobufCMessage *hm = NULL;
-        struct part **parts = NULL;
-        int *slots = NULL;
-        bool *seen = NULL;
-        int r;
-        if ((r = wire_in_parse(rpc_call_take_payload(call), &in, err, sizeof(err))) < 0)
-                goto reject;
-        if ((r = wire_in_header(in, &psfleet__v1__assign_header__descriptor, &hm)) < 0) {
-                snprintf(err, sizeof(err), "AssignHeader does not parse");
-                goto reject;
-        }
+        int r = receive(p, call, &psfleet__v1__assign_header__descriptor, &in, &hm, err, sizeof(err));
         const Psfleet__V1__AssignHeader *h = (const Psfleet__V1__AssignHeader *)hm;
-        if ((r = check_caller(p, h->caller, err, sizeof(err))) < 0)
-                goto reject;
-        parts = calloc(in->n_tensors + 1, sizeof(*parts));
-        slots = calloc(in->n_tensors + 1, sizeof(*slots));
-        seen = calloc((size_t)p->n_parts * (1 + p->n_slots) + 1, sizeof(*seen));
-        if (!parts || !slots || !seen) {
-                r = -ENOMEM;
-                snprintf(err, sizeof(err), "out of memory");
-                goto reject;
+        if (r == 0)
+                r = shard_assign(p->s, in, h->with_slots, h->global_step, err, sizeof(err));
+        if (r < 0) {
+                reject(p, call, r, err);
+        } else {
+                log_info_step(h->global_step, "assigned by %s: %u variable part(s)%s at global_step %llu",
+                              h->caller->task, p->s->n_parts, h->with_slots ? " with optimizer slots" : "",
+                              (unsigned long long)h->global_step);
+                Psfleet__V1__AssignReply rep = PSFLEET__V1__ASSIGN_REPLY__INIT;
+                rep.incarnation = p->incarnation;
+                rpc_call_reply_msg(call, &rep.base);
         }
-        for (size_t i = 0; i < in->n_tensors; i++) {
-                if ((r = match_tensor(p, &in->tensors[i], true, &parts[i], &slots[i], err, sizeof(err))) < 0)
-                        goto reject;
-                seen[(size_t)(parts[i] - p->parts) * (1 + p->n_slots) + (size_t)(slots[i] + 1)] = true;
-        }
-        /* every variable must be given, and every slot too when slots are given */
-        for (uint32_t k = 0; k < p->n_parts; k++)
-                for (unsigned s = 0; s <= (h->with_slots ? p->n_slots : 0); s++)
-                        if (!seen[(size_t)k * (1 + p->n_slots) + s]) {
-                                snprintf(err, sizeof(err), "Assign is missing \"%s%s%s\" rows %u..%u", p->parts[k].name,
-                                         s ? "/" : "", s ? optim_slot_name(p->cfg->training.optimizer, s - 1) : "",
-                                         p->parts[k].row_begin, p->parts[k].row_begin + p->parts[k].rows);
-                                r = -EINVAL;
-                                goto reject;
-                        }
-        for (uint32_t k = 0; k < p->n_parts; k++)
-                pthread_mutex_lock(&p->parts[k].mu);
-        for (size_t i = 0; i < in->n_tensors; i++)
-                wire_tensor_copy(&in->tensors[i], slots[i] < 0 ? parts[i]->w : parts[i]->slot[slots[i]]);
-        for (uint32_t k = 0; k < p->n_parts; k++) {
-                struct part *q = &p->parts[k];
-                if (!h->with_slots)
-                        for (unsigned s = 0; s < p->n_slots; s++) {
-                                float v = optim_slot_init(&p->cfg->training, s);
-                                for (size_t e = 0; e < q->n; e++)
-                                        q->slot[s][e] = v;
-                        }
-                q->updates = h->global_step;
-        }
-        atomic_store(&p->global_step, p->shard == 0 ? h->global_step : 0);
-        atomic_store(&p->initialized, true);
-        for (uint32_t k = 0; k < p->n_parts; k++)
-                pthread_mutex_unlock(&p->parts[k].mu);
-        log_info_step(h->global_step, "assigned by %s: %u variable part(s)%s at global_step %llu",
-                      h->caller->task, p->n_parts, h->with_slots ? " with optimizer slots" : "",
-                      (unsigned long long)h->global_step);
-        Psfleet__V1__AssignReply rep = PSFLEET__V1__ASSIGN_REPLY__INIT;
-        rep.incarnation = p->incarnation;
-        rpc_call_reply_msg(call, &rep.base);
-        goto out;
-reject:
-        note_reject(p, err);
-        rpc_call_fail_errno(call, r, "%s", err);
-out:
-        free(parts);
-        free(slots);
-        free(seen);
         if (hm)
                 protobuf_c_message_free_unpacked(hm, NULL);
         wire_in_free(in);
@@ -650,12 +472,12 @@ static void on_pull(struct rpc_call *call, void *ud) {
         const Psfleet__V1__PullHeader *h = q->header ? q->header : &empty;
         if ((r = check_caller(p, h->caller, err, sizeof(err))) < 0)
                 goto reject;
-        if (!atomic_load(&p->initialized)) {
+        if (!atomic_load(&p->s->initialized)) {
                 rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "ps:%u is not initialized yet (waiting for the chief)", p->shard);
                 goto out;
         }
-        unsigned ns = h->with_slots ? p->n_slots : 0;
-        struct lent *vals = malloc(sizeof(*vals) + p->n_floats * (1 + ns) * sizeof(float));
+        unsigned ns = h->with_slots ? p->s->n_slots : 0;
+        struct lent *vals = malloc(sizeof(*vals) + p->s->n_floats * (1 + ns) * sizeof(float));
         struct wire_out *o;
         if (!vals || wire_out_new(&o) < 0) {
                 free(vals);
@@ -666,30 +488,27 @@ static void on_pull(struct rpc_call *call, void *ud) {
         Psfleet__V1__PullReplyHeader rh = PSFLEET__V1__PULL_REPLY_HEADER__INIT;
         rh.incarnation = p->incarnation;
         size_t at = 0;
-        for (uint32_t k = 0; k < p->n_parts; k++) {
-                struct part *pt = &p->parts[k];
+        for (uint32_t k = 0; k < p->s->n_parts; k++) {
+                const struct shard_part *pt = &p->s->parts[k];
                 bool wanted = h->n_names == 0;
                 for (size_t i = 0; i < h->n_names && !wanted; i++)
                         wanted = strcmp(h->names[i], pt->name) == 0;
                 if (!wanted)
                         continue;
                 uint64_t shape[2] = {pt->rows, pt->cols};
-                pthread_mutex_lock(&pt->mu);
-                for (unsigned s = 0; s <= ns; s++)
-                        memcpy(vals->data + at + s * pt->n, s ? pt->slot[s - 1] : pt->w, pt->n * sizeof(float));
-                pthread_mutex_unlock(&pt->mu);
+                shard_read(p->s, k, ns, vals->data + at);
                 for (unsigned s = 0; s <= ns; s++) {
                         char name[300];
                         snprintf(name, sizeof(name), "%s%s%s", pt->name, s ? "/" : "",
                                  s ? optim_slot_name(p->cfg->training.optimizer, s - 1) : "");
                         atomic_fetch_add(&vals->refs, 1);
                         wire_out_tensor(o, name, WIRE_DTYPE_FLOAT32, shape, 2, pt->row_begin, vals->data + at,
-                                        pt->n * sizeof(float), lent_release, vals);
-                        at += pt->n;
+                                        pt->a.n * sizeof(float), lent_release, vals);
+                        at += pt->a.n;
                 }
         }
         /* protobuf fields may come in any order: the header goes last, read after the values */
-        rh.global_step = atomic_load(&p->global_step);
+        rh.global_step = atomic_load(&p->s->global_step);
         grpc_byte_buffer *bb;
         wire_out_header(o, &rh.base);
         wire_out_finish(o, &bb);
@@ -698,8 +517,7 @@ static void on_pull(struct rpc_call *call, void *ud) {
         rpc_call_reply(call, bb);
         goto out;
 reject:
-        note_reject(p, err);
-        rpc_call_fail_errno(call, r, "%s", err);
+        reject(p, call, r, err);
 out:
         if (m)
                 protobuf_c_message_free_unpacked(m, NULL);
@@ -709,13 +527,13 @@ static void on_status(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
         Psfleet__V1__ShardStatus st = PSFLEET__V1__SHARD_STATUS__INIT;
         st.shard = p->shard;
-        st.initialized = atomic_load(&p->initialized);
+        st.initialized = atomic_load(&p->s->initialized);
         st.incarnation = p->incarnation;
-        st.global_step = atomic_load(&p->global_step);
+        st.global_step = atomic_load(&p->s->global_step);
         st.pushes = atomic_load(&p->pushes);
         st.rejected = atomic_load(&p->rejected);
-        st.bytes = p->n_floats * sizeof(float);
-        st.variables = p->n_parts;
+        st.bytes = p->s->n_floats * sizeof(float);
+        st.variables = p->s->n_parts;
         pthread_mutex_lock(&p->err_mu);
         char last[sizeof(p->last_error)];
         memcpy(last, p->last_error, sizeof(last));
@@ -743,12 +561,10 @@ static void on_stop(struct rpc_call *call, void *ud) {
 /* ---- set-up ---- */
 
 static int psd_build(struct psd *p) {
-        struct backend *be = NULL;
-        struct model *m = NULL;
+        char err[256];
         int r;
         p->cfg = p->args.cfg;
         p->shard = p->args.task.index;
-        p->n_slots = optim_n_slots(p->cfg->training.optimizer);
         p->incarnation = now_us();
         p->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (p->stop_fd < 0)
@@ -756,67 +572,18 @@ static int psd_build(struct psd *p) {
         pthread_mutex_init(&p->err_mu, NULL);
         pthread_mutex_init(&p->links_mu, NULL);
         /* the variables' shapes come from the model the job file describes */
-        if ((r = backend_cpu_new(1, &be)) < 0 || (r = model_new(&p->cfg->model, be, 1, &m)) < 0) {
-                log_error_errno(r, "cannot build the model to learn its variables");
-                goto out;
-        }
-        if ((r = job_layout_new(p->cfg, m, &p->L)) < 0) {
-                log_error_errno(r, "cannot place the variables");
-                goto out;
-        }
-        p->n_parts = p->L->shard_count[p->shard];
-        p->plan_part = malloc((p->L->plan->n_parts + 1) * sizeof(uint32_t));
-        if (!p->plan_part) {
-                r = log_error_errno(ENOMEM, "out of memory");
-                goto out;
-        }
-        for (uint32_t i = 0; i < p->L->plan->n_parts; i++)
-                p->plan_part[i] = UINT32_MAX;
-        for (uint32_t k = 0; k < p->n_parts; k++)
-                p->plan_part[p->L->shard_parts[p->L->shard_first[p->shard] + k]] = k;
-        p->parts = calloc(p->n_parts ? p->n_parts : 1, sizeof(*p->parts));
-        if (!p->parts) {
-                r = log_error_errno(ENOMEM, "out of memory");
-                goto out;
-        }
-        for (uint32_t k = 0; k < p->n_parts; k++) {
-                const struct placement_part *pp = &p->L->plan->parts[p->L->shard_parts[p->L->shard_first[p->shard] + k]];
-                const struct job_var *v = &p->L->vars[pp->var];
-                p->parts[k] = (struct part){.var = pp->var, .name = v->name, .row_begin = pp->row_begin,
-                                            .rows = pp->row_end - pp->row_begin, .cols = v->cols};
-                p->parts[k].n = (size_t)p->parts[k].rows * v->cols;
-                p->parts[k].model_off = v->offset + (size_t)pp->row_begin * v->cols;
-                p->n_floats += p->parts[k].n;
-                pthread_mutex_init(&p->parts[k].mu, NULL);
-        }
-        p->block = calloc(p->n_floats * (1 + p->n_slots) + 1, sizeof(float));
-        if (!p->block) {
-                r = log_error_errno(ENOMEM, "cannot allocate %zu bytes for the shard", p->n_floats * (1 + p->n_slots) * 4);
-                goto out;
-        }
-        size_t at = 0;
-        for (uint32_t k = 0; k < p->n_parts; k++) {
-                p->parts[k].w = p->block + at;
-                for (unsigned s = 0; s < p->n_slots; s++)
-                        p->parts[k].slot[s] = p->block + (s + 1) * p->n_floats + at;
-                at += p->parts[k].n;
-        }
-        r = 0;
-out:
-        model_free(m);
-        backend_free(be);
-        return r;
+        if ((r = job_layout_new(p->cfg, &p->L)) < 0)
+                return log_error_errno(r, "cannot place the variables");
+        if ((r = shard_new(p->cfg, p->L, p->shard, &p->s, err, sizeof(err))) < 0)
+                return log_error_errno(r, "%s", err);
+        return 0;
 }
 
 static void psd_done(struct psd *p) {
         rpc_server_free(p->server);
         links_free(p->links);   /* after the server: no attach can come any more */
         p->links = NULL;
-        free(p->plan_part);
-        for (uint32_t k = 0; p->parts && k < p->n_parts; k++)
-                pthread_mutex_destroy(&p->parts[k].mu);
-        free(p->parts);
-        free(p->block);
+        shard_free(p->s);
         job_layout_free(p->L);
         if (p->stop_fd >= 0)
                 close(p->stop_fd);
@@ -879,7 +646,7 @@ static int run(int argc, char **argv) {
         char self[300];
         snprintf(self, sizeof(self), "127.0.0.1:%d", rpc_server_port(p.server));
         log_info("serving ps:%u on %s: %u variable part(s), %zu bytes, optimizer %s; waiting for the chief to assign it",
-                 p.shard, p.args.listen, p.n_parts, p.n_floats * sizeof(float), optim_name(p.cfg->training.optimizer));
+                 p.shard, p.args.listen, p.s->n_parts, p.s->n_floats * sizeof(float), optim_name(p.cfg->training.optimizer));
         notify_ready();
 
         uint64_t wd = notify_watchdog_usec();
@@ -907,9 +674,9 @@ static int run(int argc, char **argv) {
                 if (wd)
                         feed_watchdog(self);
                 links_free(links_take(&p, UINT32_MAX));   /* links whose worker is gone */
-                if (atomic_load(&p.initialized))
+                if (atomic_load(&p.s->initialized))
                         notify_status("serving: global_step %llu, %llu pushes, %llu rejected, %u shared-memory link(s)",
-                                      (unsigned long long)atomic_load(&p.global_step),
+                                      (unsigned long long)atomic_load(&p.s->global_step),
                                       (unsigned long long)atomic_load(&p.pushes),
                                       (unsigned long long)atomic_load(&p.rejected), links_count(&p));
                 else

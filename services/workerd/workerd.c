@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "blocks.h"
 #include "config.h"
 #include "daemon.h"
 #include "device.h"
@@ -831,7 +832,7 @@ static int build(struct worker *w) {
                                        w->train->dim, dataset_max_label(w->train), model_input_size(w->m), model_n_classes(w->m));
         if ((r = shard_iter_new(w->train, w->index, w->n_workers, cfg->training.seed, &w->it)) < 0)
                 return log_error_errno(r, "cannot shard the data");
-        if ((r = job_layout_new(cfg, w->m, &w->L)) < 0 || (r = ps_client_new(cfg, w->L, w->args.task_name, &w->pc)) < 0)
+        if ((r = job_layout_new(cfg, &w->L)) < 0 || (r = ps_client_new(cfg, w->L, w->args.task_name, &w->pc)) < 0)
                 return log_error_errno(r, "cannot set up the ps clients");
         if ((r = rpc_channel_new(cfg->cluster.chief[0].addr, "chief:0", &w->chief)) < 0)
                 return log_error_errno(r, "cannot set up the chief's channel");

@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
         struct job_layout *L;
         struct ps_client *pc;
         CHECK(backend_cpu_new(1, &be) == 0 && model_new(&cfg->model, be, 1, &m) == 0, "model");
-        CHECK(job_layout_new(cfg, m, &L) == 0 && ps_client_new(cfg, L, "worker:0", &pc) == 0, "layout");
+        CHECK(job_layout_new(cfg, &L) == 0 && ps_client_new(cfg, L, "worker:0", &pc) == 0, "layout");
 
         /* one group per part of shard 0 */
         uint32_t n = L->shard_count[0];

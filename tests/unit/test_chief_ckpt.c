@@ -46,7 +46,7 @@ static void job_new(struct job *j, unsigned units, const char *optimizer) {
                 fail_msg("%s", err);
         assert_int_equal(backend_cpu_new(1, &j->be), 0);
         assert_int_equal(model_new(&j->cfg->model, j->be, 1, &j->m), 0);
-        assert_int_equal(job_layout_new(j->cfg, j->m, &j->L), 0);
+        assert_int_equal(job_layout_new(j->cfg, &j->L), 0);
 }
 
 static void job_free(struct job *j) {

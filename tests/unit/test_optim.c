@@ -1,4 +1,5 @@
-/* optim: each optimizer against hand-computed updates, learning-rate schedules, finiteness. */
+/* optim: each optimizer against hand-computed updates, learning-rate schedules, finiteness; the one
+ * apply (apply.h) over it: a gradient read in pieces equals one given whole, and each counts a step. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "apply.h"
 #include "optim.h"
 
 static void test_sgd(void **state)
@@ -144,13 +146,72 @@ static void test_names(void **state)
         assert_null(optim_slot_name(OPT_ADAM, 2));
 }
 
+struct pieces {
+        const float *g;
+        size_t at;
+};
+
+static void read_pieces(void *ud, float *buf, size_t k)
+{
+        struct pieces *p = ud;
+        memcpy(buf, p->g + p->at, k * sizeof(float));
+        p->at += k;
+}
+
+static void test_apply(void **state)
+{
+        enum { N = 2 * APPLY_BOUNCE + 13 };   /* three pieces, the last a ragged one */
+        struct training_config t = {.optimizer = OPT_ADAM, .learning_rate = 0.01, .beta1 = 0.9, .beta2 = 0.999,
+                                    .epsilon = 1e-7};
+        static float w[2][N], m[2][N], v[2][N], g[N], direct[N], dm[N], dv[N];
+        for (size_t i = 0; i < N; i++) {
+                w[0][i] = w[1][i] = direct[i] = (float)(i % 17) * 0.1f;
+                g[i] = (float)((int)(i % 23) - 11) * 0.05f;
+        }
+        float *slots[2][2] = {{m[0], v[0]}, {m[1], v[1]}};
+        struct apply_rows whole = apply_rows_at(w[0], slots[0], 2, 0, N);
+        struct apply_rows read = apply_rows_at(w[1], slots[1], 2, 0, N);
+        apply_reset(&t, &whole, 3);
+        apply_reset(&t, &read, 3);
+        memset(dm, 0, sizeof(dm));
+        memset(dv, 0, sizeof(dv));
+        for (uint64_t step = 3; step < 6; step++) {
+                apply_gradient(&t, &whole, g);
+                struct pieces p = {g, 0};
+                apply_gradient_read(&t, &read, read_pieces, &p);
+                assert_int_equal(p.at, N);
+                float *ds[2] = {dm, dv};
+                optim_apply(&t, step, direct, g, ds, N);
+        }
+        assert_int_equal(whole.updates, 6);
+        assert_int_equal(read.updates, 6);
+        assert_memory_equal(w[0], w[1], sizeof(w[0]));
+        assert_memory_equal(w[0], direct, sizeof(direct));
+        assert_memory_equal(m[0], m[1], sizeof(m[0]));
+        assert_memory_equal(v[0], v[1], sizeof(v[0]));
+        /* an offset view slices the parameters and every slot alike */
+        struct apply_rows part = apply_rows_at(w[0], slots[0], 2, 100, 5);
+        assert_ptr_equal(part.w, &w[0][100]);
+        assert_ptr_equal(part.slot[1], &v[0][100]);
+        assert_int_equal(part.updates, 0);
+        struct pieces p = {g, 0};
+        assert_true(apply_all_finite_read(N, read_pieces, &p));
+        g[N - 1] = NAN;
+        p.at = 0;
+        assert_false(apply_all_finite_read(N, read_pieces, &p));
+        struct training_config ada = {.optimizer = OPT_ADAGRAD, .initial_accumulator = 0.25};
+        apply_reset(&ada, &part, 9);
+        assert_float_equal(m[0][104], 0.25, 0);
+        assert_int_equal(part.updates, 9);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_sgd),      cmocka_unit_test(test_momentum),
                 cmocka_unit_test(test_adam),     cmocka_unit_test(test_adagrad),
                 cmocka_unit_test(test_learning_rate), cmocka_unit_test(test_all_finite),
-                cmocka_unit_test(test_names),
+                cmocka_unit_test(test_names),        cmocka_unit_test(test_apply),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

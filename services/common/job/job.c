@@ -1,4 +1,4 @@
-/* Layout of a job's variables over its ps shards, and block transfers to and from the shards. */
+/* Layout of a job's variables over its ps shards, from the job file alone. */
 #include "job.h"
 
 #include <errno.h>
@@ -8,30 +8,30 @@
 #include <string.h>
 
 #include "optim.h"
-#include "shmlink.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 #include "psfleet/v1/supervisor.pb-c.h"
 
-int job_layout_new(const struct job_config *cfg, const struct model *m, struct job_layout **ret) {
+int job_layout_new(const struct job_config *cfg, struct job_layout **ret) {
         struct job_layout *L = calloc(1, sizeof(*L));
-        struct placement_var *pv = NULL;
+        struct model_spec_var *mv = calloc(MODEL_MAX_VARS, sizeof(*mv));
+        struct placement_var *pv = calloc(MODEL_MAX_VARS, sizeof(*pv));
         int r = -ENOMEM;
-        if (!L)
-                return -ENOMEM;
-        L->n_vars = model_n_vars(m);
-        L->n_params = model_n_params(m);
+        if (!L || !mv || !pv)
+                goto fail;
         L->n_shards = cfg->cluster.n_ps;
         L->fingerprint = config_fingerprint(cfg);
         L->optimizer = cfg->training.optimizer;
         L->n_slots = optim_n_slots(cfg->training.optimizer);
-        L->vars = calloc(L->n_vars, sizeof(*L->vars));
-        pv = calloc(L->n_vars, sizeof(*pv));
-        if (!L->vars || !pv)
+        if ((r = model_spec_vars(&cfg->model, mv, &L->n_params)) < 0)
+                goto fail;
+        L->n_vars = (uint32_t)r;
+        r = -ENOMEM;
+        if (!(L->vars = calloc(L->n_vars + 1, sizeof(*L->vars))))
                 goto fail;
         for (uint32_t i = 0; i < L->n_vars; i++) {
-                const struct model_var *v = model_var(m, i);
+                const struct model_spec_var *v = &mv[i];
                 L->vars[i] = (struct job_var){strdup(v->name), v->rows, v->cols, v->offset, v->layer};
                 if (!L->vars[i].name)
                         goto fail;
@@ -41,11 +41,11 @@ int job_layout_new(const struct job_config *cfg, const struct model *m, struct j
         if (r < 0)
                 goto fail;
         r = -ENOMEM;
-        L->shard_first = calloc(L->n_shards, sizeof(uint32_t));
-        L->shard_count = calloc(L->n_shards, sizeof(uint32_t));
-        L->shard_parts = calloc(L->plan->n_parts ? L->plan->n_parts : 1, sizeof(uint32_t));
-        if (!L->shard_first || !L->shard_count || !L->shard_parts)
+        /* the three shard tables in one block, shard_first owning it */
+        if (!(L->shard_first = calloc(2 * (size_t)L->n_shards + L->plan->n_parts + 1, sizeof(uint32_t))))
                 goto fail;
+        L->shard_count = L->shard_first + L->n_shards;
+        L->shard_parts = L->shard_count + L->n_shards;
         uint32_t k = 0;
         for (uint32_t s = 0; s < L->n_shards; s++) {
                 L->shard_first[s] = k;
@@ -54,10 +54,12 @@ int job_layout_new(const struct job_config *cfg, const struct model *m, struct j
                                 L->shard_parts[k++] = p;
                 L->shard_count[s] = k - L->shard_first[s];
         }
+        free(mv);
         free(pv);
         *ret = L;
         return 0;
 fail:
+        free(mv);
         free(pv);
         job_layout_free(L);
         return r;
@@ -71,8 +73,6 @@ struct job_layout *job_layout_free(struct job_layout *L) {
         free(L->vars);
         placement_free(L->plan);
         free(L->shard_first);
-        free(L->shard_count);
-        free(L->shard_parts);
         free(L);
         return NULL;
 }
@@ -120,28 +120,6 @@ int job_layout_copy_in(const struct job_layout *L, const void *tensor, float *pa
         if (!block)
                 return 0;   /* slots not wanted */
         wire_tensor_copy(t, block + jv->offset + t->row_offset * jv->cols);
-        return 0;
-}
-
-int job_model_blocks(const struct job_layout *L, struct model *m, bool *blocked) {
-        for (uint32_t v = 0; v < L->n_vars; v++) {
-                uint32_t first, n = placement_var_parts(L->plan, v, &first);
-                bool b = false;
-                if (n > 1) {
-                        uint32_t *rows = malloc(n * sizeof(uint32_t));
-                        if (!rows)
-                                return -ENOMEM;
-                        for (uint32_t i = 0; i < n; i++)
-                                rows[i] = L->plan->parts[first + i].row_begin;
-                        int r = model_set_var_blocks(m, v, n, rows);
-                        free(rows);
-                        if (r < 0 && r != -EOPNOTSUPP)
-                                return r;
-                        b = r >= 0;
-                }
-                if (blocked)
-                        blocked[v] = b;
-        }
         return 0;
 }
 

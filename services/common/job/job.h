@@ -1,13 +1,13 @@
-/* What every node of a job derives from the job file alike: the model's variables, where each lives
- * (placement over the ps shards), and a client that moves whole parameter blocks to and from the
- * shards. Read-only after creation: safe to share between threads. */
+/* What every node of a job derives from the job file alike: the model's variables (from the model
+ * spec alone, no backend needed) and where each lives (placement over the ps shards). Read-only after
+ * creation: safe to share between threads. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
-#include "model.h"
+#include "model_spec.h"
 #include "placement.h"
 
 struct job_var {
@@ -23,7 +23,7 @@ struct job_layout {
         size_t n_params;        /* floats in a whole block */
         struct placement *plan;
         uint32_t n_shards;
-        uint32_t *shard_first;  /* (n_shards) index into shard_parts */
+        uint32_t *shard_first;  /* (n_shards) index into shard_parts; one allocation with the next two */
         uint32_t *shard_count;  /* (n_shards) */
         uint32_t *shard_parts;  /* (n_parts) part indices grouped by shard */
         uint64_t fingerprint;
@@ -31,8 +31,9 @@ struct job_layout {
         unsigned n_slots;
 };
 
-/* From the model's variables and the job's ps list. */
-int job_layout_new(const struct job_config *cfg, const struct model *m, struct job_layout **ret);
+/* From the job's model spec (the variables model_new() would give it, model_spec_vars()) and its ps
+ * list. -EINVAL for a spec no model can be built from, -ENOMEM. */
+int job_layout_new(const struct job_config *cfg, struct job_layout **ret);
 struct job_layout *job_layout_free(struct job_layout *L);
 /* Variable index by name, or -ENOENT. */
 int job_layout_find(const struct job_layout *L, const char *name);
@@ -42,11 +43,6 @@ int job_layout_find(const struct job_layout *L, const char *name);
  * tensor for any mismatch. */
 int job_layout_copy_in(const struct job_layout *L, const void *tensor /* struct wire_tensor */, float *params,
                        float *const *slots, char *err, size_t errlen);
-
-/* Makes the model compute each variable split over several parts in the same row blocks, so a worker
- * can push and receive a block at a time; the standalone trainer sets the same blocks and gets the
- * same arithmetic. blocked (n_vars, may be NULL) says which variables the model could block. */
-int job_model_blocks(const struct job_layout *L, struct model *m, bool *blocked);
 
 /* A psfleet.v1.JobState value as a word ("training"), for logs, status lines and the CLI. */
 const char *job_state_name(int state);

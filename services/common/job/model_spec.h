@@ -1,6 +1,8 @@
 /* The model as the job file describes it: an input shape and a list of layers. Shared by the config
- * parser (which fills it) and the model library (which builds from it). Plain data, no functions. */
+ * parser (which fills it) and the model library (which builds from it); model_spec_vars() derives its
+ * variables from it alone, so a node that only stores them (psd) needs no backend. */
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 enum layer_type {
@@ -38,3 +40,19 @@ struct model_spec {
         uint64_t seed;        /* initializers' seed */
         /* The loss is always softmax cross-entropy over the last layer's outputs. */
 };
+
+#define MODEL_MAX_VARS (2 * MODEL_MAX_LAYERS)
+#define MODEL_VAR_NAME 32
+
+/* A variable as model_new() lays it out (see model.h): a view into one parameter block. */
+struct model_spec_var {
+        char name[MODEL_VAR_NAME];  /* "dense<i>/kernel", "conv<i>/bias", ... */
+        uint32_t rows, cols;        /* a bias is (1, units) */
+        size_t offset;              /* floats into the parameter block */
+        uint32_t layer;             /* index into spec->layers */
+};
+
+/* The variables of the model spec describes, in the model's order, into vars (MODEL_MAX_VARS room);
+ * *n_params_ret (nullable) gets the floats of a whole block. Returns the number of variables, or
+ * -EINVAL for a spec model_new() refuses (no detail: config validation owns the messages). */
+int model_spec_vars(const struct model_spec *spec, struct model_spec_var *vars, size_t *n_params_ret);

@@ -1,5 +1,5 @@
 /* Optimizers as TensorFlow 1.x defines them, applied in place on (w, g, slots, n). psd and the
- * standalone trainer both call optim_apply, so they compute the exact same update. The kernels are pure
+ * standalone trainer both reach optim_apply through apply.h, so they compute the exact same update. The kernels are pure
  * functions; all are thread-safe on disjoint arrays. */
 #pragma once
 #include <stdbool.h>

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apply.h"
 #include "backend.h"
+#include "blocks.h"
 #include "data.h"
 #include "device.h"
 #include "job.h"
@@ -23,6 +25,56 @@ void trainer_log_loss(FILE *f, uint64_t step, double loss) {
         fprintf(f, "%llu %.9g\n", (unsigned long long)step, loss);
 }
 
+struct trainer_apply {
+        const struct training_config *t;
+        const float *params;     /* the caller's block; a variable's gradient is where its values are */
+        uint32_t n_vars;
+        struct apply_rows *vars; /* (n_vars) */
+        float *slots;            /* (n_slots, n_params) */
+};
+
+int trainer_apply_new(const struct training_config *t, const struct job_layout *L, float *params,
+                      struct trainer_apply **ret) {
+        struct trainer_apply *a = calloc(1, sizeof(*a));
+        unsigned ns = optim_n_slots(t->optimizer);
+        if (!a)
+                return -ENOMEM;
+        a->t = t;
+        a->params = params;
+        a->n_vars = L->n_vars;
+        a->vars = calloc(L->n_vars + 1, sizeof(*a->vars));
+        a->slots = malloc((ns ? ns : 1) * L->n_params * sizeof(float) + 1);
+        if (!a->vars || !a->slots) {
+                trainer_apply_free(a);
+                return -ENOMEM;
+        }
+        float *slot_blocks[OPTIM_MAX_SLOTS];
+        for (unsigned s = 0; s < ns; s++)
+                slot_blocks[s] = a->slots + s * L->n_params;
+        for (uint32_t v = 0; v < L->n_vars; v++) {
+                const struct job_var *jv = &L->vars[v];
+                a->vars[v] = apply_rows_at(params, slot_blocks, ns, jv->offset, (size_t)jv->rows * jv->cols);
+                apply_reset(t, &a->vars[v], 0);
+        }
+        *ret = a;
+        return 0;
+}
+
+struct trainer_apply *trainer_apply_free(struct trainer_apply *a) {
+        if (!a)
+                return NULL;
+        free(a->vars);
+        free(a->slots);
+        free(a);
+        return NULL;
+}
+
+void trainer_apply_step(struct trainer_apply *a, const float *grads) {
+        /* per variable, exactly as a ps shard applies it: each has had as many gradients as steps */
+        for (uint32_t v = 0; v < a->n_vars; v++)
+                apply_gradient(a->t, &a->vars[v], grads + (a->vars[v].w - a->params));
+}
+
 int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_progress_cb progress, void *ud,
                        struct trainer_result *ret, char *err, size_t errlen) {
         const struct training_config *t = &cfg->training;
@@ -31,7 +83,8 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
         struct dataset *train = NULL, *test = NULL;
         struct shard_iter *it = NULL;
         struct job_layout *L = NULL;
-        float *x = NULL, *slots = NULL;
+        struct trainer_apply *ap = NULL;
+        float *x = NULL;
         uint8_t *y = NULL;
         char *ip = trainer_data_path(cfg, cfg->data.train_images), *lp = trainer_data_path(cfg, cfg->data.train_labels);
         char *tip = trainer_data_path(cfg, cfg->data.test_images), *tlp = trainer_data_path(cfg, cfg->data.test_labels);
@@ -53,7 +106,7 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
                 goto out;
         }
         /* the row blocks a distributed run computes in, so the arithmetic is the same */
-        if ((r = job_layout_new(cfg, m, &L)) < 0 || (r = job_model_blocks(L, m, NULL)) < 0) {
+        if ((r = job_layout_new(cfg, &L)) < 0 || (r = job_model_blocks(L, m, NULL)) < 0) {
                 snprintf(err, errlen, "cannot lay out the variables: %s", strerror(-r));
                 goto out;
         }
@@ -61,22 +114,14 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
                 snprintf(err, errlen, "cannot initialize: %s", strerror(-r));
                 goto out;
         }
-        size_t np = model_n_params(m);
-        unsigned ns = optim_n_slots(t->optimizer);
         x = malloc((size_t)t->batch_size * train->dim * sizeof(float));
         y = malloc(t->batch_size);
-        slots = malloc((ns ? ns : 1) * np * sizeof(float));
-        if (!x || !y || !slots) {
+        if (!x || !y || trainer_apply_new(t, L, model_params(m), &ap) < 0) {
                 r = -ENOMEM;
                 snprintf(err, errlen, "out of memory");
                 goto out;
         }
-        for (unsigned s = 0; s < ns; s++) {
-                float v = optim_slot_init(t, s);
-                for (size_t i = 0; i < np; i++)
-                        slots[s * np + i] = v;
-        }
-        float *params = model_params(m), *grads = model_grads(m);
+        const float *grads = model_grads(m);
         uint64_t warm = t->max_steps > 200 ? 20 : t->max_steps / 10;
         uint64_t t0 = mono_us(), tw = t0;
         for (uint64_t step = 0; step < t->max_steps; step++) {
@@ -89,15 +134,7 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
                         snprintf(err, errlen, "step %llu: %s", (unsigned long long)step, strerror(-r));
                         goto out;
                 }
-                /* per variable, exactly as a ps shard applies it */
-                for (uint32_t v = 0; v < model_n_vars(m); v++) {
-                        const struct model_var *mv = model_var(m, v);
-                        size_t n = (size_t)mv->rows * mv->cols;
-                        float *sl[OPTIM_MAX_SLOTS] = {0};
-                        for (unsigned s = 0; s < ns; s++)
-                                sl[s] = slots + s * np + mv->offset;
-                        optim_apply(t, step, params + mv->offset, grads + mv->offset, sl, n);
-                }
+                trainer_apply_step(ap, grads);
                 model_params_sync(m);
                 if (loss_log)
                         trainer_log_loss(loss_log, step, loss);
@@ -124,7 +161,7 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
 out:
         free(x);
         free(y);
-        free(slots);
+        trainer_apply_free(ap);
         shard_iter_free(it);
         job_layout_free(L);
         dataset_free(train);

@@ -27,5 +27,16 @@ char *trainer_data_path(const struct job_config *cfg, const char *file);
 int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_progress_cb progress, void *ud,
                        struct trainer_result *ret, char *err, size_t errlen);
 
+/* The trainer's apply: every variable of a whole parameter block (laid out as L says), each as a ps
+ * shard applies its parts (apply.h), with optimizer slots for the whole block at their initial values.
+ * params (L->n_params floats) stays the caller's. tests/unit/test_shard.c holds psd's paths to it. */
+struct job_layout;
+struct trainer_apply;
+int trainer_apply_new(const struct training_config *t, const struct job_layout *L, float *params,
+                      struct trainer_apply **ret); /* 0, -ENOMEM */
+struct trainer_apply *trainer_apply_free(struct trainer_apply *a); /* NULL-safe; returns NULL */
+/* One step: grads (L->n_params floats, laid out as params) applied to every variable. */
+void trainer_apply_step(struct trainer_apply *a, const float *grads);
+
 /* Loss-log line, shared by the standalone trainer and workerd so the two can be compared as text. */
 void trainer_log_loss(FILE *f, uint64_t step, double loss);

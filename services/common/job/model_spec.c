@@ -1,0 +1,80 @@
+/* A model's variables from its spec alone: the same names, shapes, offsets and layers model_new()
+ * gives them, checked by the same rules, without building anything. */
+#include "model_spec.h"
+
+#include <errno.h>
+#include <stdio.h>
+
+static int add_var(struct model_spec_var *vars, uint32_t *n, size_t *n_params, uint32_t layer, const char *prefix,
+                   uint32_t idx, const char *what, uint32_t rows, uint32_t cols) {
+        if (*n >= MODEL_MAX_VARS)
+                return -EINVAL;
+        struct model_spec_var *v = &vars[(*n)++];
+        snprintf(v->name, sizeof(v->name), "%s%u/%s", prefix, idx, what);
+        v->rows = rows;
+        v->cols = cols;
+        v->offset = *n_params;
+        v->layer = layer;
+        *n_params += (size_t)rows * cols;
+        return 0;
+}
+
+int model_spec_vars(const struct model_spec *spec, struct model_spec_var *vars, size_t *n_params_ret) {
+        if (!spec || spec->n_layers == 0 || spec->n_layers > MODEL_MAX_LAYERS)
+                return -EINVAL;
+        uint64_t c = spec->input[0], h = spec->input[1], w = spec->input[2];
+        if (c == 0 || h == 0 || w == 0 || c * h * w > UINT32_MAX / 4)
+                return -EINVAL;
+        uint32_t n = 0, n_dense = 0, n_conv = 0;
+        size_t n_params = 0;
+        for (uint32_t i = 0; i < spec->n_layers; i++) {
+                const struct layer_spec *ls = &spec->layers[i];
+                int r = 0;
+                switch (ls->type) {
+                case LAYER_DENSE:
+                        if (ls->units == 0 || ls->units > UINT32_MAX / 4)
+                                return -EINVAL;
+                        r = add_var(vars, &n, &n_params, i, "dense", n_dense, "kernel", (uint32_t)(c * h * w), ls->units);
+                        if (r == 0)
+                                r = add_var(vars, &n, &n_params, i, "dense", n_dense, "bias", 1, ls->units);
+                        n_dense++;
+                        c = 1, h = 1, w = ls->units;
+                        break;
+                case LAYER_CONV2D:   /* "same" padding, stride 1: the image keeps its size */
+                        if (ls->filters == 0 || ls->kernel == 0 || ls->kernel > h || ls->kernel > w)
+                                return -EINVAL;
+                        if ((uint64_t)ls->filters * h * w > UINT32_MAX / 4 ||
+                            (uint64_t)c * ls->kernel * ls->kernel > UINT32_MAX / 4)
+                                return -EINVAL;
+                        r = add_var(vars, &n, &n_params, i, "conv", n_conv, "kernel", ls->filters,
+                                    (uint32_t)c * ls->kernel * ls->kernel);
+                        if (r == 0)
+                                r = add_var(vars, &n, &n_params, i, "conv", n_conv, "bias", 1, ls->filters);
+                        n_conv++;
+                        c = ls->filters;
+                        break;
+                case LAYER_MAXPOOL2D:
+                        if (ls->pool == 0 || ls->pool > h || ls->pool > w)
+                                return -EINVAL;
+                        h /= ls->pool, w /= ls->pool;
+                        break;
+                case LAYER_FLATTEN:
+                        w = c * h * w, c = 1, h = 1;
+                        break;
+                case LAYER_RELU:
+                case LAYER_TANH:
+                case LAYER_SIGMOID:
+                        break;
+                default:
+                        return -EINVAL;
+                }
+                if (r < 0)
+                        return r;
+        }
+        uint64_t classes = c * h * w;
+        if (classes < 2 || classes > 256)
+                return -EINVAL;
+        if (n_params_ret)
+                *n_params_ret = n_params;
+        return (int)n;
+}

@@ -1,0 +1,254 @@
+/* A ps shard's variables, and the checks and applies of pushes: see shard.h. Every push is validated
+ * whole before any of it is applied, so a bad push changes nothing; the apply itself is train/apply.c,
+ * the same code the standalone trainer runs. */
+#include "shard.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim.h"
+#include "util.h"
+
+int shard_new(const struct job_config *cfg, const struct job_layout *L, uint32_t index, struct shard **ret,
+              char *err, size_t errlen) {
+        if (index >= L->n_shards)
+                return errf(err, errlen, -EINVAL, "ps:%u: the job has %u ps shard(s)", index, L->n_shards);
+        struct shard *s = calloc(1, sizeof(*s));
+        if (!s)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        s->t = &cfg->training;
+        s->L = L;
+        s->index = index;
+        s->n_slots = optim_n_slots(cfg->training.optimizer);
+        s->n_parts = L->shard_count[index];
+        s->plan_part = malloc((L->plan->n_parts + 1) * sizeof(uint32_t));
+        s->parts = calloc(s->n_parts + 1, sizeof(*s->parts));
+        if (!s->plan_part || !s->parts) {
+                shard_free(s);
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        }
+        for (uint32_t i = 0; i < L->plan->n_parts; i++)
+                s->plan_part[i] = UINT32_MAX;
+        for (uint32_t k = 0; k < s->n_parts; k++) {
+                uint32_t pi = L->shard_parts[L->shard_first[index] + k];
+                const struct placement_part *pp = &L->plan->parts[pi];
+                const struct job_var *v = &L->vars[pp->var];
+                struct shard_part *q = &s->parts[k];
+                s->plan_part[pi] = k;
+                *q = (struct shard_part){.var = pp->var, .name = v->name, .row_begin = pp->row_begin,
+                                         .rows = pp->row_end - pp->row_begin, .cols = v->cols};
+                q->a.n = (size_t)q->rows * q->cols;
+                q->model_off = v->offset + (size_t)pp->row_begin * v->cols;
+                s->n_floats += q->a.n;
+                pthread_mutex_init(&q->mu, NULL);
+        }
+        s->block = calloc(s->n_floats * (1 + s->n_slots) + 1, sizeof(float));
+        if (!s->block) {
+                size_t bytes = s->n_floats * (1 + s->n_slots) * 4;
+                shard_free(s);
+                return errf(err, errlen, -ENOMEM, "cannot allocate %zu bytes for the shard", bytes);
+        }
+        float *slots[OPTIM_MAX_SLOTS];
+        for (unsigned j = 0; j < s->n_slots; j++)
+                slots[j] = s->block + (j + 1) * s->n_floats;
+        size_t at = 0;
+        for (uint32_t k = 0; k < s->n_parts; k++) {
+                s->parts[k].a = apply_rows_at(s->block, slots, s->n_slots, at, s->parts[k].a.n);
+                at += s->parts[k].a.n;
+        }
+        *ret = s;
+        return 0;
+}
+
+struct shard *shard_free(struct shard *s) {
+        if (!s)
+                return NULL;
+        for (uint32_t k = 0; s->parts && k < s->n_parts; k++)
+                pthread_mutex_destroy(&s->parts[k].mu);
+        free(s->parts);
+        free(s->plan_part);
+        free(s->block);
+        free(s);
+        return NULL;
+}
+
+struct shard_part *shard_find(struct shard *s, const char *name, uint64_t row_offset) {
+        for (uint32_t i = 0; i < s->n_parts; i++)
+                if (s->parts[i].row_begin == row_offset && strcmp(s->parts[i].name, name) == 0)
+                        return &s->parts[i];
+        return NULL;
+}
+
+int shard_plan_part(const struct shard *s, uint32_t plan_index) {
+        if (plan_index >= s->L->plan->n_parts || s->plan_part[plan_index] == UINT32_MAX)
+                return -ENOENT;
+        return (int)s->plan_part[plan_index];
+}
+
+int shard_match(struct shard *s, const struct wire_tensor *t, bool allow_slot, struct shard_part **part_ret,
+                int *slot_ret, char *err, size_t errlen) {
+        char name[300];
+        snprintf(name, sizeof(name), "%s", t->name ? t->name : "");
+        int slot = -1;
+        struct shard_part *q = shard_find(s, name, t->row_offset);
+        if (!q && allow_slot) {
+                char *sl = strrchr(name, '/');
+                if (sl) {
+                        *sl = 0;
+                        q = shard_find(s, name, t->row_offset);
+                        for (unsigned j = 0; q && j < s->n_slots; j++)
+                                if (strcmp(sl + 1, optim_slot_name(s->t->optimizer, j)) == 0)
+                                        slot = (int)j;
+                        if (q && slot < 0)
+                                return errf(err, errlen, -EINVAL, "tensor \"%s\": optimizer %s has no slot \"%s\"",
+                                            t->name, optim_name(s->t->optimizer), sl + 1);
+                }
+        }
+        if (!q)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\" rows from %llu: no such variable on ps:%u",
+                            t->name ? t->name : "", (unsigned long long)t->row_offset, s->index);
+        if (t->dtype != WIRE_DTYPE_FLOAT32)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 (%u)", t->name, t->dtype,
+                            WIRE_DTYPE_FLOAT32);
+        if (t->ndims != 2 || t->shape[0] != q->rows || t->shape[1] != q->cols) {
+                char shape[128] = "";
+                for (unsigned i = 0, at = 0; i < t->ndims && at < sizeof(shape) - 24; i++)
+                        at += (unsigned)snprintf(shape + at, sizeof(shape) - at, "%s%llu", i ? ", " : "",
+                                                 (unsigned long long)t->shape[i]);
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": shape (%s), expected (%u, %u)", t->name, shape,
+                            q->rows, q->cols);
+        }
+        *part_ret = q;
+        *slot_ret = slot;
+        return 0;
+}
+
+/* ---- gRPC pushes: gradients stream out of the message's slices, never copied whole ---- */
+
+static void read_wire(void *ud, float *buf, size_t k) {
+        wire_reader_read(ud, buf, k * sizeof(float));
+}
+
+int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from, struct shard_part **parts,
+                     size_t *floats_ret, char *err, size_t errlen) {
+        size_t total = 0;
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                int slot, r;
+                if ((r = shard_match(s, &in->tensors[i], false, &parts[i], &slot, err, errlen)) < 0)
+                        return r;
+                for (size_t j = 0; j < i; j++)
+                        if (parts[j] == parts[i])
+                                return errf(err, errlen, -EINVAL, "tensor \"%s\" appears twice in one push",
+                                            in->tensors[i].name);
+                total += parts[i]->a.n;
+        }
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                struct wire_reader rd;
+                wire_reader_init(&rd, &in->tensors[i]);
+                if (!apply_all_finite_read(parts[i]->a.n, read_wire, &rd))
+                        return errf(err, errlen, -EINVAL, "gradient \"%s\" from %s contains NaN or Inf; nothing applied",
+                                    in->tensors[i].name, from);
+        }
+        *floats_ret = total;
+        return 0;
+}
+
+void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_part *const *parts, float *values) {
+        for (size_t i = 0, at = 0; i < in->n_tensors; at += parts[i]->a.n, i++) {
+                struct shard_part *q = parts[i];
+                struct wire_reader rd;
+                wire_reader_init(&rd, &in->tensors[i]);
+                pthread_mutex_lock(&q->mu);
+                apply_gradient_read(s->t, &q->a, read_wire, &rd);
+                if (values)
+                        memcpy(values + at, q->a.w, q->a.n * sizeof(float));
+                pthread_mutex_unlock(&q->mu);
+        }
+}
+
+/* ---- shared-memory pushes ---- */
+
+int shard_block_check(struct shard *s, const float *grads, const uint32_t *idx, uint32_t n, float *scratch,
+                      const char *from, char *err, size_t errlen) {
+        size_t at = 0;
+        for (uint32_t j = 0; j < n; j++) {
+                const struct shard_part *q = &s->parts[idx[j]];
+                memcpy(scratch + at, grads + q->model_off, q->a.n * sizeof(float));
+                if (!optim_all_finite(scratch + at, q->a.n))
+                        return errf(err, errlen, -EINVAL,
+                                    "gradient \"%s\" rows %u..%u from %s contains NaN or Inf; nothing applied", q->name,
+                                    q->row_begin, q->row_begin + q->rows, from);
+                at += q->a.n;
+        }
+        return 0;
+}
+
+void shard_block_apply(struct shard *s, const uint32_t *idx, uint32_t n, const float *scratch, float *values) {
+        size_t at = 0;
+        for (uint32_t j = 0; j < n; j++) {
+                struct shard_part *q = &s->parts[idx[j]];
+                pthread_mutex_lock(&q->mu);
+                apply_gradient(s->t, &q->a, scratch + at);
+                memcpy(values + q->model_off, q->a.w, q->a.n * sizeof(float));
+                pthread_mutex_unlock(&q->mu);
+                at += q->a.n;
+        }
+}
+
+/* ---- assign, pull ---- */
+
+int shard_assign(struct shard *s, const struct wire_in *in, bool with_slots, uint64_t global_step, char *err,
+                 size_t errlen) {
+        struct shard_part **parts = calloc(in->n_tensors + 1, sizeof(*parts));
+        int *slots = calloc(in->n_tensors + 1, sizeof(*slots));
+        bool *seen = calloc((size_t)s->n_parts * (1 + s->n_slots) + 1, sizeof(*seen));
+        int r = 0;
+        if (!parts || !slots || !seen) {
+                r = errf(err, errlen, -ENOMEM, "out of memory");
+                goto out;
+        }
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                if ((r = shard_match(s, &in->tensors[i], true, &parts[i], &slots[i], err, errlen)) < 0)
+                        goto out;
+                seen[(size_t)(parts[i] - s->parts) * (1 + s->n_slots) + (size_t)(slots[i] + 1)] = true;
+        }
+        /* every variable must be given, and every slot too when slots are given */
+        for (uint32_t k = 0; k < s->n_parts; k++)
+                for (unsigned j = 0; j <= (with_slots ? s->n_slots : 0); j++)
+                        if (!seen[(size_t)k * (1 + s->n_slots) + j]) {
+                                const struct shard_part *q = &s->parts[k];
+                                r = errf(err, errlen, -EINVAL, "Assign is missing \"%s%s%s\" rows %u..%u", q->name,
+                                         j ? "/" : "", j ? optim_slot_name(s->t->optimizer, j - 1) : "",
+                                         q->row_begin, q->row_begin + q->rows);
+                                goto out;
+                        }
+        for (uint32_t k = 0; k < s->n_parts; k++)
+                pthread_mutex_lock(&s->parts[k].mu);
+        for (size_t i = 0; i < in->n_tensors; i++)
+                wire_tensor_copy(&in->tensors[i], slots[i] < 0 ? parts[i]->a.w : parts[i]->a.slot[slots[i]]);
+        for (uint32_t k = 0; k < s->n_parts; k++) {
+                if (with_slots)
+                        s->parts[k].a.updates = global_step;
+                else
+                        apply_reset(s->t, &s->parts[k].a, global_step);
+        }
+        atomic_store(&s->global_step, s->index == 0 ? global_step : 0);
+        atomic_store(&s->initialized, true);
+        for (uint32_t k = 0; k < s->n_parts; k++)
+                pthread_mutex_unlock(&s->parts[k].mu);
+out:
+        free(parts);
+        free(slots);
+        free(seen);
+        return r;
+}
+
+void shard_read(struct shard *s, uint32_t k, unsigned n_slots, float *dst) {
+        struct shard_part *q = &s->parts[k];
+        pthread_mutex_lock(&q->mu);
+        for (unsigned j = 0; j <= n_slots; j++)
+                memcpy(dst + j * q->a.n, j ? q->a.slot[j - 1] : q->a.w, q->a.n * sizeof(float));
+        pthread_mutex_unlock(&q->mu);
+}
