@@ -27,6 +27,15 @@
 
 static const char *const health_services[] = {"psfleet.v1.Supervisor", NULL};
 
+ProtobufCMessage *chief_rpc_request(struct rpc_call *call, const ProtobufCMessageDescriptor *desc) {
+        ProtobufCMessage *m;
+        if (wire_unpack(rpc_call_payload(call), desc, &m) < 0) {
+                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s does not parse", desc->short_name);
+                return NULL;
+        }
+        return m;
+}
+
 /* "worker:3" -> 3 when it names a worker of the cluster, else -1. */
 static int64_t worker_index(const struct chief *c, const char *task) {
         unsigned idx;
@@ -39,11 +48,9 @@ static int64_t worker_index(const struct chief *c, const char *task) {
 
 static void h_join(struct rpc_call *call, void *ud) {
         struct chief *c = ud;
-        ProtobufCMessage *m;
-        if (wire_unpack(rpc_call_payload(call), &psfleet__v1__join_request__descriptor, &m) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "JoinRequest does not parse");
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__join_request__descriptor);
+        if (!m)
                 return;
-        }
         const Psfleet__V1__JoinRequest *q = (const Psfleet__V1__JoinRequest *)m;
         const char *task = q->task && *q->task ? q->task : "(unnamed task)";
         Psfleet__V1__JoinReply rep = PSFLEET__V1__JOIN_REPLY__INIT;
@@ -95,11 +102,9 @@ static void h_join(struct rpc_call *call, void *ud) {
 static void h_report(struct rpc_call *call, void *ud) {
         static bool db_warned;  /* one warning per process, not one per report */
         struct chief *c = ud;
-        ProtobufCMessage *m;
-        if (wire_unpack(rpc_call_payload(call), &psfleet__v1__report_request__descriptor, &m) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "ReportRequest does not parse");
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__report_request__descriptor);
+        if (!m)
                 return;
-        }
         const Psfleet__V1__ReportRequest *q = (const Psfleet__V1__ReportRequest *)m;
         if (q->worker >= c->cfg->cluster.n_worker) {
                 rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "worker %u is not in the cluster (%u workers)",
@@ -159,11 +164,9 @@ void chief_wake(struct chief *c) {
 
 static void h_stop(struct rpc_call *call, void *ud) {
         struct chief *c = ud;
-        ProtobufCMessage *m;
-        if (wire_unpack(rpc_call_payload(call), &psfleet__v1__stop_request__descriptor, &m) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "StopRequest does not parse");
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__stop_request__descriptor);
+        if (!m)
                 return;
-        }
         const Psfleet__V1__StopRequest *q = (const Psfleet__V1__StopRequest *)m;
         char *peer = rpc_call_peer(call);
         log_info("Stop requested by %s%s%s%s", peer ? peer : "a client", q->reason && *q->reason ? " (" : "",
@@ -210,11 +213,9 @@ static void h_list_ckpts(struct rpc_call *call, void *ud) {
 
 static void h_save_ckpt(struct rpc_call *call, void *ud) {
         struct chief *c = ud;
-        ProtobufCMessage *m;
-        if (wire_unpack(rpc_call_payload(call), &psfleet__v1__save_checkpoint_request__descriptor, &m) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "SaveCheckpointRequest does not parse");
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__save_checkpoint_request__descriptor);
+        if (!m)
                 return;
-        }
         const char *why = ((const Psfleet__V1__SaveCheckpointRequest *)m)->reason;
         char *peer = rpc_call_peer(call);
         pthread_mutex_lock(&c->lock);
@@ -262,18 +263,18 @@ void chief_answer_saves(struct chief *c, int r, const struct chief_db_checkpoint
         c->save_calls = NULL;
         c->n_save_calls = 0;
         pthread_mutex_unlock(&c->lock);
-        for (size_t i = 0; i < n; i++) {
-                if (r < 0) {
-                        rpc_call_fail_errno(calls[i], r, "%s", err);
-                        continue;
-                }
-                Psfleet__V1__Checkpoint ck;
+        Psfleet__V1__Checkpoint ck;
+        Psfleet__V1__SaveCheckpointReply rep = PSFLEET__V1__SAVE_CHECKPOINT_REPLY__INIT;
+        if (r >= 0) {
                 chief_checkpoint_msg(row, &ck);
-                Psfleet__V1__SaveCheckpointReply rep = PSFLEET__V1__SAVE_CHECKPOINT_REPLY__INIT;
                 rep.checkpoint = &ck;
                 rep.existing = existing;
-                rpc_call_reply_msg(calls[i], &rep.base);
         }
+        for (size_t i = 0; i < n; i++)
+                if (r < 0)
+                        rpc_call_fail_errno(calls[i], r, "%s", err);
+                else
+                        rpc_call_reply_msg(calls[i], &rep.base);
         free(calls);
 }
 
@@ -286,11 +287,9 @@ bool chief_saves_pending(struct chief *c) {
 
 static void h_delete_ckpt(struct rpc_call *call, void *ud) {
         struct chief *c = ud;
-        ProtobufCMessage *m;
-        if (wire_unpack(rpc_call_payload(call), &psfleet__v1__delete_checkpoint_request__descriptor, &m) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "DeleteCheckpointRequest does not parse");
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__delete_checkpoint_request__descriptor);
+        if (!m)
                 return;
-        }
         uint64_t step = ((const Psfleet__V1__DeleteCheckpointRequest *)m)->global_step;
         protobuf_c_message_free_unpacked(m, NULL);
         struct chief_db_checkpoint row;

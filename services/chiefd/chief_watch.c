@@ -24,11 +24,9 @@ struct watcher {
 
 void chief_watch_handler(struct rpc_call *call, void *ud) {
         struct chief *c = ud;
-        ProtobufCMessage *m;
-        if (wire_unpack(rpc_call_payload(call), &psfleet__v1__watch_request__descriptor, &m) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "WatchRequest does not parse");
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__watch_request__descriptor);
+        if (!m)
                 return;
-        }
         const Psfleet__V1__WatchRequest *q = (const Psfleet__V1__WatchRequest *)m;
         struct watcher *w = calloc(1, sizeof(*w));
         if (!w) {

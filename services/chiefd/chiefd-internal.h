@@ -146,6 +146,9 @@ grpc_byte_buffer *chief_status_pack(struct chief *c);
 #define CHIEF_RPC_N_METHODS 9
 /* Fills m with every method chiefd serves, each with c as its user data. */
 void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]);
+/* The call's request, unpacked (free it with protobuf_c_message_free_unpacked); NULL when it does not
+ * parse, and the call has then failed with INVALID_ARGUMENT. */
+ProtobufCMessage *chief_rpc_request(struct rpc_call *call, const ProtobufCMessageDescriptor *desc);
 /* Wakes the main loop (Stop, SaveCheckpoint). */
 void chief_wake(struct chief *c);
 /* Whether SaveCheckpoint calls are waiting for the main thread. */

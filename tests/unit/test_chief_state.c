@@ -356,30 +356,32 @@ static void test_workers_stop(void **state) {
 
 static void test_may_join(void **state) {
         (void)state;
-        char why[512];
-        struct chief_state s = at(S(READY), true, "");
-        assert_true(chief_state_may_join(&s, false, 0, why, sizeof(why)));
-        assert_string_equal(why, "");
-        s = at(S(TRAINING), true, "ps:0 not reachable: x");
-        assert_true(chief_state_may_join(&s, false, 10, why, sizeof(why)));
-        assert_string_equal(why, "");
-        assert_false(chief_state_may_join(&s, true, 10, why, sizeof(why)));
-        assert_string_equal(why, "the job is stopping");
-        s = at(S(STOPPING), true, "waiting for the workers to finish");
-        assert_false(chief_state_may_join(&s, false, 100, why, sizeof(why)));
-        assert_string_equal(why, "the job has ended (stopping at global_step 100)");
-        s = at(S(DONE), true, "");
-        assert_false(chief_state_may_join(&s, false, 100, why, sizeof(why)));
-        assert_string_equal(why, "the job has ended (done at global_step 100)");
-        s = at(S(FAILED), true, "ps:0 lost");
-        assert_false(chief_state_may_join(&s, false, 3, why, sizeof(why)));
-        assert_string_equal(why, "the job failed: ps:0 lost");
-        s = at(S(INITIALIZING), false, "waiting for ps:0 (h:1): UNAVAILABLE");
-        assert_false(chief_state_may_join(&s, false, 0, why, sizeof(why)));
-        assert_string_equal(why, "the job is initializing: waiting for ps:0 (h:1): UNAVAILABLE");
-        s = at(S(RESTORING), true, "");
-        assert_false(chief_state_may_join(&s, false, 0, why, sizeof(why)));
-        assert_string_equal(why, "the job is restoring: starting");
+        const struct {
+                Psfleet__V1__JobState st;
+                const char *reason;
+                bool stop;
+                uint64_t step;
+                bool want;
+                const char *why;
+        } t[] = {
+                {S(READY), "", false, 0, true, ""},
+                {S(TRAINING), "ps:0 not reachable: x", false, 10, true, ""},
+                {S(TRAINING), "", true, 10, false, "the job is stopping"},
+                {S(READY), "", true, 0, false, "the job is stopping"},
+                {S(STOPPING), "waiting for the workers to finish", false, 100, false,
+                 "the job has ended (stopping at global_step 100)"},
+                {S(DONE), "", false, 100, false, "the job has ended (done at global_step 100)"},
+                {S(FAILED), "ps:0 lost", false, 3, false, "the job failed: ps:0 lost"},
+                {S(INITIALIZING), "waiting for ps:0 (h:1): UNAVAILABLE", false, 0, false,
+                 "the job is initializing: waiting for ps:0 (h:1): UNAVAILABLE"},
+                {S(RESTORING), "", false, 0, false, "the job is restoring: starting"},
+        };
+        for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+                char why[512] = "junk";
+                struct chief_state s = at(t[i].st, true, t[i].reason);
+                assert_int_equal(chief_state_may_join(&s, t[i].stop, t[i].step, why, sizeof(why)), t[i].want);
+                assert_string_equal(why, t[i].why);
+        }
 }
 
 int main(void) {

@@ -161,6 +161,10 @@ fail:
         return r;
 }
 
+const char *atomic_file_temp_path(const struct atomic_file *af) {
+        return af->tmp;
+}
+
 int atomic_file_write(struct atomic_file *af, const void *data, size_t len) {
         const char *b = data;
 
@@ -232,17 +236,13 @@ int atomic_file_commit(struct atomic_file *af, bool *renamed) {
 }
 
 struct atomic_file *atomic_file_abort(struct atomic_file *af) {
-        if (!af)
-                return NULL;
-        if (af->fd >= 0)
-                close(af->fd);
-        unlink(af->tmp);
-        atomic_file_free(af);
+        if (af) {
+                if (af->fd >= 0)
+                        close(af->fd);
+                unlink(af->tmp);
+                atomic_file_free(af);
+        }
         return NULL;
-}
-
-const char *atomic_file_temp_path(const struct atomic_file *af) {
-        return af->tmp;
 }
 
 int write_file_atomic(const char *path, const void *data, size_t len) {
