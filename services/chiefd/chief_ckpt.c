@@ -28,7 +28,7 @@ struct chief_ckpt {
         const struct job_layout *L;
         uint64_t fingerprint;
         uint32_t keep;
-        uint64_t test_delay_ms;
+        uint64_t test_hook_delay_ms;
         pthread_mutex_t mu;
 };
 
@@ -55,7 +55,7 @@ int chief_ckpt_new(struct chief_db *db, const struct chief_ckpt_config *cfg, str
                 return errf(err, errlen, -ENOMEM, "out of memory");
         }
         *s = (struct chief_ckpt){.db = db, .dir = abs, .job = job, .L = cfg->L, .fingerprint = cfg->fingerprint,
-                                 .keep = cfg->keep ? cfg->keep : 1, .test_delay_ms = cfg->test_delay_ms};
+                                 .keep = cfg->keep ? cfg->keep : 1, .test_hook_delay_ms = cfg->test_hook_delay_ms};
         pthread_mutex_init(&s->mu, NULL);
         *ret = s;
         return 0;
@@ -156,11 +156,11 @@ int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slo
                 goto unlock;
         }
         struct ckpt_written w;
-        r = ckpt_write(path, t, n, meta, ELEMENTSOF(meta), s->test_delay_ms, &w, err, errlen);
+        r = ckpt_write(path, t, n, meta, ELEMENTSOF(meta), s->test_hook_delay_ms, &w, err, errlen);
         if (r < 0)
                 goto unlock;
-        if (s->test_delay_ms)
-                sleep_ms(s->test_delay_ms);   /* test hook: the file is in place, its row not yet */
+        if (s->test_hook_delay_ms)
+                sleep_ms(s->test_hook_delay_ms);   /* test hook: the file is in place, its row not yet */
         struct chief_db_checkpoint row = *stats;
         row.global_step = global_step;
         row.time_us = time_us;

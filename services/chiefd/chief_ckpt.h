@@ -27,7 +27,7 @@ struct chief_ckpt_config {
         const char *job;
         uint64_t fingerprint;
         uint32_t keep;                  /* supervisor.keep_checkpoints */
-        uint64_t test_delay_ms;         /* test hook (PSFLEET_TEST_CHECKPOINT_DELAY_MS): sleep before the
+        uint64_t test_hook_delay_ms;    /* test hook (PSFLEET_TEST_CHECKPOINT_DELAY_MS): sleep before the
                                          * rename and again before the row is committed; 0: off */
 };
 

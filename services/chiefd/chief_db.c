@@ -149,20 +149,38 @@ struct chief_db *chief_db_close(struct chief_db *db) {
         return NULL;
 }
 
-/* Prepares sql, lets bind() fill its parameters, steps it once. For statements without rows. */
-static int exec_one(struct chief_db *db, const char *sql, void (*bind)(sqlite3_stmt *st, const void *ud),
-                    const void *ud) {
+typedef void bind_fn(sqlite3_stmt *st, const void *ud);
+typedef void read_fn(sqlite3_stmt *st, void *ud);
+
+/* Prepares sql, lets bind() fill its parameters (bind may be NULL), steps it once (db->lock held).
+ * With read, a query of one row: read() gets the row, and no row is -ENOENT. Returns 0 or -errno. */
+static int exec_one_locked(struct chief_db *db, const char *sql, bind_fn *bind, const void *bind_ud, read_fn *read,
+                           void *read_ud) {
         sqlite3_stmt *st = NULL;
-        pthread_mutex_lock(&db->lock);
         int rc = sqlite3_prepare_v2(db->h, sql, -1, &st, NULL);
         if (rc == SQLITE_OK) {
-                bind(st, ud);
+                if (bind)
+                        bind(st, bind_ud);
                 rc = sqlite3_step(st);
         }
-        int r = db_errno(db->h, rc);
+        int r = read && rc == SQLITE_DONE ? -ENOENT : db_errno(db->h, rc);
+        if (read && rc == SQLITE_ROW)
+                read(st, read_ud);
         sqlite3_finalize(st);
+        return r;
+}
+
+/* The same, taking db->lock. */
+static int exec_one(struct chief_db *db, const char *sql, bind_fn *bind, const void *bind_ud, read_fn *read,
+                    void *read_ud) {
+        pthread_mutex_lock(&db->lock);
+        int r = exec_one_locked(db, sql, bind, bind_ud, read, read_ud);
         pthread_mutex_unlock(&db->lock);
         return r;
+}
+
+static void bind_u64(sqlite3_stmt *st, const void *ud) {
+        sqlite3_bind_int64(st, 1, (sqlite3_int64)*(const uint64_t *)ud);
 }
 
 static void bind_job(sqlite3_stmt *st, const void *ud) {
@@ -184,36 +202,29 @@ int chief_db_save_job(struct chief_db *db, const struct chief_db_job *j) {
         return exec_one(db,
                         "INSERT OR REPLACE INTO job (id, fingerprint, state, global_step, max_steps, started_us,"
                         " updated_us, test_accuracy, test_loss, wall_s) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        bind_job, j);
+                        bind_job, j, NULL, NULL);
+}
+
+static void read_job(sqlite3_stmt *st, void *ud) {
+        const char *fp = (const char *)sqlite3_column_text(st, 0);
+        *(struct chief_db_job *)ud = (struct chief_db_job){
+                .fingerprint = fp ? strtoull(fp, NULL, 16) : 0,
+                .state = sqlite3_column_int(st, 1),
+                .global_step = (uint64_t)sqlite3_column_int64(st, 2),
+                .max_steps = (uint64_t)sqlite3_column_int64(st, 3),
+                .started_us = (uint64_t)sqlite3_column_int64(st, 4),
+                .updated_us = (uint64_t)sqlite3_column_int64(st, 5),
+                .test_accuracy = (float)sqlite3_column_double(st, 6),
+                .test_loss = (float)sqlite3_column_double(st, 7),
+                .wall_s = (float)sqlite3_column_double(st, 8),
+        };
 }
 
 int chief_db_load_job(struct chief_db *db, struct chief_db_job *ret) {
-        sqlite3_stmt *st = NULL;
-        pthread_mutex_lock(&db->lock);
-        int rc = sqlite3_prepare_v2(db->h,
-                                    "SELECT fingerprint, state, global_step, max_steps, started_us, updated_us,"
-                                    " test_accuracy, test_loss, wall_s FROM job WHERE id = 1",
-                                    -1, &st, NULL);
-        if (rc == SQLITE_OK)
-                rc = sqlite3_step(st);
-        int r = rc == SQLITE_DONE ? -ENOENT : db_errno(db->h, rc);
-        if (rc == SQLITE_ROW) {
-                const char *fp = (const char *)sqlite3_column_text(st, 0);
-                *ret = (struct chief_db_job){
-                        .fingerprint = fp ? strtoull(fp, NULL, 16) : 0,
-                        .state = sqlite3_column_int(st, 1),
-                        .global_step = (uint64_t)sqlite3_column_int64(st, 2),
-                        .max_steps = (uint64_t)sqlite3_column_int64(st, 3),
-                        .started_us = (uint64_t)sqlite3_column_int64(st, 4),
-                        .updated_us = (uint64_t)sqlite3_column_int64(st, 5),
-                        .test_accuracy = (float)sqlite3_column_double(st, 6),
-                        .test_loss = (float)sqlite3_column_double(st, 7),
-                        .wall_s = (float)sqlite3_column_double(st, 8),
-                };
-        }
-        sqlite3_finalize(st);
-        pthread_mutex_unlock(&db->lock);
-        return r;
+        return exec_one(db,
+                        "SELECT fingerprint, state, global_step, max_steps, started_us, updated_us,"
+                        " test_accuracy, test_loss, wall_s FROM job WHERE id = 1",
+                        NULL, NULL, read_job, ret);
 }
 
 static void bind_progress(sqlite3_stmt *st, const void *ud) {
@@ -232,39 +243,40 @@ int chief_db_add_progress(struct chief_db *db, const struct chief_db_progress *p
         return exec_one(db,
                         "INSERT INTO progress (time_us, worker, local_step, global_step, loss, examples_per_s,"
                         " examples, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        bind_progress, p);
+                        bind_progress, p, NULL, NULL);
+}
+
+struct progress_out {
+        struct chief_db_progress *p;
+        uint32_t worker;
+        char *state_buf;
+        size_t state_len;
+};
+
+static void read_progress(sqlite3_stmt *st, void *ud) {
+        struct progress_out *o = ud;
+        const char *s = (const char *)sqlite3_column_text(st, 6);
+        snprintf(o->state_buf, o->state_len, "%s", s ? s : "");
+        *o->p = (struct chief_db_progress){
+                .time_us = (uint64_t)sqlite3_column_int64(st, 0),
+                .worker = o->worker,
+                .local_step = (uint64_t)sqlite3_column_int64(st, 1),
+                .global_step = (uint64_t)sqlite3_column_int64(st, 2),
+                .loss = (float)sqlite3_column_double(st, 3),
+                .examples_per_s = (float)sqlite3_column_double(st, 4),
+                .examples = (uint64_t)sqlite3_column_int64(st, 5),
+                .state = o->state_buf,
+        };
 }
 
 int chief_db_last_progress(struct chief_db *db, uint32_t worker, struct chief_db_progress *ret, char *state_buf,
                            size_t state_len) {
-        sqlite3_stmt *st = NULL;
-        pthread_mutex_lock(&db->lock);
-        int rc = sqlite3_prepare_v2(db->h,
-                                    "SELECT time_us, local_step, global_step, loss, examples_per_s, examples, state"
-                                    " FROM progress WHERE worker = ? ORDER BY id DESC LIMIT 1",
-                                    -1, &st, NULL);
-        if (rc == SQLITE_OK) {
-                sqlite3_bind_int64(st, 1, worker);
-                rc = sqlite3_step(st);
-        }
-        int r = rc == SQLITE_DONE ? -ENOENT : db_errno(db->h, rc);
-        if (rc == SQLITE_ROW) {
-                const char *s = (const char *)sqlite3_column_text(st, 6);
-                snprintf(state_buf, state_len, "%s", s ? s : "");
-                *ret = (struct chief_db_progress){
-                        .time_us = (uint64_t)sqlite3_column_int64(st, 0),
-                        .worker = worker,
-                        .local_step = (uint64_t)sqlite3_column_int64(st, 1),
-                        .global_step = (uint64_t)sqlite3_column_int64(st, 2),
-                        .loss = (float)sqlite3_column_double(st, 3),
-                        .examples_per_s = (float)sqlite3_column_double(st, 4),
-                        .examples = (uint64_t)sqlite3_column_int64(st, 5),
-                        .state = state_buf,
-                };
-        }
-        sqlite3_finalize(st);
-        pthread_mutex_unlock(&db->lock);
-        return r;
+        struct progress_out o = {ret, worker, state_buf, state_len};
+        uint64_t w = worker;
+        return exec_one(db,
+                        "SELECT time_us, local_step, global_step, loss, examples_per_s, examples, state"
+                        " FROM progress WHERE worker = ? ORDER BY id DESC LIMIT 1",
+                        bind_u64, &w, read_progress, &o);
 }
 
 struct eval_row {
@@ -288,25 +300,25 @@ int chief_db_add_evaluation(struct chief_db *db, uint64_t time_us, uint64_t glob
         return exec_one(db,
                         "INSERT INTO evaluations (time_us, global_step, examples, loss, accuracy)"
                         " VALUES (?, ?, ?, ?, ?)",
-                        bind_eval, &e);
+                        bind_eval, &e, NULL, NULL);
+}
+
+struct eval_out {
+        uint64_t *step;
+        float *loss, *accuracy;
+};
+
+static void read_eval(sqlite3_stmt *st, void *ud) {
+        const struct eval_out *o = ud;
+        *o->step = (uint64_t)sqlite3_column_int64(st, 0);
+        *o->loss = (float)sqlite3_column_double(st, 1);
+        *o->accuracy = (float)sqlite3_column_double(st, 2);
 }
 
 int chief_db_last_evaluation(struct chief_db *db, uint64_t *step_ret, float *loss_ret, float *accuracy_ret) {
-        sqlite3_stmt *st = NULL;
-        pthread_mutex_lock(&db->lock);
-        int rc = sqlite3_prepare_v2(db->h, "SELECT global_step, loss, accuracy FROM evaluations ORDER BY id DESC LIMIT 1",
-                                    -1, &st, NULL);
-        if (rc == SQLITE_OK)
-                rc = sqlite3_step(st);
-        int r = rc == SQLITE_DONE ? -ENOENT : db_errno(db->h, rc);
-        if (rc == SQLITE_ROW) {
-                *step_ret = (uint64_t)sqlite3_column_int64(st, 0);
-                *loss_ret = (float)sqlite3_column_double(st, 1);
-                *accuracy_ret = (float)sqlite3_column_double(st, 2);
-        }
-        sqlite3_finalize(st);
-        pthread_mutex_unlock(&db->lock);
-        return r;
+        struct eval_out o = {step_ret, loss_ret, accuracy_ret};
+        return exec_one(db, "SELECT global_step, loss, accuracy FROM evaluations ORDER BY id DESC LIMIT 1", NULL, NULL,
+                        read_eval, &o);
 }
 
 /* ---- checkpoints ---- */
@@ -393,15 +405,7 @@ static int durable_end(struct chief_db *db, int r, bool begun) {
 }
 
 static int delete_ckpt_row(struct chief_db *db, uint64_t global_step) {
-        sqlite3_stmt *st = NULL;
-        int rc = sqlite3_prepare_v2(db->h, "DELETE FROM checkpoints WHERE global_step = ?", -1, &st, NULL);
-        if (rc == SQLITE_OK) {
-                sqlite3_bind_int64(st, 1, (sqlite3_int64)global_step);
-                rc = sqlite3_step(st);
-        }
-        int r = db_errno(db->h, rc);
-        sqlite3_finalize(st);
-        return r;
+        return exec_one_locked(db, "DELETE FROM checkpoints WHERE global_step = ?", bind_u64, &global_step, NULL, NULL);
 }
 
 int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoint *ck, uint32_t keep,

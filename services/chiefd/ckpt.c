@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -36,33 +35,10 @@ char *ckpt_temp_path(const char *path) {
         return strdup_printf("%.*s/.%s.tmp", (int)(slash - path), path, slash + 1);
 }
 
-static int write_all(int fd, const void *p, size_t n, uint32_t *crc) {
-        const uint8_t *b = p;
+/* Appends to the file and to its checksum. */
+static int put(struct atomic_file *af, const void *p, size_t n, uint32_t *crc) {
         *crc = crc32c_update(*crc, p, n);
-        while (n) {
-                ssize_t w = write(fd, b, n > (1u << 30) ? (1u << 30) : n);
-                if (w < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                b += w;
-                n -= (size_t)w;
-        }
-        return 0;
-}
-
-static int fsync_dir_of(const char *path) {
-        char *copy = strdup(path);
-        if (!copy)
-                return -ENOMEM;
-        int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        free(copy);
-        if (fd < 0)
-                return -errno;
-        int r = fsync(fd) < 0 ? -errno : 0;
-        close(fd);
-        return r;
+        return atomic_file_write(af, p, n);
 }
 
 /* The header: metadata first, then the tensors in the order given, padded to a multiple of 8. */
@@ -100,7 +76,7 @@ static char *build_header(const struct ckpt_tensor *t, size_t n, const struct ck
 }
 
 int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, const struct ckpt_kv *meta,
-               size_t n_meta, uint64_t delay_ms, struct ckpt_written *ret, char *err, size_t errlen) {
+               size_t n_meta, uint64_t test_hook_delay_ms, struct ckpt_written *ret, char *err, size_t errlen) {
         for (size_t i = 0; i < n; i++)
                 for (size_t j = 0; j < i; j++)
                         if (strcmp(tensors[i].name, tensors[j].name) == 0)
@@ -108,14 +84,16 @@ int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, co
         size_t hlen;
         char *header = build_header(tensors, n, meta, n_meta, &hlen);
         char *tmp = ckpt_temp_path(path);
-        int fd = -1, r;
+        struct atomic_file *af = NULL;
+        int r;
         if (!header || !tmp) {
                 r = errf(err, errlen, -ENOMEM, "out of memory");
                 goto out;
         }
-        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) {
-                r = errf(err, errlen, -errno, "cannot create \"%s\": %s", tmp, strerror(errno));
+        /* A fixed temp name: a crash leaves a file that chief_ckpt recognizes and removes. */
+        r = atomic_file_open(path, tmp, 0644, &af);
+        if (r < 0) {
+                errf(err, errlen, r, "cannot create \"%s\": %s", tmp, strerror(-r));
                 goto out;
         }
         uint32_t crc = 0;
@@ -123,51 +101,43 @@ int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, co
         uint64_t total = 8 + hlen;
         for (int i = 0; i < 8; i++)
                 lenb[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-        r = write_all(fd, lenb, 8, &crc);
+        r = put(af, lenb, 8, &crc);
         if (r >= 0)
-                r = write_all(fd, header, hlen, &crc);
+                r = put(af, header, hlen, &crc);
         for (size_t i = 0; i < n && r >= 0; i++) {
                 size_t bytes = (size_t)tensors[i].rows * tensors[i].cols * sizeof(float);
-                r = write_all(fd, tensors[i].data, bytes, &crc);
+                r = put(af, tensors[i].data, bytes, &crc);
                 total += bytes;
         }
         if (r < 0) {
                 errf(err, errlen, r, "cannot write \"%s\": %s", tmp, strerror(-r));
-                goto fail;
+                goto out;
         }
-        if (fsync(fd) < 0) {
-                r = errf(err, errlen, -errno, "cannot fsync \"%s\": %s", tmp, strerror(errno));
-                goto fail;
-        }
-        r = close(fd) < 0 ? -errno : 0;
-        fd = -1;
+        r = atomic_file_sync(af);
         if (r < 0) {
-                errf(err, errlen, r, "cannot close \"%s\": %s", tmp, strerror(-r));
-                goto fail;
+                errf(err, errlen, r, "cannot fsync \"%s\": %s", tmp, strerror(-r));
+                goto out;
         }
-        if (delay_ms) {
-                struct timespec ts = {(time_t)(delay_ms / 1000), (long)(delay_ms % 1000) * 1000000L};
+        if (test_hook_delay_ms) {
+                struct timespec ts = {(time_t)(test_hook_delay_ms / 1000), (long)(test_hook_delay_ms % 1000) * 1000000L};
                 while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
                         ;
         }
-        if (rename(tmp, path) < 0) {
-                r = errf(err, errlen, -errno, "cannot rename \"%s\" to \"%s\": %s", tmp, path, strerror(errno));
-                goto fail;
+        bool renamed;
+        r = atomic_file_commit(af, &renamed);
+        af = NULL;
+        if (r < 0 && !renamed) {
+                errf(err, errlen, r, "cannot rename \"%s\" to \"%s\": %s", tmp, path, strerror(-r));
+                goto out;
         }
-        r = fsync_dir_of(path);
         if (r < 0) {
                 /* The file is complete and in place; only its directory entry may not survive a power cut. */
                 errf(err, errlen, r, "cannot fsync the directory of \"%s\": %s", path, strerror(-r));
                 goto out;
         }
         *ret = (struct ckpt_written){.bytes = total, .crc32c = crc};
-        r = 0;
-        goto out;
-fail:
-        if (fd >= 0)
-                close(fd);
-        unlink(tmp);
 out:
+        atomic_file_abort(af);
         free(header);
         free(tmp);
         return r;

@@ -29,13 +29,14 @@ struct ckpt_written {
         uint32_t crc32c;        /* CRC-32C of the whole file */
 };
 
-/* Writes the tensors (names must be distinct) and metadata as a safetensors file at path: into a
- * temp file ".<name>.tmp" beside it, fsync, rename over path, fsync the directory. delay_ms > 0 sleeps
- * between the fsync and the rename: a test hook, so that a test can kill the writer while only the
- * temp file exists. Returns 0 and *ret; or -errno with err saying what failed, the temp file removed
- * and path untouched. */
+/* Writes the tensors (names must be distinct) and metadata as a safetensors file at path, through an
+ * atomic_file (util.h) whose temp file is ".<name>.tmp" beside it: written, fsynced, renamed over path,
+ * the directory fsynced. test_hook_delay_ms > 0 (a test hook, 0 outside tests) sleeps between the
+ * fsync and the rename, so that a test can kill the writer while only the temp file exists. Returns 0
+ * and *ret; or -errno with err saying what failed, and path untouched unless only the directory's
+ * fsync failed (the temp file is removed in every case). */
 int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, const struct ckpt_kv *meta,
-               size_t n_meta, uint64_t delay_ms, struct ckpt_written *ret, char *err, size_t errlen);
+               size_t n_meta, uint64_t test_hook_delay_ms, struct ckpt_written *ret, char *err, size_t errlen);
 
 /* The temp file name ckpt_write uses for path (".<basename>.tmp" in the same directory); malloc'd. */
 char *ckpt_temp_path(const char *path);

@@ -122,6 +122,16 @@ const char *summary_writer_path(const struct summary_writer *w) {
         return w->path;
 }
 
+/* Stamps ev with its step and time and appends it, under the writer's lock. */
+static int write_at(struct summary_writer *w, uint64_t step, uint64_t time_us, Tensorflow__Event *ev) {
+        ev->wall_time = (double)time_us / 1e6;
+        ev->step = (int64_t)step;
+        pthread_mutex_lock(&w->mu);
+        int r = write_event(w, ev);
+        pthread_mutex_unlock(&w->mu);
+        return r;
+}
+
 int summary_write_scalars(struct summary_writer *w, uint64_t step, uint64_t time_us, const struct summary_scalar *v,
                           size_t n) {
         Tensorflow__Summary__Value *vals = calloc(n ? n : 1, sizeof(*vals));
@@ -142,13 +152,9 @@ int summary_write_scalars(struct summary_writer *w, uint64_t step, uint64_t time
         s.n_value = n;
         s.value = vp;
         Tensorflow__Event ev = TENSORFLOW__EVENT__INIT;
-        ev.wall_time = (double)time_us / 1e6;
-        ev.step = (int64_t)step;
         ev.what_case = TENSORFLOW__EVENT__WHAT_SUMMARY;
         ev.summary = &s;
-        pthread_mutex_lock(&w->mu);
-        r = write_event(w, &ev);
-        pthread_mutex_unlock(&w->mu);
+        r = write_at(w, step, time_us, &ev);
 out:
         free(vals);
         free(vp);
@@ -162,14 +168,9 @@ int summary_write_session_log(struct summary_writer *w, uint64_t step, uint64_t 
         sl.checkpoint_path = (char *)(checkpoint_path ? checkpoint_path : "");
         sl.msg = (char *)(msg ? msg : "");
         Tensorflow__Event ev = TENSORFLOW__EVENT__INIT;
-        ev.wall_time = (double)time_us / 1e6;
-        ev.step = (int64_t)step;
         ev.what_case = TENSORFLOW__EVENT__WHAT_SESSION_LOG;
         ev.session_log = &sl;
-        pthread_mutex_lock(&w->mu);
-        int r = write_event(w, &ev);
-        pthread_mutex_unlock(&w->mu);
-        return r;
+        return write_at(w, step, time_us, &ev);
 }
 
 int summary_flush(struct summary_writer *w) {

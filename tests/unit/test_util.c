@@ -1,7 +1,8 @@
-/* Tests of util.c: strict number parsing, strings, directories and durable file writes. */
+/* Tests of util.c: strict number parsing, strings, directories and durable file writes (atomic_file). */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -154,6 +155,100 @@ static void test_backoff(void **state) {
         assert_true(backoff_next(&b) >= (UINT64_MAX >> 2));
 }
 
+/* Reads path whole into a static buffer (NUL-terminated); "" when it cannot. */
+static const char *content(const char *path) {
+        static char buf[256];
+        char *data = NULL;
+        buf[0] = 0;
+        if (read_file(path, sizeof(buf) - 1, &data, NULL) == 0)
+                snprintf(buf, sizeof(buf), "%s", data);
+        free(data);
+        return buf;
+}
+
+static void test_atomic_file(void **state) {
+        char *p = strdup_printf("%s/af.txt", tmpdir), *named = strdup_printf("%s/.af.txt.tmp", tmpdir);
+        struct atomic_file *af = NULL;
+        struct stat st;
+        bool renamed = false;
+        mode_t um = umask(022);
+
+        /* A stream of writes appears at once, at the commit; the old content stays until then. */
+        assert_int_equal(write_file_atomic(p, "old", 3), 0);
+        assert_int_equal(atomic_file_open(p, NULL, 0644, &af), 0);
+        assert_non_null(af);
+        const char *tmp = atomic_file_temp_path(af);
+        assert_int_equal(strncmp(tmp, p, strlen(p)), 0);
+        assert_int_equal(strncmp(tmp + strlen(p), ".tmp", 4), 0);
+        assert_int_equal(atomic_file_write(af, "new ", 4), 0);
+        assert_int_equal(atomic_file_write(af, "", 0), 0);
+        assert_int_equal(atomic_file_write(af, "content", 7), 0);
+        assert_string_equal(content(p), "old");
+        char *tmp_copy = strdup(tmp);
+        assert_int_equal(access(tmp_copy, F_OK), 0);
+        assert_int_equal(atomic_file_commit(af, &renamed), 0);
+        assert_true(renamed);
+        assert_string_equal(content(p), "new content");
+        assert_int_equal(access(tmp_copy, F_OK), -1);
+        free(tmp_copy);
+
+        /* A named temp file: after the sync it holds everything, and path still the old content. A
+         * leftover of that name (from a crash) is truncated and gets the mode asked for. */
+        FILE *f = fopen(named, "w");
+        assert_non_null(f);
+        fputs("leftover from a crash, longer than what follows", f);
+        fclose(f);
+        assert_int_equal(chmod(named, 0600), 0);
+        assert_int_equal(atomic_file_open(p, named, 0644, &af), 0);
+        assert_string_equal(atomic_file_temp_path(af), named);
+        assert_int_equal(atomic_file_write(af, "third", 5), 0);
+        assert_int_equal(atomic_file_sync(af), 0);
+        assert_string_equal(content(named), "third");
+        assert_string_equal(content(p), "new content");
+        assert_int_equal(atomic_file_write(af, "x", 1), -EBADF);   /* synced: closed for writing */
+        assert_int_equal(atomic_file_sync(af), 0);                 /* twice is harmless */
+        assert_int_equal(atomic_file_commit(af, NULL), 0);
+        assert_string_equal(content(p), "third");
+        assert_int_equal(access(named, F_OK), -1);
+        assert_int_equal(stat(p, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0644);
+
+        /* Abort: path untouched, no temp file left; NULL-safe. */
+        assert_int_equal(atomic_file_open(p, named, 0600, &af), 0);
+        assert_int_equal(atomic_file_write(af, "never", 5), 0);
+        assert_null(atomic_file_abort(af));
+        assert_null(atomic_file_abort(NULL));
+        assert_string_equal(content(p), "third");
+        assert_int_equal(access(named, F_OK), -1);
+
+        /* Errors: nothing created, *ret untouched. */
+        char *missing = strdup_printf("%s/missing/x", tmpdir);
+        af = NULL;
+        assert_int_equal(atomic_file_open(missing, NULL, 0644, &af), -ENOENT);
+        assert_int_equal(atomic_file_open("", NULL, 0644, &af), -EINVAL);
+        assert_int_equal(atomic_file_open(p, "", 0644, &af), -EINVAL);
+        assert_null(af);
+        free(missing);
+
+        /* A rename that fails (path is a directory that is not empty): the temp file goes, path stays. */
+        char *dir = strdup_printf("%s/adir", tmpdir), *inside = strdup_printf("%s/adir/f", tmpdir);
+        assert_int_equal(mkdir_p(dir, 0755), 0);
+        assert_int_equal(write_file_atomic(inside, "kept", 4), 0);
+        assert_int_equal(atomic_file_open(dir, named, 0644, &af), 0);
+        assert_int_equal(atomic_file_write(af, "y", 1), 0);
+        renamed = true;
+        assert_true(atomic_file_commit(af, &renamed) < 0);
+        assert_false(renamed);
+        assert_int_equal(access(named, F_OK), -1);
+        assert_string_equal(content(inside), "kept");
+        free(dir);
+        free(inside);
+
+        umask(um);
+        free(named);
+        free(p);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_clocks),
@@ -162,6 +257,7 @@ int main(void) {
                 cmocka_unit_test(test_mkdir_p),
                 cmocka_unit_test(test_files),
                 cmocka_unit_test(test_backoff),
+                cmocka_unit_test(test_atomic_file),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

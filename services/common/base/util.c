@@ -111,11 +111,67 @@ out:
         return r;
 }
 
-static int write_all(int fd, const void *data, size_t len) {
+struct atomic_file {
+        char *path, *tmp;
+        int fd;                         /* -1 once synced and closed */
+};
+
+static void atomic_file_free(struct atomic_file *af) {
+        free(af->path);
+        free(af->tmp);
+        free(af);
+}
+
+int atomic_file_open(const char *path, const char *tmp, mode_t mode, struct atomic_file **ret) {
+        struct atomic_file *af;
+        int r;
+
+        if (!path || !*path || (tmp && !*tmp))
+                return -EINVAL;
+        af = calloc(1, sizeof(*af));
+        if (!af)
+                return -ENOMEM;
+        af->fd = -1;
+        af->path = strdup(path);
+        af->tmp = tmp ? strdup(tmp) : strdup_printf("%s.tmpXXXXXX", path);
+        if (!af->path || !af->tmp) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        af->fd = tmp ? open(af->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode) : mkostemp(af->tmp, O_CLOEXEC);
+        if (af->fd < 0) {
+                r = -errno;
+                goto fail;
+        }
+        /* mkostemp creates 0600, and O_TRUNC keeps a leftover's mode; a replaced config or checkpoint
+         * should be readable like any file. */
+        {
+                mode_t um = umask(0);
+                umask(um);
+                if (fchmod(af->fd, mode & ~um) < 0) {
+                        r = -errno;
+                        atomic_file_abort(af);
+                        return r;
+                }
+        }
+        *ret = af;
+        return 0;
+fail:
+        atomic_file_free(af);
+        return r;
+}
+
+const char *atomic_file_temp_path(const struct atomic_file *af) {
+        return af->tmp;
+}
+
+int atomic_file_write(struct atomic_file *af, const void *data, size_t len) {
         const char *b = data;
 
+        if (af->fd < 0)
+                return -EBADF;
         while (len > 0) {
-                ssize_t n = write(fd, b, len);
+                ssize_t n = write(af->fd, b, len);
                 if (n < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -127,18 +183,24 @@ static int write_all(int fd, const void *data, size_t len) {
         return 0;
 }
 
-int write_file_atomic(const char *path, const void *data, size_t len) {
-        char *tmp = NULL, *dir = NULL, *slash;
-        int fd = -1, dfd = -1, r;
+int atomic_file_sync(struct atomic_file *af) {
+        int r;
 
-        if (!path || !*path || (!data && len > 0))
-                return -EINVAL;
-        tmp = strdup_printf("%s.tmpXXXXXX", path);
-        dir = strdup(path);
-        if (!tmp || !dir) {
-                r = -ENOMEM;
-                goto out;
-        }
+        if (af->fd < 0)
+                return 0;
+        r = fsync(af->fd) < 0 ? -errno : 0;
+        if (close(af->fd) < 0 && r == 0)
+                r = -errno;
+        af->fd = -1;
+        return r;
+}
+
+static int fsync_dir_of(const char *path) {
+        char *dir = strdup(path), *slash;
+        int fd, r;
+
+        if (!dir)
+                return -ENOMEM;
         slash = strrchr(dir, '/');
         if (!slash)
                 strcpy(dir, ".");
@@ -146,55 +208,58 @@ int write_file_atomic(const char *path, const void *data, size_t len) {
                 dir[1] = 0;
         else
                 *slash = 0;
-
-        fd = mkostemp(tmp, O_CLOEXEC);
-        if (fd < 0) {
-                r = -errno;
-                goto out;
-        }
-        /* mkostemp creates 0600; a replaced config or checkpoint should be readable like any file. */
-        {
-                mode_t um = umask(0);
-                umask(um);
-                if (fchmod(fd, 0644 & ~um) < 0) {
-                        r = -errno;
-                        goto fail;
-                }
-        }
-        r = write_all(fd, data, len);
-        if (r < 0)
-                goto fail;
-        if (fsync(fd) < 0) {
-                r = -errno;
-                goto fail;
-        }
-        if (close(fd) < 0) {
-                fd = -1;
-                r = -errno;
-                goto fail;
-        }
-        fd = -1;
-        if (rename(tmp, path) < 0) {
-                r = -errno;
-                goto fail;
-        }
-        dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0) {
-                r = -errno;
-                goto out;
-        }
-        r = fsync(dfd) < 0 ? -errno : 0;
-        goto out;
-fail:
-        unlink(tmp);
-out:
-        if (fd >= 0)
-                close(fd);
-        if (dfd >= 0)
-                close(dfd);
-        free(tmp);
+        fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         free(dir);
+        if (fd < 0)
+                return -errno;
+        r = fsync(fd) < 0 ? -errno : 0;
+        close(fd);
         return r;
+}
+
+int atomic_file_commit(struct atomic_file *af, bool *renamed) {
+        int r = atomic_file_sync(af);
+
+        if (renamed)
+                *renamed = false;
+        if (r >= 0 && rename(af->tmp, af->path) < 0)
+                r = -errno;
+        if (r < 0) {
+                atomic_file_abort(af);
+                return r;
+        }
+        if (renamed)
+                *renamed = true;
+        r = fsync_dir_of(af->path);
+        atomic_file_free(af);
+        return r;
+}
+
+struct atomic_file *atomic_file_abort(struct atomic_file *af) {
+        if (af) {
+                if (af->fd >= 0)
+                        close(af->fd);
+                unlink(af->tmp);
+                atomic_file_free(af);
+        }
+        return NULL;
+}
+
+int write_file_atomic(const char *path, const void *data, size_t len) {
+        struct atomic_file *af;
+        int r;
+
+        if (!data && len > 0)
+                return -EINVAL;
+        r = atomic_file_open(path, NULL, 0644, &af);
+        if (r < 0)
+                return r;
+        r = atomic_file_write(af, data, len);
+        if (r < 0) {
+                atomic_file_abort(af);
+                return r;
+        }
+        return atomic_file_commit(af, NULL);
 }
 
 int read_file(const char *path, size_t max, char **data_ret, size_t *len_ret) {

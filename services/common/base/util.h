@@ -1,6 +1,7 @@
 /* Small helpers shared by every module: clocks, strict number parsing, strings, durable file I/O.
  * All functions are thread-safe. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -39,9 +40,34 @@ int errf(char *err, size_t errlen, int r, const char *fmt, ...) __attribute__((f
  * exists as a directory), or -errno (-ENOTDIR when a component is not a directory). */
 int mkdir_p(const char *path, mode_t mode);
 
-/* Replaces path with data atomically and durably: writes a temp file in the same directory, fsyncs
- * it, renames it over path, fsyncs the directory. Readers see the old or the new content, never a
- * mix. The file gets mode 0644 (less umask). Returns 0 or -errno; on failure path is untouched. */
+/* A file replaced atomically and durably, written as a stream: the bytes go to a temp file in the
+ * same directory; the commit fsyncs it, renames it over path and fsyncs the directory. Readers (and a
+ * power cut) see the old content or the new, never a mix. One writer per object; not thread-safe. */
+struct atomic_file;
+
+/* Starts replacing path; the file gets mode (less umask). tmp names the temp file: NULL for a unique
+ * name beside path ("<path>.tmpXXXXXX"); a caller that must recognize its leftovers after a crash
+ * names it itself (it is then created, or truncated when it exists). Returns 0 and *ret; or -errno
+ * (-EINVAL when path is empty), path untouched. */
+int atomic_file_open(const char *path, const char *tmp, mode_t mode, struct atomic_file **ret);
+/* Appends len bytes. Returns 0 or -errno; after a failure, abort. */
+int atomic_file_write(struct atomic_file *af, const void *data, size_t len);
+/* Makes what was written durable now (fsync, close), ahead of the commit; optional. Returns 0 or
+ * -errno; after a failure, abort. */
+int atomic_file_sync(struct atomic_file *af);
+/* Syncs (unless done), renames the temp file over path, fsyncs the directory, and frees af, whatever
+ * happens. Returns 0; or -errno: with the temp file removed and path untouched when the rename did not
+ * happen (*renamed false); with the new content in place, which a power cut may still undo, when only
+ * the directory's fsync failed (*renamed true). renamed may be NULL. */
+int atomic_file_commit(struct atomic_file *af, bool *renamed);
+/* Gives up: removes the temp file and frees af; path untouched. NULL-safe; returns NULL. */
+struct atomic_file *atomic_file_abort(struct atomic_file *af);
+/* The temp file's path, for messages. Owned by af. */
+const char *atomic_file_temp_path(const struct atomic_file *af);
+
+/* Replaces path with data atomically and durably, through an atomic_file with a unique temp name.
+ * The file gets mode 0644 (less umask). Returns 0 or -errno; on failure path is untouched (but for a
+ * failed fsync of the directory, see atomic_file_commit). */
 int write_file_atomic(const char *path, const void *data, size_t len);
 
 /* Reads the whole file into a malloc'd buffer (NUL-terminated, the NUL not counted in *len_ret).

@@ -1,0 +1,137 @@
+/* chiefd's status calls: every shard's ShardStatus (is it up, initialized, at which step) and, at the
+ * end, every worker's WorkerStatus and Stop. Each call has a short deadline. Main thread. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chiefd-internal.h"
+#include "ps_client.h"
+#include "util.h"
+#include "wire.h"
+#include "psfleet/v1/ps.pb-c.h"
+#include "psfleet/v1/supervisor.pb-c.h"
+#include "psfleet/v1/worker.pb-c.h"
+
+#define M_WORKER_STATUS "/psfleet.v1.Worker/GetWorkerStatus"
+#define M_WORKER_STOP "/psfleet.v1.Worker/Stop"
+#define WORKER_TIMEOUT_MS 1000
+
+/* One status call with a short deadline. On failure writes "ps:1 (127.0.0.1:7002): UNAVAILABLE: ..."
+ * into why. */
+static int probe_call(struct rpc_channel *ch, const char *method, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *reply_desc, uint64_t timeout_ms, ProtobufCMessage **ret,
+                      char *why, size_t len) {
+        struct rpc_result res;
+        int r = rpc_call(ch, method, wire_pack(req), timeout_ms, false, &res);
+        if (r < 0) {
+                const char *tail = strstr(res.message, rpc_status_name(res.status));
+                chief_strfmt(why, len, "%s (%s): %s", rpc_channel_name(ch), rpc_channel_target(ch),
+                         tail ? tail : res.message);
+        } else {
+                r = wire_unpack(res.reply, reply_desc, ret);
+                if (r < 0)
+                        chief_strfmt(why, len, "%s (%s): reply does not parse", rpc_channel_name(ch),
+                                 rpc_channel_target(ch));
+        }
+        rpc_result_clear(&res);
+        return r;
+}
+
+/* Asks every shard for its status and records it. Returns the number of shards reachable; *n_init gets
+ * the number initialized; why gets the first failure. */
+uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t len) {
+        uint32_t n_ok = 0, n_in = 0;
+        why[0] = 0;
+        for (uint32_t s = 0; s < c->cfg->cluster.n_ps; s++) {
+                ProtobufCMessage *m = NULL;
+                char e[512];
+                int r = ps_client_probe(c->pc, s, PROBE_TIMEOUT_MS, (void **)&m, e, sizeof(e));
+                uint64_t t = mono_us();
+                pthread_mutex_lock(&c->lock);
+                struct ps_info *pi = &c->ps[s];
+                if (r < 0) {
+                        pi->reachable = false;
+                        if (!pi->lost_since_mono)
+                                pi->lost_since_mono = t;
+                        chief_strfmt(pi->state, sizeof(pi->state), "unreachable: %s", e);
+                        if (!why[0])
+                                chief_strfmt(why, len, "%s", e);
+                } else {
+                        const Psfleet__V1__ShardStatus *st = (const Psfleet__V1__ShardStatus *)m;
+                        pi->reachable = true;
+                        pi->lost_since_mono = 0;
+                        pi->initialized = st->initialized;
+                        pi->incarnation = st->incarnation;
+                        pi->global_step = st->global_step;
+                        pi->last_seen_us = now_us();
+                        if (st->initialized)
+                                chief_strfmt(pi->state, sizeof(pi->state),
+                                         "initialized: %u variables, %" PRIu64 " bytes, %" PRIu64
+                                         " pushes, %" PRIu64 " rejected, %u shared-memory link(s)",
+                                         st->variables, st->bytes, st->pushes, st->rejected,
+                                         st->shared_memory_links);
+                        else
+                                chief_strfmt(pi->state, sizeof(pi->state), "uninitialized");
+                        n_ok++;
+                        n_in += st->initialized;
+                        protobuf_c_message_free_unpacked(m, NULL);
+                }
+                pthread_mutex_unlock(&c->lock);
+        }
+        *n_init = n_in;
+        return n_ok;
+}
+
+/* A worker still computing? "training..." states are; "done", "waiting..." and anything else are not. */
+static bool worker_busy(const char *state) {
+        return strncmp(state, "training", 8) == 0 || strcmp(state, "joined") == 0;
+}
+
+uint32_t chief_probe_workers(struct chief *c, int64_t *first_busy) {
+        uint32_t busy = 0;
+        *first_busy = -1;
+        for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++) {
+                pthread_mutex_lock(&c->lock);
+                bool fin = c->workers[w].finished;
+                pthread_mutex_unlock(&c->lock);
+                if (fin)
+                        continue;
+                Psfleet__V1__WorkerStatusRequest q = PSFLEET__V1__WORKER_STATUS_REQUEST__INIT;
+                ProtobufCMessage *m = NULL;
+                char e[512];
+                int r = probe_call(c->worker_ch[w], M_WORKER_STATUS, &q.base, &psfleet__v1__worker_status__descriptor,
+                                   WORKER_TIMEOUT_MS, &m, e, sizeof(e));
+                pthread_mutex_lock(&c->lock);
+                struct worker_info *wi = &c->workers[w];
+                if (r < 0) {
+                        /* Gone (exited, or never started): nothing more will come from it. */
+                        wi->finished = r != -ETIMEDOUT;
+                        if (wi->finished && strcmp(wi->state, "done") != 0)
+                                chief_strfmt(wi->state, sizeof(wi->state), "unreachable: %s", e);
+                } else {
+                        const Psfleet__V1__WorkerStatus *ws = (const Psfleet__V1__WorkerStatus *)m;
+                        const char *st = ws->state ? ws->state : "";
+                        wi->finished = !worker_busy(st);
+                        chief_strfmt(wi->state, sizeof(wi->state), "%s", st);
+                        protobuf_c_message_free_unpacked(m, NULL);
+                }
+                fin = wi->finished;
+                pthread_mutex_unlock(&c->lock);
+                if (!fin && busy++ == 0)
+                        *first_busy = w;
+        }
+        return busy;
+}
+
+void chief_stop_workers(struct chief *c) {
+        for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++) {
+                Psfleet__V1__StopRequest q = PSFLEET__V1__STOP_REQUEST__INIT;
+                q.reason = (char *)"the job has ended";
+                ProtobufCMessage *m = NULL;
+                char e[512];
+                if (probe_call(c->worker_ch[w], M_WORKER_STOP, &q.base, &psfleet__v1__stop_reply__descriptor,
+                               WORKER_TIMEOUT_MS, &m, e, sizeof(e)) >= 0)
+                        protobuf_c_message_free_unpacked(m, NULL);
+        }
+}

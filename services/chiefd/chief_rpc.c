@@ -1,0 +1,327 @@
+/* chiefd's Supervisor service: Join, Report, GetStatus, Stop and the checkpoint calls, run on the RPC
+ * server's threads. They read and update `struct chief` under its lock and never call out; what needs
+ * a call (SaveCheckpoint) is queued for the main thread. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "chiefd-internal.h"
+#include "config.h"
+#include "job.h"
+#include "log.h"
+#include "util.h"
+#include "wire.h"
+#include "psfleet/v1/supervisor.pb-c.h"
+
+#define M_JOIN "/psfleet.v1.Supervisor/Join"
+#define M_REPORT "/psfleet.v1.Supervisor/Report"
+#define M_STATUS "/psfleet.v1.Supervisor/GetStatus"
+#define M_STOP "/psfleet.v1.Supervisor/Stop"
+#define M_WATCH "/psfleet.v1.Supervisor/Watch"
+#define M_LIST_CKPT "/psfleet.v1.Supervisor/ListCheckpoints"
+#define M_SAVE_CKPT "/psfleet.v1.Supervisor/SaveCheckpoint"
+#define M_DELETE_CKPT "/psfleet.v1.Supervisor/DeleteCheckpoint"
+
+static const char *const health_services[] = {"psfleet.v1.Supervisor", NULL};
+
+ProtobufCMessage *chief_rpc_request(struct rpc_call *call, const ProtobufCMessageDescriptor *desc) {
+        ProtobufCMessage *m;
+        if (wire_unpack(rpc_call_payload(call), desc, &m) < 0) {
+                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s does not parse", desc->short_name);
+                return NULL;
+        }
+        return m;
+}
+
+/* "worker:3" -> 3 when it names a worker of the cluster, else -1. */
+static int64_t worker_index(const struct chief *c, const char *task) {
+        unsigned idx;
+        char role[16], extra;
+        if (!task || sscanf(task, "%15[^:]:%u%c", role, &idx, &extra) != 2 || strcmp(role, "worker") != 0 ||
+            idx >= c->cfg->cluster.n_worker)
+                return -1;
+        return idx;
+}
+
+static void h_join(struct rpc_call *call, void *ud) {
+        struct chief *c = ud;
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__join_request__descriptor);
+        if (!m)
+                return;
+        const Psfleet__V1__JoinRequest *q = (const Psfleet__V1__JoinRequest *)m;
+        const char *task = q->task && *q->task ? q->task : "(unnamed task)";
+        Psfleet__V1__JoinReply rep = PSFLEET__V1__JOIN_REPLY__INIT;
+        char reason[1024];
+
+        rep.max_steps = c->cfg->training.max_steps;
+        if (q->fingerprint != c->fingerprint) {
+                char diff[768];
+                int d = q->job_json && *q->job_json ? config_diff(c->canonical, q->job_json, diff, sizeof(diff))
+                                                    : -EINVAL;
+                if (d == 1)
+                        chief_strfmt(reason, sizeof(reason), "job file differs from the chief's: %s", diff);
+                else
+                        chief_strfmt(reason, sizeof(reason),
+                                 "job fingerprint %016" PRIx64 " differs from the chief's %016" PRIx64,
+                                 q->fingerprint, c->fingerprint);
+                log_warning("Refusing %s: %s", task, reason);
+                rep.refused = true;
+                rep.reason = reason;
+                pthread_mutex_lock(&c->lock);
+                rep.state = c->js.state;
+                rep.global_step = c->global_step;
+                pthread_mutex_unlock(&c->lock);
+                rpc_call_reply_msg(call, &rep.base);
+                protobuf_c_message_free_unpacked(m, NULL);
+                return;
+        }
+
+        int64_t w = worker_index(c, q->task);
+        pthread_mutex_lock(&c->lock);
+        rep.state = c->js.state;
+        rep.global_step = c->global_step;
+        rep.ready = chief_state_may_join(&c->js, c->stop_requested, c->global_step, reason, sizeof(reason));
+        if (w >= 0) {
+                struct worker_info *wi = &c->workers[w];
+                bool first = !wi->joined;
+                wi->joined = true;
+                if (!wi->reported)
+                        chief_strfmt(wi->state, sizeof(wi->state), "%s", rep.ready ? "joined" : "waiting to join");
+                if (first && rep.ready)
+                        log_info("%s joined at global_step %" PRIu64, task, c->global_step);
+        }
+        pthread_mutex_unlock(&c->lock);
+        rep.reason = reason;
+        rpc_call_reply_msg(call, &rep.base);
+        protobuf_c_message_free_unpacked(m, NULL);
+}
+
+static void h_report(struct rpc_call *call, void *ud) {
+        static bool db_warned;  /* one warning per process, not one per report */
+        struct chief *c = ud;
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__report_request__descriptor);
+        if (!m)
+                return;
+        const Psfleet__V1__ReportRequest *q = (const Psfleet__V1__ReportRequest *)m;
+        if (q->worker >= c->cfg->cluster.n_worker) {
+                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "worker %u is not in the cluster (%u workers)",
+                              q->worker, c->cfg->cluster.n_worker);
+                protobuf_c_message_free_unpacked(m, NULL);
+                return;
+        }
+        const char *st = q->state && *q->state ? q->state : "training";
+        uint64_t t = now_us();
+        Psfleet__V1__ReportReply rep = PSFLEET__V1__REPORT_REPLY__INIT;
+
+        pthread_mutex_lock(&c->lock);
+        struct worker_info *wi = &c->workers[q->worker];
+        wi->joined = wi->reported = true;
+        wi->local_step = q->local_step;
+        wi->global_step = q->global_step;
+        wi->examples = q->examples;
+        wi->loss = q->loss;
+        wi->examples_per_s = q->examples_per_s;
+        wi->last_report_us = t;
+        chief_strfmt(wi->state, sizeof(wi->state), "%s", st);
+        if (strcmp(st, "done") == 0)
+                wi->finished = true;
+        if (q->global_step > c->global_step)
+                c->global_step = q->global_step;
+        chief_note_progress_locked(c, mono_us());
+        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_WORKER_REPORT, .step = q->local_step});
+        if (c->global_step >= c->cfg->training.max_steps && c->ready_mono)
+                chief_mark_end_locked(c);
+        rep.stop = chief_state_workers_stop(&c->js, c->stop_requested, c->global_step, c->cfg->training.max_steps);
+        rep.max_steps = c->cfg->training.max_steps;
+        pthread_mutex_unlock(&c->lock);
+
+        struct chief_db_progress p = {t, q->worker, q->local_step, q->global_step, q->loss, q->examples_per_s,
+                                      q->examples, st};
+        int r = chief_db_add_progress(c->db, &p);
+        if (r < 0 && !__atomic_exchange_n(&db_warned, true, __ATOMIC_RELAXED))
+                log_warning_errno(r, "Cannot record progress in the database, continuing without it");
+        rpc_call_reply_msg(call, &rep.base);
+        protobuf_c_message_free_unpacked(m, NULL);
+}
+
+static void h_status(struct rpc_call *call, void *ud) {
+        grpc_byte_buffer *bb = chief_status_pack(ud);
+        if (!bb)
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        else
+                rpc_call_reply(call, bb);
+}
+
+void chief_wake(struct chief *c) {
+        uint64_t one = 1;
+        if (write(c->wake_fd, &one, sizeof(one)) < 0) {
+                /* The counter cannot overflow at one write per Stop call; nothing to do. */
+        }
+}
+
+static void h_stop(struct rpc_call *call, void *ud) {
+        struct chief *c = ud;
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__stop_request__descriptor);
+        if (!m)
+                return;
+        const Psfleet__V1__StopRequest *q = (const Psfleet__V1__StopRequest *)m;
+        char *peer = rpc_call_peer(call);
+        log_info("Stop requested by %s%s%s%s", peer ? peer : "a client", q->reason && *q->reason ? " (" : "",
+                 q->reason && *q->reason ? q->reason : "", q->reason && *q->reason ? ")" : "");
+        free(peer);
+        pthread_mutex_lock(&c->lock);
+        c->stop_requested = true;
+        pthread_mutex_unlock(&c->lock);
+        chief_wake(c);
+        Psfleet__V1__StopReply rep = PSFLEET__V1__STOP_REPLY__INIT;
+        rpc_call_reply_msg(call, &rep.base);
+        protobuf_c_message_free_unpacked(m, NULL);
+}
+
+static void h_list_ckpts(struct rpc_call *call, void *ud) {
+        struct chief *c = ud;
+        struct chief_db_checkpoint *rows = NULL;
+        size_t n = 0;
+        int r = chief_db_list_checkpoints(c->db, &rows, &n);
+        if (r < 0) {
+                rpc_call_fail_errno(call, r, "cannot read the checkpoint records: %s", strerror(-r));
+                return;
+        }
+        Psfleet__V1__Checkpoint *msgs = calloc(n ? n : 1, sizeof(*msgs));
+        Psfleet__V1__Checkpoint **mp = calloc(n ? n : 1, sizeof(*mp));
+        if (!msgs || !mp) {
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        } else {
+                Psfleet__V1__ListCheckpointsReply rep = PSFLEET__V1__LIST_CHECKPOINTS_REPLY__INIT;
+                for (size_t i = 0; i < n; i++) {
+                        chief_checkpoint_msg(&rows[i], &msgs[i]);
+                        mp[i] = &msgs[i];
+                }
+                rep.n_checkpoints = n;
+                rep.checkpoints = mp;
+                rep.checkpoint_dir = (char *)chief_ckpt_dir(c->ckpts);
+                rep.keep = c->cfg->supervisor.keep_checkpoints;
+                rpc_call_reply_msg(call, &rep.base);
+        }
+        free(msgs);
+        free(mp);
+        free(rows);
+}
+
+static void h_save_ckpt(struct rpc_call *call, void *ud) {
+        struct chief *c = ud;
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__save_checkpoint_request__descriptor);
+        if (!m)
+                return;
+        const char *why = ((const Psfleet__V1__SaveCheckpointRequest *)m)->reason;
+        char *peer = rpc_call_peer(call);
+        pthread_mutex_lock(&c->lock);
+        Psfleet__V1__JobState st = c->js.state;
+        bool queue = false;
+        if (c->saves_closed) {
+                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "chiefd is stopping");
+        } else if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE) {
+                if (c->have_ckpt)
+                        rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION,
+                                      "the job is done; its final checkpoint is \"%s\" (global_step %" PRIu64 ")",
+                                      c->last_ckpt.path, c->last_ckpt.global_step);
+                else
+                        rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "the job is done");
+        } else if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED) {
+                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "the job failed: %s", c->js.reason);
+        } else if (!c->js.ready_once) {
+                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "the job is not ready yet (%s: %s)", job_state_name(st),
+                              c->js.reason);
+        } else {
+                struct rpc_call **a = realloc(c->save_calls, (c->n_save_calls + 1) * sizeof(*a));
+                if (!a) {
+                        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+                } else {
+                        a[c->n_save_calls++] = call;
+                        c->save_calls = a;
+                        queue = true;
+                }
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (queue) {
+                log_info("Checkpoint requested by %s%s%s%s", peer ? peer : "a client", why && *why ? " (" : "",
+                         why && *why ? why : "", why && *why ? ")" : "");
+                chief_wake(c);
+        }
+        free(peer);
+        protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* Answers every queued SaveCheckpoint: with row, or with the error r/err. Main thread. */
+void chief_answer_saves(struct chief *c, int r, const struct chief_db_checkpoint *row, bool existing, const char *err) {
+        pthread_mutex_lock(&c->lock);
+        struct rpc_call **calls = c->save_calls;
+        size_t n = c->n_save_calls;
+        c->save_calls = NULL;
+        c->n_save_calls = 0;
+        pthread_mutex_unlock(&c->lock);
+        Psfleet__V1__Checkpoint ck;
+        Psfleet__V1__SaveCheckpointReply rep = PSFLEET__V1__SAVE_CHECKPOINT_REPLY__INIT;
+        if (r >= 0) {
+                chief_checkpoint_msg(row, &ck);
+                rep.checkpoint = &ck;
+                rep.existing = existing;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (r < 0)
+                        rpc_call_fail_errno(calls[i], r, "%s", err);
+                else
+                        rpc_call_reply_msg(calls[i], &rep.base);
+        free(calls);
+}
+
+bool chief_saves_pending(struct chief *c) {
+        pthread_mutex_lock(&c->lock);
+        bool r = c->n_save_calls > 0;
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static void h_delete_ckpt(struct rpc_call *call, void *ud) {
+        struct chief *c = ud;
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__delete_checkpoint_request__descriptor);
+        if (!m)
+                return;
+        uint64_t step = ((const Psfleet__V1__DeleteCheckpointRequest *)m)->global_step;
+        protobuf_c_message_free_unpacked(m, NULL);
+        struct chief_db_checkpoint row;
+        char err[512];
+        int r = chief_ckpt_delete(c->ckpts, step, &row, err, sizeof(err));
+        if (r < 0) {
+                rpc_call_fail_errno(call, r, "%s", err);
+                return;
+        }
+        char *peer = rpc_call_peer(call);
+        log_info("Deleted the checkpoint of global_step %" PRIu64 " (\"%s\"), as %s asked", step, row.path,
+                 peer ? peer : "a client");
+        free(peer);
+        chief_refresh_ckpt_info(c);
+        Psfleet__V1__Checkpoint ck;
+        chief_checkpoint_msg(&row, &ck);
+        Psfleet__V1__DeleteCheckpointReply rep = PSFLEET__V1__DELETE_CHECKPOINT_REPLY__INIT;
+        rep.deleted = &ck;
+        rpc_call_reply_msg(call, &rep.base);
+}
+
+void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]) {
+        const struct rpc_method all[CHIEF_RPC_N_METHODS] = {
+                {M_JOIN, h_join, c},
+                {M_REPORT, h_report, c},
+                {M_STATUS, h_status, c},
+                {M_STOP, h_stop, c},
+                {M_WATCH, chief_watch_handler, c},
+                {M_LIST_CKPT, h_list_ckpts, c},
+                {M_SAVE_CKPT, h_save_ckpt, c},
+                {M_DELETE_CKPT, h_delete_ckpt, c},
+                {RPC_HEALTH_CHECK, rpc_health_handler, (void *)health_services},
+        };
+        memcpy(m, all, sizeof(all));
+}

@@ -1,0 +1,85 @@
+/* The job's state machine, as pure functions: given where the job stands and what just happened,
+ * where it goes next and why. No I/O, no locks, no clock: the caller owns the state, decides the
+ * timeouts and does what a transition asks for (log, record, answer). Thread-safe. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "psfleet/v1/supervisor.pb-c.h"
+
+#define CHIEF_REASON_MAX 512
+
+struct chief_state {
+        Psfleet__V1__JobState state;
+        char reason[CHIEF_REASON_MAX];  /* why the job is where it is; "" when nothing to say */
+        bool ready_once;                /* has been READY: a restore since is a restarted shard's */
+        Psfleet__V1__JobState resume;   /* READY or TRAINING: where a restarted shard's restore returns */
+};
+
+enum chief_event_kind {
+        /* Start-up, before READY. */
+        CHIEF_EV_SHARDS_WAITING,        /* a shard does not answer, or assigning failed (why) */
+        CHIEF_EV_READY_TIMEOUT,         /* not ready after timeout_s (why: the last wait) */
+        CHIEF_EV_SHARDS_READY,          /* every shard initialized or restored */
+        /* Restores: at start-up, and of a shard that restarted without its variables. */
+        CHIEF_EV_RESTORE_LOOKING,       /* restoring `shards`, looking for a checkpoint in `where` */
+        CHIEF_EV_RESTORE_FOUND,         /* restoring `shards` from the file `where`, of global_step `step` */
+        CHIEF_EV_RESTORE_DONE,          /* the shards hold the checkpoint's values */
+        CHIEF_EV_RESTORE_NONE,          /* no usable checkpoint (why) */
+        CHIEF_EV_RESTORE_MISMATCH,      /* the checkpoints hold another model (why): fatal */
+        CHIEF_EV_RESTORE_FAILED,        /* assigning failed, retried later (why) */
+        CHIEF_EV_RESTORE_TIMEOUT,       /* a restarted shard's restore not done after timeout_s (why) */
+        CHIEF_EV_SHARD_LOST,            /* ps:`shard` (`where`) unreachable for more than timeout_s (why) */
+        /* Training. */
+        CHIEF_EV_WORKER_REPORT,         /* a worker reported its local step `step` */
+        CHIEF_EV_POLLED,                /* shard 0 polled: `advanced` past the ready step; `reachable` (why) */
+        CHIEF_EV_MAX_STEPS,             /* global_step reached max_steps */
+        CHIEF_EV_STOP_ASKED,            /* a client called Stop */
+        /* The end. */
+        CHIEF_EV_EVALUATING,            /* the final evaluation begins */
+        CHIEF_EV_SAVING_FINAL,          /* the final checkpoint is being written */
+        CHIEF_EV_FINISHED,              /* evaluated (and saved, or not: that does not undo the training) */
+        CHIEF_EV_FAILURE,               /* anything else that ends the job (why) */
+};
+
+struct chief_event {
+        enum chief_event_kind kind;
+        const char *why;                /* what is awaited or what failed; NULL reads as "" */
+        const char *shards;             /* RESTORE_LOOKING, RESTORE_FOUND: "ps:1", "every shard (3)" */
+        const char *where;              /* the checkpoint directory or file; SHARD_LOST: the address */
+        uint64_t step;                  /* RESTORE_FOUND: the checkpoint's; WORKER_REPORT: the local step */
+        uint64_t timeout_s;             /* the *_TIMEOUT and SHARD_LOST events */
+        uint32_t shard;                 /* SHARD_LOST */
+        bool advanced, reachable;       /* POLLED */
+};
+
+/* The state a chief starts in: INITIALIZING, "starting". */
+void chief_state_init(struct chief_state *s);
+
+/* Where event ev takes the job from cur: writes *next (which may be cur itself) and returns true when
+ * the state (not only the reason) changed. An event that does not apply in cur leaves it as it is;
+ * DONE and FAILED are final. */
+bool chief_state_next(const struct chief_state *cur, const struct chief_event *ev, struct chief_state *next);
+
+/* What the main loop does in state s. */
+enum chief_phase {
+        CHIEF_PHASE_INITIALIZE,         /* probe the shards; initialize or restore them */
+        CHIEF_PHASE_POLL,               /* follow global_step, watch the shards, notice the end */
+        CHIEF_PHASE_STOPPING,           /* wait for the workers, then evaluate and save */
+        CHIEF_PHASE_IDLE,               /* done: answer questions until told to stop */
+        CHIEF_PHASE_EXIT,               /* stop now: stopped before READY, or after the end */
+        CHIEF_PHASE_FAILED,             /* the job failed: the daemon exits with an error */
+};
+enum chief_phase chief_state_phase(const struct chief_state *s, bool stop_requested);
+
+/* Whether a worker's Report should be told to stop. */
+bool chief_state_workers_stop(const struct chief_state *s, bool stop_requested, uint64_t global_step,
+                              uint64_t max_steps);
+
+/* Whether a worker may join now; reason (len bytes) gets why not, "" when it may. */
+bool chief_state_may_join(const struct chief_state *s, bool stop_requested, uint64_t global_step, char *reason,
+                          size_t len);
+
+/* Whether the job is over for good: DONE or FAILED. */
+bool chief_state_final(const struct chief_state *s);

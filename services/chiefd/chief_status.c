@@ -1,0 +1,225 @@
+/* chiefd's figures derived under its lock (rates, loss, the end), the one place where the job's
+ * state changes, and the JobStatus message that GetStatus and Watch send. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "chiefd-internal.h"
+#include "config.h"
+#include "log.h"
+#include "util.h"
+#include "wire.h"
+
+void chief_strfmt(char *buf, size_t len, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, len, fmt, ap);
+        va_end(ap);
+}
+
+Psfleet__V1__JobState chief_event_locked(struct chief *c, const struct chief_event *ev) {
+        if (chief_state_next(&c->js, ev, &c->js))
+                pthread_cond_signal(&c->watch_cond);   /* watchers hear of it now, not at the next tick */
+        return c->js.state;
+}
+
+Psfleet__V1__JobState chief_event(struct chief *c, const struct chief_event *ev) {
+        pthread_mutex_lock(&c->lock);
+        Psfleet__V1__JobState s = chief_event_locked(c, ev);
+        pthread_mutex_unlock(&c->lock);
+        return s;
+}
+
+void chief_add_sample_locked(struct chief *c, uint64_t t, uint64_t step) {
+        c->samples[c->sample_next] = (struct sample){t, step};
+        c->sample_next = (c->sample_next + 1) % N_SAMPLES;
+        if (c->n_samples < N_SAMPLES)
+                c->n_samples++;
+}
+
+/* global_step per second over the last RATE_WINDOW_US; after the end, over the whole training. */
+double chief_steps_per_s_locked(const struct chief *c) {
+        /* After the end: the rate while training, from the first step seen to the end, so that the
+         * workers' start-up (loading data) does not count against throughput; wall_s does include it. */
+        if (c->end_mono && c->first_mono && c->end_mono > c->first_mono)
+                return (double)(c->end_step - c->first_step) * 1e6 / (double)(c->end_mono - c->first_mono);
+        if (c->end_mono && c->wall_s > 0)
+                return (double)(c->end_step - c->ready_step) / c->wall_s;
+        if (c->n_samples < 2)
+                return 0;
+        const struct sample *newest = &c->samples[(c->sample_next + N_SAMPLES - 1) % N_SAMPLES];
+        const struct sample *oldest = NULL;
+        for (unsigned i = 0; i < c->n_samples; i++) {
+                const struct sample *s = &c->samples[(c->sample_next + N_SAMPLES - c->n_samples + i) % N_SAMPLES];
+                if (newest->t_mono - s->t_mono <= RATE_WINDOW_US) {
+                        oldest = s;
+                        break;
+                }
+        }
+        if (!oldest || oldest == newest || newest->t_mono <= oldest->t_mono)
+                return 0;
+        return (double)(newest->step - oldest->step) * 1e6 / (double)(newest->t_mono - oldest->t_mono);
+}
+
+/* Mean of every worker's latest reported loss; NAN before any report. */
+float chief_loss_locked(const struct chief *c) {
+        double sum = 0;
+        unsigned n = 0;
+        for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++)
+                if (c->workers[w].reported && isfinite(c->workers[w].loss)) {
+                        sum += c->workers[w].loss;
+                        n++;
+                }
+        return n ? (float)(sum / n) : NAN;
+}
+
+/* Call after raising global_step: remembers when it first moved after READY. */
+void chief_note_progress_locked(struct chief *c, uint64_t t) {
+        if (!c->first_mono && c->ready_mono && c->global_step > c->ready_step) {
+                c->first_mono = t;
+                c->first_step = c->global_step;
+        }
+}
+
+/* Records that global_step reached max_steps, or that a stop was requested: the end of training. */
+void chief_mark_end_locked(struct chief *c) {
+        if (c->end_mono)
+                return;
+        c->end_mono = mono_us();
+        c->end_step = c->global_step;
+        c->wall_s = c->ready_mono ? (float)((double)(c->end_mono - c->ready_mono) / 1e6) : 0;
+}
+
+void chief_save_job(struct chief *c) {
+        pthread_mutex_lock(&c->lock);
+        struct chief_db_job j = {
+                .fingerprint = c->fingerprint,
+                .state = c->js.state,
+                .global_step = c->global_step,
+                .max_steps = c->cfg->training.max_steps,
+                .started_us = c->started_us,
+                .updated_us = now_us(),
+                .test_accuracy = c->test_accuracy,
+                .test_loss = c->test_loss,
+                .wall_s = c->wall_s,
+        };
+        pthread_mutex_unlock(&c->lock);
+        int r = chief_db_save_job(c->db, &j);
+        if (r < 0)
+                log_warning_errno(r, "Cannot record the job's state in the database, continuing");
+}
+
+/* Refreshes the newest checkpoint and the count that the status shows. */
+void chief_refresh_ckpt_info(struct chief *c) {
+        struct chief_db_checkpoint row;
+        uint32_t n = 0;
+        int r = chief_ckpt_newest(c->ckpts, &row, &n);
+        pthread_mutex_lock(&c->lock);
+        c->have_ckpt = r >= 0;
+        if (r >= 0)
+                c->last_ckpt = row;
+        c->n_ckpts = n;
+        pthread_mutex_unlock(&c->lock);
+}
+
+/* A Checkpoint message pointing into row (which must outlive the packing). */
+void chief_checkpoint_msg(const struct chief_db_checkpoint *row, Psfleet__V1__Checkpoint *m) {
+        psfleet__v1__checkpoint__init(m);
+        m->global_step = row->global_step;
+        m->time_us = row->time_us;
+        m->path = (char *)row->path;
+        m->bytes = row->bytes;
+        m->checksum = (char *)row->checksum;
+        m->loss = row->loss;
+        m->eval_step = row->eval_step;
+        m->eval_accuracy = row->eval_accuracy;
+        m->eval_loss = row->eval_loss;
+        m->trigger = (char *)row->trigger;
+}
+
+/* The job's status, packed (caller owns the buffer); NULL when out of memory. */
+grpc_byte_buffer *chief_status_pack(struct chief *c) {
+        const struct cluster *cl = &c->cfg->cluster;
+        uint32_t n = cl->n_ps + cl->n_worker;
+        Psfleet__V1__NodeStatus *nodes = calloc(n, sizeof(*nodes));
+        Psfleet__V1__NodeStatus **np = calloc(n, sizeof(*np));
+        char (*tasks)[32] = calloc(n, sizeof(*tasks));
+        grpc_byte_buffer *bb = NULL;
+        if (!nodes || !np || !tasks)
+                goto out;
+        Psfleet__V1__JobStatus s = PSFLEET__V1__JOB_STATUS__INIT;
+        Psfleet__V1__Checkpoint last = PSFLEET__V1__CHECKPOINT__INIT;
+        s.job = c->cfg->name;
+        s.max_steps = c->cfg->training.max_steps;
+        s.fingerprint = c->fingerprint;
+        s.checkpoint_dir = (char *)chief_ckpt_dir(c->ckpts);
+        s.summary_dir = c->summary_dir;
+
+        pthread_mutex_lock(&c->lock);
+        s.state = c->js.state;
+        s.reason = c->js.reason;
+        s.global_step = c->global_step;
+        double sps = chief_steps_per_s_locked(c);
+        s.steps_per_s = (float)sps;
+        s.examples_per_s = (float)(sps * c->cfg->training.batch_size);
+        if (c->js.state == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE || c->end_mono)
+                s.eta_s = 0;
+        else if (sps > 0)
+                s.eta_s = (float)((double)(s.max_steps > s.global_step ? s.max_steps - s.global_step : 0) / sps);
+        else
+                s.eta_s = -1;
+        s.loss = chief_loss_locked(c);
+        s.test_accuracy = c->test_accuracy;
+        s.test_loss = c->test_loss;
+        s.started_us = c->started_us;
+        if (c->end_mono)
+                s.wall_s = c->wall_s;
+        else if (c->ready_mono)
+                s.wall_s = (float)((double)(mono_us() - c->ready_mono) / 1e6);
+        if (c->have_ckpt) {
+                chief_checkpoint_msg(&c->last_ckpt, &last);
+                s.last_checkpoint = &last;
+        }
+        s.checkpoints = c->n_ckpts;
+        s.eval_step = c->have_eval ? c->eval_step : 0;
+        s.eval_accuracy = c->have_eval ? c->eval_accuracy : -1;
+        s.eval_loss = c->have_eval ? c->eval_loss : -1;
+        s.restored_step = c->restored_step;
+        s.restored_from = c->restored_from;
+        for (uint32_t i = 0; i < cl->n_ps; i++) {
+                Psfleet__V1__NodeStatus *ns = &nodes[i];
+                const struct ps_info *pi = &c->ps[i];
+                psfleet__v1__node_status__init(ns);
+                chief_strfmt(tasks[i], sizeof(tasks[i]), "ps:%u", i);
+                ns->task = tasks[i];
+                ns->address = cl->ps[i].addr;
+                ns->state = (char *)(pi->state[0] ? pi->state : "unknown");
+                ns->local_step = pi->global_step;
+                ns->last_report_us = pi->last_seen_us;
+                np[i] = ns;
+        }
+        for (uint32_t w = 0; w < cl->n_worker; w++) {
+                Psfleet__V1__NodeStatus *ns = &nodes[cl->n_ps + w];
+                const struct worker_info *wi = &c->workers[w];
+                psfleet__v1__node_status__init(ns);
+                chief_strfmt(tasks[cl->n_ps + w], sizeof(tasks[0]), "worker:%u", w);
+                ns->task = tasks[cl->n_ps + w];
+                ns->address = cl->worker[w].addr;
+                ns->state = (char *)(wi->state[0] ? wi->state : "not joined");
+                ns->local_step = wi->local_step;
+                ns->loss = wi->loss;
+                ns->examples_per_s = wi->examples_per_s;
+                ns->last_report_us = wi->last_report_us;
+                np[cl->n_ps + w] = ns;
+        }
+        s.n_nodes = n;
+        s.nodes = np;
+        bb = wire_pack(&s.base);   /* packs at once: the strings may change after unlock */
+        pthread_mutex_unlock(&c->lock);
+out:
+        free(nodes);
+        free(np);
+        free(tasks);
+        return bb;
+}

@@ -1,0 +1,410 @@
+/* Tests of chief_state.c: every transition of the job's state machine, with the exact reasons clients
+ * see, the failures (restore failing, a shard lost, no checkpoint for a restarted shard, the ready
+ * timeout), a stop before READY, what the main loop does in each state, and the answers to workers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "chief_state.h"
+
+#define S(x) PSFLEET__V1__JOB_STATE__JOB_STATE_##x
+#define EV(k, ...) ((struct chief_event){.kind = CHIEF_EV_##k, __VA_ARGS__})
+
+static const enum chief_event_kind all_events[] = {
+        CHIEF_EV_SHARDS_WAITING,  CHIEF_EV_READY_TIMEOUT,   CHIEF_EV_SHARDS_READY,    CHIEF_EV_RESTORE_LOOKING,
+        CHIEF_EV_RESTORE_FOUND,   CHIEF_EV_RESTORE_DONE,    CHIEF_EV_RESTORE_NONE,    CHIEF_EV_RESTORE_MISMATCH,
+        CHIEF_EV_RESTORE_FAILED,  CHIEF_EV_RESTORE_TIMEOUT, CHIEF_EV_SHARD_LOST,      CHIEF_EV_WORKER_REPORT,
+        CHIEF_EV_POLLED,          CHIEF_EV_MAX_STEPS,       CHIEF_EV_STOP_ASKED,      CHIEF_EV_EVALUATING,
+        CHIEF_EV_SAVING_FINAL,    CHIEF_EV_FINISHED,        CHIEF_EV_FAILURE,
+};
+
+static struct chief_state at(Psfleet__V1__JobState st, bool ready_once, const char *reason) {
+        struct chief_state s;
+        chief_state_init(&s);
+        s.state = st;
+        s.ready_once = ready_once;
+        snprintf(s.reason, sizeof(s.reason), "%s", reason);
+        return s;
+}
+
+/* Applies ev to *s in place and checks where it lands and whether the state changed. */
+static void step(struct chief_state *s, struct chief_event ev, Psfleet__V1__JobState want, const char *reason,
+                 bool changed) {
+        struct chief_state before = *s;
+        assert_int_equal(chief_state_next(&before, &ev, s), changed);
+        assert_int_equal(s->state, want);
+        assert_string_equal(s->reason, reason);
+}
+
+/* An event that must leave s exactly as it is. */
+static void no_change(const struct chief_state *s, struct chief_event ev) {
+        struct chief_state n;
+        assert_false(chief_state_next(s, &ev, &n));
+        assert_memory_equal(&n, s, sizeof(n));
+}
+
+static void test_init(void **state) {
+        (void)state;
+        struct chief_state s;
+        memset(&s, 0x5a, sizeof(s));
+        chief_state_init(&s);
+        assert_int_equal(s.state, S(INITIALIZING));
+        assert_string_equal(s.reason, "starting");
+        assert_false(s.ready_once);
+        assert_false(chief_state_final(&s));
+}
+
+/* No checkpoint: wait for the shards, find nothing to restore, initialize, READY. */
+static void test_start_fresh(void **state) {
+        (void)state;
+        struct chief_state s;
+        chief_state_init(&s);
+        step(&s, EV(SHARDS_WAITING, .why = "ps:1 (127.0.0.1:7001): UNAVAILABLE: down"), S(INITIALIZING),
+             "waiting for ps:1 (127.0.0.1:7001): UNAVAILABLE: down", false);
+        step(&s, EV(RESTORE_LOOKING, .shards = "every shard (2)", .where = "/ck"), S(RESTORING),
+             "restoring every shard (2): looking for a checkpoint in /ck", true);
+        step(&s, EV(RESTORE_NONE, .why = "no usable checkpoint"), S(INITIALIZING), "initializing variables", true);
+        /* assigning the initial values failed: wait and try again */
+        step(&s, EV(SHARDS_WAITING, .why = "assigning the variables: refused"), S(INITIALIZING),
+             "waiting for assigning the variables: refused", false);
+        assert_false(s.ready_once);
+        step(&s, EV(SHARDS_READY), S(READY), "", true);
+        assert_true(s.ready_once);
+        /* READY happens once */
+        no_change(&s, EV(SHARDS_READY));
+        no_change(&s, EV(SHARDS_WAITING, .why = "x"));
+        no_change(&s, EV(READY_TIMEOUT, .why = "x", .timeout_s = 1));
+}
+
+/* Every shard already initialized (a restarted chiefd): READY straight away. */
+static void test_start_carry_on(void **state) {
+        (void)state;
+        struct chief_state s;
+        chief_state_init(&s);
+        step(&s, EV(SHARDS_READY), S(READY), "", true);
+        assert_true(s.ready_once);
+}
+
+static void test_start_restore(void **state) {
+        (void)state;
+        struct chief_state s;
+        chief_state_init(&s);
+        step(&s, EV(RESTORE_LOOKING, .shards = "ps:0", .where = "/var/lib/psfleet/j/checkpoints"), S(RESTORING),
+             "restoring ps:0: looking for a checkpoint in /var/lib/psfleet/j/checkpoints", true);
+        step(&s, EV(RESTORE_FOUND, .shards = "ps:0", .where = "/ck/ckpt-0000000300.safetensors", .step = 300),
+             S(RESTORING), "restoring ps:0 from \"/ck/ckpt-0000000300.safetensors\" (global_step 300)", false);
+        /* at start-up a restore does not make the job ready by itself: every shard must be */
+        step(&s, EV(RESTORE_DONE), S(RESTORING), "restoring ps:0 from \"/ck/ckpt-0000000300.safetensors\" (global_step 300)",
+             false);
+        step(&s, EV(SHARDS_READY), S(READY), "", true);
+}
+
+static void test_start_restore_fails(void **state) {
+        (void)state;
+        struct chief_state s;
+        chief_state_init(&s);
+        step(&s, EV(RESTORE_LOOKING, .shards = "ps:1", .where = "/ck"), S(RESTORING),
+             "restoring ps:1: looking for a checkpoint in /ck", true);
+        step(&s, EV(RESTORE_FAILED, .why = "restoring ps:1 from \"/ck/a\": UNAVAILABLE"), S(RESTORING),
+             "waiting for restoring ps:1 from \"/ck/a\": UNAVAILABLE", false);
+        /* the next attempt starts over */
+        step(&s, EV(RESTORE_LOOKING, .shards = "ps:1", .where = "/ck"), S(RESTORING),
+             "restoring ps:1: looking for a checkpoint in /ck", false);
+        step(&s, EV(READY_TIMEOUT, .why = "restoring ps:1 from \"/ck/a\": UNAVAILABLE", .timeout_s = 30), S(FAILED),
+             "not ready after 30 s (supervisor.ready_timeout_secs): restoring ps:1 from \"/ck/a\": UNAVAILABLE",
+             true);
+        assert_true(chief_state_final(&s));
+}
+
+static void test_ready_timeout(void **state) {
+        (void)state;
+        struct chief_state s;
+        chief_state_init(&s);
+        step(&s, EV(READY_TIMEOUT, .why = "ps:0 (h:1): DEADLINE_EXCEEDED", .timeout_s = 120), S(FAILED),
+             "not ready after 120 s (supervisor.ready_timeout_secs): ps:0 (h:1): DEADLINE_EXCEEDED", true);
+}
+
+static void test_restore_mismatch(void **state) {
+        (void)state;
+        struct chief_state s;
+        chief_state_init(&s);
+        step(&s, EV(RESTORE_LOOKING, .shards = "ps:0", .where = "/ck"), S(RESTORING),
+             "restoring ps:0: looking for a checkpoint in /ck", true);
+        step(&s, EV(RESTORE_MISMATCH, .why = "\"/ck/a\": tensor \"w\" has shape [3], the model's is [1, 4]"),
+             S(FAILED), "\"/ck/a\": tensor \"w\" has shape [3], the model's is [1, 4]", true);
+        /* the same after READY, for a restarted shard */
+        s = at(S(TRAINING), true, "");
+        step(&s, EV(RESTORE_LOOKING, .shards = "ps:0", .where = "/ck"), S(RESTORING),
+             "restoring ps:0: looking for a checkpoint in /ck", true);
+        step(&s, EV(RESTORE_MISMATCH, .why = "another model"), S(FAILED), "another model", true);
+}
+
+static void test_training(void **state) {
+        (void)state;
+        struct chief_state s = at(S(READY), true, "");
+        /* a report before the first step, or a poll that saw no progress, keeps READY */
+        step(&s, EV(WORKER_REPORT, .step = 0), S(READY), "", false);
+        step(&s, EV(POLLED, .advanced = false, .reachable = true), S(READY), "", false);
+        step(&s, EV(POLLED, .advanced = false, .reachable = false, .why = "ps:0 down"), S(READY), "", false);
+        step(&s, EV(WORKER_REPORT, .step = 1), S(TRAINING), "", true);
+        /* TRAINING is left by the end only; a report does not move it */
+        step(&s, EV(WORKER_REPORT, .step = 9), S(TRAINING), "", false);
+        /* the reason says what is wrong now, and nothing once it is right again */
+        step(&s, EV(POLLED, .advanced = true, .reachable = false, .why = "ps:0 (h:1): UNAVAILABLE"), S(TRAINING),
+             "ps:0 not reachable: ps:0 (h:1): UNAVAILABLE", false);
+        step(&s, EV(POLLED, .advanced = true, .reachable = true), S(TRAINING), "", false);
+
+        /* global_step moving past the ready step also means training (no report needed) */
+        s = at(S(READY), true, "");
+        step(&s, EV(POLLED, .advanced = true, .reachable = true), S(TRAINING), "", true);
+        s = at(S(READY), true, "");
+        step(&s, EV(POLLED, .advanced = true, .reachable = false, .why = "gone"), S(TRAINING),
+             "ps:0 not reachable: gone", true);
+        /* reports and polls do not move a job that is not READY or TRAINING */
+        s = at(S(INITIALIZING), false, "starting");
+        no_change(&s, EV(WORKER_REPORT, .step = 5));
+        no_change(&s, EV(POLLED, .advanced = true, .reachable = false, .why = "x"));
+        s = at(S(RESTORING), true, "waiting: x");
+        no_change(&s, EV(WORKER_REPORT, .step = 5));
+        no_change(&s, EV(POLLED, .advanced = true, .reachable = false, .why = "y"));
+        s = at(S(STOPPING), true, "waiting for the workers to finish");
+        no_change(&s, EV(WORKER_REPORT, .step = 5));
+        no_change(&s, EV(POLLED, .advanced = true, .reachable = true));
+}
+
+/* A shard restarts without its variables: restore it and go back where the job was. */
+static void test_shard_restart(void **state) {
+        (void)state;
+        const Psfleet__V1__JobState from[] = {S(READY), S(TRAINING)};
+        for (size_t i = 0; i < 2; i++) {
+                struct chief_state s = at(from[i], true, "");
+                step(&s, EV(RESTORE_LOOKING, .shards = "ps:1", .where = "/ck"), S(RESTORING),
+                     "restoring ps:1: looking for a checkpoint in /ck", true);
+                assert_int_equal(s.resume, from[i]);
+                step(&s, EV(RESTORE_FOUND, .shards = "ps:1", .where = "/ck/b", .step = 70), S(RESTORING),
+                     "restoring ps:1 from \"/ck/b\" (global_step 70)", false);
+                step(&s, EV(RESTORE_FAILED, .why = "restoring ps:1 from \"/ck/b\": UNAVAILABLE"), S(RESTORING),
+                     "waiting: restoring ps:1 from \"/ck/b\": UNAVAILABLE", false);
+                /* a retry from RESTORING keeps where to go back to */
+                step(&s, EV(RESTORE_LOOKING, .shards = "ps:1", .where = "/ck"), S(RESTORING),
+                     "restoring ps:1: looking for a checkpoint in /ck", false);
+                assert_int_equal(s.resume, from[i]);
+                step(&s, EV(RESTORE_DONE), from[i], "", true);
+                assert_true(s.ready_once);
+        }
+        /* RESTORE_DONE means nothing outside a restore */
+        struct chief_state s = at(S(TRAINING), true, "");
+        no_change(&s, EV(RESTORE_DONE));
+        no_change(&s, EV(RESTORE_FOUND, .shards = "ps:0", .where = "/x", .step = 1));
+}
+
+static void test_shard_restart_no_checkpoint(void **state) {
+        (void)state;
+        struct chief_state s = at(S(TRAINING), true, "");
+        step(&s, EV(RESTORE_LOOKING, .shards = "ps:0", .where = "/ck"), S(RESTORING),
+             "restoring ps:0: looking for a checkpoint in /ck", true);
+        step(&s, EV(RESTORE_NONE, .why = "no usable checkpoint"), S(FAILED),
+             "a ps shard restarted and lost its variables; there is no checkpoint to restore it from (no usable "
+             "checkpoint)",
+             true);
+}
+
+static void test_shard_restart_timeout(void **state) {
+        (void)state;
+        struct chief_state s = at(S(RESTORING), true, "waiting: x");
+        s.resume = S(TRAINING);
+        step(&s, EV(RESTORE_TIMEOUT, .why = "restoring ps:0 from \"/ck/b\": UNAVAILABLE", .timeout_s = 30), S(FAILED),
+             "restore not done after 30 s: restoring ps:0 from \"/ck/b\": UNAVAILABLE", true);
+}
+
+static void test_shard_lost(void **state) {
+        (void)state;
+        const Psfleet__V1__JobState from[] = {S(READY), S(TRAINING), S(RESTORING)};
+        for (size_t i = 0; i < 3; i++) {
+                struct chief_state s = at(from[i], true, "");
+                step(&s, EV(SHARD_LOST, .shard = 1, .where = "127.0.0.1:7001", .timeout_s = 30,
+                            .why = "unreachable: ps:1 (127.0.0.1:7001): UNAVAILABLE"),
+                     S(FAILED), "ps:1 (127.0.0.1:7001) lost for more than 30 s: unreachable: ps:1 (127.0.0.1:7001): UNAVAILABLE",
+                     true);
+        }
+}
+
+static void test_end(void **state) {
+        (void)state;
+        const Psfleet__V1__JobState from[] = {S(READY), S(TRAINING), S(RESTORING)};
+        for (size_t i = 0; i < 3; i++) {
+                struct chief_state s = at(from[i], true, "x");
+                step(&s, EV(MAX_STEPS), S(STOPPING), "waiting for the workers to finish", true);
+                s = at(from[i], true, "x");
+                step(&s, EV(STOP_ASKED), S(STOPPING), "waiting for the workers to finish", true);
+        }
+        /* before READY there is nothing to finish: the daemon exits instead (see test_phase) */
+        struct chief_state s;
+        chief_state_init(&s);
+        no_change(&s, EV(STOP_ASKED));
+        no_change(&s, EV(MAX_STEPS));
+        s = at(S(RESTORING), false, "restoring ps:0: looking for a checkpoint in /ck");
+        no_change(&s, EV(STOP_ASKED));
+        /* STOPPING is entered once */
+        s = at(S(STOPPING), true, "evaluating on the test split");
+        no_change(&s, EV(STOP_ASKED));
+        no_change(&s, EV(MAX_STEPS));
+}
+
+static void test_finish(void **state) {
+        (void)state;
+        struct chief_state s = at(S(STOPPING), true, "waiting for the workers to finish");
+        step(&s, EV(EVALUATING), S(STOPPING), "evaluating on the test split", false);
+        step(&s, EV(SAVING_FINAL), S(STOPPING), "saving the final checkpoint", false);
+        step(&s, EV(FINISHED), S(DONE), "", true);
+        assert_true(chief_state_final(&s));
+        /* the end's steps happen in STOPPING only */
+        const Psfleet__V1__JobState other[] = {S(INITIALIZING), S(RESTORING), S(READY), S(TRAINING)};
+        for (size_t i = 0; i < 4; i++) {
+                s = at(other[i], true, "r");
+                no_change(&s, EV(EVALUATING));
+                no_change(&s, EV(SAVING_FINAL));
+                no_change(&s, EV(FINISHED));
+        }
+}
+
+static void test_failure(void **state) {
+        (void)state;
+        const Psfleet__V1__JobState from[] = {S(INITIALIZING), S(RESTORING), S(READY), S(TRAINING), S(STOPPING)};
+        for (size_t i = 0; i < 5; i++) {
+                struct chief_state s = at(from[i], i >= 2, "r");
+                step(&s, EV(FAILURE, .why = "pulling the final parameters: ps:0: UNAVAILABLE"), S(FAILED),
+                     "pulling the final parameters: ps:0: UNAVAILABLE", true);
+        }
+        /* a NULL why reads as "" */
+        struct chief_state s = at(S(TRAINING), true, "r");
+        step(&s, EV(FAILURE), S(FAILED), "", true);
+        /* a long reason is cut, not overrun */
+        char longer[2 * CHIEF_REASON_MAX];
+        memset(longer, 'x', sizeof(longer) - 1);
+        longer[sizeof(longer) - 1] = 0;
+        s = at(S(TRAINING), true, "r");
+        step(&s, EV(FAILURE, .why = longer), S(FAILED), longer + sizeof(longer) - CHIEF_REASON_MAX, true);
+}
+
+/* DONE and FAILED are final: no event moves them or rewrites their reason. */
+static void test_final_states(void **state) {
+        (void)state;
+        const struct chief_state finals[] = {at(S(DONE), true, ""), at(S(FAILED), true, "the job failed for good"),
+                                             at(S(FAILED), false, "not ready")};
+        for (size_t f = 0; f < 3; f++)
+                for (size_t e = 0; e < sizeof(all_events) / sizeof(all_events[0]); e++) {
+                        struct chief_event ev = {.kind = all_events[e], .why = "w", .shards = "ps:0", .where = "/x",
+                                                 .step = 5, .timeout_s = 1, .advanced = true, .reachable = false};
+                        no_change(&finals[f], ev);
+                }
+}
+
+static void test_phase(void **state) {
+        (void)state;
+        const struct {
+                Psfleet__V1__JobState st;
+                bool ready_once, stop;
+                enum chief_phase want;
+        } t[] = {
+                {S(INITIALIZING), false, false, CHIEF_PHASE_INITIALIZE},
+                {S(INITIALIZING), false, true, CHIEF_PHASE_EXIT},      /* stop during start-up */
+                {S(RESTORING), false, false, CHIEF_PHASE_INITIALIZE},
+                {S(RESTORING), false, true, CHIEF_PHASE_EXIT},         /* stop during the first restore */
+                {S(RESTORING), true, false, CHIEF_PHASE_POLL},         /* a restarted shard's restore */
+                {S(RESTORING), true, true, CHIEF_PHASE_POLL},          /* ... turns the stop into STOPPING */
+                {S(READY), true, false, CHIEF_PHASE_POLL},
+                {S(READY), true, true, CHIEF_PHASE_POLL},
+                {S(TRAINING), true, false, CHIEF_PHASE_POLL},
+                {S(TRAINING), true, true, CHIEF_PHASE_POLL},
+                {S(STOPPING), true, false, CHIEF_PHASE_STOPPING},
+                {S(STOPPING), true, true, CHIEF_PHASE_STOPPING},
+                {S(DONE), true, false, CHIEF_PHASE_IDLE},
+                {S(DONE), true, true, CHIEF_PHASE_EXIT},               /* a Stop after the end */
+                {S(FAILED), true, false, CHIEF_PHASE_FAILED},
+                {S(FAILED), false, true, CHIEF_PHASE_FAILED},
+                {S(UNSPECIFIED), false, false, CHIEF_PHASE_FAILED},
+        };
+        for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+                struct chief_state s = at(t[i].st, t[i].ready_once, "");
+                assert_int_equal(chief_state_phase(&s, t[i].stop), t[i].want);
+        }
+}
+
+static void test_workers_stop(void **state) {
+        (void)state;
+        struct chief_state s = at(S(TRAINING), true, "");
+        assert_false(chief_state_workers_stop(&s, false, 99, 100));
+        assert_true(chief_state_workers_stop(&s, false, 100, 100));
+        assert_true(chief_state_workers_stop(&s, true, 0, 100));
+        s = at(S(READY), true, "");
+        assert_false(chief_state_workers_stop(&s, false, 0, 100));
+        s = at(S(RESTORING), true, "");
+        assert_false(chief_state_workers_stop(&s, false, 0, 100));
+        s = at(S(INITIALIZING), false, "");
+        assert_false(chief_state_workers_stop(&s, false, 0, 100));
+        const Psfleet__V1__JobState over[] = {S(STOPPING), S(DONE), S(FAILED)};
+        for (size_t i = 0; i < 3; i++) {
+                s = at(over[i], true, "");
+                assert_true(chief_state_workers_stop(&s, false, 0, 100));
+        }
+}
+
+static void test_may_join(void **state) {
+        (void)state;
+        const struct {
+                Psfleet__V1__JobState st;
+                const char *reason;
+                bool stop;
+                uint64_t step;
+                bool want;
+                const char *why;
+        } t[] = {
+                {S(READY), "", false, 0, true, ""},
+                {S(TRAINING), "ps:0 not reachable: x", false, 10, true, ""},
+                {S(TRAINING), "", true, 10, false, "the job is stopping"},
+                {S(READY), "", true, 0, false, "the job is stopping"},
+                {S(STOPPING), "waiting for the workers to finish", false, 100, false,
+                 "the job has ended (stopping at global_step 100)"},
+                {S(DONE), "", false, 100, false, "the job has ended (done at global_step 100)"},
+                {S(FAILED), "ps:0 lost", false, 3, false, "the job failed: ps:0 lost"},
+                {S(INITIALIZING), "waiting for ps:0 (h:1): UNAVAILABLE", false, 0, false,
+                 "the job is initializing: waiting for ps:0 (h:1): UNAVAILABLE"},
+                {S(RESTORING), "", false, 0, false, "the job is restoring: starting"},
+        };
+        for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+                char why[512] = "junk";
+                struct chief_state s = at(t[i].st, true, t[i].reason);
+                assert_int_equal(chief_state_may_join(&s, t[i].stop, t[i].step, why, sizeof(why)), t[i].want);
+                assert_string_equal(why, t[i].why);
+        }
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_init),
+                cmocka_unit_test(test_start_fresh),
+                cmocka_unit_test(test_start_carry_on),
+                cmocka_unit_test(test_start_restore),
+                cmocka_unit_test(test_start_restore_fails),
+                cmocka_unit_test(test_ready_timeout),
+                cmocka_unit_test(test_restore_mismatch),
+                cmocka_unit_test(test_training),
+                cmocka_unit_test(test_shard_restart),
+                cmocka_unit_test(test_shard_restart_no_checkpoint),
+                cmocka_unit_test(test_shard_restart_timeout),
+                cmocka_unit_test(test_shard_lost),
+                cmocka_unit_test(test_end),
+                cmocka_unit_test(test_finish),
+                cmocka_unit_test(test_failure),
+                cmocka_unit_test(test_final_states),
+                cmocka_unit_test(test_phase),
+                cmocka_unit_test(test_workers_stop),
+                cmocka_unit_test(test_may_join),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
