@@ -20,8 +20,7 @@
 
 #include "rng.h"
 
-#define MAX_VARS (2 * MODEL_MAX_LAYERS)
-#define NAME_LEN 32
+#define MAX_VARS MODEL_MAX_VARS
 
 struct layer {
         struct layer_spec spec;
@@ -45,7 +44,7 @@ struct model {
 
         uint32_t n_vars;
         struct model_var vars[MAX_VARS];
-        char names[MAX_VARS][NAME_LEN];
+        char names[MAX_VARS][MODEL_VAR_NAME];
         size_t n_params;
         /* Row blocks of each variable: n_blocks[v] blocks, block b is rows [rb[v][b], rb[v][b + 1]).
          * rb[v] points at whole[v] = {0, rows} when unblocked, else at blk[v] (owned, n_blocks + 1). */
@@ -119,77 +118,51 @@ float *model_grads(struct model *m)
         return m->grads_host;
 }
 
-static int add_var(struct model *m, uint32_t layer, const char *prefix, uint32_t idx, const char *what,
-                   uint32_t rows, uint32_t cols)
-{
-        if (m->n_vars >= MAX_VARS)
-                return -EINVAL;
-        struct model_var *v = &m->vars[m->n_vars];
-        snprintf(m->names[m->n_vars], NAME_LEN, "%s%u/%s", prefix, idx, what);
-        v->name = m->names[m->n_vars];
-        v->rows = rows;
-        v->cols = cols;
-        v->offset = m->n_params;
-        v->layer = layer;
-        m->n_blocks[m->n_vars] = 1;
-        m->whole[m->n_vars][0] = 0;
-        m->whole[m->n_vars][1] = rows;
-        m->rb[m->n_vars] = m->whole[m->n_vars];
-        m->n_params += (size_t)rows * cols;
-        m->n_vars++;
-        return 0;
-}
-
-/* Shapes, variables and buffer plan; no allocation. */
+/* Shapes, variables and buffer plan; no allocation. The variables (and the checks on the spec) come
+ * from model_spec_vars(), the one derivation psd's layout uses too; this adds each layer's shapes. */
 static int plan(struct model *m, const struct model_spec *spec)
 {
-        if (spec->n_layers == 0 || spec->n_layers > MODEL_MAX_LAYERS)
-                return -EINVAL;
+        struct model_spec_var sv[MODEL_MAX_VARS];
+        int nv = model_spec_vars(spec, sv, &m->n_params);
+        if (nv < 0)
+                return nv;
+        for (uint32_t v = 0; v < (uint32_t)nv; v++) {
+                memcpy(m->names[v], sv[v].name, sizeof(m->names[v]));
+                m->vars[v] = (struct model_var){.name = m->names[v], .rows = sv[v].rows, .cols = sv[v].cols,
+                                                .offset = sv[v].offset, .layer = sv[v].layer};
+                m->n_blocks[v] = 1;
+                m->whole[v][0] = 0;
+                m->whole[v][1] = sv[v].rows;
+                m->rb[v] = m->whole[v];
+        }
+        m->n_vars = (uint32_t)nv;
         uint64_t c = spec->input[0], h = spec->input[1], w = spec->input[2];
-        if (c == 0 || h == 0 || w == 0 || c * h * w > UINT32_MAX / 4)
-                return -EINVAL;
         m->in_n = (uint32_t)(c * h * w);
         m->n_layers = spec->n_layers;
         m->first_param_layer = -1;
-        uint32_t n_dense = 0, n_conv = 0;
         /* Which kind of layer produced the buffer the next layer reads (through aliases). */
         enum { SRC_INPUT, SRC_REUSABLE, SRC_KEEP } src = SRC_INPUT;
+        uint32_t next_var = 0;
         for (uint32_t i = 0; i < spec->n_layers; i++) {
                 struct layer *L = &m->layers[i];
                 const struct layer_spec *ls = &spec->layers[i];
                 L->spec = *ls;
                 L->c = (uint32_t)c, L->h = (uint32_t)h, L->w = (uint32_t)w;
                 L->in_n = (uint32_t)(c * h * w);
-                L->first_var = m->n_vars;
-                int r = 0;
+                L->first_var = next_var;
+                while (next_var < m->n_vars && m->vars[next_var].layer == i)
+                        next_var++;
+                L->n_vars = next_var - L->first_var;
                 switch (ls->type) {
                 case LAYER_DENSE:
-                        if (ls->units == 0 || ls->units > UINT32_MAX / 4)
-                                return -EINVAL;
-                        r = add_var(m, i, "dense", n_dense, "kernel", L->in_n, ls->units);
-                        if (r == 0)
-                                r = add_var(m, i, "dense", n_dense, "bias", 1, ls->units);
-                        n_dense++;
                         c = 1, h = 1, w = ls->units;
                         src = SRC_REUSABLE;
                         break;
                 case LAYER_CONV2D:
-                        if (ls->filters == 0 || ls->kernel == 0 || ls->kernel > h || ls->kernel > w)
-                                return -EINVAL;
-                        if ((uint64_t)ls->filters * h * w > UINT32_MAX / 4 ||
-                            (uint64_t)c * ls->kernel * ls->kernel > UINT32_MAX / 4)
-                                return -EINVAL;
-                        r = add_var(m, i, "conv", n_conv, "kernel", ls->filters,
-                                    (uint32_t)c * ls->kernel * ls->kernel);
-                        if (r == 0)
-                                r = add_var(m, i, "conv", n_conv, "bias", 1, ls->filters);
-                        n_conv++;
                         c = ls->filters;
                         src = SRC_REUSABLE;
                         break;
                 case LAYER_MAXPOOL2D:
-                        if (ls->pool == 0 || ls->pool > h || ls->pool > w)
-                                return -EINVAL;
                         h /= ls->pool, w /= ls->pool;
                         src = SRC_REUSABLE;
                         break;
@@ -197,26 +170,17 @@ static int plan(struct model *m, const struct model_spec *spec)
                         w = c * h * w, c = 1, h = 1;
                         L->alias_input = true;
                         break;
-                case LAYER_RELU:
-                case LAYER_TANH:
-                case LAYER_SIGMOID:
+                default:   /* activations: model_spec_vars refused any other type */
                         L->alias_input = src == SRC_REUSABLE;
                         src = SRC_KEEP;
                         break;
-                default:
-                        return -EINVAL;
                 }
-                if (r < 0)
-                        return r;
-                L->n_vars = m->n_vars - L->first_var;
                 if (L->n_vars && m->first_param_layer < 0)
                         m->first_param_layer = (int)i;
                 L->oc = (uint32_t)c, L->oh = (uint32_t)h, L->ow = (uint32_t)w;
                 L->out_n = (uint32_t)(c * h * w);
         }
         m->classes = m->layers[m->n_layers - 1].out_n;
-        if (m->classes < 2 || m->classes > 256)
-                return -EINVAL;
         return 0;
 }
 
