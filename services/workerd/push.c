@@ -17,15 +17,15 @@ int push_plan_new(const struct job_layout *L, const bool *blocked, struct push_p
         uint32_t NP = L->plan->n_parts, S = L->n_shards;
         struct push_plan *pl = calloc(1, sizeof(*pl));
         uint32_t *shard_group = malloc((S + 1) * sizeof(uint32_t));   /* the group of a shard's other parts */
-        uint32_t *at = calloc(NP + 1, sizeof(uint32_t));
-        if (!pl || !shard_group || !at ||
-            !(pl->groups = calloc(NP + 1, sizeof(*pl->groups))) || !(pl->part_group = calloc(NP + 1, sizeof(uint32_t))) ||
-            !(pl->blocked = calloc(L->n_vars + 1, sizeof(bool))) || !(pl->remaining = calloc(NP + 1, sizeof(uint32_t)))) {
+        /* one allocation for the tables of parts: part_group, the groups' parts, remaining */
+        if (!pl || !shard_group || !(pl->part_group = calloc(3 * (size_t)NP + 1, sizeof(uint32_t))) ||
+            !(pl->groups = calloc(NP + 1, sizeof(*pl->groups))) || !(pl->blocked = calloc(L->n_vars + 1, sizeof(bool)))) {
                 free(shard_group);
-                free(at);
                 push_plan_free(pl);
                 return -ENOMEM;
         }
+        uint32_t *parts = pl->part_group + NP;
+        pl->remaining = parts + NP;
         pl->L = L;
         memcpy(pl->blocked, blocked, L->n_vars * sizeof(bool));
         for (uint32_t s = 0; s < S; s++)
@@ -45,25 +45,16 @@ int push_plan_new(const struct job_layout *L, const bool *blocked, struct push_p
                 pl->groups[g].shard = pp->shard;
                 pl->groups[g].n_parts++;
         }
-        /* the groups' parts, side by side in one array the first group owns */
-        uint32_t *parts = malloc((NP + 1) * sizeof(uint32_t));
-        if (!parts) {
-                free(shard_group);
-                free(at);
-                push_plan_free(pl);
-                return -ENOMEM;
-        }
+        /* the groups' parts side by side, each group's in the order of the parts (`remaining` counts
+         * where each group's next part goes meanwhile) */
         for (uint32_t g = 0, n = 0; g < pl->n_groups; n += pl->groups[g].n_parts, g++) {
-                at[g] = n;
+                pl->remaining[g] = n;
                 pl->groups[g].parts = parts + n;
         }
         for (uint32_t p = 0; p < NP; p++)
-                parts[at[pl->part_group[p]]++] = p;
-        if (pl->n_groups == 0)
-                free(parts);
+                parts[pl->remaining[pl->part_group[p]]++] = p;
         push_plan_restart(pl);
         free(shard_group);
-        free(at);
         *ret = pl;
         return 0;
 }
@@ -71,12 +62,9 @@ int push_plan_new(const struct job_layout *L, const bool *blocked, struct push_p
 struct push_plan *push_plan_free(struct push_plan *pl) {
         if (!pl)
                 return NULL;
-        if (pl->groups && pl->n_groups)
-                free((uint32_t *)pl->groups[0].parts);
+        free(pl->part_group);   /* and the groups' parts, and remaining */
         free(pl->groups);
-        free(pl->part_group);
         free(pl->blocked);
-        free(pl->remaining);
         free(pl);
         return NULL;
 }

@@ -25,8 +25,8 @@ struct push_plan {
         uint32_t n_groups;
         struct ps_group *groups;  /* (n_groups) their parts owned by the plan */
         uint32_t *part_group;     /* (n_parts) the group each placement part travels in */
-        bool *blocked;            /* (n_vars) the model computes this variable in row blocks, one per part */
         uint32_t *remaining;      /* (n_groups) parts whose gradients are not final yet this step */
+        bool *blocked;            /* (n_vars) the model computes this variable in row blocks, one per part */
 };
 
 /* From the layout's placement (L lent for the plan's life) and which variables the model blocks

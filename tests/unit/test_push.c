@@ -156,8 +156,7 @@ static void test_one_shard(void **state) {
 
 int main(void) {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_blocked_over_two_shards),
-                cmocka_unit_test(test_split_not_blocked),
+                cmocka_unit_test(test_blocked_over_two_shards), cmocka_unit_test(test_split_not_blocked),
                 cmocka_unit_test(test_one_shard),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

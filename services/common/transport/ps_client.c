@@ -39,6 +39,13 @@ struct flight {
         char msg[600];
 };
 
+/* A shard's side of the shared memory. */
+struct shard_link {
+        bool up;                        /* this shard's pushes go through the link */
+        bool said;                      /* why not was logged once */
+        int32_t pid;                    /* its psd's process */
+};
+
 struct ps_client {
         const struct job_config *cfg;
         const struct job_layout *L;
@@ -63,9 +70,7 @@ struct ps_client {
 
         /* shared memory with the shards on this host (NULL: every push through gRPC) */
         struct shmlink *link;
-        bool *link_up;                  /* (n_shards) this shard's pushes go through the link */
-        bool *link_said;                /* (n_shards) why not was logged once */
-        int32_t *link_pid;              /* (n_shards) its psd's process */
+        struct shard_link *links;       /* (n_shards) */
 };
 
 int ps_client_new(const struct job_config *cfg, const struct job_layout *L, const char *task, struct ps_client **ret) {
@@ -110,9 +115,7 @@ struct ps_client *ps_client_free(struct ps_client *pc) {
         }
         free(pc->fl);
         shmlink_free(pc->link);
-        free(pc->link_up);
-        free(pc->link_said);
-        free(pc->link_pid);
+        free(pc->links);
         for (uint32_t s = 0; pc->ch && s < pc->L->n_shards; s++)
                 rpc_channel_free(pc->ch[s]);
         free(pc->ch);
@@ -419,10 +422,8 @@ static void link_setup(struct ps_client *pc, ps_client_move_fn move, void *ud) {
         const struct job_layout *L = pc->L;
         char err[600];
         int r;
-        pc->link_up = calloc(L->n_shards, sizeof(bool));
-        pc->link_said = calloc(L->n_shards, sizeof(bool));
-        pc->link_pid = calloc(L->n_shards, sizeof(int32_t));
-        if (!pc->link_up || !pc->link_said || !pc->link_pid) {
+        pc->links = calloc(L->n_shards, sizeof(*pc->links));
+        if (!pc->links) {
                 r = errf(err, sizeof(err), -ENOMEM, "out of memory");
         } else if ((r = shmlink_create(pc->cfg->name, pc->worker, L->fingerprint, L->n_params, L->n_shards, pc->n_fl,
                                        &pc->link, err, sizeof(err))) == 0 &&
@@ -469,9 +470,9 @@ int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, con
 
 /* Pushes to `shard` go through gRPC from now on (until ps_client_link_shards links it again). */
 static void link_down(struct ps_client *pc, uint32_t shard) {
-        if (!pc->link || !pc->link_up[shard])
+        if (!pc->link || !pc->links[shard].up)
                 return;
-        pc->link_up[shard] = false;
+        pc->links[shard].up = false;
         shmlink_shard_close(pc->link, shard);
 }
 
@@ -482,7 +483,7 @@ void ps_client_link_shards(struct ps_client *pc) {
         uint32_t *index = calloc(pc->n_fl + 1, sizeof(uint32_t)), *n = calloc(pc->n_fl + 1, sizeof(uint32_t));
         const uint32_t **parts = calloc(pc->n_fl + 1, sizeof(*parts));
         for (uint32_t s = 0; index && n && parts && s < L->n_shards; s++) {
-                if (pc->link_up[s])
+                if (pc->links[s].up)
                         continue;
                 uint32_t k = 0;
                 for (uint32_t i = 0; i < pc->n_fl; i++)
@@ -501,14 +502,12 @@ void ps_client_link_shards(struct ps_client *pc) {
                                  s, (int)pid);
                 if (r < 0) {
                         shmlink_shard_close(pc->link, s);
-                        if (!pc->link_said[s])
+                        if (!pc->links[s].said)
                                 log_info("ps:%u: pushing through gRPC: %s", s, err);
-                        pc->link_said[s] = true;
+                        pc->links[s].said = true;
                         continue;
                 }
-                pc->link_up[s] = true;
-                pc->link_pid[s] = pid;
-                pc->link_said[s] = false;
+                pc->links[s] = (struct shard_link){.up = true, .pid = pid};
                 log_info("ps:%u is on this host: pushing through shared memory (%u group(s))", s, k);
         }
         free(index);
@@ -518,7 +517,7 @@ void ps_client_link_shards(struct ps_client *pc) {
 
 void ps_client_push(struct ps_client *pc, uint32_t g, uint64_t local_step, bool count_step) {
         struct flight *f = &pc->fl[g];
-        bool link = pc->link && pc->link_up[f->g.shard];
+        bool link = pc->link && pc->links[f->g.shard].up;
         /* in flight before it starts: the reply thread may take its answer at once */
         pthread_mutex_lock(&pc->mu);
         f->via = link ? VIA_LINK : VIA_GRPC;
@@ -551,8 +550,8 @@ static int link_settle(struct ps_client *pc, uint32_t g, char *err, size_t errle
         uint64_t gs = 0;
         char e[500];
         int r = -ECONNRESET;
-        if (pc->link_up[s])
-                r = shmlink_wait(pc->link, g, f->seq, pc->link_pid[s], LINK_SPIN_US, pc->deadline_ms * 1000, &gs, e,
+        if (pc->links[s].up)
+                r = shmlink_wait(pc->link, g, f->seq, pc->links[s].pid, LINK_SPIN_US, pc->deadline_ms * 1000, &gs, e,
                                  sizeof(e));
         else
                 snprintf(e, sizeof(e), "the shared-memory link is down");
