@@ -131,7 +131,7 @@ static void on_stop(struct rpc_call *call, void *ud) {
         rpc_call_reply_msg(call, &rep.base);
 }
 
-/* ---- joining the job ---- */
+/* ---- joining the job, reading the parameters ---- */
 
 /* Asks the chief until the job is ready. Every wait is bounded (supervisor.ready_timeout_secs) and its
  * reason is logged and shown in the status. Returns 0, -EPERM when the chief refuses our job file (the
@@ -227,6 +227,7 @@ static int pull_all(struct worker *w) {
         }
 }
 
+/* Tells the chief how training goes; its answer may say stop. A failed report is no reason to stop. */
 static void report(struct worker *w, const char *state) {
         Psfleet__V1__ReportRequest q = PSFLEET__V1__REPORT_REQUEST__INIT;
         q.worker = w->index;
