@@ -29,7 +29,7 @@ struct fake {
         pthread_cond_t cond;
         bool hold;                /* Push handlers wait until it is cleared */
         uint64_t global_step;
-        struct rpc_server *server;
+        struct rpc_server *server[2];   /* shard 0's, and shard 1's when it is up */
 };
 
 static void h_push(struct rpc_call *c, void *ud) {
@@ -76,7 +76,7 @@ static void h_attach(struct rpc_call *c, void *ud) {
         rpc_call_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "cannot serve worker:0 through shared memory: not on this host");
 }
 
-/* ---- a job of two shards: shard 0 the fake, shard 1 (down) or the fake too ---- */
+/* ---- a job of two shards: both the fake, or shard 1 down ---- */
 
 struct fx {
         struct fake fake;
@@ -90,11 +90,8 @@ struct fx {
 
 static void fx_job(struct fx *x, bool shard1_up) {
         char json[1024], err[512], ps0[64], ps1[64];
-        snprintf(ps0, sizeof(ps0), "127.0.0.1:%d", rpc_server_port(x->fake.server));
-        if (shard1_up)   /* the fake under another name */
-                snprintf(ps1, sizeof(ps1), "localhost:%d", rpc_server_port(x->fake.server));
-        else
-                snprintf(ps1, sizeof(ps1), "127.0.0.1:2");
+        snprintf(ps0, sizeof(ps0), "127.0.0.1:%d", rpc_server_port(x->fake.server[0]));
+        snprintf(ps1, sizeof(ps1), "127.0.0.1:%d", shard1_up ? rpc_server_port(x->fake.server[1]) : 2);
         snprintf(json, sizeof(json),
                  "{\"job\": \"t\", \"cluster\": {\"chief\": [\"127.0.0.1:1\"], \"ps\": [\"%s\", \"%s\"],"
                  " \"worker\": [\"127.0.0.1:4\"]},"
@@ -125,8 +122,10 @@ static int setup(void **state) {
                 {"/psfleet.v1.ParameterServer/Push", h_push, &x->fake},
                 {"/psfleet.v1.ParameterServer/AttachSharedMemory", h_attach, &x->fake},
         };
-        assert_int_equal(rpc_server_new("127.0.0.1:0", methods, 2, 1, &x->fake.server), 0);
-        assert_int_equal(rpc_server_start(x->fake.server), 0);
+        for (int i = 0; i < 2; i++) {
+                assert_int_equal(rpc_server_new("127.0.0.1:0", methods, 2, 1, &x->fake.server[i]), 0);
+                assert_int_equal(rpc_server_start(x->fake.server[i]), 0);
+        }
         *state = x;
         return 0;
 }
@@ -138,7 +137,8 @@ static int teardown(void **state) {
         backend_free(x->be);
         job_layout_free(x->L);
         config_free(x->cfg);
-        rpc_server_free(x->fake.server);
+        rpc_server_free(x->fake.server[0]);
+        rpc_server_free(x->fake.server[1]);
         free(x);
         return 0;
 }
