@@ -19,7 +19,8 @@ int push_plan_new(const struct job_layout *L, const bool *blocked, struct push_p
         uint32_t *shard_group = malloc((S + 1) * sizeof(uint32_t));   /* the group of a shard's other parts */
         /* one allocation for the tables of parts: part_group, the groups' parts, remaining */
         if (!pl || !shard_group || !(pl->part_group = calloc(3 * (size_t)NP + 1, sizeof(uint32_t))) ||
-            !(pl->groups = calloc(NP + 1, sizeof(*pl->groups))) || !(pl->blocked = calloc(L->n_vars + 1, sizeof(bool)))) {
+            !(pl->groups = calloc(NP + 1, sizeof(*pl->groups))) ||
+            !(pl->blocked = calloc(L->n_vars + 1, sizeof(bool)))) {
                 free(shard_group);
                 push_plan_free(pl);
                 return -ENOMEM;

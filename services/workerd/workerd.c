@@ -273,7 +273,8 @@ static int forward(struct worker *w, float *loss) {
 }
 
 static int backward(struct worker *w) {
-        return w->rep ? device_replicas_backward_blocks(w->rep, push_ready, w->pu) : model_backward_blocks(w->m, push_ready, w->pu);
+        return w->rep ? device_replicas_backward_blocks(w->rep, push_ready, w->pu)
+                      : model_backward_blocks(w->m, push_ready, w->pu);
 }
 
 /* A step is done: its loss logged and counted, and every report_every_steps the chief told. */
