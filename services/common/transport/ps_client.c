@@ -1,20 +1,77 @@
-/* The client of a job's ps shards: block transfers to and from the shards over gRPC. */
+/* The client of a job's ps shards: block transfers to and from the shards over gRPC (assign, pull,
+ * status), and a worker's pushes, over gRPC or through shared memory with the shards on its host. */
 #include "ps_client.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "optim.h"
+#include "rpc.h"
 #include "shmlink.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 #include "psfleet/v1/supervisor.pb-c.h"
 
-/* ---- client ---- */
+/* The compute thread spins this long for a shared-memory answer before it sleeps: answers are due
+ * within tens of microseconds once psd has the push. */
+#define LINK_SPIN_US 200
+
+enum via { VIA_NONE, VIA_GRPC, VIA_LINK };
+
+/* One push group and its push in flight. `via`, `answered`, `count_step`, `reply`, `err` and `msg`
+ * are under pc->mu (the reply thread fills them in); the rest belongs to the pushing thread. */
+struct flight {
+        struct ps_group g;        /* parts owned */
+        enum via via;             /* how the push in flight went; VIA_NONE: none in flight */
+        bool answered;            /* VIA_GRPC: the reply (or the failure) is here */
+        bool count_step;          /* it counts a step, and is not answered yet */
+        uint32_t seq;             /* VIA_LINK: the push's sequence number */
+        struct wire_in *reply;    /* answered: the fresh values, checked against the layout */
+        int err;
+        char msg[600];
+};
+
+/* A shard's side of the shared memory. */
+struct shard_link {
+        bool up;                        /* this shard's pushes go through the link */
+        bool said;                      /* why not was logged once */
+        int32_t pid;                    /* its psd's process */
+};
+
+struct ps_client {
+        const struct job_config *cfg;
+        const struct job_layout *L;
+        struct rpc_channel **ch;        /* (n_shards) */
+        char task[32];                  /* "worker:1" */
+        uint64_t deadline_ms;
+
+        /* a worker's pushes (ps_client_link) */
+        uint32_t worker;
+        struct flight *fl;              /* (n_fl) one per push group */
+        uint32_t n_fl;
+        float *params;                  /* where fresh values land */
+        const float *grads;             /* where gradients are read (lent to gRPC while a push is in flight) */
+        struct rpc_batch *batch;        /* gRPC pushes in flight: started by the pusher, taken by `receiver` */
+        pthread_t receiver;
+        bool receiving;
+        atomic_bool stop;
+        pthread_mutex_t mu;             /* the flights' answers, global_step, counting */
+        pthread_cond_t cond;            /* a flight was answered */
+        uint64_t global_step;
+        uint32_t counting;              /* pushes in flight that count a step */
+
+        /* shared memory with the shards on this host (NULL: every push through gRPC) */
+        struct shmlink *link;
+        struct shard_link *links;       /* (n_shards) */
+};
 
 int ps_client_new(const struct job_config *cfg, const struct job_layout *L, const char *task, struct ps_client **ret) {
         struct ps_client *pc = calloc(1, sizeof(*pc));
@@ -24,9 +81,11 @@ int ps_client_new(const struct job_config *cfg, const struct job_layout *L, cons
         pc->L = L;
         pc->deadline_ms = cfg->rpc.deadline_ms;
         snprintf(pc->task, sizeof(pc->task), "%s", task);
+        pthread_mutex_init(&pc->mu, NULL);
+        pthread_cond_init(&pc->cond, NULL);
         pc->ch = calloc(L->n_shards, sizeof(*pc->ch));
         if (!pc->ch) {
-                free(pc);
+                ps_client_free(pc);
                 return -ENOMEM;
         }
         for (uint32_t s = 0; s < L->n_shards; s++) {
@@ -45,9 +104,23 @@ int ps_client_new(const struct job_config *cfg, const struct job_layout *L, cons
 struct ps_client *ps_client_free(struct ps_client *pc) {
         if (!pc)
                 return NULL;
+        if (pc->receiving) {
+                atomic_store(&pc->stop, true);
+                pthread_join(pc->receiver, NULL);
+        }
+        rpc_batch_free(pc->batch);   /* cancels the pushes still in flight */
+        for (uint32_t i = 0; i < pc->n_fl; i++) {
+                free((uint32_t *)pc->fl[i].g.parts);
+                wire_in_free(pc->fl[i].reply);
+        }
+        free(pc->fl);
+        shmlink_free(pc->link);
+        free(pc->links);
         for (uint32_t s = 0; pc->ch && s < pc->L->n_shards; s++)
                 rpc_channel_free(pc->ch[s]);
         free(pc->ch);
+        pthread_cond_destroy(&pc->cond);
+        pthread_mutex_destroy(&pc->mu);
         free(pc);
         return NULL;
 }
@@ -167,8 +240,14 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
                 ProtobufCMessage *hm;
                 r = wire_in_header(in, &psfleet__v1__pull_reply_header__descriptor, &hm);
                 if (r >= 0) {
-                        if (s == 0 && global_step_ret)
-                                *global_step_ret = ((Psfleet__V1__PullReplyHeader *)hm)->global_step;
+                        if (s == 0) {
+                                uint64_t gs = ((Psfleet__V1__PullReplyHeader *)hm)->global_step;
+                                pthread_mutex_lock(&pc->mu);
+                                pc->global_step = gs;
+                                pthread_mutex_unlock(&pc->mu);
+                                if (global_step_ret)
+                                        *global_step_ret = gs;
+                        }
                         protobuf_c_message_free_unpacked(hm, NULL);
                 }
                 for (size_t i = 0; i < in->n_tensors && r >= 0; i++) {
@@ -237,14 +316,16 @@ int ps_client_stop(struct ps_client *pc, const char *reason) {
         return r;
 }
 
-int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t shard, const uint32_t *parts,
-                         uint32_t n_parts, const float *grads, uint32_t worker, uint64_t local_step, bool count_step,
-                         void *userdata, struct rpc_pending **ret) {
+/* ---- a worker's pushes ---- */
+
+/* Starts group f's push through gRPC: its gradients are lent to gRPC, not copied. */
+static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_step, bool count_step,
+                      struct rpc_pending **ret) {
         Psfleet__V1__Caller caller;
         caller_init(pc, &caller);
         Psfleet__V1__PushHeader h = PSFLEET__V1__PUSH_HEADER__INIT;
         h.caller = &caller;
-        h.worker = worker;
+        h.worker = pc->worker;
         h.local_step = local_step;
         h.want_values = true;
         h.count_step = count_step;
@@ -254,19 +335,21 @@ int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t sha
         if (r < 0)
                 return r;
         wire_out_header(o, &h.base);
-        for (uint32_t i = 0; i < n_parts && r >= 0; i++)
-                r = add_part(o, pc->L, parts[i], grads, NULL);
+        for (uint32_t i = 0; i < f->g.n_parts && r >= 0; i++)
+                r = add_part(o, pc->L, f->g.parts[i], pc->grads, NULL);
         if (r >= 0)
                 r = wire_out_finish(o, &bb);
         wire_out_free(o);
         if (r < 0)
                 return r;
-        return rpc_batch_start_ud(b, pc->ch[shard], "/psfleet.v1.ParameterServer/Push", bb, pc->deadline_ms, false,
-                                  userdata, ret);
+        return rpc_batch_start_ud(pc->batch, pc->ch[f->g.shard], "/psfleet.v1.ParameterServer/Push", bb, pc->deadline_ms,
+                                  false, f, ret);
 }
 
-int ps_client_push_reply(struct ps_client *pc, struct rpc_result *res, void **in_ret, uint64_t *global_step_ret,
-                         uint64_t *incarnation_ret, char *err, size_t errlen) {
+/* Checks a push's reply against the layout without copying the values: *in_ret holds them until
+ * ps_client_wait copies them in. */
+static int push_reply(struct ps_client *pc, struct rpc_result *res, struct wire_in **in_ret, uint64_t *global_step_ret,
+                      char *err, size_t errlen) {
         if (res->err)
                 return errf(err, errlen, res->err, "%s", res->message);
         struct wire_in *in;
@@ -281,11 +364,7 @@ int ps_client_push_reply(struct ps_client *pc, struct rpc_result *res, void **in
                 wire_in_free(in);
                 return errf(err, errlen, r, "Push reply: header does not parse");
         }
-        Psfleet__V1__PushReplyHeader *h = (Psfleet__V1__PushReplyHeader *)hm;
-        if (global_step_ret)
-                *global_step_ret = h->global_step;
-        if (incarnation_ret)
-                *incarnation_ret = h->incarnation;
+        *global_step_ret = ((Psfleet__V1__PushReplyHeader *)hm)->global_step;
         protobuf_c_message_free_unpacked(hm, NULL);
         for (size_t i = 0; i < in->n_tensors && r >= 0; i++) {
                 r = job_layout_copy_in(pc->L, &in->tensors[i], NULL, NULL, e2, sizeof(e2));
@@ -298,6 +377,223 @@ int ps_client_push_reply(struct ps_client *pc, struct rpc_result *res, void **in
         }
         *in_ret = in;
         return 0;
+}
+
+/* A flight's push is answered (r: 0 or its failure, gs: shard 0's global_step after it). Under pc->mu. */
+static void answered(struct ps_client *pc, struct flight *f, int r, uint64_t gs) {
+        if (r == 0 && f->g.shard == 0 && gs > pc->global_step)
+                pc->global_step = gs;
+        if (f->count_step) {
+                f->count_step = false;
+                pc->counting--;
+        }
+        f->answered = true;
+        f->err = r;
+        pthread_cond_broadcast(&pc->cond);
+}
+
+/* The reply thread: takes gRPC replies as they arrive, so they wait, checked, for the compute thread
+ * to need their values. */
+static void *receiver_main(void *arg) {
+        struct ps_client *pc = arg;
+        while (!atomic_load(&pc->stop)) {
+                struct rpc_pending *p = rpc_batch_next(pc->batch, 100);
+                if (!p)
+                        continue;
+                struct flight *f = rpc_pending_userdata(p);
+                struct wire_in *in = NULL;
+                uint64_t gs = 0;
+                char err[sizeof(f->msg)];
+                int r = push_reply(pc, rpc_pending_result(p), &in, &gs, err, sizeof(err));
+                rpc_batch_release(pc->batch, p);
+                pthread_mutex_lock(&pc->mu);
+                f->reply = in;
+                if (r < 0)
+                        snprintf(f->msg, sizeof(f->msg), "%s", err);
+                answered(pc, f, r, gs);
+                pthread_mutex_unlock(&pc->mu);
+        }
+        return NULL;
+}
+
+/* The model's blocks move into a shared-memory segment that psd shards on this host can map. Without
+ * one (no memory for it, the model cannot move), every push goes through gRPC. */
+static void link_setup(struct ps_client *pc, ps_client_move_fn move, void *ud) {
+        const struct job_layout *L = pc->L;
+        char err[600];
+        int r;
+        pc->links = calloc(L->n_shards, sizeof(*pc->links));
+        if (!pc->links) {
+                r = errf(err, sizeof(err), -ENOMEM, "out of memory");
+        } else if ((r = shmlink_create(pc->cfg->name, pc->worker, L->fingerprint, L->n_params, L->n_shards, pc->n_fl,
+                                       &pc->link, err, sizeof(err))) == 0 &&
+                   (r = move(ud, shmlink_params(pc->link), shmlink_grads(pc->link))) < 0) {
+                snprintf(err, sizeof(err), "cannot move the model into it: %s", strerror(-r));
+                pc->link = shmlink_free(pc->link);
+        }
+        if (r < 0) {
+                log_notice("no shared memory for ps shards on this host (%s): pushing through gRPC only", err);
+                return;
+        }
+        pc->params = shmlink_params(pc->link);
+        pc->grads = shmlink_grads(pc->link);
+}
+
+int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, const struct ps_group *groups,
+                   float *params, float *grads, ps_client_move_fn move, void *ud) {
+        if (pc->fl)
+                return -EALREADY;
+        pc->worker = worker;
+        pc->params = params;
+        pc->grads = grads;
+        pc->fl = calloc(n_groups + 1, sizeof(*pc->fl));
+        if (!pc->fl)
+                return -ENOMEM;
+        pc->n_fl = n_groups;
+        for (uint32_t i = 0; i < n_groups; i++) {
+                uint32_t *parts = malloc((groups[i].n_parts + 1) * sizeof(uint32_t));
+                if (!parts)
+                        return -ENOMEM;
+                memcpy(parts, groups[i].parts, groups[i].n_parts * sizeof(uint32_t));
+                pc->fl[i].g = (struct ps_group){.shard = groups[i].shard, .n_parts = groups[i].n_parts, .parts = parts};
+        }
+        int r = rpc_batch_new(&pc->batch);
+        if (r < 0)
+                return r;
+        if ((r = pthread_create(&pc->receiver, NULL, receiver_main, pc)) != 0)
+                return -r;
+        pc->receiving = true;
+        if (move)
+                link_setup(pc, move, ud);
+        return 0;
+}
+
+/* Pushes to `shard` go through gRPC from now on (until ps_client_link_shards links it again). */
+static void link_down(struct ps_client *pc, uint32_t shard) {
+        if (!pc->link || !pc->links[shard].up)
+                return;
+        pc->links[shard].up = false;
+        shmlink_shard_close(pc->link, shard);
+}
+
+void ps_client_link_shards(struct ps_client *pc) {
+        const struct job_layout *L = pc->L;
+        if (!pc->link)
+                return;
+        uint32_t *index = calloc(pc->n_fl + 1, sizeof(uint32_t)), *n = calloc(pc->n_fl + 1, sizeof(uint32_t));
+        const uint32_t **parts = calloc(pc->n_fl + 1, sizeof(*parts));
+        for (uint32_t s = 0; index && n && parts && s < L->n_shards; s++) {
+                if (pc->links[s].up)
+                        continue;
+                uint32_t k = 0;
+                for (uint32_t i = 0; i < pc->n_fl; i++)
+                        if (pc->fl[i].g.shard == s) {
+                                index[k] = i;
+                                parts[k] = pc->fl[i].g.parts;
+                                n[k++] = pc->fl[i].g.n_parts;
+                        }
+                uint32_t gen = shmlink_shard_open(pc->link, s);
+                int32_t pid = 0;
+                char err[800];
+                int r = ps_client_attach_shm(pc, s, pc->worker, shmlink_name(pc->link), shmlink_nonce(pc->link), gen, k,
+                                             index, parts, n, &pid, err, sizeof(err));
+                if (r == 0 && (pid <= 0 || (kill(pid, 0) < 0 && errno == ESRCH)))
+                        r = errf(err, sizeof(err), -ESRCH, "ps:%u's process %d is not visible from here (another PID namespace?)",
+                                 s, (int)pid);
+                if (r < 0) {
+                        shmlink_shard_close(pc->link, s);
+                        if (!pc->links[s].said)
+                                log_info("ps:%u: pushing through gRPC: %s", s, err);
+                        pc->links[s].said = true;
+                        continue;
+                }
+                pc->links[s] = (struct shard_link){.up = true, .pid = pid};
+                log_info("ps:%u is on this host: pushing through shared memory (%u group(s))", s, k);
+        }
+        free(index);
+        free(n);
+        free(parts);
+}
+
+void ps_client_push(struct ps_client *pc, uint32_t g, uint64_t local_step, bool count_step) {
+        struct flight *f = &pc->fl[g];
+        bool link = pc->link && pc->links[f->g.shard].up;
+        /* in flight before it starts: the reply thread may take its answer at once */
+        pthread_mutex_lock(&pc->mu);
+        f->via = link ? VIA_LINK : VIA_GRPC;
+        f->answered = false;
+        f->count_step = count_step;
+        pc->counting += count_step;
+        pthread_mutex_unlock(&pc->mu);
+        if (link) {
+                f->seq = shmlink_push(pc->link, g, f->g.shard, local_step, count_step);
+                return;
+        }
+        struct rpc_pending *p = NULL;
+        int r = push_start(pc, f, local_step, count_step, &p);
+        if (r < 0) {
+                /* not started: no reply will come */
+                if (p)
+                        rpc_batch_release(pc->batch, p);
+                pthread_mutex_lock(&pc->mu);
+                snprintf(f->msg, sizeof(f->msg), "cannot start a push to ps:%u: %s", f->g.shard, strerror(-r));
+                answered(pc, f, r, 0);
+                pthread_mutex_unlock(&pc->mu);
+        }
+}
+
+/* Waits for the answer to flight g's shared-memory push: psd has written its values into the block. A
+ * refusal or a lost psd is the result; a lost psd also takes the link down. */
+static int link_settle(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
+        struct flight *f = &pc->fl[g];
+        uint32_t s = f->g.shard;
+        uint64_t gs = 0;
+        char e[500];
+        int r = -ECONNRESET;
+        if (pc->links[s].up)
+                r = shmlink_wait(pc->link, g, f->seq, pc->links[s].pid, LINK_SPIN_US, pc->deadline_ms * 1000, &gs, e,
+                                 sizeof(e));
+        else
+                snprintf(e, sizeof(e), "the shared-memory link is down");
+        pthread_mutex_lock(&pc->mu);
+        answered(pc, f, r, gs);
+        f->via = VIA_NONE;
+        pthread_mutex_unlock(&pc->mu);
+        if (r < 0) {
+                errf(err, errlen, r, "ps:%u through shared memory: %s", s, e);
+                if (r == -ETIMEDOUT || r == -ECONNRESET || r == -EPROTO)
+                        link_down(pc, s);
+        }
+        return r;
+}
+
+int ps_client_wait(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
+        struct flight *f = &pc->fl[g];
+        if (f->via == VIA_LINK)
+                return link_settle(pc, g, err, errlen);
+        pthread_mutex_lock(&pc->mu);
+        while (f->via == VIA_GRPC && !f->answered)
+                pthread_cond_wait(&pc->cond, &pc->mu);   /* bounded: every push has a deadline */
+        struct wire_in *in = f->reply;
+        int r = f->via == VIA_NONE ? 0 : f->err;
+        if (r < 0)
+                errf(err, errlen, r, "%s", f->msg);
+        f->reply = NULL;
+        f->via = VIA_NONE;
+        pthread_mutex_unlock(&pc->mu);
+        for (size_t t = 0; in && t < in->n_tensors; t++)
+                job_layout_copy_in(pc->L, &in->tensors[t], pc->params, NULL, NULL, 0);   /* checked on arrival */
+        wire_in_free(in);
+        return r;
+}
+
+uint64_t ps_client_global_step(struct ps_client *pc, uint32_t *counting_ret) {
+        pthread_mutex_lock(&pc->mu);
+        uint64_t gs = pc->global_step;
+        if (counting_ret)
+                *counting_ret = pc->counting;
+        pthread_mutex_unlock(&pc->mu);
+        return gs;
 }
 
 int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, const char *segment,

@@ -1,30 +1,29 @@
 /* The client of a job's ps shards: channels to every shard, with the job's fingerprint stamped on each
- * call, and whole parameter blocks moved to and from them (assign, pull, push). */
+ * call; whole parameter blocks moved to and from them (assign, pull); and a worker's pushes, through
+ * gRPC or, to a shard on this host, through shared memory (shmlink.h), behind one API. */
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
 #include "job.h"
-#include "rpc.h"
 
-/* Channels to every ps shard, with the job's fingerprint stamped on each call. */
-struct ps_client {
-        const struct job_config *cfg;
-        const struct job_layout *L;
-        struct rpc_channel **ch;        /* (n_shards) */
-        char task[32];                  /* "worker:1" */
-        uint64_t deadline_ms;
-};
+struct ps_client;
 
+/* Channels to every shard of the job (L, lent until ps_client_free); task ("worker:1") names the
+ * caller to the shards. Returns 0 or -errno. */
 int ps_client_new(const struct job_config *cfg, const struct job_layout *L, const char *task, struct ps_client **ret);
+/* Stops the reply thread, cancels pushes still in flight, unmaps the shared memory (so after the model
+ * that lives in it is freed). NULL-safe; returns NULL. */
 struct ps_client *ps_client_free(struct ps_client *pc);
 
 /* The shards in which[] (NULL: every shard) get their variables (and slots, if given; else the
  * optimizer's initial values) from these blocks; shard 0 also gets global_step. All in parallel. */
 int ps_client_assign(struct ps_client *pc, const bool *which, const float *params, float *const *slots,
                      uint64_t global_step, char *err, size_t errlen);
-/* Reads every shard into the blocks (slots too when slots != NULL). global_step from shard 0. */
+/* Reads every shard into the blocks (slots too when slots != NULL). global_step from shard 0, which
+ * the client also remembers (ps_client_global_step). */
 int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uint64_t *global_step_ret,
                    char *err, size_t errlen);
 /* Shard status, for the chief and the CLI. The reply is protobuf-c's; free with
@@ -39,22 +38,54 @@ int ps_client_probe(struct ps_client *pc, uint32_t shard, uint64_t timeout_ms, v
 /* Tells every shard to stop (best effort; returns the first error). */
 int ps_client_stop(struct ps_client *pc, const char *reason);
 
-/* One push of gradients to one shard, for the parts listed; grads are lent to gRPC until the call
- * finishes; userdata comes back with the finished call (rpc_pending_userdata). */
-int ps_client_push_start(struct ps_client *pc, struct rpc_batch *b, uint32_t shard, const uint32_t *parts,
-                         uint32_t n_parts, const float *grads, uint32_t worker, uint64_t local_step, bool count_step,
-                         void *userdata, struct rpc_pending **ret);
-/* Checks a push's reply against the layout without copying the values: *in_ret (caller frees with
- * wire_in_free) holds them until job_layout_copy_in() puts them in place. */
-int ps_client_push_reply(struct ps_client *pc, struct rpc_result *r, void **in_ret, uint64_t *global_step_ret,
-                         uint64_t *incarnation_ret, char *err, size_t errlen);
+/* ---- a worker's pushes ----
+ *
+ * A push group is a fixed set of placement parts of one shard that travel together. ps_client_push
+ * hands a group's gradients to its shard without blocking; ps_client_wait waits for the answer, after
+ * which the group's fresh values are in the parameter block: through shared memory psd wrote them
+ * there itself, through gRPC the reply is copied in by the wait. One thread pushes and waits (the
+ * compute thread); the client's own thread takes gRPC replies as they arrive. */
+struct ps_group {
+        uint32_t shard;
+        uint32_t n_parts;
+        const uint32_t *parts;  /* placement parts, all of `shard` */
+};
 
-/* Asks `shard` to serve this worker's pushes through its shared-memory segment (shmlink.h) from now
- * on: segment name, nonce and the shard's link generation; the groups that go to this shard, each
- * with its record index in the segment and its placement parts. Returns 0 with psd's process id, or
- * -errno with the reason (psd on another host cannot open the segment: FAILED_PRECONDITION). */
+/* Moves the caller's parameter and gradient blocks into memory given to it (n_params floats each,
+ * page-aligned, contents kept), as model_use_host_blocks() does; returns 0 or -errno. */
+typedef int (*ps_client_move_fn)(void *ud, float *params, float *grads);
+
+/* Sets up worker `worker`'s pushes: n_groups groups (copied), and the blocks pushes read gradients
+ * from and fresh values land in (n_params floats each, lent until ps_client_free). With move, the
+ * blocks first move into a shared-memory segment the psd shards on this host can map (move(ud, ...)
+ * puts the caller's model there, and the segment's blocks are used from then on); when that cannot be
+ * done, why is logged and every push goes through gRPC. Without move (NULL) every push goes through
+ * gRPC. Once per client; returns 0 or -errno. */
+int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, const struct ps_group *groups,
+                   float *params, float *grads, ps_client_move_fn move, void *ud);
+/* Asks each shard not linked yet to serve this worker's pushes through the shared memory; a shard
+ * that cannot (another host, an older psd) gets its pushes through gRPC, and why is logged once (until
+ * it links). Call when no push is in flight: after the first pull, and after recovering from a failed
+ * push. No-op without shared memory. */
+void ps_client_link_shards(struct ps_client *pc);
+/* Hands group g's gradients (final in the gradient block, unchanged until ps_client_wait(g)) to its
+ * shard; count_step: the shard (shard 0) counts a step in global_step with it. Does not block. A push
+ * that cannot start fails at ps_client_wait. */
+void ps_client_push(struct ps_client *pc, uint32_t g, uint64_t local_step, bool count_step);
+/* Waits for the answer to group g's push, if one is in flight (nothing to wait for: 0). On 0 the fresh
+ * values are in the parameter block; otherwise -errno (the shard refused the push, or is lost: then
+ * its shared-memory link goes down until ps_client_link_shards), with why in err. */
+int ps_client_wait(struct ps_client *pc, uint32_t g, char *err, size_t errlen);
+/* The global_step shard 0 last told (a pull, or the newest answer to a push), and in *counting_ret
+ * the pushes still unanswered that will count a step: where global_step is heading. Thread-safe. */
+uint64_t ps_client_global_step(struct ps_client *pc, uint32_t *counting_ret);
+
+/* The AttachSharedMemory call itself, as ps_client_link_shards makes it (for tests that play a
+ * worker): asks `shard` to serve worker's pushes through segment `segment` (its nonce and the shard's
+ * link generation); the groups that go to this shard, each with its record index in the segment and
+ * its placement parts. Returns 0 with psd's process id, or -errno with the reason (psd on another host
+ * cannot open the segment: FAILED_PRECONDITION). */
 int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, const char *segment,
                          const uint8_t *nonce, uint32_t generation, uint32_t n_groups, const uint32_t *group_index,
                          const uint32_t *const *group_parts, const uint32_t *group_n, int32_t *pid_ret, char *err,
                          size_t errlen);
-
