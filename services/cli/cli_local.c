@@ -392,11 +392,15 @@ static void free_children(struct local *L) {
                 rpc_channel_free(k->ch);
                 free(k->envp);
                 free(k->tf_config);
-                /* argv entries after --task-index / --loss-log were allocated here */
-                for (int a = 0; k->argv[a]; a++)
-                        if (a > 0 && (strcmp(k->argv[a - 1], "--task-index") == 0 ||
-                                      strcmp(k->argv[a - 1], "--loss-log") == 0))
+                /* argv entries after --task-index / --loss-log were allocated here (decided before an
+                 * entry is freed: the next one's test must not read it) */
+                bool owned = false;
+                for (int a = 0; k->argv[a]; a++) {
+                        bool next = strcmp(k->argv[a], "--task-index") == 0 || strcmp(k->argv[a], "--loss-log") == 0;
+                        if (owned)
                                 free(k->argv[a]);
+                        owned = next;
+                }
         }
         free(L->kids);
         L->kids = NULL;
