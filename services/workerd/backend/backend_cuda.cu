@@ -1072,10 +1072,7 @@ extern "C" int backend_cuda_new(const struct device_opts *o, struct backend **re
         }
         c->device = o->gpus[0];
         c->err[0] = 0;
-        {
-                const char *t = getenv("PSFLEET_CUDA_TF32");
-                c->tf32 = t && strcmp(t, "1") == 0;
-        }
+        c->tf32 = o->tf32;
         r = setup(c, o);
         if (r < 0) {
                 snprintf(msg, msglen, "%s", c->err[0] ? c->err : strerror(-r));
