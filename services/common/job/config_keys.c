@@ -131,12 +131,12 @@ const struct config_key cfg_keys[] = {
         K_BOOL("rpc.shared_memory", rpc.shared_memory, true,
                "A workerd and a psd on the same host move tensors through shared memory instead of loopback "
                "gRPC (every other call stays gRPC). Each node decides for itself."),
-        K_U64("rpc.initial_reconnect_backoff_ms", rpc.initial_reconnect_backoff_ms, 1000, 1, 3600000,
-              "gRPC channels: first wait before reconnecting to a peer that is down (gRPC's default). Each node "
-              "decides for itself; psfleet local sets 100 for its daemons.",
-              .env = "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS"),
-        K_U64("rpc.max_reconnect_backoff_ms", rpc.max_reconnect_backoff_ms, 120000, 1, 3600000,
-              "gRPC channels: longest wait between reconnection attempts (gRPC's default); psfleet local sets 1000.",
+        K_U64("rpc.initial_reconnect_backoff_ms", rpc.initial_reconnect_backoff_ms, 100, 1, 3600000,
+              "gRPC channels: first wait before reconnecting to a peer that is down, in milliseconds. Each "
+              "node decides for itself.", .env = "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS"),
+        K_U64("rpc.max_reconnect_backoff_ms", rpc.max_reconnect_backoff_ms, 1000, 1, 3600000,
+              "gRPC channels: longest wait between reconnection attempts, in milliseconds (gRPC's own default is "
+              "two minutes: a psd restarted by systemd would be noticed that late).",
               .env = "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS"),
 
         { .name = "device.device", .type = KT_STRING, FIELD(device.device), .sdef = "auto",

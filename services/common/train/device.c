@@ -20,8 +20,8 @@
  * libraries (on the CPU), and packages need no CUDA dependency. Its file name and its directory
  * relative to the program's come from CMake (services/workerd/backend/CMakeLists.txt), which names the
  * library it builds and installs: the one place the name is written. Looked for at
- * $PSFLEET_CUDA_PLUGIN (a path; empty: never), the build tree, <exe>/PSFLEET_CUDA_PLUGIN_RELDIR/,
- * then by name. */
+ * $PSFLEET_CUDA_PLUGIN (a path; empty: never), <exe>/PSFLEET_CUDA_PLUGIN_RELDIR/ (installed), the
+ * build tree, then by name through the loader's path. */
 #ifndef PSFLEET_CUDA_PLUGIN_FILE
 #error "PSFLEET_CUDA_PLUGIN_FILE (the plugin's file name) comes from CMake"
 #endif
@@ -62,24 +62,26 @@ static void cuda_load(void)
                 }
                 h = cuda_try(env);
         } else {
-#ifdef PSFLEET_CUDA_PLUGIN_BUILD
-                if (access(PSFLEET_CUDA_PLUGIN_BUILD, R_OK) == 0)
-                        h = cuda_try(PSFLEET_CUDA_PLUGIN_BUILD);
-#endif
+                /* Installed next to the program first: an installed workerd must load the installed
+                 * plugin even where the build tree it came from still exists. */
                 char exe[PATH_MAX];
                 ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-                if (!h && n > 0) {
+                if (n > 0) {
                         exe[n] = 0;
                         char *slash = strrchr(exe, '/');
                         if (slash) {
                                 *slash = 0;
-                                char path[PATH_MAX + 64];
+                                char path[PATH_MAX + 64], real[PATH_MAX];
                                 snprintf(path, sizeof(path), "%s/%s/%s", exe, PSFLEET_CUDA_PLUGIN_RELDIR,
                                          PSFLEET_CUDA_PLUGIN_FILE);
-                                if (access(path, R_OK) == 0)
-                                        h = cuda_try(path);
+                                if (realpath(path, real) && access(real, R_OK) == 0)
+                                        h = cuda_try(real);
                         }
                 }
+#ifdef PSFLEET_CUDA_PLUGIN_BUILD
+                if (!h && access(PSFLEET_CUDA_PLUGIN_BUILD, R_OK) == 0)
+                        h = cuda_try(PSFLEET_CUDA_PLUGIN_BUILD);
+#endif
                 if (!h)
                         h = cuda_try(PSFLEET_CUDA_PLUGIN_FILE);
         }
