@@ -161,8 +161,8 @@ const struct config_env_setting cfg_env_settings[] = {
           "Daemons started with --instance JOB read DIR/jobs/JOB.json." },
         { "PSFLEET_BIN_DIR", KT_STRING, "next to psfleet, then PATH",
           "Where psfleet local finds psd, workerd and chiefd." },
-        { "PSFLEET_CUDA_PLUGIN", KT_STRING, "the build tree, then <bindir>/../lib/psfleet/, then the loader's path",
-          "Path of the CUDA backend plugin (libpsfleet-cuda.so); empty: never load it (run on the CPU)." },
+        { "PSFLEET_CUDA_PLUGIN", KT_STRING, "BINDIR/../lib/psfleet/, then the build tree, then the loader's path",
+          "Path of the CUDA backend plugin; empty: never load it (run on the CPU)." },
         { "PSFLEET_TEST_FAKE_NO_GPU", KT_BOOL, "false",
           "Test hook: behave as if no GPU were visible, whatever the plugin finds." },
 };
@@ -243,8 +243,8 @@ void config_print_env(FILE *f, bool markdown) {
         char type[256], def[256], range[256];
 
         if (markdown) {
-                fprintf(f, "| variable | overrides | type | default | allowed |\n");
-                fprintf(f, "| --- | --- | --- | --- | --- |\n");
+                fprintf(f, "| variable | overrides | type | allowed |\n");
+                fprintf(f, "| --- | --- | --- | --- |\n");
         }
         for (size_t i = 0; i < cfg_n_keys; i++) {
                 const struct config_key *k = &cfg_keys[i];
@@ -255,17 +255,20 @@ void config_print_env(FILE *f, bool markdown) {
                 if (k->type == KT_BOOL)
                         snprintf(range, sizeof(range), "0, 1, true, false, yes, no, on, off");
                 if (markdown)
-                        fprintf(f, "| `%s` | `%s` | %s | the job file's | %s |\n", k->env, k->name, type, range);
+                        fprintf(f, "| `%s` | `%s` | %s | %s |\n", k->env, k->name, type, range);
                 else
                         fprintf(f, "  %-40s overrides %s (%s; %s)\n", k->env, k->name, type, range);
         }
+        if (markdown) {
+                fprintf(f, "\n| variable | type | default | meaning |\n");
+                fprintf(f, "| --- | --- | --- | --- |\n");
+        }
         for (size_t i = 0; i < cfg_n_env_settings; i++) {
                 const struct config_env_setting *e = &cfg_env_settings[i];
-                const char *t = e->type == KT_BOOL ? "boolean" : "string";
-                const char *r = e->type == KT_BOOL ? "0, 1, true, false, yes, no, on, off" : "any";
+                const char *t = e->type == KT_BOOL ? "boolean (0, 1, true, false, yes, no, on, off)" : "string";
 
                 if (markdown)
-                        fprintf(f, "| `%s` | — (%s) | %s | %s | %s |\n", e->name, e->doc, t, e->default_doc, r);
+                        fprintf(f, "| `%s` | %s | %s | %s |\n", e->name, t, e->default_doc, e->doc);
                 else
                         fprintf(f, "  %-40s %s (%s; default %s)\n", e->name, e->doc, t, e->default_doc);
         }
