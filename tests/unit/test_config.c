@@ -692,28 +692,6 @@ static void test_instance(void **state) {
         }
 }
 
-static void test_print_keys(void **state) {
-        char *buf = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&buf, &len);
-
-        assert_non_null(f);
-        config_print_keys(f, true);
-        fclose(f);
-        assert_non_null(strstr(buf, "| key | type | default | allowed | meaning |\n"));
-        assert_non_null(strstr(buf, "| `training.batch_size` | integer | 64 | [1, 65536] | Examples per step per worker. |\n"));
-        assert_non_null(strstr(buf, "| `training.optimizer` | string | \"momentum\" | sgd, momentum, adam, adagrad |"));
-        free(buf);
-
-        f = open_memstream(&buf, &len);
-        config_print_keys(f, false);
-        fclose(f);
-        assert_non_null(strstr(buf, "  rpc.deadline_ms"));
-        if (getenv("PSFLEET_PRINT_KEYS"))
-                config_print_keys(stdout, true);
-        free(buf);
-}
-
 static char *print_to_string(void (*print)(FILE *, bool), bool markdown) {
         char *buf = NULL;
         size_t len = 0;
@@ -723,6 +701,32 @@ static char *print_to_string(void (*print)(FILE *, bool), bool markdown) {
         print(f, markdown);
         fclose(f);
         return buf;
+}
+
+static void test_print_keys(void **state) {
+        char *buf = print_to_string(config_print_keys, true);
+
+        assert_non_null(strstr(buf, "| key | type | default | allowed | meaning |\n"));
+        assert_non_null(strstr(buf, "| `training.batch_size` | integer | 64 | [1, 65536] | Examples per step per worker. |\n"));
+        assert_non_null(strstr(buf, "| `training.optimizer` | string | \"momentum\" | sgd, momentum, adam, adagrad |"));
+        free(buf);
+
+        buf = print_to_string(config_print_keys, false);
+        assert_non_null(strstr(buf, "  rpc.deadline_ms"));
+        if (getenv("PSFLEET_PRINT_KEYS"))
+                config_print_keys(stdout, true);
+        free(buf);
+}
+
+/* var=value must make config_apply_env fail with want in its message. */
+static void env_error(struct job_config *c, const char *var, const char *value, const char *want) {
+        char err[256] = "";
+
+        setenv(var, value, 1);
+        assert_int_equal(config_apply_env(c, NULL, err, sizeof(err)), -EINVAL);
+        unsetenv(var);
+        if (!strstr(err, want))
+                fail_msg("%s=%s: \"%s\" lacks \"%s\"", var, value, err, want);
 }
 
 /* Environment overrides: parsed as the key's type with its bounds, empty means none, and only the
@@ -747,26 +751,15 @@ static void test_env_overrides(void **state) {
         assert_string_equal(c->device.device, "gpu:2,0");
         assert_true(c->device.allow_soft_placement);
 
-        static const struct {
-                const char *var, *value, *want;
-        } bad[] = {
-                { "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS", "0", "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS: \"0\" is not an integer in [1, 3600000]" },
-                { "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS", "3600001", "is not an integer in [1, 3600000]" },
-                { "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS", "100ms", "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS: \"100ms\"" },
-                { "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS", "-1", "is not an integer" },
-                { "PSFLEET_GPU_MEMORY_FRACTION", "nan", "PSFLEET_GPU_MEMORY_FRACTION: \"nan\" is not a number in (0, 1]" },
-                { "PSFLEET_CUDA_TF32", "2", "PSFLEET_CUDA_TF32: \"2\" is not 0, 1, true or false" },
-                { "PSFLEET_DEVICE", "gpu:0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", "lists more than 16 GPUs" },
-                { "PSFLEET_DEVICE", "gpu:256", "(bad GPU index)" },
-        };
-        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
-                setenv(bad[i].var, bad[i].value, 1);
-                err[0] = 0;
-                assert_int_equal(config_apply_env(c, NULL, err, sizeof(err)), -EINVAL);
-                if (!strstr(err, bad[i].want))
-                        fail_msg("%s=%s: \"%s\" lacks \"%s\"", bad[i].var, bad[i].value, err, bad[i].want);
-                unsetenv(bad[i].var);
-        }
+        env_error(c, "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS", "0",
+                  "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS: \"0\" is not an integer in [1, 3600000]");
+        env_error(c, "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS", "3600001", "is not an integer in [1, 3600000]");
+        env_error(c, "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS", "100ms", "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS: \"100ms\"");
+        env_error(c, "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS", "-1", "is not an integer");
+        env_error(c, "PSFLEET_GPU_MEMORY_FRACTION", "nan", "PSFLEET_GPU_MEMORY_FRACTION: \"nan\" is not a number in (0, 1]");
+        env_error(c, "PSFLEET_CUDA_TF32", "2", "PSFLEET_CUDA_TF32: \"2\" is not 0, 1, true or false");
+        env_error(c, "PSFLEET_DEVICE", "gpu:0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", "lists more than 16 GPUs");
+        env_error(c, "PSFLEET_DEVICE", "gpu:256", "(bad GPU index)");
         unsetenv("PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS");
         unsetenv("PSFLEET_DEVICE");
         unsetenv("PSFLEET_ALLOW_SOFT_PLACEMENT");

@@ -81,6 +81,10 @@ const char *cfg_quote_str(const char *s, char *buf, size_t len) {
 
 /* "string \"x\"", "number 1.5", "boolean true", "array", ... */
 const char *cfg_describe(const json_t *v, char *buf, size_t len) {
+        static const char *const plain[] = {
+                [JSON_OBJECT] = "object", [JSON_ARRAY] = "array", [JSON_TRUE] = "boolean true",
+                [JSON_FALSE] = "boolean false", [JSON_NULL] = "null",
+        };
         char q[128];
 
         switch (json_typeof(v)) {
@@ -94,20 +98,8 @@ const char *cfg_describe(const json_t *v, char *buf, size_t len) {
                 cfg_fmt_double(json_real_value(v), q, sizeof(q));
                 snprintf(buf, len, "number %s", q);
                 break;
-        case JSON_TRUE:
-                snprintf(buf, len, "boolean true");
-                break;
-        case JSON_FALSE:
-                snprintf(buf, len, "boolean false");
-                break;
-        case JSON_NULL:
-                snprintf(buf, len, "null");
-                break;
-        case JSON_ARRAY:
-                snprintf(buf, len, "array");
-                break;
-        case JSON_OBJECT:
-                snprintf(buf, len, "object");
+        default:
+                snprintf(buf, len, "%s", plain[json_typeof(v)]);
                 break;
         }
         return buf;
@@ -219,6 +211,20 @@ void cfg_fmt_range(const struct config_key *k, char *buf, size_t len) {
                 snprintf(buf, len, "[%" PRId64 ", %" PRId64 "]", k->imin, k->imax);
 }
 
+/* A JSON string that must be one of choices (an enum key, a layer's type or init): *ret its index. */
+static int parse_choice(const struct ctx *x, const char *key, const char *const *choices, const json_t *v, int *ret) {
+        char list[256], q[160];
+
+        if (!json_is_string(v))
+                return cfg_fail_type(x, key, "a string", v);
+        *ret = cfg_lookup_choice(choices, json_string_value(v));
+        if (*ret < 0) {
+                cfg_join_choices(choices, list, sizeof(list));
+                return cfg_failf(x, key, "%s is not one of %s", cfg_quote_json(v, q, sizeof(q)), list);
+        }
+        return 0;
+}
+
 static int parse_key(const struct ctx *x, struct job_config *c, const struct config_key *k, const json_t *v) {
         char range[96], q[160];
 
@@ -275,17 +281,9 @@ static int parse_key(const struct ctx *x, struct job_config *c, const struct con
                 return 0;
         }
         case KT_ENUM: {
-                char list[256];
-                int i;
+                int i, r = parse_choice(x, k->name, k->choices, v, &i);
 
-                if (!json_is_string(v))
-                        return cfg_fail_type(x, k->name, "a string", v);
-                i = cfg_lookup_choice(k->choices, json_string_value(v));
-                if (i < 0) {
-                        cfg_join_choices(k->choices, list, sizeof(list));
-                        return cfg_failf(x, k->name, "%s is not one of %s", cfg_quote_json(v, q, sizeof(q)), list);
-                }
-                return set_enum(c, k, i);
+                return r < 0 ? r : set_enum(c, k, i);
         }
         case KT_SPECIAL:
                 break;
@@ -330,10 +328,10 @@ struct shape {
 };
 
 static int parse_layer(const struct ctx *x, size_t idx, const json_t *obj, struct layer_spec *l, struct shape *s) {
-        char key[96], q[160], list[160];
+        char key[96];
         const json_t *t, *v;
         const char *name;
-        int type;
+        int type, r;
 
         snprintf(key, sizeof(key), "model.layers[%zu]", idx);
         if (!json_is_object(obj))
@@ -342,13 +340,9 @@ static int parse_layer(const struct ctx *x, size_t idx, const json_t *obj, struc
         snprintf(key, sizeof(key), "model.layers[%zu].type", idx);
         if (!t)
                 return cfg_failf(x, key, "missing");
-        if (!json_is_string(t))
-                return cfg_fail_type(x, key, "a string", t);
-        type = cfg_lookup_choice(cfg_layer_names, json_string_value(t));
-        if (type < 0) {
-                cfg_join_choices(cfg_layer_names, list, sizeof(list));
-                return cfg_failf(x, key, "%s is not one of %s", cfg_quote_json(t, q, sizeof(q)), list);
-        }
+        r = parse_choice(x, key, cfg_layer_names, t, &type);
+        if (r < 0)
+                return r;
         memset(l, 0, sizeof(*l));
         l->type = (enum layer_type) type;
         l->init = INIT_DEFAULT;
@@ -369,13 +363,9 @@ static int parse_layer(const struct ctx *x, size_t idx, const json_t *obj, struc
                 if (strcmp(name, "init") == 0) {
                         int init;
 
-                        if (!json_is_string(v))
-                                return cfg_fail_type(x, key, "a string", v);
-                        init = cfg_lookup_choice(cfg_init_names, json_string_value(v));
-                        if (init < 0) {
-                                cfg_join_choices(cfg_init_names, list, sizeof(list));
-                                return cfg_failf(x, key, "%s is not one of %s", cfg_quote_json(v, q, sizeof(q)), list);
-                        }
+                        r = parse_choice(x, key, cfg_init_names, v, &init);
+                        if (r < 0)
+                                return r;
                         l->init = (enum init_kind) init;
                         continue;
                 }

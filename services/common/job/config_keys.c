@@ -219,13 +219,26 @@ static void key_docs(const struct config_key *k, char *type, char *def, char *ra
         }
 }
 
+/* A Markdown table's two header lines, for columns "a|b|c". */
+static void md_header(FILE *f, const char *cols) {
+        fputs("| ", f);
+        for (const char *p = cols; *p; p++) {
+                if (*p == '|')
+                        fputs(" | ", f);
+                else
+                        fputc(*p, f);
+        }
+        fputs(" |\n|", f);
+        for (const char *p = cols; p; p = strchr(p + 1, '|'))
+                fputs(" --- |", f);
+        fputs("\n", f);
+}
+
 void config_print_keys(FILE *f, bool markdown) {
         char type[256], def[256], range[256];
 
-        if (markdown) {
-                fprintf(f, "| key | type | default | allowed | meaning |\n");
-                fprintf(f, "| --- | --- | --- | --- | --- |\n");
-        }
+        if (markdown)
+                md_header(f, "key|type|default|allowed|meaning");
         for (size_t i = 0; i < cfg_n_keys; i++) {
                 const struct config_key *k = &cfg_keys[i];
 
@@ -238,38 +251,28 @@ void config_print_keys(FILE *f, bool markdown) {
         }
 }
 
-
 void config_print_env(FILE *f, bool markdown) {
+        static const char bools[] = "0, 1, true, false, yes, no, on, off";
         char type[256], def[256], range[256];
 
-        if (markdown) {
-                fprintf(f, "| variable | overrides | type | allowed |\n");
-                fprintf(f, "| --- | --- | --- | --- |\n");
-        }
+        if (markdown)
+                md_header(f, "variable|overrides|type|allowed");
         for (size_t i = 0; i < cfg_n_keys; i++) {
-                const struct config_key *k = &cfg_keys[i];
-
-                if (!k->env)
+                if (!cfg_keys[i].env)
                         continue;
-                key_docs(k, type, def, range, sizeof(type));
-                if (k->type == KT_BOOL)
-                        snprintf(range, sizeof(range), "0, 1, true, false, yes, no, on, off");
-                if (markdown)
-                        fprintf(f, "| `%s` | `%s` | %s | %s |\n", k->env, k->name, type, range);
-                else
-                        fprintf(f, "  %-40s overrides %s (%s; %s)\n", k->env, k->name, type, range);
+                key_docs(&cfg_keys[i], type, def, range, sizeof(type));
+                fprintf(f, markdown ? "| `%s` | `%s` | %s | %s |\n" : "  %-40s overrides %s (%s; %s)\n", cfg_keys[i].env,
+                        cfg_keys[i].name, type, cfg_keys[i].type == KT_BOOL ? bools : range);
         }
         if (markdown) {
-                fprintf(f, "\n| variable | type | default | meaning |\n");
-                fprintf(f, "| --- | --- | --- | --- |\n");
+                fputs("\n", f);
+                md_header(f, "variable|type|default|meaning");
         }
         for (size_t i = 0; i < cfg_n_env_settings; i++) {
                 const struct config_env_setting *e = &cfg_env_settings[i];
-                const char *t = e->type == KT_BOOL ? "boolean (0, 1, true, false, yes, no, on, off)" : "string";
 
-                if (markdown)
-                        fprintf(f, "| `%s` | %s | %s | %s |\n", e->name, t, e->default_doc, e->doc);
-                else
-                        fprintf(f, "  %-40s %s (%s; default %s)\n", e->name, e->doc, t, e->default_doc);
+                snprintf(type, sizeof(type), e->type == KT_BOOL ? "boolean (%s)" : "string", bools);
+                fprintf(f, markdown ? "| `%s` | %s | %s | %s |\n" : "  %-40s %s; default %s; %s\n", e->name, type,
+                        e->default_doc, e->doc);
         }
 }
