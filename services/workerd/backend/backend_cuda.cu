@@ -116,6 +116,16 @@ struct seg {
         struct seg *next;
 };
 
+/* Merges n, a free block, into the block a just before it, and frees n's record. */
+static void blk_merge(struct blk *a, struct blk *n)
+{
+        a->size += n->size;
+        a->next = n->next;
+        if (n->next)
+                n->next->prev = a;
+        free(n);
+}
+
 struct pool {
         struct seg *segs;
         size_t cap, reserved, in_use, peak, last_failed;
@@ -245,22 +255,10 @@ static bool pool_free(struct pool *p, void *ptr)
                                 continue;
                         b->used = false;
                         p->in_use -= b->size;
-                        if (b->next && !b->next->used) { /* merge the next block into b */
-                                struct blk *n = b->next;
-                                b->size += n->size;
-                                b->next = n->next;
-                                if (n->next)
-                                        n->next->prev = b;
-                                free(n);
-                        }
-                        if (b->prev && !b->prev->used) { /* merge b into the previous block */
-                                struct blk *q = b->prev;
-                                q->size += b->size;
-                                q->next = b->next;
-                                if (b->next)
-                                        b->next->prev = q;
-                                free(b);
-                        }
+                        if (b->next && !b->next->used)
+                                blk_merge(b, b->next);
+                        if (b->prev && !b->prev->used)
+                                blk_merge(b->prev, b); /* b is gone */
                         return true;
                 }
         }
