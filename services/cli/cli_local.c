@@ -155,7 +155,7 @@ static bool executable(const char *p) {
 
 /* Returns a malloc'd path, or NULL after printing where it looked. */
 static char *find_bin(const char *name) {
-        const char *env = getenv("PSFLEET_BIN_DIR");
+        const char *env = config_env_value("PSFLEET_BIN_DIR");
         if (env && *env) {
                 char *p = strdup_printf("%s/%s", env, name);
                 if (p && executable(p))
@@ -786,11 +786,6 @@ int cmd_local(int argc, char **argv) {
                         goto out;
                 }
         }
-        /* gRPC's reconnect backoff grows to minutes by default: a daemon that starts a second after its
-         * peer first tried would then wait far longer than needed. Ours and the children's channels
-         * retry within a second (rpc.c reads PSFLEET_RPC_ARGS). */
-        setenv("PSFLEET_RPC_ARGS", "grpc.initial_reconnect_backoff_ms=100,"
-               "grpc.max_reconnect_backoff_ms=1000", 0);
         if ((ret = build_children(&L)) != 0)
                 goto out;
         /* gRPC's threads start here, after every allocation the children need was made. */

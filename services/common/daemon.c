@@ -10,6 +10,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include "rpc.h"
 #include "util.h"
 
 static void usage(FILE *f, const char *ident, enum role role) {
@@ -87,7 +88,7 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                                 role == ROLE_CHIEF ? "" : ":INDEX");
                         goto bad;
                 }
-                const char *dir = getenv("PSFLEET_CONFIG_DIR");
+                const char *dir = config_env_value("PSFLEET_CONFIG_DIR");
                 path = strdup_printf("%s/jobs/%s.json", dir && *dir ? dir : "/etc/psfleet", name);
                 free(name);
                 if (idx >= 0) {
@@ -147,6 +148,12 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                         goto bad;
                 }
         }
+        /* This node's overrides of the rpc.* keys, then every channel of the process uses them. */
+        if (config_apply_env(a.cfg, "rpc", err, sizeof(err)) < 0) {
+                fprintf(stderr, "%s: %s\n", ident, err);
+                goto bad;
+        }
+        rpc_configure(&a.cfg->rpc);
         a.task_name = strdup_printf("%s:%u", role_name(role), a.task.index);
         if (!a.state_dir) {
                 const char *sd = getenv("STATE_DIRECTORY");

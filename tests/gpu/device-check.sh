@@ -77,13 +77,24 @@ else
         libs="-L$work/lib -l:libopenblas.so.0 -l:libjansson.so.4"
         for d in ${cuda_dirs//:/ }; do libs="$libs -L$d"; done
         libs="$libs -l:libcublas.so.13 -l:libcublasLt.so.13 -l:libcudnn.so.9 -lpthread -ldl -lrt -lm"
-        common="device.c backend_cpu.c model.c rng.c util.c config.c optim.c"
+        common="device.c backend_cpu.c model.c rng.c util.c config.c config_keys.c config_cluster.c
+                config_canonical.c device_spec.c optim.c"
+        # The plugin's name and place relative to the programs, as CMake made them (make-bundle.sh).
+        PLUGIN_FILE= PLUGIN_RELDIR=
+        [ -f "$bundle/plugin.env" ] && . "$bundle/plugin.env"
+        if [ -z "$PLUGIN_FILE" ] || [ -z "$PLUGIN_RELDIR" ]; then
+                jline '{"check": "build", "pass": false, "error": "no plugin.env in the bundle: run tests/gpu/make-bundle.sh"}'
+                return 2
+        fi
+        plugdefs="-DPSFLEET_CUDA_PLUGIN_FILE=\"$PLUGIN_FILE\" -DPSFLEET_CUDA_PLUGIN_RELDIR=\"$PLUGIN_RELDIR\""
         ok=1
-        nvcc -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -DPSFLEET_VERSION='"device-check"' -D_GNU_SOURCE $inc \
-                -c "$root/services/workerd/backend/backend_cuda.cu" -o "$work/obj/backend_cuda.o" || ok=0
+        nvcc -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xcompiler -fPIC -DPSFLEET_VERSION='"device-check"' \
+                -D_GNU_SOURCE $inc -c "$root/services/workerd/backend/backend_cuda.cu" -o "$work/obj/backend_cuda.o" || ok=0
+        mkdir -p "$bin/$PLUGIN_RELDIR"
+        nvcc -shared -o "$bin/$PLUGIN_RELDIR/$PLUGIN_FILE" "$work/obj/backend_cuda.o" $libs || ok=0
         for s in $common; do
-                gcc -std=c11 -O2 -D_GNU_SOURCE -DPSFLEET_VERSION='"device-check"' $inc -c "$(ls "$root"/services/common/*/"$s")" \
-                        -o "$work/obj/${s%.c}.o" || ok=0
+                gcc -std=c11 -O2 -D_GNU_SOURCE -DPSFLEET_VERSION='"device-check"' $plugdefs $inc \
+                        -c "$(ls "$root"/services/common/*/"$s")" -o "$work/obj/${s%.c}.o" || ok=0
         done
         objs="$work/obj/backend_cuda.o"
         for s in $common; do objs="$objs $work/obj/${s%.c}.o"; done

@@ -44,6 +44,19 @@ done | sort -u | while read -r name path; do
 done
 tar -C "$stage" -cJf "$bundle/lib.tar.xz" lib
 
+# The CUDA plugin, where the bundle's programs look for it (<bin>/../lib/psfleet/, as installed): what
+# `cmake --install --component cuda` installs, so its name and directory are CMake's. plugin.env
+# records both for building there (device-check.sh).
+DESTDIR="$stage/cuda" cmake --install "$build" --prefix /p --component cuda >/dev/null
+plugin=$(cd "$stage/cuda/p" && find . -type f -name '*.so' | sed 's|^\./||' | head -1)
+if [ -n "$plugin" ]; then
+        mkdir -p "$bundle/$(dirname "$plugin")"
+        strip --strip-debug -o "$bundle/$plugin" "$stage/cuda/p/$plugin"
+        bindir=$(sed -n 's/^CMAKE_INSTALL_BINDIR:[A-Z]*=//p' "$build/CMakeCache.txt")
+        reldir=$(realpath -m --relative-to="/p/${bindir:-bin}" "/p/$(dirname "$plugin")")
+        printf 'PLUGIN_FILE=%s\nPLUGIN_RELDIR=%s\n' "$(basename "$plugin")" "$reldir" >"$bundle/plugin.env"
+fi
+
 # Headers for building on the GPU machine when the prebuilt programs cannot run there.
 for h in /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h \
          /usr/include/x86_64-linux-gnu/openblas-pthread/openblas_config.h \
@@ -63,6 +76,6 @@ done
 echo "built $(date -u +%FT%TZ) on $(. /etc/os-release; echo "$PRETTY_NAME"), $(nvcc --version 2>/dev/null | tail -1)" \
         >>"$bundle/MANIFEST"
 
-exclude="$root/.git/info/exclude"
+exclude=$(git rev-parse --git-path info/exclude)
 grep -qxF "/$bundle/" "$exclude" 2>/dev/null || echo "/$bundle/" >>"$exclude"
-echo "bundle $bundle: $(du -sh "$bundle" | cut -f1) ($(ls "$bundle/bin" | tr '\n' ' '))"
+echo "bundle $bundle: $(du -sh "$bundle" | cut -f1) ($(ls "$bundle/bin" | tr '\n' ' ')$(cat "$bundle/plugin.env" 2>/dev/null | tr '\n' ' '))"

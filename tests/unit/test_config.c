@@ -692,26 +692,134 @@ static void test_instance(void **state) {
         }
 }
 
-static void test_print_keys(void **state) {
+static char *print_to_string(void (*print)(FILE *, bool), bool markdown) {
         char *buf = NULL;
         size_t len = 0;
         FILE *f = open_memstream(&buf, &len);
 
         assert_non_null(f);
-        config_print_keys(f, true);
+        print(f, markdown);
         fclose(f);
+        return buf;
+}
+
+static void test_print_keys(void **state) {
+        char *buf = print_to_string(config_print_keys, true);
+
         assert_non_null(strstr(buf, "| key | type | default | allowed | meaning |\n"));
         assert_non_null(strstr(buf, "| `training.batch_size` | integer | 64 | [1, 65536] | Examples per step per worker. |\n"));
         assert_non_null(strstr(buf, "| `training.optimizer` | string | \"momentum\" | sgd, momentum, adam, adagrad |"));
         free(buf);
 
-        f = open_memstream(&buf, &len);
-        config_print_keys(f, false);
-        fclose(f);
+        buf = print_to_string(config_print_keys, false);
         assert_non_null(strstr(buf, "  rpc.deadline_ms"));
         if (getenv("PSFLEET_PRINT_KEYS"))
                 config_print_keys(stdout, true);
         free(buf);
+}
+
+/* var=value must make config_apply_env fail with want in its message. */
+static void env_error(struct job_config *c, const char *var, const char *value, const char *want) {
+        char err[256] = "";
+
+        setenv(var, value, 1);
+        assert_int_equal(config_apply_env(c, NULL, err, sizeof(err)), -EINVAL);
+        unsetenv(var);
+        if (!strstr(err, want))
+                fail_msg("%s=%s: \"%s\" lacks \"%s\"", var, value, err, want);
+}
+
+/* Environment overrides: parsed as the key's type with its bounds, empty means none, and only the
+ * section asked for; the settings that are no key; the device string's one limit. */
+static void test_env_overrides(void **state) {
+        struct job_config *c = load_ok(xpath, "{" BASE "}");
+        char err[256] = "";
+
+        assert_int_equal(c->rpc.initial_reconnect_backoff_ms, 100);
+        assert_int_equal(c->rpc.max_reconnect_backoff_ms, 1000);
+        assert_false(c->device.allow_soft_placement || c->device.cuda_tf32);
+
+        setenv("PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS", "250", 1);
+        setenv("PSFLEET_DEVICE", "gpu:2,0", 1);
+        setenv("PSFLEET_ALLOW_SOFT_PLACEMENT", "on", 1);
+        setenv("PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS", "", 1); /* empty: no override */
+        assert_int_equal(config_apply_env(c, "rpc", err, sizeof(err)), 0);
+        assert_int_equal(c->rpc.max_reconnect_backoff_ms, 250);
+        assert_int_equal(c->rpc.initial_reconnect_backoff_ms, 100);
+        assert_string_equal(c->device.device, "auto"); /* not its section */
+        assert_int_equal(config_apply_env(c, "device", err, sizeof(err)), 0);
+        assert_string_equal(c->device.device, "gpu:2,0");
+        assert_true(c->device.allow_soft_placement);
+
+        env_error(c, "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS", "0",
+                  "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS: \"0\" is not an integer in [1, 3600000]");
+        env_error(c, "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS", "3600001", "is not an integer in [1, 3600000]");
+        env_error(c, "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS", "100ms", "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS: \"100ms\"");
+        env_error(c, "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS", "-1", "is not an integer");
+        env_error(c, "PSFLEET_GPU_MEMORY_FRACTION", "nan", "PSFLEET_GPU_MEMORY_FRACTION: \"nan\" is not a number in (0, 1]");
+        env_error(c, "PSFLEET_CUDA_TF32", "2", "PSFLEET_CUDA_TF32: \"2\" is not 0, 1, true or false");
+        env_error(c, "PSFLEET_DEVICE", "gpu:0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", "lists more than 16 GPUs");
+        env_error(c, "PSFLEET_DEVICE", "gpu:256", "(bad GPU index)");
+        unsetenv("PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS");
+        unsetenv("PSFLEET_DEVICE");
+        unsetenv("PSFLEET_ALLOW_SOFT_PLACEMENT");
+        unsetenv("PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS");
+        config_free(c);
+
+        /* the job file's device string has the same limit as the override */
+        c = NULL;
+        write_json(xpath, "{" BASE ", 'device': {'device': 'gpu:0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16'}}");
+        assert_int_equal(config_load(xpath, &c, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "device.device: \"gpu:0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16\" lists more than 16 GPUs"));
+        c = load_ok(xpath, "{" BASE ", 'device': {'device': 'gpu:255,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14'}}");
+        config_free(c);
+
+        /* settings that are no key */
+        bool b = true;
+        unsetenv("PSFLEET_TEST_FAKE_NO_GPU");
+        assert_int_equal(config_env_bool("PSFLEET_TEST_FAKE_NO_GPU", &b, err, sizeof(err)), 0);
+        assert_false(b);
+        setenv("PSFLEET_TEST_FAKE_NO_GPU", "maybe", 1);
+        assert_int_equal(config_env_bool("PSFLEET_TEST_FAKE_NO_GPU", &b, err, sizeof(err)), -EINVAL);
+        assert_string_equal(err, "PSFLEET_TEST_FAKE_NO_GPU: \"maybe\" is not 0, 1, true or false");
+        unsetenv("PSFLEET_TEST_FAKE_NO_GPU");
+        setenv("PSFLEET_CONFIG_DIR", "/x", 1);
+        assert_string_equal(config_env_value("PSFLEET_CONFIG_DIR"), "/x");
+        unsetenv("PSFLEET_CONFIG_DIR");
+        assert_null(config_env_value("PSFLEET_CONFIG_DIR"));
+
+        /* defaults of one section */
+        struct job_config d = { 0 };
+        assert_int_equal(config_section_defaults(&d, "rpc"), 0);
+        assert_int_equal(d.rpc.deadline_ms, 30000);
+        assert_true(d.rpc.shared_memory);
+        assert_null(d.device.device);
+}
+
+/* docs/configuration.md carries the tables as config_print_keys and config_print_env print them. */
+static void test_docs_current(void **state) {
+        const char *src = getenv("PSFLEET_SOURCE_DIR");
+        char *doc = NULL, *keys, *env, *path;
+        size_t len;
+
+        if (!src)
+                skip();
+        path = strdup_printf("%s/docs/configuration.md", src);
+        assert_int_equal(read_file(path, 1 << 20, &doc, &len), 0);
+        keys = print_to_string(config_print_keys, true);
+        env = print_to_string(config_print_env, true);
+        if (getenv("PSFLEET_PRINT_KEYS"))
+                printf("KEYS\n%sENV\n%sEND\n", keys, env);
+        if (!strstr(doc, keys))
+                fail_msg("docs/configuration.md lacks the key table; regenerate it:\n%s", keys);
+        if (!strstr(doc, env))
+                fail_msg("docs/configuration.md lacks the environment table; regenerate it:\n%s", env);
+        assert_non_null(strstr(env, "| `PSFLEET_DEVICE` | `device.device` |"));
+        assert_non_null(strstr(env, "| `PSFLEET_TEST_FAKE_NO_GPU` |"));
+        free(keys);
+        free(env);
+        free(doc);
+        free(path);
 }
 
 int main(void) {
@@ -725,6 +833,8 @@ int main(void) {
                 cmocka_unit_test(test_canonical),
                 cmocka_unit_test(test_instance),
                 cmocka_unit_test(test_print_keys),
+                cmocka_unit_test(test_env_overrides),
+                cmocka_unit_test(test_docs_current),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,5 +1,5 @@
 /* device: option parsing and environment overrides, soft placement with "no GPU" faked
- * (PSFLEET_FAKE_NO_GPU=1), the error for an explicit GPU that cannot be had, device_model_new and the
+ * (PSFLEET_TEST_FAKE_NO_GPU=1), the error for an explicit GPU that cannot be had, device_model_new and the
  * placement description on the CPU. Built twice when CUDA is found: here without the CUDA backend
  * (the "no CUDA compiled in" path), and as gpu.test_device_cuda with it (the real probe, which on a
  * machine without a GPU or driver must fall back just the same). */
@@ -22,7 +22,7 @@
 
 static const char *const vars[] = { "PSFLEET_DEVICE", "PSFLEET_GPU_MEMORY_FRACTION", "PSFLEET_ALLOW_GROWTH",
                                     "PSFLEET_LOG_DEVICE_PLACEMENT", "PSFLEET_ALLOW_SOFT_PLACEMENT",
-                                    "PSFLEET_FAKE_NO_GPU" };
+                                    "PSFLEET_TEST_FAKE_NO_GPU" };
 
 static int clean_env(void **state)
 {
@@ -51,14 +51,14 @@ static void test_cpu(void **state)
 
 static void test_auto_falls_back(void **state)
 {
-        setenv("PSFLEET_FAKE_NO_GPU", "1", 1);
+        setenv("PSFLEET_TEST_FAKE_NO_GPU", "1", 1);
         struct device_config d = dc("auto");
         struct backend *be = NULL;
         char msg[512] = "";
         assert_int_equal(device_backend_new(&d, 2, &be, msg, sizeof(msg)), DEVICE_FELL_BACK);
         assert_non_null(be);
         assert_string_equal(backend_name(be), "cpu");
-        assert_non_null(strstr(msg, "device auto: no usable GPU (PSFLEET_FAKE_NO_GPU is set)"));
+        assert_non_null(strstr(msg, "device auto: no usable GPU (PSFLEET_TEST_FAKE_NO_GPU is set)"));
         assert_non_null(strstr(msg, "running on the CPU with 2 BLAS threads"));
         backend_free(be);
 }
@@ -83,7 +83,7 @@ static void test_auto_real(void **state)
 
 static void test_explicit_gpu_fails(void **state)
 {
-        setenv("PSFLEET_FAKE_NO_GPU", "1", 1);
+        setenv("PSFLEET_TEST_FAKE_NO_GPU", "1", 1);
         const char *devs[] = { "gpu:0", "gpu:1,0" };
         for (size_t i = 0; i < 2; i++) {
                 struct device_config d = dc(devs[i]);
@@ -94,14 +94,14 @@ static void test_explicit_gpu_fails(void **state)
                 char want[64];
                 snprintf(want, sizeof(want), "device \"%s\":", devs[i]);
                 assert_non_null(strstr(msg, want));
-                assert_non_null(strstr(msg, "no GPU is visible (PSFLEET_FAKE_NO_GPU is set)"));
+                assert_non_null(strstr(msg, "no GPU is visible (PSFLEET_TEST_FAKE_NO_GPU is set)"));
                 assert_non_null(strstr(msg, "PSFLEET_ALLOW_SOFT_PLACEMENT=1"));
         }
 }
 
 static void test_explicit_gpu_soft(void **state)
 {
-        setenv("PSFLEET_FAKE_NO_GPU", "1", 1);
+        setenv("PSFLEET_TEST_FAKE_NO_GPU", "1", 1);
         setenv("PSFLEET_ALLOW_SOFT_PLACEMENT", "true", 1);
         struct device_config d = dc("gpu:0");
         struct backend *be = NULL;
@@ -167,7 +167,7 @@ static void test_bad_values(void **state)
                 { "PSFLEET_GPU_MEMORY_FRACTION", "0.5x", "PSFLEET_GPU_MEMORY_FRACTION: \"0.5x\"" },
                 { "PSFLEET_ALLOW_GROWTH", "maybe", "PSFLEET_ALLOW_GROWTH: \"maybe\" is not 0, 1, true or false" },
                 { "PSFLEET_LOG_DEVICE_PLACEMENT", "2", "PSFLEET_LOG_DEVICE_PLACEMENT: \"2\"" },
-                { "PSFLEET_FAKE_NO_GPU", "y", "PSFLEET_FAKE_NO_GPU: \"y\"" },
+                { "PSFLEET_TEST_FAKE_NO_GPU", "y", "PSFLEET_TEST_FAKE_NO_GPU: \"y\"" },
         };
         struct device_config d = dc("auto");
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

@@ -66,6 +66,7 @@ struct ps_config {
 struct rpc_config {
         uint64_t deadline_ms;   /* per call */
         bool shared_memory;     /* workerd: pushes to a psd on this host through shared memory */
+        uint64_t initial_reconnect_backoff_ms, max_reconnect_backoff_ms; /* gRPC channels */
 };
 
 struct device_config {
@@ -73,6 +74,8 @@ struct device_config {
         double gpu_memory_fraction;
         bool allow_growth;
         bool log_device_placement;
+        bool allow_soft_placement;  /* an explicit gpu that cannot be had: the CPU instead of failing */
+        bool cuda_tf32;             /* cuBLAS and cuDNN may use TF32 */
 };
 
 struct job_config {
@@ -157,3 +160,30 @@ bool config_job_name_valid(const char *s);
 /* Prints every key with its type, default, allowed values and meaning: a plain list for --help, or a
  * Markdown table (docs/configuration.md is generated from it). */
 void config_print_keys(FILE *f, bool markdown);
+
+/* ---- environment ----
+ * A key with an environment override (PSFLEET_DEVICE for device.device, ...: config_print_env lists
+ * them) takes the variable's value, when it is set and not empty, for this node only. The value is
+ * parsed as the key's type with the key's bounds: booleans 0|1|true|false|yes|no|on|off, numbers
+ * whole, strings through the key's own check. */
+
+/* Applies the overrides of the keys of `section` ("device", "rpc"; NULL: every section) to c. Returns
+ * 0, or -EINVAL with "VARIABLE: \"value\" is not ..." in err (c may then hold the overrides before the
+ * bad one), or -ENOMEM. */
+int config_apply_env(struct job_config *c, const char *section, char *err, size_t errlen);
+
+/* Sets the keys of `section` to their defaults (strings are then malloc'd: config_free frees them, or
+ * free them yourself on a job_config of your own). Returns 0 or -ENOMEM. */
+int config_section_defaults(struct job_config *c, const char *section);
+
+/* The environment settings that are no job key (PSFLEET_CONFIG_DIR, PSFLEET_BIN_DIR,
+ * PSFLEET_CUDA_PLUGIN, test hooks PSFLEET_TEST_*): name must be one of the table's (asserted), so that
+ * each is documented. config_env_value returns the value (possibly ""), or NULL when unset;
+ * config_env_bool stores false when unset or empty, and returns 0 or -EINVAL with
+ * "NAME: \"value\" is not 0, 1, true or false" in err. */
+const char *config_env_value(const char *name);
+int config_env_bool(const char *name, bool *ret, char *err, size_t errlen);
+
+/* Prints the environment overrides and settings (variable, key or meaning, type, default) as a
+ * Markdown table, or a plain list. */
+void config_print_env(FILE *f, bool markdown);

@@ -1,6 +1,7 @@
 /* The CPU backend: OpenBLAS sgemm for every matrix product, plain C loops for the rest. It is the
  * reference implementation other backends are tested against, so it favours obvious code. */
 #include "backend.h"
+#include "argmax.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -16,6 +17,48 @@
  * in-place calls are well defined and GCC's -O2 (very-cheap vectorizer cost model) emits branch-free
  * SIMD; a plain `x > 0 ? x : 0` loop compiles to a branch that mispredicts half the time. */
 #define BLK 8
+
+/* The element-wise ops: the activations of y, their gradients from their outputs y and the incoming
+ * dy, and a sum (col2im's accumulation). */
+enum ew { EW_RELU, EW_TANH, EW_SIGMOID, EW_RELU_GRAD, EW_TANH_GRAD, EW_SIGMOID_GRAD, EW_ADD };
+
+static inline __attribute__((always_inline)) float ew_one(enum ew op, float y, float dy)
+{
+        switch (op) {
+        case EW_RELU:
+                return y > 0.0f ? y : 0.0f;
+        case EW_TANH:
+                return tanhf(y);
+        case EW_SIGMOID:
+                return 1.0f / (1.0f + expf(-y));
+        case EW_RELU_GRAD:
+                return y > 0.0f ? dy : 0.0f; /* dy loaded unconditionally, so the select is branch-free */
+        case EW_TANH_GRAD:
+                return dy * (1.0f - y * y);
+        case EW_SIGMOID_GRAD:
+                return dy * y * (1.0f - y);
+        case EW_ADD:
+                return y + dy;
+        }
+        return 0.0f;
+}
+
+/* out = op(y, dy), a block at a time through a temporary so that GCC vectorises the selects. Always
+ * inlined: op is a constant at each call, so each op gets its own loop, as if written out. */
+static inline __attribute__((always_inline)) void ew_apply(enum ew op, const float *y, const float *dy, float *out,
+                                                           size_t n)
+{
+        size_t i = 0;
+        for (; i + BLK <= n; i += BLK) {
+                float t[BLK];
+                for (int j = 0; j < BLK; j++)
+                        t[j] = ew_one(op, y[i + j], dy[i + j]);
+                for (int j = 0; j < BLK; j++)
+                        out[i + j] = t[j];
+        }
+        for (; i < n; i++)
+                out[i] = ew_one(op, y[i], dy[i]);
+}
 
 static void cpu_gemm_k(bool ta, bool tb, uint32_t M, uint32_t N, uint32_t K, float alpha, const float *A,
                        uint32_t lda, const float *B, uint32_t ldb, float beta, float *C, uint32_t ldc)
@@ -85,14 +128,8 @@ static void softmax_xent_bwd_k(const float *probs, const uint8_t *labels, uint32
 static uint32_t correct_count_k(const float *scores, const uint8_t *labels, uint32_t B, uint32_t C)
 {
         uint32_t correct = 0;
-        for (uint32_t b = 0; b < B; b++) {
-                const float *s = scores + (size_t)b * C;
-                uint32_t best = 0;
-                for (uint32_t c = 1; c < C; c++)
-                        if (s[c] > s[best])
-                                best = c;
-                correct += best == labels[b];
-        }
+        for (uint32_t b = 0; b < B; b++)
+                correct += row_argmax(scores + (size_t)b * C, C) == labels[b];
         return correct;
 }
 
@@ -154,39 +191,27 @@ static void shift_plan(uint32_t H, uint32_t W, int dy, int d, struct shift *s)
         valid_cols(d, W, &s->x0, &s->x1);
 }
 
-/* One example into its column block of col (row stride ld floats). */
-static void im2col_k(const float *img /* (C, H, W) */, uint32_t C, uint32_t H, uint32_t W, uint32_t k,
-                     float *col, size_t ld)
+/* Zeroes, in rows [y0, y1) of an (H, W) plane, the columns outside [x0, x1): where a shift by a
+ * kernel offset reads padding. */
+static inline void zero_margins(float *plane, uint32_t W, const struct shift *s)
 {
-        int pad = (int)(k - 1) / 2;
-        size_t HW = (size_t)H * W;
-        for (uint32_t ky = 0; ky < k; ky++)
-                for (uint32_t kx = 0; kx < k; kx++) {
-                        struct shift s;
-                        shift_plan(H, W, (int)ky - pad, (int)kx - pad, &s);
-                        for (uint32_t c = 0; c < C; c++) {
-                                float *out = col + ((size_t)(c * k + ky) * k + kx) * ld;
-                                const float *in = img + (size_t)c * HW;
-                                memset(out, 0, sizeof(float) * s.lo);
-                                memcpy(out + s.lo, in + (long)s.lo + s.off, sizeof(float) * (s.hi - s.lo));
-                                memset(out + s.hi, 0, sizeof(float) * (HW - s.hi));
-                                if (s.x0 == 0 && s.x1 == W)
-                                        continue;
-                                for (uint32_t y = s.y0; y < s.y1; y++) {
-                                        float *r = out + (size_t)y * W;
-                                        for (uint32_t x = 0; x < s.x0; x++)
-                                                r[x] = 0.0f;
-                                        for (uint32_t x = s.x1; x < W; x++)
-                                                r[x] = 0.0f;
-                                }
-                        }
-                }
+        if (s->x0 == 0 && s->x1 == W)
+                return;
+        for (uint32_t y = s->y0; y < s->y1; y++) {
+                float *r = plane + (size_t)y * W;
+                for (uint32_t x = 0; x < s->x0; x++)
+                        r[x] = 0.0f;
+                for (uint32_t x = s->x1; x < W; x++)
+                        r[x] = 0.0f;
+        }
 }
 
-/* The adjoint of im2col for one example: img += scatter(its column block of col). The entries of col
- * that im2col would have zeroed (padding) are zeroed first, so that one flat add per row is exact. */
-static void col2im_add_k(float *col, size_t ld, uint32_t C, uint32_t H, uint32_t W, uint32_t k,
-                         float *img /* (C, H, W) */)
+/* One example's kernel offsets, both ways: to_col, im2col (img's shifted planes into its column block
+ * of col, row stride ld floats, padding zeroed); else its adjoint, img += scatter(the column block),
+ * zeroing first the entries of col that im2col would have zeroed, so that one flat add per row is
+ * exact. Always inlined: each direction gets its own loop. */
+static inline __attribute__((always_inline)) void shifts_k(bool to_col, float *img /* (C, H, W) */, uint32_t C,
+                                                           uint32_t H, uint32_t W, uint32_t k, float *col, size_t ld)
 {
         int pad = (int)(k - 1) / 2;
         size_t HW = (size_t)H * W;
@@ -196,29 +221,32 @@ static void col2im_add_k(float *col, size_t ld, uint32_t C, uint32_t H, uint32_t
                         shift_plan(H, W, (int)ky - pad, (int)kx - pad, &s);
                         for (uint32_t c = 0; c < C; c++) {
                                 float *row = col + ((size_t)(c * k + ky) * k + kx) * ld;
-                                if (s.x0 != 0 || s.x1 != W)
-                                        for (uint32_t y = s.y0; y < s.y1; y++) {
-                                                float *r = row + (size_t)y * W;
-                                                for (uint32_t x = 0; x < s.x0; x++)
-                                                        r[x] = 0.0f;
-                                                for (uint32_t x = s.x1; x < W; x++)
-                                                        r[x] = 0.0f;
-                                        }
-                                /* img[c][i + off] += row[i] for i in [lo, hi); lo + off >= 0 */
-                                float *out = img + (size_t)c * HW + (size_t)((long)s.lo + s.off);
-                                const float *in = row + s.lo;
-                                size_t n = s.hi - s.lo, i = 0;
-                                for (; i + BLK <= n; i += BLK) {
-                                        float t[BLK];
-                                        for (int j = 0; j < BLK; j++)
-                                                t[j] = out[i + j] + in[i + j];
-                                        for (int j = 0; j < BLK; j++)
-                                                out[i + j] = t[j];
+                                float *plane = img + (size_t)c * HW;
+                                if (to_col) {
+                                        memset(row, 0, sizeof(float) * s.lo);
+                                        memcpy(row + s.lo, plane + (long)s.lo + s.off, sizeof(float) * (s.hi - s.lo));
+                                        memset(row + s.hi, 0, sizeof(float) * (HW - s.hi));
+                                        zero_margins(row, W, &s);
+                                } else {
+                                        zero_margins(row, W, &s);
+                                        /* plane[i + off] += row[i] for i in [lo, hi); lo + off >= 0 */
+                                        float *out = plane + (size_t)((long)s.lo + s.off);
+                                        ew_apply(EW_ADD, out, row + s.lo, out, s.hi - s.lo);
                                 }
-                                for (; i < n; i++)
-                                        out[i] += in[i];
                         }
                 }
+}
+
+static void im2col_k(const float *img /* (C, H, W) */, uint32_t C, uint32_t H, uint32_t W, uint32_t k,
+                     float *col, size_t ld)
+{
+        shifts_k(true, (float *)img /* only read */, C, H, W, k, col, ld);
+}
+
+static void col2im_add_k(float *col, size_t ld, uint32_t C, uint32_t H, uint32_t W, uint32_t k,
+                         float *img /* (C, H, W) */)
+{
+        shifts_k(false, img, C, H, W, k, col, ld);
 }
 
 /* G: examples per chunk; col holds C*k*k*G*H*W floats, tmp (unused when G == 1) F*G*H*W. */
@@ -376,14 +404,9 @@ static void maxpool2d_bwd_k(const float *x, const float *dy, float *dx, uint32_t
                                 }
                         } else {
                                 for (uint32_t ox = 0; ox < OW; ox++) {
-                                        size_t best = (size_t)(oy * p) * W + ox * p;
+                                        size_t best = window_argmax(xi, W, p, oy, ox);
                                         for (uint32_t wy = 0; wy < p; wy++)
-                                                for (uint32_t wx = 0; wx < p; wx++) {
-                                                        size_t i = (size_t)(oy * p + wy) * W + ox * p + wx;
-                                                        if (xi[i] > xi[best])
-                                                                best = i;
-                                                        dxi[i] = 0.0f;
-                                                }
+                                                memset(dxi + (size_t)(oy * p + wy) * W + ox * p, 0, sizeof(float) * p);
                                         dxi[best] = g[ox];
                                 }
                         }
@@ -492,93 +515,25 @@ static int cpu_bias_grad(struct backend *be, const void *dy, void *db, uint32_t 
 }
 
 
-static int cpu_relu_fwd(struct backend *be, const void *xv, void *yv, size_t n)
-{
-        const float *x = xv;
-        float *y = yv;
-        size_t i = 0;
-        for (; i + BLK <= n; i += BLK) {
-                float t[BLK];
-                for (int j = 0; j < BLK; j++)
-                        t[j] = x[i + j] > 0.0f ? x[i + j] : 0.0f;
-                for (int j = 0; j < BLK; j++)
-                        y[i + j] = t[j];
+/* The activations and their gradients, each one ew_apply (their names are what the ops table uses). */
+#define EW_FWD(fn, op)                                                                   \
+        static int fn(struct backend *be, const void *x, void *y, size_t n)              \
+        {                                                                                \
+                ew_apply(op, x, x, y, n);                                                \
+                return 0;                                                                \
         }
-        for (; i < n; i++)
-                y[i] = x[i] > 0.0f ? x[i] : 0.0f;
-        return 0;
-}
-
-static int cpu_relu_bwd(struct backend *be, const void *yv, const void *dyv, void *dxv, size_t n)
-{
-        const float *y = yv, *dy = dyv;
-        float *dx = dxv;
-        size_t i = 0;
-        for (; i + BLK <= n; i += BLK) {
-                float t[BLK];
-                for (int j = 0; j < BLK; j++) {
-                        float d = dy[i + j]; /* loaded unconditionally, so the select is branch-free */
-                        t[j] = y[i + j] > 0.0f ? d : 0.0f;
-                }
-                for (int j = 0; j < BLK; j++)
-                        dx[i + j] = t[j];
+#define EW_BWD(fn, op)                                                                   \
+        static int fn(struct backend *be, const void *y, const void *dy, void *dx, size_t n) \
+        {                                                                                \
+                ew_apply(op, y, dy, dx, n);                                              \
+                return 0;                                                                \
         }
-        for (; i < n; i++)
-                dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-        return 0;
-}
-
-static int cpu_tanh_fwd(struct backend *be, const void *xv, void *yv, size_t n)
-{
-        const float *x = xv;
-        float *y = yv;
-        for (size_t i = 0; i < n; i++)
-                y[i] = tanhf(x[i]);
-        return 0;
-}
-
-static int cpu_tanh_bwd(struct backend *be, const void *yv, const void *dyv, void *dxv, size_t n)
-{
-        const float *y = yv, *dy = dyv;
-        float *dx = dxv;
-        size_t i = 0;
-        for (; i + BLK <= n; i += BLK) {
-                float t[BLK];
-                for (int j = 0; j < BLK; j++)
-                        t[j] = dy[i + j] * (1.0f - y[i + j] * y[i + j]);
-                for (int j = 0; j < BLK; j++)
-                        dx[i + j] = t[j];
-        }
-        for (; i < n; i++)
-                dx[i] = dy[i] * (1.0f - y[i] * y[i]);
-        return 0;
-}
-
-static int cpu_sigmoid_fwd(struct backend *be, const void *xv, void *yv, size_t n)
-{
-        const float *x = xv;
-        float *y = yv;
-        for (size_t i = 0; i < n; i++)
-                y[i] = 1.0f / (1.0f + expf(-x[i]));
-        return 0;
-}
-
-static int cpu_sigmoid_bwd(struct backend *be, const void *yv, const void *dyv, void *dxv, size_t n)
-{
-        const float *y = yv, *dy = dyv;
-        float *dx = dxv;
-        size_t i = 0;
-        for (; i + BLK <= n; i += BLK) {
-                float t[BLK];
-                for (int j = 0; j < BLK; j++)
-                        t[j] = dy[i + j] * y[i + j] * (1.0f - y[i + j]);
-                for (int j = 0; j < BLK; j++)
-                        dx[i + j] = t[j];
-        }
-        for (; i < n; i++)
-                dx[i] = dy[i] * y[i] * (1.0f - y[i]);
-        return 0;
-}
+EW_FWD(cpu_relu_fwd, EW_RELU)
+EW_BWD(cpu_relu_bwd, EW_RELU_GRAD)
+EW_FWD(cpu_tanh_fwd, EW_TANH)
+EW_BWD(cpu_tanh_bwd, EW_TANH_GRAD)
+EW_FWD(cpu_sigmoid_fwd, EW_SIGMOID)
+EW_BWD(cpu_sigmoid_bwd, EW_SIGMOID_GRAD)
 
 static int cpu_softmax_xent_fwd(struct backend *be, const void *logits, const void *labels, uint32_t B,
                                 uint32_t C, void *probs, float *loss_ret)

@@ -16,9 +16,19 @@
 
 #include "util.h"
 
-/* The CUDA backend is a plugin, libpsfleet-cuda.so, opened at run time: the same workerd runs on a
- * node without CUDA's libraries (on the CPU), and packages need no CUDA dependency. Looked for at
- * $PSFLEET_CUDA_PLUGIN (a path; empty: never), the build tree, <exe>/../lib/psfleet/, then by name. */
+/* The CUDA backend is a plugin, opened at run time: the same workerd runs on a node without CUDA's
+ * libraries (on the CPU), and packages need no CUDA dependency. Its file name and its directory
+ * relative to the program's come from CMake (services/workerd/backend/CMakeLists.txt), which names the
+ * library it builds and installs: the one place the name is written. Looked for at
+ * $PSFLEET_CUDA_PLUGIN (a path; empty: never), <exe>/PSFLEET_CUDA_PLUGIN_RELDIR/ (installed), the
+ * build tree, then by name through the loader's path. */
+#ifndef PSFLEET_CUDA_PLUGIN_FILE
+#error "PSFLEET_CUDA_PLUGIN_FILE (the plugin's file name) comes from CMake"
+#endif
+#ifndef PSFLEET_CUDA_PLUGIN_RELDIR
+#error "PSFLEET_CUDA_PLUGIN_RELDIR (the plugin's directory relative to the program's) comes from CMake"
+#endif
+
 static struct {
         pthread_once_t once;
         int (*probe)(struct device_gpu_info *, uint32_t, char *, size_t);
@@ -26,6 +36,7 @@ static struct {
         int (*mem_stats)(const struct backend *, struct device_mem_stats *);
         const char *(*device_name)(const struct backend *);
         char why[600];
+        char path[PATH_MAX + 64];       /* the plugin that was loaded */
 } plugin = {.once = PTHREAD_ONCE_INIT};
 
 static void *cuda_try(const char *path)
@@ -34,15 +45,16 @@ static void *cuda_try(const char *path)
         if (!h) {
                 const char *e = dlerror();
                 snprintf(plugin.why, sizeof(plugin.why), "%.500s", e ? e : path);
-        }
+        } else
+                snprintf(plugin.path, sizeof(plugin.path), "%s", path);
         return h;
 }
 
 static void cuda_load(void)
 {
         void *h = NULL;
-        const char *env = getenv("PSFLEET_CUDA_PLUGIN");
-        snprintf(plugin.why, sizeof(plugin.why), "no libpsfleet-plugin.so found");
+        const char *env = config_env_value("PSFLEET_CUDA_PLUGIN");
+        snprintf(plugin.why, sizeof(plugin.why), "no %s found", PSFLEET_CUDA_PLUGIN_FILE);
         if (env) {
                 if (!*env) {
                         snprintf(plugin.why, sizeof(plugin.why), "PSFLEET_CUDA_PLUGIN is empty");
@@ -50,25 +62,28 @@ static void cuda_load(void)
                 }
                 h = cuda_try(env);
         } else {
-#ifdef PSFLEET_CUDA_PLUGIN_BUILD
-                if (access(PSFLEET_CUDA_PLUGIN_BUILD, R_OK) == 0)
-                        h = cuda_try(PSFLEET_CUDA_PLUGIN_BUILD);
-#endif
+                /* Installed next to the program first: an installed workerd must load the installed
+                 * plugin even where the build tree it came from still exists. */
                 char exe[PATH_MAX];
                 ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-                if (!h && n > 0) {
+                if (n > 0) {
                         exe[n] = 0;
                         char *slash = strrchr(exe, '/');
                         if (slash) {
                                 *slash = 0;
-                                char path[PATH_MAX + 64];
-                                snprintf(path, sizeof(path), "%s/../lib/psfleet/libpsfleet-plugin.so", exe);
-                                if (access(path, R_OK) == 0)
-                                        h = cuda_try(path);
+                                char path[PATH_MAX + 64], real[PATH_MAX];
+                                snprintf(path, sizeof(path), "%s/%s/%s", exe, PSFLEET_CUDA_PLUGIN_RELDIR,
+                                         PSFLEET_CUDA_PLUGIN_FILE);
+                                if (realpath(path, real) && access(real, R_OK) == 0)
+                                        h = cuda_try(real);
                         }
                 }
+#ifdef PSFLEET_CUDA_PLUGIN_BUILD
+                if (!h && access(PSFLEET_CUDA_PLUGIN_BUILD, R_OK) == 0)
+                        h = cuda_try(PSFLEET_CUDA_PLUGIN_BUILD);
+#endif
                 if (!h)
-                        h = cuda_try("libpsfleet-plugin.so");
+                        h = cuda_try(PSFLEET_CUDA_PLUGIN_FILE);
         }
         if (!h)
                 return;
@@ -92,113 +107,45 @@ static void cuda_load(void)
 
 /* ---- options ---- */
 
-static int parse_bool(const char *s, bool *ret)
-{
-        static const char *const yes[] = { "1", "true", "yes", "on" }, *const no[] = { "0", "false", "no", "off" };
-        for (size_t i = 0; i < ELEMENTSOF(yes); i++) {
-                if (strcasecmp(s, yes[i]) == 0) {
-                        *ret = true;
-                        return 0;
-                }
-                if (strcasecmp(s, no[i]) == 0) {
-                        *ret = false;
-                        return 0;
-                }
-        }
-        return -EINVAL;
-}
-
-/* "auto" | "cpu" | "gpu:N[,M...]" (ordinals 0..255, no repeats, at most DEVICE_MAX_GPUS). */
-static int parse_device(const char *s, struct device_request *req)
-{
-        if (strcmp(s, "auto") == 0) {
-                req->kind = DEVICE_AUTO;
-                return 0;
-        }
-        if (strcmp(s, "cpu") == 0) {
-                req->kind = DEVICE_CPU;
-                return 0;
-        }
-        if (strncmp(s, "gpu:", 4) != 0)
-                return -EINVAL;
-        req->kind = DEVICE_GPU;
-        req->n_gpus = 0;
-        for (const char *p = s + 4;;) {
-                char num[8];
-                size_t len = strcspn(p, ",");
-                uint64_t id;
-                if (len == 0 || len >= sizeof(num) || req->n_gpus == DEVICE_MAX_GPUS)
-                        return -EINVAL;
-                memcpy(num, p, len);
-                num[len] = 0;
-                if (parse_u64(num, 0, 255, &id) < 0)
-                        return -EINVAL;
-                for (uint32_t i = 0; i < req->n_gpus; i++)
-                        if (req->gpus[i] == (int)id)
-                                return -EINVAL;
-                req->gpus[req->n_gpus++] = (int)id;
-                if (p[len] == 0)
-                        return 0;
-                p += len + 1;
-        }
-}
-
-static const char *env(const char *name)
-{
-        const char *v = getenv(name);
-        return v && *v ? v : NULL;
-}
-
 int device_request_resolve(const struct device_config *dc, struct device_request *ret, char *msg, size_t msglen)
 {
-        struct device_request req = {
-                .gpu_memory_fraction = dc->gpu_memory_fraction,
-                .allow_growth = dc->allow_growth,
-                .log_device_placement = dc->log_device_placement,
-        };
-        const char *dev = dc->device ? dc->device : "auto", *origin = "device.device", *v;
-        if ((v = env("PSFLEET_DEVICE"))) {
-                dev = v;
-                origin = "PSFLEET_DEVICE";
+        /* The overrides go through the key table (config_apply_env): the same types and bounds. */
+        struct job_config tmp = { .device = *dc };
+        char why[160];
+        int r;
+        tmp.device.device = strdup(dc->device ? dc->device : "auto");
+        if (!tmp.device.device) {
+                snprintf(msg, msglen, "out of memory");
+                return -ENOMEM;
         }
-        if (parse_device(dev, &req) < 0) {
-                snprintf(msg, msglen, "%s: \"%s\" is not auto, cpu, gpu:N or gpu:N,M,... (at most %d GPUs, each once)",
-                         origin, dev, DEVICE_MAX_GPUS);
-                return -EINVAL;
+        r = config_apply_env(&tmp, "device", msg, msglen);
+        struct device_spec spec;
+        if (r == 0 && device_spec_parse(tmp.device.device, &spec, why, sizeof(why)) < 0) {
+                snprintf(msg, msglen, "device.device: \"%.100s\" %s", tmp.device.device, why);
+                r = -EINVAL;
         }
-        if ((v = env("PSFLEET_GPU_MEMORY_FRACTION"))) {
-                char *end;
-                errno = 0;
-                double f = strtod(v, &end);
-                if (errno || *end || !(f > 0.0 && f <= 1.0)) {
-                        snprintf(msg, msglen, "PSFLEET_GPU_MEMORY_FRACTION: \"%s\" is not a number in (0, 1]", v);
-                        return -EINVAL;
-                }
-                req.gpu_memory_fraction = f;
+        if (r == 0 && !(tmp.device.gpu_memory_fraction > 0.0 && tmp.device.gpu_memory_fraction <= 1.0)) {
+                snprintf(msg, msglen, "device.gpu_memory_fraction: %g is not in (0, 1]", tmp.device.gpu_memory_fraction);
+                r = -EINVAL;
         }
-        static const struct {
-                const char *name;
-                size_t off;
-        } flags[] = {
-                { "PSFLEET_ALLOW_GROWTH", offsetof(struct device_request, allow_growth) },
-                { "PSFLEET_LOG_DEVICE_PLACEMENT", offsetof(struct device_request, log_device_placement) },
-                { "PSFLEET_ALLOW_SOFT_PLACEMENT", offsetof(struct device_request, allow_soft_placement) },
-                { "PSFLEET_FAKE_NO_GPU", offsetof(struct device_request, fake_no_gpu) },
-        };
-        for (size_t i = 0; i < ELEMENTSOF(flags); i++) {
-                if (!(v = env(flags[i].name)))
-                        continue;
-                if (parse_bool(v, (bool *)((char *)&req + flags[i].off)) < 0) {
-                        snprintf(msg, msglen, "%s: \"%s\" is not 0, 1, true or false", flags[i].name, v);
-                        return -EINVAL;
-                }
+        bool fake = false;
+        if (r == 0)
+                r = config_env_bool("PSFLEET_TEST_FAKE_NO_GPU", &fake, msg, msglen);
+        if (r == 0) {
+                *ret = (struct device_request){
+                        .kind = spec.kind,
+                        .n_gpus = spec.n_gpus,
+                        .gpu_memory_fraction = tmp.device.gpu_memory_fraction,
+                        .allow_growth = tmp.device.allow_growth,
+                        .log_device_placement = tmp.device.log_device_placement,
+                        .allow_soft_placement = tmp.device.allow_soft_placement,
+                        .cuda_tf32 = tmp.device.cuda_tf32,
+                        .fake_no_gpu = fake,
+                };
+                memcpy(ret->gpus, spec.gpus, sizeof(spec.gpus));
         }
-        if (!(req.gpu_memory_fraction > 0.0 && req.gpu_memory_fraction <= 1.0)) {
-                snprintf(msg, msglen, "device.gpu_memory_fraction: %g is not in (0, 1]", req.gpu_memory_fraction);
-                return -EINVAL;
-        }
-        *ret = req;
-        return 0;
+        free(tmp.device.device);
+        return r;
 }
 
 bool device_log_placement(const struct device_config *dc)
@@ -224,7 +171,7 @@ static double mib(size_t b)
 static int find_gpus(const struct device_request *req, struct device_gpu_info *infos, char *why, size_t whylen)
 {
         if (req->fake_no_gpu) {
-                snprintf(why, whylen, "PSFLEET_FAKE_NO_GPU is set");
+                snprintf(why, whylen, "PSFLEET_TEST_FAKE_NO_GPU is set");
                 return 0;
         }
         if (!CUDA_FN(probe)) {
@@ -234,15 +181,17 @@ static int find_gpus(const struct device_request *req, struct device_gpu_info *i
         char m[256] = "";
         int n = CUDA_FN(probe)(infos, DEVICE_MAX_GPUS, m, sizeof(m));
         const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        /* The plugin's path, so that a node's log says which one loaded and found nothing. */
         if (n < 0) {
-                snprintf(why, whylen, "%s", m[0] ? m : strerror(-n));
+                snprintf(why, whylen, "%s; CUDA plugin %.200s", m[0] ? m : strerror(-n), plugin.path);
                 return 0;
         }
         if (n == 0) {
                 if (cvd)
-                        snprintf(why, whylen, "no CUDA device is visible (CUDA_VISIBLE_DEVICES=\"%s\")", cvd);
+                        snprintf(why, whylen, "no CUDA device is visible (CUDA_VISIBLE_DEVICES=\"%s\"); CUDA plugin %.200s", cvd,
+                                 plugin.path);
                 else
-                        snprintf(why, whylen, "no CUDA device is visible");
+                        snprintf(why, whylen, "no CUDA device is visible; CUDA plugin %.200s", plugin.path);
         }
         return n < DEVICE_MAX_GPUS ? n : DEVICE_MAX_GPUS;
 }
@@ -281,6 +230,7 @@ static int select_backends(const struct device_config *dc, unsigned cpu_threads,
         struct device_opts o = {
                 .gpu_memory_fraction = req.gpu_memory_fraction,
                 .allow_growth = req.allow_growth,
+                .tf32 = req.cuda_tf32,
         };
         if (req.kind == DEVICE_AUTO) {
                 /* The visible GPUs that our PTX can run on, in order. */
@@ -321,7 +271,7 @@ static int select_backends(const struct device_config *dc, unsigned cpu_threads,
                         snprintf(w, sizeof(w), "device \"%s\": %s", req_s, why);
                         if (req.allow_soft_placement)
                                 return cpu_backend(cpu_threads, ret, w, msg, msglen);
-                        snprintf(msg, msglen, "%s (set PSFLEET_ALLOW_SOFT_PLACEMENT=1 or device \"auto\" to fall back to the CPU)", w);
+                        snprintf(msg, msglen, "%s (set device.allow_soft_placement or PSFLEET_ALLOW_SOFT_PLACEMENT=1, or device \"auto\", to fall back to the CPU)", w);
                         return -ENODEV;
                 }
         }

@@ -5,14 +5,16 @@
  * here and resolve to NULL when psfleet_cuda is not linked into the program ("no CUDA compiled in").
  *
  * Environment overrides, read by every function below that takes a device_config (each one, when
- * set and not empty, replaces the job file's value for this node only):
- *   PSFLEET_DEVICE                 auto | cpu | gpu:N | gpu:N,M,...
- *   PSFLEET_GPU_MEMORY_FRACTION    (0, 1]
- *   PSFLEET_ALLOW_GROWTH           0|1|true|false
- *   PSFLEET_LOG_DEVICE_PLACEMENT   0|1|true|false
- *   PSFLEET_ALLOW_SOFT_PLACEMENT   0|1|true|false (default 0): an explicit gpu request that cannot be
+ * set and not empty, replaces the job file's value for this node only; parsed through the config key
+ * table, with the key's bounds: docs/configuration.md lists them):
+ *   PSFLEET_DEVICE                 device.device: auto | cpu | gpu:N | gpu:N,M,...
+ *   PSFLEET_GPU_MEMORY_FRACTION    device.gpu_memory_fraction: (0, 1]
+ *   PSFLEET_ALLOW_GROWTH           device.allow_growth
+ *   PSFLEET_LOG_DEVICE_PLACEMENT   device.log_device_placement
+ *   PSFLEET_ALLOW_SOFT_PLACEMENT   device.allow_soft_placement: an explicit gpu request that cannot be
  *                                  met falls back to the CPU instead of failing
- *   PSFLEET_FAKE_NO_GPU            1: behave as if no GPU were visible (tests)
+ *   PSFLEET_CUDA_TF32              device.cuda_tf32
+ *   PSFLEET_TEST_FAKE_NO_GPU       test hook: behave as if no GPU were visible
  * CUDA_VISIBLE_DEVICES is honoured by CUDA itself: "gpu:N" counts among the visible GPUs.
  *
  * Not thread-safe (reads the environment); call from main() or the thread that builds the model. */
@@ -23,13 +25,12 @@
 
 #include "backend.h"
 #include "config.h"
+#include "device_spec.h"
 #include "model.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define DEVICE_MAX_GPUS 16
 
 /* device_backend_new's positive return: an "auto" (or soft-placed gpu) request is running on the CPU
  * because no usable GPU was found; msg says why. Log it once (notice level). */
@@ -37,18 +38,19 @@ extern "C" {
 
 /* The device options after environment overrides, parsed. */
 struct device_request {
-        enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_GPU } kind;
+        enum device_kind kind;           /* parsed by device_spec_parse */
         uint32_t n_gpus;                 /* DEVICE_GPU: the listed ordinals, in order */
         int gpus[DEVICE_MAX_GPUS];
         double gpu_memory_fraction;      /* (0, 1] */
         bool allow_growth;
         bool log_device_placement;
         bool allow_soft_placement;
-        bool fake_no_gpu;
+        bool cuda_tf32;
+        bool fake_no_gpu;                /* PSFLEET_TEST_FAKE_NO_GPU */
 };
 
 /* Applies the environment overrides to dc and parses the result into *ret. Returns 0, or -EINVAL
- * with one line in msg naming the variable (or "device.device") and the bad value. */
+ * with one line in msg naming the variable (or "device.device") and the bad value, or -ENOMEM. */
 int device_request_resolve(const struct device_config *dc, struct device_request *ret, char *msg,
                            size_t msglen);
 
@@ -148,6 +150,7 @@ struct device_opts {
         int gpus[DEVICE_MAX_GPUS];
         double gpu_memory_fraction;      /* cap = fraction * total memory of each GPU */
         bool allow_growth;               /* false: reserve the cap up front (TF's default) */
+        bool tf32;                       /* cuBLAS and cuDNN may use TF32 (device.cuda_tf32) */
 };
 
 struct device_mem_stats {

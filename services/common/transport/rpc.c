@@ -17,6 +17,9 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "config.h"
+#include "log.h"
+#include "util.h"
 #include "wire.h"
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -94,22 +97,37 @@ const char *rpc_status_name(grpc_status_code code) {
         return "UNKNOWN";
 }
 
-/* Channel arguments both ends share, plus PSFLEET_RPC_ARGS="key=int,..." for experiments. */
-#define MAX_ARGS 16
-static size_t tuned_args(grpc_arg *a, size_t n) {
-        static char buf[512];
-        const char *env = getenv("PSFLEET_RPC_ARGS");
-        if (!env)
-                return n;
-        snprintf(buf, sizeof(buf), "%s", env);
-        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok && n < MAX_ARGS; tok = strtok_r(NULL, ",", &save)) {
-                char *eq = strchr(tok, '=');
-                if (!eq)
-                        continue;
-                *eq = 0;
-                a[n++] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = tok, .value.integer = atoi(eq + 1)};
+/* The channels' reconnect backoff: the job's rpc.* keys (rpc_configure), or in a program without a
+ * job (the CLI, tests) their defaults, with the environment overrides either way (config_apply_env). */
+static struct {
+        pthread_mutex_t mu;
+        bool set;
+        struct rpc_config rc;
+} chan_opts = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+void rpc_configure(const struct rpc_config *rc) {
+        pthread_mutex_lock(&chan_opts.mu);
+        chan_opts.rc = *rc;
+        chan_opts.set = true;
+        pthread_mutex_unlock(&chan_opts.mu);
+}
+
+static struct rpc_config channel_options(void) {
+        pthread_mutex_lock(&chan_opts.mu);
+        if (!chan_opts.set) {
+                struct job_config tmp = {0};
+                char err[256];
+                config_section_defaults(&tmp, "rpc");
+                if (config_apply_env(&tmp, "rpc", err, sizeof(err)) < 0) {
+                        log_warning("%s: ignored, the defaults apply", err);
+                        config_section_defaults(&tmp, "rpc");
+                }
+                chan_opts.rc = tmp.rpc;
+                chan_opts.set = true;
         }
-        return n;
+        struct rpc_config rc = chan_opts.rc;
+        pthread_mutex_unlock(&chan_opts.mu);
+        return rc;
 }
 
 static gpr_timespec deadline_in(uint64_t ms) {
@@ -391,13 +409,13 @@ int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_
         }
         memcpy(s->methods, methods, n_methods * sizeof(*methods));
 
-        grpc_arg args[MAX_ARGS] = {
+        grpc_arg args[] = {
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = -1},
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
                 /* A second server on the same port must fail, not share connections with the first. */
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
         };
-        grpc_channel_args cargs = {.num_args = tuned_args(args, 3), .args = args};
+        grpc_channel_args cargs = {.num_args = 3, .args = args};
         s->server = grpc_server_create(&cargs, NULL);
         s->cq = grpc_completion_queue_create_for_next(NULL);
         grpc_server_register_completion_queue(s->server, s->cq, NULL);
@@ -682,18 +700,21 @@ int rpc_channel_new(const char *target, const char *name, struct rpc_channel **r
         c->target = strdup(target);
         c->name = strdup(name ? name : target);
         pthread_mutex_init(&c->mu, NULL);
-        grpc_arg args[MAX_ARGS] = {
+        struct rpc_config rc = channel_options();
+        grpc_arg args[] = {
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = -1},
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ENABLE_RETRIES, .value.integer = 0},
                 /* Each channel its own connection: peers do not share one TCP stream by accident. */
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
-                /* A peer that comes up late (a psd restarted by systemd) is noticed within a second,
-                 * not after gRPC's default backoff of up to two minutes. */
-                {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
-                {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
+                /* A peer that comes up late (a psd restarted by systemd) is noticed within a second by
+                 * default, not after gRPC's default backoff of up to two minutes (rpc.* keys). */
+                {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+                 .value.integer = (int)rc.initial_reconnect_backoff_ms},
+                {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+                 .value.integer = (int)rc.max_reconnect_backoff_ms},
         };
-        grpc_channel_args cargs = {.num_args = tuned_args(args, 6), .args = args};
+        grpc_channel_args cargs = {.num_args = ELEMENTSOF(args), .args = args};
         grpc_channel_credentials *creds = grpc_insecure_credentials_create();
         c->ch = grpc_channel_create(target, creds, &cargs);
         grpc_channel_credentials_release(creds);

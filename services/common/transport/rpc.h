@@ -82,6 +82,12 @@ int rpc_call_finish(struct rpc_call *c, grpc_status_code code, const char *messa
 
 struct rpc_channel;
 
+struct rpc_config;
+/* The job's rpc.* keys (reconnect backoff) for every channel made after this call; a program that
+ * never calls it gets the keys' defaults with their environment overrides (docs/configuration.md).
+ * The daemons call it once the job is loaded (daemon.c). */
+void rpc_configure(const struct rpc_config *rc);
+
 /* A channel to `target` ("host:port"). `name` ("ps:0") appears in error messages. */
 int rpc_channel_new(const char *target, const char *name, struct rpc_channel **ret);
 struct rpc_channel *rpc_channel_free(struct rpc_channel *ch);

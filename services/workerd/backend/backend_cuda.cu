@@ -9,6 +9,7 @@
  * return host values (downloads, the loss, the correct count) synchronize. */
 #define PSFLEET_CUDA_IMPL
 #include "backend.h"
+#include "argmax.h"
 #include "device.h"
 
 #include <cublas_v2.h>
@@ -74,24 +75,16 @@ static int cudnn_errno(cudnnStatus_t s)
 struct cuda_ctx;
 static int fail(struct cuda_ctx *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-#define CK_CUDA(c, expr)                                                                            \
-        do {                                                                                        \
-                cudaError_t e_ = (expr);                                                            \
-                if (e_ != cudaSuccess)                                                              \
-                        return fail((c), cuda_errno(e_), "%s: %s", #expr, cudaGetErrorString(e_));  \
+/* A library call whose status is not `ok`: return fail() with its errno and words. */
+#define CK_STATUS(c, T, ok, errno_of, words_of, expr)                                                \
+        do {                                                                                         \
+                T s_ = (expr);                                                                       \
+                if (s_ != (ok))                                                                      \
+                        return fail((c), errno_of(s_), "%s: %s", #expr, words_of(s_));               \
         } while (0)
-#define CK_BLAS(c, expr)                                                                            \
-        do {                                                                                        \
-                cublasStatus_t s_ = (expr);                                                         \
-                if (s_ != CUBLAS_STATUS_SUCCESS)                                                    \
-                        return fail((c), cublas_errno(s_), "%s: %s", #expr, cublasGetStatusString(s_)); \
-        } while (0)
-#define CK_DNN(c, expr)                                                                             \
-        do {                                                                                        \
-                cudnnStatus_t s_ = (expr);                                                          \
-                if (s_ != CUDNN_STATUS_SUCCESS)                                                     \
-                        return fail((c), cudnn_errno(s_), "%s: %s", #expr, cudnnGetErrorString(s_)); \
-        } while (0)
+#define CK_CUDA(c, expr) CK_STATUS(c, cudaError_t, cudaSuccess, cuda_errno, cudaGetErrorString, expr)
+#define CK_BLAS(c, expr) CK_STATUS(c, cublasStatus_t, CUBLAS_STATUS_SUCCESS, cublas_errno, cublasGetStatusString, expr)
+#define CK_DNN(c, expr) CK_STATUS(c, cudnnStatus_t, CUDNN_STATUS_SUCCESS, cudnn_errno, cudnnGetErrorString, expr)
 /* A kernel launch: the launch error, if any, is checked at once. */
 #define CK_LAUNCH(c) CK_CUDA(c, cudaGetLastError())
 
@@ -122,6 +115,16 @@ struct seg {
         struct blk *first;
         struct seg *next;
 };
+
+/* Merges n, a free block, into the block a just before it, and frees n's record. */
+static void blk_merge(struct blk *a, struct blk *n)
+{
+        a->size += n->size;
+        a->next = n->next;
+        if (n->next)
+                n->next->prev = a;
+        free(n);
+}
 
 struct pool {
         struct seg *segs;
@@ -252,22 +255,10 @@ static bool pool_free(struct pool *p, void *ptr)
                                 continue;
                         b->used = false;
                         p->in_use -= b->size;
-                        if (b->next && !b->next->used) { /* merge the next block into b */
-                                struct blk *n = b->next;
-                                b->size += n->size;
-                                b->next = n->next;
-                                if (n->next)
-                                        n->next->prev = b;
-                                free(n);
-                        }
-                        if (b->prev && !b->prev->used) { /* merge b into the previous block */
-                                struct blk *q = b->prev;
-                                q->size += b->size;
-                                q->next = b->next;
-                                if (b->next)
-                                        b->next->prev = q;
-                                free(b);
-                        }
+                        if (b->next && !b->next->used)
+                                blk_merge(b, b->next);
+                        if (b->prev && !b->prev->used)
+                                blk_merge(b->prev, b); /* b is gone */
                         return true;
                 }
         }
@@ -366,6 +357,20 @@ __global__ void k_bias_grad(const float *dy, float *db, uint32_t rows, uint32_t 
         }
 }
 
+/* Every thread of the block adds v: the total lands in part[0], summed in the same tree order on every
+ * run (no atomics), so the result is deterministic. */
+template <typename T>
+__device__ void block_sum(T *part, T v)
+{
+        part[threadIdx.x] = v;
+        __syncthreads();
+        for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
+                if (threadIdx.x < w)
+                        part[threadIdx.x] += part[threadIdx.x + w];
+                __syncthreads();
+        }
+}
+
 /* One block: the mean over rows of logsumexp(logits[b]) - logits[b, label[b]] (the CPU backend's
  * log-sum-exp form, finite even where p[label] underflows), summed in double. */
 __global__ void k_xent_loss(const float *logits, const uint8_t *labels, uint32_t B, uint32_t C, float *loss)
@@ -382,13 +387,7 @@ __global__ void k_xent_loss(const float *logits, const uint8_t *labels, uint32_t
                         sum += expf(l[c] - mx);
                 s += (double)logf(sum) + (double)mx - (double)l[labels[b]];
         }
-        part[threadIdx.x] = s;
-        __syncthreads();
-        for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
-                if (threadIdx.x < w)
-                        part[threadIdx.x] += part[threadIdx.x + w];
-                __syncthreads();
-        }
+        block_sum(part, s);
         if (threadIdx.x == 0)
                 *loss = (float)(part[0] / B);
 }
@@ -410,21 +409,9 @@ __global__ void k_correct(const float *scores, const uint8_t *labels, uint32_t B
 {
         __shared__ uint32_t part[THREADS];
         uint32_t n = 0;
-        for (uint32_t b = threadIdx.x; b < B; b += blockDim.x) {
-                const float *s = scores + (size_t)b * C;
-                uint32_t best = 0;
-                for (uint32_t c = 1; c < C; c++)
-                        if (s[c] > s[best])
-                                best = c;
-                n += best == labels[b];
-        }
-        part[threadIdx.x] = n;
-        __syncthreads();
-        for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
-                if (threadIdx.x < w)
-                        part[threadIdx.x] += part[threadIdx.x + w];
-                __syncthreads();
-        }
+        for (uint32_t b = threadIdx.x; b < B; b += blockDim.x)
+                n += row_argmax(scores + (size_t)b * C, C) == labels[b];
+        block_sum(part, n);
         if (threadIdx.x == 0)
                 *out = part[0];
 }
@@ -442,14 +429,7 @@ __global__ void k_maxpool_bwd(const float *x, const float *dy, float *dx, uint32
                 uint32_t oy = yy / p, ox = xx / p;
                 float g = 0.0f;
                 if (oy < OH && ox < OW) {
-                        const float *xi = x + bc * H * W;
-                        size_t best = (size_t)(oy * p) * W + ox * p;
-                        for (uint32_t a = 0; a < p; a++)
-                                for (uint32_t b = 0; b < p; b++) {
-                                        size_t j = (size_t)(oy * p + a) * W + ox * p + b;
-                                        if (xi[j] > xi[best])
-                                                best = j;
-                                }
+                        size_t best = window_argmax(x + bc * H * W, W, p, oy, ox);
                         if (best == r)
                                 g = dy[(bc * OH + oy) * OW + ox];
                 }
@@ -687,14 +667,49 @@ static void plan_destroy(struct conv_plan *p)
         memset(p, 0, sizeof(*p));
 }
 
+/* cuDNN's heuristics and workspace size for each direction of a convolution, by the type of its
+ * candidates (so that pick_algo below is written once). */
+static cudnnStatus_t heuristics(const struct cuda_ctx *c, const struct conv_plan *p, int max, int *n,
+                                cudnnConvolutionFwdAlgoPerf_t *perf)
+{
+        return cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, p->x, p->w, p->conv, p->y, max, n, perf);
+}
+static cudnnStatus_t heuristics(const struct cuda_ctx *c, const struct conv_plan *p, int max, int *n,
+                                cudnnConvolutionBwdDataAlgoPerf_t *perf)
+{
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, p->w, p->y, p->conv, p->x, max, n, perf);
+}
+static cudnnStatus_t heuristics(const struct cuda_ctx *c, const struct conv_plan *p, int max, int *n,
+                                cudnnConvolutionBwdFilterAlgoPerf_t *perf)
+{
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->dnn, p->x, p->y, p->conv, p->w, max, n, perf);
+}
+static cudnnStatus_t ws_size(const struct cuda_ctx *c, const struct conv_plan *p, cudnnConvolutionFwdAlgo_t a, size_t *ws)
+{
+        return cudnnGetConvolutionForwardWorkspaceSize(c->dnn, p->x, p->w, p->conv, p->y, a, ws);
+}
+static cudnnStatus_t ws_size(const struct cuda_ctx *c, const struct conv_plan *p, cudnnConvolutionBwdDataAlgo_t a,
+                             size_t *ws)
+{
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, p->w, p->y, p->conv, p->x, a, ws);
+}
+static cudnnStatus_t ws_size(const struct cuda_ctx *c, const struct conv_plan *p, cudnnConvolutionBwdFilterAlgo_t a,
+                             size_t *ws)
+{
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, p->x, p->y, p->conv, p->w, a, ws);
+}
+
 /* The fastest algorithm cuDNN's heuristics offer (they never run anything) that cuDNN accepts for this
- * shape with a workspace under the limit, deterministic ones first. Without TF32 the descriptor stays
- * at CUDNN_FMA_MATH (plain fp32, as the CPU) and the tensor-op variants are skipped. ws_size(i) asks
- * cuDNN for candidate i's exact workspace, and fails where the algorithm does not apply. */
-template <typename Perf, typename WsSize>
-static int pick_algo(struct cuda_ctx *c, const Perf *perf, int n, size_t limit, WsSize ws_size, int *pick,
+ * shape with a workspace under the limit, deterministic ones first: *algo, and its exact workspace in
+ * *ws. Without TF32 the descriptor stays at CUDNN_FMA_MATH (plain fp32, as the CPU) and the tensor-op
+ * variants are skipped. N: the direction's number of algorithms; Perf: its candidates' type. */
+template <int N, typename Perf>
+static int pick_algo(struct cuda_ctx *c, const struct conv_plan *p, size_t limit, decltype(Perf::algo) *algo,
                      size_t *ws)
 {
+        Perf perf[N];
+        int n = 0;
+        CK_DNN(c, heuristics(c, p, N, &n, perf));
         for (int pass = 0; pass < 2; pass++)
                 for (int i = 0; i < n; i++) {
                         if (perf[i].status != CUDNN_STATUS_SUCCESS)
@@ -705,9 +720,9 @@ static int pick_algo(struct cuda_ctx *c, const Perf *perf, int n, size_t limit, 
                         if (pass == 0 && perf[i].determinism != CUDNN_DETERMINISTIC)
                                 continue;
                         size_t need = 0;
-                        if (ws_size(perf[i].algo, &need) != CUDNN_STATUS_SUCCESS || need > limit)
+                        if (ws_size(c, p, perf[i].algo, &need) != CUDNN_STATUS_SUCCESS || need > limit)
                                 continue;
-                        *pick = i;
+                        *algo = perf[i].algo;
                         *ws = need;
                         return 0;
                 }
@@ -739,35 +754,14 @@ static int plan_build(struct cuda_ctx *c, struct conv_plan *p, uint32_t B, uint3
         CK_DNN(c, cudnnSetConvolutionMathType(p->conv, c->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
         /* a workspace larger than a quarter of the cap is not worth the memory */
         size_t limit = c->pool.cap / 4 < ((size_t)1 << 30) ? c->pool.cap / 4 : (size_t)1 << 30;
-        int n, i, r;
-        cudnnConvolutionFwdAlgoPerf_t pf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-        CK_DNN(c, cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, p->x, p->w, p->conv, p->y,
-                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, pf));
-        r = pick_algo(c, pf, n, limit, [&](cudnnConvolutionFwdAlgo_t a, size_t *ws) {
-                return cudnnGetConvolutionForwardWorkspaceSize(c->dnn, p->x, p->w, p->conv, p->y, a, ws);
-        }, &i, &p->ws_fwd);
-        if (r < 0)
-                return r;
-        p->fwd = pf[i].algo;
-        cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-        CK_DNN(c, cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, p->w, p->y, p->conv, p->x,
-                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, pd));
-        r = pick_algo(c, pd, n, limit, [&](cudnnConvolutionBwdDataAlgo_t a, size_t *ws) {
-                return cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, p->w, p->y, p->conv, p->x, a, ws);
-        }, &i, &p->ws_data);
-        if (r < 0)
-                return r;
-        p->bwd_data = pd[i].algo;
-        cudnnConvolutionBwdFilterAlgoPerf_t pw[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-        CK_DNN(c, cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->dnn, p->x, p->y, p->conv, p->w,
-                                                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, pw));
-        r = pick_algo(c, pw, n, limit, [&](cudnnConvolutionBwdFilterAlgo_t a, size_t *ws) {
-                return cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, p->x, p->y, p->conv, p->w, a, ws);
-        }, &i, &p->ws_filter);
-        if (r < 0)
-                return r;
-        p->bwd_filter = pw[i].algo;
-        return 0;
+        int r = pick_algo<CUDNN_CONVOLUTION_FWD_ALGO_COUNT, cudnnConvolutionFwdAlgoPerf_t>(c, p, limit, &p->fwd, &p->ws_fwd);
+        if (r == 0)
+                r = pick_algo<CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, cudnnConvolutionBwdDataAlgoPerf_t>(c, p, limit, &p->bwd_data,
+                                                                                                   &p->ws_data);
+        if (r == 0)
+                r = pick_algo<CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, cudnnConvolutionBwdFilterAlgoPerf_t>(
+                        c, p, limit, &p->bwd_filter, &p->ws_filter);
+        return r;
 }
 
 static int plan_get(struct cuda_ctx *c, uint32_t B, uint32_t C, uint32_t H, uint32_t W, uint32_t F, uint32_t k,
@@ -1072,10 +1066,7 @@ extern "C" int backend_cuda_new(const struct device_opts *o, struct backend **re
         }
         c->device = o->gpus[0];
         c->err[0] = 0;
-        {
-                const char *t = getenv("PSFLEET_CUDA_TF32");
-                c->tf32 = t && strcmp(t, "1") == 0;
-        }
+        c->tf32 = o->tf32;
         r = setup(c, o);
         if (r < 0) {
                 snprintf(msg, msglen, "%s", c->err[0] ? c->err : strerror(-r));

@@ -1,0 +1,229 @@
+/* The one place that turns a job into its canonical form: the sections every node must agree on, as
+ * compact JSON with sorted keys and every default filled in; its fingerprint, and the diff that names
+ * the first key two nodes disagree on. */
+#include <arpa/inet.h>
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config_internal.h"
+#include "util.h"
+
+/* ---- canonical form, fingerprint, diff ------------------------------------------------------ */
+
+static int add(json_t *obj, const char *key, json_t *v) {
+        return json_object_set_new(obj, key, v); /* steals v, also on failure */
+}
+
+/* Keys each node may set for itself: they change no value any other node computes, so they stay out
+ * of the canonical form and the fingerprint (a worker with more BLAS threads is the same job). */
+static bool node_local(const char *key) {
+        return strcmp(key, "training.threads") == 0 || strcmp(key, "training.report_every_steps") == 0;
+}
+
+static json_t *section_json(const struct job_config *c, const char *section) {
+        size_t plen = strlen(section);
+        json_t *o = json_object();
+        int r = 0;
+
+        if (!o)
+                return NULL;
+        for (size_t i = 0; i < cfg_n_keys; i++) {
+                const struct config_key *k = &cfg_keys[i];
+                const void *f = (const char *) c + k->offset;
+                const char *name = k->name + plen + 1;
+
+                if (strncmp(k->name, section, plen) != 0 || k->name[plen] != '.' || node_local(k->name))
+                        continue;
+                switch (k->type) {
+                case KT_U32: r |= add(o, name, json_integer(*(const uint32_t *) f)); break;
+                case KT_U64: r |= add(o, name, json_integer((json_int_t) *(const uint64_t *) f)); break;
+                case KT_DOUBLE: r |= add(o, name, json_real(*(const double *) f)); break;
+                case KT_BOOL: r |= add(o, name, json_boolean(*(const bool *) f)); break;
+                case KT_STRING: r |= add(o, name, json_string(*(char *const *) f)); break;
+                case KT_ENUM: r |= add(o, name, json_string(k->choices[*(const int *) f])); break;
+                case KT_SPECIAL: break;
+                }
+        }
+        if (r < 0) {
+                json_decref(o);
+                return NULL;
+        }
+        return o;
+}
+
+static json_t *endpoints_json(const struct endpoint *eps, uint32_t n) {
+        json_t *a = json_array();
+
+        for (uint32_t i = 0; a && i < n; i++) {
+                if (json_array_append_new(a, json_string(eps[i].addr)) < 0) {
+                        json_decref(a);
+                        return NULL;
+                }
+        }
+        return a;
+}
+
+char *config_canonical_json(const struct job_config *c) {
+        json_t *root = json_object(), *cl = json_object(), *model, *layers = json_array();
+        const struct model_spec *m = &c->model;
+        char *s = NULL;
+        int r = 0;
+
+        if (!root || !cl || !layers)
+                goto out;
+        r |= add(cl, "chief", endpoints_json(c->cluster.chief, c->cluster.n_chief));
+        r |= add(cl, "ps", endpoints_json(c->cluster.ps, c->cluster.n_ps));
+        r |= add(cl, "worker", endpoints_json(c->cluster.worker, c->cluster.n_worker));
+        r |= add(root, "cluster", cl);
+        cl = NULL;
+
+        model = section_json(c, "model");
+        r |= add(root, "model", model);
+        if (!model)
+                goto out;
+        r |= add(model, "input", json_pack("[iii]", (json_int_t) m->input[0], (json_int_t) m->input[1],
+                                           (json_int_t) m->input[2]));
+        for (uint32_t i = 0; i < m->n_layers; i++) {
+                const struct layer_spec *l = &m->layers[i];
+                json_t *lo = json_pack("{ss}", "type", cfg_layer_names[l->type]);
+
+                if (!lo)
+                        goto out;
+                for (size_t j = 0; j < cfg_n_layer_keys; j++) {
+                        const struct layer_key *lk = &cfg_layer_keys[j];
+
+                        if (!(lk->types & BIT(l->type)))
+                                continue;
+                        if (strcmp(lk->name, "init") == 0)
+                                r |= add(lo, "init", json_string(cfg_init_names[l->init]));
+                        else
+                                r |= add(lo, lk->name, json_integer(*(const uint32_t *) ((const char *) l + lk->offset)));
+                }
+                r |= json_array_append_new(layers, lo);
+        }
+        r |= add(model, "layers", layers);
+        layers = NULL;
+
+        r |= add(root, "training", section_json(c, "training"));
+        r |= add(root, "ps", section_json(c, "ps"));
+        if (r < 0)
+                goto out;
+        s = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENSURE_ASCII);
+out:
+        json_decref(cl);
+        json_decref(layers);
+        json_decref(root);
+        return s;
+}
+
+uint64_t config_fingerprint(const struct job_config *c) {
+        char *s = config_canonical_json(c);
+        uint64_t h = UINT64_C(0xcbf29ce484222325);
+
+        if (!s)
+                return 0;
+        for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
+                h ^= *p;
+                h *= UINT64_C(0x100000001b3);
+        }
+        free(s);
+        return h;
+}
+
+static int cmp_str(const void *a, const void *b) {
+        return strcmp(*(const char *const *) a, *(const char *const *) b);
+}
+
+static void diff_msg(char *buf, size_t len, const char *path, const json_t *a, const json_t *b) {
+        char qa[200], qb[200];
+
+        if (!buf || len == 0)
+                return;
+        snprintf(buf, len, "%s: ours %s, theirs %s", *path ? path : "(root)",
+                 a ? cfg_quote_json(a, qa, sizeof(qa)) : "missing", b ? cfg_quote_json(b, qb, sizeof(qb)) : "missing");
+}
+
+/* Returns 1 with a message at the first difference, 0 when equal, -ENOMEM. */
+static int diff_values(const json_t *a, const json_t *b, char *path, size_t plen, size_t pcap, char *buf, size_t len) {
+        int r = 0;
+
+        if (json_typeof(a) != json_typeof(b) &&
+            !(json_is_boolean(a) && json_is_boolean(b))) {
+                diff_msg(buf, len, path, a, b);
+                return 1;
+        }
+        if (json_is_object(a)) {
+                size_t n = json_object_size(a) + json_object_size(b), k = 0;
+                const char **names = calloc(n ? n : 1, sizeof(char *));
+                const char *name;
+                json_t *v;
+
+                if (!names)
+                        return -ENOMEM;
+                json_object_foreach((json_t *) a, name, v)
+                        names[k++] = name;
+                json_object_foreach((json_t *) b, name, v)
+                        if (!json_object_get(a, name))
+                                names[k++] = name;
+                qsort(names, k, sizeof(char *), cmp_str);
+                for (size_t i = 0; i < k && r == 0; i++) {
+                        const json_t *va = json_object_get(a, names[i]), *vb = json_object_get(b, names[i]);
+
+                        snprintf(path + plen, pcap - plen, "%s%s", plen ? "." : "", names[i]);
+                        if (!va || !vb) {
+                                diff_msg(buf, len, path, va, vb);
+                                r = 1;
+                        } else
+                                r = diff_values(va, vb, path, strlen(path), pcap, buf, len);
+                }
+                path[plen] = 0;
+                free(names);
+                return r;
+        }
+        if (json_is_array(a)) {
+                size_t na = json_array_size(a), nb = json_array_size(b);
+
+                if (na != nb) {
+                        if (buf && len)
+                                snprintf(buf, len, "%s: ours has %zu entries, theirs %zu", *path ? path : "(root)", na, nb);
+                        return 1;
+                }
+                for (size_t i = 0; i < na && r == 0; i++) {
+                        snprintf(path + plen, pcap - plen, "[%zu]", i);
+                        r = diff_values(json_array_get(a, i), json_array_get(b, i), path, strlen(path), pcap, buf, len);
+                }
+                path[plen] = 0;
+                return r;
+        }
+        if (!json_equal((json_t *) a, (json_t *) b)) {
+                diff_msg(buf, len, path, a, b);
+                return 1;
+        }
+        return 0;
+}
+
+int config_diff(const char *ours_json, const char *theirs_json, char *buf, size_t len) {
+        json_t *a, *b;
+        char path[512] = "";
+        int r;
+
+        a = ours_json ? json_loads(ours_json, 0, NULL) : NULL;
+        b = theirs_json ? json_loads(theirs_json, 0, NULL) : NULL;
+        if (!a || !b) {
+                json_decref(a);
+                json_decref(b);
+                return -EINVAL;
+        }
+        r = diff_values(a, b, path, 0, sizeof(path), buf, len);
+        json_decref(a);
+        json_decref(b);
+        return r;
+}

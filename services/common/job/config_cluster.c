@@ -1,0 +1,445 @@
+/* The cluster of a job (TensorFlow's ClusterSpec shape), its tasks, TF_CONFIG and systemd instance
+ * names. */
+#include <arpa/inet.h>
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config_internal.h"
+#include "util.h"
+
+/* ---- cluster -------------------------------------------------------------------------------- */
+
+void cfg_cluster_clear(struct cluster *cl) {
+        struct endpoint *lists[] = { cl->chief, cl->ps, cl->worker };
+        uint32_t counts[] = { cl->n_chief, cl->n_ps, cl->n_worker };
+
+        for (size_t l = 0; l < 3; l++) {
+                for (uint32_t i = 0; i < counts[l]; i++)
+                        free(lists[l][i].addr);
+                free(lists[l]);
+        }
+        memset(cl, 0, sizeof(*cl));
+}
+
+bool cfg_host_char_ok(char ch) {
+        return isalnum((unsigned char) ch) || ch == '.' || ch == '-' || ch == '_';
+}
+
+/* Splits "host:port", "[v6]:port". On failure writes the reason and returns -EINVAL. */
+static int parse_hostport(const char *s, struct endpoint *ep, char *why, size_t whylen) {
+        const char *host, *colon;
+        size_t hlen;
+        uint64_t port;
+        int r;
+
+        if (s[0] == '[') {
+                const char *close = strchr(s, ']');
+                char buf[64];
+                struct in6_addr a6;
+
+                if (!close) {
+                        snprintf(why, whylen, "missing ']'");
+                        return -EINVAL;
+                }
+                host = s + 1;
+                hlen = (size_t) (close - host);
+                if (hlen == 0) {
+                        snprintf(why, whylen, "empty host");
+                        return -EINVAL;
+                }
+                if (hlen >= sizeof(buf)) {
+                        snprintf(why, whylen, "bad IPv6 address");
+                        return -EINVAL;
+                }
+                memcpy(buf, host, hlen);
+                buf[hlen] = 0;
+                if (inet_pton(AF_INET6, buf, &a6) != 1) {
+                        snprintf(why, whylen, "bad IPv6 address");
+                        return -EINVAL;
+                }
+                if (close[1] != ':') {
+                        snprintf(why, whylen, close[1] ? "unexpected text after ']'" : "missing port");
+                        return -EINVAL;
+                }
+                colon = close + 1;
+        } else {
+                colon = strrchr(s, ':');
+                if (!colon) {
+                        snprintf(why, whylen, "missing port");
+                        return -EINVAL;
+                }
+                host = s;
+                hlen = (size_t) (colon - s);
+                if (hlen == 0) {
+                        snprintf(why, whylen, "empty host");
+                        return -EINVAL;
+                }
+                for (size_t i = 0; i < hlen; i++) {
+                        if (host[i] == ':') {
+                                snprintf(why, whylen, "an IPv6 address must be in brackets");
+                                return -EINVAL;
+                        }
+                        if (!cfg_host_char_ok(host[i])) {
+                                snprintf(why, whylen, "bad character in host");
+                                return -EINVAL;
+                        }
+                }
+        }
+        if (hlen >= sizeof(ep->host)) {
+                snprintf(why, whylen, "host longer than %zu characters", sizeof(ep->host) - 1);
+                return -EINVAL;
+        }
+        if (!colon[1]) {
+                snprintf(why, whylen, "missing port");
+                return -EINVAL;
+        }
+        r = parse_u64(colon + 1, 1, 65535, &port);
+        if (r == -EINVAL) {
+                snprintf(why, whylen, "port is not a number");
+                return r;
+        }
+        if (r < 0) {
+                snprintf(why, whylen, "port out of range [1, 65535]");
+                return r;
+        }
+        memcpy(ep->host, host, hlen);
+        ep->host[hlen] = 0;
+        ep->port = (uint16_t) port;
+        return 0;
+}
+
+static const char *const cluster_keys[] = { "chief", "ps", "worker", NULL };
+
+static struct endpoint **cluster_list(struct cluster *cl, int role, uint32_t **n) {
+        switch (role) {
+        case ROLE_CHIEF: *n = &cl->n_chief; return &cl->chief;
+        case ROLE_PS: *n = &cl->n_ps; return &cl->ps;
+        default: *n = &cl->n_worker; return &cl->worker;
+        }
+}
+
+int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *ret) {
+        struct cluster cl = { 0 };
+        const char *name, *listname[3] = { "chief", "ps", "worker" };
+        const json_t *lists[3] = { NULL, NULL, NULL };
+        json_t *v;
+        char key[96], why[128], q[300], d[160];
+        int r;
+
+        if (!json_is_object(obj))
+                return cfg_fail_type(x, "cluster", "an object", obj);
+        json_object_foreach((json_t *) obj, name, v) {
+                if (strcmp(name, "master") == 0) {
+                        if (json_object_get(obj, "chief"))
+                                return cfg_failf(x, "cluster.master", "conflicts with cluster.chief (they are the same task)");
+                        lists[ROLE_CHIEF] = v;
+                        listname[ROLE_CHIEF] = "master";
+                        continue;
+                }
+                int i = cfg_lookup_choice(cluster_keys, name);
+                if (i < 0) {
+                        snprintf(key, sizeof(key), "cluster.%s", name);
+                        return cfg_failf(x, key, "unknown key");
+                }
+                lists[i] = v;
+        }
+
+        for (int role = 0; role < 3; role++) {
+                const json_t *a = lists[role];
+                struct endpoint **eps;
+                uint32_t *n;
+                size_t len;
+
+                snprintf(key, sizeof(key), "cluster.%s", listname[role]);
+                if (!a) {
+                        r = cfg_failf(x, key, "missing");
+                        goto fail;
+                }
+                if (!json_is_array(a)) {
+                        r = cfg_fail_type(x, key, "an array of \"host:port\" strings", a);
+                        goto fail;
+                }
+                len = json_array_size(a);
+                if (len == 0) {
+                        r = cfg_failf(x, key, "must not be empty");
+                        goto fail;
+                }
+                if (role == ROLE_CHIEF && len != 1) {
+                        r = cfg_failf(x, key, "must have exactly 1 entry, has %zu", len);
+                        goto fail;
+                }
+                if (len > CONFIG_MAX_TASKS) {
+                        r = cfg_failf(x, key, "has %zu entries, at most %d", len, CONFIG_MAX_TASKS);
+                        goto fail;
+                }
+                eps = cluster_list(&cl, role, &n);
+                *eps = calloc(len, sizeof(struct endpoint));
+                if (!*eps) {
+                        r = cfg_fail_oom(x);
+                        goto fail;
+                }
+                for (size_t i = 0; i < len; i++) {
+                        const json_t *e = json_array_get(a, i);
+                        struct endpoint *ep = &(*eps)[i];
+
+                        snprintf(key, sizeof(key), "cluster.%s[%zu]", listname[role], i);
+                        if (!json_is_string(e)) {
+                                r = cfg_failf(x, key, "expected a \"host:port\" string, got %s", cfg_describe(e, d, sizeof(d)));
+                                goto fail;
+                        }
+                        if (parse_hostport(json_string_value(e), ep, why, sizeof(why)) < 0) {
+                                r = cfg_failf(x, key, "%s is not host:port (%s)", cfg_quote_json(e, q, sizeof(q)), why);
+                                goto fail;
+                        }
+                        ep->addr = strdup(json_string_value(e));
+                        if (!ep->addr) {
+                                r = cfg_fail_oom(x);
+                                goto fail;
+                        }
+                        (*n)++;
+                        /* An endpoint twice would make two daemons fight over one port. */
+                        for (int pr = 0; pr <= role; pr++) {
+                                struct endpoint *other;
+                                uint32_t *on;
+
+                                other = *cluster_list(&cl, pr, &on);
+                                for (uint32_t j = 0; j < *on; j++) {
+                                        if (&other[j] == ep)
+                                                break;
+                                        if (other[j].port == ep->port && strcasecmp(other[j].host, ep->host) == 0) {
+                                                r = cfg_failf(x, key, "%s duplicates cluster.%s[%" PRIu32 "]",
+                                                          cfg_quote_json(e, q, sizeof(q)), listname[pr], j);
+                                                goto fail;
+                                        }
+                                }
+                        }
+                }
+        }
+        *ret = cl;
+        return 0;
+fail:
+        cfg_cluster_clear(&cl);
+        return r;
+}
+
+/* ---- tasks ---------------------------------------------------------------------------------- */
+
+const char *role_name(enum role r) {
+        switch (r) {
+        case ROLE_CHIEF: return "chief";
+        case ROLE_PS: return "ps";
+        case ROLE_WORKER: return "worker";
+        }
+        return "unknown";
+}
+
+static int role_from_string(const char *s) {
+        if (!s)
+                return -EINVAL;
+        if (strcmp(s, "master") == 0)
+                return ROLE_CHIEF;
+        return cfg_lookup_choice(cluster_keys, s);
+}
+
+static uint32_t cluster_count(const struct cluster *cl, enum role r) {
+        return r == ROLE_CHIEF ? cl->n_chief : r == ROLE_PS ? cl->n_ps : cl->n_worker;
+}
+
+static int fail_index(const struct ctx *x, const char *key, const struct cluster *cl, enum role role, uint64_t i) {
+        uint32_t n = cluster_count(cl, role);
+
+        return cfg_failf(x, key, "%s%" PRIu64 " is out of range: cluster has %" PRIu32 " %s task%s (0..%" PRIu32 ")",
+                     key ? "" : "task index ", i, n, role_name(role), n == 1 ? "" : "s", n - 1);
+}
+
+int config_parse_task(const struct job_config *c, const char *role, const char *index_str, struct task *ret,
+                      char *err, size_t errlen) {
+        const struct ctx x = { .origin = c->cluster_origin, .err = err, .errlen = errlen };
+        char q[160];
+        uint64_t i;
+        int r;
+
+        assert(c && ret);
+        r = role_from_string(role);
+        if (r < 0)
+                return cfg_failf(&x, NULL, "task type %s is not one of chief, ps, worker",
+                             cfg_quote_str(role ? role : "", q, sizeof(q)));
+        if (parse_u64(index_str, 0, UINT64_MAX, &i) < 0)
+                return cfg_failf(&x, NULL, "task index %s is not a whole decimal number",
+                             cfg_quote_str(index_str ? index_str : "", q, sizeof(q)));
+        if (i >= cluster_count(&c->cluster, (enum role) r))
+                return fail_index(&x, NULL, &c->cluster, (enum role) r, i);
+        *ret = (struct task) { .role = (enum role) r, .index = (uint32_t) i };
+        return 0;
+}
+
+const struct endpoint *config_endpoint(const struct job_config *c, struct task t) {
+        switch (t.role) {
+        case ROLE_CHIEF: return t.index < c->cluster.n_chief ? &c->cluster.chief[t.index] : NULL;
+        case ROLE_PS: return t.index < c->cluster.n_ps ? &c->cluster.ps[t.index] : NULL;
+        case ROLE_WORKER: return t.index < c->cluster.n_worker ? &c->cluster.worker[t.index] : NULL;
+        }
+        return NULL;
+}
+
+int config_apply_tf_config(struct job_config *c, const char *tf_config_json, struct task *task_ret,
+                           bool *have_task, char *err, size_t errlen) {
+        const struct ctx x = { .origin = "TF_CONFIG", .err = err, .errlen = errlen };
+        struct cluster cl = { 0 };
+        const struct cluster *eff = &c->cluster;
+        struct task t = { 0 };
+        bool got_task = false, got_cluster = false;
+        json_t *root = NULL, *v;
+        const char *name;
+        char q[160];
+        int r;
+
+        assert(c);
+        if (!tf_config_json || !*tf_config_json) {
+                if (have_task)
+                        *have_task = false;
+                return 0;
+        }
+        r = cfg_load_json(&x, tf_config_json, strlen(tf_config_json), &root);
+        if (r < 0)
+                return r;
+        if (!json_is_object(root)) {
+                char d[160];
+                r = cfg_failf(&x, NULL, "expected an object at the top level, got %s", cfg_describe(root, d, sizeof(d)));
+                goto out;
+        }
+        json_object_foreach(root, name, v) {
+                if (strcmp(name, "cluster") == 0 || strcmp(name, "task") == 0)
+                        continue;
+                if (strcmp(name, "environment") == 0) /* TensorFlow's "cloud" marker; nothing to do */
+                        continue;
+                if (strcmp(name, "rpc_layer") == 0) {
+                        if (!json_is_string(v) || strcmp(json_string_value(v), "grpc") != 0) {
+                                r = cfg_failf(&x, name, "%s is not \"grpc\"", cfg_quote_json(v, q, sizeof(q)));
+                                goto out;
+                        }
+                        continue;
+                }
+                r = cfg_failf(&x, name, "unknown key");
+                goto out;
+        }
+
+        v = json_object_get(root, "cluster");
+        if (v) {
+                r = cfg_parse_cluster(&x, v, &cl);
+                if (r < 0)
+                        goto out;
+                got_cluster = true;
+                eff = &cl;
+        }
+
+        v = json_object_get(root, "task");
+        if (v) {
+                const json_t *type, *index;
+                json_int_t i = 0;
+                int role;
+
+                if (!json_is_object(v)) {
+                        r = cfg_fail_type(&x, "task", "an object", v);
+                        goto out;
+                }
+                json_object_foreach(v, name, type) {
+                        if (strcmp(name, "type") != 0 && strcmp(name, "index") != 0 &&
+                            strcmp(name, "trial") != 0) {
+                                char key[96];
+                                snprintf(key, sizeof(key), "task.%s", name);
+                                r = cfg_failf(&x, key, "unknown key");
+                                goto out;
+                        }
+                }
+                type = json_object_get(v, "type");
+                if (!type) {
+                        r = cfg_failf(&x, "task.type", "missing");
+                        goto out;
+                }
+                if (!json_is_string(type)) {
+                        r = cfg_fail_type(&x, "task.type", "a string", type);
+                        goto out;
+                }
+                role = role_from_string(json_string_value(type));
+                if (role < 0) {
+                        r = cfg_failf(&x, "task.type", "%s is not one of chief, master, ps, worker",
+                                  cfg_quote_json(type, q, sizeof(q)));
+                        goto out;
+                }
+                index = json_object_get(v, "index");
+                if (index) {
+                        if (!json_is_integer(index)) {
+                                r = cfg_fail_type(&x, "task.index", "an integer", index);
+                                goto out;
+                        }
+                        i = json_integer_value(index);
+                        if (i < 0) {
+                                r = cfg_failf(&x, "task.index", "%" JSON_INTEGER_FORMAT " is negative", i);
+                                goto out;
+                        }
+                }
+                if ((uint64_t) i >= cluster_count(eff, (enum role) role)) {
+                        r = fail_index(&x, "task.index", eff, (enum role) role, (uint64_t) i);
+                        goto out;
+                }
+                t = (struct task) { .role = (enum role) role, .index = (uint32_t) i };
+                got_task = true;
+        }
+
+        if (got_cluster) {
+                char *o = strdup("TF_CONFIG");
+                if (!o) {
+                        r = cfg_fail_oom(&x);
+                        goto out;
+                }
+                free(c->cluster_origin);
+                c->cluster_origin = o;
+                cfg_cluster_clear(&c->cluster);
+                c->cluster = cl;
+                memset(&cl, 0, sizeof(cl));
+        }
+        if (got_task && task_ret)
+                *task_ret = t;
+        if (have_task)
+                *have_task = got_task;
+        r = 0;
+out:
+        cfg_cluster_clear(&cl);
+        json_decref(root);
+        return r;
+}
+
+int config_parse_instance(const char *instance, char **job_ret, int64_t *index_ret) {
+        const char *colon;
+        char *job;
+        uint64_t i = 0;
+        int64_t idx = -1;
+
+        if (!instance || !job_ret || !index_ret)
+                return -EINVAL;
+        colon = strchr(instance, ':');
+        if (colon) {
+                if (parse_u64(colon + 1, 0, INT32_MAX, &i) < 0)
+                        return -EINVAL;
+                idx = (int64_t) i;
+        }
+        job = colon ? strndup(instance, (size_t) (colon - instance)) : strdup(instance);
+        if (!job)
+                return -ENOMEM;
+        if (!config_job_name_valid(job)) {
+                free(job);
+                return -EINVAL;
+        }
+        *job_ret = job;
+        *index_ret = idx;
+        return 0;
+}

@@ -1,0 +1,96 @@
+/* What the config files share and nobody else sees: the key table's shape, the helpers that write
+ * messages, and the parsers one file uses from another. config_keys.c holds the table (data),
+ * config.c parses and validates a job file, config_cluster.c the cluster, tasks and TF_CONFIG,
+ * config_canonical.c the canonical form every node compares. */
+#pragma once
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+#define CONFIG_MAX_TASKS 4096
+#define JOB_NAME_MAX 64
+
+enum key_type {
+        KT_U32,     /* JSON integer into uint32_t */
+        KT_U64,     /* JSON integer into uint64_t */
+        KT_DOUBLE,  /* JSON number into double */
+        KT_BOOL,    /* JSON true/false into bool */
+        KT_STRING,  /* non-empty JSON string into malloc'd char * */
+        KT_ENUM,    /* JSON string, one of .choices, into an int-sized enum */
+        KT_SPECIAL, /* parsed by hand (cluster lists, model shape and layers); in the table for docs */
+};
+
+struct config_key {
+        const char *name;
+        enum key_type type;
+        size_t offset, size;          /* of the field in struct job_config */
+        int64_t imin, imax, idef;     /* integers */
+        double dmin, dmax, ddef;      /* numbers */
+        bool dmin_open, dmax_open;    /* bounds excluded */
+        const char *sdef;             /* strings, enums; bools: "true"/"false" */
+        const char *const *choices;   /* enums, NULL-terminated; index = enum value */
+        int (*check)(const char *s, char *why, size_t whylen); /* strings: extra syntax check */
+        const char *type_doc, *default_doc, *range_doc; /* KT_SPECIAL */
+        const char *doc;
+        const char *env;              /* environment override for this node, or NULL */
+};
+
+extern const struct config_key cfg_keys[];
+extern const size_t cfg_n_keys;
+/* The top-level sections, "cluster" and "model" first (parsed by hand), the rest by the table. */
+extern const char *const cfg_sections[];
+extern const size_t cfg_n_sections;
+extern const char *const cfg_layer_names[], *const cfg_init_names[];
+
+#define BIT(t) (1u << (t))
+
+/* The keys of one layer, with the layer types that take each. */
+struct layer_key {
+        const char *name;
+        unsigned types;         /* bit per enum layer_type that takes this key */
+        int64_t min, max;       /* integers */
+        size_t offset;          /* in struct layer_spec */
+};
+extern const struct layer_key cfg_layer_keys[];
+extern const size_t cfg_n_layer_keys;
+
+/* Environment settings that are no job key (directories, the plugin, test hooks): in the table too, so
+ * that they are typed, read in one way and documented with the overrides. */
+struct config_env_setting {
+        const char *name;
+        enum key_type type;           /* KT_STRING (empty allowed) or KT_BOOL */
+        const char *default_doc, *doc;
+};
+extern const struct config_env_setting cfg_env_settings[];
+extern const size_t cfg_n_env_settings;
+
+const struct config_key *cfg_find_key(const char *name);
+
+/* Where messages go: "ORIGIN: KEY: message". */
+struct ctx {
+        const char *origin;
+        char *err;
+        size_t errlen;
+};
+
+/* Writes "origin: key: message" (key may be NULL) and returns -EINVAL. */
+__attribute__((format(printf, 3, 4)))
+int cfg_failf(const struct ctx *x, const char *key, const char *fmt, ...);
+int cfg_fail_oom(const struct ctx *x);
+int cfg_fail_type(const struct ctx *x, const char *key, const char *expected, const json_t *v);
+void cfg_fmt_double(double d, char *buf, size_t len);
+void cfg_fmt_range(const struct config_key *k, char *buf, size_t len);
+const char *cfg_quote_json(const json_t *v, char *buf, size_t len);
+const char *cfg_quote_str(const char *s, char *buf, size_t len);
+const char *cfg_describe(const json_t *v, char *buf, size_t len);
+void cfg_join_choices(const char *const *choices, char *buf, size_t len);
+int cfg_lookup_choice(const char *const *choices, const char *s);
+int cfg_load_json(const struct ctx *x, const char *buf, size_t len, json_t **ret);
+
+/* config_cluster.c */
+bool cfg_host_char_ok(char ch);
+void cfg_cluster_clear(struct cluster *cl);
+int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *ret);

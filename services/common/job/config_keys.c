@@ -1,0 +1,278 @@
+/* The job file's keys as data: name, type, default, bounds, meaning and environment override of each,
+ * the layer keys, and the environment settings that are no key. --help and docs/configuration.md are
+ * printed from here (config_print_keys, config_print_env). */
+#include <arpa/inet.h>
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config_internal.h"
+#include "util.h"
+#include "device_spec.h"
+
+/* Each K_ macro takes, after the meaning, optional fields such as .env = "PSFLEET_..." (an override). */
+#define FIELD(f) .offset = offsetof(struct job_config, f), .size = sizeof(((struct job_config *) 0)->f)
+#define K_U32(n, f, d, lo, hi, text, ...) \
+        { .name = n, .type = KT_U32, FIELD(f), .idef = d, .imin = lo, .imax = hi, .doc = text, __VA_ARGS__ }
+#define K_U64(n, f, d, lo, hi, text, ...) \
+        { .name = n, .type = KT_U64, FIELD(f), .idef = d, .imin = lo, .imax = hi, .doc = text, __VA_ARGS__ }
+#define K_DBL(n, f, d, lo, lo_open, hi, hi_open, text, ...) \
+        { .name = n, .type = KT_DOUBLE, FIELD(f), .ddef = d, .dmin = lo, .dmin_open = lo_open, \
+          .dmax = hi, .dmax_open = hi_open, .doc = text, __VA_ARGS__ }
+#define K_BOOL(n, f, d, text, ...) { .name = n, .type = KT_BOOL, FIELD(f), .sdef = #d, .doc = text, __VA_ARGS__ }
+#define K_STR(n, f, d, text) { .name = n, .type = KT_STRING, FIELD(f), .sdef = d, .doc = text }
+#define K_ENUM(n, f, d, ch, text) { .name = n, .type = KT_ENUM, FIELD(f), .sdef = d, .choices = ch, .doc = text }
+#define K_SPECIAL(n, t, d, r, text) \
+        { .name = n, .type = KT_SPECIAL, .type_doc = t, .default_doc = d, .range_doc = r, .doc = text }
+
+static const char *const optimizer_names[] = { "sgd", "momentum", "adam", "adagrad", NULL };
+static const char *const schedule_names[] = { "constant", "exponential", NULL };
+const char *const cfg_layer_names[] = {
+        [LAYER_DENSE] = "dense", [LAYER_RELU] = "relu", [LAYER_TANH] = "tanh",
+        [LAYER_SIGMOID] = "sigmoid", [LAYER_CONV2D] = "conv2d", [LAYER_MAXPOOL2D] = "maxpool2d",
+        [LAYER_FLATTEN] = "flatten", NULL,
+};
+const char *const cfg_init_names[] = {
+        [INIT_DEFAULT] = "default", [INIT_GLOROT_UNIFORM] = "glorot_uniform",
+        [INIT_HE_NORMAL] = "he_normal", [INIT_ZEROS] = "zeros", NULL,
+};
+
+/* device.device: the one parser of device strings (device_spec.c). */
+static int check_device(const char *s, char *why, size_t whylen)
+{
+        return device_spec_parse(s, NULL, why, whylen);
+}
+
+const struct config_key cfg_keys[] = {
+        K_SPECIAL("job", "string", "file name without .json", "[A-Za-z0-9_.-]+, at most 64 characters",
+                  "Job name; it names the units (psfleet-psd@JOB:INDEX) and state directories."),
+        K_SPECIAL("cluster.chief", "list of host:port", "required", "exactly 1 entry",
+                  "The chief (chiefd). TensorFlow ClusterSpec shape; \"master\" is accepted for \"chief\"."),
+        K_SPECIAL("cluster.ps", "list of host:port", "required", "1 or more entries",
+                  "Parameter servers (psd), one per index."),
+        K_SPECIAL("cluster.worker", "list of host:port", "required", "1 or more entries",
+                  "Workers (workerd), one per index. An endpoint may appear only once in the cluster."),
+        K_SPECIAL("model.input", "list of integers", "required", "[N] or [C, H, W], each 1..1048576",
+                  "Shape of one example; [784] means (1, 1, 784)."),
+        K_U64("model.seed", model.seed, 1, 0, INT64_MAX, "Seed of the variables' initializers."),
+        K_SPECIAL("model.layers", "list of layers", "required", "1..64 layers, the last one dense",
+                  "Layers in order; the last dense layer's units are the number of classes (softmax cross-entropy)."),
+        K_SPECIAL("model.layers[].type", "string", "required",
+                  "dense, relu, tanh, sigmoid, conv2d, maxpool2d, flatten",
+                  "Layer kind. conv2d uses \"same\" padding and stride 1; dense needs a flat input (use flatten)."),
+        K_SPECIAL("model.layers[].units", "integer", "required (dense)", "[1, 1048576]",
+                  "dense: output features."),
+        K_SPECIAL("model.layers[].filters", "integer", "required (conv2d)", "[1, 65536]",
+                  "conv2d: output channels."),
+        K_SPECIAL("model.layers[].kernel", "integer", "required (conv2d)", "[1, 64]",
+                  "conv2d: kernel height = width."),
+        K_SPECIAL("model.layers[].pool", "integer", "required (maxpool2d)", "[1, 64]",
+                  "maxpool2d: window = stride."),
+        K_SPECIAL("model.layers[].init", "string", "\"default\"", "default, glorot_uniform, he_normal, zeros",
+                  "dense, conv2d: kernel initializer (default: he_normal before relu, else glorot_uniform); biases start at zero."),
+
+        K_STR("data.dir", data.dir, "/usr/share/datasets/fashion-mnist",
+              "Directory of the IDX files (Debian's dataset-fashion-mnist)."),
+        K_STR("data.train_images", data.train_images, "train-images-idx3-ubyte.gz", "Training images, in data.dir."),
+        K_STR("data.train_labels", data.train_labels, "train-labels-idx1-ubyte.gz", "Training labels, in data.dir."),
+        K_STR("data.test_images", data.test_images, "t10k-images-idx3-ubyte.gz", "Test images, in data.dir."),
+        K_STR("data.test_labels", data.test_labels, "t10k-labels-idx1-ubyte.gz", "Test labels, in data.dir."),
+
+        K_U32("training.batch_size", training.batch_size, 64, 1, 65536, "Examples per step per worker."),
+        K_ENUM("training.optimizer", training.optimizer, "momentum", optimizer_names, "Optimizer applied on the ps."),
+        K_DBL("training.learning_rate", training.learning_rate, 0.01, 0, true, 10, false, "Initial learning rate."),
+        K_DBL("training.momentum", training.momentum, 0.9, 0, false, 1, true, "momentum: momentum coefficient."),
+        K_BOOL("training.nesterov", training.nesterov, false, "momentum: use Nesterov momentum."),
+        K_DBL("training.beta1", training.beta1, 0.9, 0, false, 1, true, "adam: decay of the first moment."),
+        K_DBL("training.beta2", training.beta2, 0.999, 0, false, 1, true, "adam: decay of the second moment."),
+        K_DBL("training.epsilon", training.epsilon, 1e-7, 0, true, 1, false, "adam, adagrad: added to the denominator."),
+        K_DBL("training.initial_accumulator", training.initial_accumulator, 0.1, 0, true, 1000, false,
+              "adagrad: initial value of the accumulators."),
+        K_ENUM("training.lr_schedule", training.lr_schedule, "constant", schedule_names,
+               "exponential: lr * lr_decay_rate ^ (global_step / lr_decay_steps)."),
+        K_DBL("training.lr_decay_rate", training.lr_decay_rate, 0.96, 0, true, 1, false, "exponential: decay rate."),
+        K_U64("training.lr_decay_steps", training.lr_decay_steps, 1000, 1, INT64_MAX, "exponential: decay steps."),
+        K_BOOL("training.lr_staircase", training.lr_staircase, false,
+               "exponential: decay in whole steps (integer division)."),
+        K_U64("training.max_steps", training.max_steps, 1000, 1, 1000000000000, "Training stops when global_step reaches this."),
+        K_U32("training.report_every_steps", training.report_every_steps, 50, 1, 1000000,
+              "Workers report loss and throughput to the chief every this many local steps."),
+        K_U32("training.threads", training.threads, 1, 1, 256, "CPU threads per process: BLAS threads in workerd, server threads in psd."),
+        K_U64("training.seed", training.seed, 1, 0, INT64_MAX, "Seed of data shuffling."),
+
+        K_STR("supervisor.checkpoint_dir", supervisor.checkpoint_dir, "checkpoints",
+              "Where chiefd writes checkpoints; a relative path is under STATE_DIR/JOB/."),
+        K_STR("supervisor.summary_dir", supervisor.summary_dir, "summaries",
+              "Where chiefd writes TensorBoard summaries; a relative path is under STATE_DIR/JOB/."),
+        K_U64("supervisor.save_checkpoint_steps", supervisor.save_checkpoint_steps, 0, 0, INT64_MAX,
+              "Save a checkpoint every this many global steps; 0: off."),
+        K_U64("supervisor.save_checkpoint_secs", supervisor.save_checkpoint_secs, 600, 0, 31536000,
+              "Save a checkpoint every this many seconds; 0: off."),
+        K_U32("supervisor.keep_checkpoints", supervisor.keep_checkpoints, 5, 1, 1000,
+              "How many recent checkpoints to keep."),
+        K_U64("supervisor.save_summaries_secs", supervisor.save_summaries_secs, 10, 0, 31536000,
+              "Write summaries every this many seconds; 0: off."),
+        K_U64("supervisor.eval_every_steps", supervisor.eval_every_steps, 0, 0, INT64_MAX,
+              "Evaluate on the test set every this many global steps; 0: only at the end."),
+        K_U64("supervisor.ready_timeout_secs", supervisor.ready_timeout_secs, 600, 1, 86400,
+              "How long a worker waits for the job to become ready before failing."),
+
+        K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
+              "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),
+
+        K_U64("rpc.deadline_ms", rpc.deadline_ms, 30000, 1, 3600000, "Deadline of each RPC, in milliseconds."),
+        K_BOOL("rpc.shared_memory", rpc.shared_memory, true,
+               "A workerd and a psd on the same host move tensors through shared memory instead of loopback "
+               "gRPC (every other call stays gRPC). Each node decides for itself."),
+        K_U64("rpc.initial_reconnect_backoff_ms", rpc.initial_reconnect_backoff_ms, 100, 1, 3600000,
+              "gRPC channels: first wait before reconnecting to a peer that is down, in milliseconds. Each "
+              "node decides for itself.", .env = "PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS"),
+        K_U64("rpc.max_reconnect_backoff_ms", rpc.max_reconnect_backoff_ms, 1000, 1, 3600000,
+              "gRPC channels: longest wait between reconnection attempts, in milliseconds (gRPC's own default is "
+              "two minutes: a psd restarted by systemd would be noticed that late).",
+              .env = "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS"),
+
+        { .name = "device.device", .type = KT_STRING, FIELD(device.device), .sdef = "auto",
+          .check = check_device, .env = "PSFLEET_DEVICE",
+          .doc = "Where workers compute: auto, cpu, gpu:N or gpu:N,M,... (GPU ordinals 0..255, at most 16 GPUs)." },
+        K_DBL("device.gpu_memory_fraction", device.gpu_memory_fraction, 1.0, 0, true, 1, false,
+              "Share of each GPU's memory this job may use.", .env = "PSFLEET_GPU_MEMORY_FRACTION"),
+        K_BOOL("device.allow_growth", device.allow_growth, false,
+               "Allocate GPU memory as needed instead of all at start.", .env = "PSFLEET_ALLOW_GROWTH"),
+        K_BOOL("device.log_device_placement", device.log_device_placement, false,
+               "Log which device runs each layer.", .env = "PSFLEET_LOG_DEVICE_PLACEMENT"),
+        K_BOOL("device.allow_soft_placement", device.allow_soft_placement, false,
+               "An explicit gpu request that cannot be met falls back to the CPU instead of failing.",
+               .env = "PSFLEET_ALLOW_SOFT_PLACEMENT"),
+        K_BOOL("device.cuda_tf32", device.cuda_tf32, false,
+               "Let cuBLAS and cuDNN use TF32 tensor cores (faster, about 3 decimal digits).",
+               .env = "PSFLEET_CUDA_TF32"),
+};
+
+const struct config_env_setting cfg_env_settings[] = {
+        { "PSFLEET_CONFIG_DIR", KT_STRING, "/etc/psfleet",
+          "Daemons started with --instance JOB read DIR/jobs/JOB.json." },
+        { "PSFLEET_BIN_DIR", KT_STRING, "next to psfleet, then PATH",
+          "Where psfleet local finds psd, workerd and chiefd." },
+        { "PSFLEET_CUDA_PLUGIN", KT_STRING, "BINDIR/../lib/psfleet/, then the build tree, then the loader's path",
+          "Path of the CUDA backend plugin; empty: never load it (run on the CPU)." },
+        { "PSFLEET_TEST_FAKE_NO_GPU", KT_BOOL, "false",
+          "Test hook: behave as if no GPU were visible, whatever the plugin finds." },
+};
+const size_t cfg_n_env_settings = ELEMENTSOF(cfg_env_settings);
+
+const char *const cfg_sections[] = { "cluster", "model", "data", "training", "supervisor", "ps", "rpc", "device" };
+const size_t cfg_n_keys = ELEMENTSOF(cfg_keys);
+const size_t cfg_n_sections = ELEMENTSOF(cfg_sections);
+
+const struct layer_key cfg_layer_keys[] = {
+        { "units", BIT(LAYER_DENSE), 1, 1048576, offsetof(struct layer_spec, units) },
+        { "filters", BIT(LAYER_CONV2D), 1, 65536, offsetof(struct layer_spec, filters) },
+        { "kernel", BIT(LAYER_CONV2D), 1, 64, offsetof(struct layer_spec, kernel) },
+        { "pool", BIT(LAYER_MAXPOOL2D), 1, 64, offsetof(struct layer_spec, pool) },
+        { "init", BIT(LAYER_DENSE) | BIT(LAYER_CONV2D), 0, 0, offsetof(struct layer_spec, init) },
+};
+const size_t cfg_n_layer_keys = ELEMENTSOF(cfg_layer_keys);
+
+/* ---- documentation -------------------------------------------------------------------------- */
+
+static void key_docs(const struct config_key *k, char *type, char *def, char *range, size_t len) {
+        switch (k->type) {
+        case KT_U32:
+        case KT_U64:
+                snprintf(type, len, "integer");
+                snprintf(def, len, "%" PRId64, k->idef);
+                cfg_fmt_range(k, range, len);
+                break;
+        case KT_DOUBLE:
+                snprintf(type, len, "number");
+                snprintf(def, len, "%g", k->ddef);
+                cfg_fmt_range(k, range, len);
+                break;
+        case KT_BOOL:
+                snprintf(type, len, "boolean");
+                snprintf(def, len, "%s", k->sdef);
+                snprintf(range, len, "true, false");
+                break;
+        case KT_STRING:
+                snprintf(type, len, "string");
+                snprintf(def, len, "\"%s\"", k->sdef);
+                snprintf(range, len, k->check == check_device ? "auto, cpu, gpu:N, gpu:N,M,..." : "non-empty");
+                break;
+        case KT_ENUM:
+                snprintf(type, len, "string");
+                snprintf(def, len, "\"%s\"", k->sdef);
+                cfg_join_choices(k->choices, range, len);
+                break;
+        case KT_SPECIAL:
+                snprintf(type, len, "%s", k->type_doc);
+                snprintf(def, len, "%s", k->default_doc);
+                snprintf(range, len, "%s", k->range_doc);
+                break;
+        }
+}
+
+/* A Markdown table's two header lines, for columns "a|b|c". */
+static void md_header(FILE *f, const char *cols) {
+        fputs("| ", f);
+        for (const char *p = cols; *p; p++) {
+                if (*p == '|')
+                        fputs(" | ", f);
+                else
+                        fputc(*p, f);
+        }
+        fputs(" |\n|", f);
+        for (const char *p = cols; p; p = strchr(p + 1, '|'))
+                fputs(" --- |", f);
+        fputs("\n", f);
+}
+
+void config_print_keys(FILE *f, bool markdown) {
+        char type[256], def[256], range[256];
+
+        if (markdown)
+                md_header(f, "key|type|default|allowed|meaning");
+        for (size_t i = 0; i < cfg_n_keys; i++) {
+                const struct config_key *k = &cfg_keys[i];
+
+                key_docs(k, type, def, range, sizeof(type));
+                if (markdown)
+                        fprintf(f, "| `%s` | %s | %s | %s | %s |\n", k->name, type, def, range, k->doc);
+                else
+                        fprintf(f, "  %-34s %s; %s%s; %s\n  %-34s %s\n", k->name, type,
+                                strncmp(def, "required", 8) == 0 ? "" : "default ", def, range, "", k->doc);
+        }
+}
+
+void config_print_env(FILE *f, bool markdown) {
+        static const char bools[] = "0, 1, true, false, yes, no, on, off";
+        char type[256], def[256], range[256];
+
+        if (markdown)
+                md_header(f, "variable|overrides|type|allowed");
+        for (size_t i = 0; i < cfg_n_keys; i++) {
+                if (!cfg_keys[i].env)
+                        continue;
+                key_docs(&cfg_keys[i], type, def, range, sizeof(type));
+                fprintf(f, markdown ? "| `%s` | `%s` | %s | %s |\n" : "  %-40s overrides %s (%s; %s)\n", cfg_keys[i].env,
+                        cfg_keys[i].name, type, cfg_keys[i].type == KT_BOOL ? bools : range);
+        }
+        if (markdown) {
+                fputs("\n", f);
+                md_header(f, "variable|type|default|meaning");
+        }
+        for (size_t i = 0; i < cfg_n_env_settings; i++) {
+                const struct config_env_setting *e = &cfg_env_settings[i];
+
+                snprintf(type, sizeof(type), e->type == KT_BOOL ? "boolean (%s)" : "string", bools);
+                fprintf(f, markdown ? "| `%s` | %s | %s | %s |\n" : "  %-40s %s; default %s; %s\n", e->name, type,
+                        e->default_doc, e->doc);
+        }
+}
