@@ -71,11 +71,16 @@ for pkg in psfleet-common psfleet-psd psfleet-workerd psfleet-chiefd psfleet; do
         case $pkg in
         psfleet-common) ;;
         *)      # computed by dpkg-shlibdeps, not listed by hand (the daemons call sd_notify, the client does not)
-                libs="libc6 libgrpc libjansson4 libprotobuf-c1 libopenblas"
+                # psd computes nothing: its variables' layout comes from the job's model spec, so it
+                # links no BLAS (and must not start to)
+                libs="libc6 libgrpc libjansson4 libprotobuf-c1"
+                [ $pkg = psfleet-psd ] || libs="$libs libopenblas"
                 [ $pkg = psfleet ] || libs="$libs libsystemd0"
                 for lib in $libs; do
                         grep -q "$lib" <<<"$depends" || bad "$pkg: Depends lacks $lib: $depends"
-                done ;;
+                done
+                [ $pkg != psfleet-psd ] || ! grep -q libopenblas <<<"$depends" ||
+                        bad "$pkg: depends on a BLAS it does not use: $depends" ;;
         esac
         case $pkg in
         psfleet) ;;
