@@ -1,0 +1,17 @@
+/* What the RPC layer's files (rpc.c, rpc_server.c, rpc_client.c) share, and nobody else uses. */
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <grpc/support/time.h>
+
+#include "config.h"
+
+/* A caller's bug: prints file and line, aborts. */
+#define die_if(cond, what) do { if (cond) { fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, what); abort(); } } while (0)
+
+/* A deadline ms from now on gRPC's monotonic clock. */
+gpr_timespec rpc_deadline_in(uint64_t ms);
+/* The channels' reconnect options: rpc_configure()'s, else the defaults with their environment
+ * overrides. Thread-safe. */
+struct rpc_config rpc_channel_options(void);
