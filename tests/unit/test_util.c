@@ -249,6 +249,26 @@ static void test_atomic_file(void **state) {
         free(p);
 }
 
+static void test_grow_array(void **state) {
+        int *a = NULL;
+        size_t cap = 0;
+        assert_int_equal(grow_array((void **)&a, &cap, 1, sizeof(*a), 4), 0);
+        assert_int_equal(cap, 4);
+        for (int i = 0; i < 4; i++)
+                a[i] = i;
+        assert_int_equal(grow_array((void **)&a, &cap, 4, sizeof(*a), 4), 0);   /* room already */
+        assert_int_equal(cap, 4);
+        assert_int_equal(grow_array((void **)&a, &cap, 9, sizeof(*a), 4), 0);   /* doubles until it fits */
+        assert_int_equal(cap, 16);
+        for (int i = 0; i < 4; i++)
+                assert_int_equal(a[i], i);                                       /* contents kept */
+        int *before = a;
+        assert_int_equal(grow_array((void **)&a, &cap, SIZE_MAX / 2, sizeof(*a), 4), -ENOMEM);
+        assert_ptr_equal(a, before);                                             /* unchanged on failure */
+        assert_int_equal(cap, 16);
+        free(a);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_clocks),
@@ -257,6 +277,7 @@ int main(void) {
                 cmocka_unit_test(test_mkdir_p),
                 cmocka_unit_test(test_files),
                 cmocka_unit_test(test_backoff),
+                cmocka_unit_test(test_grow_array),
                 cmocka_unit_test(test_atomic_file),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

@@ -42,6 +42,25 @@ void backoff_reset(struct backoff *b) {
         b->cur = b->first;
 }
 
+int grow_array(void **arr, size_t *cap, size_t need, size_t elem, size_t first) {
+        if (need <= *cap)
+                return 0;
+        size_t n = *cap ? *cap : (first ? first : 1);
+        while (n < need) {
+                if (n > SIZE_MAX / 2)
+                        return -ENOMEM;
+                n *= 2;
+        }
+        if (n > SIZE_MAX / elem)
+                return -ENOMEM;
+        void *a = realloc(*arr, n * elem);
+        if (!a)
+                return -ENOMEM;
+        *arr = a;
+        *cap = n;
+        return 0;
+}
+
 int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret) {
         uint64_t v = 0;
 

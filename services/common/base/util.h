@@ -25,6 +25,10 @@ void backoff_init(struct backoff *b, uint64_t first, uint64_t max);
 uint64_t backoff_next(struct backoff *b);
 void backoff_reset(struct backoff *b);
 
+/* Makes room for at least `need` elements of `elem` bytes in the malloc'd array *arr of *cap elements,
+ * doubling from `first`: 0, or -ENOMEM with *arr and *cap unchanged (the caller still frees *arr). */
+int grow_array(void **arr, size_t *cap, size_t need, size_t elem, size_t first);
+
 /* Parses the whole of s as an unsigned decimal number (no sign, no spaces, no trailing text) into
  * *ret. Returns 0; -EINVAL if s is NULL, empty or not all digits; -ERANGE if the value overflows or
  * lies outside [min, max]. *ret is written only on success. */

@@ -315,22 +315,30 @@ static int download_grads(struct model *m, uint32_t first, uint32_t n)
         return backend_download(m->be, m->grads_host + begin, m->grads + begin, sizeof(float) * count);
 }
 
-/* Host -> device for rows [r0, r1) of var v; rows are contiguous in the row-major view. */
+/* Rows [r0, r1) of var v as a float range of a block: *begin_ret and the count (rows are contiguous in
+ * the row-major view). */
+static size_t rows_span(const struct model *m, uint32_t v, uint32_t r0, uint32_t r1, size_t *begin_ret)
+{
+        const struct model_var *a = &m->vars[v];
+        *begin_ret = a->offset + (size_t)r0 * a->cols;
+        return (size_t)(r1 - r0) * a->cols;
+}
+
+/* Host -> device for rows [r0, r1) of var v. */
 static int upload_rows(struct model *m, uint32_t v, uint32_t r0, uint32_t r1)
 {
-        if (m->host || r1 == r0)
+        size_t begin, n = rows_span(m, v, r0, r1, &begin);
+        if (m->host || n == 0)
                 return 0;
-        const struct model_var *a = &m->vars[v];
-        size_t begin = a->offset + (size_t)r0 * a->cols, n = (size_t)(r1 - r0) * a->cols;
         return backend_upload(m->be, m->params + begin, m->params_host + begin, sizeof(float) * n);
 }
 
+/* Device -> host for the gradient of rows [r0, r1) of var v. */
 static int download_grad_rows(struct model *m, uint32_t v, uint32_t r0, uint32_t r1)
 {
-        if (m->host || r1 == r0)
+        size_t begin, n = rows_span(m, v, r0, r1, &begin);
+        if (m->host || n == 0)
                 return 0;
-        const struct model_var *a = &m->vars[v];
-        size_t begin = a->offset + (size_t)r0 * a->cols, n = (size_t)(r1 - r0) * a->cols;
         return backend_download(m->be, m->grads_host + begin, m->grads + begin, sizeof(float) * n);
 }
 

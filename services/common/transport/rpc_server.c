@@ -167,6 +167,14 @@ static bool server_accepting(struct rpc_server *s) {
         return r;
 }
 
+/* A new call counts as in flight; true when the server still takes calls (the caller arms the next). */
+static bool call_started(struct rpc_server *s) {
+        pthread_mutex_lock(&s->mu);
+        s->in_flight++;
+        pthread_mutex_unlock(&s->mu);
+        return server_accepting(s);
+}
+
 static void on_new_generic(struct generic_call *g, bool ok) {
         struct rpc_server *s = g->s;
         if (!ok) {
@@ -174,10 +182,7 @@ static void on_new_generic(struct generic_call *g, bool ok) {
                 generic_free(g);
                 return;
         }
-        pthread_mutex_lock(&s->mu);
-        s->in_flight++;
-        pthread_mutex_unlock(&s->mu);
-        if (server_accepting(s))
+        if (call_started(s))
                 arm_generic(s);
         /* An unknown method is answered at once, or the client would wait for its whole deadline. */
         char msg[300];
@@ -209,10 +214,7 @@ static void on_new_call(struct rpc_call *c, bool ok) {
                 call_unref(c);
                 return;
         }
-        pthread_mutex_lock(&s->mu);
-        s->in_flight++;
-        pthread_mutex_unlock(&s->mu);
-        if (server_accepting(s))
+        if (call_started(s))
                 arm_method(s, c->method);
 
         /* Learn of cancellation (client gone, deadline, shutdown) even while a reply is deferred. */

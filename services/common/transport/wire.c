@@ -1,5 +1,6 @@
 /* Tensors on the wire without copying their payload: see wire.h. */
 #include "wire.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -413,13 +414,8 @@ int wire_in_parse(grpc_byte_buffer *bb, struct wire_in **ret, char *err, size_t 
         grpc_slice *s;
         size_t cap = 0;
         while (grpc_byte_buffer_reader_peek(in->reader, &s)) {
-                if (in->n_slices == cap) {
-                        cap = cap ? 2 * cap : 16;
-                        struct wire_seg *n = realloc(in->slices, cap * sizeof(*n));
-                        if (!n)
-                                goto fail;
-                        in->slices = n;
-                }
+                if ((r = grow_array((void **)&in->slices, &cap, in->n_slices + 1, sizeof(*in->slices), 16)) < 0)
+                        goto fail;
                 in->slices[in->n_slices++] = (struct wire_seg){GRPC_SLICE_START_PTR(*s), GRPC_SLICE_LENGTH(*s)};
         }
 
@@ -467,13 +463,8 @@ int wire_in_parse(grpc_byte_buffer *bb, struct wire_in **ret, char *err, size_t 
                                          in->n_tensors, (unsigned long long)len, total - c.pos);
                                 goto fail;
                         }
-                        if (in->n_tensors == tcap) {
-                                tcap = tcap ? 2 * tcap : 8;
-                                struct wire_tensor *n = realloc(in->tensors, tcap * sizeof(*n));
-                                if (!n)
-                                        goto fail;
-                                in->tensors = n;
-                        }
+                        if ((r = grow_array((void **)&in->tensors, &tcap, in->n_tensors + 1, sizeof(*in->tensors), 8)) < 0)
+                                goto fail;
                         struct wire_tensor *t = &in->tensors[in->n_tensors++];
                         memset(t, 0, sizeof(*t));
                         r = parse_tensor(&c, c.pos + len, t, err, errlen);
