@@ -137,13 +137,7 @@ static void *watch_main(void *arg) {
                 if (!active) {
                         pthread_cond_wait(&c->watch_cond, &c->watch_mu);
                 } else {
-                        struct timespec until;
-                        clock_gettime(CLOCK_REALTIME, &until);
-                        until.tv_nsec += WATCH_TICK_MS * 1000000L;
-                        if (until.tv_nsec >= 1000000000L) {
-                                until.tv_sec++;
-                                until.tv_nsec -= 1000000000L;
-                        }
+                        struct timespec until = realtime_in_ms(WATCH_TICK_MS);
                         pthread_cond_timedwait(&c->watch_cond, &c->watch_mu, &until);
                 }
         }

@@ -35,6 +35,13 @@ static void test_clocks(void **state) {
         usleep(2000);
         b = mono_us();
         assert_true(b >= a + 2000);
+        for (uint64_t ms = 0; ms < 3000; ms += 999) {   /* the nanoseconds carry into seconds */
+                uint64_t before = now_us();
+                struct timespec ts = realtime_in_ms(ms);
+                uint64_t at = (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+                assert_true(ts.tv_nsec >= 0 && ts.tv_nsec < 1000000000L);
+                assert_true(at >= before + ms * 1000 && at <= now_us() + ms * 1000);
+        }
 }
 
 static void test_parse_u64(void **state) {

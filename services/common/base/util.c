@@ -26,6 +26,18 @@ uint64_t mono_us(void) {
         return clock_us(CLOCK_MONOTONIC);
 }
 
+struct timespec realtime_in_ms(uint64_t ms) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_sec += (time_t)(ms / 1000);
+        t.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (t.tv_nsec >= 1000000000L) {
+                t.tv_sec++;
+                t.tv_nsec -= 1000000000L;
+        }
+        return t;
+}
+
 void backoff_init(struct backoff *b, uint64_t first, uint64_t max) {
         *b = (struct backoff){.first = first ? first : 1};
         b->max = max < b->first ? b->first : max;

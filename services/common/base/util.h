@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #ifndef ELEMENTSOF
 #define ELEMENTSOF(a) (sizeof(a) / sizeof((a)[0]))
@@ -14,6 +15,9 @@
 uint64_t now_us(void);
 /* Monotonic time (CLOCK_MONOTONIC) in microseconds; for intervals and deadlines. */
 uint64_t mono_us(void);
+
+/* The CLOCK_REALTIME time ms milliseconds from now, as pthread_cond_timedwait() wants it. */
+struct timespec realtime_in_ms(uint64_t ms);
 
 /* Exponential backoff for a retry loop: waits of `first`, doubling up to `max` (any unit; the caller's).
  * backoff_next() returns the wait to make now and doubles the next one; backoff_reset() starts over

@@ -118,6 +118,23 @@ float *model_grads(struct model *m)
         return m->grads_host;
 }
 
+/* The element-wise activations: forward y = f(x), and backward dy *= f'(y) in place (from the output). */
+static int activation_fwd(struct backend *be, enum layer_type t, const void *x, void *y, size_t n)
+{
+        const struct backend_ops *op = be->ops;
+        return t == LAYER_RELU ? op->relu_fwd(be, x, y, n)
+               : t == LAYER_TANH ? op->tanh_fwd(be, x, y, n)
+                                 : op->sigmoid_fwd(be, x, y, n);
+}
+
+static int activation_bwd(struct backend *be, enum layer_type t, const void *y, void *dy, size_t n)
+{
+        const struct backend_ops *op = be->ops;
+        return t == LAYER_RELU ? op->relu_bwd(be, y, dy, dy, n)
+               : t == LAYER_TANH ? op->tanh_bwd(be, y, dy, dy, n)
+                                 : op->sigmoid_bwd(be, y, dy, dy, n);
+}
+
 /* Shapes, variables and buffer plan; no allocation. The variables (and the checks on the spec) come
  * from model_spec_vars(), the one derivation psd's layout uses too; this adds each layer's shapes. */
 static int plan(struct model *m, const struct model_spec *spec)
@@ -547,13 +564,9 @@ static int forward(struct model *m, const float *x, const uint8_t *labels, uint3
                         r = op->maxpool2d_fwd(be, in, out, B, L->c, L->h, L->w, L->spec.pool);
                         break;
                 case LAYER_RELU:
-                        r = op->relu_fwd(be, in, out, n);
-                        break;
                 case LAYER_TANH:
-                        r = op->tanh_fwd(be, in, out, n);
-                        break;
                 case LAYER_SIGMOID:
-                        r = op->sigmoid_fwd(be, in, out, n);
+                        r = activation_fwd(be, L->spec.type, in, out, n);
                         break;
                 case LAYER_FLATTEN:
                         r = 0;
@@ -663,13 +676,9 @@ static int backward(struct model *m, const struct hooks *h)
                         cur ^= 1;
                         break;
                 case LAYER_RELU:
-                        r = op->relu_bwd(be, L->out, dy, dy, n);
-                        break;
                 case LAYER_TANH:
-                        r = op->tanh_bwd(be, L->out, dy, dy, n);
-                        break;
                 case LAYER_SIGMOID:
-                        r = op->sigmoid_bwd(be, L->out, dy, dy, n);
+                        r = activation_bwd(be, L->spec.type, L->out, dy, n);
                         break;
                 case LAYER_FLATTEN:
                         r = 0;

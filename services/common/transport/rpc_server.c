@@ -358,14 +358,7 @@ int rpc_server_start(struct rpc_server *s) {
 
 /* Waits up to ms for the shutdown notification and for every call to have ended. */
 static int server_wait_idle(struct rpc_server *s, uint64_t ms) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += (time_t)(ms / 1000);
-        until.tv_nsec += (long)(ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = realtime_in_ms(ms);
         int r = 0;
         pthread_mutex_lock(&s->mu);
         while (!(s->shutdown_notified && s->in_flight == 0) && r == 0)
@@ -461,15 +454,20 @@ uint64_t rpc_call_deadline_us(const struct rpc_call *c) {
         return (uint64_t)d.tv_sec * 1000000u + (uint64_t)d.tv_nsec / 1000u;
 }
 
+/* Starts a batch of ops on a call: the initial metadata first, once per call. Returns the ops used. */
+static size_t ops_begin(struct rpc_call *c, grpc_op *ops, size_t cap) {
+        memset(ops, 0, cap * sizeof(*ops));
+        if (c->initial_md_sent)
+                return 0;
+        ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->initial_md_sent = true;
+        return 1;
+}
+
 static int call_end(struct rpc_call *c, grpc_byte_buffer *msg, grpc_status_code code, const char *message) {
         die_if(atomic_exchange(&c->ended, true), "rpc: a call was ended twice");
         grpc_op ops[3];
-        size_t n = 0;
-        memset(ops, 0, sizeof(ops));
-        if (!c->initial_md_sent) {
-                ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-                c->initial_md_sent = true;
-        }
+        size_t n = ops_begin(c, ops, 3);
         if (msg) {
                 c->out = msg;
                 ops[n].op = GRPC_OP_SEND_MESSAGE;
@@ -526,12 +524,7 @@ int rpc_call_fail_errno(struct rpc_call *c, int err, const char *fmt, ...) {
 int rpc_call_send(struct rpc_call *c, grpc_byte_buffer *msg, uint64_t timeout_ms) {
         die_if(atomic_load(&c->ended), "rpc_call_send: call already ended");
         grpc_op ops[2];
-        size_t n = 0;
-        memset(ops, 0, sizeof(ops));
-        if (!c->initial_md_sent) {
-                ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-                c->initial_md_sent = true;
-        }
+        size_t n = ops_begin(c, ops, 2);
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = msg;
         c->send_done = false;
@@ -539,14 +532,7 @@ int rpc_call_send(struct rpc_call *c, grpc_byte_buffer *msg, uint64_t timeout_ms
                 grpc_byte_buffer_destroy(msg);
                 return -EIO;
         }
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += (time_t)(timeout_ms / 1000);
-        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = realtime_in_ms(timeout_ms);
         bool cancelled = false;
         pthread_mutex_lock(&c->mu);
         while (!c->send_done)
