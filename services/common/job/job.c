@@ -132,6 +132,7 @@ const char *job_state_name(int state) {
         case PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPING: return "stopping";
         case PSFLEET__V1__JOB_STATE__JOB_STATE_DONE: return "done";
         case PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED: return "failed";
+        case PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPED: return "stopped";
         default: return "unknown";
         }
 }
