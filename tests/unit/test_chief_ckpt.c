@@ -76,7 +76,7 @@ static int setup(void **state) {
         snprintf(dbp, sizeof(dbp), "%s/chief.db", dir);
         assert_int_equal(chief_db_open(dbp, &f->db), 0);
         snprintf(f->ckdir, sizeof(f->ckdir), "%s/ck", dir);
-        struct chief_ckpt_config cc = {.dir = f->ckdir, .L = f->job.L, .job = "t", .fingerprint = 0x1234, .keep = 2};
+        struct chief_ckpt_config cc = {.dir = f->ckdir, .L = f->job.L, .job = "t", .fingerprint = 0x1234, .keep = 2, .keep_corrupt = 3};
         char err[256];
         assert_int_equal(chief_ckpt_new(f->db, &cc, &f->s, err, sizeof(err)), 0);
         f->n = f->job.L->n_params;
