@@ -155,7 +155,7 @@ def test():
         chief = h.daemon(wd, "chiefd", job, env=hook)
         h.wait_healthy(chief_addr, chief)
         rows = agree(db, ckdir)
-        assert [r[0] for r in rows] == [first.global_step], rows
+        assert [r[0] for r in rows] == [0, first.global_step], rows   # with the step-0 checkpoint
         assert not any(os.path.exists(p) for p in found), found
         err = chief.stderr()
         why = ("the write of a checkpoint was interrupted" if window == "temp file"
