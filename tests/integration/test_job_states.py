@@ -90,8 +90,28 @@ def lifecycle():
         % loss.steps_lost in chief.stderr(), chief.stderr()[-2000:]
     h.log("ps:1 lost %d steps" % loss.steps_lost)
 
-    # SIGTERM while training: STOPPED after a final checkpoint; chiefd exits 0 and stops the shards.
+    # A save that fails shows in the status until one succeeds (the directory replaced by a file: the
+    # tests run as root, so permissions would not stop the write).
     wait_for("training again", lambda: h.job_status(chief_addr).global_step > 200, 60, [chief])
+    import grpc
+    ckdir = os.path.join(os.path.dirname(db), "checkpoints")
+    os.rename(ckdir, ckdir + ".away")
+    open(ckdir, "w").close()
+    with h.channel(chief_addr) as ch:
+        sup = s.supervisor_pb2_grpc.SupervisorStub(ch)
+        try:
+            sup.SaveCheckpoint(J.SaveCheckpointRequest(reason="test"), timeout=30)
+            raise AssertionError("a save into a file succeeded")
+        except grpc.RpcError as e:
+            assert "Not a directory" in e.details(), e.details()
+        err = h.job_status(chief_addr).last_checkpoint_error
+        assert "Not a directory" in err, err
+        os.unlink(ckdir)
+        os.rename(ckdir + ".away", ckdir)
+        sup.SaveCheckpoint(J.SaveCheckpointRequest(reason="test"), timeout=30)
+        assert h.job_status(chief_addr).last_checkpoint_error == ""
+
+    # SIGTERM while training: STOPPED after a final checkpoint; chiefd exits 0 and stops the shards.
     chief.kill(signal.SIGTERM)
     assert chief.wait(30) == 0, chief.stderr()[-3000:]
     state, gs, reason, since = db_job(db)
