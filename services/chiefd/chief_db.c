@@ -307,16 +307,21 @@ static void bind_job(sqlite3_stmt *st, const void *ud) {
 static int durable_begin(struct chief_db *db);
 static int durable_end(struct chief_db *db, int r, bool begun);
 
-int chief_db_save_job(struct chief_db *db, const struct chief_db_job *j) {
+/* One statement in its own durable transaction. */
+static int exec_durable(struct chief_db *db, const char *sql, bind_fn *bind, const void *ud) {
         int r = durable_begin(db);
         bool begun = r >= 0;
         if (r >= 0)
-                r = exec_one_locked(db,
-                                    "INSERT OR REPLACE INTO job (id, fingerprint, state, global_step, max_steps, started_us,"
-                                    " updated_us, test_accuracy, test_loss, wall_s, reason, state_since_us)"
-                                    " VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                    bind_job, j, NULL, NULL);
+                r = exec_one_locked(db, sql, bind, ud, NULL, NULL);
         return durable_end(db, r, begun);
+}
+
+int chief_db_save_job(struct chief_db *db, const struct chief_db_job *j) {
+        return exec_durable(db,
+                            "INSERT OR REPLACE INTO job (id, fingerprint, state, global_step, max_steps, started_us,"
+                            " updated_us, test_accuracy, test_loss, wall_s, reason, state_since_us)"
+                            " VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            bind_job, j);
 }
 
 static void bind_loss(sqlite3_stmt *st, const void *ud) {
@@ -329,14 +334,9 @@ static void bind_loss(sqlite3_stmt *st, const void *ud) {
 }
 
 int chief_db_add_loss(struct chief_db *db, const struct chief_db_loss *l) {
-        int r = durable_begin(db);
-        bool begun = r >= 0;
-        if (r >= 0)
-                r = exec_one_locked(db,
-                                    "INSERT INTO losses (time_us, shard, restored_step, job_step, steps_lost)"
-                                    " VALUES (?, ?, ?, ?, ?)",
-                                    bind_loss, l, NULL, NULL);
-        return durable_end(db, r, begun);
+        return exec_durable(db,
+                            "INSERT INTO losses (time_us, shard, restored_step, job_step, steps_lost) VALUES (?, ?, ?, ?, ?)",
+                            bind_loss, l);
 }
 
 int chief_db_list_losses(struct chief_db *db, struct chief_db_loss **ret, size_t *n_ret) {

@@ -42,15 +42,22 @@ static void restart_help(FILE *f) {
                    "could not be reached, 2 bad usage, 78 bad job file.\n");
 }
 
-/* The command's one call to the chief; prints and returns as cli_chief_call. */
-typedef int call_fn(struct rpc_channel *ch, const char *reason, uint64_t timeout_ms);
+/* The command line of stop and restart: the chief's address and the reason. */
+struct control {
+        const char *reason;
+        uint64_t timeout_ms;
+        struct rpc_channel *ch;
+};
 
-static int control(const char *cmd, void (*help)(FILE *), int argc, char **argv, call_fn *call) {
-        const char *address = NULL, *job = NULL, *reason = "psfleet";
+/* Parses the command line and opens a channel to the chief. Returns -1 with *c ready, else the exit
+ * status (after --help, or having said what is wrong). */
+static int control_open(const char *cmd, void (*help)(FILE *), int argc, char **argv, struct control *c) {
+        const char *address = NULL, *job = NULL;
         uint64_t timeout_us = 5000 * 1000;
+        c->reason = "psfleet";
         const struct cli_opt opts[] = {
                 CLI_CHIEF_OPTS(&address, &job),
-                CLI_STRING("reason", &reason),
+                CLI_STRING("reason", &c->reason),
                 CLI_DURATION("timeout-ms", &timeout_us, 1, 3600000, 1000),
                 {NULL},
         };
@@ -59,46 +66,65 @@ static int control(const char *cmd, void (*help)(FILE *), int argc, char **argv,
         char *chief = NULL;
         if (!cli_args_parse(&args, argc, argv, &first, &r) || (r = cli_chief_address(cmd, address, job, &chief)))
                 return r;
+        c->timeout_ms = timeout_us / 1000;
         rpc_global_init();
-        struct rpc_channel *ch = NULL;
-        if (!(r = cli_chief_channel(chief, &ch)))
-                r = call(ch, reason, timeout_us / 1000);
-        rpc_channel_free(ch);
+        r = cli_chief_channel(chief, &c->ch);
         free(chief);
+        if (r) {
+                rpc_global_shutdown();
+                return r;
+        }
+        return -1;
+}
+
+/* A command: its call, what it is for in an error, and its line on stdout when it succeeds. */
+struct control_cmd {
+        const char *name;
+        void (*help)(FILE *f);
+        const char *method;
+        const ProtobufCMessageDescriptor *request, *reply;   /* the request has a string field `reason` */
+        const char *what, *done;
+};
+
+static int control(const struct control_cmd *k, int argc, char **argv) {
+        struct control c;
+        int r = control_open(k->name, k->help, argc, argv, &c);
+        if (r >= 0)
+                return r;
+        /* StopRequest and RestartRequest: a message with one field, `reason`, set through the
+         * descriptor so that one path serves both. */
+        ProtobufCMessage *q = calloc(1, k->request->sizeof_message), *m = NULL;
+        const ProtobufCFieldDescriptor *fd = protobuf_c_message_descriptor_get_field_by_name(k->request, "reason");
+        if (!q || !fd) {
+                cli_error("out of memory");
+                r = 1;
+        } else {
+                protobuf_c_message_init(k->request, q);
+                *(const char **)((char *)q + fd->offset) = c.reason;
+                r = cli_chief_call(c.ch, k->method, q, k->reply, c.timeout_ms, k->what, &m);
+        }
+        if (!r) {
+                printf("%s\n", k->done);
+                protobuf_c_message_free_unpacked(m, NULL);
+        }
+        free(q);
+        rpc_channel_free(c.ch);
         rpc_global_shutdown();
         return r;
 }
 
-static int call_stop(struct rpc_channel *ch, const char *reason, uint64_t timeout_ms) {
-        Psfleet__V1__StopRequest q = PSFLEET__V1__STOP_REQUEST__INIT;
-        q.reason = (char *)reason;
-        ProtobufCMessage *m;
-        int r = cli_chief_call(ch, "/psfleet.v1.Supervisor/Stop", &q.base, &psfleet__v1__stop_reply__descriptor,
-                               timeout_ms, "stop the job", &m);
-        if (!r) {
-                printf("the chief is stopping the job: a final checkpoint, then STOPPED\n");
-                protobuf_c_message_free_unpacked(m, NULL);
-        }
-        return r;
-}
-
-static int call_restart(struct rpc_channel *ch, const char *reason, uint64_t timeout_ms) {
-        Psfleet__V1__RestartRequest q = PSFLEET__V1__RESTART_REQUEST__INIT;
-        q.reason = (char *)reason;
-        ProtobufCMessage *m;
-        int r = cli_chief_call(ch, "/psfleet.v1.Supervisor/Restart", &q.base, &psfleet__v1__restart_reply__descriptor,
-                               timeout_ms, "restart the job", &m);
-        if (!r) {
-                printf("the job is starting again from its newest checkpoint\n");
-                protobuf_c_message_free_unpacked(m, NULL);
-        }
-        return r;
-}
-
 int cmd_stop(int argc, char **argv) {
-        return control("stop", stop_help, argc, argv, call_stop);
+        static const struct control_cmd k = {
+                "stop", stop_help, "/psfleet.v1.Supervisor/Stop", &psfleet__v1__stop_request__descriptor,
+                &psfleet__v1__stop_reply__descriptor, "stop the job",
+                "the chief is stopping the job: a final checkpoint, then STOPPED"};
+        return control(&k, argc, argv);
 }
 
 int cmd_restart(int argc, char **argv) {
-        return control("restart", restart_help, argc, argv, call_restart);
+        static const struct control_cmd k = {
+                "restart", restart_help, "/psfleet.v1.Supervisor/Restart", &psfleet__v1__restart_request__descriptor,
+                &psfleet__v1__restart_reply__descriptor, "restart the job",
+                "the job is starting again from its newest checkpoint"};
+        return control(&k, argc, argv);
 }

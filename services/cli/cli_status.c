@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli_chief.h"
 #include "cli_json.h"
@@ -29,14 +28,6 @@ static void status_help(FILE *f) {
                    "78 bad job file.\n");
 }
 
-static const char *fmt_when(uint64_t us, char *buf, size_t len) {
-        time_t t = (time_t)(us / 1000000);
-        struct tm tm;
-        localtime_r(&t, &tm);
-        strftime(buf, len, "%Y-%m-%d %H:%M:%S %z", &tm);
-        return buf;
-}
-
 static void print_workers(const char *what, const uint32_t *w, size_t n) {
         printf("  %-10s", what);
         if (!n)
@@ -53,12 +44,12 @@ static void print_text(const Psfleet__V1__JobStatus *s) {
         if (s->reason && *s->reason)
                 printf("  reason     %s\n", s->reason);
         if (s->state_since_us)
-                printf("  since      %s (%s ago)\n", fmt_when(s->state_since_us, buf2, sizeof(buf2)),
+                printf("  since      %s (%s ago)\n", cli_format_time(s->state_since_us, true, buf2, sizeof(buf2)),
                        cli_format_duration(now > s->state_since_us ? (double)(now - s->state_since_us) / 1e6 : 0, buf,
                                            sizeof(buf)));
         if (s->waiting_for) {
                 const Psfleet__V1__WaitingFor *w = s->waiting_for;
-                printf("  waiting    for %s since %s", w->peer ? w->peer : "?", fmt_when(w->since_us, buf2, sizeof(buf2)));
+                printf("  waiting    for %s since %s", w->peer ? w->peer : "?", cli_format_time(w->since_us, true, buf2, sizeof(buf2)));
                 if (w->deadline_us)
                         printf(", fails in %s", cli_format_duration(w->deadline_us > now ? (double)(w->deadline_us - now) / 1e6 : 0,
                                                                    buf, sizeof(buf)));
@@ -92,13 +83,13 @@ static void print_text(const Psfleet__V1__JobStatus *s) {
                 const Psfleet__V1__ShardLoss *l = s->losses[i];
                 printf("    ps:%u     %llu steps (restored from step %llu, the job was at %llu) at %s\n", l->shard,
                        (unsigned long long)l->steps_lost, (unsigned long long)l->restored_step,
-                       (unsigned long long)l->job_step, fmt_when(l->time_us, buf2, sizeof(buf2)));
+                       (unsigned long long)l->job_step, cli_format_time(l->time_us, true, buf2, sizeof(buf2)));
         }
         print_workers("live", s->workers_live, s->n_workers_live);
         print_workers("missing", s->workers_missing, s->n_workers_missing);
         printf("  fingerprint %016" PRIx64 "\n", s->fingerprint);
         if (s->started_us)
-                printf("  started    %s\n", fmt_when(s->started_us, buf, sizeof(buf)));
+                printf("  started    %s\n", cli_format_time(s->started_us, true, buf, sizeof(buf)));
         if (s->wall_s > 0)
                 printf("  training   %s (wall)\n", cli_format_duration(s->wall_s, buf, sizeof(buf)));
         printf("nodes:\n");

@@ -64,17 +64,7 @@ def agree(db, ckdir):
 
 
 def wait_for(what, cond, timeout=30, procs=()):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        for p in procs:
-            if not p.alive():
-                raise AssertionError("%s exited (%s) while waiting for %s:\n%s"
-                                     % (p.name, p.p.returncode, what, p.stderr()[-3000:]))
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for " + what)
+    return h.wait_for(what, cond, timeout, procs, poll=0.02)
 
 
 def pull(s, ps_addr, fingerprint, shapes):

@@ -27,19 +27,6 @@ def db_job(db):
         con.close()
 
 
-def wait_for(what, pred, timeout, procs=()):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        for p in procs:
-            if not p.alive():
-                raise AssertionError("%s exited (%s) while waiting for %s:\n%s"
-                                     % (p.name, p.p.returncode, what, p.stderr()[-3000:]))
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting for " + what)
-
-
 def checkpoints(chief_addr):
     s = h.stubs()
     with h.channel(chief_addr) as ch:
@@ -53,11 +40,9 @@ def lifecycle():
     J = s.supervisor_pb2
     wd = h.Workdir()
     job, spec = h.make_job(wd, n_ps=2, n_workers=3,
-                           training={"max_steps": 3000, "report_every_steps": 20, "learning_rate": 0.02})
-    spec["supervisor"] = {"save_checkpoint_steps": 0, "save_checkpoint_secs": 0, "save_summaries_secs": 0,
-                          "worker_timeout_secs": 5}
-    with open(job, "w") as f:
-        h.json.dump(spec, f)
+                           training={"max_steps": 3000, "report_every_steps": 20, "learning_rate": 0.02},
+                           supervisor={"save_checkpoint_steps": 0, "save_checkpoint_secs": 0, "save_summaries_secs": 0,
+                                       "worker_timeout_secs": 5})
     chief_addr = spec["cluster"]["chief"][0]
     db = os.path.join(wd.file("state"), spec["job"], "chief.db")
 
@@ -71,7 +56,7 @@ def lifecycle():
     assert list(st.workers_missing) == [0, 1, 2] and not st.workers_live, st
 
     workers = [h.daemon(wd, "workerd", job, i) for i in range(2)]   # worker:2 is never started
-    wait_for("training past step 300", lambda: h.job_status(chief_addr).global_step > 300, 60, ps + [chief])
+    h.wait_for("training past step 300", lambda: h.job_status(chief_addr).global_step > 300, 60, ps + [chief])
     st = h.job_status(chief_addr)
     assert sorted(st.workers_live) == [0, 1] and list(st.workers_missing) == [2], st
 
@@ -80,7 +65,7 @@ def lifecycle():
     ps[1].wait(10)
     before = h.job_status(chief_addr).global_step
     ps[1] = h.daemon(wd, "psd", job, 1)
-    wait_for("the loss to be reported", lambda: len(h.job_status(chief_addr).losses) == 1, 60, [chief])
+    h.wait_for("the loss to be reported", lambda: len(h.job_status(chief_addr).losses) == 1, 60, [chief])
     st = h.job_status(chief_addr)
     loss = st.losses[0]
     assert loss.shard == 1 and loss.restored_step == 0 and loss.job_step >= before, loss
@@ -92,7 +77,7 @@ def lifecycle():
 
     # A save that fails shows in the status until one succeeds (the directory replaced by a file: the
     # tests run as root, so permissions would not stop the write).
-    wait_for("training again", lambda: h.job_status(chief_addr).global_step > 200, 60, [chief])
+    h.wait_for("training again", lambda: h.job_status(chief_addr).global_step > 200, 60, [chief])
     import grpc
     ckdir = os.path.join(os.path.dirname(db), "checkpoints")
     os.rename(ckdir, ckdir + ".away")
@@ -146,13 +131,11 @@ def sticky_failure():
     s = h.stubs()
     J = s.supervisor_pb2
     wd = h.Workdir()
-    job, spec = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": 300, "report_every_steps": 20})
-    spec["supervisor"] = {"ready_timeout_secs": 2, "save_summaries_secs": 0}
-    with open(job, "w") as f:
-        h.json.dump(spec, f)
+    job, spec = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": 300, "report_every_steps": 20},
+                           supervisor={"ready_timeout_secs": 2, "save_summaries_secs": 0})
     chief_addr = spec["cluster"]["chief"][0]
     chief = h.daemon(wd, "chiefd", job)   # no psd: the wait for ps:0 runs out
-    wait_for("FAILED", lambda: h.healthy(chief_addr) and h.job_status(chief_addr).state == J.JOB_STATE_FAILED, 30,
+    h.wait_for("FAILED", lambda: h.healthy(chief_addr) and h.job_status(chief_addr).state == J.JOB_STATE_FAILED, 30,
              [chief])
     st = h.job_status(chief_addr)
     assert st.reason.startswith("ps:0 not reachable for 2 s: "), st.reason
