@@ -226,7 +226,7 @@ grpc_byte_buffer *chief_status_pack(struct chief *c) {
         s.test_accuracy = c->test_accuracy;
         s.test_loss = c->test_loss;
         s.started_us = c->started_us;
-        if (c->end_mono)
+        if (c->end_mono || chief_state_final(&c->js))   /* a sticky state keeps the recorded time */
                 s.wall_s = c->wall_s;
         else if (c->ready_mono)
                 s.wall_s = (float)((double)(mono_us() - c->ready_mono) / 1e6);

@@ -7,7 +7,8 @@
   a new chiefd resumes from it with 0 steps lost (global_step and the checkpoint list);
 - a job listed with 3 workers finishes with 2 started, and the status lists the missing one;
 - a FAILED job stays FAILED across a restart of chiefd, says why (status, `psfleet status`), and
-  trains again only after `psfleet restart`.
+  trains again only after `psfleet restart`; the wait that failed it was visible as waiting_for;
+- a job whose every worker stays away past the deadline fails, naming them.
 """
 
 import os
@@ -132,13 +133,19 @@ def sticky_failure():
     J = s.supervisor_pb2
     wd = h.Workdir()
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": 300, "report_every_steps": 20},
-                           supervisor={"ready_timeout_secs": 2, "save_summaries_secs": 0})
+                           supervisor={"ready_timeout_secs": 4, "save_summaries_secs": 0})
     chief_addr = spec["cluster"]["chief"][0]
     chief = h.daemon(wd, "chiefd", job)   # no psd: the wait for ps:0 runs out
+    h.wait_healthy(chief_addr, chief)
+    st = h.job_status(chief_addr)
+    assert st.state == J.JOB_STATE_INITIALIZING and st.waiting_for.peer == "ps:0", st
+    assert st.waiting_for.deadline_us - st.waiting_for.since_us == 4000000, st.waiting_for
+    assert "UNAVAILABLE" in st.waiting_for.last_error, st.waiting_for
     h.wait_for("FAILED", lambda: h.healthy(chief_addr) and h.job_status(chief_addr).state == J.JOB_STATE_FAILED, 30,
              [chief])
     st = h.job_status(chief_addr)
-    assert st.reason.startswith("ps:0 not reachable for 2 s: "), st.reason
+    assert st.reason.startswith("ps:0 not reachable for 4 s: "), st.reason
+    assert not st.HasField("waiting_for"), st
     reason = st.reason
     time.sleep(1)
     assert chief.alive(), "chiefd exited on a failed job"
@@ -167,8 +174,27 @@ def sticky_failure():
     worker.wait(30)
 
 
+def no_workers():
+    """A job whose every worker stays away past the deadline fails, naming each worker's last state."""
+    s = h.stubs()
+    wd = h.Workdir()
+    job, spec = h.make_job(wd, n_ps=1, n_workers=2, training={"max_steps": 300},
+                           supervisor={"ready_timeout_secs": 2, "save_summaries_secs": 0})
+    chief_addr = spec["cluster"]["chief"][0]
+    ps = h.daemon(wd, "psd", job, 0)
+    chief = h.daemon(wd, "chiefd", job)
+    st = h.wait_state(chief_addr, "READY", 30, [ps, chief])
+    assert st.waiting_for.peer == "workers", st
+    h.wait_for("FAILED", lambda: h.job_status(chief_addr).state == s.supervisor_pb2.JOB_STATE_FAILED, 30, [chief])
+    st = h.job_status(chief_addr)
+    assert st.reason == "every worker not reachable for 2 s: worker:0 not joined; worker:1 not joined", st.reason
+    chief.kill(signal.SIGTERM)
+    assert chief.wait(30) == 0
+
+
 def test():
     h.require("psd", "workerd", "chiefd", "psfleet")
+    no_workers()
     sticky_failure()
     lifecycle()
 
