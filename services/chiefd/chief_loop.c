@@ -164,6 +164,12 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 return 0;
         }
 
+        if (n_init < cfg->cluster.n_ps || restored) {
+                /* The shards were assigned in this pass: the status shows them as they are now. */
+                uint32_t n_now;
+                char e[512];
+                chief_probe_shards(c, &n_now, e, sizeof(e));
+        }
         pthread_mutex_lock(&c->lock);
         if (!restored && n_init == cfg->cluster.n_ps && c->ps[0].global_step > c->global_step)
                 c->global_step = c->ps[0].global_step;
