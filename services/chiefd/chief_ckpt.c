@@ -27,7 +27,7 @@ struct chief_ckpt {
         char *dir, *job;
         const struct job_layout *L;
         uint64_t fingerprint;
-        uint32_t keep;
+        uint32_t keep, keep_corrupt;
         uint64_t test_hook_delay_ms;
         pthread_mutex_t mu;
 };
@@ -55,7 +55,7 @@ int chief_ckpt_new(struct chief_db *db, const struct chief_ckpt_config *cfg, str
                 return errf(err, errlen, -ENOMEM, "out of memory");
         }
         *s = (struct chief_ckpt){.db = db, .dir = abs, .job = job, .L = cfg->L, .fingerprint = cfg->fingerprint,
-                                 .keep = cfg->keep ? cfg->keep : 1, .test_hook_delay_ms = cfg->test_hook_delay_ms};
+                                 .keep = cfg->keep ? cfg->keep : 1, .keep_corrupt = cfg->keep_corrupt, .test_hook_delay_ms = cfg->test_hook_delay_ms};
         pthread_mutex_init(&s->mu, NULL);
         *ret = s;
         return 0;
@@ -99,6 +99,59 @@ static const char *base_name(const char *path) {
 static bool exists(const char *path) {
         struct stat st;
         return stat(path, &st) == 0;
+}
+
+struct corrupt_file {
+        char *path;
+        struct timespec mtime;
+};
+
+static int newest_first(const void *a, const void *b) {
+        const struct corrupt_file *x = a, *y = b;
+        if (x->mtime.tv_sec != y->mtime.tv_sec)
+                return x->mtime.tv_sec < y->mtime.tv_sec ? 1 : -1;
+        if (x->mtime.tv_nsec != y->mtime.tv_nsec)
+                return x->mtime.tv_nsec < y->mtime.tv_nsec ? 1 : -1;
+        return strcmp(y->path, x->path);
+}
+
+/* Removes the ".corrupt" files beyond the newest keep_corrupt (s->mu held): they are kept for a
+ * post-mortem, not forever. Returns how many were removed. */
+static int prune_corrupt_locked(struct chief_ckpt *s) {
+        DIR *d = opendir(s->dir);
+        struct corrupt_file *f = NULL;
+        size_t n = 0, cap = 0;
+        int removed = 0;
+        for (struct dirent *e; d && (e = readdir(d));) {
+                size_t len = strlen(e->d_name);
+                struct stat st;
+                if (len <= 8 || strcmp(e->d_name + len - 8, ".corrupt") != 0)
+                        continue;
+                char *path = strdup_printf("%s/%s", s->dir, e->d_name);
+                if (!path || stat(path, &st) < 0 || grow_array((void **)&f, &cap, n + 1, sizeof(*f), 8) < 0) {
+                        free(path);
+                        continue;
+                }
+                f[n++] = (struct corrupt_file){path, st.st_mtim};
+        }
+        if (d)
+                closedir(d);
+        if (n)
+                qsort(f, n, sizeof(*f), newest_first);
+        for (size_t i = 0; i < n; i++) {
+                if (i >= s->keep_corrupt) {
+                        if (unlink(f[i].path) == 0) {
+                                log_info("Removed \"%s\": keeping the newest %u corrupt checkpoint file(s) "
+                                         "(supervisor.keep_corrupt)", f[i].path, s->keep_corrupt);
+                                removed++;
+                        } else if (errno != ENOENT) {
+                                log_warning_errno(errno, "Cannot remove \"%s\"", f[i].path);
+                        }
+                }
+                free(f[i].path);
+        }
+        free(f);
+        return removed;
 }
 
 /* ---- saving ---- */
@@ -333,6 +386,7 @@ int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *sl
                                     d < 0 ? "could not forget it" : "forgot it", aside ? ", moved the file aside to " : "",
                                     aside ? aside : "", next);
                         free(aside);
+                        prune_corrupt_locked(s);
                 } else {
                         /* Not the file's fault (permissions, I/O, memory): leave it recorded. */
                         log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
@@ -434,6 +488,8 @@ int chief_ckpt_reconcile(struct chief_ckpt *s) {
         }
         if (d)
                 closedir(d);
+        if (r >= 0)
+                repairs += prune_corrupt_locked(s);
         pthread_mutex_unlock(&s->mu);
         free(rows);
         return r < 0 ? r : repairs;

@@ -27,6 +27,7 @@ struct chief_ckpt_config {
         const char *job;
         uint64_t fingerprint;
         uint32_t keep;                  /* supervisor.keep_checkpoints */
+        uint32_t keep_corrupt;          /* supervisor.keep_corrupt: .corrupt files kept, the newest */
         uint64_t test_hook_delay_ms;    /* test hook (PSFLEET_TEST_CHECKPOINT_DELAY_MS): sleep before the
                                          * rename and again before the row is committed; 0: off */
 };
@@ -41,8 +42,9 @@ const char *chief_ckpt_dir(const struct chief_ckpt *s);
 char *chief_ckpt_path(const struct chief_ckpt *s, uint64_t global_step);
 
 /* After a crash: removes temp files of interrupted writes and checkpoint files without a row, forgets
- * rows whose file is gone (a row whose file was moved along with the directory follows it). Each
- * repair is logged. Returns the number of repairs, or -errno. */
+ * rows whose file is gone (a row whose file was moved along with the directory follows it), and keeps
+ * only the newest keep_corrupt ".corrupt" files. Each repair is logged. Returns the number of repairs,
+ * or -errno. */
 int chief_ckpt_reconcile(struct chief_ckpt *s);
 
 /* Writes params (and slots, n_slots blocks, or NULL) in the model's block layout as the checkpoint of
@@ -62,8 +64,8 @@ int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row,
                     bool *slots_loaded, char *err, size_t errlen);
 
 /* The newest checkpoint that loads: tries rows newest first; a missing or corrupt one is logged by name,
- * its file moved aside to "<path>.corrupt" (if present) and its row deleted, and the previous one is
- * tried. Returns 1 with *ret and the values loaded; 0 when none is usable; -EINVAL when the newest
+ * its file moved aside to "<path>.corrupt" (if present; only the newest keep_corrupt of those are kept)
+ * and its row deleted, and the previous one is tried. Returns 1 with *ret and the values loaded; 0 when none is usable; -EINVAL when the newest
  * intact one holds a different model (err says how: the job must not silently start afresh); or
  * another -errno. */
 int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,

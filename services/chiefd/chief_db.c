@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -11,12 +12,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHIEF_DB_SCHEMA_VERSION 2
+/* 3: the job's reason and state_since_us, the losses table, paths relative to the directory. */
+#define CHIEF_DB_SCHEMA_VERSION 3
 
 struct chief_db {
         sqlite3 *h;
         pthread_mutex_t lock;
+        char *dir;              /* absolute: relative paths are stored against it */
+        size_t dir_len;
 };
+
+/* Appends an element of `size` bytes to a growing array *a of *n. */
+static int array_push(void *a, size_t *n, const void *elem, size_t size) {
+        char *b = realloc(*(void **)a, (*n + 1) * size);
+        if (!b)
+                return -ENOMEM;
+        memcpy(b + *n * size, elem, size);
+        (*n)++;
+        *(void **)a = b;
+        return 0;
+}
 
 /* The one place where SQLite's result codes become errno values. */
 static int db_errno(sqlite3 *h, int rc) {
@@ -76,7 +91,17 @@ static const char schema[] =
         "  updated_us INTEGER NOT NULL,"
         "  test_accuracy REAL NOT NULL,"
         "  test_loss REAL NOT NULL,"
-        "  wall_s REAL NOT NULL);"
+        "  wall_s REAL NOT NULL,"
+        "  reason TEXT NOT NULL DEFAULT '',"
+        "  state_since_us INTEGER NOT NULL DEFAULT 0);"
+        /* Version 3. One row per shard restored from a checkpoint behind the job's step. */
+        "CREATE TABLE IF NOT EXISTS losses ("
+        "  id INTEGER PRIMARY KEY,"
+        "  time_us INTEGER NOT NULL,"
+        "  shard INTEGER NOT NULL,"
+        "  restored_step INTEGER NOT NULL,"
+        "  job_step INTEGER NOT NULL,"
+        "  steps_lost INTEGER NOT NULL);"
         "CREATE TABLE IF NOT EXISTS progress ("
         "  id INTEGER PRIMARY KEY,"
         "  time_us INTEGER NOT NULL,"
@@ -110,27 +135,83 @@ static const char schema[] =
         "  trigger TEXT NOT NULL);"
         "CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints (time_us, global_step);";
 
+static int exec_sql(struct chief_db *db, const char *sql) {
+        return db_errno(db->h, sqlite3_exec(db->h, sql, NULL, NULL, NULL));
+}
+
+static int read_user_version(struct chief_db *db, int *v) {
+        sqlite3_stmt *st = NULL;
+        int rc = sqlite3_prepare_v2(db->h, "PRAGMA user_version", -1, &st, NULL);
+        if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW)
+                *v = sqlite3_column_int(st, 0);
+        sqlite3_finalize(st);
+        return rc == SQLITE_ROW ? 0 : db_errno(db->h, rc);
+}
+
+/* Before version 3, paths were absolute: those under the directory become relative to it. */
+static int migrate(struct chief_db *db, int from) {
+        int r = 0;
+        if (from > 0 && from < 3) {
+                r = exec_sql(db, "ALTER TABLE job ADD COLUMN reason TEXT NOT NULL DEFAULT '';"
+                                 "ALTER TABLE job ADD COLUMN state_since_us INTEGER NOT NULL DEFAULT 0;");
+                if (r == -EINVAL)
+                        r = 0;  /* the columns exist: an interrupted migration */
+        }
+        sqlite3_stmt *st = NULL;
+        int rc = sqlite3_prepare_v2(db->h, "UPDATE checkpoints SET path = substr(path, ?1) WHERE substr(path, 1, ?2) = ?3",
+                                    -1, &st, NULL);
+        if (r >= 0 && rc == SQLITE_OK) {
+                char *prefix = malloc(db->dir_len + 2);
+                if (!prefix) {
+                        sqlite3_finalize(st);
+                        return -ENOMEM;
+                }
+                snprintf(prefix, db->dir_len + 2, "%s/", db->dir);
+                sqlite3_bind_int64(st, 1, (sqlite3_int64)db->dir_len + 2);
+                sqlite3_bind_int64(st, 2, (sqlite3_int64)db->dir_len + 1);
+                sqlite3_bind_text(st, 3, prefix, -1, SQLITE_TRANSIENT);
+                rc = sqlite3_step(st);
+                free(prefix);
+        }
+        sqlite3_finalize(st);
+        return r < 0 ? r : db_errno(db->h, rc);
+}
+
 int chief_db_open(const char *path, struct chief_db **ret) {
         struct chief_db *db = calloc(1, sizeof(*db));
-        if (!db)
+        char *copy = strdup(path);
+        if (!db || !copy) {
+                free(db);
+                free(copy);
                 return -ENOMEM;
+        }
         pthread_mutex_init(&db->lock, NULL);
+        db->dir = realpath(dirname(copy), NULL);
+        free(copy);
+        int r = db->dir ? 0 : -errno;
+        if (r < 0)
+                goto fail;
+        db->dir_len = strlen(db->dir);
         int rc = sqlite3_open_v2(path, &db->h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
-        int r = db_errno(db->h, rc);
+        r = db_errno(db->h, rc);
         if (r < 0)
                 goto fail;
         sqlite3_busy_timeout(db->h, 5000);
         /* WAL: readers (psfleet, tests) never block the chief. synchronous=NORMAL: a commit is durable
          * at the next checkpoint; progress rows are cheap to lose in a power cut, not worth an fsync. */
-        rc = sqlite3_exec(db->h, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", NULL, NULL, NULL);
-        if (rc == SQLITE_OK)
-                rc = sqlite3_exec(db->h, schema, NULL, NULL, NULL);
-        if (rc == SQLITE_OK) {
+        int version = 0;
+        r = exec_sql(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");
+        if (r >= 0)
+                r = read_user_version(db, &version);
+        if (r >= 0)
+                r = exec_sql(db, schema);
+        if (r >= 0)
+                r = migrate(db, version);
+        if (r >= 0) {
                 char q[64];
                 snprintf(q, sizeof(q), "PRAGMA user_version=%d;", CHIEF_DB_SCHEMA_VERSION);
-                rc = sqlite3_exec(db->h, q, NULL, NULL, NULL);
+                r = exec_sql(db, q);
         }
-        r = db_errno(db->h, rc);
         if (r < 0)
                 goto fail;
         *ret = db;
@@ -140,11 +221,34 @@ fail:
         return r;
 }
 
+const char *chief_db_dir(const struct chief_db *db) {
+        return db->dir;
+}
+
+/* A path as stored: relative when under the directory. */
+static void path_to_row(const struct chief_db *db, const char *abs, char *buf, size_t len) {
+        if (strncmp(abs, db->dir, db->dir_len) == 0 && abs[db->dir_len] == '/' && abs[db->dir_len + 1])
+                snprintf(buf, len, "%s", abs + db->dir_len + 1);
+        else
+                snprintf(buf, len, "%s", abs);
+}
+
+/* A stored path made absolute again, in place. */
+static void path_from_row(const struct chief_db *db, char *path, size_t len) {
+        size_t n = strlen(path);
+        if (!path[0] || path[0] == '/' || db->dir_len + 1 + n >= len)
+                return;   /* a path that would not fit is left as stored: reconcile forgets it */
+        memmove(path + db->dir_len + 1, path, n + 1);
+        memcpy(path, db->dir, db->dir_len);
+        path[db->dir_len] = '/';
+}
+
 struct chief_db *chief_db_close(struct chief_db *db) {
         if (!db)
                 return NULL;
         sqlite3_close(db->h);   /* NULL-safe */
         pthread_mutex_destroy(&db->lock);
+        free(db->dir);
         free(db);
         return NULL;
 }
@@ -196,13 +300,76 @@ static void bind_job(sqlite3_stmt *st, const void *ud) {
         sqlite3_bind_double(st, 7, j->test_accuracy);
         sqlite3_bind_double(st, 8, j->test_loss);
         sqlite3_bind_double(st, 9, j->wall_s);
+        sqlite3_bind_text(st, 10, j->reason, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(st, 11, (sqlite3_int64)j->state_since_us);
+}
+
+static int durable_begin(struct chief_db *db);
+static int durable_end(struct chief_db *db, int r, bool begun);
+
+/* One statement in its own durable transaction. */
+static int exec_durable(struct chief_db *db, const char *sql, bind_fn *bind, const void *ud) {
+        int r = durable_begin(db);
+        bool begun = r >= 0;
+        if (r >= 0)
+                r = exec_one_locked(db, sql, bind, ud, NULL, NULL);
+        return durable_end(db, r, begun);
 }
 
 int chief_db_save_job(struct chief_db *db, const struct chief_db_job *j) {
-        return exec_one(db,
-                        "INSERT OR REPLACE INTO job (id, fingerprint, state, global_step, max_steps, started_us,"
-                        " updated_us, test_accuracy, test_loss, wall_s) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        bind_job, j, NULL, NULL);
+        return exec_durable(db,
+                            "INSERT OR REPLACE INTO job (id, fingerprint, state, global_step, max_steps, started_us,"
+                            " updated_us, test_accuracy, test_loss, wall_s, reason, state_since_us)"
+                            " VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            bind_job, j);
+}
+
+static void bind_loss(sqlite3_stmt *st, const void *ud) {
+        const struct chief_db_loss *l = ud;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64)l->time_us);
+        sqlite3_bind_int64(st, 2, l->shard);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64)l->restored_step);
+        sqlite3_bind_int64(st, 4, (sqlite3_int64)l->job_step);
+        sqlite3_bind_int64(st, 5, (sqlite3_int64)l->steps_lost);
+}
+
+int chief_db_add_loss(struct chief_db *db, const struct chief_db_loss *l) {
+        return exec_durable(db,
+                            "INSERT INTO losses (time_us, shard, restored_step, job_step, steps_lost) VALUES (?, ?, ?, ?, ?)",
+                            bind_loss, l);
+}
+
+int chief_db_list_losses(struct chief_db *db, struct chief_db_loss **ret, size_t *n_ret) {
+        struct chief_db_loss *a = NULL;
+        size_t n = 0;
+        sqlite3_stmt *st = NULL;
+        int r = 0;
+        pthread_mutex_lock(&db->lock);
+        int rc = sqlite3_prepare_v2(db->h, "SELECT time_us, shard, restored_step, job_step, steps_lost FROM losses"
+                                    " ORDER BY id", -1, &st, NULL);
+        while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+                struct chief_db_loss l = {
+                        .time_us = (uint64_t)sqlite3_column_int64(st, 0),
+                        .shard = (uint32_t)sqlite3_column_int64(st, 1),
+                        .restored_step = (uint64_t)sqlite3_column_int64(st, 2),
+                        .job_step = (uint64_t)sqlite3_column_int64(st, 3),
+                        .steps_lost = (uint64_t)sqlite3_column_int64(st, 4),
+                };
+                if ((r = array_push(&a, &n, &l, sizeof(l))) < 0)
+                        break;
+                rc = SQLITE_OK;
+        }
+        if (r >= 0 && rc != SQLITE_DONE)
+                r = rc == SQLITE_OK ? -EIO : db_errno(db->h, rc);
+        sqlite3_finalize(st);
+        pthread_mutex_unlock(&db->lock);
+        if (r < 0) {
+                free(a);
+                return r;
+        }
+        *ret = a;
+        *n_ret = n;
+        return 0;
 }
 
 static void read_job(sqlite3_stmt *st, void *ud) {
@@ -217,13 +384,17 @@ static void read_job(sqlite3_stmt *st, void *ud) {
                 .test_accuracy = (float)sqlite3_column_double(st, 6),
                 .test_loss = (float)sqlite3_column_double(st, 7),
                 .wall_s = (float)sqlite3_column_double(st, 8),
+                .state_since_us = (uint64_t)sqlite3_column_int64(st, 10),
         };
+        const char *reason = (const char *)sqlite3_column_text(st, 9);
+        snprintf(((struct chief_db_job *)ud)->reason, sizeof(((struct chief_db_job *)ud)->reason), "%s",
+                 reason ? reason : "");
 }
 
 int chief_db_load_job(struct chief_db *db, struct chief_db_job *ret) {
         return exec_one(db,
                         "SELECT fingerprint, state, global_step, max_steps, started_us, updated_us,"
-                        " test_accuracy, test_loss, wall_s FROM job WHERE id = 1",
+                        " test_accuracy, test_loss, wall_s, reason, state_since_us FROM job WHERE id = 1",
                         NULL, NULL, read_job, ret);
 }
 
@@ -344,14 +515,8 @@ static void read_ckpt(sqlite3_stmt *st, struct chief_db_checkpoint *c) {
         snprintf(c->trigger, sizeof(c->trigger), "%s", text_or_empty(st, 9));
 }
 
-/* Appends a row to a growing array. */
 static int push_ckpt(struct chief_db_checkpoint **a, size_t *n, const struct chief_db_checkpoint *c) {
-        struct chief_db_checkpoint *b = realloc(*a, (*n + 1) * sizeof(*b));
-        if (!b)
-                return -ENOMEM;
-        b[(*n)++] = *c;
-        *a = b;
-        return 0;
+        return array_push(a, n, c, sizeof(*c));
 }
 
 /* Runs a query and collects its checkpoint rows (lock held). bind_step >= 0 binds parameter 1. */
@@ -366,6 +531,7 @@ static int select_ckpts(struct chief_db *db, const char *sql, int64_t bind_param
         while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
                 struct chief_db_checkpoint c;
                 read_ckpt(st, &c);
+                path_from_row(db, c.path, sizeof(c.path));
                 if ((r = push_ckpt(&a, &n, &c)) < 0)
                         break;
                 rc = SQLITE_OK;
@@ -380,10 +546,6 @@ static int select_ckpts(struct chief_db *db, const char *sql, int64_t bind_param
         *ret = a;
         *n_ret = n;
         return 0;
-}
-
-static int exec_sql(struct chief_db *db, const char *sql) {
-        return db_errno(db->h, sqlite3_exec(db->h, sql, NULL, NULL, NULL));
 }
 
 /* A change to the checkpoint records: it must survive a power cut once we report it, so it commits
@@ -426,7 +588,9 @@ int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoin
                 if (rc == SQLITE_OK) {
                         sqlite3_bind_int64(st, 1, (sqlite3_int64)ck->global_step);
                         sqlite3_bind_int64(st, 2, (sqlite3_int64)ck->time_us);
-                        sqlite3_bind_text(st, 3, ck->path, -1, SQLITE_TRANSIENT);
+                        char stored[sizeof(ck->path)];
+                        path_to_row(db, ck->path, stored, sizeof(stored));
+                        sqlite3_bind_text(st, 3, stored, -1, SQLITE_TRANSIENT);
                         sqlite3_bind_int64(st, 4, (sqlite3_int64)ck->bytes);
                         sqlite3_bind_text(st, 5, ck->checksum, -1, SQLITE_TRANSIENT);
                         if (isfinite(ck->loss))

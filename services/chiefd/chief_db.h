@@ -1,6 +1,8 @@
-/* chiefd's record of a job in SQLite (WAL): the job's state, per-worker progress reports,
- * evaluations and checkpoints. The one place where SQLite result codes become -errno.
- * Thread-safe: every call takes the database's own lock. */
+/* chiefd's record of a job in SQLite (WAL): the job's state (sticky: with its reason and since when),
+ * per-worker progress reports, evaluations, checkpoints and the shards' losses. The one place where
+ * SQLite result codes become -errno. Paths under the database's directory (the job's state directory)
+ * are stored relative to it, so that a copied state directory refers to its own files; the calls take
+ * and return absolute paths. Thread-safe: every call takes the database's own lock. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -17,6 +19,15 @@ struct chief_db_job {
         float test_accuracy;    /* -1 until evaluated */
         float test_loss;
         float wall_s;
+        uint64_t state_since_us; /* wall clock µs when the job entered state */
+        char reason[512];       /* why it is in state; "" when nothing to say */
+};
+
+/* A shard restored from a checkpoint behind the job's global_step. Plain data. */
+struct chief_db_loss {
+        uint64_t time_us;
+        uint32_t shard;
+        uint64_t restored_step, job_step, steps_lost;
 };
 
 /* One Report of one worker. Plain data; state points at the caller's string. */
@@ -34,10 +45,18 @@ struct chief_db_progress {
 int chief_db_open(const char *path, struct chief_db **ret);
 struct chief_db *chief_db_close(struct chief_db *db); /* NULL-safe; returns NULL */
 
+/* The directory that relative paths are stored against (the database's, resolved). */
+const char *chief_db_dir(const struct chief_db *db);
+
 /* The job row: 0 and *ret filled, -ENOENT when the job was never recorded, or -errno. */
 int chief_db_load_job(struct chief_db *db, struct chief_db_job *ret);
-/* Inserts or replaces the job row. */
+/* Inserts or replaces the job row, durably (synchronous=FULL): a state survives a power cut. */
 int chief_db_save_job(struct chief_db *db, const struct chief_db_job *j);
+
+/* Appends one loss, durably. */
+int chief_db_add_loss(struct chief_db *db, const struct chief_db_loss *l);
+/* Every loss, oldest first: *ret malloc'd (NULL when none), *n_ret. Returns 0 or -errno. */
+int chief_db_list_losses(struct chief_db *db, struct chief_db_loss **ret, size_t *n_ret);
 
 /* Appends one progress row. */
 int chief_db_add_progress(struct chief_db *db, const struct chief_db_progress *p);

@@ -24,22 +24,23 @@ struct loop {
         uint64_t restore_since;           /* mono: a restarted shard's restore began (0: none) */
         uint64_t last_notify, last_progress_log;
         uint64_t stop_begin;
+        bool signalled;                   /* a signal asked for the orderly stop: a second one exits */
         char last_why[512];
         uint64_t last_why_log;
 };
 
-/* Applies an event that ends the job: records it, answers the waiting SaveCheckpoint calls, logs.
- * Returns -EIO. */
+/* Applies an event that ends the job: records it (chief_event_locked), answers the waiting
+ * SaveCheckpoint calls, logs. chiefd stays up to say why. Returns 0. */
 static int fail_job(struct chief *c, const struct chief_event *ev) {
         char why[CHIEF_REASON_MAX];
         pthread_mutex_lock(&c->lock);
         chief_event_locked(c, ev);
         chief_strfmt(why, sizeof(why), "%s", c->js.reason);
         pthread_mutex_unlock(&c->lock);
-        chief_save_job(c);
         chief_answer_saves(c, -EPERM, NULL, false, why);
         notify_status("failed: %s", why);
-        return log_error_errno(-EIO, "Job failed: %s", why);
+        log_error("Job failed: %s", why);
+        return 0;
 }
 
 /* The same for a failure that only the caller can word. */
@@ -75,26 +76,29 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
         uint32_t n_ok = chief_probe_shards(c, &n_init, why, sizeof(why));
         int r = 0;
         bool restored = false, restore_failed = false;
-        if (n_ok == cfg->cluster.n_ps && n_init < n_ok) {
-                /* Every shard when none is initialized; after a chiefd restart, only those that lost
-                 * their variables meanwhile. */
+        bool force = c->force_restore;
+        if (n_ok == cfg->cluster.n_ps && (n_init < n_ok || force)) {
+                /* Every shard when none is initialized, or after Restart; after a chiefd restart, only
+                 * those that lost their variables meanwhile. */
                 bool *which = calloc(cfg->cluster.n_ps, sizeof(bool));
                 if (!which)
                         return log_error_errno(-ENOMEM, "Out of memory");
                 pthread_mutex_lock(&c->lock);
                 for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
-                        which[s] = n_init == 0 || !c->ps[s].initialized;
+                        which[s] = force || n_init == 0 || !c->ps[s].initialized;
                 pthread_mutex_unlock(&c->lock);
                 r = chief_restore_shards(c, which, why, sizeof(why));
                 free(which);
                 if (r == -EINVAL)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_MISMATCH, .why = why});
-                if (r > 0)
+                if (r > 0) {
                         chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_DONE});
+                        c->force_restore = false;
+                }
                 restored = r > 0;
                 restore_failed = r < 0;
         }
-        if (n_ok == cfg->cluster.n_ps && n_init < n_ok && r == 0) {
+        if (n_ok == cfg->cluster.n_ps && (n_init < n_ok || force) && r == 0) {
                 if (n_init > 0)
                         log_warning("%u of %u shards are initialized and the others not; without a checkpoint "
                                     "to restore from, initializing all of them",
@@ -113,10 +117,41 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                         pthread_mutex_lock(&c->lock);
                         c->global_step = 0;
                         pthread_mutex_unlock(&c->lock);
+                        c->force_restore = false;
                         chief_session_log(c, 0, SUMMARY_SESSION_START, NULL, "initialized");
                 }
         }
+        const char *peer = "ps";
+        char ps_peer[32];
+        for (uint32_t s = 0; s < cfg->cluster.n_ps && n_ok < cfg->cluster.n_ps; s++) {
+                pthread_mutex_lock(&c->lock);
+                bool up = c->ps[s].reachable;
+                pthread_mutex_unlock(&c->lock);
+                if (!up) {
+                        chief_strfmt(ps_peer, sizeof(ps_peer), "ps:%u", s);
+                        peer = ps_peer;
+                        break;
+                }
+        }
+        if (n_ok == cfg->cluster.n_ps && r >= 0 && !c->have_ckpt) {
+                /* Every loss of a shard must be recoverable: with no checkpoint yet, the values the
+                 * shards hold now (the initial ones, usually) become one before any worker starts. */
+                uint64_t gs = 0;
+                r = chief_pull(c, true, &gs, err, sizeof(err));
+                if (r >= 0)
+                        r = chief_save(c, gs, true, "init", NULL, NULL, err, sizeof(err));
+                if (r < 0) {
+                        chief_strfmt(why, sizeof(why), "saving the checkpoint of global_step %" PRIu64 ": %s", gs, err);
+                        peer = "checkpoint";
+                }
+        }
         if (n_ok < cfg->cluster.n_ps || r < 0) {
+                pthread_mutex_lock(&c->lock);
+                chief_wait_set_locked(c, peer, now_us() - (t - lp->init_start), cfg->supervisor.ready_timeout_secs, why);
+                pthread_mutex_unlock(&c->lock);
+                if (t - lp->init_start > timeout_us && n_ok < cfg->cluster.n_ps)
+                        return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_WAIT_TIMEOUT, .where = peer, .why = why,
+                                                                 .timeout_s = cfg->supervisor.ready_timeout_secs});
                 if (t - lp->init_start > timeout_us)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_READY_TIMEOUT, .why = why,
                                                                  .timeout_s = cfg->supervisor.ready_timeout_secs});
@@ -129,10 +164,17 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 return 0;
         }
 
+        if (n_init < cfg->cluster.n_ps || restored) {
+                /* The shards were assigned in this pass: the status shows them as they are now. */
+                uint32_t n_now;
+                char e[512];
+                chief_probe_shards(c, &n_now, e, sizeof(e));
+        }
         pthread_mutex_lock(&c->lock);
         if (!restored && n_init == cfg->cluster.n_ps && c->ps[0].global_step > c->global_step)
                 c->global_step = c->ps[0].global_step;
         uint64_t gs = c->global_step;
+        c->wait.on = false;
         chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_SHARDS_READY});
         c->ready_mono = mono_us();
         c->ready_step = gs;
@@ -142,7 +184,7 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
         c->last_save_step = gs;
         c->last_save_mono = c->last_summary_mono = mono_us();
         c->last_eval_step = gs;
-        if (n_init == cfg->cluster.n_ps) {
+        if (n_init == cfg->cluster.n_ps && !restored) {
                 log_info("Every ps shard is already initialized: carrying on at global_step %" PRIu64, gs);
                 chief_session_log(c, gs, SUMMARY_SESSION_START, NULL, "chiefd restarted");
         }
@@ -172,6 +214,59 @@ static void notify_progress(struct chief *c, struct loop *lp) {
         }
 }
 
+/* Every shard went back to the checkpoint of restored_step while the job was at job_step: one row and
+ * one journal line per lost shard. */
+static void record_losses(struct chief *c, const bool *gone, uint64_t job_step) {
+        pthread_mutex_lock(&c->lock);
+        uint64_t S = c->restored_step;
+        pthread_mutex_unlock(&c->lock);
+        for (uint32_t s = 0; s < c->cfg->cluster.n_ps; s++) {
+                if (!gone[s])
+                        continue;
+                struct chief_db_loss l = {.time_us = now_us(), .shard = s, .restored_step = S, .job_step = job_step,
+                                          .steps_lost = job_step > S ? job_step - S : 0};
+                chief_add_loss(c, &l);
+                log_full(LOG_WARNING, 0, S,
+                         "ps:%u lost its variables: every shard restored from the checkpoint of global_step %" PRIu64
+                         "; %" PRIu64 " steps of updates lost (the job was at global_step %" PRIu64 ")",
+                         s, S, l.steps_lost, job_step);
+        }
+}
+
+/* No worker live: the job waits for one, up to the deadline; past it the job fails with the workers'
+ * last states. Returns -ETIMEDOUT when it failed. */
+static int check_workers(struct chief *c) {
+        const struct job_config *cfg = c->cfg;
+        uint64_t now = now_us(), since = 0;
+        char why[CHIEF_REASON_MAX] = "";
+        pthread_mutex_lock(&c->lock);
+        uint32_t n_live = 0;
+        for (uint32_t w = 0; w < cfg->cluster.n_worker; w++) {
+                const struct worker_info *wi = &c->workers[w];
+                n_live += chief_worker_live_locked(c, w, now);
+                if (wi->last_report_us > since)
+                        since = wi->last_report_us + cfg->supervisor.worker_timeout_secs * 1000000ULL;
+                chief_strfmt(why + strlen(why), sizeof(why) - strlen(why), "%sworker:%u %s", w ? "; " : "", w,
+                             wi->state[0] ? wi->state : "not joined");
+        }
+        uint64_t ready_us = now - (mono_us() - c->ready_mono);
+        if (since < ready_us)
+                since = ready_us;
+        if (n_live || since > now) {
+                c->wait.on = false;
+                pthread_mutex_unlock(&c->lock);
+                return 0;
+        }
+        chief_wait_set_locked(c, "workers", since, cfg->supervisor.ready_timeout_secs, why);
+        bool past = now > c->wait.deadline_us;
+        pthread_mutex_unlock(&c->lock);
+        if (!past)
+                return 0;
+        fail_job(c, &(struct chief_event){.kind = CHIEF_EV_WAIT_TIMEOUT, .where = "every worker", .why = why,
+                                          .timeout_s = cfg->supervisor.ready_timeout_secs});
+        return -ETIMEDOUT;
+}
+
 /* READY and TRAINING: follow global_step on shard 0, watch the shards, notice the end. */
 static int phase_poll(struct chief *c, struct loop *lp) {
         const struct job_config *cfg = c->cfg;
@@ -181,43 +276,69 @@ static int phase_poll(struct chief *c, struct loop *lp) {
         chief_probe_shards(c, &n_init, why, sizeof(why));
         uint64_t t = mono_us();
 
-        bool *which = calloc(cfg->cluster.n_ps, sizeof(bool)), lost = false;
-        if (!which)
+        bool *which = calloc(cfg->cluster.n_ps, sizeof(bool)), *gone = calloc(cfg->cluster.n_ps, sizeof(bool));
+        bool lost = false, waiting = false;
+        if (!which || !gone) {
+                free(which);
+                free(gone);
                 return log_error_errno(-ENOMEM, "Out of memory");
+        }
         pthread_mutex_lock(&c->lock);
         for (uint32_t s = 0; s < cfg->cluster.n_ps; s++) {
                 const struct ps_info *pi = &c->ps[s];
+                if (!pi->reachable && !waiting) {
+                        char peer[32];
+                        chief_strfmt(peer, sizeof(peer), "ps:%u", s);
+                        chief_wait_set_locked(c, peer, now_us() - (t - pi->lost_since_mono),
+                                              cfg->supervisor.ready_timeout_secs, pi->state);
+                        waiting = true;
+                }
                 if (!pi->reachable && t - pi->lost_since_mono > timeout_us) {
                         char st[sizeof(pi->state)];
                         chief_strfmt(st, sizeof(st), "%s", pi->state);
                         pthread_mutex_unlock(&c->lock);
                         free(which);
+                        free(gone);
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_SHARD_LOST, .shard = s,
                                                                  .where = cfg->cluster.ps[s].addr, .why = st,
                                                                  .timeout_s = cfg->supervisor.ready_timeout_secs});
                 }
-                which[s] = pi->reachable && !pi->initialized;
-                lost |= which[s];
+                gone[s] = pi->reachable && !pi->initialized;
+                lost |= gone[s];
         }
+        if (!waiting)
+                c->wait.on = false;
+        uint64_t job_step = c->global_step;
         pthread_mutex_unlock(&c->lock);
         if (lost) {
-                /* A psd restarted (new incarnation, uninitialized): restore it from the newest checkpoint.
-                 * Its pushes fail meanwhile, so the workers drain, wait and pull again. */
+                /* A psd restarted (new incarnation, uninitialized). Every shard goes back to the newest
+                 * checkpoint, not only the lost one, as TensorFlow's Supervisor restores the whole model:
+                 * the parameters then hold one step, and global_step says which. Pushes fail meanwhile,
+                 * so the workers drain, wait and pull again. */
+                for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
+                        which[s] = true;
                 if (!lp->restore_since) {
                         lp->restore_since = t;
                         for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
-                                if (which[s])
+                                if (gone[s])
                                         log_warning("ps:%u (%s) restarted (incarnation %" PRIu64 ") without its variables: "
-                                                    "restoring it from the newest checkpoint while the workers wait",
+                                                    "restoring every shard from the newest checkpoint while the workers wait",
                                                     s, cfg->cluster.ps[s].addr, c->ps[s].incarnation);
                 }
                 int r = chief_restore_shards(c, which, why, sizeof(why));
                 free(which);
+                if (r > 0)
+                        record_losses(c, gone, job_step);
+                free(gone);
                 if (r == -EINVAL)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_MISMATCH, .why = why});
                 if (r == 0)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_NONE, .why = why});
                 if (r < 0) {
+                        pthread_mutex_lock(&c->lock);
+                        chief_wait_set_locked(c, "ps", now_us() - (t - lp->restore_since),
+                                              cfg->supervisor.ready_timeout_secs, why);
+                        pthread_mutex_unlock(&c->lock);
                         if (t - lp->restore_since > timeout_us)
                                 return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_TIMEOUT, .why = why,
                                                                          .timeout_s = cfg->supervisor.ready_timeout_secs});
@@ -227,15 +348,19 @@ static int phase_poll(struct chief *c, struct loop *lp) {
                         return 0;
                 }
                 lp->restore_since = 0;
+                chief_wait_clear(c);
                 chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_DONE});
                 lp->next = mono_us() + POLL_US;
                 return 0;
         }
         free(which);
+        free(gone);
+        if (!waiting && check_workers(c) < 0)
+                return 0;
         pthread_mutex_lock(&c->lock);
         if (c->ps[0].reachable) {
-                if (c->ps[0].global_step > c->global_step)
-                        c->global_step = c->ps[0].global_step;
+                /* Shard 0 holds global_step: a worker's report from before a restore may not raise it. */
+                c->global_step = c->ps[0].global_step;
                 chief_note_progress_locked(c, t);
                 chief_add_sample_locked(c, t, c->global_step);
         }
@@ -251,17 +376,54 @@ static int phase_poll(struct chief *c, struct loop *lp) {
         pthread_mutex_unlock(&c->lock);
 
         if (end) {
-                log_info("%s at global_step %" PRIu64 ": waiting for the workers to finish",
-                         gs >= cfg->training.max_steps ? "Reached max_steps" : "Stop requested", gs);
+                log_info("%s at global_step %" PRIu64 ": %s",
+                         max ? "Reached max_steps" : "Stop requested", gs,
+                         max ? "waiting for the workers to finish" : "telling the workers to stop");
                 notify_status("stopping at step %" PRIu64 "/%" PRIu64, gs, cfg->training.max_steps);
                 lp->stop_begin = t;
+                chief_wait_clear(c);
                 chief_save_job(c);
+                if (!max)
+                        chief_stop_workers(c);
         } else {
                 notify_progress(c, lp);
                 chief_maybe_snapshot(c);
                 chief_maybe_write_summaries(c);
         }
         lp->next = t + POLL_US;
+        return 0;
+}
+
+/* An orderly stop: one pull with the optimizer's slots, the final checkpoint, STOPPED, the shards
+ * told. A start afterwards resumes from that checkpoint with nothing lost. */
+static int finish_stopped(struct chief *c) {
+        char err[1024], why[1200] = "";
+        uint64_t gs = 0;
+        chief_event(c, &(struct chief_event){.kind = CHIEF_EV_SAVING_FINAL});
+        struct chief_db_checkpoint row;
+        int r = chief_pull(c, true, &gs, err, sizeof(err));
+        if (r >= 0)
+                r = chief_save(c, gs, true, "stop", &row, NULL, err, sizeof(err));
+        chief_answer_saves(c, r, &row, false, err);
+        pthread_mutex_lock(&c->lock);
+        uint64_t resume = c->have_ckpt ? c->last_ckpt.global_step : 0;
+        pthread_mutex_unlock(&c->lock);
+        if (r < 0) {
+                /* Nothing else can be done in the stop's time; say what a start will find. */
+                chief_strfmt(why, sizeof(why), "the final checkpoint failed (%s): a start resumes from global_step %" PRIu64,
+                             err, resume);
+                log_error("Cannot save the final checkpoint: %s", err);
+        }
+        pthread_mutex_lock(&c->lock);
+        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_STOPPED, .step = r >= 0 ? gs : resume, .why = why});
+        pthread_mutex_unlock(&c->lock);
+        chief_session_log(c, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "stopped");
+        log_full(LOG_INFO, 0, gs, "Stopped at global_step %" PRIu64 "%s%s", r >= 0 ? gs : resume,
+                 why[0] ? ": " : " after its final checkpoint", why);
+        notify_status("stopped: step %" PRIu64, r >= 0 ? gs : resume);
+        r = ps_client_stop(c->pc, "job stopped");
+        if (r < 0)
+                log_info_errno(r, "Could not tell every ps shard to stop (they may have stopped already)");
         return 0;
 }
 
@@ -307,23 +469,49 @@ static int finish(struct chief *c) {
         return 0;
 }
 
-/* STOPPING: wait (bounded) until every worker is done or gone, then evaluate. */
+/* STOPPING: wait (bounded) until every worker is done or gone, then evaluate (at max_steps) or save
+ * (after a stop). */
 static int phase_stopping(struct chief *c, struct loop *lp) {
         int64_t first_busy;
         uint32_t busy = chief_probe_workers(c, &first_busy);
         uint64_t t = mono_us();
-        if (busy && t - lp->stop_begin < STOP_WAIT_US) {
+        pthread_mutex_lock(&c->lock);
+        bool max = c->global_step >= c->cfg->training.max_steps, stop = c->stop_requested;
+        pthread_mutex_unlock(&c->lock);
+        if (busy && t - lp->stop_begin < (stop ? STOP_FAST_US : STOP_WAIT_US)) {
                 lp->next = t + POLL_US;
                 return 0;
         }
         if (busy) {
                 log_warning("worker:%" PRIi64 " (and %u more) still training %llu s after the end; "
                             "telling them to stop and evaluating anyway",
-                            first_busy, busy - 1, STOP_WAIT_US / 1000000);
+                            first_busy, busy - 1, (stop ? STOP_FAST_US : STOP_WAIT_US) / 1000000);
                 chief_stop_workers(c);
         }
-        lp->next = UINT64_MAX;
-        return finish(c);
+        lp->next = 0;
+        return max ? finish(c) : finish_stopped(c);
+}
+
+/* Restart: the ended job trains again, from its newest valid checkpoint (or the initial values). */
+static void restart(struct chief *c, struct loop *lp) {
+        pthread_mutex_lock(&c->lock);
+        char why[sizeof(c->restart_reason)];
+        chief_strfmt(why, sizeof(why), "%s", c->restart_reason);
+        c->restart_requested = false;
+        c->stop_requested = false;
+        c->end_mono = c->ready_mono = c->first_mono = 0;
+        c->wall_s = 0;
+        c->test_accuracy = c->test_loss = -1;
+        c->n_samples = c->sample_next = 0;
+        for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++)
+                c->workers[w].finished = false;
+        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_RESTART, .why = why});
+        pthread_mutex_unlock(&c->lock);
+        c->force_restore = true;
+        struct backoff b = lp->backoff;
+        *lp = (struct loop){.backoff = b};
+        backoff_reset(&lp->backoff);
+        log_notice("Restart requested%s%s: training the job again from its newest checkpoint", why[0] ? ": " : "", why);
 }
 
 /* Runs the job until a signal, a Stop after the end, or a failure. Returns 0 (clean stop) or -errno. */
@@ -349,9 +537,23 @@ int chief_supervise(struct chief *c, int sfd) {
                         return log_error_errno(errno, "poll() failed");
                 if (n > 0 && (fds[0].revents & POLLIN)) {
                         struct signalfd_siginfo si;
-                        if (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-                                log_info("Received %s, stopping", strsignal((int)si.ssi_signo));
-                        return 0;
+                        const char *name = read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)
+                                                   ? strsignal((int)si.ssi_signo) : "a signal";
+                        pthread_mutex_lock(&c->lock);
+                        /* While the job can train, a signal asks for the orderly stop; a second one, or
+                         * one at any other time, ends chiefd now. */
+                        bool orderly = !lp.signalled && c->js.ready_once && !chief_state_ended(&c->js);
+                        c->stop_requested = true;
+                        pthread_mutex_unlock(&c->lock);
+                        if (!orderly) {
+                                log_info("Received %s, stopping", name);
+                                return 0;
+                        }
+                        log_info("Received %s: stopping the job in order (the workers, a final checkpoint, the "
+                                 "shards); another signal ends chiefd at once", name);
+                        lp.signalled = true;
+                        lp.next = 0;
+                        continue;
                 }
                 bool woken = false;
                 if (n > 0 && (fds[1].revents & POLLIN)) {
@@ -376,12 +578,15 @@ int chief_supervise(struct chief *c, int sfd) {
                         r = phase_stopping(c, &lp);
                         break;
                 case CHIEF_PHASE_IDLE:
-                        lp.next = UINT64_MAX;
+                        pthread_mutex_lock(&c->lock);
+                        bool again = c->restart_requested;
+                        pthread_mutex_unlock(&c->lock);
+                        if (again)
+                                restart(c, &lp);
+                        lp.next = again ? 0 : UINT64_MAX;
                         break;
                 case CHIEF_PHASE_EXIT:
                         return 0;
-                case CHIEF_PHASE_FAILED:
-                        return -EIO;
                 }
                 if (r < 0)
                         return r;
@@ -393,7 +598,7 @@ int chief_supervise(struct chief *c, int sfd) {
                         chief_serve_saves(c);
                 /* A Stop that arrived after the end: the loop returns on the next pass. */
                 pthread_mutex_lock(&c->lock);
-                if (c->stop_requested && c->js.state == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE)
+                if (c->stop_requested && chief_state_ended(&c->js))
                         lp.next = 0;
                 pthread_mutex_unlock(&c->lock);
         }

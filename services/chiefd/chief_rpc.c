@@ -20,6 +20,7 @@
 #define M_REPORT "/psfleet.v1.Supervisor/Report"
 #define M_STATUS "/psfleet.v1.Supervisor/GetStatus"
 #define M_STOP "/psfleet.v1.Supervisor/Stop"
+#define M_RESTART "/psfleet.v1.Supervisor/Restart"
 #define M_WATCH "/psfleet.v1.Supervisor/Watch"
 #define M_LIST_CKPT "/psfleet.v1.Supervisor/ListCheckpoints"
 #define M_SAVE_CKPT "/psfleet.v1.Supervisor/SaveCheckpoint"
@@ -181,6 +182,38 @@ static void h_stop(struct rpc_call *call, void *ud) {
         protobuf_c_message_free_unpacked(m, NULL);
 }
 
+/* Restart: trains an ended job (DONE, FAILED, STOPPED) again; the main loop does it. */
+static void h_restart(struct rpc_call *call, void *ud) {
+        struct chief *c = ud;
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__restart_request__descriptor);
+        if (!m)
+                return;
+        const char *why = ((const Psfleet__V1__RestartRequest *)m)->reason;
+        char *peer = rpc_call_peer(call);
+        pthread_mutex_lock(&c->lock);
+        bool ok = chief_state_ended(&c->js) && !c->stop_requested;
+        Psfleet__V1__JobState st = c->js.state;
+        if (ok) {
+                c->restart_requested = true;
+                chief_strfmt(c->restart_reason, sizeof(c->restart_reason), "asked by %s%s%s", peer ? peer : "a client",
+                             why && *why ? ": " : "", why && *why ? why : "");
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (ok) {
+                log_info("Restart requested by %s%s%s", peer ? peer : "a client", why && *why ? ": " : "",
+                         why && *why ? why : "");
+                chief_wake(c);
+                Psfleet__V1__RestartReply rep = PSFLEET__V1__RESTART_REPLY__INIT;
+                rpc_call_reply_msg(call, &rep.base);
+        } else {
+                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION,
+                              "the job is %s: only a job that has ended (done, failed, stopped) is restarted",
+                              job_state_name(st));
+        }
+        free(peer);
+        protobuf_c_message_free_unpacked(m, NULL);
+}
+
 static void h_list_ckpts(struct rpc_call *call, void *ud) {
         struct chief *c = ud;
         struct chief_db_checkpoint *rows = NULL;
@@ -317,6 +350,7 @@ void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]
                 {M_REPORT, h_report, c},
                 {M_STATUS, h_status, c},
                 {M_STOP, h_stop, c},
+                {M_RESTART, h_restart, c},
                 {M_WATCH, chief_watch_handler, c},
                 {M_LIST_CKPT, h_list_ckpts, c},
                 {M_SAVE_CKPT, h_save_ckpt, c},

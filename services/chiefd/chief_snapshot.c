@@ -146,6 +146,9 @@ int chief_save(struct chief *c, uint64_t gs, bool with_slots, const char *trigge
         struct chief_db_checkpoint row;
         int r = chief_ckpt_save(c->ckpts, model_params(c->model), with_slots && c->n_slots ? c->slots : NULL, gs, &stats,
                                 &row, err, errlen);
+        pthread_mutex_lock(&c->lock);
+        chief_strfmt(c->last_ckpt_error, sizeof(c->last_ckpt_error), "%s", r < 0 ? err : "");
+        pthread_mutex_unlock(&c->lock);
         if (r < 0)
                 return r;
         c->last_save_step = gs;

@@ -31,8 +31,20 @@ void chief_state_init(struct chief_state *s) {
         go(s, S(INITIALIZING), "starting");
 }
 
+void chief_state_from_record(struct chief_state *s, Psfleet__V1__JobState recorded, const char *reason) {
+        chief_state_init(s);
+        if (recorded == S(DONE) || recorded == S(FAILED)) {
+                go(s, recorded, "%s", reason ? reason : "");
+                s->ready_once = true;
+        }
+}
+
 bool chief_state_final(const struct chief_state *s) {
         return s->state == S(DONE) || s->state == S(FAILED);
+}
+
+bool chief_state_ended(const struct chief_state *s) {
+        return chief_state_final(s) || s->state == S(STOPPED);
 }
 
 /* Before the end: the states in which the job can still move forward. */
@@ -86,7 +98,8 @@ bool chief_state_next(const struct chief_state *cur, const struct chief_event *e
                         go(&n, S(INITIALIZING), "initializing variables");
                 else
                         go(&n, S(FAILED),
-                           "a ps shard restarted and lost its variables; there is no checkpoint to restore it from (%s)",
+                           "a ps shard restarted and lost its variables; there is no usable checkpoint to restore it "
+                           "from (%s)",
                            why);
                 break;
         case CHIEF_EV_RESTORE_MISMATCH:
@@ -103,8 +116,12 @@ bool chief_state_next(const struct chief_state *cur, const struct chief_event *e
                 break;
         case CHIEF_EV_SHARD_LOST:
                 if (active(cur))
-                        go(&n, S(FAILED), "ps:%u (%s) lost for more than %" PRIu64 " s: %s", ev->shard, ev->where,
+                        go(&n, S(FAILED), "ps:%u (%s) not reachable for %" PRIu64 " s: %s", ev->shard, ev->where,
                            ev->timeout_s, why);
+                break;
+        case CHIEF_EV_WAIT_TIMEOUT:
+                if (active(cur))
+                        go(&n, S(FAILED), "%s not reachable for %" PRIu64 " s: %s", ev->where, ev->timeout_s, why);
                 break;
         case CHIEF_EV_WORKER_REPORT:
                 if (cur->state == S(READY) && ev->step > 0)
@@ -120,10 +137,24 @@ bool chief_state_next(const struct chief_state *cur, const struct chief_event *e
                         go(&n, S(TRAINING), NULL);
                 break;
         case CHIEF_EV_MAX_STEPS:
+                if (!starting && active(cur))
+                        go(&n, S(STOPPING), "waiting for the workers to finish");
+                break;
         case CHIEF_EV_STOP_ASKED:
                 /* Before READY a stop ends the daemon instead (chief_state_phase), with nothing to finish. */
                 if (!starting && active(cur))
-                        go(&n, S(STOPPING), "waiting for the workers to finish");
+                        go(&n, S(STOPPING), "stopping: the workers are told to stop, then the final checkpoint");
+                break;
+        case CHIEF_EV_STOPPED:
+                if (cur->state == S(STOPPING))
+                        go(&n, S(STOPPED), "stopped at global_step %" PRIu64 " after its final checkpoint%s%s",
+                           ev->step, why[0] ? ": " : "", why);
+                break;
+        case CHIEF_EV_RESTART:
+                if (chief_state_ended(cur)) {
+                        chief_state_init(&n);
+                        go(&n, S(INITIALIZING), "restarting%s%s", why[0] ? ": " : "", why);
+                }
                 break;
         case CHIEF_EV_EVALUATING:
                 if (cur->state == S(STOPPING))
@@ -138,7 +169,7 @@ bool chief_state_next(const struct chief_state *cur, const struct chief_event *e
                         go(&n, S(DONE), NULL);
                 break;
         case CHIEF_EV_FAILURE:
-                if (!chief_state_final(cur))
+                if (!chief_state_ended(cur))
                         go(&n, S(FAILED), "%s", why);
                 break;
         }
@@ -161,15 +192,18 @@ enum chief_phase chief_state_phase(const struct chief_state *s, bool stop_reques
         case S(STOPPING):
                 return CHIEF_PHASE_STOPPING;
         case S(DONE):
+        case S(FAILED):
+                /* The job has ended; chiefd stays up to say so, until it is told to stop. */
                 return stop_requested ? CHIEF_PHASE_EXIT : CHIEF_PHASE_IDLE;
         default:
-                return CHIEF_PHASE_FAILED;
+                /* STOPPED (the orderly stop is complete), or a state no chief should be in. */
+                return CHIEF_PHASE_EXIT;
         }
 }
 
 bool chief_state_workers_stop(const struct chief_state *s, bool stop_requested, uint64_t global_step,
                               uint64_t max_steps) {
-        return stop_requested || global_step >= max_steps || s->state == S(STOPPING) || chief_state_final(s);
+        return stop_requested || global_step >= max_steps || s->state == S(STOPPING) || chief_state_ended(s);
 }
 
 bool chief_state_may_join(const struct chief_state *s, bool stop_requested, uint64_t global_step, char *reason,
@@ -180,6 +214,7 @@ bool chief_state_may_join(const struct chief_state *s, bool stop_requested, uint
                 snprintf(reason, len, "%s", stop_requested ? "the job is stopping" : "");
                 return !stop_requested;
         case S(STOPPING):
+        case S(STOPPED):
         case S(DONE):
                 snprintf(reason, len, "the job has ended (%s at global_step %" PRIu64 ")", job_state_name(s->state),
                          global_step);

@@ -41,6 +41,9 @@ enum chief_event_kind {
         CHIEF_EV_SAVING_FINAL,          /* the final checkpoint is being written */
         CHIEF_EV_FINISHED,              /* evaluated (and saved, or not: that does not undo the training) */
         CHIEF_EV_FAILURE,               /* anything else that ends the job (why) */
+        CHIEF_EV_STOPPED,               /* after a stop: the final checkpoint of global_step `step` is written */
+        CHIEF_EV_WAIT_TIMEOUT,          /* a wait (`where`: "ps:1", "workers") past its deadline of timeout_s (why) */
+        CHIEF_EV_RESTART,               /* an operator asked to train the ended job again (why) */
 };
 
 struct chief_event {
@@ -57,9 +60,14 @@ struct chief_event {
 /* The state a chief starts in: INITIALIZING, "starting". */
 void chief_state_init(struct chief_state *s);
 
+/* The state a chief starts in, given the one recorded by the previous chief of the same job: DONE and
+ * FAILED are sticky (with their reason: the job does not train again), anything else (STOPPED
+ * included) starts afresh as chief_state_init. */
+void chief_state_from_record(struct chief_state *s, Psfleet__V1__JobState recorded, const char *reason);
+
 /* Where event ev takes the job from cur: writes *next (which may be cur itself) and returns true when
  * the state (not only the reason) changed. An event that does not apply in cur leaves it as it is;
- * DONE and FAILED are final. */
+ * DONE, FAILED and STOPPED move only on CHIEF_EV_RESTART. */
 bool chief_state_next(const struct chief_state *cur, const struct chief_event *ev, struct chief_state *next);
 
 /* What the main loop does in state s. */
@@ -67,9 +75,8 @@ enum chief_phase {
         CHIEF_PHASE_INITIALIZE,         /* probe the shards; initialize or restore them */
         CHIEF_PHASE_POLL,               /* follow global_step, watch the shards, notice the end */
         CHIEF_PHASE_STOPPING,           /* wait for the workers, then evaluate and save */
-        CHIEF_PHASE_IDLE,               /* done: answer questions until told to stop */
-        CHIEF_PHASE_EXIT,               /* stop now: stopped before READY, or after the end */
-        CHIEF_PHASE_FAILED,             /* the job failed: the daemon exits with an error */
+        CHIEF_PHASE_IDLE,               /* DONE or FAILED: answer questions until told to stop */
+        CHIEF_PHASE_EXIT,               /* stop now: stopped before READY, STOPPED, or after the end */
 };
 enum chief_phase chief_state_phase(const struct chief_state *s, bool stop_requested);
 
@@ -81,5 +88,7 @@ bool chief_state_workers_stop(const struct chief_state *s, bool stop_requested, 
 bool chief_state_may_join(const struct chief_state *s, bool stop_requested, uint64_t global_step, char *reason,
                           size_t len);
 
-/* Whether the job is over for good: DONE or FAILED. */
+/* Whether the job is over for good: DONE or FAILED (sticky across a restart of chiefd). */
 bool chief_state_final(const struct chief_state *s);
+/* Whether the job has ended: final, or STOPPED. Only CHIEF_EV_RESTART moves it then. */
+bool chief_state_ended(const struct chief_state *s);

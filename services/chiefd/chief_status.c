@@ -19,9 +19,53 @@ void chief_strfmt(char *buf, size_t len, const char *fmt, ...) {
 }
 
 Psfleet__V1__JobState chief_event_locked(struct chief *c, const struct chief_event *ev) {
-        if (chief_state_next(&c->js, ev, &c->js))
+        if (chief_state_next(&c->js, ev, &c->js)) {
+                c->state_since_us = now_us();
+                if (chief_state_ended(&c->js))
+                        c->wait.on = false;
+                /* Every change is durable before anyone can act on it: a chief started after a crash
+                 * finds the state, and the reason, that the clients were last told. */
+                chief_save_job_locked(c);
                 pthread_cond_signal(&c->watch_cond);   /* watchers hear of it now, not at the next tick */
+        }
         return c->js.state;
+}
+
+void chief_wait_set_locked(struct chief *c, const char *peer, uint64_t since_us, uint64_t timeout_s,
+                           const char *last_error) {
+        struct chief_wait *w = &c->wait;
+        w->on = true;
+        chief_strfmt(w->peer, sizeof(w->peer), "%s", peer);
+        w->since_us = since_us;
+        w->deadline_us = since_us + timeout_s * 1000000ULL;
+        chief_strfmt(w->last_error, sizeof(w->last_error), "%s", last_error ? last_error : "");
+}
+
+void chief_wait_clear(struct chief *c) {
+        pthread_mutex_lock(&c->lock);
+        c->wait.on = false;
+        pthread_mutex_unlock(&c->lock);
+}
+
+void chief_add_loss(struct chief *c, const struct chief_db_loss *l) {
+        int r = chief_db_add_loss(c->db, l);
+        if (r < 0)
+                log_warning_errno(r, "Cannot record the loss of ps:%u in the database, continuing", l->shard);
+        pthread_mutex_lock(&c->lock);
+        struct chief_db_loss *a = realloc(c->losses, (c->n_losses + 1) * sizeof(*a));
+        if (a) {
+                a[c->n_losses++] = *l;
+                c->losses = a;
+        }
+        c->steps_lost += l->steps_lost;
+        pthread_cond_signal(&c->watch_cond);
+        pthread_mutex_unlock(&c->lock);
+}
+
+bool chief_worker_live_locked(const struct chief *c, uint32_t w, uint64_t now) {
+        const struct worker_info *wi = &c->workers[w];
+        return wi->reported && wi->last_report_us && !wi->finished &&
+               now - wi->last_report_us <= c->cfg->supervisor.worker_timeout_secs * 1000000ULL;
 }
 
 Psfleet__V1__JobState chief_event(struct chief *c, const struct chief_event *ev) {
@@ -91,8 +135,7 @@ void chief_mark_end_locked(struct chief *c) {
         c->wall_s = c->ready_mono ? (float)((double)(c->end_mono - c->ready_mono) / 1e6) : 0;
 }
 
-void chief_save_job(struct chief *c) {
-        pthread_mutex_lock(&c->lock);
+void chief_save_job_locked(struct chief *c) {
         struct chief_db_job j = {
                 .fingerprint = c->fingerprint,
                 .state = c->js.state,
@@ -103,11 +146,18 @@ void chief_save_job(struct chief *c) {
                 .test_accuracy = c->test_accuracy,
                 .test_loss = c->test_loss,
                 .wall_s = c->wall_s,
+                .state_since_us = c->state_since_us,
         };
-        pthread_mutex_unlock(&c->lock);
+        chief_strfmt(j.reason, sizeof(j.reason), "%s", c->js.reason);
         int r = chief_db_save_job(c->db, &j);
         if (r < 0)
                 log_warning_errno(r, "Cannot record the job's state in the database, continuing");
+}
+
+void chief_save_job(struct chief *c) {
+        pthread_mutex_lock(&c->lock);
+        chief_save_job_locked(c);
+        pthread_mutex_unlock(&c->lock);
 }
 
 /* Refreshes the newest checkpoint and the count that the status shows. */
@@ -145,9 +195,12 @@ grpc_byte_buffer *chief_status_pack(struct chief *c) {
         Psfleet__V1__NodeStatus *nodes = calloc(n, sizeof(*nodes));
         Psfleet__V1__NodeStatus **np = calloc(n, sizeof(*np));
         char (*tasks)[32] = calloc(n, sizeof(*tasks));
+        uint32_t *live = calloc(cl->n_worker, sizeof(*live)), *missing = calloc(cl->n_worker, sizeof(*missing));
+        Psfleet__V1__ShardLoss *losses = NULL, **lp = NULL;
         grpc_byte_buffer *bb = NULL;
-        if (!nodes || !np || !tasks)
+        if (!nodes || !np || !tasks || !live || !missing)
                 goto out;
+        Psfleet__V1__WaitingFor wf = PSFLEET__V1__WAITING_FOR__INIT;
         Psfleet__V1__JobStatus s = PSFLEET__V1__JOB_STATUS__INIT;
         Psfleet__V1__Checkpoint last = PSFLEET__V1__CHECKPOINT__INIT;
         s.job = c->cfg->name;
@@ -173,7 +226,7 @@ grpc_byte_buffer *chief_status_pack(struct chief *c) {
         s.test_accuracy = c->test_accuracy;
         s.test_loss = c->test_loss;
         s.started_us = c->started_us;
-        if (c->end_mono)
+        if (c->end_mono || chief_state_final(&c->js))   /* a sticky state keeps the recorded time */
                 s.wall_s = c->wall_s;
         else if (c->ready_mono)
                 s.wall_s = (float)((double)(mono_us() - c->ready_mono) / 1e6);
@@ -187,6 +240,44 @@ grpc_byte_buffer *chief_status_pack(struct chief *c) {
         s.eval_loss = c->have_eval ? c->eval_loss : -1;
         s.restored_step = c->restored_step;
         s.restored_from = c->restored_from;
+        s.state_since_us = c->state_since_us;
+        if (c->wait.on) {
+                wf.peer = c->wait.peer;
+                wf.since_us = c->wait.since_us;
+                wf.deadline_us = c->wait.deadline_us;
+                wf.last_error = c->wait.last_error;
+                s.waiting_for = &wf;
+        }
+        if (c->n_losses) {
+                losses = calloc(c->n_losses, sizeof(*losses));
+                lp = calloc(c->n_losses, sizeof(*lp));
+                if (!losses || !lp) {
+                        pthread_mutex_unlock(&c->lock);
+                        goto out;
+                }
+                for (size_t i = 0; i < c->n_losses; i++) {
+                        const struct chief_db_loss *l = &c->losses[i];
+                        psfleet__v1__shard_loss__init(&losses[i]);
+                        losses[i].shard = l->shard;
+                        losses[i].restored_step = l->restored_step;
+                        losses[i].job_step = l->job_step;
+                        losses[i].steps_lost = l->steps_lost;
+                        losses[i].time_us = l->time_us;
+                        lp[i] = &losses[i];
+                }
+                s.n_losses = c->n_losses;
+                s.losses = lp;
+        }
+        s.steps_lost = c->steps_lost;
+        s.last_checkpoint_error = c->last_ckpt_error;
+        uint64_t now = now_us();
+        for (uint32_t w = 0; w < cl->n_worker; w++)
+                if (chief_worker_live_locked(c, w, now))
+                        live[s.n_workers_live++] = w;
+                else
+                        missing[s.n_workers_missing++] = w;
+        s.workers_live = live;
+        s.workers_missing = missing;
         for (uint32_t i = 0; i < cl->n_ps; i++) {
                 Psfleet__V1__NodeStatus *ns = &nodes[i];
                 const struct ps_info *pi = &c->ps[i];
@@ -221,5 +312,9 @@ out:
         free(nodes);
         free(np);
         free(tasks);
+        free(live);
+        free(missing);
+        free(losses);
+        free(lp);
         return bb;
 }

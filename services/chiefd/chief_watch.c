@@ -64,6 +64,9 @@ static uint64_t status_key(struct chief *c, bool *final) {
         MIX(c->have_ckpt ? c->last_ckpt.time_us : 0);
         MIX(c->n_ckpts);
         MIX(c->have_eval ? c->eval_step + 1 : 0);
+        MIX(c->n_losses);
+        MIX(c->wait.on ? c->wait.since_us : 0);
+        MIX(c->last_ckpt_error[0]);
         for (const char *p = c->js.reason; *p; p++)
                 MIX((unsigned char)*p);
         *final = chief_state_final(&c->js);

@@ -26,6 +26,9 @@
 #define BACKOFF_MAX_US (2 * 1000 * 1000ULL)
 #define RATE_WINDOW_US (10 * 1000 * 1000ULL)
 #define STOP_WAIT_US (30 * 1000 * 1000ULL) /* how long STOPPING waits for workers to finish */
+/* After a stop (SIGTERM, Stop): the workers are told at once and waited for this long, so that the
+ * final checkpoint and ParameterServer.Stop fit well inside the unit's TimeoutStopSec (30 s). */
+#define STOP_FAST_US (5 * 1000 * 1000ULL)
 #define NOTIFY_EVERY_US (1000 * 1000ULL)
 #define EVAL_BATCH 500
 #define N_SAMPLES 64
@@ -52,6 +55,14 @@ struct sample {
 
 struct watcher;
 
+/* What the job waits for (JobStatus.waiting_for), when `on`. */
+struct chief_wait {
+        bool on;
+        char peer[32];                  /* "ps:1", "workers", "checkpoint" */
+        uint64_t since_us, deadline_us; /* wall clock */
+        char last_error[512];
+};
+
 struct chief {
         /* Set up by chief_new() before the server starts; read-only afterwards. */
         struct job_config *cfg;
@@ -73,6 +84,7 @@ struct chief {
         uint64_t test_hook_delay_ms;      /* test hook PSFLEET_TEST_CHECKPOINT_DELAY_MS, 0: off */
 
         /* Main thread only. */
+        bool force_restore;               /* after Restart: every shard restored (or initialized) anew */
         uint64_t last_save_step, last_save_mono, last_eval_step, last_summary_mono;
         uint64_t next_snapshot_try;       /* mono: after a failed scheduled snapshot */
 
@@ -85,6 +97,14 @@ struct chief {
 
         pthread_mutex_t lock;             /* protects everything below */
         struct chief_state js;            /* the job's state and reason; changed by chief_event_locked only */
+        uint64_t state_since_us;          /* wall clock: when js.state was entered */
+        struct chief_wait wait;
+        struct chief_db_loss *losses;     /* (n_losses) every shard restored from behind the job's step */
+        size_t n_losses;
+        uint64_t steps_lost;
+        char last_ckpt_error[512];        /* the last failed save; "" after a successful one */
+        bool restart_requested;           /* Restart: the main loop trains the ended job again */
+        char restart_reason[256];
         uint64_t global_step;
         uint64_t ready_step;              /* global_step when the job became ready */
         bool stop_requested;
@@ -134,6 +154,16 @@ void chief_mark_end_locked(struct chief *c);
 
 /* Records the job's row in the database; a failure is logged and ignored. */
 void chief_save_job(struct chief *c);
+/* The same, with the lock held (every state change is recorded so, by chief_event_locked). */
+void chief_save_job_locked(struct chief *c);
+/* Sets what the job waits for: since_us and a deadline timeout_s later (wall clock). Lock held. */
+void chief_wait_set_locked(struct chief *c, const char *peer, uint64_t since_us, uint64_t timeout_s,
+                           const char *last_error);
+void chief_wait_clear(struct chief *c);
+/* Records a shard's loss (SQLite, the status, one journal line is the caller's). */
+void chief_add_loss(struct chief *c, const struct chief_db_loss *l);
+/* Whether worker w reported within supervisor.worker_timeout_secs of now (wall clock). Lock held. */
+bool chief_worker_live_locked(const struct chief *c, uint32_t w, uint64_t now);
 /* Refreshes the newest checkpoint and the count that the status shows. */
 void chief_refresh_ckpt_info(struct chief *c);
 /* A Checkpoint message pointing into row (which must outlive the packing). */
@@ -143,13 +173,13 @@ grpc_byte_buffer *chief_status_pack(struct chief *c);
 
 /* ---- chief_rpc.c: the Supervisor service's handlers (server threads) ---- */
 
-#define CHIEF_RPC_N_METHODS 9
+#define CHIEF_RPC_N_METHODS 10
 /* Fills m with every method chiefd serves, each with c as its user data. */
 void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]);
 /* The call's request, unpacked (free it with protobuf_c_message_free_unpacked); NULL when it does not
  * parse, and the call has then failed with INVALID_ARGUMENT. */
 ProtobufCMessage *chief_rpc_request(struct rpc_call *call, const ProtobufCMessageDescriptor *desc);
-/* Wakes the main loop (Stop, SaveCheckpoint). */
+/* Wakes the main loop (Stop, Restart, SaveCheckpoint). */
 void chief_wake(struct chief *c);
 /* Whether SaveCheckpoint calls are waiting for the main thread. */
 bool chief_saves_pending(struct chief *c);
@@ -187,7 +217,8 @@ int chief_pull(struct chief *c, bool with_slots, uint64_t *gs_ret, char *err, si
 /* Evaluates the pulled values on the test split; records and summarizes the result. */
 int chief_evaluate(struct chief *c, uint64_t gs, char *err, size_t errlen);
 /* Writes and records the pulled values (with the slots when pulled) as the checkpoint of gs. A
- * request at the step of the newest checkpoint returns that one (*existing). */
+ * request at the step of the newest checkpoint returns that one (*existing). A failure is kept as the
+ * status's last_checkpoint_error until the next save succeeds. */
 int chief_save(struct chief *c, uint64_t gs, bool with_slots, const char *trigger, struct chief_db_checkpoint *ret,
                bool *existing, char *err, size_t errlen);
 /* Scheduled checkpoints and evaluations; a failure is logged and retried later. */
@@ -201,5 +232,7 @@ int chief_restore_shards(struct chief *c, const bool *which, char *why, size_t l
 
 /* ---- chief_loop.c: the main thread ---- */
 
-/* Runs the job until a signal, a Stop after the end, or a failure. Returns 0 (clean stop) or -errno. */
+/* Runs the job until it is told to stop (a signal, Stop): while it trains, after an orderly stop
+ * (the workers told, a final checkpoint, STOPPED, the shards told); after the end (DONE, FAILED) at
+ * once. Returns 0, or -errno when the loop itself cannot go on. */
 int chief_supervise(struct chief *c, int sfd);

@@ -73,6 +73,7 @@ static struct chief *chief_free(struct chief *c) {
                 close(c->wake_fd);
         free(c->workers);
         free(c->ps);
+        free(c->losses);
         free(c->canonical);
         pthread_mutex_destroy(&c->lock);
         free(c);
@@ -92,6 +93,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         c->wake_fd = -1;
         c->cfg = cfg;
         chief_state_init(&c->js);
+        c->state_since_us = now_us();
         c->test_accuracy = -1;
         c->test_loss = -1;
         c->started_us = now_us();
@@ -129,11 +131,30 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         }
         struct chief_db_job prev;
         r = chief_db_load_job(c->db, &prev);
-        if (r >= 0 && prev.fingerprint == c->fingerprint) {
-                /* A restart of the same job: it keeps its start time. */
+        bool same_job = r >= 0 && prev.fingerprint == c->fingerprint;
+        if (same_job) {
+                /* A restart of the same job: it keeps its start time, its losses, and an ended state. */
                 c->started_us = prev.started_us;
-                log_info("Database \"%s\": the job was last %s at global_step %" PRIu64, db_path,
-                         job_state_name(prev.state), prev.global_step);
+                log_info("Database \"%s\": the job was last %s at global_step %" PRIu64 "%s%s", db_path,
+                         job_state_name(prev.state), prev.global_step, prev.reason[0] ? ": " : "", prev.reason);
+                chief_state_from_record(&c->js, prev.state, prev.reason);
+                if (chief_state_final(&c->js)) {
+                        c->global_step = c->end_step = prev.global_step;
+                        c->test_accuracy = prev.test_accuracy;
+                        c->test_loss = prev.test_loss;
+                        c->wall_s = prev.wall_s;
+                        c->state_since_us = prev.state_since_us ? prev.state_since_us : prev.updated_us;
+                        log_notice("The job is %s%s%s: not training it again (psfleet restart trains it again)",
+                                   job_state_name(prev.state), prev.reason[0] ? ": " : "", prev.reason);
+                }
+                struct chief_db_loss *losses = NULL;
+                size_t n_losses = 0;
+                if (chief_db_list_losses(c->db, &losses, &n_losses) >= 0) {
+                        c->losses = losses;
+                        c->n_losses = n_losses;
+                        for (size_t i = 0; i < n_losses; i++)
+                                c->steps_lost += losses[i].steps_lost;
+                }
         } else if (r >= 0) {
                 log_notice("Database \"%s\" holds a job with another fingerprint (%016" PRIx64 "): starting afresh",
                            db_path, prev.fingerprint);
@@ -143,8 +164,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         for (uint32_t w = 0; w < cfg->cluster.n_worker; w++) {
                 struct chief_db_progress p;
                 char st[128];
-                if (r >= 0 && prev.fingerprint == c->fingerprint &&
-                    chief_db_last_progress(c->db, w, &p, st, sizeof(st)) >= 0) {
+                if (same_job && chief_db_last_progress(c->db, w, &p, st, sizeof(st)) >= 0) {
                         struct worker_info *wi = &c->workers[w];
                         wi->local_step = p.local_step;
                         wi->global_step = p.global_step;
@@ -184,7 +204,8 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 goto fail;
         }
         struct chief_ckpt_config cc = {.dir = ckpt_dir, .L = c->L, .job = cfg->name, .fingerprint = c->fingerprint,
-                                       .keep = cfg->supervisor.keep_checkpoints, .test_hook_delay_ms = c->test_hook_delay_ms};
+                                       .keep = cfg->supervisor.keep_checkpoints,
+                                       .keep_corrupt = cfg->supervisor.keep_corrupt, .test_hook_delay_ms = c->test_hook_delay_ms};
         r = chief_ckpt_new(c->db, &cc, &c->ckpts, err, sizeof(err));
         free(ckpt_dir);
         if (r < 0) {
@@ -314,6 +335,10 @@ static int run(int argc, char **argv) {
                  args.listen, cfg->name, c->fingerprint, cfg->cluster.n_ps, cfg->cluster.n_worker,
                  cfg->training.max_steps);
         notify_ready();
+        pthread_mutex_lock(&c->lock);
+        if (chief_state_final(&c->js))
+                notify_status("%s: %s", job_state_name(c->js.state), c->js.reason[0] ? c->js.reason : "the job has ended");
+        pthread_mutex_unlock(&c->lock);
         r = chief_supervise(c, sfd);
         notify_stopping();
         ret = r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;

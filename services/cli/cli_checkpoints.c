@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli_chief.h"
 #include "cli_json.h"
@@ -41,14 +40,6 @@ static void ckpt_help(FILE *f) {
                    "Exit status: 0 success, 1 the chief refused or could not be reached, 2 bad usage, 78 bad job file.\n");
 }
 
-static const char *fmt_time(uint64_t us, char *buf, size_t len) {
-        time_t t = (time_t)(us / 1000000);
-        struct tm tm;
-        localtime_r(&t, &tm);
-        strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm);
-        return buf;
-}
-
 static const char *fmt_bytes(uint64_t b, char *buf, size_t len) {
         if (b >= 1ull << 30)
                 snprintf(buf, len, "%.1f GiB", (double)b / (1 << 30));
@@ -68,7 +59,7 @@ static void print_row(const Psfleet__V1__Checkpoint *c) {
         if (c->eval_accuracy >= 0)
                 snprintf(acc, sizeof(acc), "%.4f", c->eval_accuracy);
         printf("%10llu  %s  %9s  %-8s  %-8s  %-7s  %s  %s\n", (unsigned long long)c->global_step,
-               fmt_time(c->time_us, t, sizeof(t)), fmt_bytes(c->bytes, b, sizeof(b)), loss, acc,
+               cli_format_time(c->time_us, false, t, sizeof(t)), fmt_bytes(c->bytes, b, sizeof(b)), loss, acc,
                c->trigger ? c->trigger : "", c->checksum ? c->checksum : "", c->path ? c->path : "");
 }
 

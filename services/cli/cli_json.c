@@ -46,6 +46,17 @@ void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
         json_object_set_new(o, "fingerprint", json_string(fp));
         json_object_set_new(o, "state", json_string(job_state_name(s->state)));
         json_object_set_new(o, "reason", json_string(s->reason ? s->reason : ""));
+        json_object_set_new(o, "state_since_us", json_integer((json_int_t)s->state_since_us));
+        json_t *wf = json_null();
+        if (s->waiting_for) {
+                wf = json_object();
+                json_object_set_new(wf, "peer", json_string(s->waiting_for->peer ? s->waiting_for->peer : ""));
+                json_object_set_new(wf, "since_us", json_integer((json_int_t)s->waiting_for->since_us));
+                json_object_set_new(wf, "deadline_us", json_integer((json_int_t)s->waiting_for->deadline_us));
+                json_object_set_new(wf, "last_error",
+                                    json_string(s->waiting_for->last_error ? s->waiting_for->last_error : ""));
+        }
+        json_object_set_new(o, "waiting_for", wf);
         json_object_set_new(o, "global_step", json_integer((json_int_t)s->global_step));
         json_object_set_new(o, "max_steps", json_integer((json_int_t)s->max_steps));
         json_object_set_new(o, "steps_per_s", num_or_null(s->steps_per_s));
@@ -67,6 +78,28 @@ void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
                                                                                      : json_null());
         json_object_set_new(o, "checkpoint_dir", json_string(s->checkpoint_dir ? s->checkpoint_dir : ""));
         json_object_set_new(o, "summary_dir", json_string(s->summary_dir ? s->summary_dir : ""));
+        json_t *losses = json_array();
+        for (size_t i = 0; i < s->n_losses; i++) {
+                const Psfleet__V1__ShardLoss *l = s->losses[i];
+                json_t *lo = json_object();
+                json_object_set_new(lo, "shard", json_integer(l->shard));
+                json_object_set_new(lo, "restored_step", json_integer((json_int_t)l->restored_step));
+                json_object_set_new(lo, "job_step", json_integer((json_int_t)l->job_step));
+                json_object_set_new(lo, "steps_lost", json_integer((json_int_t)l->steps_lost));
+                json_object_set_new(lo, "time_us", json_integer((json_int_t)l->time_us));
+                json_array_append_new(losses, lo);
+        }
+        json_object_set_new(o, "losses", losses);
+        json_object_set_new(o, "steps_lost", json_integer((json_int_t)s->steps_lost));
+        json_t *live = json_array(), *missing = json_array();
+        for (size_t i = 0; i < s->n_workers_live; i++)
+                json_array_append_new(live, json_integer(s->workers_live[i]));
+        for (size_t i = 0; i < s->n_workers_missing; i++)
+                json_array_append_new(missing, json_integer(s->workers_missing[i]));
+        json_object_set_new(o, "workers_live", live);
+        json_object_set_new(o, "workers_missing", missing);
+        json_object_set_new(o, "last_checkpoint_error", s->last_checkpoint_error && *s->last_checkpoint_error
+                                                                ? json_string(s->last_checkpoint_error) : json_null());
         json_t *nodes = json_array();
         for (size_t i = 0; i < s->n_nodes; i++) {
                 const Psfleet__V1__NodeStatus *n = s->nodes[i];

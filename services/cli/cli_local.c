@@ -555,16 +555,24 @@ static bool health_ok(struct child *k) {
         return ok;
 }
 
+/* The job has ended: chiefd stays up to say so until told to stop, so it gets SIGTERM and is waited
+ * for (SIGKILL after TERM_US). */
 static void stop_chief(struct local *L) {
         struct child *k = &L->kids[L->chief];
-        if (k->pid <= 0 || !k->ch)
+        if (k->pid <= 0)
                 return;
-        Psfleet__V1__StopRequest q = PSFLEET__V1__STOP_REQUEST__INIT;
-        q.reason = (char *)"psfleet local: the job is done";
-        ProtobufCMessage *m;
-        if (rpc_call_msg(k->ch, "/psfleet.v1.Supervisor/Stop", &q.base, &psfleet__v1__stop_reply__descriptor, 2000,
-                         false, &m, NULL, 0) >= 0)
-                protobuf_c_message_free_unpacked(m, NULL);
+        kill(k->pid, SIGTERM);
+        uint64_t end = mono_us() + TERM_US;
+        while (k->pid > 0 && mono_us() < end) {
+                reap(L);
+                if (k->pid > 0)
+                        wait_signal(50);
+        }
+        if (k->pid > 0) {
+                cli_error("%s (pid %d) did not stop within %llu s of SIGTERM: killing it", k->task, (int)k->pid,
+                          TERM_US / 1000000);
+                kill(k->pid, SIGKILL);
+        }
 }
 
 /* Runs the children until the chief says DONE. Returns the exit status. */

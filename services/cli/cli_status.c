@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli_chief.h"
 #include "cli_json.h"
@@ -29,17 +28,40 @@ static void status_help(FILE *f) {
                    "78 bad job file.\n");
 }
 
+static void print_workers(const char *what, const uint32_t *w, size_t n) {
+        printf("  %-10s", what);
+        if (!n)
+                printf(" none");
+        for (size_t i = 0; i < n; i++)
+                printf("%s worker:%u", i ? "," : "", w[i]);
+        printf("\n");
+}
+
 static void print_text(const Psfleet__V1__JobStatus *s) {
-        char buf[64];
+        char buf[64], buf2[64];
+        uint64_t now = now_us();
         printf("job %s: %s\n", s->job ? s->job : "?", job_state_name(s->state));
         if (s->reason && *s->reason)
                 printf("  reason     %s\n", s->reason);
+        if (s->state_since_us)
+                printf("  since      %s (%s ago)\n", cli_format_time(s->state_since_us, true, buf2, sizeof(buf2)),
+                       cli_format_duration(now > s->state_since_us ? (double)(now - s->state_since_us) / 1e6 : 0, buf,
+                                           sizeof(buf)));
+        if (s->waiting_for) {
+                const Psfleet__V1__WaitingFor *w = s->waiting_for;
+                printf("  waiting    for %s since %s", w->peer ? w->peer : "?", cli_format_time(w->since_us, true, buf2, sizeof(buf2)));
+                if (w->deadline_us)
+                        printf(", fails in %s", cli_format_duration(w->deadline_us > now ? (double)(w->deadline_us - now) / 1e6 : 0,
+                                                                   buf, sizeof(buf)));
+                printf("%s%s\n", w->last_error && *w->last_error ? ": " : "", w->last_error ? w->last_error : "");
+        }
         printf("  step       %llu/%llu (%.1f %%)\n", (unsigned long long)s->global_step,
                (unsigned long long)s->max_steps, s->max_steps ? 100.0 * (double)s->global_step / (double)s->max_steps : 0);
         if (isfinite(s->loss))
                 printf("  loss       %.4f (mean of the workers' latest reports)\n", s->loss);
         printf("  speed      %.1f steps/s, %.0f examples/s\n", s->steps_per_s, s->examples_per_s);
-        if (s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_DONE)
+        if (s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_DONE && s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED &&
+            s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPED)
                 printf("  eta        %s\n", cli_format_duration(s->eta_s, buf, sizeof(buf)));
         if (s->test_accuracy >= 0)
                 printf("  test       accuracy %.4f, loss %.4f\n", s->test_accuracy, s->test_loss);
@@ -51,20 +73,26 @@ static void print_text(const Psfleet__V1__JobStatus *s) {
                        s->last_checkpoint->path, s->checkpoints);
         else
                 printf("  checkpoint none yet\n");
+        if (s->last_checkpoint_error && *s->last_checkpoint_error)
+                printf("  ckpt error %s\n", s->last_checkpoint_error);
         if (s->restored_from && *s->restored_from)
                 printf("  restored   from step %llu, %s\n", (unsigned long long)s->restored_step, s->restored_from);
-        printf("  fingerprint %016" PRIx64 "\n", s->fingerprint);
-        if (s->started_us) {
-                time_t t = (time_t)(s->started_us / 1000000);
-                struct tm tm;
-                localtime_r(&t, &tm);
-                strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S %z", &tm);
-                printf("  started    %s\n", buf);
+        if (s->n_losses)
+                printf("  lost       %llu steps of updates in all\n", (unsigned long long)s->steps_lost);
+        for (size_t i = 0; i < s->n_losses; i++) {
+                const Psfleet__V1__ShardLoss *l = s->losses[i];
+                printf("    ps:%u     %llu steps (restored from step %llu, the job was at %llu) at %s\n", l->shard,
+                       (unsigned long long)l->steps_lost, (unsigned long long)l->restored_step,
+                       (unsigned long long)l->job_step, cli_format_time(l->time_us, true, buf2, sizeof(buf2)));
         }
+        print_workers("live", s->workers_live, s->n_workers_live);
+        print_workers("missing", s->workers_missing, s->n_workers_missing);
+        printf("  fingerprint %016" PRIx64 "\n", s->fingerprint);
+        if (s->started_us)
+                printf("  started    %s\n", cli_format_time(s->started_us, true, buf, sizeof(buf)));
         if (s->wall_s > 0)
                 printf("  training   %s (wall)\n", cli_format_duration(s->wall_s, buf, sizeof(buf)));
         printf("nodes:\n");
-        uint64_t now = now_us();
         for (size_t i = 0; i < s->n_nodes; i++) {
                 const Psfleet__V1__NodeStatus *n = s->nodes[i];
                 printf("  %-10s %-22s %s", n->task ? n->task : "?", n->address ? n->address : "",

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli_util.h"
@@ -59,6 +60,14 @@ int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t m
         fprintf(stderr, "psfleet %s: %s \"%s\": expected %llu..%llu\n", cmd, opt, s, (unsigned long long)min,
                 (unsigned long long)max);
         return CLI_EX_USAGE;
+}
+
+const char *cli_format_time(uint64_t us, bool zone, char *buf, size_t len) {
+        time_t t = (time_t)(us / 1000000);
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(buf, len, zone ? "%Y-%m-%d %H:%M:%S %z" : "%Y-%m-%d %H:%M:%S", &tm);
+        return buf;
 }
 
 const char *cli_format_duration(double s, char *buf, size_t len) {

@@ -32,6 +32,10 @@ int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t m
 /* Formats seconds as "1:02:03" / "2:03", or "?" when negative, NaN or absurd, into buf; returns buf. */
 const char *cli_format_duration(double s, char *buf, size_t len);
 
+/* Formats a wall-clock time (µs since the epoch) as local "2026-12-03 08:40:12", with " +0000" when
+ * zone, into buf; returns buf. */
+const char *cli_format_time(uint64_t us, bool zone, char *buf, size_t len);
+
 /* A progress display: a bar redrawn in place on a terminal, a plain line every ~5 s otherwise,
  * nothing when quiet. */
 struct progress {

@@ -8,3 +8,5 @@ int cmd_status(int argc, char **argv);
 int cmd_watch(int argc, char **argv);
 int cmd_checkpoints(int argc, char **argv);
 int cmd_placement(int argc, char **argv);
+int cmd_stop(int argc, char **argv);
+int cmd_restart(int argc, char **argv);

@@ -20,6 +20,10 @@ static const struct command {
         {"checkpoints", cmd_checkpoints,
          "checkpoints list|save|rm STEP\n"
          "                       a job's checkpoints: list them, save one now, delete one"},
+        {"stop", cmd_stop, "stop                 stop a job in order: a final checkpoint, then STOPPED"},
+        {"restart", cmd_restart,
+         "restart              train a job that has ended (done, failed, stopped) again from its newest\n"
+         "                       checkpoint"},
         {"placement", cmd_placement,
          "placement JOB.json   print how the job's variables are spread over its ps shards"},
 };

@@ -91,7 +91,8 @@ def load_example():
         return json.load(f)
 
 
-def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None, ps=None, base=None, rpc=None):
+def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None, ps=None, base=None, rpc=None,
+             supervisor=None):
     """Writes a job file with a fresh loopback cluster; returns (path, job dict)."""
     job = json.loads(json.dumps(base)) if base else load_example()
     ports = free_ports(1 + n_ps + n_workers)
@@ -108,6 +109,8 @@ def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None
         job.setdefault("ps", {}).update(ps)
     if rpc:
         job.setdefault("rpc", {}).update(rpc)
+    if supervisor is not None:
+        job["supervisor"] = dict(supervisor)
     path = wd.file(name)
     with open(path, "w") as f:
         json.dump(job, f, indent=2)
@@ -366,6 +369,22 @@ def wait_state(chief_addr, state_name, timeout=60, procs=()):
                 raise AssertionError("%s exited with %s:\n%s" % (p.name, p.p.returncode, p.stderr()[-3000:]))
         time.sleep(0.2)
     raise AssertionError("chief not %s after %.0f s; last: %s" % (state_name, timeout, last))
+
+
+def wait_for(what, pred, timeout=30, procs=(), poll=0.1):
+    """Polls pred() until it returns something true, and returns that; fails after timeout, or at once
+    if one of procs exits."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        for p in procs:
+            if not p.alive():
+                raise AssertionError("%s exited (%s) while waiting for %s:\n%s"
+                                     % (p.name, p.p.returncode, what, p.stderr()[-3000:]))
+        time.sleep(poll)
+    raise AssertionError("timed out waiting for " + what)
 
 
 def psfleet_local(wd, job, args=(), env=None, name="psfleet-local"):

@@ -43,7 +43,9 @@ crc32c.table = None
 def records(db):
     con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
     try:
-        return con.execute("SELECT global_step, path, bytes, checksum FROM checkpoints ORDER BY global_step").fetchall()
+        rows = con.execute("SELECT global_step, path, bytes, checksum FROM checkpoints ORDER BY global_step").fetchall()
+        # paths under the state directory are stored relative to it (chief.db's directory)
+        return [(r[0], os.path.join(os.path.dirname(db), r[1])) + tuple(r[2:]) for r in rows]
     finally:
         con.close()
 
@@ -62,17 +64,7 @@ def agree(db, ckdir):
 
 
 def wait_for(what, cond, timeout=30, procs=()):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        for p in procs:
-            if not p.alive():
-                raise AssertionError("%s exited (%s) while waiting for %s:\n%s"
-                                     % (p.name, p.p.returncode, what, p.stderr()[-3000:]))
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for " + what)
+    return h.wait_for(what, cond, timeout, procs, poll=0.02)
 
 
 def pull(s, ps_addr, fingerprint, shapes):
@@ -126,7 +118,7 @@ def test():
     first = sup.SaveCheckpoint(s.supervisor_pb2.SaveCheckpointRequest(reason="test"), timeout=30).checkpoint
     assert time.monotonic() - t0 >= 2 * DELAY_MS / 1000 * 0.9
     assert first.trigger == "request" and first.checksum.startswith("crc32c:"), first
-    assert listed() == [first.global_step]
+    assert listed() == [first.global_step, 0]
     agree(db, ckdir)
 
     # Window 1: killed after the fsync, before the rename. Only the temp file exists; never listed.
@@ -139,7 +131,7 @@ def test():
             known = {r[1] for r in records(db)}
             found = wait_for(window, lambda: [p for p in glob.glob(os.path.join(ckdir, "ckpt-*.safetensors"))
                                               if p not in known], 10, [chief])
-        assert listed() == [first.global_step], "a checkpoint being written was listed"
+        assert listed() == [first.global_step, 0], "a checkpoint being written was listed"
         chief.kill(signal.SIGKILL)
         chief.wait(10)
         try:
@@ -153,13 +145,13 @@ def test():
         chief = h.daemon(wd, "chiefd", job, env=hook)
         h.wait_healthy(chief_addr, chief)
         rows = agree(db, ckdir)
-        assert [r[0] for r in rows] == [first.global_step], rows
+        assert [r[0] for r in rows] == [0, first.global_step], rows   # with the step-0 checkpoint
         assert not any(os.path.exists(p) for p in found), found
         err = chief.stderr()
         why = ("the write of a checkpoint was interrupted" if window == "temp file"
                else "a checkpoint file that was never recorded")
         assert ('Removed "%s": %s' % (found[0], why)) in err, err[-3000:]
-        assert listed() == [first.global_step]
+        assert listed() == [first.global_step, 0]
         # chiefd carries on with the shards it finds initialized; the worker never stopped training.
         st = h.wait_state(chief_addr, "TRAINING", 30, [ps, chief, worker])
         assert "Every ps shard is already initialized" in chief.stderr()

@@ -28,8 +28,10 @@ SUPERVISOR = {"save_checkpoint_steps": 200, "save_checkpoint_secs": 0, "keep_che
 def rows(db):
     con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
     try:
-        return con.execute("SELECT global_step, path, bytes, checksum, trigger FROM checkpoints"
+        rows = con.execute("SELECT global_step, path, bytes, checksum, trigger FROM checkpoints"
                            " ORDER BY time_us DESC, global_step DESC").fetchall()
+        # paths under the state directory are stored relative to it (chief.db's directory)
+        return [(r[0], os.path.join(os.path.dirname(db), r[1])) + tuple(r[2:]) for r in rows]
     finally:
         con.close()
 

@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -76,7 +79,7 @@ static int setup(void **state) {
         snprintf(dbp, sizeof(dbp), "%s/chief.db", dir);
         assert_int_equal(chief_db_open(dbp, &f->db), 0);
         snprintf(f->ckdir, sizeof(f->ckdir), "%s/ck", dir);
-        struct chief_ckpt_config cc = {.dir = f->ckdir, .L = f->job.L, .job = "t", .fingerprint = 0x1234, .keep = 2};
+        struct chief_ckpt_config cc = {.dir = f->ckdir, .L = f->job.L, .job = "t", .fingerprint = 0x1234, .keep = 2, .keep_corrupt = 3};
         char err[256];
         assert_int_equal(chief_ckpt_new(f->db, &cc, &f->s, err, sizeof(err)), 0);
         f->n = f->job.L->n_params;
@@ -286,6 +289,32 @@ static void test_delete(void **state) {
         assert_int_equal(n_rows(f), 0);
 }
 
+/* At most keep_corrupt (3) ".corrupt" files are kept, the newest by mtime; other files are left alone. */
+static void test_keep_corrupt(void **state) {
+        struct fx *f = *state;
+        char path[256];
+        for (int i = 0; i < 5; i++) {
+                snprintf(path, sizeof(path), "%s/ckpt-%010d.safetensors.corrupt", f->ckdir, i);
+                FILE *fp = fopen(path, "w");
+                assert_non_null(fp);
+                fclose(fp);
+                struct timespec ts[2] = {{1000 + i, 0}, {1000 + i, 0}};   /* file i is the i-th oldest */
+                assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+        }
+        snprintf(path, sizeof(path), "%s/notes.txt", f->ckdir);
+        FILE *fp = fopen(path, "w");
+        assert_non_null(fp);
+        fclose(fp);
+        assert_int_equal(chief_ckpt_reconcile(f->s), 2);   /* the two oldest removed */
+        for (int i = 0; i < 5; i++) {
+                snprintf(path, sizeof(path), "%s/ckpt-%010d.safetensors.corrupt", f->ckdir, i);
+                assert_int_equal(access(path, F_OK), i < 2 ? -1 : 0);
+        }
+        snprintf(path, sizeof(path), "%s/notes.txt", f->ckdir);
+        assert_int_equal(access(path, F_OK), 0);
+        assert_int_equal(chief_ckpt_reconcile(f->s), 0);   /* nothing more to do */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_save_rotate_load, setup, teardown),
@@ -294,6 +323,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_other_optimizer, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_reconcile, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_keep_corrupt, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* Tests of chief_state.c: every transition of the job's state machine, with the exact reasons clients
  * see, the failures (restore failing, a shard lost, no checkpoint for a restarted shard, the ready
- * timeout), a stop before READY, what the main loop does in each state, and the answers to workers. */
+ * timeout, a wait past its deadline), a stop before READY, the orderly stop (STOPPED), the sticky states
+ * a chief starts in, Restart, what the main loop does in each state, and the answers to workers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,7 +20,8 @@ static const enum chief_event_kind all_events[] = {
         CHIEF_EV_RESTORE_FOUND,   CHIEF_EV_RESTORE_DONE,    CHIEF_EV_RESTORE_NONE,    CHIEF_EV_RESTORE_MISMATCH,
         CHIEF_EV_RESTORE_FAILED,  CHIEF_EV_RESTORE_TIMEOUT, CHIEF_EV_SHARD_LOST,      CHIEF_EV_WORKER_REPORT,
         CHIEF_EV_POLLED,          CHIEF_EV_MAX_STEPS,       CHIEF_EV_STOP_ASKED,      CHIEF_EV_EVALUATING,
-        CHIEF_EV_SAVING_FINAL,    CHIEF_EV_FINISHED,        CHIEF_EV_FAILURE,
+        CHIEF_EV_SAVING_FINAL,    CHIEF_EV_FINISHED,        CHIEF_EV_FAILURE,         CHIEF_EV_STOPPED,
+        CHIEF_EV_WAIT_TIMEOUT,
 };
 
 static struct chief_state at(Psfleet__V1__JobState st, bool ready_once, const char *reason) {
@@ -208,8 +210,8 @@ static void test_shard_restart_no_checkpoint(void **state) {
         step(&s, EV(RESTORE_LOOKING, .shards = "ps:0", .where = "/ck"), S(RESTORING),
              "restoring ps:0: looking for a checkpoint in /ck", true);
         step(&s, EV(RESTORE_NONE, .why = "no usable checkpoint"), S(FAILED),
-             "a ps shard restarted and lost its variables; there is no checkpoint to restore it from (no usable "
-             "checkpoint)",
+             "a ps shard restarted and lost its variables; there is no usable checkpoint to restore it from (no "
+             "usable checkpoint)",
              true);
 }
 
@@ -228,7 +230,7 @@ static void test_shard_lost(void **state) {
                 struct chief_state s = at(from[i], true, "");
                 step(&s, EV(SHARD_LOST, .shard = 1, .where = "127.0.0.1:7001", .timeout_s = 30,
                             .why = "unreachable: ps:1 (127.0.0.1:7001): UNAVAILABLE"),
-                     S(FAILED), "ps:1 (127.0.0.1:7001) lost for more than 30 s: unreachable: ps:1 (127.0.0.1:7001): UNAVAILABLE",
+                     S(FAILED), "ps:1 (127.0.0.1:7001) not reachable for 30 s: unreachable: ps:1 (127.0.0.1:7001): UNAVAILABLE",
                      true);
         }
 }
@@ -240,7 +242,8 @@ static void test_end(void **state) {
                 struct chief_state s = at(from[i], true, "x");
                 step(&s, EV(MAX_STEPS), S(STOPPING), "waiting for the workers to finish", true);
                 s = at(from[i], true, "x");
-                step(&s, EV(STOP_ASKED), S(STOPPING), "waiting for the workers to finish", true);
+                step(&s, EV(STOP_ASKED), S(STOPPING), "stopping: the workers are told to stop, then the final checkpoint",
+                     true);
         }
         /* before READY there is nothing to finish: the daemon exits instead (see test_phase) */
         struct chief_state s;
@@ -291,17 +294,102 @@ static void test_failure(void **state) {
         step(&s, EV(FAILURE, .why = longer), S(FAILED), longer + sizeof(longer) - CHIEF_REASON_MAX, true);
 }
 
-/* DONE and FAILED are final: no event moves them or rewrites their reason. */
+/* DONE, FAILED and STOPPED have ended: no event but Restart moves them or rewrites their reason. */
 static void test_final_states(void **state) {
         (void)state;
         const struct chief_state finals[] = {at(S(DONE), true, ""), at(S(FAILED), true, "the job failed for good"),
-                                             at(S(FAILED), false, "not ready")};
-        for (size_t f = 0; f < 3; f++)
+                                             at(S(FAILED), false, "not ready"), at(S(STOPPED), true, "stopped")};
+        for (size_t f = 0; f < 4; f++)
                 for (size_t e = 0; e < sizeof(all_events) / sizeof(all_events[0]); e++) {
                         struct chief_event ev = {.kind = all_events[e], .why = "w", .shards = "ps:0", .where = "/x",
                                                  .step = 5, .timeout_s = 1, .advanced = true, .reachable = false};
                         no_change(&finals[f], ev);
                 }
+}
+
+/* The orderly stop: STOPPING after a stop, then STOPPED with the step of the final checkpoint. */
+static void test_stopped(void **state) {
+        (void)state;
+        struct chief_state s = at(S(TRAINING), true, "");
+        step(&s, EV(STOP_ASKED), S(STOPPING), "stopping: the workers are told to stop, then the final checkpoint",
+             true);
+        step(&s, EV(SAVING_FINAL), S(STOPPING), "saving the final checkpoint", false);
+        step(&s, EV(STOPPED, .step = 1234), S(STOPPED), "stopped at global_step 1234 after its final checkpoint", true);
+        assert_false(chief_state_final(&s));    /* not sticky across a start */
+        assert_true(chief_state_ended(&s));
+        /* a failed final checkpoint says where a start resumes */
+        s = at(S(STOPPING), true, "saving the final checkpoint");
+        step(&s, EV(STOPPED, .step = 1000, .why = "the final checkpoint failed (disk full): a start resumes from global_step 1000"),
+             S(STOPPED),
+             "stopped at global_step 1000 after its final checkpoint: the final checkpoint failed (disk full): a start "
+             "resumes from global_step 1000",
+             true);
+        /* STOPPED is entered from STOPPING only */
+        const Psfleet__V1__JobState other[] = {S(INITIALIZING), S(RESTORING), S(READY), S(TRAINING), S(DONE), S(FAILED)};
+        for (size_t i = 0; i < 6; i++) {
+                s = at(other[i], true, "r");
+                no_change(&s, EV(STOPPED, .step = 5));
+        }
+}
+
+/* Every wait has a deadline: past it the job fails, naming the peer and the last error. */
+static void test_wait_timeout(void **state) {
+        (void)state;
+        const Psfleet__V1__JobState from[] = {S(INITIALIZING), S(RESTORING), S(READY), S(TRAINING)};
+        for (size_t i = 0; i < 4; i++) {
+                struct chief_state s = at(from[i], i >= 2, "r");
+                step(&s, EV(WAIT_TIMEOUT, .where = "ps:0", .timeout_s = 600, .why = "UNAVAILABLE: connection refused"),
+                     S(FAILED), "ps:0 not reachable for 600 s: UNAVAILABLE: connection refused", true);
+        }
+        struct chief_state s = at(S(TRAINING), true, "");
+        step(&s, EV(WAIT_TIMEOUT, .where = "every worker", .timeout_s = 60, .why = "worker:0 data error"), S(FAILED),
+             "every worker not reachable for 60 s: worker:0 data error", true);
+        s = at(S(STOPPING), true, "waiting for the workers to finish");
+        no_change(&s, EV(WAIT_TIMEOUT, .where = "ps:0", .timeout_s = 1));
+}
+
+/* A chief starts where the previous one left the job: DONE and FAILED stick, anything else starts over. */
+static void test_from_record(void **state) {
+        (void)state;
+        struct chief_state s;
+        chief_state_from_record(&s, S(FAILED), "ps:0 not reachable for 600 s: x");
+        assert_int_equal(s.state, S(FAILED));
+        assert_string_equal(s.reason, "ps:0 not reachable for 600 s: x");
+        assert_int_equal(chief_state_phase(&s, false), CHIEF_PHASE_IDLE);
+        char why[512];
+        assert_false(chief_state_may_join(&s, false, 7, why, sizeof(why)));
+        assert_string_equal(why, "the job failed: ps:0 not reachable for 600 s: x");
+        chief_state_from_record(&s, S(DONE), "");
+        assert_int_equal(s.state, S(DONE));
+        assert_int_equal(chief_state_phase(&s, false), CHIEF_PHASE_IDLE);
+        assert_true(chief_state_workers_stop(&s, false, 0, 100));
+        const Psfleet__V1__JobState fresh[] = {S(STOPPED), S(TRAINING), S(STOPPING), S(INITIALIZING), S(UNSPECIFIED)};
+        for (size_t i = 0; i < 5; i++) {
+                chief_state_from_record(&s, fresh[i], "whatever it said");
+                assert_int_equal(s.state, S(INITIALIZING));
+                assert_string_equal(s.reason, "starting");
+                assert_false(s.ready_once);
+        }
+}
+
+/* Restart: the only way out of an ended state, back to a fresh start-up. */
+static void test_restart(void **state) {
+        (void)state;
+        const struct chief_state ended[] = {at(S(DONE), true, ""), at(S(FAILED), true, "ps:0 lost"),
+                                            at(S(STOPPED), true, "stopped")};
+        for (size_t i = 0; i < 3; i++) {
+                struct chief_state s = ended[i];
+                step(&s, EV(RESTART, .why = "operator"), S(INITIALIZING), "restarting: operator", true);
+                assert_false(s.ready_once);
+                assert_int_equal(chief_state_phase(&s, false), CHIEF_PHASE_INITIALIZE);
+        }
+        struct chief_state s = at(S(FAILED), true, "x");
+        step(&s, EV(RESTART), S(INITIALIZING), "restarting", true);
+        const Psfleet__V1__JobState running[] = {S(INITIALIZING), S(RESTORING), S(READY), S(TRAINING), S(STOPPING)};
+        for (size_t i = 0; i < 5; i++) {
+                s = at(running[i], true, "r");
+                no_change(&s, EV(RESTART, .why = "operator"));
+        }
 }
 
 static void test_phase(void **state) {
@@ -325,9 +413,11 @@ static void test_phase(void **state) {
                 {S(STOPPING), true, true, CHIEF_PHASE_STOPPING},
                 {S(DONE), true, false, CHIEF_PHASE_IDLE},
                 {S(DONE), true, true, CHIEF_PHASE_EXIT},               /* a Stop after the end */
-                {S(FAILED), true, false, CHIEF_PHASE_FAILED},
-                {S(FAILED), false, true, CHIEF_PHASE_FAILED},
-                {S(UNSPECIFIED), false, false, CHIEF_PHASE_FAILED},
+                {S(FAILED), true, false, CHIEF_PHASE_IDLE},            /* stays up to say why */
+                {S(FAILED), false, true, CHIEF_PHASE_EXIT},
+                {S(STOPPED), true, false, CHIEF_PHASE_EXIT},           /* the orderly stop is complete */
+                {S(STOPPED), true, true, CHIEF_PHASE_EXIT},
+                {S(UNSPECIFIED), false, false, CHIEF_PHASE_EXIT},
         };
         for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
                 struct chief_state s = at(t[i].st, t[i].ready_once, "");
@@ -347,8 +437,8 @@ static void test_workers_stop(void **state) {
         assert_false(chief_state_workers_stop(&s, false, 0, 100));
         s = at(S(INITIALIZING), false, "");
         assert_false(chief_state_workers_stop(&s, false, 0, 100));
-        const Psfleet__V1__JobState over[] = {S(STOPPING), S(DONE), S(FAILED)};
-        for (size_t i = 0; i < 3; i++) {
+        const Psfleet__V1__JobState over[] = {S(STOPPING), S(DONE), S(FAILED), S(STOPPED)};
+        for (size_t i = 0; i < 4; i++) {
                 s = at(over[i], true, "");
                 assert_true(chief_state_workers_stop(&s, false, 0, 100));
         }
@@ -371,6 +461,8 @@ static void test_may_join(void **state) {
                 {S(STOPPING), "waiting for the workers to finish", false, 100, false,
                  "the job has ended (stopping at global_step 100)"},
                 {S(DONE), "", false, 100, false, "the job has ended (done at global_step 100)"},
+                {S(STOPPED), "stopped at global_step 40 after its final checkpoint", false, 40, false,
+                 "the job has ended (stopped at global_step 40)"},
                 {S(FAILED), "ps:0 lost", false, 3, false, "the job failed: ps:0 lost"},
                 {S(INITIALIZING), "waiting for ps:0 (h:1): UNAVAILABLE", false, 0, false,
                  "the job is initializing: waiting for ps:0 (h:1): UNAVAILABLE"},
@@ -402,6 +494,10 @@ int main(void) {
                 cmocka_unit_test(test_finish),
                 cmocka_unit_test(test_failure),
                 cmocka_unit_test(test_final_states),
+                cmocka_unit_test(test_stopped),
+                cmocka_unit_test(test_wait_timeout),
+                cmocka_unit_test(test_from_record),
+                cmocka_unit_test(test_restart),
                 cmocka_unit_test(test_phase),
                 cmocka_unit_test(test_workers_stop),
                 cmocka_unit_test(test_may_join),

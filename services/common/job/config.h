@@ -56,7 +56,10 @@ struct supervisor_config {
         uint32_t keep_checkpoints;
         uint64_t save_summaries_secs;
         uint64_t eval_every_steps;            /* 0: only at the end */
-        uint64_t ready_timeout_secs;          /* how long a worker waits for the job to become ready */
+        uint64_t ready_timeout_secs;          /* how long a worker waits for the job to become ready; the
+                                               * deadline of the chief's waits too */
+        uint64_t worker_timeout_secs;         /* a worker that reported within this is live */
+        uint32_t keep_corrupt;                /* .corrupt checkpoint files kept */
 };
 
 struct ps_config {

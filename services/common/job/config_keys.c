@@ -122,7 +122,11 @@ const struct config_key cfg_keys[] = {
         K_U64("supervisor.eval_every_steps", supervisor.eval_every_steps, 0, 0, INT64_MAX,
               "Evaluate on the test set every this many global steps; 0: only at the end."),
         K_U64("supervisor.ready_timeout_secs", supervisor.ready_timeout_secs, 600, 1, 86400,
-              "How long a worker waits for the job to become ready before failing."),
+              "How long a worker waits for the job to become ready before failing; also the deadline of every wait of the chief (for the shards, a lost shard, the workers), past which the job is FAILED."),
+        K_U64("supervisor.worker_timeout_secs", supervisor.worker_timeout_secs, 60, 1, 86400,
+              "A worker that reported within this many seconds is live; the others are listed as missing."),
+        K_U32("supervisor.keep_corrupt", supervisor.keep_corrupt, 3, 0, 1000,
+              "How many corrupt checkpoint files (moved aside to .corrupt) to keep; the oldest are removed."),
 
         K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
               "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),

@@ -1,0 +1,206 @@
+/* chiefd's SQLite record: the job's sticky state with its reason and time, the shards' losses, and
+ * checkpoint paths stored relative to the state directory (with the migration of a version-2 database
+ * whose rows are absolute), so that a copied state directory refers to its own files. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sqlite3.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "chief_db.h"
+#include "util.h"
+
+#define DIR_TEMPLATE "/tmp/psfleet-test-chief-db-XXXXXX"
+
+struct fx {
+        char dir[sizeof(DIR_TEMPLATE)];
+        char path[sizeof(DIR_TEMPLATE) + 32];
+};
+
+static int setup(void **state) {
+        struct fx *f = calloc(1, sizeof(*f));
+        snprintf(f->dir, sizeof(f->dir), "%s", DIR_TEMPLATE);
+        assert_non_null(mkdtemp(f->dir));
+        snprintf(f->path, sizeof(f->path), "%s/chief.db", f->dir);
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state) {
+        struct fx *f = *state;
+        char cmd[sizeof(f->dir) + 16];
+        snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
+        assert_int_equal(system(cmd), 0);
+        free(f);
+        return 0;
+}
+
+static struct chief_db_checkpoint ckpt(uint64_t step, const char *path) {
+        struct chief_db_checkpoint c = {.global_step = step, .time_us = 1000 + step, .bytes = 10, .loss = NAN,
+                                        .eval_accuracy = -1, .eval_loss = -1};
+        snprintf(c.path, sizeof(c.path), "%s", path);
+        snprintf(c.checksum, sizeof(c.checksum), "crc32c:00000000");
+        snprintf(c.trigger, sizeof(c.trigger), "init");
+        return c;
+}
+
+/* The stored text of a checkpoint's path, read with SQLite directly. */
+static void stored_path(const char *db, uint64_t step, char *buf, size_t len) {
+        sqlite3 *h;
+        sqlite3_stmt *st;
+        assert_int_equal(sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+        assert_int_equal(sqlite3_prepare_v2(h, "SELECT path FROM checkpoints WHERE global_step = ?", -1, &st, NULL),
+                         SQLITE_OK);
+        sqlite3_bind_int64(st, 1, (sqlite3_int64)step);
+        assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+        snprintf(buf, len, "%s", (const char *)sqlite3_column_text(st, 0));
+        sqlite3_finalize(st);
+        sqlite3_close(h);
+}
+
+static void test_state_sticky(void **state) {
+        struct fx *f = *state;
+        struct chief_db *db;
+        struct chief_db_job j = {.fingerprint = 0xfeedfacecafebeefULL, .state = 7, .global_step = 1234, .max_steps = 5000,
+                                 .started_us = 11, .updated_us = 22, .test_accuracy = -1, .test_loss = -1,
+                                 .state_since_us = 33};
+        snprintf(j.reason, sizeof(j.reason), "ps:0 not reachable for 600 s: UNAVAILABLE");
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        assert_int_equal(chief_db_load_job(db, &(struct chief_db_job){0}), -ENOENT);
+        assert_int_equal(chief_db_save_job(db, &j), 0);
+        chief_db_close(db);
+        /* a new chief reads what the last one recorded */
+        struct chief_db_job got;
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        assert_int_equal(chief_db_load_job(db, &got), 0);
+        assert_int_equal(got.fingerprint, j.fingerprint);
+        assert_int_equal(got.state, 7);
+        assert_int_equal(got.global_step, 1234);
+        assert_int_equal(got.state_since_us, 33);
+        assert_string_equal(got.reason, j.reason);
+        /* replaced, not appended */
+        j.state = 8;
+        j.reason[0] = 0;
+        assert_int_equal(chief_db_save_job(db, &j), 0);
+        assert_int_equal(chief_db_load_job(db, &got), 0);
+        assert_int_equal(got.state, 8);
+        assert_string_equal(got.reason, "");
+        chief_db_close(db);
+}
+
+static void test_losses(void **state) {
+        struct fx *f = *state;
+        struct chief_db *db;
+        struct chief_db_loss *l = (void *)1;
+        size_t n = 7;
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        assert_int_equal(chief_db_list_losses(db, &l, &n), 0);
+        assert_null(l);
+        assert_int_equal(n, 0);
+        assert_int_equal(chief_db_add_loss(db, &(struct chief_db_loss){5, 1, 0, 300, 300}), 0);
+        assert_int_equal(chief_db_add_loss(db, &(struct chief_db_loss){6, 0, 200, 250, 50}), 0);
+        chief_db_close(db);
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        assert_int_equal(chief_db_list_losses(db, &l, &n), 0);
+        assert_int_equal(n, 2);
+        assert_int_equal(l[0].shard, 1);
+        assert_int_equal(l[0].steps_lost, 300);
+        assert_int_equal(l[1].shard, 0);
+        assert_int_equal(l[1].restored_step, 200);
+        assert_int_equal(l[1].job_step, 250);
+        assert_int_equal(l[1].steps_lost, 50);
+        assert_int_equal(l[1].time_us, 6);
+        free(l);
+        chief_db_close(db);
+}
+
+static void test_relative_paths(void **state) {
+        struct fx *f = *state;
+        struct chief_db *db;
+        char inside[256], stored[256];
+        snprintf(inside, sizeof(inside), "%s/checkpoints/ckpt-0000000010.safetensors", f->dir);
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        assert_string_equal(chief_db_dir(db), f->dir);
+        struct chief_db_checkpoint *gone = NULL, *rows = NULL;
+        size_t n_gone = 0, n = 0;
+        struct chief_db_checkpoint a = ckpt(10, inside), b = ckpt(20, "/elsewhere/ckpt-0000000020.safetensors");
+        assert_int_equal(chief_db_add_checkpoint(db, &a, 5, &gone, &n_gone), 0);
+        free(gone);
+        assert_int_equal(chief_db_add_checkpoint(db, &b, 5, &gone, &n_gone), 0);
+        free(gone);
+        /* under the directory: relative; elsewhere: as given */
+        stored_path(f->path, 10, stored, sizeof(stored));
+        assert_string_equal(stored, "checkpoints/ckpt-0000000010.safetensors");
+        stored_path(f->path, 20, stored, sizeof(stored));
+        assert_string_equal(stored, "/elsewhere/ckpt-0000000020.safetensors");
+        /* read back absolute */
+        assert_int_equal(chief_db_list_checkpoints(db, &rows, &n), 0);
+        assert_int_equal(n, 2);
+        assert_string_equal(rows[1].path, inside);
+        assert_string_equal(rows[0].path, "/elsewhere/ckpt-0000000020.safetensors");
+        free(rows);
+        struct chief_db_checkpoint del;
+        assert_int_equal(chief_db_delete_checkpoint(db, 10, &del), 0);
+        assert_string_equal(del.path, inside);
+        chief_db_close(db);
+}
+
+/* A version-2 database (absolute paths, no reason): opened, its rows under the directory become
+ * relative, the job row gains an empty reason. */
+static void test_migration(void **state) {
+        struct fx *f = *state;
+        sqlite3 *h;
+        char sql[2048], stored[256];
+        snprintf(sql, sizeof(sql),
+                 "CREATE TABLE job (id INTEGER PRIMARY KEY CHECK (id = 1), fingerprint TEXT NOT NULL, state INTEGER NOT NULL,"
+                 " global_step INTEGER NOT NULL, max_steps INTEGER NOT NULL, started_us INTEGER NOT NULL,"
+                 " updated_us INTEGER NOT NULL, test_accuracy REAL NOT NULL, test_loss REAL NOT NULL, wall_s REAL NOT NULL);"
+                 "INSERT INTO job VALUES (1, '0000000000000001', 6, 100, 100, 1, 2, 0.5, 0.4, 3.0);"
+                 "CREATE TABLE checkpoints (global_step INTEGER PRIMARY KEY, time_us INTEGER NOT NULL, path TEXT NOT NULL,"
+                 " bytes INTEGER NOT NULL, checksum TEXT NOT NULL, loss REAL, eval_step INTEGER NOT NULL,"
+                 " eval_accuracy REAL NOT NULL, eval_loss REAL NOT NULL, trigger TEXT NOT NULL);"
+                 "INSERT INTO checkpoints VALUES (5, 1, '%s/checkpoints/ckpt-0000000005.safetensors', 1, 'c', NULL, 0, -1, -1, 'steps');"
+                 "INSERT INTO checkpoints VALUES (6, 2, '%s-other/ckpt-0000000006.safetensors', 1, 'c', NULL, 0, -1, -1, 'steps');"
+                 "PRAGMA user_version=2;",
+                 f->dir, f->dir);
+        assert_int_equal(sqlite3_open(f->path, &h), SQLITE_OK);
+        assert_int_equal(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK);
+        sqlite3_close(h);
+
+        struct chief_db *db;
+        struct chief_db_job j;
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        assert_int_equal(chief_db_load_job(db, &j), 0);
+        assert_int_equal(j.state, 6);
+        assert_string_equal(j.reason, "");
+        chief_db_close(db);
+        stored_path(f->path, 5, stored, sizeof(stored));
+        assert_string_equal(stored, "checkpoints/ckpt-0000000005.safetensors");
+        /* a sibling directory that merely shares the prefix stays absolute */
+        stored_path(f->path, 6, stored, sizeof(stored));
+        char want[256];
+        snprintf(want, sizeof(want), "%s-other/ckpt-0000000006.safetensors", f->dir);
+        assert_string_equal(stored, want);
+        /* opening again changes nothing */
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        chief_db_close(db);
+        stored_path(f->path, 5, stored, sizeof(stored));
+        assert_string_equal(stored, "checkpoints/ckpt-0000000005.safetensors");
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(test_state_sticky, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_losses, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_migration, setup, teardown),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
