@@ -229,10 +229,10 @@ int daemon_exit_code(int r) {
 
 const char *daemon_exit_meaning(int status) {
         switch (status) {
-        case DAEMON_EX_DATAERR: return "a data error (not restarted)";
-        case DAEMON_EX_IOERR: return "an I/O error on its state directory (not restarted)";
+        case DAEMON_EX_DATAERR: return "a data error";
+        case DAEMON_EX_IOERR: return "an I/O error (its state directory, a file)";
         case DAEMON_EX_TEMPFAIL: return "a temporary failure: its address is in use, or a peer did not come in time";
-        case DAEMON_EX_CONFIG: return "a configuration error (not restarted)";
+        case DAEMON_EX_CONFIG: return "a configuration error";
         default: return NULL;
         }
 }
