@@ -62,7 +62,7 @@ struct worker {
         float last_loss;
         double ex_per_s;
         pthread_mutex_t st_mu;      /* what on_status reads: state, steps, loss, speed, the wait */
-        char state[256];
+        char state[768];
         struct wait {               /* what the worker waits for; peer[0] == 0: nothing */
                 char peer[16];          /* "chief:0", "ps:1" */
                 uint64_t since_us, deadline_us;   /* wall clock */
@@ -143,7 +143,7 @@ static void nap(struct worker *w, uint64_t ms) {
 static void on_status(struct rpc_call *call, void *ud) {
         struct worker *w = ud;
         Psfleet__V1__WorkerStatus st = PSFLEET__V1__WORKER_STATUS__INIT;
-        char state[256];
+        char state[sizeof(w->state)];
         pthread_mutex_lock(&w->st_mu);
         memcpy(state, w->state, sizeof(state));
         st.local_step = w->local_step;
