@@ -606,17 +606,33 @@ static void psd_done(struct psd *p) {
         daemon_args_done(&p->args);
 }
 
+/* A health check of addr on a fresh channel: 0, -EAGAIN when nothing answers there (refused), or
+ * another -errno (-ETIMEDOUT: something holds the port but does not answer in time). */
+static int health_check(const char *addr, const char *name, uint64_t timeout_ms) {
+        struct rpc_channel *ch;
+        int r = rpc_channel_new(addr, name, &ch);
+        if (r < 0)
+                return r;
+        struct rpc_result res;
+        r = rpc_call(ch, RPC_HEALTH_CHECK, NULL, timeout_ms, false, &res);
+        rpc_result_clear(&res);
+        rpc_channel_free(ch);
+        return r;
+}
+
 /* The watchdog is fed only after the server answered a health check of its own: a hung server stops
  * feeding it and systemd restarts the daemon. */
 static void feed_watchdog(const char *addr) {
-        struct rpc_channel *ch;
-        if (rpc_channel_new(addr, "self", &ch) < 0)
-                return;
-        struct rpc_result r;
-        if (rpc_call(ch, RPC_HEALTH_CHECK, NULL, 2000, false, &r) == 0)
+        if (health_check(addr, "self", 2000) == 0)
                 notify_watchdog();
-        rpc_result_clear(&r);
-        rpc_channel_free(ch);
+}
+
+/* In the stop grace: the chief is gone when its address refuses us twice in a row (a chief stopped
+ * at the same moment that has already exited): no pull for a final checkpoint can come, so waiting on
+ * would only delay the stop. A chief that is there, busy or slow, keeps the grace going. */
+static bool chief_gone(struct psd *p, unsigned *refused) {
+        *refused = health_check(p->cfg->cluster.chief[0].addr, "chief:0", 500) == -EAGAIN ? *refused + 1 : 0;
+        return *refused >= 2;
 }
 
 /* The main loop's next wake-up: the watchdog's tick, or sooner a deadline (µs, monotonic; 0: none). */
@@ -687,6 +703,7 @@ static int run(int argc, char **argv) {
         p.ready_since_us = now_us();
         p.ready_deadline_us = p.ready_since_us + ready;
         uint64_t ready_end = mono_us() + ready, grace_end = 0;
+        unsigned chief_refused = 0;
         if ((r = daemon_listen(&p.args, methods, sizeof(methods) / sizeof(methods[0]), p.cfg->training.threads,
                                &p.server)) < 0) {
                 ret = daemon_exit_code(r);
@@ -707,7 +724,7 @@ static int run(int argc, char **argv) {
         for (;;) {
                 bool initialized = atomic_load(&p.s->initialized);
                 struct pollfd fds[2] = {{.fd = sfd, .events = POLLIN}, {.fd = p.stop_fd, .events = POLLIN}};
-                int n = poll(fds, 2, next_tick_ms(tick_ms, grace_end ? grace_end : initialized ? 0 : ready_end));
+                int n = poll(fds, 2, next_tick_ms(grace_end ? 250 : tick_ms, grace_end ? grace_end : initialized ? 0 : ready_end));
                 if (n < 0 && errno != EINTR) {
                         log_error_errno(errno, "poll");
                         break;
@@ -723,6 +740,12 @@ static int run(int argc, char **argv) {
                 if (grace_end && mono_us() >= grace_end) {
                         log_notice("no Stop from the chief within ps.stop_grace_secs=%llu s: stopping",
                                    (unsigned long long)p.cfg->ps.stop_grace_secs);
+                        ret = 0;
+                        break;
+                }
+                if (grace_end && chief_gone(&p, &chief_refused)) {
+                        log_info("the chief is gone (%s refuses connections): nobody will pull, stopping",
+                                 p.cfg->cluster.chief[0].addr);
                         ret = 0;
                         break;
                 }
