@@ -655,9 +655,10 @@ static bool on_signal(struct psd *p, int sfd, uint64_t *grace_end) {
                 log_info("%s: stopping%s", name, *grace_end ? " now (the second signal)" : "");
                 return true;
         }
+        uint64_t now = now_us();
         *grace_end = mono_us() + grace * 1000000u;
-        atomic_store(&p->grace_deadline_us, now_us() + grace * 1000000u);
-        atomic_store(&p->grace_since_us, now_us());
+        atomic_store(&p->grace_deadline_us, now + grace * 1000000u);
+        atomic_store(&p->grace_since_us, now);   /* last: a status that sees it sees the deadline too */
         /* a chief stopped at the same moment (systemctl stop psfleet.target) pulls for its final
          * checkpoint, and says Stop when it has it */
         log_info("%s: serving for up to %llu s (ps.stop_grace_secs) until the chief's Stop, so that it can pull the "
