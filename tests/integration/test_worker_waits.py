@@ -1,6 +1,7 @@
 """workerd's bounded waits show in WorkerStatus.waiting_for and its state line, and past their deadline
 (supervisor.ready_timeout_secs) workerd exits 75, which systemd restarts: joining, for chief:0; and
-re-reading the parameters after a ps shard was lost, for that shard."""
+re-reading the parameters after a ps shard was lost, for that shard. A worker restarted while the job
+went on far without it joins again with the current parameters and trains on."""
 import signal
 import time
 
@@ -65,6 +66,37 @@ def test():
     assert st.waiting_for.deadline_us - st.waiting_for.since_us == 3 * 1000000
     assert w.wait(20) == EX_TEMPFAIL
     assert "gave up waiting for ps:0 after supervisor.ready_timeout_secs=3" in w.stderr(), w.stderr()
+    end = time.monotonic() + 15
+    while chief.alive() and time.monotonic() < end:
+        chief.kill(signal.SIGTERM)
+        time.sleep(0.5)
+
+    # worker:1 killed, the job goes far on without it, worker:1 started again: it rejoins where the job is
+    job, spec = h.make_job(wd, "rejoin.json", n_workers=2, training={"max_steps": 3000})
+    chief_addr = spec["cluster"]["chief"][0]
+    chief = h.daemon(wd, "chiefd", job, state_dir=wd.file("state-rejoin"))
+    ps = h.daemon(wd, "psd", job, 0)
+    w0 = h.daemon(wd, "workerd", job, 0)
+    w1 = h.daemon(wd, "workerd", job, 1)
+    h.wait_state(chief_addr, "TRAINING", 30, [chief, ps, w0, w1])
+    w1.kill(signal.SIGKILL)
+    w1.wait(10)
+    end = time.monotonic() + 60
+    while h.job_status(chief_addr).global_step < 1500:
+        assert time.monotonic() < end and w0.alive(), "the job did not go on without worker:1"
+        time.sleep(0.2)
+    gone_at = h.job_status(chief_addr).global_step
+    w1 = h.Proc(wd, "worker:1-again", w1.argv)
+    st = h.wait_state(chief_addr, "DONE", 120, [chief, ps, w0, w1])
+    assert w1.wait(30) == 0, w1.stderr()
+    log = w1.stderr()
+    h.log("worker:1 rejoined after global_step %d:" % gone_at,
+          [l for l in log.splitlines() if "resuming" in l or "done:" in l])
+    assert "resuming at global_step" in log, log
+    resumed = int(log.split("resuming at global_step ")[1].split(":")[0])
+    assert resumed >= gone_at, (resumed, gone_at)
+    local = int(log.split("done: ")[-1].split(" local steps")[0])
+    assert local > 0 and st.global_step >= 3000, (local, st.global_step)
 
 
 if __name__ == "__main__":
