@@ -311,7 +311,7 @@ static int run(int argc, char **argv) {
         log_setup("chiefd", cfg->name, args.task_name);
 
         rpc_global_init();
-        if (chief_new(cfg, args.state_dir, &c) < 0)
+        if ((r = chief_new(cfg, args.state_dir, &c)) < 0)
                 goto out;
 
         struct rpc_method methods[CHIEF_RPC_N_METHODS];
@@ -343,6 +343,7 @@ static int run(int argc, char **argv) {
         notify_stopping();
         ret = r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 out:
+        ret = !srv && r < 0 ? daemon_exit_code(r) : ret;   /* before serving: the status systemd acts on */
         if (c)
                 close_streams(c);
         r = srv ? rpc_server_shutdown(srv, 5000) : 0;

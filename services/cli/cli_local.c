@@ -28,6 +28,7 @@
 #include "cli_opt.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "daemon.h"
 #include "job.h"
 #include "rpc.h"
 #include "trainer.h"
@@ -142,8 +143,10 @@ static void local_help(FILE *f) {
                 "The daemons are looked up in $PSFLEET_BIN_DIR when set; else next to this program in the\n"
                 "build tree (<dir>/../psd/psd, ...), then in the same directory (<dir>/psd), then in PATH.\n"
                 "\n"
-                "Exit status: 0 done, 1 failure (a child died, the job failed), 2 bad usage, 78 bad job file,\n"
-                "130/143 interrupted by SIGINT/SIGTERM.\n");
+                "Exit status: 0 done; the exit status of the daemon that failed first (65 data error, 74 I/O\n"
+                "error, 75 address in use or a peer that never came, 78 bad job file; see docs/operations.md);\n"
+                "1 another failure (a child killed, the job failed); 2 bad usage; 78 bad job file; 130/143\n"
+                "interrupted by SIGINT/SIGTERM.\n");
 }
 
 /* ---- finding the daemons ---- */
@@ -472,8 +475,9 @@ static int spawn(struct child *k) {
 }
 
 static void describe_status(int status, char *buf, size_t len) {
+        const char *why = WIFEXITED(status) ? daemon_exit_meaning(WEXITSTATUS(status)) : NULL;
         if (WIFEXITED(status))
-                snprintf(buf, len, "exited with status %d", WEXITSTATUS(status));
+                snprintf(buf, len, "exited with status %d%s%s", WEXITSTATUS(status), why ? ": " : "", why ? why : "");
         else if (WIFSIGNALED(status))
                 snprintf(buf, len, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
         else
@@ -604,10 +608,11 @@ static int supervise(struct local *L) {
                         struct child *k = bad >= 0 ? &L->kids[bad] : chief;
                         progress_end(&L->prog);
                         describe_status(k->status, buf, sizeof(buf));
-                        cli_error("%s %s%s; stopping the others", k->task, buf,
+                        cli_error("%s %s%s; stopping the others (its log above says why)", k->task, buf,
                                 bad < 0 ? " before the job was done" : "");
                         stop_all(L);
-                        return 1;
+                        /* the first failure's own status, so that a data or config error reads as one */
+                        return WIFEXITED(k->status) && WEXITSTATUS(k->status) != 0 ? WEXITSTATUS(k->status) : 1;
                 }
                 if (!all_ready) {
                         all_ready = true;

@@ -1,4 +1,4 @@
-/* Daemon command line and signals: see daemon.h. */
+/* Daemon command line, signals, exit statuses and the server's bind: see daemon.h. */
 #include "daemon.h"
 
 #include <errno.h>
@@ -10,6 +10,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "rpc.h"
 #include "util.h"
 
@@ -201,4 +202,49 @@ int daemon_signals_fd(void) {
                 blas_thread_shutdown_();
         int fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
         return fd < 0 ? -errno : fd;
+}
+
+int daemon_exit_code(int r) {
+        if (r >= 0)
+                return 0;
+        switch (-r) {
+        case EBADMSG:
+                return DAEMON_EX_DATAERR;
+        case EACCES:
+        case EROFS:
+        case ENOSPC:
+        case EDQUOT:
+        case EIO:
+        case ENOTDIR:
+        case EISDIR:
+                return DAEMON_EX_IOERR;
+        case EADDRINUSE:
+        case EADDRNOTAVAIL:
+        case ETIMEDOUT:
+                return DAEMON_EX_TEMPFAIL;
+        default:
+                return DAEMON_EX_FAILURE;
+        }
+}
+
+const char *daemon_exit_meaning(int status) {
+        switch (status) {
+        case DAEMON_EX_DATAERR: return "a data error";
+        case DAEMON_EX_IOERR: return "an I/O error (its state directory, a file)";
+        case DAEMON_EX_TEMPFAIL: return "a temporary failure: its address is in use, or a peer did not come in time";
+        case DAEMON_EX_CONFIG: return "a configuration error";
+        default: return NULL;
+        }
+}
+
+int daemon_listen(const struct daemon_args *a, const struct rpc_method *methods, size_t n_methods, unsigned threads,
+                  struct rpc_server **ret) {
+        struct rpc_server *s = NULL;
+        int r = rpc_server_new(a->listen, methods, n_methods, threads, &s);
+        if (r >= 0 && (r = rpc_server_start(s)) < 0)
+                s = rpc_server_free(s);
+        if (r < 0)
+                return log_error_errno(r, "cannot listen on %s", a->listen);
+        *ret = s;
+        return 0;
 }

@@ -1,11 +1,28 @@
-/* What psd and workerd share as daemons: command line, job file and task resolution (TF_CONFIG too),
- * signals handled in one place, and the watchdog fed only while the daemon still answers. */
+/* What psd, workerd and chiefd share as daemons: command line, job file and task resolution (TF_CONFIG
+ * too), signals handled in one place, the exit status systemd acts on, and binding the server. */
 #pragma once
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "config.h"
+#include "rpc.h"
+
+/* Exit statuses (sysexits.h) the units act on; docs/operations.md, "Exit codes", has the table. The
+ * permanent ones (65, 74, 78) are in every unit's RestartPreventExitStatus=: a restart cannot fix them. */
+#define DAEMON_EX_FAILURE 1            /* anything else: systemd restarts the daemon */
+#define DAEMON_EX_DATAERR 65           /* EX_DATAERR: data missing, empty, truncated, not fitting the model */
+#define DAEMON_EX_IOERR 74             /* EX_IOERR: the state directory cannot be created or written */
+#define DAEMON_EX_TEMPFAIL 75          /* EX_TEMPFAIL: address in use, a peer did not come in time: restarted */
+#define DAEMON_EX_CONFIG CONFIG_EX_CONFIG /* 78 EX_CONFIG: the job file, TF_CONFIG or the options */
+
+/* The one mapping of a failure (-errno, as the daemons' set-up and waits return it) to an exit status:
+ * 0 for r >= 0; -EBADMSG (the data module's kind for bad data, data.h) 65; -EACCES, -EROFS, -ENOSPC,
+ * -EDQUOT, -EIO, -ENOTDIR, -EISDIR 74; -EADDRINUSE, -EADDRNOTAVAIL, -ETIMEDOUT 75; anything else 1.
+ * A config error is known where it is found (the caller returns DAEMON_EX_CONFIG itself). */
+int daemon_exit_code(int r);
+/* What an exit status of a daemon means, for messages ("data error", ...); NULL if none of the above. */
+const char *daemon_exit_meaning(int status);
 
 struct daemon_args {
         struct job_config *cfg;
@@ -24,3 +41,8 @@ void daemon_args_done(struct daemon_args *a);
 /* Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (call before any thread exists, so every
  * thread inherits the mask) and returns a signalfd that reports them, or -errno. */
 int daemon_signals_fd(void);
+
+/* Binds and starts `a`'s server (the table is copied). On failure logs one line, "cannot listen on
+ * ADDR: REASON", and returns -errno (-EADDRINUSE, -EADDRNOTAVAIL, -EACCES, ...; daemon_exit_code maps it). */
+int daemon_listen(const struct daemon_args *a, const struct rpc_method *methods, size_t n_methods, unsigned threads,
+                  struct rpc_server **ret);

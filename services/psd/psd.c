@@ -47,6 +47,10 @@ struct psd {
         atomic_uint_fast64_t pushes, rejected;
         pthread_mutex_t err_mu;
         char last_error[512];
+        /* the waits status shows (wall clock, µs): for the chief's first Assign, and, after SIGTERM,
+         * for its Stop; the second's since is 0 until a signal came */
+        uint64_t ready_since_us, ready_deadline_us;
+        atomic_uint_fast64_t grace_since_us, grace_deadline_us;
         int stop_fd;             /* eventfd: a Stop call asks the main loop to end */
         struct rpc_server *server;
         pthread_mutex_t links_mu;
@@ -540,6 +544,18 @@ static void on_status(struct rpc_call *call, void *ud) {
         pthread_mutex_unlock(&p->err_mu);
         st.last_error = last;
         st.shared_memory_links = links_count(p);
+        Psfleet__V1__WaitingFor wf = PSFLEET__V1__WAITING_FOR__INIT;
+        wf.peer = (char *)"chief:0";
+        if ((wf.since_us = atomic_load(&p->grace_since_us))) {
+                wf.deadline_us = atomic_load(&p->grace_deadline_us);
+                wf.last_error = (char *)"stopping (SIGTERM): serving until the chief's Stop or ps.stop_grace_secs";
+                st.waiting_for = &wf;
+        } else if (!st.initialized) {
+                wf.since_us = p->ready_since_us;
+                wf.deadline_us = p->ready_deadline_us;
+                wf.last_error = *last ? last : (char *)"no Assign yet";
+                st.waiting_for = &wf;
+        }
         rpc_call_reply_msg(call, &st.base);
 }
 
@@ -590,17 +606,66 @@ static void psd_done(struct psd *p) {
         daemon_args_done(&p->args);
 }
 
+/* A health check of addr on a fresh channel: 0, -EAGAIN when nothing answers there (refused), or
+ * another -errno (-ETIMEDOUT: something holds the port but does not answer in time). */
+static int health_check(const char *addr, const char *name, uint64_t timeout_ms) {
+        struct rpc_channel *ch;
+        int r = rpc_channel_new(addr, name, &ch);
+        if (r < 0)
+                return r;
+        struct rpc_result res;
+        r = rpc_call(ch, RPC_HEALTH_CHECK, NULL, timeout_ms, false, &res);
+        rpc_result_clear(&res);
+        rpc_channel_free(ch);
+        return r;
+}
+
 /* The watchdog is fed only after the server answered a health check of its own: a hung server stops
  * feeding it and systemd restarts the daemon. */
 static void feed_watchdog(const char *addr) {
-        struct rpc_channel *ch;
-        if (rpc_channel_new(addr, "self", &ch) < 0)
-                return;
-        struct rpc_result r;
-        if (rpc_call(ch, RPC_HEALTH_CHECK, NULL, 2000, false, &r) == 0)
+        if (health_check(addr, "self", 2000) == 0)
                 notify_watchdog();
-        rpc_result_clear(&r);
-        rpc_channel_free(ch);
+}
+
+/* In the stop grace: the chief is gone when its address refuses us twice in a row (a chief stopped
+ * at the same moment that has already exited): no pull for a final checkpoint can come, so waiting on
+ * would only delay the stop. A chief that is there, busy or slow, keeps the grace going. */
+static bool chief_gone(struct psd *p, unsigned *refused) {
+        *refused = health_check(p->cfg->cluster.chief[0].addr, "chief:0", 500) == -EAGAIN ? *refused + 1 : 0;
+        return *refused >= 2;
+}
+
+/* The main loop's next wake-up: the watchdog's tick, or sooner a deadline (µs, monotonic; 0: none). */
+static int next_tick_ms(uint64_t tick_ms, uint64_t deadline) {
+        uint64_t now = mono_us();
+        if (deadline && deadline <= now)
+                return 0;
+        if (deadline && (deadline - now) / 1000 + 1 < tick_ms)
+                return (int)((deadline - now) / 1000 + 1);
+        return (int)tick_ms;
+}
+
+/* A signal: the first starts the grace (if the shard holds anything a chief may still pull); returns
+ * true to stop now. */
+static bool on_signal(struct psd *p, int sfd, uint64_t *grace_end) {
+        struct signalfd_siginfo si;
+        const char *name = read(sfd, &si, sizeof(si)) == sizeof(si) ? strsignal((int)si.ssi_signo) : "signal";
+        uint64_t grace = p->cfg->ps.stop_grace_secs;
+        if (*grace_end || grace == 0 || !atomic_load(&p->s->initialized)) {
+                log_info("%s: stopping%s", name, *grace_end ? " now (the second signal)" : "");
+                return true;
+        }
+        uint64_t now = now_us();
+        *grace_end = mono_us() + grace * 1000000u;
+        atomic_store(&p->grace_deadline_us, now + grace * 1000000u);
+        atomic_store(&p->grace_since_us, now);   /* last: a status that sees it sees the deadline too */
+        /* a chief stopped at the same moment (systemctl stop psfleet.target) pulls for its final
+         * checkpoint, and says Stop when it has it */
+        log_info("%s: serving for up to %llu s (ps.stop_grace_secs) until the chief's Stop, so that it can pull the "
+                 "variables for a final checkpoint; a second signal stops at once",
+                 name, (unsigned long long)grace);
+        notify_status("stopping: waiting up to %llu s for the chief's Stop", (unsigned long long)grace);
+        return false;
 }
 
 static int run(int argc, char **argv) {
@@ -608,16 +673,18 @@ static int run(int argc, char **argv) {
         int sfd = daemon_signals_fd();
         if (sfd < 0) {
                 fprintf(stderr, "psd: cannot set up signals: %s\n", strerror(-sfd));
-                return 1;
+                return DAEMON_EX_FAILURE;
         }
         int r = daemon_args_parse(argc, argv, "psd", ROLE_PS, &p.args);
         if (r != 0)
                 return r == 1 ? 0 : r;
         log_setup("psd", p.args.cfg->name, p.args.task_name);
         rpc_global_init();
-        int ret = 1;
-        if (psd_build(&p) < 0)
+        int ret = DAEMON_EX_FAILURE;
+        if ((r = psd_build(&p)) < 0) {
+                ret = daemon_exit_code(r);
                 goto out;
+        }
 
         static const char *const services[] = {"psfleet.v1.ParameterServer", NULL};
         struct rpc_method methods[] = {
@@ -633,20 +700,22 @@ static int run(int argc, char **argv) {
          * runs the handler, so a push is applied without a hand-over between threads: on two cores,
          * with one worker, that was 5-10 % more examples/s than two threads (docs/performance.md).
          * No handler blocks, so one thread never starves another call for long. */
-        unsigned threads = p.cfg->training.threads;
-        r = rpc_server_new(p.args.listen, methods, sizeof(methods) / sizeof(methods[0]), threads, &p.server);
-        if (r < 0) {
-                log_error_errno(r, "cannot listen on \"%s\"", p.args.listen);
-                goto out;
-        }
-        if ((r = rpc_server_start(p.server)) < 0) {
-                log_error_errno(r, "cannot start the server");
+        uint64_t ready = p.cfg->supervisor.ready_timeout_secs * 1000000u;
+        p.ready_since_us = now_us();
+        p.ready_deadline_us = p.ready_since_us + ready;
+        uint64_t ready_end = mono_us() + ready, grace_end = 0;
+        unsigned chief_refused = 0;
+        if ((r = daemon_listen(&p.args, methods, sizeof(methods) / sizeof(methods[0]), p.cfg->training.threads,
+                               &p.server)) < 0) {
+                ret = daemon_exit_code(r);
                 goto out;
         }
         char self[300];
         snprintf(self, sizeof(self), "127.0.0.1:%d", rpc_server_port(p.server));
-        log_info("serving ps:%u on %s: %u variable part(s), %zu bytes, optimizer %s; waiting for the chief to assign it",
-                 p.shard, p.args.listen, p.s->n_parts, p.s->n_floats * sizeof(float), optim_name(p.cfg->training.optimizer));
+        log_info("serving ps:%u on %s: %u variable part(s), %zu bytes, optimizer %s; waiting up to %llu s "
+                 "(supervisor.ready_timeout_secs) for the chief to assign it",
+                 p.shard, p.args.listen, p.s->n_parts, p.s->n_floats * sizeof(float), optim_name(p.cfg->training.optimizer),
+                 (unsigned long long)p.cfg->supervisor.ready_timeout_secs);
         notify_ready();
 
         uint64_t wd = notify_watchdog_usec();
@@ -654,33 +723,53 @@ static int run(int argc, char **argv) {
         if (tick_ms > 2000)
                 tick_ms = 2000;
         for (;;) {
+                bool initialized = atomic_load(&p.s->initialized);
                 struct pollfd fds[2] = {{.fd = sfd, .events = POLLIN}, {.fd = p.stop_fd, .events = POLLIN}};
-                int n = poll(fds, 2, (int)tick_ms);
+                int n = poll(fds, 2, next_tick_ms(grace_end ? 250 : tick_ms, grace_end ? grace_end : initialized ? 0 : ready_end));
                 if (n < 0 && errno != EINTR) {
                         log_error_errno(errno, "poll");
-                        break;
-                }
-                if (fds[0].revents & POLLIN) {
-                        struct signalfd_siginfo si;
-                        if (read(sfd, &si, sizeof(si)) == sizeof(si))
-                                log_info("signal %s: stopping", strsignal((int)si.ssi_signo));
-                        ret = 0;
                         break;
                 }
                 if (fds[1].revents & POLLIN) {
                         ret = 0;
                         break;
                 }
+                if ((fds[0].revents & POLLIN) && on_signal(&p, sfd, &grace_end)) {
+                        ret = 0;
+                        break;
+                }
+                if (grace_end && mono_us() >= grace_end) {
+                        log_notice("no Stop from the chief within ps.stop_grace_secs=%llu s: stopping",
+                                   (unsigned long long)p.cfg->ps.stop_grace_secs);
+                        ret = 0;
+                        break;
+                }
+                if (grace_end && chief_gone(&p, &chief_refused)) {
+                        log_info("the chief is gone (%s refuses connections): nobody will pull, stopping",
+                                 p.cfg->cluster.chief[0].addr);
+                        ret = 0;
+                        break;
+                }
+                if (!grace_end && !atomic_load(&p.s->initialized) && mono_us() >= ready_end) {
+                        /* a chief that never comes: exit so that systemd restarts us and the unit shows it */
+                        log_error("no Assign from chief:0 within supervisor.ready_timeout_secs=%llu s: exiting",
+                                  (unsigned long long)p.cfg->supervisor.ready_timeout_secs);
+                        ret = DAEMON_EX_TEMPFAIL;
+                        break;
+                }
                 if (wd)
                         feed_watchdog(self);
                 links_free(links_take(&p, UINT32_MAX));   /* links whose worker is gone */
+                if (grace_end)
+                        continue;
                 if (atomic_load(&p.s->initialized))
                         notify_status("serving: global_step %llu, %llu pushes, %llu rejected, %u shared-memory link(s)",
                                       (unsigned long long)atomic_load(&p.s->global_step),
                                       (unsigned long long)atomic_load(&p.pushes),
                                       (unsigned long long)atomic_load(&p.rejected), links_count(&p));
                 else
-                        notify_status("uninitialized: waiting for the chief to assign the variables");
+                        notify_status("uninitialized: waiting for chief:0 to assign the variables (%llu s left)",
+                                      (unsigned long long)((ready_end - mono_us()) / 1000000u));
         }
         notify_stopping();
         if (rpc_server_shutdown(p.server, 10000) < 0)

@@ -61,8 +61,13 @@ struct worker {
         atomic_bool stop;
         float last_loss;
         double ex_per_s;
-        pthread_mutex_t st_mu;      /* what on_status reads: state, steps, loss, speed */
-        char state[256];
+        pthread_mutex_t st_mu;      /* what on_status reads: state, steps, loss, speed, the wait */
+        char state[768];
+        struct wait {               /* what the worker waits for; peer[0] == 0: nothing */
+                char peer[16];          /* "chief:0", "ps:1" */
+                uint64_t since_us, deadline_us;   /* wall clock */
+                char last_error[600];
+        } wait;
         struct rpc_server *server;
 };
 
@@ -75,6 +80,34 @@ static void set_state(struct worker *w, const char *fmt, ...) {
         va_end(ap);
         pthread_mutex_unlock(&w->st_mu);
         notify_status("%s", w->state);
+}
+
+/* A bounded wait for `peer` begins (since_us == 0), goes on (its last error), or ends (peer NULL): shown
+ * in the status as waiting_for and, with the time left, in the state line. */
+static void set_waiting(struct worker *w, const char *peer, uint64_t since_us, uint64_t deadline_us, const char *state,
+                        const char *last_error) {
+        pthread_mutex_lock(&w->st_mu);
+        w->wait = (struct wait){.since_us = since_us, .deadline_us = deadline_us};
+        if (peer) {
+                snprintf(w->wait.peer, sizeof(w->wait.peer), "%s", peer);
+                snprintf(w->wait.last_error, sizeof(w->wait.last_error), "%s", last_error);
+        }
+        pthread_mutex_unlock(&w->st_mu);
+        if (peer) {
+                uint64_t now = now_us();
+                set_state(w, "%s (gives up in %llu s)", state,
+                          (unsigned long long)(deadline_us > now ? (deadline_us - now) / 1000000u : 0));
+        }
+}
+
+/* The ps shard an error of the ps client names ("ps:1 (127.0.0.1:7001): ..."), else "ps". */
+static void ps_peer(const char *err, char *peer, size_t len) {
+        const char *at = strstr(err, "ps:");
+        unsigned shard;
+        if (at && sscanf(at, "ps:%u", &shard) == 1)
+                snprintf(peer, len, "ps:%u", shard);
+        else
+                snprintf(peer, len, "ps");
 }
 
 /* The watchdog is fed after each step, and on each round of a bounded wait: a worker stuck anywhere
@@ -110,14 +143,23 @@ static void nap(struct worker *w, uint64_t ms) {
 static void on_status(struct rpc_call *call, void *ud) {
         struct worker *w = ud;
         Psfleet__V1__WorkerStatus st = PSFLEET__V1__WORKER_STATUS__INIT;
-        char state[256];
+        char state[sizeof(w->state)];
         pthread_mutex_lock(&w->st_mu);
         memcpy(state, w->state, sizeof(state));
         st.local_step = w->local_step;
         st.global_step = w->global_step;
         st.loss = w->last_loss;
         st.examples_per_s = (float)w->ex_per_s;
+        struct wait wait = w->wait;
         pthread_mutex_unlock(&w->st_mu);
+        Psfleet__V1__WaitingFor wf = PSFLEET__V1__WAITING_FOR__INIT;
+        if (wait.peer[0]) {
+                wf.peer = wait.peer;
+                wf.since_us = wait.since_us;
+                wf.deadline_us = wait.deadline_us;
+                wf.last_error = wait.last_error;
+                st.waiting_for = &wf;
+        }
         st.worker = w->index;
         st.state = state;
         st.backend = (char *)backend_name(w->be);
@@ -141,6 +183,7 @@ static int join(struct worker *w) {
         if (!canon)
                 return -ENOMEM;
         uint64_t deadline = mono_us() + w->cfg->supervisor.ready_timeout_secs * 1000000u;
+        uint64_t since = now_us(), wall_deadline = since + w->cfg->supervisor.ready_timeout_secs * 1000000u;
         struct backoff bo;
         backoff_init(&bo, 100, 2000);
         char last[700] = "";
@@ -176,6 +219,7 @@ static int join(struct worker *w) {
                                 break;
                         }
                         snprintf(why, sizeof(why), "waiting: the job is not ready: %s", rep->reason);
+                        snprintf(err, sizeof(err), "the job is not ready: %s", rep->reason);
                         protobuf_c_message_free_unpacked(m, NULL);
                 } else {
                         snprintf(why, sizeof(why), "waiting: chief not reachable: %s", err);
@@ -185,7 +229,7 @@ static int join(struct worker *w) {
                                  (unsigned long long)((deadline - mono_us()) / 1000000u));
                         snprintf(last, sizeof(last), "%s", why);
                 }
-                set_state(w, "%s", why);
+                set_waiting(w, "chief:0", since, wall_deadline, why, err);
                 feed_watchdog(w);
                 if (mono_us() > deadline) {
                         log_error("gave up after supervisor.ready_timeout_secs=%llu: %s",
@@ -199,27 +243,39 @@ static int join(struct worker *w) {
                         break;
                 }
         }
+        set_waiting(w, NULL, 0, 0, NULL, NULL);
         free(canon);
         return r;
 }
 
-/* Reads every shard into the model, retrying (bounded) while shards are unreachable or uninitialized. */
+/* Reads every shard into the model, retrying (bounded: supervisor.ready_timeout_secs) while shards are
+ * unreachable or uninitialized. Returns 0, -ETIMEDOUT past the deadline, -ECANCELED on a signal, or
+ * the pull's error when retrying cannot help. */
 static int pull_all(struct worker *w) {
-        uint64_t deadline = mono_us() + w->cfg->supervisor.ready_timeout_secs * 1000000u;
+        uint64_t timeout = w->cfg->supervisor.ready_timeout_secs * 1000000u;
+        uint64_t deadline = mono_us() + timeout, since = now_us();
         struct backoff bo;
         backoff_init(&bo, 100, 2000);
         for (;;) {
-                char err[600];
+                char err[600], why[700], peer[16];
                 uint64_t gs = 0;
                 int r = ps_client_pull(w->pc, model_params(w->m), NULL, &gs, err, sizeof(err));
                 if (r == 0) {
+                        set_waiting(w, NULL, 0, 0, NULL, NULL);
                         w->global_step = gs;
                         return w->rep ? device_replicas_params_sync(w->rep) : model_params_sync(w->m);
                 }
-                set_state(w, "waiting: cannot read the parameters: %s", err);
+                ps_peer(err, peer, sizeof(peer));
+                snprintf(why, sizeof(why), "waiting: cannot read the parameters: %s", err);
+                set_waiting(w, peer, since, since + timeout, why, err);
                 feed_watchdog(w);
-                if (mono_us() > deadline || (r != -EAGAIN && r != -ETIMEDOUT))
+                if (r != -EAGAIN && r != -ETIMEDOUT)
                         return log_error_errno(r, "cannot read the parameters: %s", err);
+                if (mono_us() > deadline) {
+                        log_error("gave up waiting for %s after supervisor.ready_timeout_secs=%llu: %s", peer,
+                                  (unsigned long long)w->cfg->supervisor.ready_timeout_secs, err);
+                        return -ETIMEDOUT;
+                }
                 log_info("cannot read the parameters yet: %s; retrying", err);
                 nap(w, backoff_next(&bo));
                 if (atomic_load(&w->stop))
@@ -347,8 +403,11 @@ static int build(struct worker *w) {
         r = dataset_load(ip, lp, &w->train, err, sizeof(err));
         free(ip);
         free(lp);
-        if (r < 0)
-                return log_error_errno(r, "cannot read the training data: %s", err);
+        if (r < 0) {
+                /* one line naming the file and why (err says both); -EBADMSG, bad data, exits 65 */
+                log_error("cannot read the training data: %s", err);
+                return r;
+        }
         /* where to compute: the job's device options, overridable per node (PSFLEET_DEVICE, ...) */
         char msg[1024];
         struct device_request req;
@@ -394,9 +453,14 @@ static int build(struct worker *w) {
                 for (char *save = NULL, *l = strtok_r(lines, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
                         log_info("placement: %s", l);
         }
-        if (model_input_size(w->m) != w->train->dim || dataset_max_label(w->train) >= model_n_classes(w->m))
-                return log_error_errno(EINVAL, "the training data (%u values, labels up to %u) do not fit the model (input %u, %u classes)",
-                                       w->train->dim, dataset_max_label(w->train), model_input_size(w->m), model_n_classes(w->m));
+        ip = trainer_data_path(cfg, cfg->data.train_images);
+        r = dataset_fits(w->train, ip ? ip : cfg->data.train_images, model_input_size(w->m), model_n_classes(w->m), err,
+                         sizeof(err));
+        free(ip);
+        if (r < 0) {
+                log_error("the training data do not fit the model: %s", err);
+                return r;
+        }
         if ((r = shard_iter_new(w->train, w->index, w->n_workers, cfg->training.seed, &w->it)) < 0)
                 return log_error_errno(r, "cannot shard the data");
         if ((r = job_layout_new(cfg, &w->L)) < 0 || (r = ps_client_new(cfg, w->L, w->args.task_name, &w->pc)) < 0)
@@ -446,7 +510,7 @@ static int run(int argc, char **argv) {
         w.sfd = daemon_signals_fd();
         if (w.sfd < 0) {
                 fprintf(stderr, "workerd: cannot set up signals: %s\n", strerror(-w.sfd));
-                return 1;
+                return DAEMON_EX_FAILURE;
         }
         int r = daemon_args_parse(argc, argv, "workerd", ROLE_WORKER, &w.args);
         if (r != 0)
@@ -457,10 +521,9 @@ static int run(int argc, char **argv) {
         log_setup("workerd", w.cfg->name, w.args.task_name);
         rpc_global_init();
         snprintf(w.state, sizeof(w.state), "starting");
-        int ret = 1;
-        if (build(&w) < 0) {
-                if (w.config_error)
-                        ret = CONFIG_EX_CONFIG;
+        int ret = DAEMON_EX_FAILURE;
+        if ((r = build(&w)) < 0) {
+                ret = w.config_error ? DAEMON_EX_CONFIG : daemon_exit_code(r);
                 goto out;
         }
 
@@ -470,23 +533,26 @@ static int run(int argc, char **argv) {
                 {"/psfleet.v1.Worker/Stop", on_stop, &w},
                 {RPC_HEALTH_CHECK, rpc_health_handler, (void *)services},
         };
-        if ((r = rpc_server_new(w.args.listen, methods, 3, 1, &w.server)) < 0 || (r = rpc_server_start(w.server)) < 0) {
-                log_error_errno(r, "cannot listen on \"%s\"", w.args.listen);
+        if ((r = daemon_listen(&w.args, methods, sizeof(methods) / sizeof(methods[0]), 1, &w.server)) < 0) {
+                ret = daemon_exit_code(r);
                 goto out;
         }
         notify_ready();
         w.wd_usec = notify_watchdog_usec();
         r = join(&w);
         if (r == -EPERM) {
-                ret = CONFIG_EX_CONFIG;
+                ret = DAEMON_EX_CONFIG;
                 goto out;
         }
         if (r == -ECANCELED || r == -ESHUTDOWN) {
                 ret = 0;
                 goto out;
         }
-        if (r < 0 || (r = pull_all(&w)) < 0)
+        /* a wait past its deadline (-ETIMEDOUT) exits 75: systemd restarts the worker, which joins again */
+        if (r < 0 || (r = pull_all(&w)) < 0) {
+                ret = r == -ECANCELED ? 0 : daemon_exit_code(r);
                 goto out;
+        }
         ps_client_link_shards(w.pc);
         if (w.global_step > 0) {
                 /* a resumed job: carry on in the data where this worker's share of the steps left it */
@@ -500,6 +566,7 @@ static int run(int argc, char **argv) {
                 log_info("the job is already at global_step %llu of %llu: nothing to do",
                          (unsigned long long)w.global_step, (unsigned long long)w.cfg->training.max_steps);
         } else if ((r = train(&w)) < 0) {
+                ret = r == -ECANCELED ? 0 : daemon_exit_code(r);
                 goto out;
         }
         set_state(&w, "done: %llu local steps, global_step %llu", (unsigned long long)w.local_step,

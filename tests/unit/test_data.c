@@ -155,7 +155,7 @@ static void test_dataset(void **state)
         assert_float_equal(d->x[35], 35 / 255.0, 1e-7);
         assert_int_equal(d->y[5], 5);
         assert_int_equal(dataset_max_label(d), 5);
-        dataset_free(d);
+        d = dataset_free(d);
 
         const uint32_t ldims5[1] = {5};
         lp = write_idx("lb5.gz", true, 0x801, ldims5, 1, 5, 0);
@@ -168,6 +168,24 @@ static void test_dataset(void **state)
         assert_int_equal(dataset_load(lp, ip, &d, err, sizeof(err)), -EBADMSG);
         snprintf(want, sizeof(want), "%s: offset 0: images need 3 dimensions (magic 0x00000803), found 1", lp);
         assert_string_equal(err, want);
+
+        /* a missing file is the data's fault, the one kind daemons exit 65 on; the message keeps why */
+        char missing[320];
+        snprintf(missing, sizeof(missing), "%s/nope.gz", dir);
+        assert_int_equal(dataset_load(ip, missing, &d, err, sizeof(err)), -EBADMSG);
+        snprintf(want, sizeof(want), "%s: No such file or directory", missing);
+        assert_string_equal(err, want);
+        assert_null(d);
+
+        /* does it fit a model: its input and its classes */
+        lp = write_idx("lb6b.raw", false, 0x801, ldims, 1, 6, 0);
+        assert_int_equal(dataset_load(ip, lp, &d, err, sizeof(err)), 0);
+        assert_int_equal(dataset_fits(d, ip, 6, 6, err, sizeof(err)), 0);
+        assert_int_equal(dataset_fits(d, ip, 784, 10, err, sizeof(err)), -EBADMSG);
+        snprintf(want, sizeof(want), "%s: 6 values per example, labels up to 5; the model takes 784 values and 10 classes", ip);
+        assert_string_equal(err, want);
+        assert_int_equal(dataset_fits(d, ip, 6, 5, err, sizeof(err)), -EBADMSG);
+        dataset_free(d);
         assert_null(dataset_free(NULL));
 }
 

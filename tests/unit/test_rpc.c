@@ -433,6 +433,9 @@ static void test_port_in_use(void **state) {
         struct rpc_server *s2 = NULL;
         assert_int_equal(rpc_server_new(f->addr, m, 1, 1, &s2), -EADDRINUSE);
         assert_null(s2);
+        /* an address not of this host (TEST-NET-1): the bind's own reason */
+        assert_int_equal(rpc_server_new("192.0.2.1:0", m, 1, 1, &s2), -EADDRNOTAVAIL);
+        assert_null(s2);
 }
 
 static void test_server_down(void **state) {

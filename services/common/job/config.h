@@ -64,6 +64,7 @@ struct supervisor_config {
 
 struct ps_config {
         uint64_t split_bytes;   /* variables larger than this are split into row ranges */
+        uint64_t stop_grace_secs; /* psd on SIGTERM: serves this long for the chief's Stop (its final pull) */
 };
 
 struct rpc_config {

@@ -130,6 +130,10 @@ const struct config_key cfg_keys[] = {
 
         K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
               "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),
+        K_U64("ps.stop_grace_secs", ps.stop_grace_secs, 20, 0, 600,
+              "psd, on SIGTERM: keeps serving for up to this many seconds until the chief's Stop arrives (or the chief is gone), so a "
+              "chief stopping at the same moment can pull for its final checkpoint; a second SIGTERM ends it at "
+              "once. Keep it below the unit's TimeoutStopSec. Each node decides for itself."),
 
         K_U64("rpc.deadline_ms", rpc.deadline_ms, 30000, 1, 3600000, "Deadline of each RPC, in milliseconds."),
         K_BOOL("rpc.shared_memory", rpc.shared_memory, true,

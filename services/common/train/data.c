@@ -169,10 +169,12 @@ int dataset_load(const char *images_path, const char *labels_path, struct datase
         struct idx *im = NULL, *lb = NULL;
         struct dataset *d = NULL;
         int r;
-        if ((r = idx_load(images_path, &im, err, errlen)) < 0)
+        if ((r = idx_load(images_path, &im, err, errlen)) < 0 || (r = idx_load(labels_path, &lb, err, errlen)) < 0) {
+                /* the file's own fault, as opposed to the host's: one kind, the message keeps which */
+                if (r == -ENOENT || r == -ENOTDIR || r == -EISDIR || r == -EFBIG)
+                        r = -EBADMSG;
                 goto out;
-        if ((r = idx_load(labels_path, &lb, err, errlen)) < 0)
-                goto out;
+        }
         r = -EBADMSG;
         if (im->n_dims != 3) {
                 fmt_err(err, errlen, "%s: offset 0: images need 3 dimensions (magic 0x00000803), found %u",
@@ -223,6 +225,17 @@ out:
         idx_free(im);
         idx_free(lb);
         return r;
+}
+
+int dataset_fits(const struct dataset *d, const char *images_path, uint32_t dim, uint32_t n_classes, char *err,
+                 size_t errlen)
+{
+        uint8_t top = dataset_max_label(d);
+        if (d->dim == dim && top < n_classes)
+                return 0;
+        fmt_err(err, errlen, "%s: %u values per example, labels up to %u; the model takes %u values and %u classes",
+                images_path, d->dim, top, dim, n_classes);
+        return -EBADMSG;
 }
 
 uint8_t dataset_max_label(const struct dataset *d)

@@ -29,9 +29,16 @@ struct dataset {
         uint8_t *y;        /* (n) */
 };
 
-/* Images (3 dims) and labels (1 dim) whose counts must match; errors as idx_load, plus -EBADMSG for
- * wrong dimensionality or a count mismatch (the message names both files). */
+/* Images (3 dims) and labels (1 dim) whose counts must match. Returns 0, or -errno with err naming the
+ * file and why. -EBADMSG is the one kind for "the data are at fault", which no restart can fix (the
+ * daemons exit 65): a file missing or not a file (idx_load's -ENOENT, -ENOTDIR, -EISDIR), malformed,
+ * truncated, too large (-EFBIG), of the wrong dimensionality, no images, or counts that differ (the
+ * message names both files). Otherwise -ENOMEM, or the read's errno (-EIO, -EACCES: the host's fault). */
 int dataset_load(const char *images_path, const char *labels_path, struct dataset **ret, char *err,
+                 size_t errlen);
+/* Whether d fits a model of `dim` inputs and `n_classes` classes: 0, or -EBADMSG (bad data, as above)
+ * with err naming images_path, its values per example and its largest label. */
+int dataset_fits(const struct dataset *d, const char *images_path, uint32_t dim, uint32_t n_classes, char *err,
                  size_t errlen);
 struct dataset *dataset_free(struct dataset *d); /* NULL-safe; returns NULL */
 uint8_t dataset_max_label(const struct dataset *d);

@@ -43,7 +43,8 @@ struct rpc_method {
 };
 
 /* Binds `addr` ("127.0.0.1:7001", "[::]:0"). The table is copied. threads >= 1.
- * Returns -EADDRINUSE (or -EADDRNOTAVAIL for an address that cannot be bound). */
+ * Returns -EADDRINUSE, -EADDRNOTAVAIL (an address not of this host, or unresolved), -EACCES (a
+ * privileged port): the bind's own errno, found before gRPC tries (which would only dump its error). */
 int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_methods, unsigned threads,
                    struct rpc_server **ret);
 int rpc_server_port(const struct rpc_server *s);     /* the bound port */

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <malloc.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -13,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/socket.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
@@ -276,8 +279,51 @@ static void *server_thread(void *arg) {
         return NULL;
 }
 
+/* Binds addr ("host:port", "[v6]:port") the way gRPC will, then lets it go: gRPC reports a failed bind
+ * only as a multi-line error dump on stderr, and as no reason at all to the caller. 0 if some address it
+ * resolves to can be bound (as gRPC needs), else the first -errno; 0 also for what gRPC alone parses
+ * ("unix:...", a URI). */
+static int probe_bind(const char *addr) {
+        const char *colon = strrchr(addr, ':');
+        if (!colon || strstr(addr, "://") || strncmp(addr, "unix:", 5) == 0 || strncmp(addr, "ipv4:", 5) == 0 ||
+            strncmp(addr, "ipv6:", 5) == 0)
+                return 0;
+        char host[256];
+        size_t hl = (size_t)(colon - addr);
+        if (hl >= sizeof(host))
+                return 0;
+        memcpy(host, addr, hl);
+        host[hl] = 0;
+        char *h = host;
+        if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+                host[hl - 1] = 0;
+                h++;
+        }
+        struct addrinfo hints = {.ai_flags = AI_PASSIVE, .ai_socktype = SOCK_STREAM}, *res;
+        if (getaddrinfo(*h ? h : NULL, colon + 1, &hints, &res) != 0)
+                return -EADDRNOTAVAIL;
+        int first = 0;
+        bool bound = false;
+        for (struct addrinfo *a = res; a && !bound; a = a->ai_next) {
+                int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol), one = 1;
+                if (fd < 0)
+                        continue;
+                setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));   /* as gRPC does */
+                if (bind(fd, a->ai_addr, a->ai_addrlen) == 0)
+                        bound = true;
+                else if (!first)
+                        first = -errno;
+                close(fd);
+        }
+        freeaddrinfo(res);
+        return bound || !first ? 0 : first;
+}
+
 int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_methods, unsigned threads,
                    struct rpc_server **ret) {
+        int r = probe_bind(addr);
+        if (r < 0)
+                return r;
         rpc_global_init();
         die_if(threads == 0, "rpc_server_new: threads == 0");
         struct rpc_server *s = calloc(1, sizeof(*s));

@@ -1,0 +1,138 @@
+"""Each exit status systemd acts on (docs/operations.md, "Exit codes"), from the real daemons, with the one
+line that says why: a malformed job file 78 naming the file and the key; an empty data directory and a
+truncated IDX file 65 from workerd, naming the file; a state directory chiefd cannot create or write 74;
+an address already taken 75 with "cannot listen on ADDR: Address already in use" and no gRPC dump;
+`psfleet local` on a broken data directory 65, naming the worker."""
+import json
+import os
+import shutil
+import socket
+import struct
+
+import harness as h
+
+EX_DATAERR, EX_IOERR, EX_TEMPFAIL, EX_CONFIG = 65, 74, 75, 78
+
+
+_runs = [0]
+
+
+def run(wd, kind, job, index=None, state_dir=None, wrap=(), timeout=60):
+    """Runs a daemon (under `wrap`, a command prefix) to its exit; returns (status, its error lines)."""
+    argv = [h.BIN[kind], "--job", job, "--state-dir", state_dir or wd.file("state")]
+    if index is not None:
+        argv += ["--task-index", str(index)]
+    _runs[0] += 1
+    p = h.Proc(wd, "%s-%d" % (kind, _runs[0]), list(wrap) + argv)
+    rc = p.wait(timeout)
+    errors = [l for l in p.stderr().splitlines() if " error: " in l or l.startswith(kind + ": ")]
+    h.log("%s exited %d: %s" % (kind, rc, errors))
+    assert "chttp2_server" not in p.stderr(), p.stderr()   # no gRPC error dump
+    return rc, errors
+
+
+def with_data(job_path, data_dir):
+    with open(job_path) as f:
+        job = json.load(f)
+    job["data"]["dir"] = data_dir
+    with open(job_path, "w") as f:
+        json.dump(job, f)
+
+
+def test():
+    h.require("psd", "workerd", "chiefd", "psfleet")
+    wd = h.Workdir()
+
+    # 78: a malformed job file, one line naming the file and the key, for each daemon
+    job, spec = h.make_job(wd, "bad.json", training={"max_steps": 10})
+    spec["training"]["batch_size"] = "many"
+    with open(job, "w") as f:
+        json.dump(spec, f)
+    for kind, idx in (("psd", 0), ("workerd", 0), ("chiefd", None)):
+        rc, errors = run(wd, kind, job, idx)
+        assert rc == EX_CONFIG, (kind, rc)
+        assert len(errors) == 1 and job in errors[0] and "training.batch_size" in errors[0], errors
+
+    # 65: an empty data directory: workerd names the missing file
+    empty = wd.file("empty-data")
+    os.mkdir(empty)
+    job, spec = h.make_job(wd, "empty.json", training={"max_steps": 10})
+    with_data(job, empty)
+    rc, errors = run(wd, "workerd", job, 0)
+    assert rc == EX_DATAERR, rc
+    assert len(errors) == 1 and os.path.join(empty, "train-images-idx3-ubyte.gz") in errors[0], errors
+    assert "No such file or directory" in errors[0], errors
+    # ... and chiefd for its test split
+    rc, errors = run(wd, "chiefd", job, state_dir=wd.file("state-empty"))
+    assert rc == EX_DATAERR, rc
+    assert any(os.path.join(empty, "t10k-images-idx3-ubyte.gz") in e for e in errors), errors
+
+    # 65: a truncated IDX file (the header promises 60000 images, the file holds a few bytes of one)
+    trunc = wd.file("truncated-data")
+    os.mkdir(trunc)
+    for name in os.listdir(h.DATA_DIR):
+        os.symlink(os.path.join(h.DATA_DIR, name), os.path.join(trunc, name))
+    images = os.path.join(trunc, "train-images-idx3-ubyte.gz")
+    os.unlink(images)
+    with open(images, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, 60000, 28, 28) + bytes(100))
+    job, spec = h.make_job(wd, "trunc.json", training={"max_steps": 10})
+    with_data(job, trunc)
+    rc, errors = run(wd, "workerd", job, 0)
+    assert rc == EX_DATAERR, rc
+    assert len(errors) == 1 and images in errors[0] and "truncated" in errors[0], errors
+
+    # 74: a state directory chiefd cannot create (a file where a directory should be) ...
+    job, spec = h.make_job(wd, "state.json", training={"max_steps": 10})
+    blocker = wd.file("not-a-dir")
+    open(blocker, "w").close()
+    rc, errors = run(wd, "chiefd", job, state_dir=os.path.join(blocker, "state"))
+    assert rc == EX_IOERR, rc
+    assert len(errors) == 1 and blocker in errors[0], errors
+    # ... and one it cannot write (as an unprivileged user: root writes anywhere)
+    ro = wd.file("read-only-state")
+    os.mkdir(ro, 0o555)
+    os.chmod(wd.path, 0o755)
+    wrap = ()
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv:
+            wrap = (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups")
+    if os.geteuid() != 0 or wrap:
+        os.chmod(job, 0o644)
+        rc, errors = run(wd, "chiefd", job, state_dir=ro, wrap=wrap)
+        assert rc == EX_IOERR, rc
+        assert len(errors) == 1 and ro in errors[0] and "Permission denied" in errors[0], errors
+    else:
+        h.log("no setpriv: the read-only state directory case needs an unprivileged user")
+
+    # 75: an address already taken, one line naming it, for each daemon
+    job, spec = h.make_job(wd, "port.json", training={"max_steps": 10})
+    for kind, idx, addr in (("psd", 0, spec["cluster"]["ps"][0]), ("workerd", 0, spec["cluster"]["worker"][0]),
+                            ("chiefd", None, spec["cluster"]["chief"][0])):
+        host, port = addr.rsplit(":", 1)
+        taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        taken.bind((host, int(port)))
+        taken.listen()
+        try:
+            rc, errors = run(wd, kind, job, idx, state_dir=wd.file("state-port"))
+        finally:
+            taken.close()
+        assert rc == EX_TEMPFAIL, (kind, rc)
+        assert len(errors) == 1, errors
+        line = errors[0].replace('"', "")   # chiefd quotes the address
+        assert ("annot listen on %s: Address already in use" % addr) in line, errors
+
+    # psfleet local: the status of the task that failed first, and which task it was
+    job, spec = h.make_job(wd, "local.json", training={"max_steps": 50})
+    with_data(job, empty)
+    local = h.psfleet_local(wd, job, ["--quiet"])
+    rc = local.wait(90)
+    lines = [l for l in local.stderr().splitlines() if l.startswith("psfleet: ")]
+    h.log("psfleet local exited %d: %s" % (rc, lines))
+    assert rc == EX_DATAERR, rc
+    assert any("worker:0 exited with status 65: a data error" in l for l in lines), lines
+
+
+if __name__ == "__main__":
+    h.main(test)

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The exit statuses under a real systemd: a workerd whose data directory is empty exits 65 and is not
+# restarted (RestartPreventExitStatus=), so it does not loop; a psd whose address is taken exits 75
+# and is restarted. Boots the same Debian 12 container as nspawn_test.sh with the .debs installed.
+#
+#   exit_codes_test.sh PACKAGE_DIR        (the .debs, from packages_test.sh)
+# Environment: PSFLEET_TEST_CACHE (rootfs and apt cache; default /var/cache/psfleet-test).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+pkgdir=$(cd "${1:?usage: exit_codes_test.sh PACKAGE_DIR}" && pwd)
+cache=${PSFLEET_TEST_CACHE:-/var/cache/psfleet-test}
+data=/usr/share/datasets/fashion-mnist
+job=exitcodes
+CT_T0=$(date +%s.%N)
+. "$here/container.sh"
+
+fail() { ct_log "FAIL: $*"; exit 1; }
+step() { ct_log "--- $*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+        echo "exit_codes_test: needs root (systemd-nspawn); skipping" >&2
+        exit 77
+fi
+for t in systemd-nspawn nsenter debootstrap python3; do
+        command -v "$t" >/dev/null || fail "$t is missing (Debian packages: systemd-container, util-linux, debootstrap, python3)"
+done
+debs=()
+for p in psfleet-common psfleet-psd psfleet-workerd psfleet-chiefd psfleet; do
+        f=$(ls "$pkgdir"/${p}_*.deb 2>/dev/null | head -n1)
+        [ -n "$f" ] || fail "no $p .deb in $pkgdir"
+        debs+=("/mnt/pkgs/$(basename "$f")")
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-exitcodes.XXXXXX")
+name=psfleet-x$$
+holder=
+cleanup() {
+        local rc=$?
+        if [ $rc -ne 0 ] && [ -n "$CT_INIT_PID" ]; then
+                ct systemctl list-units --all --no-pager 'psfleet*' >&2 || true
+                ct journalctl --no-pager -o short-monotonic -u 'psfleet-*' -n 100 >&2 || true
+        fi
+        [ -z "$holder" ] || kill "$holder" 2>/dev/null || true
+        ct_teardown || rc=1
+        rm -rf "$work"
+        ct_log "exit codes test $([ $rc -eq 0 ] && echo passed || echo FAILED) in $(ct_elapsed) s"
+        exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step "root filesystem, boot, apt install"
+tarball=$(bash "$here/rootfs.sh" "$cache")
+read -r p_chief p_ps0 p_w0 < <(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(3)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+mkdir -p "$cache/apt-archives/partial"
+ct_boot "$name" "$tarball" "$work" \
+        --bind-ro="$pkgdir:/mnt/pkgs" --bind-ro="$data:$data" \
+        --bind="$cache/apt-archives:/var/cache/apt/archives"
+if ! ct timeout 300 apt-get install -y -q "${debs[@]}" >"$work/apt.log" 2>&1; then
+        ct timeout 180 apt-get update -q >>"$work/apt.log" 2>&1 || true
+        ct timeout 300 apt-get install -y -q "${debs[@]}" >>"$work/apt.log" 2>&1 ||
+                { tail -n 40 "$work/apt.log" >&2; fail "apt install"; }
+fi
+
+ct mkdir -p /srv/empty-data
+ct tee /etc/psfleet/jobs/$job.json >/dev/null <<EOF
+{
+  "job": "$job",
+  "cluster": {"chief": ["127.0.0.1:$p_chief"], "ps": ["127.0.0.1:$p_ps0"], "worker": ["127.0.0.1:$p_w0"]},
+  "model": {"input": [784], "layers": [{"type": "dense", "units": 10}]},
+  "data": {"dir": "/srv/empty-data"},
+  "training": {"batch_size": 32, "max_steps": 100}
+}
+EOF
+prop() { ct systemctl show -P "$2" "$1"; }
+
+step "workerd on an empty data directory: exit 65, not restarted"
+w0=psfleet-workerd@$job:0.service
+ct systemctl start "$w0" && fail "$w0 started on an empty data directory"
+# RestartSec=2s: a unit that loops would have restarted several times by now.
+sleep 12
+st=$(prop "$w0" ExecMainStatus) n=$(prop "$w0" NRestarts) a=$(prop "$w0" ActiveState)
+ct_log "$w0: ExecMainStatus=$st NRestarts=$n ActiveState=$a"
+[ "$st" = 65 ] || fail "$w0 exited with $st, expected 65"
+[ "$n" = 0 ] || fail "$w0 was restarted $n times after a data error"
+[ "$a" = failed ] || fail "$w0 is $a, expected failed"
+line=$(ct journalctl --no-pager -o cat -u "$w0" -p err | grep "cannot read the training data" | head -n1)
+case $line in *"/srv/empty-data/train-images-idx3-ubyte.gz: No such file or directory"*) ;;
+*) fail "$w0's journal does not name the missing file: $line" ;; esac
+
+step "psd on a taken address: exit 75, restarted"
+# the container shares the host's network: hold the port here
+python3 -c "
+import socket, time
+s = socket.socket(); s.bind(('127.0.0.1', $p_ps0)); s.listen(); time.sleep(60)" &
+holder=$!
+sleep 1
+ps0=psfleet-psd@$job:0.service
+ct systemctl start "$ps0" && fail "$ps0 started on a taken address"
+restarted() { [ "$(prop "$ps0" NRestarts)" -ge 1 ]; }
+for _ in $(seq 1 50); do restarted && break; sleep 0.2; done
+restarted || fail "$ps0 was not restarted after exit 75"
+[ "$(prop "$ps0" ExecMainStatus)" = 75 ] || fail "$ps0 exited with $(prop "$ps0" ExecMainStatus), expected 75"
+line=$(ct journalctl --no-pager -o cat -u "$ps0" -p err | grep "cannot listen on" | head -n1)
+[ "$line" = "cannot listen on 127.0.0.1:$p_ps0: Address already in use" ] || fail "$ps0's journal: $line"
+ct systemctl stop "$ps0" || true
