@@ -256,15 +256,12 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         char *img = trainer_data_path(cfg, cfg->data.test_images);
         char *lab = trainer_data_path(cfg, cfg->data.test_labels);
         r = img && lab ? dataset_load(img, lab, &c->test, err, sizeof(err)) : -ENOMEM;
-        if (r >= 0 && c->test->dim != model_input_size(c->model)) {
-                chief_strfmt(err, sizeof(err), "%s: %u values per example, the model's input takes %u", img, c->test->dim,
-                         model_input_size(c->model));
-                r = -EINVAL;
-        }
+        if (r >= 0)   /* data that do not fit the model: a data error (exit 65), as a missing file */
+                r = dataset_fits(c->test, img, model_input_size(c->model), model_n_classes(c->model), err, sizeof(err));
         free(img);
         free(lab);
         if (r < 0) {
-                log_error_errno(r, "Cannot load the test split: %s", err);
+                log_error("Cannot load the test split: %s", err);
                 goto fail;
         }
 

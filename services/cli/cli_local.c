@@ -604,6 +604,15 @@ static int supervise(struct local *L) {
                         return 128 + sig;
                 }
                 int bad = reap(L);
+                if (bad < 0 && chief->pid == 0 && WIFEXITED(chief->status) && WEXITSTATUS(chief->status) == 0) {
+                        /* stopped in order from outside (SIGTERM, psfleet stop): STOPPED after a final
+                         * checkpoint; not done, and not a failure either */
+                        progress_end(&L->prog);
+                        cli_error("%s stopped the job in order before it was done (STOPPED: a start resumes "
+                                  "from its final checkpoint); stopping the others", chief->task);
+                        stop_all(L);
+                        return DAEMON_EX_TEMPFAIL;
+                }
                 if (bad >= 0 || chief->pid == 0) {
                         struct child *k = bad >= 0 ? &L->kids[bad] : chief;
                         progress_end(&L->prog);

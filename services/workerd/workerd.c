@@ -206,8 +206,10 @@ static int join(struct worker *w) {
                                 r = -EPERM;
                                 break;
                         }
+                        /* STOPPED: the chief is stopping in order; a start of the job later resumes */
                         if (rep->state == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE ||
-                            rep->state == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED) {
+                            rep->state == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED ||
+                            rep->state == PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPED) {
                                 log_info("the job has ended: %s; nothing to do", rep->reason);
                                 protobuf_c_message_free_unpacked(m, NULL);
                                 r = -ESHUTDOWN;
