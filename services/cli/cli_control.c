@@ -113,18 +113,20 @@ static int control(const struct control_cmd *k, int argc, char **argv) {
         return r;
 }
 
+/* The control commands: what each asks the chief, and what it says once the chief has it. */
+static const struct control_cmd controls[] = {
+        {"stop", stop_help, "/psfleet.v1.Supervisor/Stop", &psfleet__v1__stop_request__descriptor,
+         &psfleet__v1__stop_reply__descriptor, "stop the job",
+         "the chief is stopping the job: a final checkpoint, then STOPPED"},
+        {"restart", restart_help, "/psfleet.v1.Supervisor/Restart", &psfleet__v1__restart_request__descriptor,
+         &psfleet__v1__restart_reply__descriptor, "restart the job",
+         "the job is starting again from its newest checkpoint"},
+};
+
 int cmd_stop(int argc, char **argv) {
-        static const struct control_cmd k = {
-                "stop", stop_help, "/psfleet.v1.Supervisor/Stop", &psfleet__v1__stop_request__descriptor,
-                &psfleet__v1__stop_reply__descriptor, "stop the job",
-                "the chief is stopping the job: a final checkpoint, then STOPPED"};
-        return control(&k, argc, argv);
+        return control(&controls[0], argc, argv);
 }
 
 int cmd_restart(int argc, char **argv) {
-        static const struct control_cmd k = {
-                "restart", restart_help, "/psfleet.v1.Supervisor/Restart", &psfleet__v1__restart_request__descriptor,
-                &psfleet__v1__restart_reply__descriptor, "restart the job",
-                "the job is starting again from its newest checkpoint"};
-        return control(&k, argc, argv);
+        return control(&controls[1], argc, argv);
 }

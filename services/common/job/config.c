@@ -416,8 +416,20 @@ static int parse_layer(const struct ctx *x, size_t idx, const json_t *obj, struc
         return 0;
 }
 
+/* obj's member `name` (the key `key` in messages), which must be an array. */
+static int get_array(const struct ctx *x, const json_t *obj, const char *name, const char *key, const char *expected,
+                     const json_t **ret) {
+        const json_t *v = json_object_get(obj, name);
+        if (!v)
+                return cfg_failf(x, key, "missing");
+        if (!json_is_array(v))
+                return cfg_fail_type(x, key, expected, v);
+        *ret = v;
+        return 0;
+}
+
 static int parse_model(const struct ctx *x, struct job_config *c, const json_t *obj) {
-        const json_t *in, *layers;
+        const json_t *in = NULL, *layers = NULL;
         struct model_spec *m = &c->model;
         struct shape s;
         size_t n;
@@ -428,11 +440,8 @@ static int parse_model(const struct ctx *x, struct job_config *c, const json_t *
         if (r < 0)
                 return r;
 
-        in = json_object_get(obj, "input");
-        if (!in)
-                return cfg_failf(x, "model.input", "missing");
-        if (!json_is_array(in))
-                return cfg_fail_type(x, "model.input", "an array of 1 or 3 integers", in);
+        if ((r = get_array(x, obj, "input", "model.input", "an array of 1 or 3 integers", &in)) < 0)
+                return r;
         n = json_array_size(in);
         if (n != 1 && n != 3)
                 return cfg_failf(x, "model.input", "expected 1 or 3 dimensions, got %zu", n);
@@ -453,11 +462,8 @@ static int parse_model(const struct ctx *x, struct job_config *c, const json_t *
         if (s.c * s.h * s.w > (UINT64_C(1) << 28))
                 return cfg_failf(x, "model.input", "%" PRIu64 " elements per example, at most 2^28", s.c * s.h * s.w);
 
-        layers = json_object_get(obj, "layers");
-        if (!layers)
-                return cfg_failf(x, "model.layers", "missing");
-        if (!json_is_array(layers))
-                return cfg_fail_type(x, "model.layers", "an array of layers", layers);
+        if ((r = get_array(x, obj, "layers", "model.layers", "an array of layers", &layers)) < 0)
+                return r;
         n = json_array_size(layers);
         if (n == 0)
                 return cfg_failf(x, "model.layers", "must not be empty");
