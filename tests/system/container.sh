@@ -47,16 +47,24 @@ ct_boot() {
                         --console=read-only -M "$name" -D "$dir/root" "$@"
         ) >"$dir/console.log" 2>&1 </dev/null &
         CT_NSPAWN_PID=$!
-        local i
-        for i in $(seq 1 200); do
-                CT_INIT_PID=$(cat "/proc/$CT_NSPAWN_PID/task/$CT_NSPAWN_PID/children" 2>/dev/null | awk '{print $1}')
+        # The container's init is the child of nspawn whose comm is systemd: the first child may be
+        # nspawn's short-lived outer child, and a boot that took it waited its whole timeout on a dead PID.
+        local i c
+        CT_INIT_PID=
+        for i in $(seq 1 400); do
+                for c in $(cat "/proc/$CT_NSPAWN_PID/task/$CT_NSPAWN_PID/children" 2>/dev/null); do
+                        if [ "$(cat "/proc/$c/comm" 2>/dev/null)" = systemd ] && ct_alive "$c"; then
+                                CT_INIT_PID=$c
+                                break
+                        fi
+                done
                 [ -n "$CT_INIT_PID" ] && break
                 if ! ct_alive "$CT_NSPAWN_PID"; then
                         ct_log "systemd-nspawn exited early:"; tail -n 20 "$dir/console.log" >&2; return 1
                 fi
                 sleep 0.05
         done
-        [ -n "$CT_INIT_PID" ] || { ct_log "no init process in the container"; return 1; }
+        [ -n "$CT_INIT_PID" ] || { ct_log "no systemd process in the container after 20 s"; return 1; }
         # systemd is up once it answers; `is-system-running --wait` returns when boot is over.
         # (at most 2 minutes: before its D-Bus is up, systemctl fails at once, hence the loop)
         local state= deadline=$((SECONDS + 120))
