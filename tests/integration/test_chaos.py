@@ -115,7 +115,7 @@ class Trial:
         self.measured_lost = 0
         self.kill_note = ""
 
-    # -- processes
+    # -- processes (a subclass runs them as systemd units: tests/system/chaos_systemd.py)
 
     def start(self, kind, index):
         key = (kind, index)
@@ -134,11 +134,22 @@ class Trial:
         for i in range(self.opts.workers):
             self.start("workerd", i)
 
-    def alive_procs(self):
-        return list(self.procs.values())
+    def kill9_and_restart(self, kind, index, delay):
+        """kill -9, then the daemon started again after delay s."""
+        victim = self.procs[(kind, index)]
+        victim.kill(signal.SIGKILL)
+        victim.p.wait(10)
+        time.sleep(delay)
+        self.start(kind, index)
 
-    def workers(self):
-        return [p for (k, _), p in self.procs.items() if k == "workerd"]
+    def signal_workers(self, sig):
+        for (k, _), p in self.procs.items():
+            if k == "workerd":
+                p.kill(sig)
+
+    def watched(self, but_workers=False):
+        """The processes whose failure ends a wait early."""
+        return [p for (k, _), p in self.procs.items() if not (but_workers and k == "workerd")]
 
     def stop_all(self):
         for p in self.procs.values():
@@ -150,6 +161,15 @@ class Trial:
             except h.subprocess.TimeoutExpired:
                 p.p.kill()
                 p.p.wait()
+
+    def forget(self):
+        """The trial's processes are gone: the harness need not account for them any more."""
+        for p in self.procs.values():
+            if p in h._procs and not p.alive():
+                h._procs.remove(p)
+
+    def logs(self):
+        return "".join("---- %s ----\n%s" % (p.name, p.stderr()[-1500:]) for p in self.procs.values())
 
     # -- observations
 
@@ -178,24 +198,18 @@ class Trial:
         else:
             at = rng.randrange(0, int(o.steps * 0.95))
             wait_until("global_step %d before the kill" % at,
-                       lambda: (self.global_step() or 0) >= at, 60, self.alive_procs())
+                       lambda: (self.global_step() or 0) >= at, 60, self.watched())
             moment = "step %d" % at
         delay = rng.uniform(o.delay[0], o.delay[1])
-        victim = self.procs[(kind, index)]
         if kind == "psd":
-            self.kill_psd(index, victim, delay, moment)
+            self.kill_psd(index, delay, moment)
         else:
-            victim.kill(signal.SIGKILL)
-            victim.p.wait(10)
+            self.kill9_and_restart(kind, index, delay)
             self.kill_note = "%s:%d at %s, back after %.1f s" % (kind, index, moment, delay)
-            time.sleep(delay)
-            self.start(kind, index)
 
-    def kill_psd(self, index, victim, delay, moment):
+    def kill_psd(self, index, delay, moment):
         """Workers frozen around the kill, so that global_step at the kill is known exactly."""
-        ws = self.workers()
-        for w in ws:
-            w.kill(signal.SIGSTOP)
+        self.signal_workers(signal.SIGSTOP)
         try:
             last = [None, 0]
 
@@ -213,10 +227,7 @@ class Trial:
             before = st.global_step if st is not None and st.initialized else None
             # give the chief a moment to see that step, as it would in any pause of the workers
             time.sleep(0.3)
-            victim.kill(signal.SIGKILL)
-            victim.p.wait(10)
-            time.sleep(delay)
-            self.start("psd", index)
+            self.kill9_and_restart("psd", index, delay)
             if before is None:
                 self.kill_note = "ps:%d at %s (not yet initialized), back after %.1f s" % (index, moment, delay)
                 return
@@ -224,7 +235,7 @@ class Trial:
             wait_until("ps:%d to be restored by the chief" % index,
                        lambda: (lambda s: s is not None and s.initialized)(
                            rpc_or_none(lambda: shard_status(self.ps_addr[index]))),
-                       30, [p for p in self.procs.values() if p not in ws])
+                       30, self.watched(but_workers=True))
             ckpts = [c.global_step for c in list_checkpoints(self.chief_addr) if c.global_step <= before]
             assert ckpts, "no checkpoint at or before global_step %d to restore ps:%d from" % (before, index)
             restored = max(ckpts)
@@ -237,8 +248,7 @@ class Trial:
             self.kill_note = ("ps:%d at %s (global_step %d), back after %.1f s, restored to %d"
                               % (index, moment, before, delay, restored))
         finally:
-            for w in ws:
-                w.kill(signal.SIGCONT)
+            self.signal_workers(signal.SIGCONT)
 
     def run(self):
         """Returns the final JobStatus; raises Hang or AssertionError."""
@@ -315,33 +325,31 @@ def table(rows, opts, ref, clean):
     return "\n".join(out)
 
 
-def test(argv=None):
-    opts = parse(sys.argv[1:] if argv is None else argv)
-    h.require("psd", "workerd", "chiefd")
-    h.stubs()
-    if opts.seed is None:
-        opts.seed = int(time.time() * 1000) % 1000000
-    print("test_chaos: seed %d (replay: --seed %d)" % (opts.seed, opts.seed), flush=True)
+def campaign(opts, trial_cls, base):
+    """Clean runs, then the trials; prints the table. Returns the rows; fails if any trial did."""
+    print("chaos: seed %d (replay: --seed %d)" % (opts.seed, opts.seed), flush=True)
     rng = random.Random(opts.seed)
-    wd = h.Workdir()
     t0 = time.monotonic()
-
     clean = []
     for i in range(opts.clean):
-        tr = Trial(opts, "clean%d" % i, None, rng, wd.path)
+        tr = trial_cls(opts, "clean%d" % i, None, rng, base)
         try:
             st = tr.run()
+        except BaseException:
+            sys.stderr.write(tr.logs())
+            raise
         finally:
             tr.stop_all()
+        tr.forget()
         assert st.steps_lost == 0 and not st.losses, "a clean run reports losses: %s" % list(st.losses)
         clean.append(st.test_accuracy)
         h.log("clean run %d: accuracy %.4f, global_step %d" % (i, st.test_accuracy, st.global_step))
     ref = statistics.median(clean)
 
-    plan = [r for r in ROLES if r in opts.roles.split(",")] * opts.trials
+    roles = [r for r in ROLES if r in opts.roles.split(",")]
     rows = []
-    for n, role in enumerate(plan):
-        tr = Trial(opts, "%s%02d" % (role, n // len(set(plan))), role, rng, wd.path)
+    for n, role in enumerate(roles * opts.trials):
+        tr = trial_cls(opts, "%s%02d" % (role, n // len(roles)), role, rng, base)
         row = {"role": role, "done": 0, "hang": 0, "acc": None, "lost": 0, "reported": None, "error": None}
         try:
             st = tr.run()
@@ -361,18 +369,24 @@ def test(argv=None):
                               row["error"] or "DONE, accuracy %.4f, steps lost %d (reported %d)"
                               % (row["acc"], row["lost"], row["reported"])))
         if row["error"]:
-            for p in tr.procs.values():
-                sys.stderr.write("---- %s ----\n%s" % (p.name, p.stderr()[-1500:]))
-        # the trial's processes are gone: the harness need not account for them any more
-        for p in tr.procs.values():
-            if p in h._procs and not p.alive():
-                h._procs.remove(p)
+            sys.stderr.write(tr.logs())
+        tr.forget()
 
     print(table(rows, opts, ref, clean), flush=True)
     print("%d trials in %.0f s" % (len(rows), time.monotonic() - t0), flush=True)
     bad = [(r["role"], r["error"]) for r in rows if r["error"]]
     assert not bad, "%d of %d trials failed:\n  %s" % (len(bad), len(rows),
                                                          "\n  ".join("%s: %s" % b for b in bad))
+    return rows
+
+
+def test(argv=None):
+    opts = parse(sys.argv[1:] if argv is None else argv)
+    h.require("psd", "workerd", "chiefd")
+    h.stubs()
+    if opts.seed is None:
+        opts.seed = int(time.time() * 1000) % 1000000
+    campaign(opts, Trial, h.Workdir().path)
 
 
 if __name__ == "__main__":

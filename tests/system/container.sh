@@ -4,6 +4,8 @@
 #   ct NAME... / ct_sh 'script'                                 run a command / a bash script inside
 #   ct_teardown                                                 power off, kill if need be, remove the
 #                                                               cgroup and the unpacked rootfs
+#   ct_psfleet_debs PKGDIR / ct_install LOG DEB...              the .debs of psfleet as seen inside
+#                                                               (PKGDIR bound on /mnt/pkgs) / apt install
 # ct_teardown is safe to call twice and from an EXIT trap, whatever state ct_boot reached.
 # What works on these machines, and why each step is here: ../../../shared/notes/systemd-container.md.
 
@@ -88,6 +90,26 @@ ct() {
 }
 
 ct_sh() { ct bash -euo pipefail -c "$1"; }
+
+# The five packages' paths inside the container, PKGDIR being bound on /mnt/pkgs; fails if one is missing.
+ct_psfleet_debs() {
+        local p f
+        for p in psfleet-common psfleet-psd psfleet-workerd psfleet-chiefd psfleet; do
+                f=$(ls "$1"/${p}_*.deb 2>/dev/null | head -n1)
+                [ -n "$f" ] || { ct_log "no $p .deb in $1"; return 1; }
+                echo "/mnt/pkgs/$(basename "$f")"
+        done
+}
+
+# apt-get install inside, bounded; refreshes stale package lists once. Output in LOG.
+ct_install() {
+        local log=$1
+        shift
+        if ! ct timeout 300 apt-get install -y -q "$@" >"$log" 2>&1; then
+                ct timeout 180 apt-get update -q >>"$log" 2>&1 || true
+                ct timeout 300 apt-get install -y -q "$@" >>"$log" 2>&1 || { tail -n 40 "$log" >&2; return 1; }
+        fi
+}
 
 # Whether PID is running: a zombie (exited, not yet reaped by this shell) is not.
 ct_alive() {

@@ -30,12 +30,8 @@ for t in systemd-nspawn nsenter debootstrap python3; do
         command -v "$t" >/dev/null || fail "$t is missing (Debian packages: systemd-container, util-linux, debootstrap, python3)"
 done
 [ -f "$data/train-images-idx3-ubyte.gz" ] || fail "$data is missing (Debian package dataset-fashion-mnist)"
-debs=()
-for p in psfleet-common psfleet-psd psfleet-workerd psfleet-chiefd psfleet; do
-        f=$(ls "$pkgdir"/${p}_*.deb 2>/dev/null | head -n1)
-        [ -n "$f" ] || fail "no $p .deb in $pkgdir"
-        debs+=("/mnt/pkgs/$(basename "$f")")
-done
+mapfile -t debs < <(ct_psfleet_debs "$pkgdir")
+[ ${#debs[@]} = 5 ] || fail "the packages are missing in $pkgdir"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-systest.XXXXXX")
 name=psfleet-$$
@@ -77,12 +73,7 @@ ct_boot "$name" "$tarball" "$work" \
 
 step "apt install ${debs[*]##*/}"
 # Every step is bounded, so that the EXIT trap (teardown) always runs before CTest's own timeout.
-if ! ct timeout 300 apt-get install -y -q "${debs[@]}" >"$work/apt.log" 2>&1; then
-        # The cached package lists may be stale: refresh them once.
-        ct timeout 180 apt-get update -q >>"$work/apt.log" 2>&1 || true
-        ct timeout 300 apt-get install -y -q "${debs[@]}" >>"$work/apt.log" 2>&1 ||
-                { tail -n 40 "$work/apt.log" >&2; fail "apt install"; }
-fi
+ct_install "$work/apt.log" "${debs[@]}" || fail "apt install"
 grep -E "^(Unpacking|Setting up) " "$work/apt.log" | sed 's/^/  /' >&2 || true
 ct getent passwd psfleet >/dev/null || fail "no psfleet user after install"
 ct test -d /var/lib/psfleet || fail "no /var/lib/psfleet after install"
