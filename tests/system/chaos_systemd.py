@@ -5,14 +5,14 @@ local chaos test does, and runs systemctl inside through nsenter. The units are 
 packages' (Restart=on-failure, RestartSec=2s): a daemon killed with kill -9 is started again by systemd.
 
   1. chaos: --trials kills per role, with test_chaos.py's trials and assertions, the daemons as units;
-  2. every checkpoint corrupted and a psd killed: the job FAILED with that reason, `psfleet status`
-     prints it, chiefd stays active and its NRestarts does not grow over 60 s (watched while 3 and 4 run);
-  3. `systemctl stop psfleet.target` mid-job, then start: it resumes with 0 steps lost (global_step
-     after the restore = the stop's checkpoint = global_step when the job stopped);
+  2. `systemctl stop psfleet.target` mid-job, then start: it resumes with 0 steps lost (the newest
+     checkpoint is at or past the last global_step shard 0 answered, and the job restores from it);
+  3. every checkpoint corrupted and a psd killed: the job FAILED with that reason, `psfleet status`
+     prints it, chiefd stays active and its NRestarts does not grow over 60 s (watched while 4 runs);
   4. a job listing 3 workers, 2 started: it finishes; worker 1 is killed, kept down 30 s and started
      again: it rejoins and its examples count again; the status shows the missing and the live workers.
 
-  chaos_systemd.py INIT_PID ROOTFS [--trials 5] [--seed S] [--only chaos,corrupt,stop,elastic]
+  chaos_systemd.py INIT_PID ROOTFS [--trials 5] [--seed S] [--only chaos,stop,corrupt,elastic]
 """
 import argparse
 import os
@@ -38,6 +38,11 @@ def ct(*argv, check=True, timeout=60):
     if check and r.returncode != 0:
         raise AssertionError("in the container: %s: exit %d: %s" % (" ".join(argv), r.returncode, r.stderr.strip()))
     return r.stdout
+
+
+def kill(sig, pid):
+    """kill(1) inside: the container's minimal system has only the shell's builtin."""
+    ct("bash", "-c", "kill -%d %d" % (sig, pid), check=False)
 
 
 def prop(unit, name):
@@ -95,7 +100,7 @@ class UnitTrial(tc.Trial):
         u = self.unit(kind, index)
         pid, n = self.main_pid(kind, index), int(prop(u, "NRestarts"))
         assert pid > 0, "%s has no main process" % u
-        ct("kill", "-9", str(pid))
+        kill(9, pid)
         tc.wait_until("systemd to restart %s" % u,
                       lambda: int(prop(u, "NRestarts")) > n and prop(u, "ActiveState") == "active"
                       and self.main_pid(kind, index) not in (0, pid), 30, period=0.1)
@@ -104,7 +109,7 @@ class UnitTrial(tc.Trial):
         for i in range(self.n_started):
             pid = self.main_pid("workerd", i)
             if pid:
-                ct("kill", "-%d" % sig, str(pid), check=False)
+                kill(sig, pid)
 
     def watched(self, but_workers=False):
         return []
@@ -129,7 +134,7 @@ def psfleet_status(trial):
 
 
 def corrupt_start(opts, rng, base):
-    """Scenario 2, first half: returns (trial, NRestarts of its chief) once the job has failed."""
+    """Scenario 3, first half: returns (trial, NRestarts of its chief) once the job has failed."""
     tr = UnitTrial(opts, "corrupt", None, rng, base, steps=10 ** 6)
     tr.start_all()
     ckdir = [None]
@@ -164,7 +169,7 @@ def corrupt_start(opts, rng, base):
 
 
 def corrupt_end(tr, n0, t0):
-    """Scenario 2, second half: 60 s later, still FAILED, chiefd active, NRestarts unchanged."""
+    """Scenario 3, second half: 60 s later, still FAILED, chiefd active, NRestarts unchanged."""
     left = 60 - (time.monotonic() - t0)
     if left > 0:
         time.sleep(left)
@@ -179,7 +184,7 @@ def corrupt_end(tr, n0, t0):
 
 
 def stop_target(opts, rng, base):
-    """Scenario 3."""
+    """Scenario 2."""
     tr = UnitTrial(opts, "stop", None, rng, base, steps=10 ** 6)
     ct("systemctl", "enable", "-q", *tr.units())
     try:
@@ -204,8 +209,7 @@ def stop_target(opts, rng, base):
             stopping.set()
             th.join()
         for u in tr.units():
-            a = prop(u, "ActiveState")
-            assert a in ("inactive", "failed"), "%s is %s after the stop" % (u, a)
+            tc.wait_until("%s to stop" % u, lambda: prop(u, "ActiveState") in ("inactive", "failed"), 60, period=0.1)
         steps = sorted(int(n[5:15]) for n in os.listdir(ckdir) if n.startswith("ckpt-") and n.endswith(".safetensors"))
         assert steps, "no checkpoint after the stop in " + ckdir
         last = steps[-1]
@@ -229,7 +233,9 @@ def stop_target(opts, rng, base):
 def elastic(opts, rng, base):
     """Scenario 4."""
     o = argparse.Namespace(**dict(vars(opts), workers=3))
-    tr = UnitTrial(o, "elastic", None, rng, base, n_workers_started=2, steps=60000)
+    # a worker is missing 10 s after its last report (default 60)
+    tr = UnitTrial(o, "elastic", None, rng, base, n_workers_started=2, steps=45000,
+                   supervisor={"worker_timeout_secs": 10})
     s = h.stubs()
     tr.start_all()
     st = tc.wait_until("training with 2 of 3 workers", lambda: (lambda x: x if x is not None
@@ -237,7 +243,7 @@ def elastic(opts, rng, base):
     assert 2 in st.workers_missing and {0, 1} <= set(st.workers_live), (list(st.workers_live), list(st.workers_missing))
     u1 = tr.unit("workerd", 1)
     before = {n.task: n.local_step for n in st.nodes}.get("worker:1", 0)
-    ct("kill", "-9", str(tr.main_pid("workerd", 1)))
+    kill(9, tr.main_pid("workerd", 1))
     ct("systemctl", "stop", u1)            # cancels systemd's restart: down for 30 s
     t_down = time.monotonic()
     st = tc.wait_until("worker 1 to be missing", lambda: (lambda x: x if x is not None
@@ -245,17 +251,25 @@ def elastic(opts, rng, base):
     h.log("worker:1 killed at local step %d; status: live %s, missing %s"
           % (before, list(st.workers_live), list(st.workers_missing)))
     time.sleep(max(0, 30 - (time.monotonic() - t_down)))
+    back_us = int(time.time() * 1e6)
     ct("systemctl", "start", "--no-block", u1)
-    st = tc.wait_until("worker 1 to rejoin and train", lambda: (lambda x: x if x is not None and 1 in x.workers_live
-                       and {n.task: n.local_step for n in x.nodes}.get("worker:1", 0) > 0 else None)(tr.status()), 60)
+
+    def w1(x):
+        """worker:1's node status if it reported since it was started again."""
+        n = [n for n in x.nodes if n.task == "worker:1"] if x is not None else []
+        return n[0] if n and n[0].last_report_us > back_us else None
+
+    st = tc.wait_until("worker 1 to rejoin and report", lambda: (lambda x: x if w1(x) and 1 in x.workers_live
+                                                                  else None)(tr.status()), 60)
     h.log("worker:1 rejoined: live %s, missing %s" % (list(st.workers_live), list(st.workers_missing)))
     st = tc.wait_until("the job to end DONE", lambda: (lambda x: x if x is not None and x.state in (
         s.supervisor_pb2.JOB_STATE_DONE, s.supervisor_pb2.JOB_STATE_FAILED) else None)(tr.status()), 180)
     assert st.state == s.supervisor_pb2.JOB_STATE_DONE, "the job ended %s: %s" % (st.state, st.reason)
-    w1 = {n.task: n.local_step for n in st.nodes}.get("worker:1", 0)
-    assert w1 > 0, "worker:1's steps after it rejoined do not count: %s" % st.nodes
+    n1 = w1(st)
+    assert n1 is not None and n1.local_step > 0, "worker:1's steps after it rejoined do not count: %s" % st.nodes
+    steps1 = n1.local_step
     assert 2 in st.workers_missing, list(st.workers_missing)
-    h.log("DONE at %d with 2 of 3 workers; worker:1 trained %d steps after it rejoined" % (st.global_step, w1))
+    h.log("DONE at %d with 2 of 3 workers; worker:1 trained %d steps after it rejoined" % (st.global_step, steps1))
     tr.stop_all()
 
 
@@ -263,7 +277,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("init_pid", type=int)
     p.add_argument("rootfs")
-    p.add_argument("--only", default="chaos,corrupt,stop,elastic")
+    p.add_argument("--only", default="chaos,stop,corrupt,elastic")
     args, rest = p.parse_known_args()
     CT["pid"], CT["root"] = args.init_pid, args.rootfs
     opts = tc.parse(["--trials", "5", "--clean", "2", "--delay", "2", "2"] + rest)
@@ -287,8 +301,9 @@ def main():
             failures.append("%s: %s" % (name, e))
             return None
 
-    corrupt = part("corrupt", corrupt_start, opts, rng, base)
+    # stopping psfleet.target stops every job's units: before the corrupt job's 60 s, not during them
     part("stop", stop_target, opts, rng, base)
+    corrupt = part("corrupt", corrupt_start, opts, rng, base)
     part("elastic", elastic, opts, rng, base)
     if corrupt:
         part("corrupt", corrupt_end, *corrupt)
