@@ -18,16 +18,7 @@ CT_T0=$(date +%s.%N)
 
 fail() { ct_log "FAIL: $*"; exit 1; }
 
-if [ "$(id -u)" -ne 0 ]; then
-        echo "chaos_systemd: needs root (systemd-nspawn); skipping" >&2
-        exit 77
-fi
-for t in systemd-nspawn nsenter debootstrap /usr/bin/python3; do
-        command -v "$t" >/dev/null || fail "$t is missing"
-done
-[ -f "$data/train-images-idx3-ubyte.gz" ] || fail "$data is missing (Debian package dataset-fashion-mnist)"
-mapfile -t debs < <(ct_psfleet_debs "$pkgdir")
-[ ${#debs[@]} = 5 ] || fail "the packages are missing in $pkgdir"
+ct_psfleet_prereqs chaos_systemd "$data" "$pkgdir" || exit $?
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-chaos.XXXXXX")
 name=pfchaos-$$
@@ -36,23 +27,14 @@ cleanup() {
         if [ $rc -ne 0 ] && [ -n "$CT_INIT_PID" ]; then
                 ct journalctl --no-pager -o short-monotonic -u 'psfleet-*' -n 150 >&2 || true
         fi
-        ct_teardown || rc=1
-        if [ "${PSFLEET_TEST_KEEP:-0}" != 1 ] || [ $rc -eq 0 ]; then
-                rm -rf "$work"
-        fi
-        ct_log "chaos under systemd $([ $rc -eq 0 ] && echo passed || echo FAILED) in $(ct_elapsed) s"
-        exit $rc
+        ct_finish $rc "$work" "chaos under systemd"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-tarball=$(bash "$here/rootfs.sh" "$cache")
-mkdir -p "$cache/apt-archives/partial"
-ct_boot "$name" "$tarball" "$work" \
-        --bind-ro="$pkgdir:/mnt/pkgs" --bind-ro="$data:$data" \
-        --bind="$cache/apt-archives:/var/cache/apt/archives"
-ct_install "$work/apt.log" "${debs[@]}" || fail "apt install"
-ct_log "installed ${debs[*]##*/}"
+ct_boot_psfleet "$name" "$work" "$cache" "$pkgdir" "$data"
+ct_install "$work/apt.log" "${CT_DEBS[@]}" || fail "apt install"
+ct_log "installed ${CT_DEBS[*]##*/}"
 
 # Bounded below CTest's TIMEOUT, so that the teardown always runs.
 timeout 1500 /usr/bin/python3 "$here/chaos_systemd.py" "$CT_INIT_PID" "$work/root" "$@"
