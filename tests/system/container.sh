@@ -4,6 +4,11 @@
 #   ct NAME... / ct_sh 'script'                                 run a command / a bash script inside
 #   ct_teardown                                                 power off, kill if need be, remove the
 #                                                               cgroup and the unpacked rootfs
+#   ct_psfleet_prereqs WHO DATA PKGDIR                          root, tools, dataset, .debs (in CT_DEBS)
+#   ct_boot_psfleet NAME WORKDIR CACHE PKGDIR DATA              ct_boot with the .debs, data, apt cache
+#   ct_install LOG DEB...                                       apt install inside
+#   ct_finish RC WORKDIR WHAT                                   ct_teardown, WORKDIR removed (kept after a
+#                                                               failure with PSFLEET_TEST_KEEP=1), a last line
 # ct_teardown is safe to call twice and from an EXIT trap, whatever state ct_boot reached.
 # What works on these machines, and why each step is here: ../../../shared/notes/systemd-container.md.
 
@@ -89,6 +94,50 @@ ct() {
 
 ct_sh() { ct bash -euo pipefail -c "$1"; }
 
+# What a psfleet system test needs: root, the tools, the dataset, the five .debs, whose paths inside the
+# container (PKGDIR bound on /mnt/pkgs) go to the array CT_DEBS. Returns 77 (skip) without root, 1 with
+# a message when something is missing.
+ct_psfleet_prereqs() {
+        local who=$1 data=$2 pkgdir=$3 t p f
+        if [ "$(id -u)" -ne 0 ]; then
+                echo "$who: needs root (systemd-nspawn); skipping" >&2
+                return 77
+        fi
+        for t in systemd-nspawn nsenter debootstrap python3; do
+                command -v "$t" >/dev/null ||
+                        { ct_log "$t is missing (Debian packages: systemd-container, util-linux, debootstrap, python3)"; return 1; }
+        done
+        [ -f "$data/train-images-idx3-ubyte.gz" ] ||
+                { ct_log "$data is missing (Debian package dataset-fashion-mnist)"; return 1; }
+        CT_DEBS=()
+        for p in psfleet-common psfleet-psd psfleet-workerd psfleet-chiefd psfleet; do
+                f=$(ls "$pkgdir"/${p}_*.deb 2>/dev/null | head -n1)
+                [ -n "$f" ] || { ct_log "no $p .deb in $pkgdir"; return 1; }
+                CT_DEBS+=("/mnt/pkgs/$(basename "$f")")
+        done
+}
+
+# ct_boot from the cached rootfs (rootfs.sh builds it when missing), with the packages on /mnt/pkgs,
+# the dataset at its own path and apt's archive cache bound in.
+ct_boot_psfleet() {
+        local name=$1 work=$2 cache=$3 pkgdir=$4 data=$5 tarball
+        tarball=$(bash "$(dirname "${BASH_SOURCE[0]}")/rootfs.sh" "$cache") || return 1
+        ct_log "rootfs $tarball"
+        mkdir -p "$cache/apt-archives/partial"
+        ct_boot "$name" "$tarball" "$work" --bind-ro="$pkgdir:/mnt/pkgs" --bind-ro="$data:$data" \
+                --bind="$cache/apt-archives:/var/cache/apt/archives"
+}
+
+# apt-get install inside, bounded; refreshes stale package lists once. Output in LOG.
+ct_install() {
+        local log=$1
+        shift
+        if ! ct timeout 300 apt-get install -y -q "$@" >"$log" 2>&1; then
+                ct timeout 180 apt-get update -q >>"$log" 2>&1 || true
+                ct timeout 300 apt-get install -y -q "$@" >>"$log" 2>&1 || { tail -n 40 "$log" >&2; return 1; }
+        fi
+}
+
 # Whether PID is running: a zombie (exited, not yet reaped by this shell) is not.
 ct_alive() {
         local st
@@ -159,4 +208,16 @@ ct_teardown() {
         CT_INIT_PID=
         CT_CGROUP=
         return $rc
+}
+
+# The end of a system test's EXIT trap: teardown, the work directory removed unless a failure is to be
+# kept (PSFLEET_TEST_KEEP=1), one line saying how it went. Exits with RC, or 1 if the teardown failed.
+ct_finish() {
+        local rc=$1 work=$2 what=$3
+        ct_teardown || rc=1
+        if [ "${PSFLEET_TEST_KEEP:-0}" != 1 ] || [ "$rc" -eq 0 ]; then
+                rm -rf "$work"
+        fi
+        ct_log "$what $([ "$rc" -eq 0 ] && echo passed || echo FAILED) in $(ct_elapsed) s"
+        exit "$rc"
 }

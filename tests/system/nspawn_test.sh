@@ -22,20 +22,8 @@ CT_T0=$(date +%s.%N)
 fail() { ct_log "FAIL: $*"; exit 1; }
 step() { ct_log "--- $*"; }
 
-if [ "$(id -u)" -ne 0 ]; then
-        echo "nspawn_test: needs root (systemd-nspawn); skipping" >&2
-        exit 77
-fi
-for t in systemd-nspawn nsenter debootstrap python3; do
-        command -v "$t" >/dev/null || fail "$t is missing (Debian packages: systemd-container, util-linux, debootstrap, python3)"
-done
-[ -f "$data/train-images-idx3-ubyte.gz" ] || fail "$data is missing (Debian package dataset-fashion-mnist)"
-debs=()
-for p in psfleet-common psfleet-psd psfleet-workerd psfleet-chiefd psfleet; do
-        f=$(ls "$pkgdir"/${p}_*.deb 2>/dev/null | head -n1)
-        [ -n "$f" ] || fail "no $p .deb in $pkgdir"
-        debs+=("/mnt/pkgs/$(basename "$f")")
-done
+ct_psfleet_prereqs nspawn_test "$data" "$pkgdir" || exit $?
+debs=("${CT_DEBS[@]}")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-systest.XXXXXX")
 name=psfleet-$$
@@ -48,19 +36,10 @@ dump_logs() {
 cleanup() {
         local rc=$?
         [ $rc -ne 0 ] && dump_logs
-        ct_teardown || rc=1
-        if [ "${PSFLEET_TEST_KEEP:-0}" != 1 ] || [ $rc -eq 0 ]; then
-                rm -rf "$work"
-        fi
-        ct_log "system test $([ $rc -eq 0 ] && echo passed || echo FAILED) in $(ct_elapsed) s"
-        exit $rc
+        ct_finish $rc "$work" "system test"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-step "root filesystem"
-tarball=$(bash "$here/rootfs.sh" "$cache")
-ct_log "rootfs $tarball"
 
 # The job's ports: free on the host now (the container shares the host's network).
 read -r p_chief p_ps0 p_ps1 p_w0 p_w1 < <(python3 -c '
@@ -70,19 +49,11 @@ for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])')
 
 step "boot"
-mkdir -p "$cache/apt-archives/partial"
-ct_boot "$name" "$tarball" "$work" \
-        --bind-ro="$pkgdir:/mnt/pkgs" --bind-ro="$data:$data" \
-        --bind="$cache/apt-archives:/var/cache/apt/archives"
+ct_boot_psfleet "$name" "$work" "$cache" "$pkgdir" "$data"
 
 step "apt install ${debs[*]##*/}"
 # Every step is bounded, so that the EXIT trap (teardown) always runs before CTest's own timeout.
-if ! ct timeout 300 apt-get install -y -q "${debs[@]}" >"$work/apt.log" 2>&1; then
-        # The cached package lists may be stale: refresh them once.
-        ct timeout 180 apt-get update -q >>"$work/apt.log" 2>&1 || true
-        ct timeout 300 apt-get install -y -q "${debs[@]}" >>"$work/apt.log" 2>&1 ||
-                { tail -n 40 "$work/apt.log" >&2; fail "apt install"; }
-fi
+ct_install "$work/apt.log" "${debs[@]}" || fail "apt install"
 grep -E "^(Unpacking|Setting up) " "$work/apt.log" | sed 's/^/  /' >&2 || true
 ct getent passwd psfleet >/dev/null || fail "no psfleet user after install"
 ct test -d /var/lib/psfleet || fail "no /var/lib/psfleet after install"
