@@ -23,7 +23,7 @@ what the kills cost rather than the noise of asynchronous training (two workers'
 job spread over 0.6-0.8 points). --workers and --ps change that. The summary table is printed to
 stdout; docs/operations.md ("Chaos tests: figures") has the figures and the command.
 
-  test_chaos.py [--trials 20] [--seed S] [--clean 3] [--steps 3000] [--interval 300] [--ps 1]
+  test_chaos.py [--trials 20] [--seed S] [--clean 3] [--steps 4000] [--interval 300] [--ps 1]
                 [--workers 1] [--roles psd,workerd,chiefd] [--tolerance 0.5] [--lr-decay 0.5]
 """
 import argparse
@@ -296,7 +296,7 @@ def parse(argv):
     p.add_argument("--seed", type=int, default=None, help="default: from the clock (printed)")
     p.add_argument("--clean", type=int, default=3, help="clean runs for the reference accuracy")
     # 2,000 steps were too few: a rollback early in training moved the accuracy by up to 0.51 points
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--interval", type=int, default=300, help="save_checkpoint_steps")
     p.add_argument("--ps", type=int, default=1)
     p.add_argument("--workers", type=int, default=1)
