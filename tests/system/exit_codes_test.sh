@@ -18,19 +18,8 @@ CT_T0=$(date +%s.%N)
 fail() { ct_log "FAIL: $*"; exit 1; }
 step() { ct_log "--- $*"; }
 
-if [ "$(id -u)" -ne 0 ]; then
-        echo "exit_codes_test: needs root (systemd-nspawn); skipping" >&2
-        exit 77
-fi
-for t in systemd-nspawn nsenter debootstrap python3; do
-        command -v "$t" >/dev/null || fail "$t is missing (Debian packages: systemd-container, util-linux, debootstrap, python3)"
-done
-debs=()
-for p in psfleet-common psfleet-psd psfleet-workerd psfleet-chiefd psfleet; do
-        f=$(ls "$pkgdir"/${p}_*.deb 2>/dev/null | head -n1)
-        [ -n "$f" ] || fail "no $p .deb in $pkgdir"
-        debs+=("/mnt/pkgs/$(basename "$f")")
-done
+ct_psfleet_prereqs exit_codes_test "$data" "$pkgdir" || exit $?
+debs=("${CT_DEBS[@]}")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-exitcodes.XXXXXX")
 name=psfleet-x$$
@@ -42,30 +31,19 @@ cleanup() {
                 ct journalctl --no-pager -o short-monotonic -u 'psfleet-*' -n 100 >&2 || true
         fi
         [ -z "$holder" ] || kill "$holder" 2>/dev/null || true
-        ct_teardown || rc=1
-        rm -rf "$work"
-        ct_log "exit codes test $([ $rc -eq 0 ] && echo passed || echo FAILED) in $(ct_elapsed) s"
-        exit $rc
+        ct_finish $rc "$work" "exit codes test"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 step "root filesystem, boot, apt install"
-tarball=$(bash "$here/rootfs.sh" "$cache")
 read -r p_chief p_ps0 p_w0 < <(python3 -c '
 import socket
 ss = [socket.socket() for _ in range(3)]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])')
-mkdir -p "$cache/apt-archives/partial"
-ct_boot "$name" "$tarball" "$work" \
-        --bind-ro="$pkgdir:/mnt/pkgs" --bind-ro="$data:$data" \
-        --bind="$cache/apt-archives:/var/cache/apt/archives"
-if ! ct timeout 300 apt-get install -y -q "${debs[@]}" >"$work/apt.log" 2>&1; then
-        ct timeout 180 apt-get update -q >>"$work/apt.log" 2>&1 || true
-        ct timeout 300 apt-get install -y -q "${debs[@]}" >>"$work/apt.log" 2>&1 ||
-                { tail -n 40 "$work/apt.log" >&2; fail "apt install"; }
-fi
+ct_boot_psfleet "$name" "$work" "$cache" "$pkgdir" "$data"
+ct_install "$work/apt.log" "${debs[@]}" || fail "apt install"
 
 ct mkdir -p /srv/empty-data
 ct tee /etc/psfleet/jobs/$job.json >/dev/null <<EOF
