@@ -8,6 +8,7 @@ PKGS=(
   build-essential             # C compiler, make
   cmake pkg-config            # the build
   libgrpc-dev                 # RPC: gRPC C core
+  libssl-dev openssl          # psfleet certs (libcrypto); openssl(1) checks certificates in tests
   libprotobuf-c-dev protobuf-c-compiler protobuf-compiler grpc-proto  # messages, health.proto
   libsystemd-dev              # sd_notify, journal
   libsqlite3-dev              # chiefd's records

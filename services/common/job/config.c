@@ -490,7 +490,7 @@ bool config_job_name_valid(const char *s) {
         if (!s)
                 return false;
         n = strlen(s);
-        if (n == 0 || n > JOB_NAME_MAX)
+        if (n == 0 || n > JOB_NAME_MAX || s[0] == '.')
                 return false;
         for (size_t i = 0; i < n; i++)
                 if (!cfg_host_char_ok(s[i]))
@@ -512,7 +512,7 @@ static int name_from_origin(const struct ctx *x, char **ret) {
                 return cfg_fail_oom(x);
         if (!config_job_name_valid(name)) {
                 int r = cfg_failf(x, "job", "missing, and the file name %s is not a valid job name "
-                              "([A-Za-z0-9_.-]+, at most %d characters)", cfg_quote_str(name, q, sizeof(q)), JOB_NAME_MAX);
+                              "([A-Za-z0-9_.-]+, not starting with a dot, at most %d characters)", cfg_quote_str(name, q, sizeof(q)), JOB_NAME_MAX);
                 free(name);
                 return r;
         }
@@ -544,7 +544,7 @@ static int parse_root(const struct ctx *x, const json_t *root, struct job_config
                 if (!json_is_string(v))
                         return cfg_fail_type(x, "job", "a string", v);
                 if (!config_job_name_valid(json_string_value(v)))
-                        return cfg_failf(x, "job", "%s is not a valid job name ([A-Za-z0-9_.-]+, at most %d characters)",
+                        return cfg_failf(x, "job", "%s is not a valid job name ([A-Za-z0-9_.-]+, not starting with a dot, at most %d characters)",
                                      cfg_quote_json(v, q, sizeof(q)), JOB_NAME_MAX);
                 c->name = strdup(json_string_value(v));
                 if (!c->name)

@@ -25,6 +25,8 @@ struct cluster {
 
 enum optimizer_kind { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAGRAD };
 enum lr_schedule { LR_CONSTANT, LR_EXPONENTIAL };
+enum grad_norm_action { GRAD_NORM_REJECT, GRAD_NORM_CLIP };
+enum security_mode { SECURITY_AUTO, SECURITY_MTLS, SECURITY_INSECURE };
 
 struct training_config {
         uint32_t batch_size;
@@ -42,6 +44,8 @@ struct training_config {
         uint32_t report_every_steps;
         uint32_t threads;           /* BLAS threads in workerd, server threads in psd */
         uint64_t seed;              /* data shuffling */
+        double max_gradient_norm;   /* per push to one shard; 0: no limit */
+        enum grad_norm_action gradient_norm_action;
 };
 
 struct data_config {
@@ -71,6 +75,14 @@ struct rpc_config {
         uint64_t deadline_ms;   /* per call */
         bool shared_memory;     /* workerd: pushes to a psd on this host through shared memory */
         uint64_t initial_reconnect_backoff_ms, max_reconnect_backoff_ms; /* gRPC channels */
+        char *runtime_dir;      /* psd's unix sockets for shared-memory attach */
+};
+
+/* Per node. ca/cert/key may hold {job} and {task} ("chief", "ps-0", "worker-1", "admin", ...). */
+struct security_config {
+        enum security_mode mode;   /* AUTO: INSECURE when every endpoint is loopback, else MTLS */
+        char *ca, *cert, *key;
+        bool allow_insecure;       /* INSECURE with endpoints beyond loopback (a warning at every start) */
 };
 
 struct device_config {
@@ -94,6 +106,7 @@ struct job_config {
         struct ps_config ps;
         struct rpc_config rpc;
         struct device_config device;
+        struct security_config security;
 };
 
 struct task {

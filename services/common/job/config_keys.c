@@ -27,13 +27,17 @@
         { .name = n, .type = KT_DOUBLE, FIELD(f), .ddef = d, .dmin = lo, .dmin_open = lo_open, \
           .dmax = hi, .dmax_open = hi_open, .doc = text, __VA_ARGS__ }
 #define K_BOOL(n, f, d, text, ...) { .name = n, .type = KT_BOOL, FIELD(f), .sdef = #d, .doc = text, __VA_ARGS__ }
-#define K_STR(n, f, d, text) { .name = n, .type = KT_STRING, FIELD(f), .sdef = d, .doc = text }
-#define K_ENUM(n, f, d, ch, text) { .name = n, .type = KT_ENUM, FIELD(f), .sdef = d, .choices = ch, .doc = text }
+#define K_STR(n, f, d, text, ...) { .name = n, .type = KT_STRING, FIELD(f), .sdef = d, .doc = text, __VA_ARGS__ }
+#define K_ENUM(n, f, d, ch, text, ...) { .name = n, .type = KT_ENUM, FIELD(f), .sdef = d, .choices = ch, .doc = text, __VA_ARGS__ }
 #define K_SPECIAL(n, t, d, r, text) \
         { .name = n, .type = KT_SPECIAL, .type_doc = t, .default_doc = d, .range_doc = r, .doc = text }
 
 static const char *const optimizer_names[] = { "sgd", "momentum", "adam", "adagrad", NULL };
 static const char *const schedule_names[] = { "constant", "exponential", NULL };
+static const char *const grad_norm_action_names[] = { [GRAD_NORM_REJECT] = "reject", [GRAD_NORM_CLIP] = "clip", NULL };
+static const char *const security_mode_names[] = {
+        [SECURITY_AUTO] = "auto", [SECURITY_MTLS] = "mtls", [SECURITY_INSECURE] = "insecure", NULL,
+};
 const char *const cfg_layer_names[] = {
         [LAYER_DENSE] = "dense", [LAYER_RELU] = "relu", [LAYER_TANH] = "tanh",
         [LAYER_SIGMOID] = "sigmoid", [LAYER_CONV2D] = "conv2d", [LAYER_MAXPOOL2D] = "maxpool2d",
@@ -51,7 +55,7 @@ static int check_device(const char *s, char *why, size_t whylen)
 }
 
 const struct config_key cfg_keys[] = {
-        K_SPECIAL("job", "string", "file name without .json", "[A-Za-z0-9_.-]+, at most 64 characters",
+        K_SPECIAL("job", "string", "file name without .json", "[A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters",
                   "Job name; it names the units (psfleet-psd@JOB:INDEX) and state directories."),
         K_SPECIAL("cluster.chief", "list of host:port", "required", "exactly 1 entry",
                   "The chief (chiefd). TensorFlow ClusterSpec shape; \"master\" is accepted for \"chief\"."),
@@ -106,6 +110,12 @@ const struct config_key cfg_keys[] = {
               "Workers report loss and throughput to the chief every this many local steps."),
         K_U32("training.threads", training.threads, 1, 1, 256, "CPU threads per process: BLAS threads in workerd, server threads in psd."),
         K_U64("training.seed", training.seed, 1, 0, INT64_MAX, "Seed of data shuffling."),
+        K_DBL("training.max_gradient_norm", training.max_gradient_norm, 0, 0, false, 1e30, false,
+              "Largest L2 norm of the gradients one push carries to one ps shard; a larger push is rejected or "
+              "clipped (training.gradient_norm_action). 0: no limit (non-finite gradients are always rejected)."),
+        K_ENUM("training.gradient_norm_action", training.gradient_norm_action, "reject", grad_norm_action_names,
+               "A push over training.max_gradient_norm: reject (INVALID_ARGUMENT, the model untouched) or clip "
+               "(scaled down to the limit, then applied)."),
 
         K_STR("supervisor.checkpoint_dir", supervisor.checkpoint_dir, "checkpoints",
               "Where chiefd writes checkpoints; a relative path is under STATE_DIR/JOB/."),
@@ -146,6 +156,24 @@ const struct config_key cfg_keys[] = {
               "gRPC channels: longest wait between reconnection attempts, in milliseconds (gRPC's own default is "
               "two minutes: a psd restarted by systemd would be noticed that late).",
               .env = "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS"),
+        K_STR("rpc.runtime_dir", rpc.runtime_dir, "/run/psfleet",
+              "Directory of psd's unix sockets, where workers on the same host attach shared memory (the "
+              "units' RuntimeDirectory). Each node decides for itself.", .env = "PSFLEET_RUNTIME_DIR"),
+
+        K_ENUM("security.mode", security.mode, "auto", security_mode_names,
+               "mtls: every gRPC port speaks mutual TLS and every call is authorized by the peer's certificate "
+               "(docs/security.md); insecure: plain TCP, any caller may call anything; auto: insecure when "
+               "every endpoint of the cluster is loopback, else mtls. Each node decides for itself."),
+        K_STR("security.ca", security.ca, "/etc/psfleet/tls/{job}/ca.crt",
+              "mtls: the cluster CA's certificate (PEM); {job} is the job name."),
+        K_STR("security.cert", security.cert, "/etc/psfleet/tls/{job}/{task}.crt",
+              "mtls: this task's certificate (PEM), issued by psfleet certs; {task} is chief, ps-N, worker-N "
+              "(the daemons), admin or viewer (psfleet's commands, --identity)."),
+        K_STR("security.key", security.key, "/etc/psfleet/tls/{job}/{task}.key",
+              "mtls: this task's private key (PEM), readable by the psfleet group only."),
+        K_BOOL("security.allow_insecure", security.allow_insecure, false,
+               "Accept security.mode insecure although some endpoint is beyond loopback (anyone who reaches a "
+               "port then owns the job); logs a warning at every start."),
 
         { .name = "device.device", .type = KT_STRING, FIELD(device.device), .sdef = "auto",
           .check = check_device, .env = "PSFLEET_DEVICE",
@@ -176,7 +204,7 @@ const struct config_env_setting cfg_env_settings[] = {
 };
 const size_t cfg_n_env_settings = ELEMENTSOF(cfg_env_settings);
 
-const char *const cfg_sections[] = { "cluster", "model", "data", "training", "supervisor", "ps", "rpc", "device" };
+const char *const cfg_sections[] = { "cluster", "model", "data", "training", "supervisor", "ps", "rpc", "device", "security" };
 const size_t cfg_n_keys = ELEMENTSOF(cfg_keys);
 const size_t cfg_n_sections = ELEMENTSOF(cfg_sections);
 
