@@ -318,16 +318,8 @@ static int run(int argc, char **argv) {
                 log_error_errno(r, "Cannot start the watch thread");
                 goto out;
         }
-        r = rpc_server_new(args.listen, methods, ELEMENTSOF(methods), 2, &srv);
-        if (r < 0) {
-                log_error_errno(r, "Cannot listen on \"%s\"", args.listen);
+        if ((r = daemon_listen(&args, methods, ELEMENTSOF(methods), 2, DAEMON_SMALL_MESSAGES, &srv)) < 0)
                 goto out;
-        }
-        r = rpc_server_start(srv);
-        if (r < 0) {
-                log_error_errno(r, "Cannot start the server on \"%s\"", args.listen);
-                goto out;
-        }
         log_info("Listening on %s (job \"%s\", fingerprint %016" PRIx64 ", %u ps, %u workers, max_steps %" PRIu64 ")",
                  args.listen, cfg->name, c->fingerprint, cfg->cluster.n_ps, cfg->cluster.n_worker,
                  cfg->training.max_steps);

@@ -1,5 +1,7 @@
 /* Daemon command line, signals, exit statuses and the server's bind: see daemon.h. */
 #include "daemon.h"
+#include "authz.h"
+#include "tls.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -36,6 +38,28 @@ static void usage(FILE *f, const char *ident, enum role role) {
                 role == ROLE_WORKER ? "  --loss-log FILE     append \"global_step loss\" for every step\n" : "");
         fprintf(f, "Job file keys:\n");
         config_print_keys(f, false);
+}
+
+/* security.* for this task: mutual TLS for the server and every channel of the process, or plain TCP
+ * where that is allowed — never on an address beyond loopback unless security.allow_insecure says so. */
+static int daemon_security(const struct daemon_args *a, const char *ident, enum role role, char *err, size_t errlen) {
+        static const enum peer_role peer_of[] = {[ROLE_CHIEF] = PEER_CHIEF, [ROLE_PS] = PEER_PS, [ROLE_WORKER] = PEER_WORKER};
+        char task[AUTHZ_TASK_MAX];
+        struct rpc_tls *tls;
+        authz_task_name(peer_of[role], a->task.index, task, sizeof(task));
+        int r = tls_from_config(a->cfg, task, &tls, err, errlen);
+        if (r < 0)
+                return r;
+        if (!tls && !tls_addr_is_loopback(a->listen) && !a->cfg->security.allow_insecure) {
+                snprintf(err, errlen, "--listen %s is beyond loopback but the job runs without TLS (security.mode); "
+                         "use mtls, or set security.allow_insecure: true", a->listen);
+                return -EINVAL;
+        }
+        r = rpc_secure(tls);
+        if (tls)
+                log_info("%s: mutual TLS as %s of job %s", ident, task, a->cfg->name);
+        rpc_tls_free(tls);
+        return r;
 }
 
 int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, struct daemon_args *ret) {
@@ -166,6 +190,10 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
         }
         if (!a.listen)
                 a.listen = strdup(config_endpoint(a.cfg, a.task)->addr);
+        if (daemon_security(&a, ident, role, err, sizeof(err)) < 0) {
+                fprintf(stderr, "%s: %s\n", ident, err);
+                goto bad;
+        }
         *ret = a;
         return 0;
 
@@ -238,9 +266,10 @@ const char *daemon_exit_meaning(int status) {
 }
 
 int daemon_listen(const struct daemon_args *a, const struct rpc_method *methods, size_t n_methods, unsigned threads,
-                  struct rpc_server **ret) {
+                  size_t max_receive, struct rpc_server **ret) {
         struct rpc_server *s = NULL;
-        int r = rpc_server_new(a->listen, methods, n_methods, threads, &s);
+        struct rpc_server_opts o = {.max_receive = max_receive};
+        int r = rpc_server_new_opts(a->listen, methods, n_methods, threads, &o, &s);
         if (r >= 0 && (r = rpc_server_start(s)) < 0)
                 s = rpc_server_free(s);
         if (r < 0)

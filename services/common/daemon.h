@@ -42,7 +42,12 @@ void daemon_args_done(struct daemon_args *a);
  * thread inherits the mask) and returns a signalfd that reports them, or -errno. */
 int daemon_signals_fd(void);
 
-/* Binds and starts `a`'s server (the table is copied). On failure logs one line, "cannot listen on
- * ADDR: REASON", and returns -errno (-EADDRINUSE, -EADDRNOTAVAIL, -EACCES, ...; daemon_exit_code maps it). */
+/* The request limit of a daemon whose requests are all small (chiefd, workerd). */
+#define DAEMON_SMALL_MESSAGES (1u << 20)
+
+/* Binds and starts `a`'s server (the table is copied), with mutual TLS when the job has it (set up by
+ * daemon_args_parse), refusing requests over max_receive bytes (the largest legal one plus a margin:
+ * RESOURCE_EXHAUSTED). On failure logs one line, "cannot listen on ADDR: REASON", and returns -errno
+ * (-EADDRINUSE, -EADDRNOTAVAIL, -EACCES, ...; daemon_exit_code maps it). */
 int daemon_listen(const struct daemon_args *a, const struct rpc_method *methods, size_t n_methods, unsigned threads,
-                  struct rpc_server **ret);
+                  size_t max_receive, struct rpc_server **ret);

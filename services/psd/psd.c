@@ -622,8 +622,8 @@ static int health_check(const char *addr, const char *name, uint64_t timeout_ms)
 
 /* The watchdog is fed only after the server answered a health check of its own: a hung server stops
  * feeding it and systemd restarts the daemon. */
-static void feed_watchdog(const char *addr) {
-        if (health_check(addr, "self", 2000) == 0)
+static void feed_watchdog(const struct psd *p, const char *addr) {
+        if (health_check(addr, p->args.task_name, 2000) == 0)
                 notify_watchdog();
 }
 
@@ -705,8 +705,11 @@ static int run(int argc, char **argv) {
         p.ready_deadline_us = p.ready_since_us + ready;
         uint64_t ready_end = mono_us() + ready, grace_end = 0;
         unsigned chief_refused = 0;
+        /* The largest legal request: an Assign of every part with its slots, or a Push, plus each
+         * tensor's header; an eighth and 1 MiB more as the margin. */
+        size_t legal = (1 + p.s->n_slots) * p.s->n_floats * sizeof(float) + (size_t)p.s->n_parts * 512;
         if ((r = daemon_listen(&p.args, methods, sizeof(methods) / sizeof(methods[0]), p.cfg->training.threads,
-                               &p.server)) < 0) {
+                               legal + legal / 8 + (1u << 20), &p.server)) < 0) {
                 ret = daemon_exit_code(r);
                 goto out;
         }
@@ -758,7 +761,7 @@ static int run(int argc, char **argv) {
                         break;
                 }
                 if (wd)
-                        feed_watchdog(self);
+                        feed_watchdog(&p, self);
                 links_free(links_take(&p, UINT32_MAX));   /* links whose worker is gone */
                 if (grace_end)
                         continue;

@@ -535,7 +535,8 @@ static int run(int argc, char **argv) {
                 {"/psfleet.v1.Worker/Stop", on_stop, &w},
                 {RPC_HEALTH_CHECK, rpc_health_handler, (void *)services},
         };
-        if ((r = daemon_listen(&w.args, methods, sizeof(methods) / sizeof(methods[0]), 1, &w.server)) < 0) {
+        if ((r = daemon_listen(&w.args, methods, sizeof(methods) / sizeof(methods[0]), 1, DAEMON_SMALL_MESSAGES,
+                                  &w.server)) < 0) {
                 ret = daemon_exit_code(r);
                 goto out;
         }

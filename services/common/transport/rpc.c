@@ -109,6 +109,7 @@ static struct {
 void rpc_configure(const struct rpc_config *rc) {
         pthread_mutex_lock(&chan_opts.mu);
         chan_opts.rc = *rc;
+        chan_opts.rc.runtime_dir = NULL;   /* not the channels' business, and not ours to keep */
         chan_opts.set = true;
         pthread_mutex_unlock(&chan_opts.mu);
 }
@@ -123,6 +124,8 @@ struct rpc_config rpc_channel_options(void) {
                         log_warning("%s: ignored, the defaults apply", err);
                         config_section_defaults(&tmp, "rpc");
                 }
+                free(tmp.rpc.runtime_dir);
+                tmp.rpc.runtime_dir = NULL;
                 chan_opts.rc = tmp.rpc;
                 chan_opts.set = true;
         }
@@ -153,4 +156,61 @@ void rpc_health_handler(struct rpc_call *c, void *services) {
                 rpc_call_reply_msg(c, &rsp.base);
         }
         protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* ---------------- transport security ---------------- */
+
+static struct {
+        pthread_mutex_t mu;
+        struct rpc_tls *tls;
+} security = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+struct rpc_tls *rpc_tls_free(struct rpc_tls *t) {
+        if (!t)
+                return NULL;
+        if (t->key_pem)
+                explicit_bzero(t->key_pem, strlen(t->key_pem));
+        free(t->ca_pem);
+        free(t->cert_pem);
+        free(t->key_pem);
+        free(t->job);
+        free(t->task);
+        free(t);
+        return NULL;
+}
+
+struct rpc_tls *rpc_tls_copy(const struct rpc_tls *t) {
+        struct rpc_tls *c = calloc(1, sizeof(*c));
+        if (!c)
+                return NULL;
+        c->ca_pem = strdup(t->ca_pem ? t->ca_pem : "");
+        c->cert_pem = strdup(t->cert_pem ? t->cert_pem : "");
+        c->key_pem = strdup(t->key_pem ? t->key_pem : "");
+        c->job = strdup(t->job ? t->job : "");
+        c->task = strdup(t->task ? t->task : "");
+        if (!c->ca_pem || !c->cert_pem || !c->key_pem || !c->job || !c->task)
+                return rpc_tls_free(c);
+        return c;
+}
+
+int rpc_secure(const struct rpc_tls *tls) {
+        struct rpc_tls *c = NULL;
+        if (tls && !(c = rpc_tls_copy(tls)))
+                return -ENOMEM;
+        pthread_mutex_lock(&security.mu);
+        /* The old copy stays: servers and channels made with it may still point at it. Replacing the
+         * credentials happens once per process, so this keeps one extra copy at most. */
+        static struct rpc_tls *retired;
+        rpc_tls_free(retired);
+        retired = security.tls;
+        security.tls = c;
+        pthread_mutex_unlock(&security.mu);
+        return 0;
+}
+
+const struct rpc_tls *rpc_security(void) {
+        pthread_mutex_lock(&security.mu);
+        const struct rpc_tls *t = security.tls;
+        pthread_mutex_unlock(&security.mu);
+        return t;
 }

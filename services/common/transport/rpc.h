@@ -22,6 +22,24 @@
 void rpc_global_init(void);
 void rpc_global_shutdown(void);
 
+/* ---------------- transport security ----------------
+ * Mutual TLS: a server requires a client certificate issued by the CA and verifies it; a client
+ * verifies that the server's certificate is the task the channel is named for ("ps:0" must present
+ * "ps-0.JOB.psfleet"). Who may call what is transport/authz's table, enforced by the server before a
+ * handler runs. Without TLS every caller is PEER_INSECURE and may call anything. */
+struct rpc_tls {
+        char *ca_pem, *cert_pem, *key_pem;
+        char *job;              /* peers' certificates must name a task of this job */
+        char *task;             /* our own ("ps-0", "admin"), for messages */
+};
+/* Every server and channel made after this call uses these credentials (copied); NULL: plain TCP,
+ * the default. Returns 0 or -ENOMEM. */
+int rpc_secure(const struct rpc_tls *tls);
+/* The process's credentials (NULL: plain TCP). */
+const struct rpc_tls *rpc_security(void);
+struct rpc_tls *rpc_tls_free(struct rpc_tls *t);
+struct rpc_tls *rpc_tls_copy(const struct rpc_tls *t);     /* deep; NULL when out of memory */
+
 /* errno <-> grpc_status_code, in one place. */
 grpc_status_code rpc_status_from_errno(int err);
 int rpc_errno_from_status(grpc_status_code code);
@@ -47,6 +65,13 @@ struct rpc_method {
  * privileged port): the bind's own errno, found before gRPC tries (which would only dump its error). */
 int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_methods, unsigned threads,
                    struct rpc_server **ret);
+/* The same, with options. */
+struct rpc_server_opts {
+        size_t max_receive;             /* largest request accepted (RESOURCE_EXHAUSTED beyond); 0: no limit */
+        const struct rpc_tls *tls;      /* NULL: the process's (rpc_secure) */
+};
+int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size_t n_methods, unsigned threads,
+                        const struct rpc_server_opts *opts, struct rpc_server **ret);
 int rpc_server_port(const struct rpc_server *s);     /* the bound port */
 int rpc_server_start(struct rpc_server *s);
 /* Stops accepting calls, gives those in flight 1 s (at most half of timeout_ms) to end, so replies
@@ -63,6 +88,9 @@ grpc_byte_buffer *rpc_call_payload(struct rpc_call *c);
 grpc_byte_buffer *rpc_call_take_payload(struct rpc_call *c);
 const char *rpc_call_method(const struct rpc_call *c);
 char *rpc_call_peer(const struct rpc_call *c);        /* malloc'd */
+struct peer;
+/* Who is calling: from its certificate (mTLS), or PEER_INSECURE. Valid while the call lives. */
+const struct peer *rpc_call_identity(const struct rpc_call *c);
 bool rpc_call_cancelled(const struct rpc_call *c);
 uint64_t rpc_call_deadline_us(const struct rpc_call *c); /* wall clock µs; UINT64_MAX: none */
 
@@ -91,6 +119,10 @@ void rpc_configure(const struct rpc_config *rc);
 
 /* A channel to `target` ("host:port"). `name` ("ps:0") appears in error messages. */
 int rpc_channel_new(const char *target, const char *name, struct rpc_channel **ret);
+/* With these credentials (NULL: plain TCP) instead of the process's. Under TLS, `name` must name a
+ * task ("ps:0", "chief", "worker:1"): it is the identity the server's certificate must carry
+ * (-EINVAL otherwise). */
+int rpc_channel_new_tls(const char *target, const char *name, const struct rpc_tls *tls, struct rpc_channel **ret);
 struct rpc_channel *rpc_channel_free(struct rpc_channel *ch);
 const char *rpc_channel_target(const struct rpc_channel *ch);
 const char *rpc_channel_name(const struct rpc_channel *ch);

@@ -17,6 +17,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "authz.h"
 #include "log.h"
 #include "util.h"
 #include "wire.h"
@@ -37,10 +38,39 @@ struct rpc_channel {
 };
 
 int rpc_channel_new(const char *target, const char *name, struct rpc_channel **ret) {
+        return rpc_channel_new_tls(target, name, rpc_security(), ret);
+}
+
+/* Credentials for a channel to the task `name` names, and the DNS name its certificate must carry. */
+static int channel_tls(const struct rpc_tls *tls, const char *name, char *server_name, size_t len,
+                       grpc_channel_credentials **ret) {
+        enum peer_role role;
+        uint32_t index;
+        char task[AUTHZ_TASK_MAX];
+        if (!name || authz_parse_task(name, &role, &index) < 0)
+                return -EINVAL;
+        authz_task_name(role, index, task, sizeof(task));
+        if (authz_dns_name(tls->job, task, server_name, len) < 0)
+                return -EINVAL;
+        grpc_ssl_pem_key_cert_pair pair = {.private_key = tls->key_pem, .cert_chain = tls->cert_pem};
+        *ret = grpc_ssl_credentials_create(tls->ca_pem, &pair, NULL, NULL);
+        return *ret ? 0 : -ENOMEM;
+}
+
+int rpc_channel_new_tls(const char *target, const char *name, const struct rpc_tls *tls, struct rpc_channel **ret) {
         rpc_global_init();
+        char server_name[256];
+        grpc_channel_credentials *creds;
+        int r = tls ? channel_tls(tls, name, server_name, sizeof(server_name), &creds) : 0;
+        if (r < 0)
+                return r;
+        if (!tls)
+                creds = grpc_insecure_credentials_create();
         struct rpc_channel *c = calloc(1, sizeof(*c));
-        if (!c)
+        if (!c) {
+                grpc_channel_credentials_release(creds);
                 return -ENOMEM;
+        }
         c->target = strdup(target);
         c->name = strdup(name ? name : target);
         pthread_mutex_init(&c->mu, NULL);
@@ -57,9 +87,10 @@ int rpc_channel_new(const char *target, const char *name, struct rpc_channel **r
                  .value.integer = (int)rc.initial_reconnect_backoff_ms},
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
                  .value.integer = (int)rc.max_reconnect_backoff_ms},
+                /* TLS: the server must be the task this channel is for, whatever address it has. */
+                {.type = GRPC_ARG_STRING, .key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, .value.string = server_name},
         };
-        grpc_channel_args cargs = {.num_args = ELEMENTSOF(args), .args = args};
-        grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+        grpc_channel_args cargs = {.num_args = ELEMENTSOF(args) - (tls ? 0 : 1), .args = args};
         c->ch = grpc_channel_create(target, creds, &cargs);
         grpc_channel_credentials_release(creds);
         if (!c->ch || !c->target || !c->name) {

@@ -5,6 +5,7 @@
 #include "rpc-internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <malloc.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -21,6 +22,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
+#include "authz.h"
 #include "log.h"
 #include "util.h"
 #include "wire.h"
@@ -54,6 +56,7 @@ struct rpc_call {
         pthread_mutex_t mu;
         pthread_cond_t cond;
         bool send_done, send_ok;
+        struct peer peer;            /* who calls: set before the handler runs */
 };
 
 struct generic_call {
@@ -80,7 +83,14 @@ struct rpc_server {
         pthread_cond_t cond;
         uint64_t in_flight;
         bool shutting_down, shutdown_notified;
+        char *job;                   /* mTLS: peers must hold a certificate of a task of this job; NULL: plain TCP */
+        /* refusals logged: at most REFUSALS_LOGGED per REFUSAL_WINDOW_US, the rest counted */
+        uint64_t refusal_window_us;
+        unsigned refusals_logged, refusals_suppressed;
 };
+
+#define REFUSALS_LOGGED 20
+#define REFUSAL_WINDOW_US 10000000ull
 
 static void server_call_done(struct rpc_server *s) {
         pthread_mutex_lock(&s->mu);
@@ -206,6 +216,65 @@ static void on_new_generic(struct generic_call *g, bool ok) {
                 generic_free(g);
 }
 
+/* One journal line per refusal, at most REFUSALS_LOGGED per window; the rest are counted and said
+ * when the next window opens. A flood of hostile calls cannot flood the journal. */
+static void log_refusal(struct rpc_server *s, struct rpc_call *c, const char *why) {
+        uint64_t now = mono_us();
+        unsigned suppressed = 0;
+        bool log = false;
+        pthread_mutex_lock(&s->mu);
+        if (!s->refusal_window_us || now - s->refusal_window_us >= REFUSAL_WINDOW_US) {
+                suppressed = s->refusals_suppressed;
+                s->refusal_window_us = now;
+                s->refusals_logged = s->refusals_suppressed = 0;
+        }
+        if (s->refusals_logged < REFUSALS_LOGGED) {
+                s->refusals_logged++;
+                log = true;
+        } else {
+                s->refusals_suppressed++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (suppressed)
+                log_warning("%u more refused calls were not logged in the last %llu s", suppressed,
+                            REFUSAL_WINDOW_US / 1000000);
+        if (log) {
+                char *addr = grpc_call_get_peer(c->call);
+                log_warning("refused %s from %s (%s): %s", s->methods[c->method].path, c->peer.name,
+                            addr ? addr : "?", why);
+                gpr_free(addr);
+        }
+}
+
+/* Who calls, from the certificate the TLS handshake verified; and whether the table lets it call
+ * this method. A refused call is ended here, PERMISSION_DENIED, before any handler sees it. */
+static bool authorize(struct rpc_call *c) {
+        struct rpc_server *s = c->s;
+        if (!s->job) {
+                c->peer = (struct peer){.role = PEER_INSECURE};
+                snprintf(c->peer.name, sizeof(c->peer.name), "insecure caller");
+                return true;
+        }
+        const char *names[8];
+        size_t n = 0;
+        grpc_auth_context *ctx = grpc_call_auth_context(c->call);
+        if (ctx) {
+                grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_SAN_PROPERTY_NAME);
+                const grpc_auth_property *p;
+                while ((p = grpc_auth_property_iterator_next(&it)) && n < ELEMENTSOF(names))
+                        names[n++] = p->value;   /* NUL-terminated by gRPC */
+        }
+        authz_peer_from_names(s->job, names, n, &c->peer);
+        if (ctx)
+                grpc_auth_context_release(ctx);
+        char why[300];
+        if (authz_check(s->methods[c->method].path, &c->peer, why, sizeof(why)) == 0)
+                return true;
+        log_refusal(s, c, why);
+        rpc_call_fail(c, GRPC_STATUS_PERMISSION_DENIED, "%s", why);
+        return false;
+}
+
 static void on_new_call(struct rpc_call *c, bool ok) {
         struct rpc_server *s = c->s;
         if (!ok) {
@@ -228,7 +297,8 @@ static void on_new_call(struct rpc_call *c, bool ok) {
         op.data.recv_close_on_server.cancelled = &c->cancelled;
         if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK)
                 call_unref(c);
-        s->methods[c->method].handler(c, s->methods[c->method].userdata);
+        if (authorize(c))
+                s->methods[c->method].handler(c, s->methods[c->method].userdata);
 }
 
 static void *server_thread(void *arg) {
@@ -321,6 +391,13 @@ static int probe_bind(const char *addr) {
 
 int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_methods, unsigned threads,
                    struct rpc_server **ret) {
+        return rpc_server_new_opts(addr, methods, n_methods, threads, NULL, ret);
+}
+
+int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size_t n_methods, unsigned threads,
+                        const struct rpc_server_opts *opts, struct rpc_server **ret) {
+        const struct rpc_tls *tls = opts && opts->tls ? opts->tls : rpc_security();
+        size_t max_receive = opts ? opts->max_receive : 0;
         int r = probe_bind(addr);
         if (r < 0)
                 return r;
@@ -344,7 +421,9 @@ int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_
         memcpy(s->methods, methods, n_methods * sizeof(*methods));
 
         grpc_arg args[] = {
-                {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = -1},
+                /* A request larger than the largest legal one is refused as it arrives. */
+                {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+                 .value.integer = max_receive && max_receive < INT_MAX ? (int)max_receive : -1},
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
                 /* A second server on the same port must fail, not share connections with the first. */
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
@@ -356,7 +435,28 @@ int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_
         for (size_t i = 0; i < n_methods; i++)
                 s->registered[i] = grpc_server_register_method(s->server, methods[i].path, NULL,
                                                                GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-        grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+        grpc_server_credentials *creds;
+        if (tls) {
+                /* Every method must be in the authorization table: an RPC nobody decided on is a bug. */
+                for (size_t i = 0; i < n_methods; i++)
+                        if (!authz_allowed(methods[i].path)) {
+                                fprintf(stderr, "rpc_server_new: %s is not in the authorization table (authz.c)\n",
+                                        methods[i].path);
+                                abort();
+                        }
+                s->job = strdup(tls->job);
+                grpc_ssl_pem_key_cert_pair pair = {.private_key = tls->key_pem, .cert_chain = tls->cert_pem};
+                creds = grpc_ssl_server_credentials_create_ex(
+                        tls->ca_pem, &pair, 1, GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY, NULL);
+                if (!s->job || !creds) {
+                        if (creds)
+                                grpc_server_credentials_release(creds);
+                        rpc_server_free(s);
+                        return -ENOMEM;
+                }
+        } else {
+                creds = grpc_insecure_server_credentials_create();
+        }
         s->port = grpc_server_add_http2_port(s->server, addr, creds);
         grpc_server_credentials_release(creds);
         if (s->port <= 0) {
@@ -462,10 +562,15 @@ struct rpc_server *rpc_server_free(struct rpc_server *s) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cond);
         free(s->methods);
+        free(s->job);
         free(s->registered);
         free(s->threads);
         free(s);
         return NULL;
+}
+
+const struct peer *rpc_call_identity(const struct rpc_call *c) {
+        return &c->peer;
 }
 
 grpc_byte_buffer *rpc_call_payload(struct rpc_call *c) {
