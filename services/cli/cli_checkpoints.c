@@ -33,6 +33,7 @@ static void ckpt_help(FILE *f) {
                    "\n"
                    "  --address HOST:PORT  the chief's address\n"
                    "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_IDENTITY_HELP
                    "  --json               JSON instead of text\n"
                    "  --reason TEXT        save: logged by the chief\n"
                    "  --timeout-ms N       deadline of each call (default 60000)\n"

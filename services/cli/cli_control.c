@@ -19,6 +19,7 @@ static void stop_help(FILE *f) {
                    "\n"
                    "  --address HOST:PORT  the chief's address\n"
                    "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_IDENTITY_HELP
                    "  --reason TEXT        logged by the chief\n"
                    "  --timeout-ms N       deadline of the call (default 5000)\n"
                    "\n"
@@ -35,6 +36,7 @@ static void restart_help(FILE *f) {
                    "\n"
                    "  --address HOST:PORT  the chief's address\n"
                    "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_IDENTITY_HELP
                    "  --reason TEXT        logged by the chief, and the job's reason while it starts\n"
                    "  --timeout-ms N       deadline of the call (default 5000)\n"
                    "\n"

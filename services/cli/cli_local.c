@@ -771,6 +771,11 @@ int cmd_local(int argc, char **argv) {
         L.job_path = argv[first];
         if ((r = cli_load_job(L.job_path, &L.cfg)))
                 return r;
+        /* the operator's own calls (health checks, status, stop) as admin under mutual TLS */
+        if ((r = cli_secure(L.cfg, "admin"))) {
+                config_free(L.cfg);
+                return r;
+        }
         progress_init(&L.prog, L.quiet);
         if ((r = signals_setup()) < 0) {
                 cli_error("cannot set up signal handling: %s", strerror(-r));

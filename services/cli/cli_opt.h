@@ -31,7 +31,13 @@ struct cli_opt {
 #define CLI_DURATION(n, p, lo, hi, unit) \
         {.name = (n), .type = CLI_OPT_DURATION, .num = (p), .min = (lo), .max = (hi), .unit_us = (unit)}
 /* Which chief a command asks, for cli_chief_address: --address HOST:PORT or --job JOB.json. */
-#define CLI_CHIEF_OPTS(address, job) CLI_STRING("address", (address)), CLI_STRING("job", (job))
+/* --address, --job, and --identity (kept in cli_identity: the commands that take --job share it). */
+extern const char *cli_identity;
+#define CLI_CHIEF_OPTS(address, job) \
+        CLI_STRING("address", (address)), CLI_STRING("job", (job)), CLI_STRING("identity", &cli_identity)
+#define CLI_IDENTITY_HELP \
+        "  --identity NAME      with --job under mutual TLS: whose certificate to present, admin or viewer\n" \
+        "                       (default: admin when its key is readable, else viewer; docs/security.md)\n"
 
 /* A command's command line: its options (--help is always there) and how many operands follow. */
 struct cli_args {

@@ -21,6 +21,7 @@ static void status_help(FILE *f) {
                    "\n"
                    "  --address HOST:PORT  the chief's address\n"
                    "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_IDENTITY_HELP
                    "  --json               one JSON object instead of text\n"
                    "  --timeout-ms N       deadline of the call (default 5000)\n"
                    "\n"

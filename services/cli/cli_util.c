@@ -9,7 +9,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli_opt.h"
 #include "cli_util.h"
+#include "rpc.h"
+#include "tls.h"
 #include "util.h"
 
 void cli_error(const char *fmt, ...) {
@@ -49,9 +52,40 @@ int cli_chief_address(const char *cmd, const char *address, const char *job, cha
                 config_free(cfg);
                 return CONFIG_EX_CONFIG;
         }
+        if ((r = cli_secure(cfg, cli_identity))) {
+                config_free(cfg);
+                return r;
+        }
         *ret = strdup(cfg->cluster.chief[0].addr);
         config_free(cfg);
         return *ret ? 0 : 1;
+}
+
+const char *cli_identity;
+
+int cli_secure(const struct job_config *cfg, const char *identity) {
+        char err[2048], key[1024];
+        struct rpc_tls *tls;
+        if (!identity) {
+                /* admin when this user may read its key, else the read-only viewer */
+                identity = tls_expand_path(cfg->security.key, cfg->name, "admin", key, sizeof(key)) == 0 &&
+                           access(key, R_OK) == 0 ? "admin" : "viewer";
+        }
+        if (strcmp(identity, "admin") != 0 && strcmp(identity, "viewer") != 0) {
+                cli_error("--identity %s: expected admin or viewer", identity);
+                return CLI_EX_USAGE;
+        }
+        if (tls_from_config(cfg, identity, &tls, err, sizeof(err)) < 0) {
+                cli_error("%s", err);
+                return CONFIG_EX_CONFIG;
+        }
+        int r = rpc_secure(tls);
+        rpc_tls_free(tls);
+        if (r < 0) {
+                cli_error("out of memory");
+                return 1;
+        }
+        return 0;
 }
 
 int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret) {

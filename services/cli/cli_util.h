@@ -25,6 +25,11 @@ int cli_load_job(const char *path, struct job_config **ret);
  * CONFIG_EX_CONFIG). */
 int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret);
 
+/* The job's security.* for psfleet's own calls, as `identity` (admin or viewer; NULL: admin when its
+ * key is readable, else viewer; psfleet local: admin): mutual TLS for every channel made after, or
+ * plain TCP where the job allows it. Returns 0, or prints why and returns the exit status. */
+int cli_secure(const struct job_config *cfg, const char *identity);
+
 /* A whole number in [min, max] for option `opt` of `psfleet cmd`: returns 0 with it in *ret; else
  * prints why ("psfleet cmd: --opt "s": expected min..max") and returns CLI_EX_USAGE (*ret untouched). */
 int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret);

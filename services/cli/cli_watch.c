@@ -36,6 +36,7 @@ static void watch_help(FILE *f) {
                    "\n"
                    "  --address HOST:PORT  the chief's address\n"
                    "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_IDENTITY_HELP
                    "  --json               one JSON object per update (as `psfleet status --json`), one per line\n"
                    "  --interval-ms N      at most one update per N ms (default 500, at least 100)\n"
                    "  --retry-secs N       how long to keep trying to reach the chief (default 30)\n"
