@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "chiefd-internal.h"
+#include "authz.h"
 #include "config.h"
 #include "job.h"
 #include "log.h"
@@ -56,6 +57,15 @@ static void h_join(struct rpc_call *call, void *ud) {
         const char *task = q->task && *q->task ? q->task : "(unnamed task)";
         Psfleet__V1__JoinReply rep = PSFLEET__V1__JOIN_REPLY__INIT;
         char reason[1024];
+        enum peer_role role;
+        uint32_t index;
+        const struct peer *who = rpc_call_identity(call);
+        if (who->role != PEER_INSECURE &&
+            (authz_parse_task(q->task, &role, &index) < 0 || !authz_peer_is(who, role, index))) {
+                rpc_call_refuse(call, "%s may not join as %s", who->name, task);
+                protobuf_c_message_free_unpacked(m, NULL);
+                return;
+        }
 
         rep.max_steps = c->cfg->training.max_steps;
         if (q->fingerprint != c->fingerprint) {
@@ -110,6 +120,12 @@ static void h_report(struct rpc_call *call, void *ud) {
         if (q->worker >= c->cfg->cluster.n_worker) {
                 rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "worker %u is not in the cluster (%u workers)",
                               q->worker, c->cfg->cluster.n_worker);
+                protobuf_c_message_free_unpacked(m, NULL);
+                return;
+        }
+        const struct peer *who = rpc_call_identity(call);
+        if (!authz_peer_is(who, PEER_WORKER, q->worker)) {
+                rpc_call_refuse(call, "%s may not report as worker/%u", who->name, q->worker);
                 protobuf_c_message_free_unpacked(m, NULL);
                 return;
         }

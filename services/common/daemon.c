@@ -12,7 +12,9 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include "job.h"
 #include "log.h"
+#include "optim.h"
 #include "rpc.h"
 #include "util.h"
 
@@ -269,6 +271,15 @@ int daemon_listen(const struct daemon_args *a, const struct rpc_method *methods,
                   size_t max_receive, struct rpc_server **ret) {
         struct rpc_server *s = NULL;
         struct rpc_server_opts o = {.max_receive = max_receive};
+        struct job_layout *L;
+        size_t largest = max_receive;
+        if (job_layout_new(a->cfg, &L) >= 0) {
+                /* a pull of the whole model with its optimizer slots: the chief's checkpoint */
+                size_t model = L->n_params * sizeof(float) * (1 + OPTIM_MAX_SLOTS);
+                largest = model > largest ? model : largest;
+                job_layout_free(L);
+        }
+        rpc_memory_bound(largest);
         int r = rpc_server_new_opts(a->listen, methods, n_methods, threads, &o, &s);
         if (r >= 0 && (r = rpc_server_start(s)) < 0)
                 s = rpc_server_free(s);

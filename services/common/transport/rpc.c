@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
@@ -72,6 +73,52 @@ static void global_init_once(void) {
 
 void rpc_global_init(void) {
         pthread_once(&global_once, global_init_once);
+}
+
+/* gRPC (1.51) reads a request whole before it compares its size with the server's limit, so a refused
+ * 512 MiB request has been resident once; glibc then keeps the freed memory in gRPC's threads' arenas.
+ * A watcher hands it back when the process grows past its baseline plus twice the largest legal
+ * message: nothing to do in normal operation, one malloc_trim after such a request. */
+#define MEMORY_CHECK_MS 1000
+
+static size_t resident_bytes(void) {
+        unsigned long size, resident;
+        FILE *f = fopen("/proc/self/statm", "re");
+        if (!f)
+                return 0;
+        int n = fscanf(f, "%lu %lu", &size, &resident);
+        fclose(f);
+        return n == 2 ? (size_t)resident * (size_t)sysconf(_SC_PAGESIZE) : 0;
+}
+
+static void *memory_watch(void *arg) {
+        size_t bound = (size_t)(uintptr_t)arg;
+        for (;;) {
+                struct timespec ts = {MEMORY_CHECK_MS / 1000, (MEMORY_CHECK_MS % 1000) * 1000000L};
+                nanosleep(&ts, NULL);
+                size_t before = resident_bytes();
+                if (before <= bound)
+                        continue;
+                malloc_trim(0);
+                size_t after = resident_bytes();
+                log_info("memory: %zu MiB resident, over %zu MiB (baseline + twice the largest legal message): %zu MiB "
+                         "handed back", before >> 20, bound >> 20, before > after ? (before - after) >> 20 : 0);
+        }
+        return NULL;
+}
+
+void rpc_memory_bound(size_t largest) {
+        static atomic_bool started;
+        if (atomic_exchange(&started, true))
+                return;
+        size_t bound = resident_bytes() + 2 * largest + ((size_t)64 << 20);
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &at, memory_watch, (void *)(uintptr_t)bound) != 0)
+                log_warning("memory: cannot start the watcher; a refused oversized request may stay resident");
+        pthread_attr_destroy(&at);
 }
 
 void rpc_global_shutdown(void) {

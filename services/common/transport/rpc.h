@@ -21,6 +21,11 @@
  * message does not hand its pages back to the kernel every time). Idempotent. */
 void rpc_global_init(void);
 void rpc_global_shutdown(void);
+/* The largest message this process handles legally (requests and replies): once the process holds
+ * more than its present size plus twice that (and 64 MiB), a watcher thread hands free memory back to
+ * the system (a request refused for its size was read whole first). A daemon calls it once, before
+ * serving; later calls do nothing. */
+void rpc_memory_bound(size_t largest);
 
 /* ---------------- transport security ----------------
  * Mutual TLS: a server requires a client certificate issued by the CA and verifies it; a client
@@ -98,6 +103,9 @@ uint64_t rpc_call_deadline_us(const struct rpc_call *c); /* wall clock µs; UINT
  * could not be answered (it is ended anyway). */
 int rpc_call_reply(struct rpc_call *c, grpc_byte_buffer *reply);
 int rpc_call_reply_msg(struct rpc_call *c, const ProtobufCMessage *m);
+/* End the call PERMISSION_DENIED for a reason about who calls, logged with the peer's identity and
+ * address (rate-limited, as the server's own refusals by the authorization table). */
+int rpc_call_refuse(struct rpc_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* End the call with a status and message. */
 int rpc_call_fail(struct rpc_call *c, grpc_status_code code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int rpc_call_fail_errno(struct rpc_call *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

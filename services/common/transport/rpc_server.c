@@ -270,9 +270,18 @@ static bool authorize(struct rpc_call *c) {
         char why[300];
         if (authz_check(s->methods[c->method].path, &c->peer, why, sizeof(why)) == 0)
                 return true;
-        log_refusal(s, c, why);
-        rpc_call_fail(c, GRPC_STATUS_PERMISSION_DENIED, "%s", why);
+        rpc_call_refuse(c, "%s", why);
         return false;
+}
+
+int rpc_call_refuse(struct rpc_call *c, const char *fmt, ...) {
+        char why[400];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, sizeof(why), fmt, ap);
+        va_end(ap);
+        log_refusal(c->s, c, why);
+        return rpc_call_fail(c, GRPC_STATUS_PERMISSION_DENIED, "%s", why);
 }
 
 static void on_new_call(struct rpc_call *c, bool ok) {
@@ -429,6 +438,19 @@ int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
         };
         grpc_channel_args cargs = {.num_args = 3, .args = args};
+        grpc_arg qa;
+        grpc_arg all[4];
+        if (max_receive) {
+                grpc_resource_quota *q = grpc_resource_quota_create("server");
+                grpc_resource_quota_resize(q, 4 * max_receive + (64u << 20));
+                qa.type = GRPC_ARG_POINTER;
+                qa.key = (char *)GRPC_ARG_RESOURCE_QUOTA;
+                qa.value.pointer.p = q;
+                qa.value.pointer.vtable = grpc_resource_quota_arg_vtable();
+                memcpy(all, args, sizeof(args));
+                all[3] = qa;
+                cargs = (grpc_channel_args){.num_args = 4, .args = all};
+        }
         s->server = grpc_server_create(&cargs, NULL);
         s->cq = grpc_completion_queue_create_for_next(NULL);
         grpc_server_register_completion_queue(s->server, s->cq, NULL);
