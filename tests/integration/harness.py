@@ -310,11 +310,54 @@ def stubs():
     return _stubs
 
 
-def channel(addr):
+_tls = None
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                   ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 500)]
+
+
+def psfleet_certs(wd, job_path, tls_dir, *args):
+    """Runs `psfleet certs` for the job into tls_dir (as an administrator would); returns its stdout."""
+    r = subprocess.run([BIN["psfleet"], "certs", "--job", job_path, "--dir", tls_dir] + list(args),
+                       capture_output=True, text=True, env=child_env(), timeout=60)
+    assert r.returncode == 0, "psfleet certs: exit %d\n%s%s" % (r.returncode, r.stdout, r.stderr)
+    return r.stdout
+
+
+def use_tls(tls_dir, spec, identity="admin"):
+    """From now on channel() speaks mutual TLS as `identity` with the certificates `psfleet certs` made in
+    tls_dir for the job `spec` (a job dict with "job" and "cluster")."""
+    global _tls
+    tasks = {}
+    for kind, addrs in spec["cluster"].items():
+        for i, a in enumerate(addrs):
+            tasks[a] = "chief" if kind == "chief" else "%s-%d" % (kind, i)
+    _tls = {"dir": tls_dir, "job": spec["job"], "identity": identity, "tasks": tasks}
+
+
+def tls_credentials(identity, tls_dir=None, job=None, ca_from=None):
+    """grpc channel credentials: identity's key and certificate, trusting the CA in ca_from (default:
+    the same directory)."""
     import grpc
-    return grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", -1),
-                                                ("grpc.initial_reconnect_backoff_ms", 100),
-                                                ("grpc.max_reconnect_backoff_ms", 500)])
+    tls_dir = tls_dir or _tls["dir"]
+    job = job or _tls["job"]
+    d = os.path.join(tls_dir, job)
+
+    def rd(name, base=d):
+        with open(os.path.join(base, name), "rb") as f:
+            return f.read()
+    return grpc.ssl_channel_credentials(root_certificates=rd("ca.crt", os.path.join(ca_from or tls_dir, job)),
+                                        private_key=rd(identity + ".key"), certificate_chain=rd(identity + ".crt"))
+
+
+def channel(addr, identity=None, credentials=None):
+    """A channel to addr: plain, or under use_tls() mutual TLS as identity (default: use_tls's), checking
+    that the server is the task the job has at addr."""
+    import grpc
+    if _tls is None and credentials is None:
+        return grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+    creds = credentials or tls_credentials(identity or _tls["identity"])
+    server = "%s.%s.psfleet" % (_tls["tasks"][addr], _tls["job"])
+    return grpc.secure_channel(addr, creds, options=CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", server)])
 
 
 def healthy(addr, timeout=0.5):

@@ -303,11 +303,23 @@ static void test_chief_address(void **state) {
         free(addr);
 
         /* TF_CONFIG's cluster wins over the file's */
+        setenv("TF_CONFIG", "{\"cluster\": {\"chief\": [\"127.0.0.9:7000\"], \"ps\": [\"127.0.0.9:7001\"], "
+                            "\"worker\": [\"127.0.0.9:7002\"]}}", 1);
+        assert_int_equal(cli_chief_address("status", NULL, path, &addr), 0);
+        assert_string_equal(addr, "127.0.0.9:7000");
+        free(addr);
+
+        /* beyond loopback the job runs mTLS (security.mode auto): no certificates, a config error */
+        addr = NULL;
         setenv("TF_CONFIG", "{\"cluster\": {\"chief\": [\"10.0.0.9:7000\"], \"ps\": [\"10.0.0.9:7001\"], "
                             "\"worker\": [\"10.0.0.9:7002\"]}}", 1);
-        assert_int_equal(cli_chief_address("status", NULL, path, &addr), 0);
-        assert_string_equal(addr, "10.0.0.9:7000");
-        free(addr);
+        capture(stderr);
+        assert_int_equal(cli_chief_address("status", NULL, path, &addr), CONFIG_EX_CONFIG);
+        char *why = captured_text(stderr);
+        assert_non_null(strstr(why, "security.mode is mtls (auto: an endpoint is beyond loopback), but security.ca"));
+        assert_non_null(strstr(why, "psfleet certs --job fmnist-mlp"));
+        free(why);
+        assert_null(addr);
 
         addr = NULL;
         setenv("TF_CONFIG", "{\"cluster\": ", 1);

@@ -92,17 +92,20 @@ static size_t resident_bytes(void) {
 }
 
 static void *memory_watch(void *arg) {
-        size_t bound = (size_t)(uintptr_t)arg;
+        size_t bound = (size_t)(uintptr_t)arg, tried_at = 0;
         for (;;) {
                 struct timespec ts = {MEMORY_CHECK_MS / 1000, (MEMORY_CHECK_MS % 1000) * 1000000L};
                 nanosleep(&ts, NULL);
                 size_t before = resident_bytes();
-                if (before <= bound)
+                /* over the bound, and grown since the last try (what a trim could not free is in use) */
+                if (before <= bound || (tried_at && before <= tried_at + ((size_t)8 << 20)))
                         continue;
                 malloc_trim(0);
                 size_t after = resident_bytes();
-                log_info("memory: %zu MiB resident, over %zu MiB (baseline + twice the largest legal message): %zu MiB "
-                         "handed back", before >> 20, bound >> 20, before > after ? (before - after) >> 20 : 0);
+                tried_at = after;
+                if (before > after + ((size_t)1 << 20))
+                        log_info("memory: %zu MiB resident, over %zu MiB (the baseline, twice the largest legal "
+                                 "message and 8 MiB): %zu MiB handed back", before >> 20, bound >> 20, (before - after) >> 20);
         }
         return NULL;
 }
@@ -111,7 +114,7 @@ void rpc_memory_bound(size_t largest) {
         static atomic_bool started;
         if (atomic_exchange(&started, true))
                 return;
-        size_t bound = resident_bytes() + 2 * largest + ((size_t)64 << 20);
+        size_t bound = resident_bytes() + 2 * largest + ((size_t)8 << 20);
         pthread_t t;
         pthread_attr_t at;
         pthread_attr_init(&at);

@@ -442,7 +442,7 @@ int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size
         grpc_arg all[4];
         if (max_receive) {
                 grpc_resource_quota *q = grpc_resource_quota_create("server");
-                grpc_resource_quota_resize(q, 4 * max_receive + (64u << 20));
+                grpc_resource_quota_resize(q, 3 * max_receive + (16u << 20));
                 qa.type = GRPC_ARG_POINTER;
                 qa.key = (char *)GRPC_ARG_RESOURCE_QUOTA;
                 qa.value.pointer.p = q;
