@@ -270,7 +270,8 @@ const char *daemon_exit_meaning(int status) {
 int daemon_listen(const struct daemon_args *a, const struct rpc_method *methods, size_t n_methods, unsigned threads,
                   size_t max_receive, struct rpc_server **ret) {
         struct rpc_server *s = NULL;
-        struct rpc_server_opts o = {.max_receive = max_receive};
+        /* every worker with a push in flight, and the chief */
+        struct rpc_server_opts o = {.max_receive = max_receive, .max_in_flight = a->cfg->cluster.n_worker + 2};
         struct job_layout *L;
         size_t largest = max_receive;
         if (job_layout_new(a->cfg, &L) >= 0) {

@@ -73,6 +73,9 @@ int rpc_server_new(const char *addr, const struct rpc_method *methods, size_t n_
 /* The same, with options. */
 struct rpc_server_opts {
         size_t max_receive;             /* largest request accepted (RESOURCE_EXHAUSTED beyond); 0: no limit */
+        size_t max_in_flight;           /* with max_receive: legal requests at once (default 2); gRPC's memory
+                                         * for the server is bounded to one more than that, and 16 MiB, so a
+                                         * larger request is reset as it arrives, not read whole */
         const struct rpc_tls *tls;      /* NULL: the process's (rpc_secure) */
 };
 int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size_t n_methods, unsigned threads,

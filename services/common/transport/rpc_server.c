@@ -442,7 +442,9 @@ int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size
         grpc_arg all[4];
         if (max_receive) {
                 grpc_resource_quota *q = grpc_resource_quota_create("server");
-                grpc_resource_quota_resize(q, 3 * max_receive + (16u << 20));
+                /* what gRPC may hold for this server at once: every legal request in flight, and room */
+                size_t in_flight = opts->max_in_flight ? opts->max_in_flight : 2;
+                grpc_resource_quota_resize(q, (in_flight + 1) * max_receive + (16u << 20));
                 qa.type = GRPC_ARG_POINTER;
                 qa.key = (char *)GRPC_ARG_RESOURCE_QUOTA;
                 qa.value.pointer.p = q;
