@@ -157,12 +157,32 @@ static void test_table_covers_protos(void **state) {
                 assert_true(rules[k].allow != 0);
 }
 
+/* docs/security.md has the table as the code enforces it. */
+static void test_docs_current(void **state) {
+        (void)state;
+        const char *src = getenv("PSFLEET_SOURCE_DIR");
+        if (!src)
+                skip();
+        char *path = strdup_printf("%s/docs/security.md", src), *doc, *table = NULL;
+        size_t len;
+        assert_int_equal(read_file(path, 1 << 20, &doc, NULL), 0);
+        FILE *f = open_memstream(&table, &len);
+        authz_print_table(f);
+        fclose(f);
+        if (!strstr(doc, table))
+                fail_msg("docs/security.md lacks the authorization table as the code has it:\n%s", table);
+        free(table);
+        free(doc);
+        free(path);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_tasks),
                 cmocka_unit_test(test_peers),
                 cmocka_unit_test(test_roles),
                 cmocka_unit_test(test_table_covers_protos),
+                cmocka_unit_test(test_docs_current),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

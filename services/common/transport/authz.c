@@ -1,5 +1,5 @@
 /* Who may call what. The table below is the only place that says which role may call which method;
- * docs/security.md prints it (`psfleet authz-table` is not needed: tests compare the two). */
+ * docs/security.md has it as printed by authz_print_table (test_authz keeps the two equal). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -22,7 +22,7 @@ static const struct authz_rule rules[] = {
         {PS "Assign", AUTHZ_CHIEF, NULL},
         {PS "Stop", AUTHZ_CHIEF, NULL},
         {PS "GetShardStatus", AUTHZ_ANY, NULL},
-        {SUP "Join", AUTHZ_WORKER | AUTHZ_PS, "only as the task the certificate names"},
+        {SUP "Join", AUTHZ_WORKER, "only as the worker the certificate names"},
         {SUP "Report", AUTHZ_WORKER, "only as the worker the certificate names"},
         {SUP "GetStatus", AUTHZ_ANY, NULL},
         {SUP "Watch", AUTHZ_ANY, NULL},
@@ -40,6 +40,19 @@ static const char *const role_names[] = {
         [PEER_UNKNOWN] = "unknown", [PEER_INSECURE] = "insecure", [PEER_CHIEF] = "chief", [PEER_PS] = "ps",
         [PEER_WORKER] = "worker", [PEER_ADMIN] = "admin", [PEER_VIEWER] = "viewer",
 };
+
+static void describe_allow(unsigned allow, char *buf, size_t len);
+
+void authz_print_table(FILE *f) {
+        fprintf(f, "| Method | Who may call it | Checked besides the role |\n| --- | --- | --- |\n");
+        for (size_t i = 0; i < ELEMENTSOF(rules); i++) {
+                char who[96];
+                const char *svc = strstr(rules[i].method, ".v1.");
+                describe_allow(rules[i].allow, who, sizeof(who));
+                fprintf(f, "| `%s` | %s | %s |\n", svc ? svc + 4 : rules[i].method + 1, who,
+                        rules[i].note ? rules[i].note : "");
+        }
+}
 
 const struct authz_rule *authz_rules(size_t *n) {
         *n = ELEMENTSOF(rules);
@@ -143,7 +156,7 @@ static void describe_allow(unsigned allow, char *buf, size_t len) {
         size_t o = 0;
         buf[0] = '\0';
         if (allow == AUTHZ_ANY) {
-                snprintf(buf, len, "any role");
+                snprintf(buf, len, "any role (chief, ps, worker, admin, viewer)");
                 return;
         }
         for (int r = PEER_CHIEF; r <= PEER_VIEWER && o < len; r++)

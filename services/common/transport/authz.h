@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum peer_role {
         PEER_UNKNOWN = 0,   /* mTLS, but no psfleet identity for this job in the certificate */
@@ -65,3 +66,5 @@ struct authz_rule {
         const char *note;           /* extra condition checked by the handler, or NULL */
 };
 const struct authz_rule *authz_rules(size_t *n);
+/* The table as Markdown, as docs/security.md has it. */
+void authz_print_table(FILE *f);
