@@ -96,9 +96,18 @@ ct tee /etc/psfleet/jobs/$job.json >/dev/null <<EOF
   "training": {
     "batch_size": 32, "optimizer": "momentum", "momentum": 0.9, "learning_rate": 0.01,
     "max_steps": 3000, "report_every_steps": 20, "threads": 1, "seed": 1
-  }
+  },
+  "security": {"mode": "mtls"}
 }
 EOF
+
+step "psfleet certs, as an administrator would (docs/security.md)"
+ct psfleet certs --job /etc/psfleet/jobs/$job.json >"$work/certs.log" 2>&1 || { cat "$work/certs.log" >&2; fail "psfleet certs"; }
+sed 's/^/  /' "$work/certs.log" >&2
+modes=$(ct stat -c '%n %a %U:%G' /etc/psfleet/tls/$job/ca.key /etc/psfleet/tls/$job/ps-0.key /etc/psfleet/tls/$job/ps-0.crt)
+ct_log "$modes"
+echo "$modes" | grep -q "ca.key 600 root:root" || fail "ca.key is not 0600 root:root: $modes"
+echo "$modes" | grep -q "ps-0.key 640 root:psfleet" || fail "ps-0.key is not 0640 root:psfleet: $modes"
 ps0=psfleet-psd@$job:0.service ps1=psfleet-psd@$job:1.service
 w0=psfleet-workerd@$job:0.service w1=psfleet-workerd@$job:1.service
 chief=psfleet-chiefd@$job.service
@@ -163,6 +172,20 @@ training_or_done() {
 wait_for 240 "the job to finish" training_or_done
 ct_log "$chief: $(prop "$chief" StatusText)"
 [ -n "$seen_step" ] || ct_log "(the job finished before a step N/M status line was seen)"
+
+step "mutual TLS: every daemon said so; a viewer reads but may not stop the job"
+for u in "$ps0" "$chief" "$w1"; do
+        ct journalctl --no-pager -o cat -u "$u" | grep -q "mutual TLS as" || fail "$u did not start with mutual TLS"
+done
+ct timeout 30 psfleet status --identity viewer --job /etc/psfleet/jobs/$job.json >/dev/null ||
+        fail "psfleet status --identity viewer failed"
+if out=$(ct timeout 30 psfleet stop --identity viewer --job /etc/psfleet/jobs/$job.json 2>&1); then
+        fail "psfleet stop as viewer succeeded: $out"
+fi
+echo "$out" | grep -q PERMISSION_DENIED || fail "psfleet stop as viewer: not PERMISSION_DENIED: $out"
+ct journalctl --no-pager -o cat -u "$chief" | grep -q "refused /psfleet.v1.Supervisor/Stop from viewer" ||
+        fail "$chief did not log the viewer's refused Stop"
+ct_log "a viewer's Stop: $out"
 
 step "psfleet status"
 ct timeout 30 psfleet status --job /etc/psfleet/jobs/$job.json | tee "$work/psfleet-status.txt" | sed 's/^/  /' >&2 ||
