@@ -3,7 +3,8 @@
 workers, with the same batch and thread count, measured side by side in one run, with the CPU each run
 used. The distributed modes run as a job on one host runs: tensors between workerd and psd through
 shared memory (rpc.shared_memory, the default); the "-grpc" modes run the same jobs with it off, every
-tensor through loopback gRPC, as between hosts. Also the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
+tensor through loopback gRPC, as between hosts, and the "-grpc-tls" modes the same with mutual TLS
+(certificates from psfleet certs in a temporary directory): what TLS costs. Also the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
 Debian's python3-torch is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same
 model and batch.
 
@@ -11,7 +12,7 @@ Prints one JSON line per measurement. Usage:
   tests/bench/bench_train.py [--build build] [--job examples/fmnist-mlp.json] [--steps 3000] [--rounds 2]
                              [--no-anchor]
 """
-import argparse, json, os, subprocess, sys, tempfile
+import argparse, json, os, shutil, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -79,10 +80,20 @@ def main():
     gj.setdefault("job", os.path.splitext(os.path.basename(a.job))[0])
     json.dump(gj, grpc_job)
     grpc_job.close()
+    # and over gRPC with mutual TLS, certificates from psfleet certs (the cost of TLS, side by side)
+    tls_dir = tempfile.mkdtemp(prefix="bench-tls-")
+    tls_job = os.path.join(tls_dir, "job.json")
+    tj = dict(gj)
+    tj["security"] = {"mode": "mtls", "ca": tls_dir + "/{job}/ca.crt", "cert": tls_dir + "/{job}/{task}.crt",
+                      "key": tls_dir + "/{job}/{task}.key"}
+    json.dump(tj, open(tls_job, "w"))
+    subprocess.run([psfleet, "certs", "--job", tls_job, "--dir", tls_dir], check=True, capture_output=True)
     modes = [("standalone", a.job, ["--standalone"]), ("1ps+1worker", a.job, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers", a.job, ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc", grpc_job.name, ["--ps", "1", "--workers", "1"]),
-             ("1ps+2workers-grpc", grpc_job.name, ["--ps", "1", "--workers", "2"])]
+             ("1ps+2workers-grpc", grpc_job.name, ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-grpc-tls", tls_job, ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers-grpc-tls", tls_job, ["--ps", "1", "--workers", "2"])]
     best = {}
     for _ in range(a.rounds):  # interleaved rounds, best of each: the machine is shared and noisy
         for name, jobfile, extra in modes:
@@ -91,10 +102,11 @@ def main():
                 best[name] = r
     sa = best["standalone"]["examples_per_s"]
     os.unlink(grpc_job.name)
+    shutil.rmtree(tls_dir, ignore_errors=True)
     for name, _, _ in modes:
         r = best[name]
         line = {"mode": name, "transport": "none" if name == "standalone" else
-                ("grpc" if name.endswith("-grpc") else "shared memory"), "batch": batch, "threads": threads, "steps": a.steps,
+                ("grpc" if name.endswith("-grpc") else "grpc+mtls" if name.endswith("-tls") else "shared memory"), "batch": batch, "threads": threads, "steps": a.steps,
                 "examples_per_s": round(r["examples_per_s"], 1), "ratio_to_standalone": round(r["examples_per_s"] / sa, 3),
                 "test_accuracy": r.get("test_accuracy"),
                 # CPU of every process of the run (start-up and the final evaluation included) per step,
