@@ -6,6 +6,10 @@ docs/python-client.md for the protoc command). With --read-checkpoint it also op
 checkpoint with the `safetensors` package (pip install safetensors numpy).
 
     python3 supervisor_client.py --address 127.0.0.1:2222 --stubs ./stubs [--save] [--read-checkpoint]
+    python3 supervisor_client.py --address 10.0.0.1:2222 --tls /etc/psfleet/tls --job demo [--identity viewer]
+
+A job beyond loopback speaks mutual TLS: --tls gives the directory `psfleet certs` filled, --job the
+job's name; the client presents the admin's certificate (--save needs it) or the viewer's.
 
 Exit status: 0 when the job is done, 1 when it failed or the chief could not be reached.
 """
@@ -21,7 +25,12 @@ def main():
     ap.add_argument("--stubs", default="stubs", help="directory with the generated psfleet/v1/*_pb2*.py")
     ap.add_argument("--save", action="store_true", help="ask for a checkpoint now")
     ap.add_argument("--read-checkpoint", action="store_true", help="open the newest checkpoint at the end")
+    ap.add_argument("--tls", metavar="DIR", help="mutual TLS with the certificates in DIR/JOB/ (psfleet certs)")
+    ap.add_argument("--job", help="with --tls: the job's name")
+    ap.add_argument("--identity", default="admin", choices=("admin", "viewer"), help="with --tls: whose certificate")
     args = ap.parse_args()
+    if args.tls and not args.job:
+        ap.error("--tls needs --job")
 
     sys.path.insert(0, args.stubs)
     from psfleet.v1 import supervisor_pb2 as sv
@@ -29,7 +38,19 @@ def main():
 
     state = sv.JobState.Name
     # Checkpoints are small messages, but a client that also pulls variables must lift the 4 MiB limit.
-    with grpc.insecure_channel(args.address, options=[("grpc.max_receive_message_length", -1)]) as channel:
+    options = [("grpc.max_receive_message_length", -1)]
+    if args.tls:
+        def rd(name):
+            with open("%s/%s/%s" % (args.tls, args.job, name), "rb") as f:
+                return f.read()
+        creds = grpc.ssl_channel_credentials(root_certificates=rd("ca.crt"), private_key=rd(args.identity + ".key"),
+                                             certificate_chain=rd(args.identity + ".crt"))
+        # the chief's certificate names it, whatever address it is reached at
+        options.append(("grpc.ssl_target_name_override", "chief.%s.psfleet" % args.job))
+        channel = grpc.secure_channel(args.address, creds, options=options)
+    else:
+        channel = grpc.insecure_channel(args.address, options=options)
+    with channel:
         chief = sv_grpc.SupervisorStub(channel)
         try:
             st = chief.GetStatus(sv.StatusRequest(), timeout=5)
