@@ -7,6 +7,7 @@
  * wait, is push.c's; how a push travels (gRPC, or shared memory to a psd on this host) is the ps
  * client's (ps_client.h). */
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -60,6 +61,7 @@ struct worker {
         bool config_error;          /* the device options are wrong: exit 78, restarting cannot help */
         atomic_bool stop;
         float last_loss;
+        bool diverged;              /* said so once in the journal */
         double ex_per_s;
         pthread_mutex_t st_mu;      /* what on_status reads: state, steps, loss, speed, the wait */
         char state[768];
@@ -335,7 +337,21 @@ static int backward(struct worker *w) {
                       : model_backward_blocks(w->m, push_ready, w->pu);
 }
 
-/* A step is done: its loss logged and counted, and every report_every_steps the chief told. */
+/* Whether training has gone numerically wrong: a loss that is not finite, or weights that blew up
+ * (what says which). Asked at report time only: the scan reads the whole model. */
+static bool diverged(struct worker *w, float loss, char *what, size_t len) {
+        char why[160];
+        if (!isfinite(loss))
+                snprintf(what, len, "a non-finite loss (%g)", (double)loss);
+        else if (model_params_check(w->m, why, sizeof(why)) < 0)
+                snprintf(what, len, "weights blown up (%s)", why);
+        else
+                return false;
+        return true;
+}
+
+/* A step is done: its loss logged and counted, and every report_every_steps the chief told; a model
+ * gone wrong is reported as "diverged: ..." (the chief fails the job), never as a healthy one. */
 static void step_done(struct worker *w, float loss) {
         const struct training_config *t = &w->cfg->training;
         if (w->loss_log)
@@ -352,8 +368,15 @@ static void step_done(struct worker *w, float loss) {
                 w->ex_per_s = (double)w->win_ex / ((double)(now - w->win_t) / 1e6);
                 w->win_t = now;
                 w->win_ex = 0;
-                report(w, "training");
-                set_state(w, "training: step %llu/%llu, loss %.3f, %.0f ex/s", (unsigned long long)w->global_step,
+                char what[200], state[220] = "training";
+                if (diverged(w, loss, what, sizeof(what))) {
+                        snprintf(state, sizeof(state), "diverged: %s", what);
+                        if (!w->diverged)
+                                log_full(LOG_ERR, 0, w->global_step, "the model diverged or was poisoned: %s", what);
+                        w->diverged = true;
+                }
+                report(w, state);
+                set_state(w, "%s: step %llu/%llu, loss %.3f, %.0f ex/s", state, (unsigned long long)w->global_step,
                           (unsigned long long)t->max_steps, loss, w->ex_per_s);
                 log_debug_step(w->global_step, "loss %.4f, %.0f examples/s", loss, w->ex_per_s);
         }
