@@ -230,7 +230,7 @@ bool chief_state_report_ok(const struct chief_report *r, char *why, size_t len) 
 bool chief_state_report_diverged(const struct chief_report *r, char *what, size_t len) {
         static const char mark[] = "diverged: ";
         if (!isfinite(r->loss))
-                snprintf(what, len, "a non-finite loss (%g)", (double)r->loss);
+                snprintf(what, len, "a non-finite loss (%s)", isnan(r->loss) ? "nan" : r->loss > 0 ? "inf" : "-inf");
         else if (r->state && strncmp(r->state, mark, sizeof(mark) - 1) == 0)
                 snprintf(what, len, "%s", r->state + sizeof(mark) - 1);
         else
