@@ -321,7 +321,21 @@ static const struct bad_case bad_cases[] = {
           "device.device: \"gpu:0,\" is not auto, cpu, gpu:N or gpu:N,M,... (bad GPU index)" },
         { "{" BASE ", 'device': {'device': 'gpu:0,0'}}", "device.device: \"gpu:0,0\" lists GPU 0 twice" },
         { "{" BASE ", 'job': 'a b'}",
-          "job: \"a b\" is not a valid job name ([A-Za-z0-9_.-]+, at most 64 characters)" },
+          "job: \"a b\" is not a valid job name ([A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters)" },
+        /* a job name and the state paths stay under the state directory */
+        { "{" BASE ", 'job': '..'}",
+          "job: \"..\" is not a valid job name ([A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters)" },
+        { "{" BASE ", 'job': '.hidden'}",
+          "job: \".hidden\" is not a valid job name ([A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters)" },
+        { "{" BASE ", 'supervisor': {'checkpoint_dir': '../other-job/checkpoints'}}",
+          "supervisor.checkpoint_dir: \"../other-job/checkpoints\" climbs out of STATE_DIR/JOB/ with \"..\" (a relative "
+          "path stays under it; an absolute path may go anywhere)" },
+        { "{" BASE ", 'supervisor': {'summary_dir': 'a/./../../b'}}",
+          "supervisor.summary_dir: \"a/./../../b\" climbs out of STATE_DIR/JOB/ with \"..\" (a relative path stays "
+          "under it; an absolute path may go anywhere)" },
+        { "{" BASE ", 'supervisor': {'summary_dir': 'a//..//..'}}",
+          "supervisor.summary_dir: \"a//..//..\" climbs out of STATE_DIR/JOB/ with \"..\" (a relative path stays "
+          "under it; an absolute path may go anywhere)" },
         /* cluster */
         { "{" MODEL "}", "cluster: missing" },
         { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'worker': ['a:3']}}", "cluster.ps: missing" },
@@ -448,7 +462,11 @@ static void test_file_errors(void **state) {
                 char *j = dq("{" BASE "}");
                 assert_int_equal(config_load_string(j, "my job.json", &c, err, sizeof(err)), -EINVAL);
                 assert_string_equal(err, "my job.json: job: missing, and the file name \"my job\" is not a valid "
-                                         "job name ([A-Za-z0-9_.-]+, at most 64 characters)");
+                                         "job name ([A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters)");
+                assert_int_equal(config_load_string(j, "jobs/.hidden.json", &c, err, sizeof(err)), -EINVAL);
+                assert_int_equal(config_load_string(j, "jobs/a.b.json", &c, err, sizeof(err)), 0);
+                assert_string_equal(c->name, "a.b");
+                c = config_free(c);
                 assert_int_equal(config_load_string(j, "/etc/psfleet/jobs/fmnist.json", &c, err, sizeof(err)), 0);
                 assert_string_equal(c->name, "fmnist");
                 c = config_free(c);
@@ -576,6 +594,16 @@ static void test_tf_config(void **state) {
         config_free(c);
 }
 
+/* A state path's ".." that stays under STATE_DIR/JOB/, and any absolute path, are fine (the refused
+ * ones are in bad_cases). */
+static void test_state_paths(void **state) {
+        struct job_config *c = load_string_ok("{" BASE ", 'supervisor': {'checkpoint_dir': 'a/../ckpt', "
+                                              "'summary_dir': '/srv/x/../s'}}");
+        assert_string_equal(c->supervisor.checkpoint_dir, "a/../ckpt");
+        assert_string_equal(c->supervisor.summary_dir, "/srv/x/../s");
+        config_free(c);
+}
+
 static void test_canonical(void **state) {
         struct job_config *a, *b, *m;
         char *ja, *jb, *jm, msg[256];
@@ -598,8 +626,9 @@ static void test_canonical(void **state) {
                 "\"model\":{\"input\":[1,1,784],\"layers\":[{\"init\":\"default\",\"type\":\"dense\",\"units\":10}],"
                 "\"seed\":1},\"ps\":{\"split_bytes\":262144},"
                 "\"training\":{\"batch_size\":32,\"beta1\":0.90000000000000002,\"beta2\":0.999,\"epsilon\":9.9999999999999995e-8,"
-                "\"initial_accumulator\":0.10000000000000001,\"learning_rate\":0.01,\"lr_decay_rate\":0.95999999999999996,"
-                "\"lr_decay_steps\":1000,\"lr_schedule\":\"constant\",\"lr_staircase\":false,\"max_steps\":1000,"
+                "\"gradient_norm_action\":\"reject\",\"initial_accumulator\":0.10000000000000001,\"learning_rate\":0.01,"
+                "\"lr_decay_rate\":0.95999999999999996,\"lr_decay_steps\":1000,\"lr_schedule\":\"constant\","
+                "\"lr_staircase\":false,\"max_gradient_norm\":0.0,\"max_steps\":1000,"
                 "\"momentum\":0.90000000000000002,\"nesterov\":false,\"optimizer\":\"sgd\",\"seed\":1}}");
 
         /* Node-local keys (BLAS threads, how often to report) leave the fingerprint alone. */
@@ -830,6 +859,7 @@ int main(void) {
                 cmocka_unit_test(test_file_errors),
                 cmocka_unit_test(test_task),
                 cmocka_unit_test(test_tf_config),
+                cmocka_unit_test(test_state_paths),
                 cmocka_unit_test(test_canonical),
                 cmocka_unit_test(test_instance),
                 cmocka_unit_test(test_print_keys),
