@@ -822,7 +822,9 @@ static void test_env_overrides(void **state) {
         assert_int_equal(config_section_defaults(&d, "rpc"), 0);
         assert_int_equal(d.rpc.deadline_ms, 30000);
         assert_true(d.rpc.shared_memory);
+        assert_string_equal(d.rpc.runtime_dir, "/run/psfleet");
         assert_null(d.device.device);
+        free(d.rpc.runtime_dir);
 }
 
 /* docs/configuration.md carries the tables as config_print_keys and config_print_env print them. */
