@@ -398,13 +398,29 @@ int chief_db_load_job(struct chief_db *db, struct chief_db_job *ret) {
                         NULL, NULL, read_job, ret);
 }
 
+/* A loss that is not finite is recorded as what it is: SQLite stores NaN as NULL (refused by the NOT
+ * NULL column), so a non-finite one is stored as its text ("nan", "inf"), which REAL affinity keeps
+ * as text, and read back by column_loss. */
+static void bind_loss_value(sqlite3_stmt *st, int i, float loss) {
+        if (isfinite(loss))
+                sqlite3_bind_double(st, i, loss);
+        else
+                sqlite3_bind_text(st, i, isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf", -1, SQLITE_STATIC);
+}
+
+static float column_loss(sqlite3_stmt *st, int i) {
+        if (sqlite3_column_type(st, i) == SQLITE_TEXT)
+                return strtof((const char *)sqlite3_column_text(st, i), NULL);
+        return (float)sqlite3_column_double(st, i);
+}
+
 static void bind_progress(sqlite3_stmt *st, const void *ud) {
         const struct chief_db_progress *p = ud;
         sqlite3_bind_int64(st, 1, (sqlite3_int64)p->time_us);
         sqlite3_bind_int64(st, 2, p->worker);
         sqlite3_bind_int64(st, 3, (sqlite3_int64)p->local_step);
         sqlite3_bind_int64(st, 4, (sqlite3_int64)p->global_step);
-        sqlite3_bind_double(st, 5, p->loss);
+        bind_loss_value(st, 5, p->loss);
         sqlite3_bind_double(st, 6, p->examples_per_s);
         sqlite3_bind_int64(st, 7, (sqlite3_int64)p->examples);
         sqlite3_bind_text(st, 8, p->state ? p->state : "", -1, SQLITE_TRANSIENT);
@@ -433,7 +449,7 @@ static void read_progress(sqlite3_stmt *st, void *ud) {
                 .worker = o->worker,
                 .local_step = (uint64_t)sqlite3_column_int64(st, 1),
                 .global_step = (uint64_t)sqlite3_column_int64(st, 2),
-                .loss = (float)sqlite3_column_double(st, 3),
+                .loss = column_loss(st, 3),
                 .examples_per_s = (float)sqlite3_column_double(st, 4),
                 .examples = (uint64_t)sqlite3_column_int64(st, 5),
                 .state = o->state_buf,

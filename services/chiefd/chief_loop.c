@@ -72,6 +72,20 @@ static int fail_jobf(struct chief *c, const char *fmt, ...) {
         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_FAILURE, .why = why});
 }
 
+/* A worker (or the chief's own evaluation) said the model went numerically wrong: the job fails with
+ * that reason, whatever it was doing. Returns true when it did. */
+static bool fail_if_diverged(struct chief *c) {
+        pthread_mutex_lock(&c->lock);
+        struct chief_divergence d = c->diverged;
+        bool fail = d.on && !chief_state_ended(&c->js);
+        c->diverged.on = false;
+        pthread_mutex_unlock(&c->lock);
+        if (fail)
+                fail_job(c, &(struct chief_event){.kind = CHIEF_EV_DIVERGED, .where = d.task, .why = d.what,
+                                                  .step = d.step});
+        return fail;
+}
+
 /* Logs a wait reason when it changes, and every 30 s while it lasts. */
 static void log_wait(struct loop *lp, const char *what, const char *why) {
         uint64_t t = mono_us();
@@ -134,6 +148,7 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                                  model_n_params(c->model), cfg->model.seed);
                         pthread_mutex_lock(&c->lock);
                         c->global_step = 0;
+                        chief_forget_report_steps_locked(c);
                         pthread_mutex_unlock(&c->lock);
                         c->force_restore = false;
                         chief_session_log(c, 0, SUMMARY_SESSION_START, NULL, "initialized");
@@ -456,6 +471,8 @@ static int finish(struct chief *c) {
         if (r < 0)
                 return fail_jobf(c, "pulling the final parameters: %s", err);
         r = chief_evaluate(c, gs, err, sizeof(err));
+        if (r < 0 && fail_if_diverged(c))
+                return 0;
         if (r < 0)
                 return fail_jobf(c, "%s", err);
         chief_event(c, &(struct chief_event){.kind = CHIEF_EV_SAVING_FINAL});
@@ -581,6 +598,7 @@ int chief_supervise(struct chief *c, int sfd) {
                 if (!woken && mono_us() < lp.next)
                         continue;
 
+                fail_if_diverged(c);
                 pthread_mutex_lock(&c->lock);
                 enum chief_phase phase = chief_state_phase(&c->js, c->stop_requested);
                 pthread_mutex_unlock(&c->lock);

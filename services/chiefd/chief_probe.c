@@ -68,8 +68,8 @@ uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t
                         if (st->initialized)
                                 chief_strfmt(pi->state, sizeof(pi->state),
                                          "initialized: %u variables, %" PRIu64 " bytes, %" PRIu64
-                                         " pushes, %" PRIu64 " rejected, %u shared-memory link(s)",
-                                         st->variables, st->bytes, st->pushes, st->rejected,
+                                         " pushes, %" PRIu64 " rejected, %" PRIu64 " clipped, %u shared-memory link(s)",
+                                         st->variables, st->bytes, st->pushes, st->rejected, st->clipped,
                                          st->shared_memory_links);
                         else
                                 chief_strfmt(pi->state, sizeof(pi->state), "uninitialized");

@@ -110,6 +110,17 @@ static void h_join(struct rpc_call *call, void *ud) {
         protobuf_c_message_free_unpacked(m, NULL);
 }
 
+/* A Report that cannot be true: refused whole, and said in the journal (at most once a second: a
+ * flood of them must not flood it). */
+static void report_refused(struct rpc_call *call, const char *why) {
+        static uint64_t last_log_us;
+        uint64_t t = mono_us(), last = __atomic_load_n(&last_log_us, __ATOMIC_RELAXED);
+        if (t - last >= 1000000 && __atomic_compare_exchange_n(&last_log_us, &last, t, false, __ATOMIC_RELAXED,
+                                                               __ATOMIC_RELAXED))
+                log_warning("Report refused: %s", why);
+        rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s: refused", why);
+}
+
 static void h_report(struct rpc_call *call, void *ud) {
         static bool db_warned;  /* one warning per process, not one per report */
         struct chief *c = ud;
@@ -134,8 +145,16 @@ static void h_report(struct rpc_call *call, void *ud) {
         Psfleet__V1__ReportReply rep = PSFLEET__V1__REPORT_REPLY__INIT;
 
         pthread_mutex_lock(&c->lock);
+        char why[CHIEF_REASON_MAX];
+        int admit = chief_report_admit_locked(c, q->worker, q->global_step, q->loss, st, why, sizeof(why));
+        if (admit < 0) {
+                pthread_mutex_unlock(&c->lock);
+                report_refused(call, why);
+                protobuf_c_message_free_unpacked(m, NULL);
+                return;
+        }
         struct worker_info *wi = &c->workers[q->worker];
-        wi->joined = wi->reported = true;
+        wi->joined = wi->reported = wi->step_known = true;
         wi->local_step = q->local_step;
         wi->global_step = q->global_step;
         wi->examples = q->examples;
@@ -145,15 +164,14 @@ static void h_report(struct rpc_call *call, void *ud) {
         chief_strfmt(wi->state, sizeof(wi->state), "%s", st);
         if (strcmp(st, "done") == 0)
                 wi->finished = true;
-        if (q->global_step > c->global_step)
-                c->global_step = q->global_step;
-        chief_note_progress_locked(c, mono_us());
+        /* global_step is ps:0's alone (chief_loop.c polls it): a worker's word never moves it, nor ends
+         * the job */
         chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_WORKER_REPORT, .step = q->local_step});
-        if (c->global_step >= c->cfg->training.max_steps && c->ready_mono)
-                chief_mark_end_locked(c);
         rep.stop = chief_state_workers_stop(&c->js, c->stop_requested, c->global_step, c->cfg->training.max_steps);
         rep.max_steps = c->cfg->training.max_steps;
         pthread_mutex_unlock(&c->lock);
+        if (admit > 0)
+                chief_wake(c);   /* the main loop fails the job */
 
         struct chief_db_progress p = {t, q->worker, q->local_step, q->global_step, q->loss, q->examples_per_s,
                                       q->examples, st};

@@ -91,15 +91,26 @@ int chief_pull(struct chief *c, bool with_slots, uint64_t *gs_ret, char *err, si
         return r;
 }
 
-/* Evaluates the pulled values on the test split; records and summarizes the result. */
+/* Evaluates the pulled values on the test split; records and summarizes the result. Weights that blew
+ * up or a test loss that is not finite are recorded as the model gone wrong (the main loop fails the
+ * job) and return -EDOM. */
 int chief_evaluate(struct chief *c, uint64_t gs, char *err, size_t errlen) {
         float loss, acc;
+        char why[160], what[200];
+        if (model_params_check(c->model, why, sizeof(why)) < 0) {
+                chief_strfmt(what, sizeof(what), "weights blown up (%s)", why);
+                goto diverged;
+        }
         int r = model_params_sync(c->model);
         if (r >= 0)
                 r = model_evaluate(c->model, c->test->x, c->test->y, c->test->n, &loss, &acc);
         if (r < 0) {
                 chief_strfmt(err, errlen, "evaluating on the test split: %s", strerror(-r));
                 return r;
+        }
+        if (!isfinite(loss)) {
+                chief_strfmt(what, sizeof(what), "a non-finite test loss (%g)", (double)loss);
+                goto diverged;
         }
         r = chief_db_add_evaluation(c->db, now_us(), gs, c->test->n, loss, acc);
         if (r < 0)
@@ -116,6 +127,12 @@ int chief_evaluate(struct chief *c, uint64_t gs, char *err, size_t errlen) {
         log_info_step(gs, "Evaluation at global_step %" PRIu64 ": test accuracy %.4f, test loss %.4f (%u examples)", gs,
                       (double)acc, (double)loss, c->test->n);
         return 0;
+diverged:
+        pthread_mutex_lock(&c->lock);
+        chief_note_diverged_locked(c, "the evaluation", what, gs);
+        pthread_mutex_unlock(&c->lock);
+        chief_strfmt(err, errlen, "the evaluation at global_step %" PRIu64 " found %s", gs, what);
+        return -EDOM;
 }
 
 /* Writes and records the pulled values (with the slots when pulled) as the checkpoint of gs. A
@@ -250,6 +267,7 @@ int chief_restore_shards(struct chief *c, const bool *which, char *why, size_t l
         log_info_step(row.global_step, "Restored %s from checkpoint \"%s\" at global_step %" PRIu64 "%s", shards,
                       row.path, row.global_step, slots_loaded ? ", with the optimizer's slots" : "");
         pthread_mutex_lock(&c->lock);
+        chief_forget_report_steps_locked(c);
         c->restored_step = row.global_step;
         chief_strfmt(c->restored_from, sizeof(c->restored_from), "%s", row.path);
         if (which[0]) {

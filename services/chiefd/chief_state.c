@@ -3,6 +3,7 @@
 #include "chief_state.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -172,6 +173,12 @@ bool chief_state_next(const struct chief_state *cur, const struct chief_event *e
                 if (!chief_state_ended(cur))
                         go(&n, S(FAILED), "%s", why);
                 break;
+        case CHIEF_EV_DIVERGED:
+                /* Whatever the job was doing, even its end: a model gone wrong is not DONE. */
+                if (!chief_state_ended(cur))
+                        go(&n, S(FAILED), "%s reported %s at global_step %" PRIu64 ": the model diverged or was poisoned",
+                           ev->where ? ev->where : "a worker", why, ev->step);
+                break;
         }
         bool changed = n.state != cur->state;
         *next = n;
@@ -199,6 +206,36 @@ enum chief_phase chief_state_phase(const struct chief_state *s, bool stop_reques
                 /* STOPPED (the orderly stop is complete), or a state no chief should be in. */
                 return CHIEF_PHASE_EXIT;
         }
+}
+
+bool chief_state_report_ok(const struct chief_report *r, char *why, size_t len) {
+        uint64_t base = r->known_step > r->max_steps ? r->known_step : r->max_steps;
+        uint64_t slack = (uint64_t)r->n_workers * CHIEF_REPORT_SLACK;
+        uint64_t limit = base > UINT64_MAX - slack ? UINT64_MAX : base + slack;
+        if (r->global_step > limit) {
+                snprintf(why, len,
+                         "%s's report of global_step %" PRIu64 " is beyond any step ps:0 can have (at most %" PRIu64
+                         ": max_steps %" PRIu64 ", ps:0 last at %" PRIu64 ", %u workers)",
+                         r->task, r->global_step, limit, r->max_steps, r->known_step, r->n_workers);
+                return false;
+        }
+        if (r->have_last && r->global_step < r->last_step) {
+                snprintf(why, len, "%s's report of global_step %" PRIu64 " goes back from its last, %" PRIu64, r->task,
+                         r->global_step, r->last_step);
+                return false;
+        }
+        return true;
+}
+
+bool chief_state_report_diverged(const struct chief_report *r, char *what, size_t len) {
+        static const char mark[] = "diverged: ";
+        if (!isfinite(r->loss))
+                snprintf(what, len, "a non-finite loss (%s)", isnan(r->loss) ? "nan" : r->loss > 0 ? "inf" : "-inf");
+        else if (r->state && strncmp(r->state, mark, sizeof(mark) - 1) == 0)
+                snprintf(what, len, "%s", r->state + sizeof(mark) - 1);
+        else
+                return false;
+        return true;
 }
 
 bool chief_state_workers_stop(const struct chief_state *s, bool stop_requested, uint64_t global_step,

@@ -44,6 +44,8 @@ enum chief_event_kind {
         CHIEF_EV_STOPPED,               /* after a stop: the final checkpoint of global_step `step` is written */
         CHIEF_EV_WAIT_TIMEOUT,          /* a wait (`where`: "ps:1", "workers") past its deadline of timeout_s (why) */
         CHIEF_EV_RESTART,               /* an operator asked to train the ended job again (why) */
+        CHIEF_EV_DIVERGED,              /* `where` ("worker:0") reported `why` ("a non-finite loss (nan)") at
+                                         * global_step `step`: the model went numerically wrong */
 };
 
 struct chief_event {
@@ -51,7 +53,8 @@ struct chief_event {
         const char *why;                /* what is awaited or what failed; NULL reads as "" */
         const char *shards;             /* RESTORE_LOOKING, RESTORE_FOUND: "ps:1", "every shard (3)" */
         const char *where;              /* the checkpoint directory or file; SHARD_LOST: the address */
-        uint64_t step;                  /* RESTORE_FOUND: the checkpoint's; WORKER_REPORT: the local step */
+        uint64_t step;                  /* RESTORE_FOUND: the checkpoint's; WORKER_REPORT: the local step;
+                                         * DIVERGED: the global_step */
         uint64_t timeout_s;             /* the *_TIMEOUT and SHARD_LOST events */
         uint32_t shard;                 /* SHARD_LOST */
         bool advanced, reachable;       /* POLLED */
@@ -79,6 +82,32 @@ enum chief_phase {
         CHIEF_PHASE_EXIT,               /* stop now: stopped before READY, STOPPED, or after the end */
 };
 enum chief_phase chief_state_phase(const struct chief_state *s, bool stop_requested);
+
+/* A worker's Report as the chief weighs it before taking any of it. */
+struct chief_report {
+        const char *task;               /* "worker:0" */
+        uint64_t global_step;           /* the report's */
+        float loss;
+        const char *state;              /* "training", "done", "diverged: ..." */
+        bool have_last;                 /* last_step is the worker's last accepted report's, no restore since */
+        uint64_t last_step;
+        uint64_t known_step;            /* global_step as the chief last read it from ps:0 */
+        uint64_t max_steps;
+        uint32_t n_workers;
+};
+
+/* Steps per worker that ps:0's global_step may pass max_steps by: a worker stops starting steps at
+ * max_steps counting its own unanswered pushes, but not the others' (generous: a report beyond it
+ * is a lie, not a race). */
+#define CHIEF_REPORT_SLACK 16
+
+/* Whether a report can be true: its global_step not behind the worker's last one (have_last) and
+ * not beyond what ps:0 can have, max(max_steps, known_step) + CHIEF_REPORT_SLACK per worker. false
+ * with why (len bytes): the report is refused whole. */
+bool chief_state_report_ok(const struct chief_report *r, char *why, size_t len);
+/* Whether a report says the model went numerically wrong: a loss that is not finite, or the worker's
+ * own verdict (state "diverged: WHAT"). what (len bytes) gets the words for CHIEF_EV_DIVERGED. */
+bool chief_state_report_diverged(const struct chief_report *r, char *what, size_t len);
 
 /* Whether a worker's Report should be told to stop. */
 bool chief_state_workers_stop(const struct chief_state *s, bool stop_requested, uint64_t global_step,

@@ -1,5 +1,6 @@
 /* chiefd's figures derived under its lock (rates, loss, the end), the one place where the job's
  * state changes, and the JobStatus message that GetStatus and Watch send. */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -110,12 +111,44 @@ double chief_steps_per_s_locked(const struct chief *c) {
 float chief_loss_locked(const struct chief *c) {
         double sum = 0;
         unsigned n = 0;
+        /* a worker's non-finite loss makes the mean one: a diverged model is never averaged away */
         for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++)
-                if (c->workers[w].reported && isfinite(c->workers[w].loss)) {
+                if (c->workers[w].reported) {
                         sum += c->workers[w].loss;
                         n++;
                 }
         return n ? (float)(sum / n) : NAN;
+}
+
+int chief_report_admit_locked(struct chief *c, uint32_t w, uint64_t global_step, float loss, const char *state,
+                              char *why, size_t len) {
+        const struct worker_info *wi = &c->workers[w];
+        char task[32], what[sizeof(c->diverged.what)];
+        chief_strfmt(task, sizeof(task), "worker:%u", w);
+        struct chief_report r = {.task = task, .global_step = global_step, .loss = loss, .state = state,
+                                 .have_last = wi->step_known, .last_step = wi->global_step,
+                                 .known_step = c->global_step, .max_steps = c->cfg->training.max_steps,
+                                 .n_workers = c->cfg->cluster.n_worker};
+        if (!chief_state_report_ok(&r, why, len))
+                return -EINVAL;
+        if (!chief_state_report_diverged(&r, what, sizeof(what)))
+                return 0;
+        chief_note_diverged_locked(c, task, what, global_step);
+        return 1;
+}
+
+void chief_note_diverged_locked(struct chief *c, const char *task, const char *what, uint64_t step) {
+        if (c->diverged.on)
+                return;
+        c->diverged.on = true;
+        chief_strfmt(c->diverged.task, sizeof(c->diverged.task), "%s", task);
+        chief_strfmt(c->diverged.what, sizeof(c->diverged.what), "%s", what);
+        c->diverged.step = step;
+}
+
+void chief_forget_report_steps_locked(struct chief *c) {
+        for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++)
+                c->workers[w].step_known = false;
 }
 
 /* Call after raising global_step: remembers when it first moved after READY. */

@@ -36,6 +36,7 @@
 
 struct worker_info {
         bool joined, reported, finished;
+        bool step_known;                /* global_step is its last accepted report's, with no restore since */
         uint64_t local_step, global_step, examples;
         float loss, examples_per_s;
         uint64_t last_report_us;        /* wall clock */
@@ -126,6 +127,12 @@ struct chief {
         float eval_accuracy, eval_loss;
         uint64_t restored_step;
         char restored_from[1024];
+        struct chief_divergence {         /* the first news of a model gone wrong; the main loop fails the job */
+                bool on;
+                char task[32];            /* "worker:0", "the evaluation" */
+                char what[256];           /* "a non-finite loss (nan)", "weights blown up (...)" */
+                uint64_t step;
+        } diverged;
         struct rpc_call **save_calls;     /* SaveCheckpoint calls waiting for the main thread */
         size_t n_save_calls;
         bool saves_closed;
@@ -145,12 +152,25 @@ Psfleet__V1__JobState chief_event(struct chief *c, const struct chief_event *ev)
 void chief_add_sample_locked(struct chief *c, uint64_t t, uint64_t step);
 /* global_step per second over the last RATE_WINDOW_US; after the end, over the whole training. */
 double chief_steps_per_s_locked(const struct chief *c);
-/* Mean of every worker's latest reported loss; NAN before any report. */
+/* Mean of every worker's latest reported loss; NAN before any report, and NaN or Inf when a worker
+ * reported one. */
 float chief_loss_locked(const struct chief *c);
 /* Call after raising global_step: remembers when it first moved after READY. */
 void chief_note_progress_locked(struct chief *c, uint64_t t);
 /* Records that global_step reached max_steps, or that a stop was requested: the end of training. */
 void chief_mark_end_locked(struct chief *c);
+
+/* Weighs worker w's Report (lock held) before any of it is taken (chief_state_report_ok): -EINVAL
+ * with why (len bytes) and nothing changed; 0: take it; 1: take it, and it says the model went wrong
+ * (recorded by chief_note_diverged_locked: wake the main loop, which fails the job). */
+int chief_report_admit_locked(struct chief *c, uint32_t w, uint64_t global_step, float loss, const char *state,
+                              char *why, size_t len);
+/* Records the first news of a model gone wrong (task reported what at global_step step) for the
+ * main loop. Lock held. */
+void chief_note_diverged_locked(struct chief *c, const char *task, const char *what, uint64_t step);
+/* The chief set every shard's values (initialized or restored): each worker's next report may go back
+ * from its last. Lock held. */
+void chief_forget_report_steps_locked(struct chief *c);
 
 /* Records the job's row in the database; a failure is logged and ignored. */
 void chief_save_job(struct chief *c);

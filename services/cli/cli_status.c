@@ -38,6 +38,22 @@ static void print_workers(const char *what, const uint32_t *w, size_t n) {
         printf("\n");
 }
 
+/* "0.1234", or "nan", "inf", "-inf" for a loss that is not finite. */
+static const char *fmt_loss(float loss, char *buf, size_t len) {
+        if (isnan(loss))
+                return "nan";
+        snprintf(buf, len, "%.4f", (double)loss);
+        return buf;
+}
+
+/* Whether any worker has reported (so a NaN loss is one, not "unknown"). */
+static bool any_report(const Psfleet__V1__JobStatus *s) {
+        for (size_t i = 0; i < s->n_nodes; i++)
+                if (s->nodes[i]->task && strncmp(s->nodes[i]->task, "worker:", 7) == 0 && s->nodes[i]->last_report_us)
+                        return true;
+        return false;
+}
+
 static void print_text(const Psfleet__V1__JobStatus *s) {
         char buf[64], buf2[64];
         uint64_t now = now_us();
@@ -58,8 +74,9 @@ static void print_text(const Psfleet__V1__JobStatus *s) {
         }
         printf("  step       %llu/%llu (%.1f %%)\n", (unsigned long long)s->global_step,
                (unsigned long long)s->max_steps, s->max_steps ? 100.0 * (double)s->global_step / (double)s->max_steps : 0);
-        if (isfinite(s->loss))
-                printf("  loss       %.4f (mean of the workers' latest reports)\n", s->loss);
+        /* NaN is also "no report yet"; after a report it is the loss, and said so (never as a number) */
+        if (isfinite(s->loss) || any_report(s))
+                printf("  loss       %s (mean of the workers' latest reports)\n", fmt_loss(s->loss, buf, sizeof(buf)));
         printf("  speed      %.1f steps/s, %.0f examples/s\n", s->steps_per_s, s->examples_per_s);
         if (s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_DONE && s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED &&
             s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPED)
@@ -99,8 +116,8 @@ static void print_text(const Psfleet__V1__JobStatus *s) {
                 printf("  %-10s %-22s %s", n->task ? n->task : "?", n->address ? n->address : "",
                        n->state ? n->state : "");
                 if (n->task && strncmp(n->task, "worker:", 7) == 0 && n->last_report_us) {
-                        printf("; step %llu, loss %.4f, %.0f ex/s", (unsigned long long)n->local_step, n->loss,
-                               n->examples_per_s);
+                        printf("; step %llu, loss %s, %.0f ex/s", (unsigned long long)n->local_step,
+                               fmt_loss(n->loss, buf, sizeof(buf)), n->examples_per_s);
                 }
                 if (n->last_report_us && now > n->last_report_us)
                         printf(" (%s ago)", cli_format_duration((double)(now - n->last_report_us) / 1e6, buf, sizeof(buf)));

@@ -86,14 +86,18 @@ static void note_reject(struct psd *p, const char *msg) {
         log_warning("rejected: %s", msg);
 }
 
+/* The caller's fingerprint is not ours: the refusal says only that it differs (the job's fingerprint
+ * is what a caller must know, so it is never handed out); both values go to psd's journal. */
 static int check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t errlen) {
         uint64_t fp = c ? c->fingerprint : 0;
         if (fp != p->L->fingerprint) {
+                const char *who = c && c->task && *c->task ? c->task : "the caller";
+                log_warning("%s's job fingerprint %016llx differs from ps:%u's %016llx", who, (unsigned long long)fp,
+                            p->shard, (unsigned long long)p->L->fingerprint);
                 snprintf(err, errlen,
-                         "job fingerprint %016llx of %s differs from ps:%u's %016llx: the job files differ "
+                         "the job fingerprint of %s differs from ps:%u's: the job files differ "
                          "(the chief names the difference when the worker joins)",
-                         (unsigned long long)fp, c && c->task && *c->task ? c->task : "the caller", p->shard,
-                         (unsigned long long)p->L->fingerprint);
+                         who, p->shard);
                 return -EPERM;
         }
         return 0;
@@ -165,18 +169,19 @@ static void on_push(struct rpc_call *call, void *ud) {
                 goto out;
         }
         size_t total;
+        float scale;
         parts = calloc(in->n_tensors ? in->n_tensors : 1, sizeof(*parts));
         if (!parts)
                 goto oom;
-        /* names, shapes, each part once, and (streamed out of gRPC's slices) all finite */
-        if ((r = shard_wire_check(p->s, in, h->caller->task, parts, &total, err, sizeof(err))) < 0)
+        /* names, shapes, each part once, and (streamed out of gRPC's slices) all finite, within the norm */
+        if ((r = shard_wire_check(p->s, in, h->caller->task, parts, &total, &scale, err, sizeof(err))) < 0)
                 goto reject;
         vals = malloc(sizeof(*vals) + (h->want_values ? total : 0) * sizeof(float));
         if (!vals)
                 goto oom;
 
         /* apply */
-        shard_wire_apply(p->s, in, parts, h->want_values ? vals->data : NULL);
+        shard_wire_apply(p->s, in, parts, scale, h->want_values ? vals->data : NULL);
         uint64_t gs = count_push(p, h->count_step);
 
         /* reply: the fresh values, lent without another copy */
@@ -536,6 +541,7 @@ static void on_status(struct rpc_call *call, void *ud) {
         st.global_step = atomic_load(&p->s->global_step);
         st.pushes = atomic_load(&p->pushes);
         st.rejected = atomic_load(&p->rejected);
+        st.clipped = atomic_load(&p->s->clipped);
         st.bytes = p->s->n_floats * sizeof(float);
         st.variables = p->s->n_parts;
         pthread_mutex_lock(&p->err_mu);

@@ -131,8 +131,18 @@ static void read_wire(void *ud, float *buf, size_t k) {
         wire_reader_read(ud, buf, k * sizeof(float));
 }
 
+/* The norm's verdict for a push that has passed every other check; counts a clipped one. */
+static int norm_verdict(struct shard *s, double sumsq, const char *from, float *scale_ret, char *err, size_t errlen) {
+        char who[96];
+        snprintf(who, sizeof(who), "%s to ps:%u", from, s->index);
+        int r = apply_norm_limit(s->t, sumsq, who, scale_ret, err, errlen);
+        if (r > 0)
+                atomic_fetch_add(&s->clipped, 1);
+        return r < 0 ? r : 0;
+}
+
 int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from, struct shard_part **parts,
-                     size_t *floats_ret, char *err, size_t errlen) {
+                     size_t *floats_ret, float *scale_ret, char *err, size_t errlen) {
         size_t total = 0;
         for (size_t i = 0; i < in->n_tensors; i++) {
                 int slot, r;
@@ -144,24 +154,27 @@ int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from
                                             in->tensors[i].name);
                 total += parts[i]->a.n;
         }
+        double sumsq = 0;
+        double *norm = s->t->max_gradient_norm > 0 ? &sumsq : NULL;
         for (size_t i = 0; i < in->n_tensors; i++) {
                 struct wire_reader rd;
                 wire_reader_init(&rd, &in->tensors[i]);
-                if (!apply_all_finite_read(parts[i]->a.n, read_wire, &rd))
+                if (!apply_check_read(parts[i]->a.n, read_wire, &rd, norm))
                         return errf(err, errlen, -EINVAL, "gradient \"%s\" from %s contains NaN or Inf; nothing applied",
                                     in->tensors[i].name, from);
         }
         *floats_ret = total;
-        return 0;
+        return norm_verdict(s, sumsq, from, scale_ret, err, errlen);
 }
 
-void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_part *const *parts, float *values) {
+void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_part *const *parts, float scale,
+                      float *values) {
         for (size_t i = 0, at = 0; i < in->n_tensors; at += parts[i]->a.n, i++) {
                 struct shard_part *q = parts[i];
                 struct wire_reader rd;
                 wire_reader_init(&rd, &in->tensors[i]);
                 pthread_mutex_lock(&q->mu);
-                apply_gradient_read(s->t, &q->a, read_wire, &rd);
+                apply_gradient_read(s->t, &q->a, scale, read_wire, &rd);
                 if (values)
                         memcpy(values + at, q->a.w, q->a.n * sizeof(float));
                 pthread_mutex_unlock(&q->mu);
@@ -173,16 +186,22 @@ void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_pa
 int shard_block_check(struct shard *s, const float *grads, const uint32_t *idx, uint32_t n, float *scratch,
                       const char *from, char *err, size_t errlen) {
         size_t at = 0;
+        double sumsq = 0;
+        double *norm = s->t->max_gradient_norm > 0 ? &sumsq : NULL;
         for (uint32_t j = 0; j < n; j++) {
                 const struct shard_part *q = &s->parts[idx[j]];
                 memcpy(scratch + at, grads + q->model_off, q->a.n * sizeof(float));
-                if (!optim_all_finite(scratch + at, q->a.n))
+                if (!apply_check(scratch + at, q->a.n, norm))
                         return errf(err, errlen, -EINVAL,
                                     "gradient \"%s\" rows %u..%u from %s contains NaN or Inf; nothing applied", q->name,
                                     q->row_begin, q->row_begin + q->rows, from);
                 at += q->a.n;
         }
-        return 0;
+        float scale;
+        int r = norm_verdict(s, sumsq, from, &scale, err, errlen);
+        if (r == 0 && scale != 1.0f)
+                apply_scale(scratch, at, scale);
+        return r;
 }
 
 void shard_block_apply(struct shard *s, const uint32_t *idx, uint32_t n, const float *scratch, float *values) {

@@ -38,6 +38,7 @@ struct shard {
         uint32_t *plan_part;      /* (plan parts) index into parts[], or UINT32_MAX: another shard's */
         atomic_bool initialized;  /* assigned by the chief */
         atomic_uint_fast64_t global_step;
+        atomic_uint_fast64_t clipped;  /* pushes over training.max_gradient_norm, scaled down (action clip) */
 };
 
 /* Shard `index` of the layout, values zero, not initialized. -EINVAL for an index out of range,
@@ -60,20 +61,25 @@ int shard_match(struct shard *s, const struct wire_tensor *t, bool allow_slot, s
 /* ---- a push from a gRPC message: each tensor is the gradient of one whole part ---- */
 
 /* Validates every tensor before anything is applied: each names a part of this shard (shard_match),
- * none twice, all finite. parts (in->n_tensors) gets each tensor's part and *floats_ret the floats of
- * them all. 0, or -EINVAL with a message naming the tensor (from: the caller, as "worker:0"). */
+ * none twice, all finite, and their L2 norm together within training.max_gradient_norm (apply.h).
+ * parts (in->n_tensors) gets each tensor's part, *floats_ret the floats of them all and *scale_ret
+ * what to scale them by (1, or limit / norm when clipped: counted in s->clipped). 0, or -EINVAL with
+ * a message naming the tensor or the norm (from: the caller, as "worker:0"). */
 int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from, struct shard_part **parts,
-                     size_t *floats_ret, char *err, size_t errlen);
-/* Applies checked tensors, each to its part under its lock; values (nullable, the floats of
- * shard_wire_check) gets the fresh values of the parts in the tensors' order. */
-void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_part *const *parts, float *values);
+                     size_t *floats_ret, float *scale_ret, char *err, size_t errlen);
+/* Applies checked tensors, scaled by shard_wire_check's scale, each to its part under its lock;
+ * values (nullable, the floats of shard_wire_check) gets the fresh values of the parts in the
+ * tensors' order. */
+void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_part *const *parts, float scale,
+                      float *values);
 
 /* ---- a push through shared memory: gradients where a whole model's block has them ---- */
 
 /* Copies the gradients of parts idx[0..n) out of grads (laid out as a whole model's block) into
  * scratch (room for their floats), so the values checked are the values applied whatever the worker
- * does meanwhile; checks them all finite. 0, or -EINVAL with a message (from: the worker, as
- * "worker:0"). */
+ * does meanwhile; checks them all finite and their L2 norm within training.max_gradient_norm (a
+ * clipped push is scaled in scratch, and counted). 0, or -EINVAL with a message (from: the worker,
+ * as "worker:0"). */
 int shard_block_check(struct shard *s, const float *grads, const uint32_t *idx, uint32_t n, float *scratch,
                       const char *from, char *err, size_t errlen);
 /* Applies the checked scratch to parts idx[0..n), each under its lock, and writes their fresh values

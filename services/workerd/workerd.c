@@ -7,6 +7,7 @@
  * wait, is push.c's; how a push travels (gRPC, or shared memory to a psd on this host) is the ps
  * client's (ps_client.h). */
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -60,6 +61,8 @@ struct worker {
         bool config_error;          /* the device options are wrong: exit 78, restarting cannot help */
         atomic_bool stop;
         float last_loss;
+        bool diverged;              /* said so once in the journal */
+        uint64_t last_refused_report; /* mono: a diverged step's report after its pushes were refused */
         double ex_per_s;
         pthread_mutex_t st_mu;      /* what on_status reads: state, steps, loss, speed, the wait */
         char state[768];
@@ -335,6 +338,40 @@ static int backward(struct worker *w) {
                       : model_backward_blocks(w->m, push_ready, w->pu);
 }
 
+/* "nan", "inf", "-inf": a loss that is not finite, as the chief words it. */
+static const char *nonfinite_name(float x) {
+        return isnan(x) ? "nan" : x > 0 ? "inf" : "-inf";
+}
+
+/* Whether training has gone numerically wrong: a loss that is not finite, or weights that blew up
+ * (what says which). Asked at report time only: the scan reads the whole model. */
+static bool diverged(struct worker *w, float loss, char *what, size_t len) {
+        char why[160];
+        if (!isfinite(loss))
+                snprintf(what, len, "a non-finite loss (%s)", nonfinite_name(loss));
+        else if (model_params_check(w->m, why, sizeof(why)) < 0)
+                snprintf(what, len, "weights blown up (%s)", why);
+        else
+                return false;
+        return true;
+}
+
+/* Tells the chief how training goes: "training", or "diverged: WHAT" for a model gone wrong (the
+ * chief then fails the job), never a healthy-looking report. */
+static void report_progress(struct worker *w, float loss) {
+        const struct training_config *t = &w->cfg->training;
+        char what[200], state[220] = "training";
+        if (diverged(w, loss, what, sizeof(what))) {
+                snprintf(state, sizeof(state), "diverged: %s", what);
+                if (!w->diverged)
+                        log_full(LOG_ERR, 0, w->global_step, "the model diverged or was poisoned: %s", what);
+                w->diverged = true;
+        }
+        report(w, state);
+        set_state(w, "%s: step %llu/%llu, loss %.3f, %.0f ex/s", state, (unsigned long long)w->global_step,
+                  (unsigned long long)t->max_steps, loss, w->ex_per_s);
+}
+
 /* A step is done: its loss logged and counted, and every report_every_steps the chief told. */
 static void step_done(struct worker *w, float loss) {
         const struct training_config *t = &w->cfg->training;
@@ -352,9 +389,7 @@ static void step_done(struct worker *w, float loss) {
                 w->ex_per_s = (double)w->win_ex / ((double)(now - w->win_t) / 1e6);
                 w->win_t = now;
                 w->win_ex = 0;
-                report(w, "training");
-                set_state(w, "training: step %llu/%llu, loss %.3f, %.0f ex/s", (unsigned long long)w->global_step,
-                          (unsigned long long)t->max_steps, loss, w->ex_per_s);
+                report_progress(w, loss);
                 log_debug_step(w->global_step, "loss %.4f, %.0f examples/s", loss, w->ex_per_s);
         }
 }
@@ -380,6 +415,18 @@ static int train(struct worker *w) {
                 if (r < 0)
                         return log_error_errno(r, "step %llu failed", (unsigned long long)w->local_step);
                 if (push_step_end(w->pu, err, sizeof(err)) < 0) {
+                        /* A model gone wrong computes gradients that are not finite, which the shards
+                         * refuse: no step completes, so say so here (once a second) instead of retrying
+                         * in silence; the chief's answer is to stop. */
+                        if (!isfinite(loss) && mono_us() - w->last_refused_report >= 1000000) {
+                                w->last_refused_report = mono_us();
+                                pthread_mutex_lock(&w->st_mu);
+                                w->last_loss = loss;
+                                pthread_mutex_unlock(&w->st_mu);
+                                report_progress(w, loss);
+                                if (atomic_load(&w->stop))
+                                        break;
+                        }
                         /* a shard was lost or restarted: wait for it, re-read the values, carry on */
                         log_warning("step %llu: %s; re-reading the parameters", (unsigned long long)w->local_step, err);
                         if ((r = pull_all(w)) < 0)

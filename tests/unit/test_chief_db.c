@@ -121,6 +121,33 @@ static void test_losses(void **state) {
         chief_db_close(db);
 }
 
+/* A worker's loss is recorded as it was, a non-finite one too (never as 0 or a refused row). */
+static void test_progress_loss(void **state) {
+        struct fx *f = *state;
+        struct chief_db *db;
+        const float losses[] = {0.25f, NAN, INFINITY, -INFINITY};
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        for (uint32_t w = 0; w < 4; w++) {
+                struct chief_db_progress p = {.time_us = 10 + w, .worker = w, .local_step = 50, .global_step = 100,
+                                              .loss = losses[w], .examples_per_s = 1000, .examples = 3200,
+                                              .state = w ? "diverged: a non-finite loss" : "training"};
+                assert_int_equal(chief_db_add_progress(db, &p), 0);
+        }
+        chief_db_close(db);
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        for (uint32_t w = 0; w < 4; w++) {
+                struct chief_db_progress p;
+                char st[64];
+                assert_int_equal(chief_db_last_progress(db, w, &p, st, sizeof(st)), 0);
+                assert_int_equal(p.global_step, 100);
+                if (isnan(losses[w]))
+                        assert_true(isnan(p.loss));
+                else
+                        assert_true(p.loss == losses[w]);
+        }
+        chief_db_close(db);
+}
+
 static void test_relative_paths(void **state) {
         struct fx *f = *state;
         struct chief_db *db;
@@ -199,6 +226,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_state_sticky, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_losses, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_progress_loss, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_migration, setup, teardown),
         };

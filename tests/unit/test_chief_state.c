@@ -21,7 +21,7 @@ static const enum chief_event_kind all_events[] = {
         CHIEF_EV_RESTORE_FAILED,  CHIEF_EV_RESTORE_TIMEOUT, CHIEF_EV_SHARD_LOST,      CHIEF_EV_WORKER_REPORT,
         CHIEF_EV_POLLED,          CHIEF_EV_MAX_STEPS,       CHIEF_EV_STOP_ASKED,      CHIEF_EV_EVALUATING,
         CHIEF_EV_SAVING_FINAL,    CHIEF_EV_FINISHED,        CHIEF_EV_FAILURE,         CHIEF_EV_STOPPED,
-        CHIEF_EV_WAIT_TIMEOUT,
+        CHIEF_EV_WAIT_TIMEOUT,    CHIEF_EV_DIVERGED,
 };
 
 static struct chief_state at(Psfleet__V1__JobState st, bool ready_once, const char *reason) {
@@ -294,6 +294,72 @@ static void test_failure(void **state) {
         step(&s, EV(FAILURE, .why = longer), S(FAILED), longer + sizeof(longer) - CHIEF_REASON_MAX, true);
 }
 
+/* A model gone wrong fails the job from any state before the end, the end itself included: it is
+ * never DONE. The failure is sticky like any other. */
+static void test_diverged(void **state) {
+        (void)state;
+        const Psfleet__V1__JobState from[] = {S(INITIALIZING), S(RESTORING), S(READY), S(TRAINING), S(STOPPING)};
+        for (size_t i = 0; i < 5; i++) {
+                struct chief_state s = at(from[i], i >= 2, "r");
+                step(&s, EV(DIVERGED, .where = "worker:0", .why = "a non-finite loss (nan)", .step = 120), S(FAILED),
+                     "worker:0 reported a non-finite loss (nan) at global_step 120: the model diverged or was poisoned",
+                     true);
+                assert_true(chief_state_final(&s));
+                assert_true(chief_state_workers_stop(&s, false, 120, 1000));
+                no_change(&s, EV(FINISHED));
+        }
+}
+
+/* A Report's global_step: bounded by what ps:0 can have, and never behind the worker's last unless a
+ * restore made the chief forget it; the model gone wrong told by the loss or the worker's state. */
+static void test_report(void **state) {
+        (void)state;
+        char why[256], what[256];
+        struct chief_report r = {.task = "worker:1", .global_step = 500, .loss = 0.5f, .state = "training",
+                                 .have_last = true, .last_step = 450, .known_step = 480, .max_steps = 1000,
+                                 .n_workers = 2};
+        assert_true(chief_state_report_ok(&r, why, sizeof(why)));
+        r.global_step = 1000 + 2 * CHIEF_REPORT_SLACK;   /* the last steps of two workers in flight */
+        assert_true(chief_state_report_ok(&r, why, sizeof(why)));
+        r.global_step = UINT64_MAX;
+        assert_false(chief_state_report_ok(&r, why, sizeof(why)));
+        assert_string_equal(why, "worker:1's report of global_step 18446744073709551615 is beyond any step ps:0 can "
+                                 "have (at most 1032: max_steps 1000, ps:0 last at 480, 2 workers)");
+        r.global_step = 1033;
+        assert_false(chief_state_report_ok(&r, why, sizeof(why)));
+        /* a job resumed past max_steps: ps:0's own step is possible */
+        r.known_step = 5000;
+        r.global_step = 5000;
+        assert_true(chief_state_report_ok(&r, why, sizeof(why)));
+        r.known_step = UINT64_MAX - 3;   /* no overflow of the bound */
+        r.global_step = UINT64_MAX;
+        assert_true(chief_state_report_ok(&r, why, sizeof(why)));
+        r.known_step = 480;
+        /* backwards */
+        r.global_step = 449;
+        assert_false(chief_state_report_ok(&r, why, sizeof(why)));
+        assert_string_equal(why, "worker:1's report of global_step 449 goes back from its last, 450");
+        r.global_step = 450;
+        assert_true(chief_state_report_ok(&r, why, sizeof(why)));
+        r.have_last = false;   /* after a restore */
+        r.global_step = 10;
+        assert_true(chief_state_report_ok(&r, why, sizeof(why)));
+
+        assert_false(chief_state_report_diverged(&r, what, sizeof(what)));
+        r.loss = __builtin_nanf("");
+        assert_true(chief_state_report_diverged(&r, what, sizeof(what)));
+        assert_string_equal(what, "a non-finite loss (nan)");
+        r.loss = -__builtin_inff();
+        assert_true(chief_state_report_diverged(&r, what, sizeof(what)));
+        assert_string_equal(what, "a non-finite loss (-inf)");
+        r.loss = 2.3f;
+        r.state = "diverged: weights blown up (dense0/kernel holds -1e+29)";
+        assert_true(chief_state_report_diverged(&r, what, sizeof(what)));
+        assert_string_equal(what, "weights blown up (dense0/kernel holds -1e+29)");
+        r.state = "done";
+        assert_false(chief_state_report_diverged(&r, what, sizeof(what)));
+}
+
 /* DONE, FAILED and STOPPED have ended: no event but Restart moves them or rewrites their reason. */
 static void test_final_states(void **state) {
         (void)state;
@@ -493,6 +559,8 @@ int main(void) {
                 cmocka_unit_test(test_end),
                 cmocka_unit_test(test_finish),
                 cmocka_unit_test(test_failure),
+                cmocka_unit_test(test_diverged),
+                cmocka_unit_test(test_report),
                 cmocka_unit_test(test_final_states),
                 cmocka_unit_test(test_stopped),
                 cmocka_unit_test(test_wait_timeout),

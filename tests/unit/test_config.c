@@ -322,6 +322,20 @@ static const struct bad_case bad_cases[] = {
         { "{" BASE ", 'device': {'device': 'gpu:0,0'}}", "device.device: \"gpu:0,0\" lists GPU 0 twice" },
         { "{" BASE ", 'job': 'a b'}",
           "job: \"a b\" is not a valid job name ([A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters)" },
+        /* a job name and the state paths stay under the state directory */
+        { "{" BASE ", 'job': '..'}",
+          "job: \"..\" is not a valid job name ([A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters)" },
+        { "{" BASE ", 'job': '.hidden'}",
+          "job: \".hidden\" is not a valid job name ([A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters)" },
+        { "{" BASE ", 'supervisor': {'checkpoint_dir': '../other-job/checkpoints'}}",
+          "supervisor.checkpoint_dir: \"../other-job/checkpoints\" climbs out of STATE_DIR/JOB/ with \"..\" (a relative "
+          "path stays under it; an absolute path may go anywhere)" },
+        { "{" BASE ", 'supervisor': {'summary_dir': 'a/./../../b'}}",
+          "supervisor.summary_dir: \"a/./../../b\" climbs out of STATE_DIR/JOB/ with \"..\" (a relative path stays "
+          "under it; an absolute path may go anywhere)" },
+        { "{" BASE ", 'supervisor': {'summary_dir': 'a//..//..'}}",
+          "supervisor.summary_dir: \"a//..//..\" climbs out of STATE_DIR/JOB/ with \"..\" (a relative path stays "
+          "under it; an absolute path may go anywhere)" },
         /* cluster */
         { "{" MODEL "}", "cluster: missing" },
         { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'worker': ['a:3']}}", "cluster.ps: missing" },
@@ -449,6 +463,10 @@ static void test_file_errors(void **state) {
                 assert_int_equal(config_load_string(j, "my job.json", &c, err, sizeof(err)), -EINVAL);
                 assert_string_equal(err, "my job.json: job: missing, and the file name \"my job\" is not a valid "
                                          "job name ([A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters)");
+                assert_int_equal(config_load_string(j, "jobs/.hidden.json", &c, err, sizeof(err)), -EINVAL);
+                assert_int_equal(config_load_string(j, "jobs/a.b.json", &c, err, sizeof(err)), 0);
+                assert_string_equal(c->name, "a.b");
+                c = config_free(c);
                 assert_int_equal(config_load_string(j, "/etc/psfleet/jobs/fmnist.json", &c, err, sizeof(err)), 0);
                 assert_string_equal(c->name, "fmnist");
                 c = config_free(c);
@@ -573,6 +591,16 @@ static void test_tf_config(void **state) {
         free(before);
         free(after);
         print_message("%zu malformed TF_CONFIG values\n", ELEMENTSOF(bad));
+        config_free(c);
+}
+
+/* A state path's ".." that stays under STATE_DIR/JOB/, and any absolute path, are fine (the refused
+ * ones are in bad_cases). */
+static void test_state_paths(void **state) {
+        struct job_config *c = load_string_ok("{" BASE ", 'supervisor': {'checkpoint_dir': 'a/../ckpt', "
+                                              "'summary_dir': '/srv/x/../s'}}");
+        assert_string_equal(c->supervisor.checkpoint_dir, "a/../ckpt");
+        assert_string_equal(c->supervisor.summary_dir, "/srv/x/../s");
         config_free(c);
 }
 
@@ -794,7 +822,9 @@ static void test_env_overrides(void **state) {
         assert_int_equal(config_section_defaults(&d, "rpc"), 0);
         assert_int_equal(d.rpc.deadline_ms, 30000);
         assert_true(d.rpc.shared_memory);
+        assert_string_equal(d.rpc.runtime_dir, "/run/psfleet");
         assert_null(d.device.device);
+        free(d.rpc.runtime_dir);
 }
 
 /* docs/configuration.md carries the tables as config_print_keys and config_print_env print them. */
@@ -831,6 +861,7 @@ int main(void) {
                 cmocka_unit_test(test_file_errors),
                 cmocka_unit_test(test_task),
                 cmocka_unit_test(test_tf_config),
+                cmocka_unit_test(test_state_paths),
                 cmocka_unit_test(test_canonical),
                 cmocka_unit_test(test_instance),
                 cmocka_unit_test(test_print_keys),

@@ -214,6 +214,47 @@ static void test_forward_known(void **state)
         model_free(m);
 }
 
+/* A blown-up model: its loss is what it is (log C when every logit is alike, however huge; NaN when
+ * they overflow), never 0, and model_params_check names the variable. */
+static void test_blown_up(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 4}, .n_layers = 3,
+                               .layers = {L(LAYER_DENSE, 8), L(LAYER_RELU, 0), L(LAYER_DENSE, 10)}};
+        struct model *m;
+        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(model_init_params(m, 3), 0);
+        char why[128] = "";
+        assert_int_equal(model_params_check(m, why, sizeof(why)), 0);
+        const float x[16] = {0.1f, 0.9f, 0.5f, 0.3f, 1, 0, 0.2f, 0.4f, 0.7f, 0.7f, 0, 1, 0.3f, 0.6f, 0.9f, 0.1f};
+        const uint8_t y[4] = {0, 3, 7, 9};
+        float *p = model_params(m);
+        size_t n = model_n_params(m);
+        float loss;
+        /* every weight pushed down by 1e29, as by gradients of 1e30: the hidden layer dies, the logits
+         * are the (equal) biases */
+        for (size_t i = 0; i < n; i++)
+                p[i] -= 1e29f;
+        assert_int_equal(model_params_sync(m), 0);
+        assert_int_equal(model_forward(m, x, y, 4, &loss, NULL), 0);
+        assert_float_equal(loss, log(10.0), 1e-5);
+        assert_int_equal(model_params_check(m, why, sizeof(why)), -ERANGE);
+        assert_string_equal(why, "dense0/kernel holds -1e+29");
+        /* pushed up instead: the logits overflow, and the loss says so */
+        for (size_t i = 0; i < n; i++)
+                p[i] = 1e30f;
+        assert_int_equal(model_params_sync(m), 0);
+        assert_int_equal(model_forward(m, x, y, 4, &loss, NULL), 0);
+        assert_false(isfinite(loss));
+        /* one NaN bias, within the limit otherwise */
+        assert_int_equal(model_init_params(m, 3), 0);
+        p[n - 1] = NAN;
+        assert_int_equal(model_params_check(m, why, sizeof(why)), -ERANGE);
+        assert_string_equal(why, "dense1/bias holds nan");
+        p[n - 1] = MODEL_WEIGHT_LIMIT;
+        assert_int_equal(model_params_check(m, why, sizeof(why)), 0);
+        model_free(m);
+}
+
 static void test_init_deterministic(void **state)
 {
         struct model_spec s = {.input = {1, 1, 30}, .n_layers = 5,
@@ -749,6 +790,7 @@ int main(void)
                 cmocka_unit_test(test_grad_conv_pool),
                 cmocka_unit_test(test_grad_conv_even_kernel_pool_first),
                 cmocka_unit_test(test_forward_known),
+                cmocka_unit_test(test_blown_up),
                 cmocka_unit_test(test_init_deterministic),
                 cmocka_unit_test(test_batch_bounds),
                 cmocka_unit_test(test_bad_specs),

@@ -1,5 +1,6 @@
 /* optim: each optimizer against hand-computed updates, learning-rate schedules, finiteness; the one
  * apply (apply.h) over it: a gradient read in pieces equals one given whole, and each counts a step. */
+#include <errno.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -178,7 +179,7 @@ static void test_apply(void **state)
         for (uint64_t step = 3; step < 6; step++) {
                 apply_gradient(&t, &whole, g);
                 struct pieces p = {g, 0};
-                apply_gradient_read(&t, &read, read_pieces, &p);
+                apply_gradient_read(&t, &read, 1.0f, read_pieces, &p);
                 assert_int_equal(p.at, N);
                 float *ds[2] = {dm, dv};
                 optim_apply(&t, step, direct, g, ds, N);
@@ -195,14 +196,67 @@ static void test_apply(void **state)
         assert_ptr_equal(part.slot[1], &v[0][100]);
         assert_int_equal(part.updates, 0);
         struct pieces p = {g, 0};
-        assert_true(apply_all_finite_read(N, read_pieces, &p));
+        assert_true(apply_check_read(N, read_pieces, &p, NULL));
         g[N - 1] = NAN;
         p.at = 0;
-        assert_false(apply_all_finite_read(N, read_pieces, &p));
+        assert_false(apply_check_read(N, read_pieces, &p, NULL));
         struct training_config ada = {.optimizer = OPT_ADAGRAD, .initial_accumulator = 0.25};
         apply_reset(&ada, &part, 9);
         assert_float_equal(m[0][104], 0.25, 0);
         assert_int_equal(part.updates, 9);
+}
+
+/* The norm of a push: its squares summed in double over the pieces, any non-finite value refused
+ * with or without a limit; the verdict rejects or clips (limit / norm) over the limit only. */
+static void test_norm(void **state)
+{
+        enum { N = APPLY_BOUNCE + 7 };
+        static float g[N];
+        double want = 0;
+        for (size_t i = 0; i < N; i++) {
+                g[i] = (float)((int)(i % 9) - 4) * 0.5f;
+                want += (double)g[i] * g[i];
+        }
+        double sumsq = 1.0;   /* added to, as over a push's several tensors */
+        struct pieces p = {g, 0};
+        assert_true(apply_check_read(N, read_pieces, &p, &sumsq));
+        assert_float_equal(sumsq, want + 1.0, 1e-9 * want);
+        sumsq = 0;
+        assert_true(apply_check(g, N, &sumsq));
+        assert_float_equal(sumsq, want, 1e-9 * want);
+        /* 1e30 squared overflows float, not double: finite, and the norm exact */
+        float big[3] = {1e30f, -1e30f, 1e30f};
+        sumsq = 0;
+        assert_true(apply_check(big, 3, &sumsq));
+        assert_float_equal(sqrt(sumsq), sqrt(3.0) * 1e30, 1e22);
+        for (int k = 0; k < 3; k++) {
+                float bad[5] = {1, 2, 3, 4, 5};
+                bad[k + 1] = k == 0 ? NAN : k == 1 ? INFINITY : -INFINITY;
+                double s = 0;
+                assert_false(apply_check(bad, 5, &s));
+                assert_false(apply_check(bad, 5, NULL));
+        }
+
+        char err[256] = "";
+        float scale = 0;
+        struct training_config t = {.max_gradient_norm = 0};
+        assert_int_equal(apply_norm_limit(&t, 1e60, "worker:0", &scale, err, sizeof(err)), 0);   /* no limit */
+        assert_float_equal(scale, 1.0, 0);
+        t.max_gradient_norm = 10;
+        t.gradient_norm_action = GRAD_NORM_REJECT;
+        assert_int_equal(apply_norm_limit(&t, 100.0, "worker:0", &scale, err, sizeof(err)), 0);   /* at it */
+        assert_float_equal(scale, 1.0, 0);
+        assert_int_equal(apply_norm_limit(&t, 400.0, "worker:0", &scale, err, sizeof(err)), -EINVAL);
+        assert_string_equal(err, "gradients from worker:0 have L2 norm 20, over training.max_gradient_norm 10; "
+                                 "nothing applied");
+        t.gradient_norm_action = GRAD_NORM_CLIP;
+        assert_int_equal(apply_norm_limit(&t, 400.0, "worker:0", &scale, err, sizeof(err)), 1);
+        assert_float_equal(scale, 0.5, 1e-7);
+        float h[3] = {2, -4, 8};
+        apply_scale(h, 3, 0.25f);
+        assert_float_equal(h[0], 0.5, 0);
+        assert_float_equal(h[1], -1.0, 0);
+        assert_float_equal(h[2], 2.0, 0);
 }
 
 int main(void)
@@ -212,6 +266,7 @@ int main(void)
                 cmocka_unit_test(test_adam),     cmocka_unit_test(test_adagrad),
                 cmocka_unit_test(test_learning_rate), cmocka_unit_test(test_all_finite),
                 cmocka_unit_test(test_names),        cmocka_unit_test(test_apply),
+                cmocka_unit_test(test_norm),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -70,9 +70,10 @@ static struct wire_in *shard_message(const struct job_layout *L, uint32_t s, con
 static int push_wire(struct shard *s, const struct wire_in *in, float *values, char *err, size_t errlen) {
         struct shard_part **parts = calloc(in->n_tensors + 1, sizeof(*parts));
         size_t floats;
-        int r = shard_wire_check(s, in, "worker:0", parts, &floats, err, errlen);
+        float scale = 0;
+        int r = shard_wire_check(s, in, "worker:0", parts, &floats, &scale, err, errlen);
         if (r == 0)
-                shard_wire_apply(s, in, parts, values);
+                shard_wire_apply(s, in, parts, scale, values);
         free(parts);
         return r;
 }
@@ -230,9 +231,9 @@ struct fx {
         float *before;         /* its block before the push */
 };
 
-static struct fx *fixture(void) {
+static struct fx *fixture_with(const char *training) {
         struct fx *f = calloc(1, sizeof(*f));
-        f->cfg = job("\"optimizer\": \"adam\"");
+        f->cfg = job(training);
         assert_int_equal(job_layout_new(f->cfg, &f->L), 0);
         f->params = calloc(f->L->n_params, sizeof(float));
         f->grads = calloc(f->L->n_params, sizeof(float));
@@ -249,11 +250,11 @@ static struct fx *fixture(void) {
         return f;
 }
 
-/* Whatever the push, nothing changed. */
-static void unchanged(struct fx *f) {
-        assert_memory_equal(f->before, f->s->block, f->s->n_floats * (1 + f->s->n_slots) * sizeof(float));
-        for (uint32_t k = 0; k < f->s->n_parts; k++)
-                assert_int_equal(f->s->parts[k].a.updates, 0);
+static struct fx *fixture(void) {
+        return fixture_with("\"optimizer\": \"adam\"");
+}
+
+static void fixture_free(struct fx *f) {
         shard_free(f->s);
         free(f->before);
         free(f->params);
@@ -261,6 +262,14 @@ static void unchanged(struct fx *f) {
         job_layout_free(f->L);
         config_free(f->cfg);
         free(f);
+}
+
+/* Whatever the push, nothing changed. */
+static void unchanged(struct fx *f) {
+        assert_memory_equal(f->before, f->s->block, f->s->n_floats * (1 + f->s->n_slots) * sizeof(float));
+        for (uint32_t k = 0; k < f->s->n_parts; k++)
+                assert_int_equal(f->s->parts[k].a.updates, 0);
+        fixture_free(f);
 }
 
 /* Valid gradients of all the shard's parts but `except` (nullable) into t (16); returns how many. */
@@ -335,6 +344,78 @@ static void test_refused(void **state) {
         }
 }
 
+/* ---- training.max_gradient_norm: over it a push is refused whole, or clipped to it ---- */
+
+/* Every gradient of the shard's parts set to v (where a whole model's block has them). */
+static void fill_grads(struct fx *f, float v) {
+        for (uint32_t k = 0; k < f->s->n_parts; k++) {
+                const struct shard_part *q = &f->s->parts[k];
+                for (size_t i = 0; i < q->a.n; i++)
+                        f->grads[q->model_off + i] = v;
+        }
+}
+
+static void test_norm_reject(void **state) {
+        (void)state;
+        struct fx *f = fixture_with("\"optimizer\": \"adam\", \"max_gradient_norm\": 10");
+        fill_grads(f, 1e30f);   /* finite, so only the norm can refuse it */
+        struct tensor t[16];
+        struct wire_in *in = message(t, valid_tensors(f, NULL, t));
+        char err[512];
+        assert_int_equal(push_wire(f->s, in, NULL, err, sizeof(err)), -EINVAL);
+        wire_in_free(in);
+        if (!strstr(err, "gradients from worker:0 to ps:") || !strstr(err, "over training.max_gradient_norm 10; nothing applied"))
+                fail_msg("%s", err);
+        assert_int_equal(push_block(f->s, f->grads, f->params, err, sizeof(err)), -EINVAL);
+        if (!strstr(err, "gradients from worker:3 to ps:") || !strstr(err, "over training.max_gradient_norm 10"))
+                fail_msg("%s", err);
+        /* NaN is refused as such, with or without a limit */
+        f->grads[f->s->parts[0].model_off] = NAN;
+        assert_int_equal(push_block(f->s, f->grads, f->params, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "contains NaN or Inf"));
+        assert_int_equal(atomic_load(&f->s->clipped), 0);
+        unchanged(f);
+}
+
+/* Clipped: the gRPC and the shared-memory path apply the same scaled gradients, whose norm is the limit:
+ * with sgd the parameters move by lr * limit in norm. A push within the limit is applied as it is. */
+static void test_norm_clip(void **state) {
+        (void)state;
+        static const char training[] =
+                "\"optimizer\": \"sgd\", \"learning_rate\": 0.1, \"max_gradient_norm\": 2, \"gradient_norm_action\": \"clip\"";
+        struct fx *a = fixture_with(training), *b = fixture_with(training);
+        size_t n = a->s->n_floats;
+        fill_grads(a, 1e30f);
+        fill_grads(b, 1e30f);
+        a->grads[a->s->parts[0].model_off] = -3e30f;
+        b->grads[b->s->parts[0].model_off] = -3e30f;
+        struct tensor t[16];
+        struct wire_in *in = message(t, valid_tensors(a, NULL, t));
+        char err[512];
+        assert_int_equal(push_wire(a->s, in, NULL, err, sizeof(err)), 0);
+        wire_in_free(in);
+        assert_int_equal(push_block(b->s, b->grads, b->params, err, sizeof(err)), 0);
+        assert_memory_equal(a->s->block, b->s->block, n * sizeof(float));
+        double moved = 0;
+        for (size_t i = 0; i < n; i++)
+                moved += ((double)a->s->block[i] - a->before[i]) * ((double)a->s->block[i] - a->before[i]);
+        assert_float_equal(sqrt(moved), 0.1 * 2, 1e-5);
+        assert_int_equal(atomic_load(&a->s->clipped), 1);
+        assert_int_equal(atomic_load(&b->s->clipped), 1);
+
+        /* within the limit: as it is, and not counted */
+        memcpy(a->before, a->s->block, n * sizeof(float));
+        fill_grads(a, 0.01f);
+        in = message(t, valid_tensors(a, NULL, t));
+        assert_int_equal(push_wire(a->s, in, NULL, err, sizeof(err)), 0);
+        wire_in_free(in);
+        for (size_t i = 0; i < n; i++)
+                assert_float_equal(a->s->block[i], a->before[i] - 0.1f * 0.01f, 1e-6);
+        assert_int_equal(atomic_load(&a->s->clipped), 1);
+        fixture_free(a);
+        fixture_free(b);
+}
+
 static void test_assign_incomplete(void **state) {
         (void)state;
         struct fx *f = fixture();
@@ -363,6 +444,8 @@ int main(void) {
                 cmocka_unit_test(test_adagrad),
                 cmocka_unit_test(test_nan),
                 cmocka_unit_test(test_refused),
+                cmocka_unit_test(test_norm_reject),
+                cmocka_unit_test(test_norm_clip),
                 cmocka_unit_test(test_assign_incomplete),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

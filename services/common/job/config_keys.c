@@ -54,6 +54,31 @@ static int check_device(const char *s, char *why, size_t whylen)
         return device_spec_parse(s, NULL, why, whylen);
 }
 
+/* supervisor.checkpoint_dir, supervisor.summary_dir: chiefd resolves a relative path under
+ * STATE_DIR/JOB/, and it must stay there ("a/../b" does; "../b" climbs out into another job's
+ * directory or the state directory's parent). An absolute path is the operator's explicit choice. */
+static int check_state_path(const char *s, char *why, size_t whylen)
+{
+        int depth = 0;
+        if (s[0] == '/')
+                return 0;
+        for (const char *p = s; *p;) {
+                size_t n = strcspn(p, "/");
+                if (n == 2 && p[0] == '.' && p[1] == '.')
+                        depth--;
+                else if (n && !(n == 1 && p[0] == '.'))
+                        depth++;
+                if (depth < 0) {
+                        snprintf(why, whylen, "climbs out of STATE_DIR/JOB/ with \"..\" (a relative path stays "
+                                              "under it; an absolute path may go anywhere)");
+                        return -EINVAL;
+                }
+                p += n;
+                p += strspn(p, "/");
+        }
+        return 0;
+}
+
 const struct config_key cfg_keys[] = {
         K_SPECIAL("job", "string", "file name without .json", "[A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters",
                   "Job name; it names the units (psfleet-psd@JOB:INDEX) and state directories."),
@@ -118,9 +143,10 @@ const struct config_key cfg_keys[] = {
                "(scaled down to the limit, then applied)."),
 
         K_STR("supervisor.checkpoint_dir", supervisor.checkpoint_dir, "checkpoints",
-              "Where chiefd writes checkpoints; a relative path is under STATE_DIR/JOB/."),
+              "Where chiefd writes checkpoints; a relative path is under STATE_DIR/JOB/.", .check = check_state_path),
         K_STR("supervisor.summary_dir", supervisor.summary_dir, "summaries",
-              "Where chiefd writes TensorBoard summaries; a relative path is under STATE_DIR/JOB/."),
+              "Where chiefd writes TensorBoard summaries; a relative path is under STATE_DIR/JOB/.",
+              .check = check_state_path),
         K_U64("supervisor.save_checkpoint_steps", supervisor.save_checkpoint_steps, 0, 0, INT64_MAX,
               "Save a checkpoint every this many global steps; 0: off."),
         K_U64("supervisor.save_checkpoint_secs", supervisor.save_checkpoint_secs, 600, 0, 31536000,
@@ -240,7 +266,9 @@ static void key_docs(const struct config_key *k, char *type, char *def, char *ra
         case KT_STRING:
                 snprintf(type, len, "string");
                 snprintf(def, len, "\"%s\"", k->sdef);
-                snprintf(range, len, k->check == check_device ? "auto, cpu, gpu:N, gpu:N,M,..." : "non-empty");
+                snprintf(range, len, k->check == check_device       ? "auto, cpu, gpu:N, gpu:N,M,..."
+                                     : k->check == check_state_path ? "non-empty; relative: no \"..\" out of STATE_DIR/JOB/"
+                                                                    : "non-empty");
                 break;
         case KT_ENUM:
                 snprintf(type, len, "string");

@@ -34,8 +34,26 @@ void apply_gradient(const struct training_config *t, struct apply_rows *a, const
  * k floats to buf. */
 typedef void (*apply_read_fn)(void *ud, float *buf, size_t k);
 
-/* As apply_gradient, reading a->n floats through a buffer of APPLY_BOUNCE that stays in cache. */
-void apply_gradient_read(const struct training_config *t, struct apply_rows *a, apply_read_fn read, void *ud);
+/* As apply_gradient, reading a->n floats through a buffer of APPLY_BOUNCE that stays in cache, each
+ * multiplied by scale first (1: as they are; a clipped push's limit / norm). */
+void apply_gradient_read(const struct training_config *t, struct apply_rows *a, float scale, apply_read_fn read,
+                         void *ud);
 
-/* Reads n floats the same way; true when all are finite (a check before anything is applied). */
-bool apply_all_finite_read(size_t n, apply_read_fn read, void *ud);
+/* g[i] *= scale for n floats. */
+void apply_scale(float *g, size_t n, float scale);
+
+/* A push is checked whole before any of it is applied: every gradient finite, and (with
+ * training.max_gradient_norm) the L2 norm of all its gradients within the limit.
+ *
+ * apply_check: true when all n floats of g are finite; with sumsq (NULL: no limit, the norm is not
+ * needed) it also adds their squares, in double, to *sumsq. apply_check_read does the same for n
+ * floats read in pieces. */
+bool apply_check(const float *g, size_t n, double *sumsq);
+bool apply_check_read(size_t n, apply_read_fn read, void *ud, double *sumsq);
+
+/* The verdict on a finite push whose squares sum to sumsq, from `from` ("worker:0"): 0 and *scale_ret 1
+ * (no limit, or within it); 1 and *scale_ret = limit / norm (over the limit, action clip: scale the
+ * gradients by it, then apply); -EINVAL with a message naming the norm and the limit (over it, action
+ * reject: nothing may be applied). */
+int apply_norm_limit(const struct training_config *t, double sumsq, const char *from, float *scale_ret, char *err,
+                     size_t errlen);

@@ -106,8 +106,10 @@ static void softmax_xent_fwd_k(const float *logits /* (B, C) */, const uint8_t *
                 float inv = 1.0f / sum;
                 for (uint32_t c = 0; c < C; c++)
                         p[c] *= inv;
-                /* log-sum-exp form: finite even when p[label] underflows */
-                loss += (double)logf(sum) + (double)mx - (double)l[labels[b]];
+                /* log-sum-exp form: finite even when p[label] underflows. The difference first: with
+                 * logits of 1e29, log(sum) + mx rounds log(sum) away, and a blown-up model whose
+                 * logits are all alike reported a loss of exactly 0 */
+                loss += (double)logf(sum) + ((double)mx - (double)l[labels[b]]);
         }
         *loss_ret = (float)(loss / B);
 }

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,6 +112,22 @@ uint32_t model_n_classes(const struct model *m)
 float *model_params(struct model *m)
 {
         return m->params_host;
+}
+
+int model_params_check(struct model *m, char *why, size_t len)
+{
+        const float *p = m->params_host;
+        for (uint32_t v = 0; v < m->n_vars; v++) {
+                const struct model_var *mv = &m->vars[v];
+                for (size_t i = 0, n = (size_t)mv->rows * mv->cols; i < n; i++) {
+                        float x = p[mv->offset + i];
+                        if (!(fabsf(x) <= MODEL_WEIGHT_LIMIT)) {   /* NaN fails the comparison too */
+                                snprintf(why, len, "%s holds %g", mv->name, (double)x);
+                                return -ERANGE;
+                        }
+                }
+        }
+        return 0;
 }
 
 float *model_grads(struct model *m)

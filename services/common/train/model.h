@@ -58,6 +58,15 @@ int model_params_sync(struct model *m); /* host params -> device; no-op on host-
  * model; -EINVAL otherwise or for misaligned or overlapping blocks. */
 int model_use_host_blocks(struct model *m, float *params, float *grads);
 
+/* Beyond this a weight has blown up: the product of two such overflows float, so the passes can no
+ * longer be trusted (sqrt(FLT_MAX) is 1.8e19; trained weights are many orders of magnitude below). */
+#define MODEL_WEIGHT_LIMIT 1.8e19f
+
+/* Whether the host parameter block holds a model that can still compute: every value finite and
+ * within MODEL_WEIGHT_LIMIT. 0, or -ERANGE with why (len bytes) naming the first variable that does
+ * not and its value ("dense0/kernel holds 1e+30"). Reads n_params floats. */
+int model_params_check(struct model *m, char *why, size_t len);
+
 /* Glorot uniform / He normal (truncated at 2 sigma, as TF/Keras) per the spec's initializer kinds,
  * each variable drawn from an rng seeded by (seed, variable index); biases zero. Deterministic. */
 int model_init_params(struct model *m, uint64_t seed);

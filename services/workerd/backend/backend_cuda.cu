@@ -385,7 +385,8 @@ __global__ void k_xent_loss(const float *logits, const uint8_t *labels, uint32_t
                 float sum = 0.0f;
                 for (uint32_t c = 0; c < C; c++)
                         sum += expf(l[c] - mx);
-                s += (double)logf(sum) + (double)mx - (double)l[labels[b]];
+                /* the difference first: with huge logits, log(sum) + mx would round log(sum) away */
+                s += (double)logf(sum) + ((double)mx - (double)l[labels[b]]);
         }
         block_sum(part, s);
         if (threadIdx.x == 0)
