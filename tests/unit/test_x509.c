@@ -1,6 +1,7 @@
 /* Tests of x509.c: a CA and its leaves, checked from their PEM files with libcrypto as a TLS peer
  * would check them; file modes; loading a CA to issue more; errors that name the file. */
 #include <errno.h>
+#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -29,11 +30,12 @@ static int setup(void **state) {
         return mkdtemp(tmpdir) ? 0 : -1;
 }
 
+static int remove_entry(const char *p, const struct stat *st, int type, struct FTW *ftw) {
+        return remove(p);
+}
+
 static int teardown(void **state) {
-        char *cmd = strdup_printf("rm -rf %s", tmpdir);
-        int r = system(cmd);
-        free(cmd);
-        return r == 0 ? 0 : -1;
+        return nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static char *path(const char *name) {
@@ -60,26 +62,29 @@ static void save(const struct x509_cred *c, const char *name, mode_t kmode) {
         free(key);
 }
 
-static X509 *read_cert(const char *name) {
+static FILE *open_tmp(const char *name) {
         char *p = path(name);
         FILE *f = fopen(p, "r");
-        assert_non_null(f);
-        X509 *x = PEM_read_X509(f, NULL, NULL, NULL);
-        fclose(f);
         free(p);
-        assert_non_null(x);
-        return x;
+        assert_non_null(f);
+        return f;
+}
+
+/* A certificate or a private key, read back with libcrypto's own PEM reader. */
+static void *read_back(const char *name, bool key) {
+        FILE *f = open_tmp(name);
+        void *o = key ? (void *)PEM_read_PrivateKey(f, NULL, NULL, NULL) : (void *)PEM_read_X509(f, NULL, NULL, NULL);
+        fclose(f);
+        assert_non_null(o);
+        return o;
+}
+
+static X509 *read_cert(const char *name) {
+        return read_back(name, false);
 }
 
 static EVP_PKEY *read_key(const char *name) {
-        char *p = path(name);
-        FILE *f = fopen(p, "r");
-        assert_non_null(f);
-        EVP_PKEY *k = PEM_read_PrivateKey(f, NULL, NULL, NULL);
-        fclose(f);
-        free(p);
-        assert_non_null(k);
-        return k;
+        return read_back(name, true);
 }
 
 /* X509_verify_cert of leaf against the one CA certificate, for a TLS server and a TLS client. */

@@ -131,60 +131,62 @@ fail:
         return -EIO;
 }
 
-static int check_days(uint32_t days, char *err, size_t errlen) {
+struct ext {
+        int nid;
+        const char *value;      /* as in openssl.cnf */
+};
+
+/* A certificate of subject with exts, the key identifiers and (unless NULL) the DNS name dns, signed
+ * by issuer, or by itself when issuer is NULL. */
+static int make_cert(const struct x509_subject *subject, uint32_t days, const struct x509_cred *issuer,
+                     const struct ext *exts, size_t n, const char *dns, struct x509_cred **ret, char *err,
+                     size_t errlen) {
+        static const struct ext ids[] = {
+                {NID_subject_key_identifier, "hash"}, {NID_authority_key_identifier, "keyid:always"},
+        };
+        struct x509_cred *c;
+        X509V3_CTX ctx;
         /* X509_time_adj_ex takes an int; 100 years is beyond any sensible certificate */
         if (days < 1 || days > 36500)
-                return errf(err, errlen, -EINVAL, "validity of %u days: expected 1..36500", days);
+                return errf(err, errlen, -EINVAL, "%s: validity of %u days: expected 1..36500", subject->cn, days);
+        if (new_cert(subject, days, issuer, &c) < 0)
+                return crypto_fail(err, errlen, "cannot make a key and certificate");
+        X509V3_set_ctx(&ctx, issuer ? issuer->cert : c->cert, c->cert, NULL, NULL, 0);
+        for (size_t i = 0; i < n + ELEMENTSOF(ids); i++) {
+                const struct ext *e = i < n ? &exts[i] : &ids[i - n];
+                if (add_ext(c->cert, &ctx, e->nid, e->value) < 0)
+                        goto fail;
+        }
+        if ((dns && add_dns_name(c->cert, dns) < 0) || !X509_sign(c->cert, (issuer ? issuer : c)->key, EVP_sha256()))
+                goto fail;
+        *ret = c;
         return 0;
+fail:
+        x509_cred_free(c);
+        return crypto_fail(err, errlen, subject->cn);
 }
 
 int x509_ca_new(const struct x509_subject *subject, uint32_t days, struct x509_cred **ret, char *err,
                 size_t errlen) {
-        struct x509_cred *c;
-        X509V3_CTX ctx;
-        int r = check_days(days, err, errlen);
-        if (r < 0)
-                return r;
-        if (new_cert(subject, days, NULL, &c) < 0)
-                return crypto_fail(err, errlen, "cannot create the CA's key and certificate");
-        X509V3_set_ctx(&ctx, c->cert, c->cert, NULL, NULL, 0);
         /* pathlen 0: it signs leaves only, never another CA */
-        if (add_ext(c->cert, &ctx, NID_basic_constraints, "critical,CA:TRUE,pathlen:0") < 0 ||
-            add_ext(c->cert, &ctx, NID_key_usage, "critical,keyCertSign,cRLSign") < 0 ||
-            add_ext(c->cert, &ctx, NID_subject_key_identifier, "hash") < 0 ||
-            add_ext(c->cert, &ctx, NID_authority_key_identifier, "keyid:always") < 0 ||
-            !X509_sign(c->cert, c->key, EVP_sha256())) {
-                x509_cred_free(c);
-                return crypto_fail(err, errlen, "cannot sign the CA's certificate");
-        }
-        *ret = c;
-        return 0;
+        static const struct ext exts[] = {
+                {NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
+                {NID_key_usage, "critical,keyCertSign,cRLSign"},
+        };
+        return make_cert(subject, days, NULL, exts, ELEMENTSOF(exts), NULL, ret, err, errlen);
 }
 
 int x509_issue(const struct x509_cred *ca, const struct x509_subject *subject, const char *dns, uint32_t days,
                struct x509_cred **ret, char *err, size_t errlen) {
-        struct x509_cred *c;
-        X509V3_CTX ctx;
-        int r = check_days(days, err, errlen);
-        if (r < 0)
-                return r;
+        /* every daemon both serves and calls, so each certificate is both a TLS server's and a client's */
+        static const struct ext exts[] = {
+                {NID_basic_constraints, "critical,CA:FALSE"},
+                {NID_key_usage, "critical,digitalSignature"},
+                {NID_ext_key_usage, "serverAuth,clientAuth"},
+        };
         if (!dns || !*dns)
                 return errf(err, errlen, -EINVAL, "%s: no DNS name for the certificate", subject->cn);
-        if (new_cert(subject, days, ca, &c) < 0)
-                return crypto_fail(err, errlen, "cannot create a key and certificate");
-        X509V3_set_ctx(&ctx, ca->cert, c->cert, NULL, NULL, 0);
-        /* every daemon both serves and calls, so each certificate is both a TLS server's and a client's */
-        if (add_ext(c->cert, &ctx, NID_basic_constraints, "critical,CA:FALSE") < 0 ||
-            add_ext(c->cert, &ctx, NID_key_usage, "critical,digitalSignature") < 0 ||
-            add_ext(c->cert, &ctx, NID_ext_key_usage, "serverAuth,clientAuth") < 0 ||
-            add_ext(c->cert, &ctx, NID_subject_key_identifier, "hash") < 0 ||
-            add_ext(c->cert, &ctx, NID_authority_key_identifier, "keyid:always") < 0 ||
-            add_dns_name(c->cert, dns) < 0 || !X509_sign(c->cert, ca->key, EVP_sha256())) {
-                x509_cred_free(c);
-                return crypto_fail(err, errlen, "cannot sign a certificate");
-        }
-        *ret = c;
-        return 0;
+        return make_cert(subject, days, ca, exts, ELEMENTSOF(exts), dns, ret, err, errlen);
 }
 
 /* An encrypted key is refused instead of prompting for a passphrase on the terminal. */
