@@ -92,7 +92,13 @@ static int load_or_make_ca(struct certs *c, uint32_t ca_days) {
                         r = fail(r, err);
                         goto out;
                 }
-                printf("using %s (the job's CA, valid until %s)\n", crt, date(x509_cred_not_after(c->ca), buf, sizeof(buf)));
+                date(x509_cred_not_after(c->ca), buf, sizeof(buf));
+                if (x509_cred_not_after(c->ca) <= time(NULL)) {
+                        cli_error("%s: the CA ended on %s: make a new one (docs/security.md, \"Rotation\")", crt, buf);
+                        r = CONFIG_EX_CONFIG;
+                        goto out;
+                }
+                printf("using %s (the job's CA, valid until %s)\n", crt, buf);
                 r = 0;
         } else if (exists(crt) || exists(key)) {
                 cli_error("%s exists without %s: put it back, or move both away to make a new CA (every "

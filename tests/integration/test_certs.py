@@ -58,6 +58,28 @@ def mode(path):
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
+def expired_ca(tls, job):
+    import datetime
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "psfleet CA " + job)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=30)).not_valid_after(now - datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .sign(key, hashes.SHA256()))
+    os.makedirs(os.path.join(tls, job))
+    with open(os.path.join(tls, job, "ca.crt"), "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(os.path.join(tls, job, "ca.key"), "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+
+
 def test():
     if not os.access(h.BIN["psfleet"], os.X_OK):
         h.skip("psfleet not built")
@@ -127,6 +149,16 @@ def test():
     certs("--job", job, "--dir", tls, "--force")
     for t in tasks:
         check_leaf(d, name, t)
+
+    # A CA that has ended issues nothing (made with python3-cryptography, when it is there: neither
+    # psfleet nor the openssl command makes a certificate that ended in the past).
+    try:
+        expired_ca(wd.file("ended"), name)
+    except ImportError:
+        h.log("no python3-cryptography: the ended CA is not tried")
+    else:
+        _, err = certs("--job", job, "--dir", wd.file("ended"), expect=78)
+        assert "the CA ended" in err, err
 
     # Half a CA, a corrupt CA, a task not in the job, a bad job file: 78. Unwritable: 74.
     os.rename(os.path.join(d, "ca.key"), wd.file("ca.key.away"))
