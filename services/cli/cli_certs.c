@@ -127,18 +127,20 @@ out:
 
 /* A task's existing files, kept: they must still be a pair this CA issued. */
 static int keep(const struct certs *c, const char *crt, const char *key) {
-        char err[1024];
+        char err[1024], why[512];
         struct x509_cred *cred;
-        int r = x509_cred_load(crt, key, false, &cred, err, sizeof(err));
+        int r = x509_cred_load(crt, key, false, &cred, why, sizeof(why));
         if (r >= 0) {
-                char why[512];
-                r = x509_cred_verify(cred, c->ca, why, sizeof(why));
+                char how[256];
+                r = x509_cred_verify(cred, c->ca, how, sizeof(how));
                 if (r < 0)
-                        snprintf(err, sizeof(err), "%s: not valid with this CA (%s): --force issues it again", crt, why);
+                        snprintf(why, sizeof(why), "%s: not valid with this CA (%s)", crt, how);
                 x509_cred_free(cred);
         }
-        if (r < 0)
+        if (r < 0) {
+                snprintf(err, sizeof(err), "%s; --force issues the task's key and certificate again", why);
                 return fail(r, err);
+        }
         printf("kept %s (exists; --force issues it again)\nkept %s\n", crt, key);
         return 0;
 }

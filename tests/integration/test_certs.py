@@ -169,6 +169,12 @@ def test():
     _, err = certs("--job", job, "--dir", tls, expect=78)
     assert os.path.join(d, "ca.key") in err, err
     os.rename(wd.file("ca.key.away"), os.path.join(d, "ca.key"))
+    with open(os.path.join(d, "worker-0.key"), "w") as f:
+        f.write("not a key either\n")
+    _, err = certs("--job", job, "--dir", tls, "--task", "worker-0", expect=78)
+    assert os.path.join(d, "worker-0.key") in err and "--force" in err, err
+    certs("--job", job, "--dir", tls, "--task", "worker-0", "--force")
+    check_leaf(d, name, "worker-0")
     _, err = certs("--job", job, "--dir", tls, "--task", "ps-2", expect=78)
     assert "ps-2" in err, err
     _, err = certs("--job", job, "--dir", tls, "--task", "ps-0", "--task", "ps-1", expect=2)
