@@ -39,7 +39,8 @@ static void certs_help(FILE *f) {
                    "                  (rotation: --task worker-1 --force)\n"
                    "\n"
                    "Exit status: 0 done, 2 bad usage, 74 a file could not be read or written, 78 bad job\n"
-                   "file, a task not in the job, or an existing file that is not what it should be.\n",
+                   "file, a task not in the job, or an existing file that is not what it should be (a\n"
+                   "CA that has ended, a kept certificate this CA did not issue).\n",
                 X509_LEAF_DAYS, X509_CA_DAYS);
 }
 
