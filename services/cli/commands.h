@@ -10,3 +10,4 @@ int cmd_checkpoints(int argc, char **argv);
 int cmd_placement(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
 int cmd_restart(int argc, char **argv);
+int cmd_certs(int argc, char **argv);

@@ -26,6 +26,7 @@ static const struct command {
          "                       checkpoint"},
         {"placement", cmd_placement,
          "placement JOB.json   print how the job's variables are spread over its ps shards"},
+        {"certs", cmd_certs, "certs --job JOB      make a job's CA and a key and certificate per task (docs/security.md)"},
 };
 
 static void usage(FILE *f) {
