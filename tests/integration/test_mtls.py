@@ -100,7 +100,7 @@ def probes(wd, job, spec, tls_dir, other_dir):
     expect_code("viewer Push", lambda: vps.Push(push_req([bias]), timeout=5), DENIED, "viewer may not call")
     expect_code("viewer Assign", lambda: vps.Assign(s.ps_pb2.AssignRequest(), timeout=5), DENIED)
     expect_code("viewer ParameterServer.Stop", lambda: vps.Stop(s.ps_pb2.StopRequest(), timeout=5), DENIED)
-    expect_code("viewer Supervisor.Stop", lambda: vsup.Stop(s.supervisor_pb2.StopRequest(), timeout=5), DENIED)
+    expect_code("viewer Supervisor.Stop", lambda: vsup.Stop(s.ps_pb2.StopRequest(), timeout=5), DENIED)
     expect_code("viewer SaveCheckpoint",
                 lambda: vsup.SaveCheckpoint(s.supervisor_pb2.SaveCheckpointRequest(), timeout=5), DENIED)
     vch.close()
@@ -111,7 +111,7 @@ def probes(wd, job, spec, tls_dir, other_dir):
     cch, wsup = chief_stub("worker-0")
     expect_code("worker Assign", lambda: wps.Assign(s.ps_pb2.AssignRequest(), timeout=5), DENIED, "chief only")
     expect_code("worker ParameterServer.Stop", lambda: wps.Stop(s.ps_pb2.StopRequest(), timeout=5), DENIED)
-    expect_code("worker Supervisor.Stop", lambda: wsup.Stop(s.supervisor_pb2.StopRequest(), timeout=5), DENIED)
+    expect_code("worker Supervisor.Stop", lambda: wsup.Stop(s.ps_pb2.StopRequest(), timeout=5), DENIED)
     report = s.supervisor_pb2.ReportRequest(worker=0, local_step=1, global_step=0, loss=2.3, state="training")
     wsup.Report(report, timeout=5)   # as itself: fine
     cch.close()

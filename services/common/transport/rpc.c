@@ -68,6 +68,11 @@ static void global_init_once(void) {
          * pays a page fault per 4 KiB (measured: 0.3 vs 2.7 GB/s for 4 MiB pulls). */
         mallopt(M_MMAP_THRESHOLD, 1 << 30);
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        /* One malloc arena, set before gRPC starts its threads: what they free could otherwise stay in
+         * arenas of their own, out of malloc_trim's reach (measured: 30 MB left resident after a refused
+         * 512 MiB request, against none with one arena; rpc_memory_bound). The hot paths allocate
+         * little, so they do not contend for it. */
+        mallopt(M_ARENA_MAX, 1);
         grpc_init();
 }
 
@@ -92,20 +97,22 @@ static size_t resident_bytes(void) {
 }
 
 static void *memory_watch(void *arg) {
-        size_t bound = (size_t)(uintptr_t)arg, tried_at = 0;
+        size_t bound = (size_t)(uintptr_t)arg;
+        uint64_t next_try = 0;
         for (;;) {
                 struct timespec ts = {MEMORY_CHECK_MS / 1000, (MEMORY_CHECK_MS % 1000) * 1000000L};
                 nanosleep(&ts, NULL);
                 size_t before = resident_bytes();
-                /* over the bound, and grown since the last try (what a trim could not free is in use) */
-                if (before <= bound || (tried_at && before <= tried_at + ((size_t)8 << 20)))
+                if (before <= bound || mono_us() < next_try)
                         continue;
                 malloc_trim(0);
                 size_t after = resident_bytes();
-                tried_at = after;
-                if (before > after + ((size_t)1 << 20))
-                        log_info("memory: %zu MiB resident, over %zu MiB (the baseline, twice the largest legal "
-                                 "message and 8 MiB): %zu MiB handed back", before >> 20, bound >> 20, (before - after) >> 20);
+                if (before < after + ((size_t)1 << 20)) {
+                        next_try = mono_us() + 10000000u;   /* nothing to hand back: it is in use */
+                        continue;
+                }
+                log_info("memory: %zu MiB resident, over %zu MiB (the baseline, twice the largest legal message "
+                         "and 8 MiB): %zu MiB handed back", before >> 20, bound >> 20, (before - after) >> 20);
         }
         return NULL;
 }
