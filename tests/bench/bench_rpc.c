@@ -1,5 +1,7 @@
 /* RPC goodput and latency on loopback: push and pull of one tensor through our RPC layer against a plain
  * TCP transfer of the same bytes (request + 1-byte ack), measured side by side in one run.
+ * Also through the same layer with mutual TLS (--tls, or by default unless --no-tls): certificates made
+ * in a temporary directory with base/x509, the server as ps-0 and the client as worker-0 of a job.
  * Prints one JSON line per size, then one for small-call latency. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,17 +16,23 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "authz.h"
 #include "rpc.h"
+#include "util.h"
 #include "wire.h"
+#include "x509.h"
 #include "psfleet/v1/ps.pb-c.h"
 
-#define M_PUSH "/bench.B/Push"
-#define M_PULL "/bench.B/Pull"
-#define M_PING "/bench.B/Ping"
+/* psfleet's own method names, so that the same handlers can be served under mutual TLS (where every
+ * method must be in the authorization table); the handlers are the bench's. */
+#define M_PUSH "/psfleet.v1.ParameterServer/Push"
+#define M_PULL "/psfleet.v1.ParameterServer/Pull"
+#define M_PING "/psfleet.v1.ParameterServer/GetShardStatus"
 
 static uint8_t *server_buf;   /* pull source */
 static uint8_t *server_dst;   /* push destination */
 static size_t max_size;
+static bool with_tls = true;   /* --no-tls: skip the same calls under mutual TLS */
 static bool no_copy;   /* --no-copy: leave received tensors in gRPC's slices, to show what the copy costs */
 
 static grpc_byte_buffer *range_msg(uint64_t n, uint64_t off);
@@ -263,6 +271,94 @@ static int cmp_d(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
+/* Latency of 16-byte calls: prints p50 and p99 (keys prefixed with `prefix`). */
+static int latency(struct rpc_channel *ch, const char *prefix) {
+        enum { N = 3000 };
+        static double lat[N];
+        for (int i = 0; i < N; i++) {
+                uint8_t p[16] = {0};
+                grpc_slice sl16 = grpc_slice_from_copied_buffer((const char *)p, 16);
+                grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl16, 1);
+                grpc_slice_unref(sl16);
+                struct rpc_result r;
+                double t0 = now_s();
+                if (rpc_call(ch, M_PING, bb, 5000, false, &r) < 0) {
+                        fprintf(stderr, "ping: %s\n", r.message);
+                        return -1;
+                }
+                lat[i] = (now_s() - t0) * 1e6;
+                rpc_result_clear(&r);
+        }
+        qsort(lat, N, sizeof(lat[0]), cmp_d);
+        printf("{\"%slatency_bytes\": 16, \"calls\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f}\n", prefix, N, lat[N / 2],
+               lat[N * 99 / 100]);
+        return 0;
+}
+
+/* Credentials of task `task` of job "bench", from a CA made here: the PEM texts read back. */
+static struct rpc_tls *bench_creds(const char *dir, const struct x509_cred *ca, const char *task) {
+        char err[512], dns[128], *crt = strdup_printf("%s/%s.crt", dir, task), *key = strdup_printf("%s/%s.key", dir, task),
+             *cap = strdup_printf("%s/ca.crt", dir);
+        struct x509_subject sub = {.cn = task, .o = "psfleet", .ou = "bench"};
+        struct x509_cred *leaf;
+        struct rpc_tls *t = calloc(1, sizeof(*t));
+        authz_dns_name("bench", task, dns, sizeof(dns));
+        if (x509_issue(ca, &sub, dns, 1, &leaf, err, sizeof(err)) < 0 ||
+            x509_cred_save(leaf, &(struct x509_file){crt, 0644, (gid_t)-1}, &(struct x509_file){key, 0600, (gid_t)-1},
+                           err, sizeof(err)) < 0) {
+                fprintf(stderr, "bench_rpc: certificates: %s\n", err);
+                exit(1);
+        }
+        x509_cred_free(leaf);
+        if (read_file(cap, 1 << 20, &t->ca_pem, NULL) < 0 || read_file(crt, 1 << 20, &t->cert_pem, NULL) < 0 ||
+            read_file(key, 1 << 20, &t->key_pem, NULL) < 0)
+                exit(1);
+        t->job = strdup("bench");
+        t->task = strdup(task);
+        unlink(crt);
+        unlink(key);
+        free(crt);
+        free(key);
+        free(cap);
+        return t;
+}
+
+/* A server as ps-0 and a channel to it as worker-0, under mutual TLS. */
+static void tls_pair(const struct rpc_method *m, size_t n, struct rpc_server **srv, struct rpc_channel **ch) {
+        char dir[] = "/tmp/bench_rpc.XXXXXX", err[512], *cap, *cak;
+        struct x509_cred *ca;
+        struct x509_subject cs = {.cn = "psfleet CA bench", .o = "psfleet", .ou = "bench"};
+        if (!mkdtemp(dir) || x509_ca_new(&cs, 1, &ca, err, sizeof(err)) < 0) {
+                fprintf(stderr, "bench_rpc: a CA: %s\n", err);
+                exit(1);
+        }
+        cap = strdup_printf("%s/ca.crt", dir);
+        cak = strdup_printf("%s/ca.key", dir);
+        if (x509_cred_save(ca, &(struct x509_file){cap, 0644, (gid_t)-1}, &(struct x509_file){cak, 0600, (gid_t)-1},
+                           err, sizeof(err)) < 0) {
+                fprintf(stderr, "bench_rpc: %s\n", err);
+                exit(1);
+        }
+        struct rpc_tls *server = bench_creds(dir, ca, "ps-0"), *client = bench_creds(dir, ca, "worker-0");
+        unlink(cap);
+        unlink(cak);
+        rmdir(dir);
+        free(cap);
+        free(cak);
+        x509_cred_free(ca);
+        struct rpc_server_opts o = {.tls = server};
+        char addr[64];
+        if (rpc_server_new_opts("127.0.0.1:0", m, n, 1, &o, srv) < 0 || rpc_server_start(*srv) < 0) {
+                fprintf(stderr, "cannot start the TLS server\n");
+                exit(1);
+        }
+        snprintf(addr, sizeof(addr), "127.0.0.1:%d", rpc_server_port(*srv));
+        if (rpc_channel_new_tls(addr, "ps:0", client, ch) < 0)
+                exit(1);
+        rpc_tls_free(server);
+        rpc_tls_free(client);
+}
+
 int main(int argc, char **argv) {
         double min_s = 0.4;
         unsigned rounds = 3;
@@ -274,10 +370,12 @@ int main(int argc, char **argv) {
                         rounds = (unsigned)strtoul(argv[++i], NULL, 10);
                 else if (strcmp(argv[i], "--block") == 0 && i + 1 < argc)
                         block = strtoul(argv[++i], NULL, 10);
+                else if (strcmp(argv[i], "--no-tls") == 0)
+                        with_tls = false;
                 else if (strcmp(argv[i], "--no-copy") == 0)
                         no_copy = true;
                 else {
-                        fprintf(stderr, "usage: bench_rpc [--seconds S] [--rounds R] [--block BYTES] [--no-copy]\n");
+                        fprintf(stderr, "usage: bench_rpc [--seconds S] [--rounds R] [--block BYTES] [--no-copy] [--no-tls]\n");
                         return 2;
                 }
         }
@@ -304,8 +402,11 @@ int main(int argc, char **argv) {
         }
         char addr[64];
         snprintf(addr, sizeof(addr), "127.0.0.1:%d", rpc_server_port(s));
-        struct rpc_channel *ch;
+        struct rpc_channel *ch, *tch = NULL;
+        struct rpc_server *ts = NULL;
         rpc_channel_new(addr, "bench", &ch);
+        if (with_tls)
+                tls_pair(m, 3, &ts, &tch);
 
         tcp_listen_fd = socket(AF_INET, SOCK_STREAM, 0);
         struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -327,7 +428,8 @@ int main(int argc, char **argv) {
 
         for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
                 size_t n = sizes[i];
-                double best_push = 0, best_pull = 0, best_tcp = 0, best_bpush = 0, best_bpull = 0;
+                double best_push = 0, best_pull = 0, best_tcp = 0, best_bpush = 0, best_bpull = 0, best_tpush = 0,
+                       best_tpull = 0;
                 /* interleaved rounds, best of each: the machine is shared and noisy */
                 for (unsigned r = 0; r < rounds; r++) {
                         double t = bench_tcp(fd, src, n, min_s, 3);
@@ -336,6 +438,11 @@ int main(int argc, char **argv) {
                         if (t > best_tcp) best_tcp = t;
                         if (pu > best_push) best_push = pu;
                         if (pl > best_pull) best_pull = pl;
+                        if (tch) {
+                                double tpu = bench_push(tch, src, n, min_s, 3), tpl = bench_pull(tch, dst, n, min_s, 3);
+                                if (tpu > best_tpush) best_tpush = tpu;
+                                if (tpl > best_tpull) best_tpull = tpl;
+                        }
                         if (n > block) {
                                 double bp = bench_blocked(ch, true, src, dst, n, block, min_s, 3);
                                 double bl = bench_blocked(ch, false, src, dst, n, block, min_s, 3);
@@ -350,6 +457,11 @@ int main(int argc, char **argv) {
                 double ours = best_push < best_pull ? best_push : best_pull;
                 printf("{\"size\": %zu, \"push_gbps\": %.3f, \"pull_gbps\": %.3f, \"tcp_gbps\": %.3f, \"ratio\": %.2f",
                        n, best_push, best_pull, best_tcp, ours / best_tcp);
+                if (tch) {
+                        double to = best_tpush < best_tpull ? best_tpush : best_tpull;
+                        printf(", \"tls_push_gbps\": %.3f, \"tls_pull_gbps\": %.3f, \"tls_ratio\": %.2f", best_tpush,
+                               best_tpull, to / ours);
+                }
                 if (n > block) {
                         double bo = best_bpush < best_bpull ? best_bpush : best_bpull;
                         printf(", \"block\": %zu, \"push_blocked_gbps\": %.3f, \"pull_blocked_gbps\": %.3f, \"ratio_blocked\": %.2f",
@@ -360,25 +472,8 @@ int main(int argc, char **argv) {
         }
 
         /* small-call latency */
-        enum { N = 3000 };
-        static double lat[N];
-        for (int i = 0; i < N; i++) {
-                uint8_t p[16] = {0};
-                grpc_slice sl16 = grpc_slice_from_copied_buffer((const char *)p, 16);
-                grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl16, 1);
-                grpc_slice_unref(sl16);
-                struct rpc_result r;
-                double t0 = now_s();
-                if (rpc_call(ch, M_PING, bb, 5000, false, &r) < 0) {
-                        fprintf(stderr, "ping: %s\n", r.message);
-                        return 1;
-                }
-                lat[i] = (now_s() - t0) * 1e6;
-                rpc_result_clear(&r);
-        }
-        qsort(lat, N, sizeof(lat[0]), cmp_d);
-        printf("{\"latency_bytes\": 16, \"calls\": %d, \"p50_us\": %.1f, \"p99_us\": %.1f}\n", N, lat[N / 2],
-               lat[N * 99 / 100]);
+        if (latency(ch, "") < 0 || (tch && latency(tch, "tls_") < 0))
+                return 1;
 
         uint64_t zero = 0;
         write_full(fd, &zero, 8);
@@ -387,6 +482,8 @@ int main(int argc, char **argv) {
         close(tcp_listen_fd);
         rpc_channel_free(ch);
         rpc_server_free(s);
+        rpc_channel_free(tch);
+        rpc_server_free(ts);
         free(server_buf);
         free(server_dst);
         free(src);
