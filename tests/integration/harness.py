@@ -360,6 +360,14 @@ def channel(addr, identity=None, credentials=None):
     return grpc.secure_channel(addr, creds, options=CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", server)])
 
 
+def pull_shard(stub, fingerprint, task="worker:0", with_slots=True):
+    """A shard's tensors as {(name, row_offset): bytes}, and its global_step, through a ParameterServer stub."""
+    s = stubs()
+    caller = s.tensor_pb2.Caller(fingerprint=fingerprint, task=task)
+    r = stub.Pull(s.ps_pb2.PullRequest(header=s.ps_pb2.PullHeader(caller=caller, with_slots=with_slots)), timeout=5)
+    return {(t.name, t.row_offset): t.data for t in r.tensors}, r.header.global_step
+
+
 def healthy(addr, timeout=0.5):
     import grpc
     s = stubs()

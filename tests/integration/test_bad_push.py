@@ -33,8 +33,7 @@ def test():
         stub = s.ps_pb2_grpc.ParameterServerStub(ch)
 
         def pull():
-            r = stub.Pull(s.ps_pb2.PullRequest(header=s.ps_pb2.PullHeader(caller=caller, with_slots=True)), timeout=5)
-            return {(t.name, t.row_offset): t.data for t in r.tensors}, r.header.global_step
+            return h.pull_shard(stub, fp)
 
         def status():
             return stub.GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=5)

@@ -121,17 +121,12 @@ def probes(wd, job, spec, tls_dir, other_dir):
     c1.close()
 
     # ---- from an authorized worker, poison is refused and changes nothing
-    def pull():
-        caller = s.tensor_pb2.Caller(fingerprint=fp, task="worker:0")
-        r = wps.Pull(s.ps_pb2.PullRequest(header=s.ps_pb2.PullHeader(caller=caller, with_slots=True)), timeout=5)
-        return {(t.name, t.row_offset): t.data for t in r.tensors}, r.header.global_step
-
-    before, gs0 = pull()
+    before, gs0 = h.pull_shard(wps, fp)
     expect_code("worker Push of NaN", lambda: wps.Push(push_req([tensor("dense3/bias", 1, 10, [float("nan")] * 10)]),
                                                        timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "NaN")
     expect_code("worker Push of 1e30", lambda: wps.Push(push_req([tensor("dense3/bias", 1, 10, [1e30] * 10)]),
                                                         timeout=5), grpc.StatusCode.INVALID_ARGUMENT)
-    after, gs1 = pull()
+    after, gs1 = h.pull_shard(wps, fp)
     assert after == before and gs1 == gs0, "a refused push changed the shard"
     model_bytes = sum(len(v) for v in before.values())   # values and the optimizer's slot
 
