@@ -72,6 +72,7 @@ int main(int argc, char **argv) {
         char err[1024];
         struct job_config *cfg;
         CHECK(config_load(argv[1], &cfg, err, sizeof(err)) == 0, "%s", err);
+        CHECK(config_apply_env(cfg, "rpc", err, sizeof(err)) == 0, "%s", err);   /* PSFLEET_RUNTIME_DIR, as workerd */
         struct job_layout *L;
         CHECK(job_layout_new(cfg, &L) == 0, "layout");
         char path[256];
