@@ -133,7 +133,7 @@ def child_env(extra=None, wd=None):
     env = dict(os.environ)
     env["PSFLEET_TEST_TAG"] = TAG
     if wd:
-        env["PSFLEET_RUNTIME_DIR"] = wd.runtime_dir
+        env["PSFLEET_RUNTIME_DIR"] = wd.file("run")   # Workdir.runtime_dir (or another dir's "run")
     env.pop("TF_CONFIG", None)
     env.pop("NOTIFY_SOCKET", None)
     # OpenBLAS starts a thread in a library constructor, before a daemon can block signals; with one
