@@ -468,6 +468,13 @@ int shmlink_server_take(struct shmlink_server *s, const uint8_t nonce[SHMLINK_NO
         return r;
 }
 
+/* Removes the socket file if it is still the one we made (a psd started after us may have replaced it). */
+static void remove_own(const struct shmlink_server *s) {
+        struct stat st;
+        if (lstat(s->path, &st) == 0 && st.st_dev == s->dev && st.st_ino == s->ino)
+                unlink(s->path);
+}
+
 struct shmlink_server *shmlink_server_free(struct shmlink_server *s) {
         if (!s)
                 return NULL;
@@ -481,9 +488,7 @@ struct shmlink_server *shmlink_server_free(struct shmlink_server *s) {
                 close(s->conns[i].fd);
         for (uint32_t i = 0; i < s->n_pend; i++)
                 close(s->pend[i].fd);
-        struct stat st;
-        if (lstat(s->path, &st) == 0 && st.st_dev == s->dev && st.st_ino == s->ino)
-                unlink(s->path);
+        remove_own(s);
         close(s->lfd);
         close(s->wake);
         pthread_mutex_destroy(&s->mu);
