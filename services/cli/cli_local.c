@@ -65,6 +65,7 @@ struct local {
 
         struct job_config *cfg;                 /* the job as the children see it */
         char *state_dir, *job_copy;
+        char *runtime_env;                      /* "PSFLEET_RUNTIME_DIR=STATE_DIR/run" for the children */
         char *bins[3];                          /* psd, workerd, chiefd */
         struct child *kids;
         uint32_t n_kids, chief;                 /* index of the chief in kids */
@@ -137,7 +138,9 @@ static void local_help(FILE *f) {
                 "  --state-dir DIR    use DIR as the state directory (created if missing, never removed): a job\n"
                 "                     run again with the same DIR restores from its latest checkpoint; the\n"
                 "                     chief's record, checkpoints and summaries are in DIR/JOB/, the job file the\n"
-                "                     children read (with this run's cluster) in DIR/job.json\n"
+                "                     children read (with this run's cluster) in DIR/job.json, psd's sockets\n"
+                "                     for workers' shared memory in DIR/run/ (rpc.runtime_dir, unless\n"
+                "                     PSFLEET_RUNTIME_DIR is set)\n"
                 "  --quiet            no progress display; children log warnings and errors only\n"
                 "\n"
                 "The daemons are looked up in $PSFLEET_BIN_DIR when set; else next to this program in the\n"
@@ -271,24 +274,30 @@ static int write_job_copy(struct local *L, json_t *cluster) {
         return cli_load_job(L->job_copy, &L->cfg);
 }
 
-/* The environment of a child, built before fork (no allocation between fork and exec). */
-static char **child_env(const char *tf_config, bool quiet) {
+/* The environment of a child, built before fork (no allocation between fork and exec). Its
+ * rpc.runtime_dir (psd's attach sockets) is runtime_env's directory in our state directory, not the
+ * job's: that names the system's /run/psfleet, which the units make and a user usually cannot write,
+ * and every daemon on this run is ours. A PSFLEET_RUNTIME_DIR of our own environment wins. */
+static char **child_env(const char *tf_config, bool quiet, char *runtime_env) {
         size_t n = 0;
         while (environ[n])
                 n++;
-        char **e = calloc(n + 4, sizeof(char *));
+        char **e = calloc(n + 5, sizeof(char *));
         if (!e)
                 return NULL;
         size_t k = 0;
-        bool have_blas = false, have_level = false;
+        bool have_blas = false, have_level = false, have_runtime = false;
         for (size_t i = 0; i < n; i++) {
                 if (strncmp(environ[i], "TF_CONFIG=", 10) == 0 || strncmp(environ[i], "NOTIFY_SOCKET=", 14) == 0)
                         continue;
                 have_blas |= strncmp(environ[i], "OPENBLAS_NUM_THREADS=", 21) == 0;
                 have_level |= strncmp(environ[i], "PSFLEET_LOG_LEVEL=", 18) == 0;
+                have_runtime |= strncmp(environ[i], "PSFLEET_RUNTIME_DIR=", 20) == 0;
                 e[k++] = environ[i];
         }
         e[k++] = (char *)tf_config;
+        if (!have_runtime)
+                e[k++] = runtime_env;
         /* OpenBLAS starts its thread pool in a library constructor, before main() can block signals, and
          * that thread would then take SIGTERM with the default action. With one thread at load time the
          * pool is created later (openblas_set_num_threads) and inherits the daemon's mask. */
@@ -350,7 +359,7 @@ static int build_children(struct local *L) {
                 json_decref(tf);
                 k->tf_config = text ? strdup_printf("TF_CONFIG=%s", text) : NULL;
                 free(text);
-                k->envp = k->tf_config ? child_env(k->tf_config, L->quiet) : NULL;
+                k->envp = k->tf_config ? child_env(k->tf_config, L->quiet, L->runtime_env) : NULL;
                 if (!k->envp) {
                         json_decref(cluster);
                         cli_error("out of memory");
@@ -813,6 +822,10 @@ int cmd_local(int argc, char **argv) {
                         goto out;
                 }
         }
+        if (!(L.runtime_env = strdup_printf("PSFLEET_RUNTIME_DIR=%s/run", L.state_dir))) {
+                cli_error("out of memory");
+                goto out;
+        }
         if ((ret = build_children(&L)) != 0)
                 goto out;
         /* gRPC's threads start here, after every allocation the children need was made. */
@@ -828,6 +841,7 @@ out:
                         nftw(L.state_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
         }
         free(L.state_dir);
+        free(L.runtime_env);
         free(L.job_copy);
         for (int i = 0; i < 3; i++)
                 free(L.bins[i]);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "authz.h"
 #include "daemon.h"
 #include "job.h"
 #include "log.h"
@@ -53,6 +54,7 @@ struct psd {
         atomic_uint_fast64_t grace_since_us, grace_deadline_us;
         int stop_fd;             /* eventfd: a Stop call asks the main loop to end */
         struct rpc_server *server;
+        struct shmlink_server *attach;   /* the unix socket workers on this host attach through; NULL: none */
         pthread_mutex_t links_mu;
         struct link *links;      /* workers pushing through shared memory */
 };
@@ -374,12 +376,25 @@ out:
         return r;
 }
 
+/* Whether the call's authenticated peer is worker `worker`: a worker attaches only its own segment. */
+static bool attach_caller_ok(struct rpc_call *call, uint32_t worker) {
+        return authz_peer_is(rpc_call_identity(call), PEER_WORKER, worker);
+}
+
+/* A refusal the socket's listener made (another user, no descriptor, ...): counted and logged. */
+static void on_attach_refused(void *ud, const char *why) {
+        note_reject(ud, why);
+}
+
+/* Step 2 of an attach (shmlink.h): the descriptor the worker sent on our socket with this nonce, from
+ * the process the call names, becomes a link to the worker the caller is. Every refusal is counted:
+ * a worker that found our socket is on this host, and its attach should not fail. */
 static void on_attach(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
-        char err[800];
+        char err[800], why[600];
         ProtobufCMessage *m = NULL;
         struct link *k = NULL;
-        int r;
+        int r, fd = -1;
         if ((r = wire_unpack(rpc_call_payload(call), &psfleet__v1__attach_shared_memory_request__descriptor, &m)) < 0) {
                 snprintf(err, sizeof(err), "AttachSharedMemoryRequest does not parse");
                 goto reject;
@@ -392,6 +407,32 @@ static void on_attach(struct rpc_call *call, void *ud) {
                 snprintf(err, sizeof(err), "nonce of %zu bytes, expected %d", q->nonce.len, SHMLINK_NONCE);
                 goto reject;
         }
+        if (!attach_caller_ok(call, q->worker)) {
+                r = -EACCES;
+                snprintf(err, sizeof(err), "AttachSharedMemory for worker:%u from %s, which is not worker/%u",
+                         q->worker, rpc_call_identity(call)->name, q->worker);
+                goto reject;
+        }
+        if (!p->attach) {
+                /* the worker cannot have reached us: not its fault */
+                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "ps:%u offers no shared memory (it has no socket "
+                              "in rpc.runtime_dir)", p->shard);
+                goto out;
+        }
+        pid_t pid;
+        uid_t uid;
+        if ((r = shmlink_server_take(p->attach, q->nonce.data, &fd, &pid, &uid, why, sizeof(why))) < 0) {
+                r = -EPERM;
+                snprintf(err, sizeof(err), "ps:%u cannot serve worker:%u through shared memory: %s", p->shard, q->worker,
+                         why);
+                goto reject;
+        }
+        if (pid != q->pid) {
+                r = -EACCES;
+                snprintf(err, sizeof(err), "ps:%u cannot serve worker:%u through shared memory: the call names process %d, "
+                         "the descriptor came from process %d", p->shard, q->worker, q->pid, (int)pid);
+                goto reject;
+        }
         if (!(k = calloc(1, sizeof(*k)))) {
                 r = -ENOMEM;
                 snprintf(err, sizeof(err), "out of memory");
@@ -400,13 +441,15 @@ static void on_attach(struct rpc_call *call, void *ud) {
         k->p = p;
         k->worker = q->worker;
         snprintf(k->name, sizeof(k->name), "worker:%u", q->worker);
-        char why[600];
-        if ((r = shmlink_open(q->segment, q->nonce.data, p->L->fingerprint, p->L->n_params, p->shard, q->generation,
-                              &k->l, why, sizeof(why))) < 0) {
-                /* the usual reason: the worker is on another host. Not an error of the job. */
-                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "ps:%u cannot serve worker:%u through shared memory: %s",
-                              p->shard, q->worker, why);
-                goto out;
+        if ((r = shmlink_open(fd, pid, q->nonce.data, p->L->fingerprint, p->L->n_params, p->shard, q->generation,
+                              &k->l, why, sizeof(why))) == 0 &&
+            shmlink_worker(k->l) != q->worker)
+                r = errf(why, sizeof(why), -EACCES, "the segment is worker:%u's", shmlink_worker(k->l));
+        if (r < 0) {
+                r = r == -EACCES ? r : -EPERM;
+                snprintf(err, sizeof(err), "ps:%u cannot serve worker:%u through shared memory: %s", p->shard, q->worker,
+                         why);
+                goto reject;
         }
         if ((r = link_groups(p, k, q, why, sizeof(why))) < 0) {
                 snprintf(err, sizeof(err), "AttachSharedMemory from worker:%u: %s", q->worker, why);
@@ -424,7 +467,8 @@ static void on_attach(struct rpc_call *call, void *ud) {
         k->next = p->links;
         p->links = k;
         pthread_mutex_unlock(&p->links_mu);
-        log_info("worker:%u pushes through shared memory %s: %u group(s)", k->worker, q->segment, k->n_groups);
+        log_info("worker:%u (pid %d, uid %u) pushes through shared memory: %u group(s)", k->worker, (int)pid,
+                 (unsigned)uid, k->n_groups);
         k = NULL;
         Psfleet__V1__AttachSharedMemoryReply rep = PSFLEET__V1__ATTACH_SHARED_MEMORY_REPLY__INIT;
         rep.incarnation = p->incarnation;
@@ -434,9 +478,27 @@ static void on_attach(struct rpc_call *call, void *ud) {
 reject:
         reject(p, call, r, err);
 out:
+        if (fd >= 0)
+                close(fd);   /* mapped, or refused */
         link_free(k);
         if (m)
                 protobuf_c_message_free_unpacked(m, NULL);
+}
+
+/* The attach socket, RUNTIME_DIR/JOB-ps-N.sock. Without one psd still runs, and workers push through
+ * gRPC; only a live psd of the same name there is fatal (as an address in use). */
+static int attach_socket_open(struct psd *p) {
+        char path[256], err[600];
+        int r = shmlink_socket_path(p->cfg->rpc.runtime_dir, p->cfg->name, p->shard, path, sizeof(path), err, sizeof(err));
+        if (r == 0)
+                r = shmlink_server_new(path, on_attach_refused, p, &p->attach, err, sizeof(err));
+        if (r == -EADDRINUSE)
+                return log_error_errno(r, "%s", err);
+        if (r < 0)
+                log_warning("no shared memory for workers on this host: %s; they push through gRPC", err);
+        else
+                log_info("workers on this host attach shared memory through %s", path);
+        return 0;
 }
 
 /* ---- Assign: the chief initializes or restores the shard ---- */
@@ -605,6 +667,7 @@ static void psd_done(struct psd *p) {
         rpc_server_free(p->server);
         links_free(p->links);   /* after the server: no attach can come any more */
         p->links = NULL;
+        p->attach = shmlink_server_free(p->attach);   /* closes the descriptors still pending, removes the socket */
         shard_free(p->s);
         job_layout_free(p->L);
         if (p->stop_fd >= 0)
@@ -687,7 +750,7 @@ static int run(int argc, char **argv) {
         log_setup("psd", p.args.cfg->name, p.args.task_name);
         rpc_global_init();
         int ret = DAEMON_EX_FAILURE;
-        if ((r = psd_build(&p)) < 0) {
+        if ((r = psd_build(&p)) < 0 || (r = attach_socket_open(&p)) < 0) {
                 ret = daemon_exit_code(r);
                 goto out;
         }

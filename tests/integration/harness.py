@@ -85,6 +85,11 @@ class Workdir:
     def file(self, name):
         return os.path.join(self.path, name)
 
+    @property
+    def runtime_dir(self):
+        """The daemons' rpc.runtime_dir (made by psd)."""
+        return os.path.join(self.path, "run")
+
 
 def load_example():
     with open(EXAMPLE) as f:
@@ -122,9 +127,13 @@ def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None
 _procs = []
 
 
-def child_env(extra=None):
+def child_env(extra=None, wd=None):
+    """The environment of a started process; with wd, its daemons' runtime directory (psd's attach
+    sockets, rpc.runtime_dir) is wd's own, not the system's /run/psfleet."""
     env = dict(os.environ)
     env["PSFLEET_TEST_TAG"] = TAG
+    if wd:
+        env["PSFLEET_RUNTIME_DIR"] = wd.file("run")   # Workdir.runtime_dir (or another dir's "run")
     env.pop("TF_CONFIG", None)
     env.pop("NOTIFY_SOCKET", None)
     # OpenBLAS starts a thread in a library constructor, before a daemon can block signals; with one
@@ -146,7 +155,7 @@ class Proc:
         self._log = open(self.log_path, "wb")
         self._out = self._log if stdout_to_log else open(self.out_path, "wb")
         log("start", name, " ".join(argv))
-        self.p = subprocess.Popen(argv, stdout=self._out, stderr=self._log, env=child_env(env),
+        self.p = subprocess.Popen(argv, stdout=self._out, stderr=self._log, env=child_env(env, wd),
                                   stdin=subprocess.DEVNULL)
         _procs.append(self)
 

@@ -1,6 +1,9 @@
 /* A worker's side of the shared-memory link, driven by hand against a real psd (test_bad_push.py):
- * attach requests psd must refuse, a NaN gradient it must refuse without applying anything, and good
- * pushes whose fresh values must land in the segment equal to what Pull reads.
+ * attaches psd must refuse (on its socket: another uid, when run as root, and no descriptor; in the
+ * AttachSharedMemory call: a nonce no descriptor came with, another pid, a descriptor that is not a
+ * psfleet memfd or not sealed, a segment without the nonce, bad groups), a NaN gradient it must
+ * refuse without applying anything, and good pushes whose fresh values must land in the segment
+ * equal to what Pull reads.
  *
  * Usage: shm_client JOB.json   (shard 0 of the job, which must be initialized; prints "ok" and
  * exits 0, or says what failed and exits 1) */
@@ -9,6 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -29,21 +36,62 @@
                 }                                                 \
         } while (0)
 
+/* A process of another user in the socket's group (as a member of the psfleet group would be) may
+ * connect, and psd refuses it (SO_PEERCRED). Only root can become another user. */
+static void other_user(const char *path, struct shmlink *l) {
+        if (geteuid() != 0) {
+                printf("skipped, another uid: not root, cannot setuid()\n");
+                return;
+        }
+        struct stat st;
+        int res[2];
+        CHECK(stat(path, &st) == 0 && pipe(res) == 0, "%s: %s", path, strerror(errno));
+        pid_t pid = fork();
+        CHECK(pid >= 0, "fork");
+        if (pid == 0) {
+                char err[600];
+                if (setgroups(0, NULL) < 0 || setgid(st.st_gid) < 0 || setuid(65534) < 0)
+                        _exit(2);
+                int r = shmlink_send(path, shmlink_fd(l), shmlink_nonce(l), 5000, err, sizeof(err));
+                dprintf(res[1], "%d %s", r, err);
+                _exit(0);
+        }
+        close(res[1]);
+        char out[700] = "";
+        ssize_t got = read(res[0], out, sizeof(out) - 1);
+        close(res[0]);
+        int status;
+        CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: %x", status);
+        out[got > 0 ? got : 0] = 0;
+        CHECK(atoi(out) == -EACCES && strstr(out, "uid 65534 is neither psd's"), "another uid: %s", out);
+        printf("refused, another uid: %s\n", out);
+}
+
 int main(int argc, char **argv) {
         CHECK(argc == 2, "usage: shm_client JOB.json");
         char err[1024];
         struct job_config *cfg;
         CHECK(config_load(argv[1], &cfg, err, sizeof(err)) == 0, "%s", err);
+        CHECK(config_apply_env(cfg, "rpc", err, sizeof(err)) == 0, "%s", err);   /* PSFLEET_RUNTIME_DIR, as workerd */
+        struct job_layout *L;
+        CHECK(job_layout_new(cfg, &L) == 0, "layout");
+        char path[256];
+        CHECK(shmlink_socket_path(cfg->rpc.runtime_dir, cfg->name, 0, path, sizeof(path), err, sizeof(err)) == 0, "%s",
+              err);
+        uint32_t n = L->shard_count[0];   /* one group per part of shard 0 */
+        struct shmlink *l;
+        CHECK(shmlink_create(cfg->name, 0, L->fingerprint, L->n_params, L->n_shards, n, &l, err, sizeof(err)) == 0, "%s",
+              err);
+        /* before gRPC's threads exist: the child of a fork runs alone */
+        other_user(path, l);
+
         rpc_global_init();
         struct backend *be;
         struct model *m;
-        struct job_layout *L;
         struct ps_client *pc;
         CHECK(backend_cpu_new(1, &be) == 0 && model_new(&cfg->model, be, 1, &m) == 0, "model");
-        CHECK(job_layout_new(cfg, &L) == 0 && ps_client_new(cfg, L, "worker:0", &pc) == 0, "layout");
+        CHECK(ps_client_new(cfg, L, "worker:0", &pc) == 0, "client");
 
-        /* one group per part of shard 0 */
-        uint32_t n = L->shard_count[0];
         uint32_t *index = calloc(n, sizeof(uint32_t)), *one = calloc(n, sizeof(uint32_t));
         const uint32_t **parts = calloc(n, sizeof(*parts));
         for (uint32_t i = 0; i < n; i++) {
@@ -51,41 +99,72 @@ int main(int argc, char **argv) {
                 one[i] = 1;
                 parts[i] = &L->shard_parts[L->shard_first[0] + i];
         }
-        struct shmlink *l;
-        CHECK(shmlink_create(cfg->name, 0, L->fingerprint, L->n_params, L->n_shards, n, &l, err, sizeof(err)) == 0, "%s",
-              err);
         int32_t pid = 0;
+        uint32_t gen = shmlink_shard_open(l, 0);
+        int r;
 
-        /* refused: a nonce that is not in the segment */
+        /* refused on the socket: no descriptor */
+        r = shmlink_send(path, -1, shmlink_nonce(l), 5000, err, sizeof(err));
+        CHECK(r == -EPROTO && strstr(err, "no descriptor sent"), "no descriptor: %d %s", r, err);
+        printf("refused, no descriptor: %s\n", err);
+        /* refused: a call whose nonce came with no descriptor */
         uint8_t bad[SHMLINK_NONCE];
         memcpy(bad, shmlink_nonce(l), sizeof(bad));
         bad[3] ^= 0x40;
-        uint32_t gen = shmlink_shard_open(l, 0);
-        int r = ps_client_attach_shm(pc, 0, 0, shmlink_name(l), bad, gen, n, index, parts, one, &pid, err, sizeof(err));
-        CHECK(r < 0 && strstr(err, "FAILED_PRECONDITION") && strstr(err, "nonce"), "wrong nonce: %d %s", r, err);
-        printf("refused, wrong nonce: %s\n", err);
-        /* refused: no such segment (as for a worker on another host) */
-        char nowhere[64];
-        snprintf(nowhere, sizeof(nowhere), "/proc/%d/fd/9999", (int)getpid());
-        r = ps_client_attach_shm(pc, 0, 0, nowhere, shmlink_nonce(l), gen, n, index, parts, one, &pid, err, sizeof(err));
-        CHECK(r < 0 && strstr(err, "FAILED_PRECONDITION") && strstr(err, "No such file"), "no segment: %d %s", r, err);
-        printf("refused, no segment: %s\n", err);
+        CHECK(shmlink_send(path, shmlink_fd(l), shmlink_nonce(l), 5000, err, sizeof(err)) == 0, "send: %s", err);
+        r = ps_client_attach_shm(pc, 0, 0, getpid(), bad, gen, n, index, parts, one, &pid, err, sizeof(err));
+        CHECK(r < 0 && strstr(err, "FAILED_PRECONDITION") && strstr(err, "no descriptor with this nonce"),
+              "wrong nonce: %d %s", r, err);
+        printf("refused, no descriptor with the call's nonce: %s\n", err);
+        /* refused: the call names another process than the one that sent the descriptor */
+        CHECK(shmlink_send(path, shmlink_fd(l), shmlink_nonce(l), 5000, err, sizeof(err)) == 0, "send: %s", err);
+        r = ps_client_attach_shm(pc, 0, 0, getpid() + 1, shmlink_nonce(l), gen, n, index, parts, one, &pid, err,
+                                 sizeof(err));
+        CHECK(r < 0 && strstr(err, "PERMISSION_DENIED") && strstr(err, "the descriptor came from process"),
+              "another pid: %d %s", r, err);
+        printf("refused, another pid: %s\n", err);
+        /* refused: a descriptor that is not a psfleet memfd, a psfleet memfd that is not sealed, a
+         * segment without the nonce */
+        int other = memfd_create("something-else", MFD_CLOEXEC), unsealed = memfd_create("psfleet-x", MFD_CLOEXEC);
+        CHECK(other >= 0 && unsealed >= 0 && ftruncate(other, 1 << 20) == 0 && ftruncate(unsealed, 1 << 20) == 0,
+              "memfd");
+        struct {
+                int fd;
+                const uint8_t *nonce;
+                const char *what, *says;
+        } bads[] = {
+                {other, shmlink_nonce(l), "not a psfleet memfd", "not a psfleet segment"},
+                {unsealed, shmlink_nonce(l), "unsealed", "not sealed"},
+                {shmlink_fd(l), bad, "nonce not in the segment", "its nonce is not the one"},
+        };
+        for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
+                CHECK(shmlink_send(path, bads[i].fd, bads[i].nonce, 5000, err, sizeof(err)) == 0, "send: %s", err);
+                r = ps_client_attach_shm(pc, 0, 0, getpid(), bads[i].nonce, gen, n, index, parts, one, &pid, err,
+                                         sizeof(err));
+                CHECK(r < 0 && strstr(err, "FAILED_PRECONDITION") && strstr(err, bads[i].says), "%s: %d %s", bads[i].what,
+                      r, err);
+                printf("refused, %s: %s\n", bads[i].what, err);
+        }
+        close(other);
+        close(unsealed);
         /* refused: a part given twice, a group the segment does not have */
         if (n > 1) {
                 const uint32_t *twice[2] = {parts[0], parts[0]};
-                r = ps_client_attach_shm(pc, 0, 0, shmlink_name(l), shmlink_nonce(l), gen, 2, index, twice, one, &pid, err,
+                CHECK(shmlink_send(path, shmlink_fd(l), shmlink_nonce(l), 5000, err, sizeof(err)) == 0, "send: %s", err);
+                r = ps_client_attach_shm(pc, 0, 0, getpid(), shmlink_nonce(l), gen, 2, index, twice, one, &pid, err,
                                          sizeof(err));
                 CHECK(r == -EINVAL && strstr(err, "given twice"), "part twice: %d %s", r, err);
                 printf("refused, part twice: %s\n", err);
         }
         uint32_t far = n + 7;
-        r = ps_client_attach_shm(pc, 0, 0, shmlink_name(l), shmlink_nonce(l), gen, 1, &far, parts, one, &pid, err,
-                                 sizeof(err));
+        CHECK(shmlink_send(path, shmlink_fd(l), shmlink_nonce(l), 5000, err, sizeof(err)) == 0, "send: %s", err);
+        r = ps_client_attach_shm(pc, 0, 0, getpid(), shmlink_nonce(l), gen, 1, &far, parts, one, &pid, err, sizeof(err));
         CHECK(r == -EINVAL && strstr(err, "no such group"), "group out of range: %d %s", r, err);
         printf("refused, group out of range: %s\n", err);
 
         /* attached */
-        r = ps_client_attach_shm(pc, 0, 0, shmlink_name(l), shmlink_nonce(l), gen, n, index, parts, one, &pid, err,
+        CHECK(shmlink_send(path, shmlink_fd(l), shmlink_nonce(l), 5000, err, sizeof(err)) == 0, "send: %s", err);
+        r = ps_client_attach_shm(pc, 0, 0, getpid(), shmlink_nonce(l), gen, n, index, parts, one, &pid, err,
                                  sizeof(err));
         CHECK(r == 0 && pid > 0, "attach: %d %s", r, err);
 

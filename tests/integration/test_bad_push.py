@@ -1,9 +1,12 @@
 """psd refuses bad pushes and changes nothing: through gRPC (a Python client) a NaN or Inf gradient, a
 wrong shape, a wrong dtype, a short payload, an unknown variable and a wrong fingerprint each get
 INVALID_ARGUMENT (FAILED_PRECONDITION for the fingerprint) with a message naming the tensor; through
-shared memory (tests/integration/shm_client.c) bad attach requests and a NaN gradient are refused too,
-and good pushes put psd's fresh values into the worker's segment. The variables are unchanged by
-every refusal (Pull before and after) and GetShardStatus counts each one."""
+shared memory (tests/integration/shm_client.c) bad attaches (on psd's socket: another uid, when run as
+root, and no descriptor; in the AttachSharedMemory call: a nonce no descriptor came with, another pid,
+a descriptor that is not a psfleet memfd, an unsealed one, a segment without the nonce, bad groups)
+and a NaN gradient are refused too, and good pushes put psd's fresh values into the worker's segment.
+The variables are unchanged by every refusal (Pull before and after), GetShardStatus counts each one,
+and psd logs each."""
 import os
 import struct
 
@@ -19,6 +22,10 @@ def test():
     s = h.stubs()
     import grpc
     wd = h.Workdir()
+    root = os.geteuid() == 0
+    if root:
+        # the other-uid case joins the socket's group (root's here) and must reach the runtime dir
+        os.chmod(wd.path, 0o750)
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": 100})
     chief_addr, ps_addr = spec["cluster"]["chief"][0], spec["cluster"]["ps"][0]
     chief = h.daemon(wd, "chiefd", job)
@@ -98,17 +105,32 @@ def test():
         cli = h.Proc(wd, "shm_client", [SHM_CLIENT, job])
         assert cli.wait(60) == 0, cli.stderr()
         h.log("shm_client:", cli.stderr().strip().replace("\n", "; "))
-        assert "ok: 11 groups pushed through shared memory" in cli.stderr(), cli.stderr()
+        out = cli.stderr()
+        assert "ok: 11 groups pushed through shared memory" in out, out
         st = status()
-        # refused: three attach requests (wrong groups, twice), the NaN push; the nonce and the missing
-        # segment are not the job's fault, so they are not counted
-        assert st.rejected == rejected1 + 3, (st.rejected, rejected1)
+        # refused: no descriptor on the socket; in the call: no descriptor with its nonce, another pid,
+        # not a psfleet memfd, unsealed, the nonce not in the segment, a part twice, a group out of
+        # range; the NaN push; and as root another uid on the socket
+        assert st.rejected == rejected1 + 9 + root, (st.rejected, rejected1, root)
         assert "NaN or Inf" in st.last_error, st.last_error
+        if root:
+            assert "refused, another uid:" in out, out
+        else:
+            assert "skipped, another uid: not root" in out, out
+            h.log("not root: the attach of another uid is not tried")
     ps.kill()
     chief.kill()
     assert ps.wait(15) == 0, ps.stderr()
+    log = ps.stderr()
     # the link ended with the client's exit; psd said so
-    assert "shared-memory link ended" in ps.stderr(), ps.stderr()[-2000:]
+    assert "shared-memory link ended" in log, log[-2000:]
+    # every refusal is in psd's log, the socket's with the peer's pid and uid
+    for says in ["(uid %d) refused: no descriptor sent" % os.geteuid(), "no descriptor with this nonce came on",
+                 "the descriptor came from process", "not a psfleet segment", "not sealed",
+                 "its nonce is not the one", "given twice", "no such group"] + \
+            ["(uid 65534) refused: uid 65534 is neither psd's (0) nor root"] * root:
+        assert ("rejected: " in log) and says in log, (says, log[-3000:])
+    assert "worker:0 (pid %d, uid %d) pushes through shared memory" % (cli.pid, os.geteuid()) in log, log[-3000:]
 
 
 if __name__ == "__main__":

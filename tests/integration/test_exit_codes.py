@@ -1,7 +1,8 @@
 """Each exit status systemd acts on (docs/operations.md, "Exit codes"), from the real daemons, with the one
 line that says why: a malformed job file 78 naming the file and the key; an empty data directory and a
 truncated IDX file 65 from workerd, naming the file; a state directory chiefd cannot create or write 74;
-an address already taken 75 with "cannot listen on ADDR: Address already in use" and no gRPC dump;
+an address already taken 75 with "cannot listen on ADDR: Address already in use" and no gRPC dump (and
+psd 75 when a live listener holds its attach socket);
 `psfleet local` on a broken data directory 65, naming the worker."""
 import json
 import os
@@ -122,6 +123,21 @@ def test():
         assert len(errors) == 1, errors
         line = errors[0].replace('"', "")   # chiefd quotes the address
         assert ("annot listen on %s: Address already in use" % addr) in line, errors
+
+    # 75 too: psd's attach socket held by a live listener (another psd of the same name on this host)
+    os.makedirs(wd.runtime_dir, exist_ok=True)
+    sock_path = os.path.join(wd.runtime_dir, "%s-ps-0.sock" % spec["job"])
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    held.bind(sock_path)
+    held.listen()
+    try:
+        rc, errors = run(wd, "psd", job, 0, state_dir=wd.file("state-port"))
+    finally:
+        held.close()
+    assert rc == EX_TEMPFAIL, rc
+    assert len(errors) == 1 and ("another psd listens at %s already" % sock_path) in errors[0], errors
+    assert os.path.exists(sock_path), "psd removed a socket that was not its own"
+    os.unlink(sock_path)
 
     # psfleet local: the status of the task that failed first, and which task it was
     job, spec = h.make_job(wd, "local.json", training={"max_steps": 50})

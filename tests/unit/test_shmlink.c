@@ -1,5 +1,7 @@
 /* shmlink: the segment's checks on open, pushes served by another thread and by another process,
- * refusals with their messages, a peer that dies, deadlines, generations, and stale segments. */
+ * refusals with their messages, a peer that dies, deadlines, generations, and stale segments; the
+ * attach socket: the descriptor and the sender's credentials, its refusals (no descriptor, a bad
+ * message, silence, another uid), one listener per path, stale sockets, and an attach across processes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -11,8 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,12 +45,12 @@ static void test_open_checks(void **state) {
         char err[512];
         uint8_t nonce[SHMLINK_NONCE];
         memcpy(nonce, shmlink_nonce(w), sizeof(nonce));
-        char name[128];
-        snprintf(name, sizeof(name), "%s", shmlink_name(w));
-        assert_int_equal(strncmp(name, "/proc/", 6), 0);
+        int fd = shmlink_fd(w);
+        pid_t me = getpid();
+        assert_true(fd >= 0);
         uint32_t gen = shmlink_shard_open(w, 1);
 
-        assert_int_equal(shmlink_open(name, nonce, FP, NP, 1, gen, &s, err, sizeof(err)), 0);
+        assert_int_equal(shmlink_open(fd, me, nonce, FP, NP, 1, gen, &s, err, sizeof(err)), 0);
         assert_int_equal(shmlink_n_groups(s), 4);
         assert_int_equal(shmlink_worker(s), 3);
         assert_int_equal(shmlink_worker_pid(s), getpid());
@@ -57,46 +63,43 @@ static void test_open_checks(void **state) {
         uint8_t bad[SHMLINK_NONCE];
         memcpy(bad, nonce, sizeof(bad));
         bad[0] ^= 1;
-        assert_int_equal(shmlink_open(name, bad, FP, NP, 1, gen, &s, err, sizeof(err)), -EPROTO);
+        assert_int_equal(shmlink_open(fd, me, bad, FP, NP, 1, gen, &s, err, sizeof(err)), -EPROTO);
         assert_non_null(strstr(err, "nonce"));
-        assert_int_equal(shmlink_open(name, nonce, FP + 1, NP, 1, gen, &s, err, sizeof(err)), -EPROTO);
+        assert_int_equal(shmlink_open(fd, me, nonce, FP + 1, NP, 1, gen, &s, err, sizeof(err)), -EPROTO);
         assert_non_null(strstr(err, "fingerprint"));
-        assert_int_equal(shmlink_open(name, nonce, FP, NP + 1, 1, gen, &s, err, sizeof(err)), -EPROTO);
+        assert_int_equal(shmlink_open(fd, me, nonce, FP, NP + 1, 1, gen, &s, err, sizeof(err)), -EPROTO);
         assert_non_null(strstr(err, "parameters"));
-        assert_int_equal(shmlink_open(name, nonce, FP, NP, 2, gen, &s, err, sizeof(err)), -EPROTO);
+        assert_int_equal(shmlink_open(fd, me, nonce, FP, NP, 2, gen, &s, err, sizeof(err)), -EPROTO);
         assert_non_null(strstr(err, "shard 2"));
-        assert_int_equal(shmlink_open(name, nonce, FP, NP, 1, gen + 1, &s, err, sizeof(err)), -ESTALE);
-        char path[64];
-        snprintf(path, sizeof(path), "/proc/%d/fd/9999", (int)getpid());
-        assert_int_equal(shmlink_open(path, nonce, FP, NP, 0, 1, &s, err, sizeof(err)), -ENOENT);
-        assert_non_null(strstr(err, path));
-        assert_int_equal(shmlink_open("/dev/shm/x", nonce, FP, NP, 0, 1, &s, err, sizeof(err)), -EINVAL);
-        assert_int_equal(shmlink_open("/proc/self/fd/3", nonce, FP, NP, 0, 1, &s, err, sizeof(err)), -EINVAL);
-        assert_int_equal(shmlink_open("/proc/1/fd/3x", nonce, FP, NP, 0, 1, &s, err, sizeof(err)), -EINVAL);
+        assert_int_equal(shmlink_open(fd, me, nonce, FP, NP, 1, gen + 1, &s, err, sizeof(err)), -ESTALE);
+        /* the segment must be the sender's own */
+        assert_int_equal(shmlink_open(fd, me + 1, nonce, FP, NP, 1, gen, &s, err, sizeof(err)), -EPROTO);
+        assert_non_null(strstr(err, "belongs to process"));
+        assert_int_equal(shmlink_open(-1, me, nonce, FP, NP, 1, gen, &s, err, sizeof(err)), -EBADF);
 
         /* only a psfleet memfd, and only one whose size is sealed */
         int other = memfd_create("something-else", MFD_CLOEXEC);
         int unsealed = memfd_create("psfleet-unsealed", MFD_CLOEXEC);
-        assert_true(other >= 0 && unsealed >= 0);
+        int file = open("/dev/null", O_RDWR | O_CLOEXEC);
+        assert_true(other >= 0 && unsealed >= 0 && file >= 0);
         assert_int_equal(ftruncate(unsealed, 1 << 20), 0);
-        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)getpid(), other);
-        assert_int_equal(shmlink_open(path, nonce, FP, NP, 0, 1, &s, err, sizeof(err)), -EPROTO);
+        assert_int_equal(shmlink_open(other, me, nonce, FP, NP, 0, 1, &s, err, sizeof(err)), -EPROTO);
         assert_non_null(strstr(err, "not a psfleet segment"));
-        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)getpid(), unsealed);
-        assert_int_equal(shmlink_open(path, nonce, FP, NP, 0, 1, &s, err, sizeof(err)), -EPROTO);
+        assert_int_equal(shmlink_open(file, me, nonce, FP, NP, 0, 1, &s, err, sizeof(err)), -EPROTO);
+        assert_non_null(strstr(err, "\"/dev/null\", not a psfleet segment"));
+        assert_int_equal(shmlink_open(unsealed, me, nonce, FP, NP, 0, 1, &s, err, sizeof(err)), -EPROTO);
         assert_non_null(strstr(err, "not sealed"));
         close(other);
         close(unsealed);
+        close(file);
 
         /* nobody can cut the segment short under a psd */
-        int fd = open(name, O_RDWR);
-        assert_true(fd >= 0);
         assert_int_equal(ftruncate(fd, 8192), -1);
         assert_int_equal(errno, EPERM);
-        close(fd);
         shmlink_free(w);
-        /* the owner's free closed the descriptor: nothing left to open */
-        assert_int_equal(shmlink_open(name, nonce, FP, NP, 1, gen, &s, err, sizeof(err)), -ENOENT);
+        /* the owner's free closed the descriptor */
+        assert_int_equal(fcntl(fd, F_GETFD), -1);
+        assert_int_equal(errno, EBADF);
 }
 
 static void test_create_bad(void **state) {
@@ -146,7 +149,7 @@ static void *serve(void *arg) {
 static struct shmlink *open_server(struct shmlink *w, uint32_t shard, uint32_t gen) {
         struct shmlink *s;
         char err[512];
-        int r = shmlink_open(shmlink_name(w), shmlink_nonce(w), FP, NP, shard, gen, &s, err, sizeof(err));
+        int r = shmlink_open(shmlink_fd(w), getpid(), shmlink_nonce(w), FP, NP, shard, gen, &s, err, sizeof(err));
         if (r < 0)
                 fail_msg("shmlink_open: %s", err);
         return s;
@@ -250,18 +253,24 @@ static void test_deadline(void **state) {
         shmlink_free(w);
 }
 
+/* A child process, and a pipe between it and us: 0 in the child, its pid in the parent. */
+static pid_t fork_with_pipe(int pipefd[2]) {
+        assert_int_equal(pipe(pipefd), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        return pid;
+}
+
 /* A server in another process: it serves, then is killed; the waiting worker learns it at once. */
 static void test_peer_process(void **state) {
         struct shmlink *w = create(1, 2);
         uint32_t gen = shmlink_shard_open(w, 0);
         int ready[2];
-        assert_int_equal(pipe(ready), 0);
-        pid_t pid = fork();
-        assert_true(pid >= 0);
+        pid_t pid = fork_with_pipe(ready);
         if (pid == 0) {
                 struct server sv = {.n = 1, .groups = {0}};
                 char err[512];
-                if (shmlink_open(shmlink_name(w), shmlink_nonce(w), FP, NP, 0, gen, &sv.l, err, sizeof(err)) < 0)
+                if (shmlink_open(shmlink_fd(w), getppid(), shmlink_nonce(w), FP, NP, 0, gen, &sv.l, err, sizeof(err)) < 0)
                         _exit(1);
                 shmlink_mark(sv.l, sv.groups, sv.n, sv.last);
                 if (write(ready[1], "x", 1) != 1)
@@ -289,6 +298,253 @@ static void test_peer_process(void **state) {
         shmlink_free(w);
 }
 
+/* ---- the attach socket ---- */
+
+struct refusals {
+        int n;
+        char last[600];
+};
+
+static void refused(void *ud, const char *why) {
+        struct refusals *f = ud;
+        f->n++;
+        snprintf(f->last, sizeof(f->last), "%s", why);
+}
+
+/* A fresh runtime directory (not made yet) under a temporary one, and the socket path in it. */
+static char *runtime_dir(char *tmp, size_t len, char *path, size_t plen) {
+        snprintf(tmp, len, "/tmp/shmlink-XXXXXX");
+        if (!mkdtemp(tmp))
+                fail_msg("mkdtemp: %s", strerror(errno));
+        char dir[200], err[300];
+        snprintf(dir, sizeof(dir), "%s/run", tmp);
+        if (shmlink_socket_path(dir, JOB, 2, path, plen, err, sizeof(err)) < 0)
+                fail_msg("%s", err);
+        return path;
+}
+
+static void cleanup(const char *tmp) {
+        char dir[200];
+        snprintf(dir, sizeof(dir), "%s/run", tmp);
+        rmdir(dir);
+        rmdir(tmp);
+}
+
+static void test_socket_path(void **state) {
+        char path[200], err[300], dir[200];
+        assert_int_equal(shmlink_socket_path("/run/psfleet", "fmnist", 3, path, sizeof(path), err, sizeof(err)), 0);
+        assert_string_equal(path, "/run/psfleet/fmnist-ps-3.sock");
+        memset(dir, 'd', 100);
+        dir[0] = '/';
+        dir[100] = 0;
+        assert_int_equal(shmlink_socket_path(dir, "fmnist", 3, path, sizeof(path), err, sizeof(err)), -ENAMETOOLONG);
+        assert_non_null(strstr(err, "rpc.runtime_dir"));
+}
+
+/* The worker's descriptor reaches the listener with the sender's credentials; every refusal is
+ * answered to the sender and told to the owner. */
+static void test_socket_attach(void **state) {
+        char tmp[64], path[200], err[600];
+        runtime_dir(tmp, sizeof(tmp), path, sizeof(path));
+        struct refusals f = {0};
+        struct shmlink_server *srv;
+        assert_int_equal(shmlink_server_new(path, refused, &f, &srv, err, sizeof(err)), 0);
+        struct stat st;
+        char dir[200];
+        snprintf(dir, sizeof(dir), "%s/run", tmp);
+        assert_int_equal(stat(dir, &st), 0);
+        assert_int_equal(st.st_mode & 07777, 0750);
+        assert_int_equal(lstat(path, &st), 0);
+        assert_true(S_ISSOCK(st.st_mode));
+        assert_int_equal(st.st_mode & 07777, 0660);
+
+        struct shmlink *w = create(3, 6), *l;
+        const uint8_t *nonce = shmlink_nonce(w);
+        assert_int_equal(shmlink_send(path, shmlink_fd(w), nonce, 2000, err, sizeof(err)), 0);
+        /* a second send from the same process replaces the first: one descriptor pending per process */
+        assert_int_equal(shmlink_send(path, shmlink_fd(w), nonce, 2000, err, sizeof(err)), 0);
+        int fd = -1;
+        pid_t pid = 0;
+        uid_t uid = 1;
+        uint8_t bad[SHMLINK_NONCE];
+        memcpy(bad, nonce, sizeof(bad));
+        bad[5] ^= 2;
+        assert_int_equal(shmlink_server_take(srv, bad, &fd, &pid, &uid, err, sizeof(err)), -ENOENT);
+        assert_non_null(strstr(err, "no descriptor with this nonce"));
+        assert_int_equal(shmlink_server_take(srv, nonce, &fd, &pid, &uid, err, sizeof(err)), 0);
+        assert_int_equal(pid, getpid());
+        assert_int_equal(uid, geteuid());
+        assert_true(fd >= 0 && fd != shmlink_fd(w));
+        uint32_t gen = shmlink_shard_open(w, 2);
+        assert_int_equal(shmlink_open(fd, pid, nonce, FP, NP, 2, gen, &l, err, sizeof(err)), 0);
+        close(fd);
+        shmlink_grads(w)[7] = 5.0f;
+        assert_true(shmlink_grads(l)[7] == 5.0f);
+        shmlink_free(l);
+        /* taken: not there any more */
+        assert_int_equal(shmlink_server_take(srv, nonce, &fd, &pid, &uid, err, sizeof(err)), -ENOENT);
+        assert_int_equal(f.n, 0);
+
+        /* refused: no descriptor */
+        assert_int_equal(shmlink_send(path, -1, nonce, 2000, err, sizeof(err)), -EPROTO);
+        assert_non_null(strstr(err, "no descriptor sent"));
+        assert_int_equal(f.n, 1);
+        assert_non_null(strstr(f.last, "refused: no descriptor sent"));
+        assert_non_null(strstr(f.last, path));
+        /* refused: a message that is not an attach */
+        int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        assert_true(strlen(path) < sizeof(a.sun_path));
+        memcpy(a.sun_path, path, strlen(path) + 1);
+        assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof(a)), 0);
+        assert_int_equal(send(c, "hello", 5, 0), 5);
+        char ans[512];
+        assert_true(recv(c, ans, sizeof(ans), 0) > 4);
+        assert_non_null(strstr(ans + 4, "not an attach message"));
+        close(c);
+        assert_int_equal(f.n, 2);
+        /* connecting and leaving (as a psd checking for a live one does) is no refusal */
+        c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof(a)), 0);
+        close(c);
+        /* refused: connected, and silent past the deadline */
+        c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof(a)), 0);
+        struct timeval tv = {.tv_sec = 10};
+        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        assert_true(recv(c, ans, sizeof(ans), 0) > 4);
+        assert_non_null(strstr(ans + 4, "no message within"));
+        close(c);
+        assert_int_equal(f.n, 3);
+
+        /* a second listener at the same path is refused while the first lives */
+        struct shmlink_server *two;
+        assert_int_equal(shmlink_server_new(path, refused, &f, &two, err, sizeof(err)), -EADDRINUSE);
+        assert_non_null(strstr(err, "another psd listens"));
+        /* a descriptor still pending is closed with the listener, and the socket goes */
+        assert_int_equal(shmlink_send(path, shmlink_fd(w), nonce, 2000, err, sizeof(err)), 0);
+        shmlink_server_free(srv);
+        assert_int_equal(lstat(path, &st), -1);
+        assert_int_equal(shmlink_send(path, shmlink_fd(w), nonce, 2000, err, sizeof(err)), -ENOENT);
+        assert_non_null(strstr(err, "nothing listens"));
+
+        /* a stale socket (its listener gone) is replaced; anything else in the way is not */
+        c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        assert_int_equal(bind(c, (struct sockaddr *)&a, sizeof(a)), 0);
+        close(c);
+        assert_int_equal(shmlink_send(path, shmlink_fd(w), nonce, 2000, err, sizeof(err)), -ECONNREFUSED);
+        assert_int_equal(shmlink_server_new(path, refused, &f, &srv, err, sizeof(err)), 0);
+        shmlink_server_free(srv);
+        int file = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        assert_true(file >= 0);
+        close(file);
+        assert_int_equal(shmlink_server_new(path, refused, &f, &srv, err, sizeof(err)), -EEXIST);
+        assert_non_null(strstr(err, "not a socket"));
+        /* a directory that cannot be made */
+        char under[300];
+        snprintf(under, sizeof(under), "%s/sub/x.sock", path);
+        assert_int_equal(shmlink_server_new(under, refused, &f, &srv, err, sizeof(err)), -ENOTDIR);
+        assert_non_null(strstr(err, "cannot make the directory"));
+        unlink(path);
+        shmlink_free(w);
+        cleanup(tmp);
+}
+
+/* Another user of the psfleet group may connect (the socket is 0660) but is refused: SO_PEERCRED. Only
+ * root can become another user to show it. */
+static void test_socket_other_uid(void **state) {
+        if (geteuid() != 0) {
+                printf("skipped: another uid needs root to setuid() to\n");
+                skip();
+        }
+        char tmp[64], path[200], err[600];
+        runtime_dir(tmp, sizeof(tmp), path, sizeof(path));
+        struct refusals f = {0};
+        assert_int_equal(chmod(tmp, 0750), 0);   /* mkdtemp's 0700 would keep the group out before the socket does */
+        struct shmlink_server *srv;
+        assert_int_equal(shmlink_server_new(path, refused, &f, &srv, err, sizeof(err)), 0);
+        struct shmlink *w = create(1, 1);
+        struct stat st;
+        assert_int_equal(lstat(path, &st), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                /* in the socket's group (as a member of psfleet would be), as nobody; says -r */
+                if (setgroups(0, NULL) < 0 || setgid(st.st_gid) < 0 || setuid(65534) < 0)
+                        _exit(100);
+                _exit(-shmlink_send(path, shmlink_fd(w), shmlink_nonce(w), 5000, err, sizeof(err)));
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), EACCES);
+        assert_int_equal(f.n, 1);
+        assert_non_null(strstr(f.last, "(uid 65534) refused: uid 65534 is neither psd's (0) nor root"));
+        int fd;
+        pid_t p2;
+        uid_t u2;
+        assert_int_equal(shmlink_server_take(srv, shmlink_nonce(w), &fd, &p2, &u2, err, sizeof(err)), -ENOENT);
+        shmlink_server_free(srv);
+        shmlink_free(w);
+        cleanup(tmp);
+}
+
+/* The whole attach across processes: the child listens as psd would, the parent sends its segment,
+ * the child maps it with the pid the kernel vouched for and serves a push. */
+static void test_socket_process(void **state) {
+        char tmp[64], path[200];
+        runtime_dir(tmp, sizeof(tmp), path, sizeof(path));
+        struct shmlink *w = create(1, 1);
+        uint8_t nonce[SHMLINK_NONCE];
+        memcpy(nonce, shmlink_nonce(w), sizeof(nonce));
+        uint32_t gen = shmlink_shard_open(w, 0);
+        int ready[2];
+        pid_t pid = fork_with_pipe(ready);
+        if (pid == 0) {
+                /* forget the parent's segment: only the socket may bring it */
+                int own = shmlink_fd(w);
+                close(own);
+                struct shmlink_server *srv;
+                char err[600];
+                if (shmlink_server_new(path, NULL, NULL, &srv, err, sizeof(err)) < 0 || write(ready[1], "x", 1) != 1)
+                        _exit(1);
+                int fd = -1;
+                pid_t from;
+                uid_t uid;
+                uint64_t until = mono_us() + 10000000;
+                while (shmlink_server_take(srv, nonce, &fd, &from, &uid, err, sizeof(err)) < 0 && mono_us() < until)
+                        usleep(1000);
+                struct server sv = {.n = 1, .groups = {0}};
+                if (fd < 0 || from != getppid() ||
+                    shmlink_open(fd, from, nonce, FP, NP, 0, gen, &sv.l, err, sizeof(err)) < 0)
+                        _exit(3);
+                close(fd);
+                shmlink_mark(sv.l, sv.groups, sv.n, sv.last);
+                if (write(ready[1], "y", 1) != 1)   /* pushes from now on are served */
+                        _exit(1);
+                serve(&sv);
+                shmlink_server_free(srv);
+                _exit(sv.served == 1 ? 0 : 4);
+        }
+        char c, err[600];
+        assert_int_equal(read(ready[0], &c, 1), 1);
+        assert_int_equal(shmlink_send(path, shmlink_fd(w), nonce, 5000, err, sizeof(err)), 0);
+        assert_int_equal(read(ready[0], &c, 1), 1);
+        shmlink_grads(w)[0] = 4;
+        uint32_t q = shmlink_push(w, 0, 0, 0, false);
+        assert_int_equal(shmlink_wait(w, 0, q, pid, 0, 10000000, NULL, err, sizeof(err)), 0);
+        assert_true(shmlink_params(w)[0] == 8.0f);
+        shmlink_shard_close(w, 0);   /* the child's serve() ends */
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0);
+        close(ready[0]);
+        close(ready[1]);
+        shmlink_free(w);
+        cleanup(tmp);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_open_checks),
@@ -297,6 +553,10 @@ int main(void) {
                 cmocka_unit_test(test_mark_skips_old_pushes),
                 cmocka_unit_test(test_deadline),
                 cmocka_unit_test(test_peer_process),
+                cmocka_unit_test(test_socket_path),
+                cmocka_unit_test(test_socket_attach),
+                cmocka_unit_test(test_socket_other_uid),
+                cmocka_unit_test(test_socket_process),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

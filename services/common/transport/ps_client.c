@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "optim.h"
@@ -468,6 +469,23 @@ int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, con
         return 0;
 }
 
+/* Attaches the segment to `shard`: its descriptor through the psd's unix socket on this host (none
+ * there: the shard is on another host, or offers no shared memory), then the AttachSharedMemory call
+ * that ties it to this worker. */
+static int link_attach(struct ps_client *pc, uint32_t shard, uint32_t gen, uint32_t n_groups, const uint32_t *index,
+                       const uint32_t *const *parts, const uint32_t *n, int32_t *pid_ret, char *err, size_t errlen) {
+        char path[256], e[600];
+        int r = shmlink_socket_path(pc->cfg->rpc.runtime_dir, pc->cfg->name, shard, path, sizeof(path), e, sizeof(e));
+        if (r == 0)
+                r = shmlink_send(path, shmlink_fd(pc->link), shmlink_nonce(pc->link), pc->deadline_ms, e, sizeof(e));
+        if (r == -ENOENT || r == -ECONNREFUSED)
+                return errf(err, errlen, r, "%s (ps:%u runs on another host, or offers no shared memory)", e, shard);
+        if (r < 0)
+                return errf(err, errlen, r, "%s", e);
+        return ps_client_attach_shm(pc, shard, pc->worker, (int32_t)getpid(), shmlink_nonce(pc->link), gen, n_groups,
+                                    index, parts, n, pid_ret, err, errlen);
+}
+
 /* Pushes to `shard` go through gRPC from now on (until ps_client_link_shards links it again). */
 static void link_down(struct ps_client *pc, uint32_t shard) {
         if (!pc->link || !pc->links[shard].up)
@@ -495,8 +513,7 @@ void ps_client_link_shards(struct ps_client *pc) {
                 uint32_t gen = shmlink_shard_open(pc->link, s);
                 int32_t pid = 0;
                 char err[800];
-                int r = ps_client_attach_shm(pc, s, pc->worker, shmlink_name(pc->link), shmlink_nonce(pc->link), gen, k,
-                                             index, parts, n, &pid, err, sizeof(err));
+                int r = link_attach(pc, s, gen, k, index, parts, n, &pid, err, sizeof(err));
                 if (r == 0 && (pid <= 0 || (kill(pid, 0) < 0 && errno == ESRCH)))
                         r = errf(err, sizeof(err), -ESRCH, "ps:%u's process %d is not visible from here (another PID namespace?)",
                                  s, (int)pid);
@@ -596,7 +613,7 @@ uint64_t ps_client_global_step(struct ps_client *pc, uint32_t *counting_ret) {
         return gs;
 }
 
-int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, const char *segment,
+int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, int32_t pid,
                          const uint8_t *nonce, uint32_t generation, uint32_t n_groups, const uint32_t *group_index,
                          const uint32_t *const *group_parts, const uint32_t *group_n, int32_t *pid_ret, char *err,
                          size_t errlen) {
@@ -619,7 +636,7 @@ int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, 
         Psfleet__V1__AttachSharedMemoryRequest q = PSFLEET__V1__ATTACH_SHARED_MEMORY_REQUEST__INIT;
         q.caller = &caller;
         q.worker = worker;
-        q.segment = (char *)segment;
+        q.pid = pid;
         q.nonce.data = (uint8_t *)nonce;
         q.nonce.len = SHMLINK_NONCE;
         q.generation = generation;

@@ -63,9 +63,10 @@ typedef int (*ps_client_move_fn)(void *ud, float *params, float *grads);
  * gRPC. Once per client; returns 0 or -errno. */
 int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, const struct ps_group *groups,
                    float *params, float *grads, ps_client_move_fn move, void *ud);
-/* Asks each shard not linked yet to serve this worker's pushes through the shared memory; a shard
- * that cannot (another host, an older psd) gets its pushes through gRPC, and why is logged once (until
- * it links). Call when no push is in flight: after the first pull, and after recovering from a failed
+/* Asks each shard not linked yet to serve this worker's pushes through the shared memory (its
+ * descriptor through the shard's socket in rpc.runtime_dir, then AttachSharedMemory); a shard that
+ * cannot (no socket of it here: another host, or a psd without one; a refusal) gets its pushes through
+ * gRPC, and why is logged once (until it links). Call when no push is in flight: after the first pull, and after recovering from a failed
  * push. No-op without shared memory. */
 void ps_client_link_shards(struct ps_client *pc);
 /* Hands group g's gradients (final in the gradient block, unchanged until ps_client_wait(g)) to its
@@ -80,12 +81,13 @@ int ps_client_wait(struct ps_client *pc, uint32_t g, char *err, size_t errlen);
  * the pushes still unanswered that will count a step: where global_step is heading. Thread-safe. */
 uint64_t ps_client_global_step(struct ps_client *pc, uint32_t *counting_ret);
 
-/* The AttachSharedMemory call itself, as ps_client_link_shards makes it (for tests that play a
- * worker): asks `shard` to serve worker's pushes through segment `segment` (its nonce and the shard's
+/* The AttachSharedMemory call itself, as ps_client_link_shards makes it after handing the segment's
+ * descriptor to the shard's unix socket (shmlink_send), for tests that play a worker: asks `shard` to
+ * serve worker's pushes through the segment that process `pid` sent it with `nonce` (and the shard's
  * link generation); the groups that go to this shard, each with its record index in the segment and
- * its placement parts. Returns 0 with psd's process id, or -errno with the reason (psd on another host
- * cannot open the segment: FAILED_PRECONDITION). */
-int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, const char *segment,
-                         const uint8_t *nonce, uint32_t generation, uint32_t n_groups, const uint32_t *group_index,
+ * its placement parts. Returns 0 with psd's process id, or -errno with the reason (no such descriptor,
+ * a segment that does not match: FAILED_PRECONDITION; another pid or worker: PERMISSION_DENIED). */
+int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, int32_t pid, const uint8_t *nonce,
+                         uint32_t generation, uint32_t n_groups, const uint32_t *group_index,
                          const uint32_t *const *group_parts, const uint32_t *group_n, int32_t *pid_ret, char *err,
                          size_t errlen);

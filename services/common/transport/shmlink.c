@@ -78,7 +78,6 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "atomics shared between processes must
 struct shmlink {
         bool owner;                /* the worker's side */
         int fd;                    /* the worker's: the memfd, or -1 */
-        char name[128];
         void *base;
         size_t size;
         struct shm_header *h;
@@ -192,8 +191,6 @@ int shmlink_create(const char *job, uint32_t worker, uint64_t fingerprint, size_
                 r = errf(err, errlen, -me, "cannot map shared memory: %s", strerror(me));
                 goto fail;
         }
-        /* what a psd on this host opens: our descriptor, through /proc */
-        snprintf(l->name, sizeof(l->name), "/proc/%d/fd/%d", (int)getpid(), l->fd);
         l->size = size;
         struct shm_header *h = l->base;
         memcpy(h->magic, MAGIC, sizeof(h->magic));
@@ -225,8 +222,8 @@ fail:
         return r;
 }
 
-const char *shmlink_name(const struct shmlink *l) {
-        return l->name;
+int shmlink_fd(const struct shmlink *l) {
+        return l->fd;
 }
 
 const uint8_t *shmlink_nonce(const struct shmlink *l) {
@@ -330,58 +327,46 @@ static int check_header(const struct shm_header *h, size_t file_size, const uint
         return 0;
 }
 
-int shmlink_open(const char *name, const uint8_t nonce[SHMLINK_NONCE], uint64_t fingerprint, size_t n_params,
+int shmlink_open(int fd, pid_t pid, const uint8_t nonce[SHMLINK_NONCE], uint64_t fingerprint, size_t n_params,
                  uint32_t shard, uint32_t gen, struct shmlink **ret, char *err, size_t errlen) {
         char why[300];
-        unsigned pid, fdn;
-        int used = 0;
-        if (!name || strlen(name) >= sizeof(((struct shmlink *)0)->name) ||
-            sscanf(name, "/proc/%u/fd/%u%n", &pid, &fdn, &used) != 2 || name[used] != 0)
-                return errf(err, errlen, -EINVAL, "\"%s\" is not a segment's path (/proc/PID/fd/N)", name ? name : "");
-        int fd = open(name, O_RDWR | O_CLOEXEC);
         if (fd < 0)
-                return errf(err, errlen, -errno, "cannot open shared memory \"%s\": %s", name, strerror(errno));
-        /* what we opened: only a psfleet worker's memfd, its size sealed */
+                return errf(err, errlen, -EBADF, "no descriptor of shared memory");
+        /* what we were given: only a psfleet worker's memfd, its size sealed */
         char self[64], target[256];
         snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
         ssize_t tn = readlink(self, target, sizeof(target) - 1);
         target[tn < 0 ? 0 : tn] = 0;
-        if (strncmp(target, "/memfd:psfleet-", 15) != 0) {
-                close(fd);
-                return errf(err, errlen, -EPROTO, "shared memory \"%s\" is \"%s\", not a psfleet segment", name, target);
-        }
+        if (strncmp(target, "/memfd:psfleet-", 15) != 0)
+                return errf(err, errlen, -EPROTO, "the shared memory of process %d is \"%s\", not a psfleet segment",
+                            (int)pid, target);
         int seals = fcntl(fd, F_GET_SEALS);
-        if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-                close(fd);
-                return errf(err, errlen, -EPROTO, "shared memory \"%s\" may shrink (not sealed)", name);
-        }
+        if (seals < 0 || !(seals & F_SEAL_SHRINK))
+                return errf(err, errlen, -EPROTO, "the shared memory of process %d may shrink (not sealed)", (int)pid);
         struct stat st;
-        if (fstat(fd, &st) < 0 || (size_t)st.st_size < PAGE) {
-                close(fd);
-                return errf(err, errlen, -EPROTO, "shared memory \"%s\" is too small to be a segment", name);
-        }
+        if (fstat(fd, &st) < 0 || (size_t)st.st_size < PAGE)
+                return errf(err, errlen, -EPROTO, "the shared memory of process %d is too small to be a segment", (int)pid);
         size_t size = (size_t)st.st_size;
         void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        int me = errno;
-        close(fd);
         if (base == MAP_FAILED)
-                return errf(err, errlen, -me, "cannot map shared memory \"%s\": %s", name, strerror(me));
+                return errf(err, errlen, -errno, "cannot map the shared memory of process %d: %s", (int)pid,
+                            strerror(errno));
         /* read the header once, into private memory, and check that copy */
         struct shm_header h;
         memcpy(&h, base, sizeof(h));
         int r = check_header(&h, size, nonce, fingerprint, n_params, shard, why, sizeof(why));
-        if (r == 0 && (unsigned)h.worker_pid != pid)
-                r = errf(why, sizeof(why), -EPROTO, "it belongs to process %d, not %u", (int)h.worker_pid, pid);
+        if (r == 0 && h.worker_pid != (int32_t)pid)
+                r = errf(why, sizeof(why), -EPROTO, "it belongs to process %d", (int)h.worker_pid);
         if (r < 0) {
                 munmap(base, size);
-                return errf(err, errlen, r, "shared memory \"%s\": %s", name, why);
+                return errf(err, errlen, r, "the shared memory of process %d: %s", (int)pid, why);
         }
         struct shmlink *l = calloc(1, sizeof(*l));
         if (!l) {
                 munmap(base, size);
                 return errf(err, errlen, -ENOMEM, "out of memory");
         }
-        snprintf(l->name, sizeof(l->name), "%s", name);
+        l->fd = -1;
         l->base = base;
         l->size = size;
         point(l, &h);
@@ -393,8 +378,8 @@ int shmlink_open(const char *name, const uint8_t nonce[SHMLINK_NONCE], uint64_t 
         struct shm_shard *s = &l->shards[shard];
         if (atomic_load(&s->gen) != gen) {
                 shmlink_free(l);
-                return errf(err, errlen, -ESTALE, "shared memory \"%s\": generation %u of ps:%u's link was replaced",
-                            name, gen, shard);
+                return errf(err, errlen, -ESTALE, "the shared memory of process %d: generation %u of ps:%u's link was "
+                            "replaced", (int)pid, gen, shard);
         }
         atomic_store(&s->psd_pid, (int32_t)getpid());
         *ret = l;
