@@ -1,5 +1,7 @@
 """Each exit status systemd acts on (docs/operations.md, "Exit codes"), from the real daemons, with the one
-line that says why: a malformed job file 78 naming the file and the key; an empty data directory and a
+line that says why: a malformed job file 78 naming the file and the key; a job beyond loopback without
+certificates 78 naming the missing security.* keys and files (and insecure there without
+allow_insecure 78); an empty data directory and a
 truncated IDX file 65 from workerd, naming the file; a state directory chiefd cannot create or write 74;
 an address already taken 75 with "cannot listen on ADDR: Address already in use" and no gRPC dump (and
 psd 75 when a live listener holds its attach socket);
@@ -53,6 +55,29 @@ def test():
         rc, errors = run(wd, kind, job, idx)
         assert rc == EX_CONFIG, (kind, rc)
         assert len(errors) == 1 and job in errors[0] and "training.batch_size" in errors[0], errors
+
+    # 78: a job beyond loopback without certificates (security.mode auto means mtls there): each daemon
+    # names the missing keys and files and says how to make them; nothing listens
+    job, spec = h.make_job(wd, "remote.json", training={"max_steps": 10})
+    spec["cluster"]["worker"].append("192.0.2.7:7002")   # TEST-NET: never this host
+    spec["security"] = {"ca": wd.file("tls") + "/{job}/ca.crt", "cert": wd.file("tls") + "/{job}/{task}.crt",
+                        "key": wd.file("tls") + "/{job}/{task}.key"}
+    with open(job, "w") as f:
+        json.dump(spec, f)
+    for kind, idx, task in (("psd", 0, "ps-0"), ("workerd", 0, "worker-0"), ("chiefd", None, "chief")):
+        rc, errors = run(wd, kind, job, idx)
+        assert rc == EX_CONFIG, (kind, rc)
+        assert len(errors) == 1, errors
+        for text in ("security.mode is mtls (auto: an endpoint is beyond loopback)", "security.ca (",
+                     "security.cert (%s/%s/%s.crt" % (wd.file("tls"), spec["job"], task), "security.key (",
+                     "psfleet certs --job %s" % spec["job"]):
+            assert text in errors[0], (kind, text, errors)
+    # and insecure beyond loopback only with security.allow_insecure
+    spec["security"] = {"mode": "insecure"}
+    with open(job, "w") as f:
+        json.dump(spec, f)
+    rc, errors = run(wd, "psd", job, 0)
+    assert rc == EX_CONFIG and "security.allow_insecure" in errors[0], (rc, errors)
 
     # 65: an empty data directory: workerd names the missing file
     empty = wd.file("empty-data")
