@@ -85,7 +85,10 @@ static void note_reject(struct psd *p, const char *msg) {
         pthread_mutex_lock(&p->err_mu);
         snprintf(p->last_error, sizeof(p->last_error), "%s", msg);
         pthread_mutex_unlock(&p->err_mu);
-        log_warning("rejected: %s", msg);
+        /* an authorized but broken (or hostile) worker may send thousands: a few lines, and a count */
+        static struct log_ratelimit rl = LOG_RATELIMIT_INIT(10000000u, 20);
+        if (log_ratelimit_ok(&rl, "rejections"))
+                log_warning("rejected: %s", msg);
 }
 
 /* The caller's fingerprint is not ours: the refusal says only that it differs (the job's fingerprint

@@ -185,3 +185,27 @@ out:
         errno = saved_errno;
         return ret;
 }
+
+bool log_ratelimit_ok(struct log_ratelimit *rl, const char *what) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t now = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+        unsigned left_out = 0;
+        bool ok;
+        pthread_mutex_lock(&rl->mu);
+        if (!rl->start_us || now - rl->start_us >= rl->window_us) {
+                left_out = rl->suppressed;
+                rl->start_us = now;
+                rl->logged = rl->suppressed = 0;
+        }
+        ok = rl->logged < rl->burst;
+        if (ok)
+                rl->logged++;
+        else
+                rl->suppressed++;
+        pthread_mutex_unlock(&rl->mu);
+        if (left_out)
+                log_warning("%u more %s were not logged in the last %llu s", left_out, what,
+                            (unsigned long long)(rl->window_us / 1000000u));
+        return ok;
+}

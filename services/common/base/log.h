@@ -3,6 +3,8 @@
  * Thread-safe: each message is one write() or one sd_journal_send(). log_setup() and
  * log_set_max_level() are meant to be called from main() before threads start. */
 #pragma once
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <syslog.h>
 
@@ -51,3 +53,18 @@ int log_internal(int prio, int err, uint64_t step, const char *file, int line, c
 #define log_info_step(step, ...)    log_full(LOG_INFO, 0, (step), __VA_ARGS__)
 #define log_debug_step(step, ...)   log_full(LOG_DEBUG, 0, (step), __VA_ARGS__)
 #define log_warning_step(step, ...) log_full(LOG_WARNING, 0, (step), __VA_ARGS__)
+
+/* Rate limiting for lines a peer can cause (refused calls, rejected pushes, failed handshakes): at most
+ * `burst` lines per window of `window_us`; the rest are counted, and the first line of the next window
+ * says how many were left out. Thread-safe. */
+struct log_ratelimit {
+        pthread_mutex_t mu;
+        uint64_t window_us;
+        unsigned burst;
+        uint64_t start_us;
+        unsigned logged, suppressed;
+};
+#define LOG_RATELIMIT_INIT(window, n) {.mu = PTHREAD_MUTEX_INITIALIZER, .window_us = (window), .burst = (n)}
+/* True when the caller may log its line now. When a window has just ended with lines left out, logs
+ * "N more lines like this were not logged in the last S s" (naming `what`) first. */
+bool log_ratelimit_ok(struct log_ratelimit *rl, const char *what);

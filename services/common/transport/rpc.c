@@ -35,30 +35,8 @@ static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 #define GRPC_LOG_WINDOW_US 60000000ull
 
 static void grpc_log_to_ours(gpr_log_func_args *a) {
-        static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-        static uint64_t window;
-        static unsigned logged, dropped;
-        if (a->severity != GPR_LOG_SEVERITY_ERROR)
-                return;
-        uint64_t now = mono_us();
-        unsigned said_dropped = 0;
-        bool log = false;
-        pthread_mutex_lock(&mu);
-        if (!window || now - window >= GRPC_LOG_WINDOW_US) {
-                said_dropped = dropped;
-                window = now;
-                logged = dropped = 0;
-        }
-        if (logged < GRPC_LOG_BURST) {
-                logged++;
-                log = true;
-        } else {
-                dropped++;
-        }
-        pthread_mutex_unlock(&mu);
-        if (said_dropped)
-                log_warning("grpc: %u more errors were not logged in the last minute", said_dropped);
-        if (log)
+        static struct log_ratelimit rl = LOG_RATELIMIT_INIT(GRPC_LOG_WINDOW_US, GRPC_LOG_BURST);
+        if (a->severity == GPR_LOG_SEVERITY_ERROR && log_ratelimit_ok(&rl, "gRPC errors"))
                 log_warning("grpc: %s", a->message);
 }
 
@@ -108,7 +86,7 @@ static void *memory_watch(void *arg) {
                 malloc_trim(0);
                 size_t after = resident_bytes();
                 if (before < after + ((size_t)1 << 20)) {
-                        next_try = mono_us() + 10000000u;   /* nothing to hand back: it is in use */
+                        next_try = mono_us() + 3000000u;   /* nothing to hand back: it is in use */
                         continue;
                 }
                 log_info("memory: %zu MiB resident, over %zu MiB (the baseline, twice the largest legal message "

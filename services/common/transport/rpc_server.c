@@ -84,9 +84,7 @@ struct rpc_server {
         uint64_t in_flight;
         bool shutting_down, shutdown_notified;
         char *job;                   /* mTLS: peers must hold a certificate of a task of this job; NULL: plain TCP */
-        /* refusals logged: at most REFUSALS_LOGGED per REFUSAL_WINDOW_US, the rest counted */
-        uint64_t refusal_window_us;
-        unsigned refusals_logged, refusals_suppressed;
+        struct log_ratelimit refusals;   /* REFUSALS_LOGGED per REFUSAL_WINDOW_US */
 };
 
 #define REFUSALS_LOGGED 20
@@ -216,34 +214,14 @@ static void on_new_generic(struct generic_call *g, bool ok) {
                 generic_free(g);
 }
 
-/* One journal line per refusal, at most REFUSALS_LOGGED per window; the rest are counted and said
- * when the next window opens. A flood of hostile calls cannot flood the journal. */
+/* One journal line per refusal, at most REFUSALS_LOGGED per window per server; the rest are counted.
+ * A flood of hostile calls cannot flood the journal. */
 static void log_refusal(struct rpc_server *s, struct rpc_call *c, const char *why) {
-        uint64_t now = mono_us();
-        unsigned suppressed = 0;
-        bool log = false;
-        pthread_mutex_lock(&s->mu);
-        if (!s->refusal_window_us || now - s->refusal_window_us >= REFUSAL_WINDOW_US) {
-                suppressed = s->refusals_suppressed;
-                s->refusal_window_us = now;
-                s->refusals_logged = s->refusals_suppressed = 0;
-        }
-        if (s->refusals_logged < REFUSALS_LOGGED) {
-                s->refusals_logged++;
-                log = true;
-        } else {
-                s->refusals_suppressed++;
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (suppressed)
-                log_warning("%u more refused calls were not logged in the last %llu s", suppressed,
-                            REFUSAL_WINDOW_US / 1000000);
-        if (log) {
-                char *addr = grpc_call_get_peer(c->call);
-                log_warning("refused %s from %s (%s): %s", s->methods[c->method].path, c->peer.name,
-                            addr ? addr : "?", why);
-                gpr_free(addr);
-        }
+        if (!log_ratelimit_ok(&s->refusals, "refused calls"))
+                return;
+        char *addr = grpc_call_get_peer(c->call);
+        log_warning("refused %s from %s (%s): %s", s->methods[c->method].path, c->peer.name, addr ? addr : "?", why);
+        gpr_free(addr);
 }
 
 /* Who calls, from the certificate the TLS handshake verified; and whether the table lets it call
@@ -417,6 +395,7 @@ int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size
                 return -ENOMEM;
         pthread_mutex_init(&s->mu, NULL);
         pthread_cond_init(&s->cond, NULL);
+        s->refusals = (struct log_ratelimit)LOG_RATELIMIT_INIT(REFUSAL_WINDOW_US, REFUSALS_LOGGED);
         s->t_shutdown = (struct tag){TAG_SHUTDOWN, s};
         s->n_threads = threads;
         s->n_methods = n_methods;
