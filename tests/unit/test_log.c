@@ -232,6 +232,23 @@ static void test_journal_fallback(void **state) {
         log_set_target_stderr(1);
 }
 
+/* A burst per window, the rest counted and said once the next window opens. */
+static void test_ratelimit(void **state) {
+        (void)state;
+        struct log_ratelimit rl = LOG_RATELIMIT_INIT(200000u, 3);
+        log_set_target_stderr(1);
+        capture_start();
+        for (int i = 0; i < 3; i++)
+                assert_true(log_ratelimit_ok(&rl, "refused calls"));
+        for (int i = 0; i < 5; i++)
+                assert_false(log_ratelimit_ok(&rl, "refused calls"));
+        usleep(250000);
+        assert_true(log_ratelimit_ok(&rl, "refused calls"));
+        char *out = capture_end();
+        assert_non_null(strstr(out, "5 more refused calls were not logged in the last 0 s"));
+        free(out);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_format),
@@ -240,6 +257,7 @@ int main(void) {
                 cmocka_unit_test(test_long_message),
                 cmocka_unit_test(test_threads),
                 cmocka_unit_test(test_journal_fallback),
+                cmocka_unit_test(test_ratelimit),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
