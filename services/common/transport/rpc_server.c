@@ -419,8 +419,9 @@ int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size
         grpc_channel_args cargs = {.num_args = 3, .args = args};
         grpc_arg qa;
         grpc_arg all[4];
+        grpc_resource_quota *q = NULL;
         if (max_receive) {
-                grpc_resource_quota *q = grpc_resource_quota_create("server");
+                q = grpc_resource_quota_create("server");
                 /* what gRPC may hold for this server at once: every legal request in flight, and room */
                 size_t in_flight = opts->max_in_flight ? opts->max_in_flight : 2;
                 grpc_resource_quota_resize(q, (in_flight + 1) * max_receive + (16u << 20));
@@ -433,6 +434,8 @@ int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size
                 cargs = (grpc_channel_args){.num_args = 4, .args = all};
         }
         s->server = grpc_server_create(&cargs, NULL);
+        if (q)
+                grpc_resource_quota_unref(q);   /* the server holds its own reference */
         s->cq = grpc_completion_queue_create_for_next(NULL);
         grpc_server_register_completion_queue(s->server, s->cq, NULL);
         for (size_t i = 0; i < n_methods; i++)
