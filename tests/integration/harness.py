@@ -369,6 +369,17 @@ def channel(addr, identity=None, credentials=None):
     return grpc.secure_channel(addr, creds, options=CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", server)])
 
 
+def chief_and_ps(wd, job, spec, timeout=30):
+    """Starts the job's chiefd and ps:0 and waits until the job is READY (initialized, no worker needed);
+    returns (chief, ps, fingerprint)."""
+    chief_addr, ps_addr = spec["cluster"]["chief"][0], spec["cluster"]["ps"][0]
+    chief = daemon(wd, "chiefd", job)
+    ps = daemon(wd, "psd", job, 0)
+    wait_healthy(ps_addr, ps)
+    st = wait_state(chief_addr, "READY", timeout, [chief, ps])
+    return chief, ps, st.fingerprint
+
+
 def pull_shard(stub, fingerprint, task="worker:0", with_slots=True):
     """A shard's tensors as {(name, row_offset): bytes}, and its global_step, through a ParameterServer stub."""
     s = stubs()

@@ -28,11 +28,7 @@ def test():
         os.chmod(wd.path, 0o750)
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": 100})
     chief_addr, ps_addr = spec["cluster"]["chief"][0], spec["cluster"]["ps"][0]
-    chief = h.daemon(wd, "chiefd", job)
-    ps = h.daemon(wd, "psd", job, 0)
-    h.wait_healthy(ps_addr, ps)
-    st = h.wait_state(chief_addr, "READY", 30, [chief, ps])
-    fp = st.fingerprint
+    chief, ps, fp = h.chief_and_ps(wd, job, spec)
     caller = s.tensor_pb2.Caller(fingerprint=fp, task="worker:0")
     F32 = s.tensor_pb2.DTYPE_FLOAT32
 

@@ -47,11 +47,7 @@ def probes(wd, job, spec, tls_dir, other_dir):
     import grpc
     s = h.stubs()
     chief_addr, ps_addr = spec["cluster"]["chief"][0], spec["cluster"]["ps"][0]
-    chief = h.daemon(wd, "chiefd", job)
-    ps = h.daemon(wd, "psd", job, 0)
-    h.wait_healthy(ps_addr, ps)
-    st = h.wait_state(chief_addr, "READY", 30, [chief, ps])
-    fp = st.fingerprint
+    chief, ps, fp = h.chief_and_ps(wd, job, spec)
     F32 = s.tensor_pb2.DTYPE_FLOAT32
     UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
     DENIED = grpc.StatusCode.PERMISSION_DENIED
