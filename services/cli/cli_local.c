@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cli_chief.h"
+#include "cli_jobref.h"
 #include "cli_opt.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -66,6 +67,7 @@ struct local {
         struct job_config *cfg;                 /* the job as the children see it */
         char *state_dir, *job_copy;
         char *runtime_env;                      /* "PSFLEET_RUNTIME_DIR=STATE_DIR/run" for the children */
+        char *record;                           /* our record for `--job NAME` (cli_jobref.h), or NULL */
         char *bins[3];                          /* psd, workerd, chiefd */
         struct child *kids;
         uint32_t n_kids, chief;                 /* index of the chief in kids */
@@ -749,6 +751,26 @@ static int run_standalone(struct local *L) {
 
 /* ---- the command ---- */
 
+/* Records the job for the other commands (`psfleet status --job NAME`) and says where it is. */
+static void announce(struct local *L) {
+        char *source = realpath(L->job_path, NULL);
+        const struct cli_local_job j = {
+                .name = L->cfg->name, .chief = L->kids[L->chief].addr, .job_file = L->job_copy,
+                .state_dir = L->state_dir, .source = source ? source : (char *)L->job_path, .pid = (long)getpid(),
+        };
+        int r = cli_local_register(&j, &L->record);
+        if (r == -EEXIST)
+                cli_error("another `psfleet local` runs a job named %s: `--job %s` finds that one; use "
+                          "--address %s for this one", j.name, j.name, j.chief);
+        else if (r < 0)
+                cli_error("warning: cannot record the job for `--job %s` (%s); use --address %s", j.name,
+                          strerror(-r), j.chief);
+        fprintf(stderr, "psfleet: job %s: chief at %s, state in %s%s; `psfleet status %s %s` finds it\n", j.name,
+                j.chief, L->state_dir, L->keep_state ? "" : " (removed at the end)", r < 0 ? "--address" : "--job",
+                r < 0 ? j.chief : j.name);
+        free(source);
+}
+
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
         (void)st;
         (void)flag;
@@ -828,11 +850,13 @@ int cmd_local(int argc, char **argv) {
         }
         if ((ret = build_children(&L)) != 0)
                 goto out;
+        announce(&L);
         /* gRPC's threads start here, after every allocation the children need was made. */
         rpc_global_init();
         L.rpc_up = true;
         ret = supervise(&L);
 out:
+        cli_local_unregister(L.record);
         free_children(&L);
         if (L.state_dir) {
                 if (L.keep_state)
