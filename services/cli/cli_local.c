@@ -145,11 +145,17 @@ static void local_help(FILE *f) {
                 "                     PSFLEET_RUNTIME_DIR is set)\n"
                 "  --quiet            no progress display; children log warnings and errors only\n"
                 "\n"
+                "At the start one line on stderr says where the chief listens and the state directory is;\n"
+                "while it runs, `psfleet status|watch|checkpoints|stop --job NAME` (or --job JOB.json, the file\n"
+                "it was started from) find the job through its record in $XDG_RUNTIME_DIR/psfleet/local/\n"
+                "(/run/psfleet/local as root), removed when it ends.\n"
+                "\n"
                 "The daemons are looked up in $PSFLEET_BIN_DIR when set; else next to this program in the\n"
                 "build tree (<dir>/../psd/psd, ...), then in the same directory (<dir>/psd), then in PATH.\n"
                 "\n"
                 "Exit status: 0 done; the exit status of the daemon that failed first (65 data error, 74 I/O\n"
                 "error, 75 address in use or a peer that never came, 78 bad job file; see docs/operations.md);\n"
+                "75 also when the job was stopped in order before it was done (psfleet stop);\n"
                 "1 another failure (a child killed, the job failed); 2 bad usage; 78 bad job file; 130/143\n"
                 "interrupted by SIGINT/SIGTERM.\n");
 }
