@@ -50,8 +50,31 @@ static int local_dir_ready(const char *dir) {
         return 0;
 }
 
-static bool pid_alive(long pid) {
-        return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
+/* When process pid started (clock ticks since boot, /proc/PID/stat's 22nd field), or 0 when unknown. */
+static unsigned long long proc_start(long pid) {
+        char path[64], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return 0;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+        unsigned long long t = 0;
+        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                         &t) != 1)
+                return 0;
+        return t;
+}
+
+/* The recording process is still there: the pid lives and started when the record says, so that a
+ * process that got the pid of a psfleet killed outright does not pass for it. */
+static bool pid_alive(long pid, unsigned long long start) {
+        if (pid <= 0 || (kill((pid_t)pid, 0) < 0 && errno != EPERM))
+                return false;
+        unsigned long long now = proc_start(pid);
+        return !start || !now || now == start;
 }
 
 static char *json_str(json_t *o, const char *key) {
@@ -71,11 +94,12 @@ static int read_record(const char *path, struct cli_local_job *ret) {
                 .state_dir = json_str(o, "state_dir"), .source = json_str(o, "source"),
                 .pid = (long)json_integer_value(json_object_get(o, "pid")),
         };
+        unsigned long long started = (unsigned long long)json_integer_value(json_object_get(o, "started"));
         json_decref(o);
         int r = 0;
         if (!j.name || !j.chief || !j.job_file || !j.state_dir || !j.source)
                 r = -ENOENT;
-        else if (!pid_alive(j.pid)) {
+        else if (!pid_alive(j.pid, started)) {
                 unlink(path);   /* its psfleet local was killed before it could remove it */
                 r = -ENOENT;
         }
@@ -103,12 +127,13 @@ int cli_local_register(const struct cli_local_job *j, char **path_ret) {
                 r = other.pid == (long)getpid() ? 0 : -EEXIST;
                 cli_local_job_clear(&other);
         }
-        json_t *o = json_pack("{s:s, s:I, s:s, s:s, s:s, s:s}", "job", j->name, "pid", (json_int_t)j->pid,
-                              "chief", j->chief, "job_file", j->job_file, "state_dir", j->state_dir, "source",
-                              j->source);
+        json_t *o = json_pack("{s:s, s:I, s:I, s:s, s:s, s:s, s:s}", "job", j->name, "pid", (json_int_t)j->pid,
+                              "started", (json_int_t)proc_start(j->pid), "chief", j->chief, "job_file", j->job_file,
+                              "state_dir", j->state_dir, "source", j->source);
         if (r == 0 && !o)
                 r = -ENOMEM;
         /* written whole under another name, then renamed: a reader never sees half a record */
+        errno = 0;
         if (r == 0 && (json_dump_file(o, tmp, JSON_COMPACT) < 0 || rename(tmp, path) < 0)) {
                 r = errno ? -errno : -EIO;
                 unlink(tmp);

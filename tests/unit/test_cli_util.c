@@ -406,6 +406,17 @@ static void test_local_jobs(void **state) {
         assert_int_equal(cli_local_find("stale-job", NULL, &found), -ENOENT);
         assert_int_equal(access(stale_rec, F_OK), -1);
         free(stale_rec);
+        /* so is one whose pid now belongs to a process started at another time */
+        char *reused = strdup_printf("%s/reused.json", local_dir);
+        f = fopen(reused, "w");
+        assert_non_null(f);
+        fprintf(f, "{\"job\": \"reused\", \"pid\": %ld, \"started\": 1, \"chief\": \"127.0.0.1:1\", "
+                   "\"job_file\": \"%s\", \"state_dir\": \"%s\", \"source\": \"%s\"}\n",
+                (long)getpid(), copy, dir, src);
+        fclose(f);
+        assert_int_equal(cli_local_find("reused", NULL, &found), -ENOENT);
+        assert_int_equal(access(reused, F_OK), -1);
+        free(reused);
         /* a live one of another process keeps its name */
         struct cli_local_job other = j;
         other.pid = (long)getppid();
