@@ -52,18 +52,10 @@ static int local_dir_ready(const char *dir) {
 
 /* When process pid started (clock ticks since boot, /proc/PID/stat's 22nd field), or 0 when unknown. */
 static unsigned long long proc_start(long pid) {
-        char path[64], buf[1024];
-        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-        FILE *f = fopen(path, "re");
-        if (!f)
-                return 0;
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = 0;
-        const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+        char buf[1024];
+        const char *p = cli_proc_stat(pid, buf, sizeof(buf));
         unsigned long long t = 0;
-        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-                         &t) != 1)
+        if (!p || sscanf(p, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &t) != 1)
                 return 0;
         return t;
 }

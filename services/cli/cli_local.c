@@ -444,17 +444,10 @@ static double used_cpu_s(const struct local *L) {
 
 /* utime + stime of a running child, all its threads, from /proc/PID/stat (fields 14 and 15). */
 static double proc_cpu_s(pid_t pid) {
-        char path[64], buf[1024];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        FILE *f = fopen(path, "re");
-        if (!f)
-                return 0;
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = 0;
-        const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+        char buf[1024];
+        const char *p = cli_proc_stat((long)pid, buf, sizeof(buf));
         unsigned long long ut = 0, st = 0;
-        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        if (!p || sscanf(p, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
                 return 0;
         return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }

@@ -131,6 +131,19 @@ int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t m
         return CLI_EX_USAGE;
 }
 
+const char *cli_proc_stat(long pid, char *buf, size_t len) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return NULL;
+        size_t n = fread(buf, 1, len - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+        return p && p[1] == ' ' ? p + 2 : NULL;
+}
+
 const char *cli_format_time(uint64_t us, bool zone, char *buf, size_t len) {
         time_t t = (time_t)(us / 1000000);
         struct tm tm;

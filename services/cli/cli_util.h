@@ -44,6 +44,10 @@ int cli_secure(const struct job_config *cfg, const char *identity);
  * prints why ("psfleet cmd: --opt "s": expected min..max") and returns CLI_EX_USAGE (*ret untouched). */
 int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret);
 
+/* /proc/PID/stat read into buf: returns where its third field (the state) starts, after the command
+ * name, or NULL when the process is gone or the line is not what it should be. */
+const char *cli_proc_stat(long pid, char *buf, size_t len);
+
 /* Formats seconds as "1:02:03" / "2:03", or "?" when negative, NaN or absurd, into buf; returns buf. */
 const char *cli_format_duration(double s, char *buf, size_t len);
 
