@@ -1,28 +1,54 @@
 #!/usr/bin/env bash
-# Installs the Debian packages that psfleet's build, tests and demo need. Idempotent: installs only
-# what is missing, and says what. Run as root (or through sudo) on Debian 12.
+# Installs the Debian packages that psfleet needs, in two groups: what building and running the demo
+# takes (--demo: run-demo.sh), and what the tests add (default, or --all: tests/run.sh and .ci/run).
+# Idempotent: installs only what is missing, and says what. Run as root (or through sudo) on Debian 12.
+# --list prints the group's packages, one a line, and installs nothing.
 set -euo pipefail
 
+# The demo: build it and train the example job.
 # package                     why
-PKGS=(
+DEMO_PKGS=(
   build-essential             # C compiler, make
   cmake pkg-config            # the build
   libgrpc-dev                 # RPC: gRPC C core
-  libssl-dev openssl          # psfleet certs (libcrypto); openssl(1) checks certificates in tests
-  libprotobuf-c-dev protobuf-c-compiler protobuf-compiler grpc-proto  # messages, health.proto
+  libssl-dev                  # libcrypto: TLS credentials, psfleet certs
+  libprotobuf-c-dev protobuf-c-compiler grpc-proto  # messages (protoc-c), health.proto
   libsystemd-dev              # sd_notify, journal
   libsqlite3-dev              # chiefd's records
   libjansson-dev              # job files, checkpoint headers
   libopenblas-dev             # CPU sgemm
   zlib1g-dev                  # gzip'd IDX data
-  libcmocka-dev               # unit tests
-  python3 python3-grpcio python3-protobuf protobuf-compiler-grpc python3-numpy  # Python test clients
   dataset-fashion-mnist       # the demo's data
+)
+
+# Only the tests: unit, integration, system and package checks.
+TEST_PKGS=(
+  libcmocka-dev               # unit tests
+  openssl                     # openssl(1) checks certificates in tests
+  python3 python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc python3-numpy  # Python test clients
   procps psmisc               # pgrep/pkill in tests
   python3-venv                # a venv for PyPI test tools (safetensors, tensorboard)
   debootstrap systemd-container  # the system test: a Debian container booted with systemd-nspawn
   dpkg-dev lintian rpm rpmlint   # building and checking the .deb and .rpm packages
 )
+
+group=all list=false
+for a in "$@"; do
+  case "$a" in
+    --demo) group=demo ;;
+    --all) group=all ;;
+    --list) list=true ;;
+    -h|--help) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install-deps: unknown option $a (--demo, --all, --list)" >&2; exit 2 ;;
+  esac
+done
+PKGS=("${DEMO_PKGS[@]}")
+[ "$group" = demo ] || PKGS+=("${TEST_PKGS[@]}")
+
+if $list; then
+  printf '%s\n' "${PKGS[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -32,11 +58,11 @@ for p in "${PKGS[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PKGS[@]} packages already installed"
+  echo "install-deps: all ${#PKGS[@]} packages ($group) already installed"
   exit 0
 fi
 
-echo "install-deps: installing ${#missing[@]} package(s): ${missing[*]}"
+echo "install-deps: installing ${#missing[@]} package(s) ($group): ${missing[*]}"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive

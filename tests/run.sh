@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packaging/install-deps.sh
+packaging/install-deps.sh --all    # the demo's packages and the test tools
 cmake --preset ci
 cmake --build --preset ci
 ctest --preset ci

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h"
+
 /* 3: the job's reason and state_since_us, the losses table, paths relative to the directory. */
 #define CHIEF_DB_SCHEMA_VERSION 3
 
@@ -177,7 +179,8 @@ static int migrate(struct chief_db *db, int from) {
         return r < 0 ? r : db_errno(db->h, rc);
 }
 
-int chief_db_open(const char *path, struct chief_db **ret) {
+/* A handle with its directory resolved and nothing opened yet: 0 or -errno (*ret freed on failure). */
+static int db_new(const char *path, struct chief_db **ret) {
         struct chief_db *db = calloc(1, sizeof(*db));
         char *copy = strdup(path);
         if (!db || !copy) {
@@ -188,10 +191,52 @@ int chief_db_open(const char *path, struct chief_db **ret) {
         pthread_mutex_init(&db->lock, NULL);
         db->dir = realpath(dirname(copy), NULL);
         free(copy);
-        int r = db->dir ? 0 : -errno;
-        if (r < 0)
-                goto fail;
+        if (!db->dir) {
+                int r = -errno;
+                chief_db_close(db);
+                return r;
+        }
         db->dir_len = strlen(db->dir);
+        *ret = db;
+        return 0;
+}
+
+int chief_db_open_readonly(const char *path, struct chief_db **ret) {
+        struct chief_db *db;
+        int r = db_new(path, &db);
+        if (r < 0)
+                return r;
+        /* A WAL database opened read-only needs its -shm file, or a directory where it may make one;
+         * a reader that may do neither (the chief is down, its files another user's) reads the file
+         * as it is, which is what a stopped chief left. */
+        char *uri[2] = {strdup_printf("file:%s?mode=ro", path), strdup_printf("file:%s?immutable=1", path)};
+        r = -ENOMEM;
+        for (int i = 0; i < 2 && uri[0] && uri[1]; i++) {
+                sqlite3_close(db->h);
+                db->h = NULL;
+                int rc = sqlite3_open_v2(uri[i], &db->h, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX,
+                                         NULL);
+                if ((r = db_errno(db->h, rc)) >= 0)
+                        r = exec_sql(db, "SELECT count(*) FROM checkpoints;");
+                if (r >= 0)
+                        break;
+        }
+        free(uri[0]);
+        free(uri[1]);
+        if (r < 0) {
+                chief_db_close(db);
+                return r;
+        }
+        sqlite3_busy_timeout(db->h, 5000);
+        *ret = db;
+        return 0;
+}
+
+int chief_db_open(const char *path, struct chief_db **ret) {
+        struct chief_db *db;
+        int r = db_new(path, &db);
+        if (r < 0)
+                return r;
         int rc = sqlite3_open_v2(path, &db->h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
         r = db_errno(db->h, rc);
         if (r < 0)

@@ -43,6 +43,9 @@ struct chief_db_progress {
 /* Opens (creating when missing) the database at path, in WAL mode, with the schema in place.
  * Returns 0 and a new handle in *ret, or -errno (-EIO, -EACCES, -ENOSPC, -EBUSY, -ENOMEM, ...). */
 int chief_db_open(const char *path, struct chief_db **ret);
+/* Opens an existing database read-only, as it is (no schema, no migration): for reading the records of
+ * a chief that is down. Returns 0 and a new handle in *ret, or -errno (-ENOENT, -EACCES, -EIO, ...). */
+int chief_db_open_readonly(const char *path, struct chief_db **ret);
 struct chief_db *chief_db_close(struct chief_db *db); /* NULL-safe; returns NULL */
 
 /* The directory that relative paths are stored against (the database's, resolved). */

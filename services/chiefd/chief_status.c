@@ -206,21 +206,6 @@ void chief_refresh_ckpt_info(struct chief *c) {
         pthread_mutex_unlock(&c->lock);
 }
 
-/* A Checkpoint message pointing into row (which must outlive the packing). */
-void chief_checkpoint_msg(const struct chief_db_checkpoint *row, Psfleet__V1__Checkpoint *m) {
-        psfleet__v1__checkpoint__init(m);
-        m->global_step = row->global_step;
-        m->time_us = row->time_us;
-        m->path = (char *)row->path;
-        m->bytes = row->bytes;
-        m->checksum = (char *)row->checksum;
-        m->loss = row->loss;
-        m->eval_step = row->eval_step;
-        m->eval_accuracy = row->eval_accuracy;
-        m->eval_loss = row->eval_loss;
-        m->trigger = (char *)row->trigger;
-}
-
 /* The job's status, packed (caller owns the buffer); NULL when out of memory. */
 grpc_byte_buffer *chief_status_pack(struct chief *c) {
         const struct cluster *cl = &c->cfg->cluster;

@@ -186,8 +186,6 @@ void chief_add_loss(struct chief *c, const struct chief_db_loss *l);
 bool chief_worker_live_locked(const struct chief *c, uint32_t w, uint64_t now);
 /* Refreshes the newest checkpoint and the count that the status shows. */
 void chief_refresh_ckpt_info(struct chief *c);
-/* A Checkpoint message pointing into row (which must outlive the packing). */
-void chief_checkpoint_msg(const struct chief_db_checkpoint *row, Psfleet__V1__Checkpoint *m);
 /* The job's status, packed (caller owns the buffer); NULL when out of memory. */
 grpc_byte_buffer *chief_status_pack(struct chief *c);
 

@@ -1,10 +1,15 @@
-/* psfleet checkpoints list|save|rm: a job's checkpoints, through the chief. Readable tables or JSON. */
+/* psfleet checkpoints list|save|rm: a job's checkpoints, through the chief (or, for list, from its
+ * state directory when the chief is down). Readable tables or JSON. */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "chief_ckpt.h"
+#include "chief_db.h"
 #include "cli_chief.h"
 #include "cli_json.h"
 #include "cli_opt.h"
@@ -18,7 +23,7 @@
 #define M_DELETE "/psfleet.v1.Supervisor/DeleteCheckpoint"
 
 static void ckpt_help(FILE *f) {
-        fprintf(f, "Usage: psfleet checkpoints list [--json] (--address HOST:PORT | --job JOB.json)\n"
+        fprintf(f, "Usage: psfleet checkpoints list [--json] [--state-dir DIR] (--address HOST:PORT | --job JOB)\n"
                    "       psfleet checkpoints save [--json] [--reason TEXT] (--address ... | --job ...)\n"
                    "       psfleet checkpoints rm STEP... [--json] (--address ... | --job ...)\n"
                    "\n"
@@ -31,11 +36,17 @@ static void ckpt_help(FILE *f) {
                    "            when global_step has not moved since)\n"
                    "  rm STEP   delete the checkpoint of that global_step: its record, then its file\n"
                    "\n"
+                   "When the chief does not answer, list reads its records from the job's state directory instead\n"
+                   "and says so (\"offline: read from DIR\").\n"
+                   "\n"
                    "  --address HOST:PORT  the chief's address\n"
-                   "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_JOB_HELP
                    CLI_IDENTITY_HELP
                    "  --json               JSON instead of text\n"
                    "  --reason TEXT        save: logged by the chief\n"
+                   "  --state-dir DIR      list, when the chief does not answer: read its records (chief.db)\n"
+                   "                       from DIR (or DIR/JOB); default: a running `psfleet local` job's,\n"
+                   "                       else /var/lib/psfleet/chiefd/JOB\n"
                    "  --timeout-ms N       deadline of each call (default 60000)\n"
                    "\n"
                    "Exit status: 0 success, 1 the chief refused or could not be reached, 2 bad usage, 78 bad job file.\n");
@@ -64,30 +75,102 @@ static void print_row(const Psfleet__V1__Checkpoint *c) {
                c->trigger ? c->trigger : "", c->checksum ? c->checksum : "", c->path ? c->path : "");
 }
 
+/* The listing, from the chief's reply or from its records. */
+static void print_list(Psfleet__V1__Checkpoint **c, size_t n, const char *dir, uint32_t keep, const char *offline,
+                       bool json) {
+        if (json) {
+                json_t *o = json_object(), *a = json_array();
+                if (offline) {
+                        json_object_set_new(o, "offline", json_true());
+                        json_object_set_new(o, "state_dir", json_string(offline));
+                } else {
+                        json_object_set_new(o, "checkpoint_dir", json_string(dir));
+                        json_object_set_new(o, "keep", json_integer(keep));
+                }
+                for (size_t i = 0; i < n; i++)
+                        json_array_append_new(a, cli_checkpoint_json(c[i]));
+                json_object_set_new(o, "checkpoints", a);
+                cli_print_json(stdout, o);
+                return;
+        }
+        if (offline)
+                printf("%zu checkpoint%s recorded (offline: read from %s)\n", n, n == 1 ? "" : "s", offline);
+        else
+                printf("%zu checkpoint%s in %s (keeping the last %u)\n", n, n == 1 ? "" : "s", dir, keep);
+        if (n)
+                printf("%10s  %-19s  %9s  %-8s  %-8s  %-7s  %-15s  %s\n", "STEP", "TIME", "SIZE", "LOSS", "EVAL ACC",
+                       "TRIGGER", "CHECKSUM", "PATH");
+        for (size_t i = 0; i < n; i++)
+                print_row(c[i]);
+}
+
+/* The chief's record in DIR/chief.db, else DIR/JOB/chief.db. Returns 0 with *ret open and its
+ * directory in *dir_ret (malloc'd), or -errno. */
+static int open_records(const char *dir, const char *job, struct chief_db **ret, char **dir_ret) {
+        int r = -ENOENT;
+        for (int i = 0; i < 2 && r == -ENOENT; i++) {
+                if (i == 1 && !job)
+                        break;
+                char *d = i == 0 ? strdup(dir) : strdup_printf("%s/%s", dir, job);
+                char *db = d ? strdup_printf("%s/chief.db", d) : NULL;
+                r = !db ? -ENOMEM : access(db, F_OK) < 0 ? -ENOENT : chief_db_open_readonly(db, ret);
+                free(db);
+                if (r == 0)
+                        *dir_ret = d;
+                else
+                        free(d);
+        }
+        return r;
+}
+
+/* list with the chief down: its records, read-only. Returns the exit status. */
+static int list_offline(const struct cli_chief_ref *ref, const char *state_dir, bool json) {
+        const char *dir = state_dir ? state_dir : ref->state_dir ? ref->state_dir : "/var/lib/psfleet/chiefd";
+        struct chief_db *db = NULL;
+        char *where = NULL;
+        int r = open_records(dir, ref->job_name, &db, &where);
+        if (r < 0) {
+                cli_error("no records of the chief to read offline in %s%s%s (--state-dir DIR): %s", dir,
+                          ref->job_name ? " nor its subdirectory " : "", ref->job_name ? ref->job_name : "", strerror(-r));
+                return 1;
+        }
+        struct chief_db_checkpoint *rows = NULL;
+        size_t n = 0;
+        r = chief_db_list_checkpoints(db, &rows, &n);
+        Psfleet__V1__Checkpoint *msgs = calloc(n ? n : 1, sizeof(*msgs)), **mp = calloc(n ? n : 1, sizeof(*mp));
+        if (r < 0 || !msgs || !mp) {
+                cli_error("cannot read the checkpoints recorded in %s/chief.db: %s", where, strerror(r < 0 ? -r : ENOMEM));
+                r = 1;
+        } else {
+                for (size_t i = 0; i < n; i++) {
+                        chief_checkpoint_msg(&rows[i], &msgs[i]);
+                        mp[i] = &msgs[i];
+                }
+                print_list(mp, n, "", 0, where, json);
+                r = 0;
+        }
+        free(msgs);
+        free(mp);
+        free(rows);
+        free(where);
+        chief_db_close(db);
+        return r;
+}
+
+/* Returns 0, 1 when the chief refused, or -1 when it could not be reached (the caller may go offline). */
 static int do_list(struct rpc_channel *ch, bool json, uint64_t timeout_ms) {
         Psfleet__V1__ListCheckpointsRequest q = PSFLEET__V1__LIST_CHECKPOINTS_REQUEST__INIT;
         ProtobufCMessage *m;
-        if (cli_chief_call(ch, M_LIST, &q.base, &psfleet__v1__list_checkpoints_reply__descriptor, timeout_ms,
-                           "list the checkpoints", &m))
-                return 1;
-        const Psfleet__V1__ListCheckpointsReply *rep = (const Psfleet__V1__ListCheckpointsReply *)m;
-        if (json) {
-                json_t *o = json_object(), *a = json_array();
-                json_object_set_new(o, "checkpoint_dir", json_string(rep->checkpoint_dir ? rep->checkpoint_dir : ""));
-                json_object_set_new(o, "keep", json_integer(rep->keep));
-                for (size_t i = 0; i < rep->n_checkpoints; i++)
-                        json_array_append_new(a, cli_checkpoint_json(rep->checkpoints[i]));
-                json_object_set_new(o, "checkpoints", a);
-                cli_print_json(stdout, o);
-        } else {
-                printf("%zu checkpoint%s in %s (keeping the last %u)\n", rep->n_checkpoints,
-                       rep->n_checkpoints == 1 ? "" : "s", rep->checkpoint_dir ? rep->checkpoint_dir : "?", rep->keep);
-                if (rep->n_checkpoints)
-                        printf("%10s  %-19s  %9s  %-8s  %-8s  %-7s  %-15s  %s\n", "STEP", "TIME", "SIZE", "LOSS",
-                               "EVAL ACC", "TRIGGER", "CHECKSUM", "PATH");
-                for (size_t i = 0; i < rep->n_checkpoints; i++)
-                        print_row(rep->checkpoints[i]);
+        char err[1024];
+        int r = rpc_call_msg(ch, M_LIST, &q.base, &psfleet__v1__list_checkpoints_reply__descriptor, timeout_ms, false,
+                             &m, err, sizeof(err));
+        if (r < 0) {
+                cli_error("cannot list the checkpoints: %s", err);
+                return r == -EAGAIN || r == -ETIMEDOUT ? -1 : 1;
         }
+        const Psfleet__V1__ListCheckpointsReply *rep = (const Psfleet__V1__ListCheckpointsReply *)m;
+        print_list(rep->checkpoints, rep->n_checkpoints, rep->checkpoint_dir ? rep->checkpoint_dir : "?", rep->keep,
+                   NULL, json);
         protobuf_c_message_free_unpacked(m, NULL);
         return 0;
 }
@@ -153,13 +236,14 @@ static int do_rm(struct rpc_channel *ch, bool json, char **steps, int n, uint64_
 }
 
 int cmd_checkpoints(int argc, char **argv) {
-        const char *address = NULL, *job = NULL, *reason = NULL;
+        const char *address = NULL, *job = NULL, *reason = NULL, *state_dir = NULL;
         bool json = false;
         uint64_t timeout_us = 60000 * 1000;
         const struct cli_opt opts[] = {
                 CLI_FLAG("json", &json),
                 CLI_CHIEF_OPTS(&address, &job),
                 CLI_STRING("reason", &reason),
+                CLI_STRING("state-dir", &state_dir),
                 CLI_DURATION("timeout-ms", &timeout_us, 1, 3600000, 1000),
                 {NULL},
         };
@@ -176,14 +260,14 @@ int cmd_checkpoints(int argc, char **argv) {
                 ckpt_help(stderr);
                 return CLI_EX_USAGE;
         }
-        char *chief = NULL;
-        if ((r = cli_chief_address("checkpoints", address, job, &chief)))
+        struct cli_chief_ref ref;
+        if ((r = cli_chief_locate("checkpoints", address, job, &ref)))
                 return r;
         rpc_global_init();
         struct rpc_channel *ch;
         uint64_t timeout_ms = timeout_us / 1000;
         int ret = 1;
-        if (cli_chief_channel(chief, &ch) == 0) {
+        if (cli_chief_channel(ref.address, &ch) == 0) {
                 if (strcmp(sub, "list") == 0)
                         ret = do_list(ch, json, timeout_ms);
                 else if (strcmp(sub, "save") == 0)
@@ -192,7 +276,9 @@ int cmd_checkpoints(int argc, char **argv) {
                         ret = do_rm(ch, json, argv + first + 1, nargs, timeout_ms);
                 rpc_channel_free(ch);
         }
-        free(chief);
+        if (ret < 0)
+                ret = list_offline(&ref, state_dir, json);
+        cli_chief_ref_clear(&ref);
         rpc_global_shutdown();
         return ret;
 }

@@ -11,14 +11,14 @@
 #include "rpc.h"
 
 static void stop_help(FILE *f) {
-        fprintf(f, "Usage: psfleet stop [--reason TEXT] (--address HOST:PORT | --job JOB.json)\n"
+        fprintf(f, "Usage: psfleet stop [--reason TEXT] (--address HOST:PORT | --job JOB)\n"
                    "\n"
                    "Stops the job in order: the workers are told to stop, a final checkpoint is written, the job\n"
                    "becomes STOPPED and chiefd tells the ps shards to stop, then exits. Starting chiefd again\n"
                    "resumes from that checkpoint. On a job that has ended, chiefd just exits.\n"
                    "\n"
                    "  --address HOST:PORT  the chief's address\n"
-                   "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_JOB_HELP
                    CLI_IDENTITY_HELP
                    "  --reason TEXT        logged by the chief\n"
                    "  --timeout-ms N       deadline of the call (default 5000)\n"
@@ -28,14 +28,14 @@ static void stop_help(FILE *f) {
 }
 
 static void restart_help(FILE *f) {
-        fprintf(f, "Usage: psfleet restart [--reason TEXT] (--address HOST:PORT | --job JOB.json)\n"
+        fprintf(f, "Usage: psfleet restart [--reason TEXT] (--address HOST:PORT | --job JOB)\n"
                    "\n"
                    "Trains a job that has ended (done, failed, stopped) again: chiefd restores every ps shard\n"
                    "from the newest valid checkpoint (or the initial values when there is none) and lets the\n"
                    "workers join again. A restart of chiefd never does this on its own: a failed job stays failed.\n"
                    "\n"
                    "  --address HOST:PORT  the chief's address\n"
-                   "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_JOB_HELP
                    CLI_IDENTITY_HELP
                    "  --reason TEXT        logged by the chief, and the job's reason while it starts\n"
                    "  --timeout-ms N       deadline of the call (default 5000)\n"

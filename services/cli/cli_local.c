@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "cli_chief.h"
+#include "cli_jobref.h"
 #include "cli_opt.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -66,6 +67,7 @@ struct local {
         struct job_config *cfg;                 /* the job as the children see it */
         char *state_dir, *job_copy;
         char *runtime_env;                      /* "PSFLEET_RUNTIME_DIR=STATE_DIR/run" for the children */
+        char *record;                           /* our record for `--job NAME` (cli_jobref.h), or NULL */
         char *bins[3];                          /* psd, workerd, chiefd */
         struct child *kids;
         uint32_t n_kids, chief;                 /* index of the chief in kids */
@@ -143,11 +145,17 @@ static void local_help(FILE *f) {
                 "                     PSFLEET_RUNTIME_DIR is set)\n"
                 "  --quiet            no progress display; children log warnings and errors only\n"
                 "\n"
+                "At the start one line on stderr says where the chief listens and the state directory is;\n"
+                "while it runs, `psfleet status|watch|checkpoints|stop --job NAME` (or --job JOB.json, the file\n"
+                "it was started from) find the job through its record in $XDG_RUNTIME_DIR/psfleet/local/\n"
+                "(/run/psfleet/local as root), removed when it ends.\n"
+                "\n"
                 "The daemons are looked up in $PSFLEET_BIN_DIR when set; else next to this program in the\n"
                 "build tree (<dir>/../psd/psd, ...), then in the same directory (<dir>/psd), then in PATH.\n"
                 "\n"
                 "Exit status: 0 done; the exit status of the daemon that failed first (65 data error, 74 I/O\n"
                 "error, 75 address in use or a peer that never came, 78 bad job file; see docs/operations.md);\n"
+                "75 also when the job was stopped in order before it was done (psfleet stop);\n"
                 "1 another failure (a child killed, the job failed); 2 bad usage; 78 bad job file; 130/143\n"
                 "interrupted by SIGINT/SIGTERM.\n");
 }
@@ -436,17 +444,10 @@ static double used_cpu_s(const struct local *L) {
 
 /* utime + stime of a running child, all its threads, from /proc/PID/stat (fields 14 and 15). */
 static double proc_cpu_s(pid_t pid) {
-        char path[64], buf[1024];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        FILE *f = fopen(path, "re");
-        if (!f)
-                return 0;
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = 0;
-        const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+        char buf[1024];
+        const char *p = cli_proc_stat((long)pid, buf, sizeof(buf));
         unsigned long long ut = 0, st = 0;
-        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        if (!p || sscanf(p, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
                 return 0;
         return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
@@ -749,6 +750,26 @@ static int run_standalone(struct local *L) {
 
 /* ---- the command ---- */
 
+/* Records the job for the other commands (`psfleet status --job NAME`) and says where it is. */
+static void announce(struct local *L) {
+        char *source = realpath(L->job_path, NULL);
+        const struct cli_local_job j = {
+                .name = L->cfg->name, .chief = L->kids[L->chief].addr, .job_file = L->job_copy,
+                .state_dir = L->state_dir, .source = source ? source : (char *)L->job_path, .pid = (long)getpid(),
+        };
+        int r = cli_local_register(&j, &L->record);
+        if (r == -EEXIST)
+                cli_error("another `psfleet local` runs a job named %s: `--job %s` finds that one; use "
+                          "--address %s for this one", j.name, j.name, j.chief);
+        else if (r < 0)
+                cli_error("warning: cannot record the job for `--job %s` (%s); use --address %s", j.name,
+                          strerror(-r), j.chief);
+        fprintf(stderr, "psfleet: job %s: chief at %s, state in %s%s; `psfleet status %s %s` finds it\n", j.name,
+                j.chief, L->state_dir, L->keep_state ? "" : " (removed at the end)", r < 0 ? "--address" : "--job",
+                r < 0 ? j.chief : j.name);
+        free(source);
+}
+
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
         (void)st;
         (void)flag;
@@ -828,11 +849,13 @@ int cmd_local(int argc, char **argv) {
         }
         if ((ret = build_children(&L)) != 0)
                 goto out;
+        announce(&L);
         /* gRPC's threads start here, after every allocation the children need was made. */
         rpc_global_init();
         L.rpc_up = true;
         ret = supervise(&L);
 out:
+        cli_local_unregister(L.record);
         free_children(&L);
         if (L.state_dir) {
                 if (L.keep_state)

@@ -35,6 +35,10 @@ struct cli_opt {
 extern const char *cli_identity;
 #define CLI_CHIEF_OPTS(address, job) \
         CLI_STRING("address", (address)), CLI_STRING("job", (job)), CLI_STRING("identity", &cli_identity)
+#define CLI_JOB_HELP \
+        "  --job JOB            the job file, a running `psfleet local` job's name, or JOB for\n" \
+        "                       $PSFLEET_CONFIG_DIR/jobs/JOB.json (default /etc/psfleet): its chief\n" \
+        "                       (TF_CONFIG's cluster, if set)\n"
 #define CLI_IDENTITY_HELP \
         "  --identity NAME      with --job under mutual TLS: whose certificate to present, admin or viewer\n" \
         "                       (default: admin when its key is readable, else viewer; docs/security.md)\n"

@@ -15,12 +15,12 @@
 #include "util.h"
 
 static void status_help(FILE *f) {
-        fprintf(f, "Usage: psfleet status [--json] (--address HOST:PORT | --job JOB.json)\n"
+        fprintf(f, "Usage: psfleet status [--json] (--address HOST:PORT | --job JOB)\n"
                    "\n"
                    "Asks the job's chief (chiefd) for the job's state, progress and nodes.\n"
                    "\n"
                    "  --address HOST:PORT  the chief's address\n"
-                   "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_JOB_HELP
                    CLI_IDENTITY_HELP
                    "  --json               one JSON object instead of text\n"
                    "  --timeout-ms N       deadline of the call (default 5000)\n"

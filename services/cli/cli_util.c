@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli_jobref.h"
 #include "cli_opt.h"
 #include "cli_util.h"
 #include "rpc.h"
@@ -33,32 +34,66 @@ int cli_load_job(const char *path, struct job_config **ret) {
         return 0;
 }
 
-int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret) {
+void cli_chief_ref_clear(struct cli_chief_ref *r) {
+        free(r->address);
+        free(r->job_name);
+        free(r->state_dir);
+        *r = (struct cli_chief_ref){0};
+}
+
+int cli_chief_locate(const char *cmd, const char *address, const char *job, struct cli_chief_ref *ret) {
+        *ret = (struct cli_chief_ref){0};
         if (!address == !job) {
-                fprintf(stderr, "psfleet %s: give exactly one of --address HOST:PORT and --job JOB.json\n", cmd);
+                fprintf(stderr, "psfleet %s: give exactly one of --address HOST:PORT and --job JOB\n", cmd);
                 return CLI_EX_USAGE;
         }
         if (address) {
-                *ret = strdup(address);
-                return *ret ? 0 : 1;
+                ret->address = strdup(address);
+                return ret->address ? 0 : 1;
         }
         struct job_config *cfg;
-        char err[1024];
-        int r = cli_load_job(job, &cfg);
+        struct cli_local_job local;
+        char err[1024], *path;
+        int r = cli_job_resolve(job, &path, &local);
         if (r)
                 return r;
-        if (config_apply_tf_config(cfg, getenv("TF_CONFIG"), NULL, NULL, err, sizeof(err)) < 0) {
-                cli_error("%s", err);
-                config_free(cfg);
-                return CONFIG_EX_CONFIG;
-        }
-        if ((r = cli_secure(cfg, cli_identity))) {
-                config_free(cfg);
+        r = cli_load_job(path, &cfg);
+        free(path);
+        if (r) {
+                cli_local_job_clear(&local);
                 return r;
         }
-        *ret = strdup(cfg->cluster.chief[0].addr);
+        /* A local job's file already holds the cluster its daemons run: TF_CONFIG is for the others. */
+        if (!local.pid && config_apply_tf_config(cfg, getenv("TF_CONFIG"), NULL, NULL, err, sizeof(err)) < 0) {
+                cli_error("%s", err);
+                r = CONFIG_EX_CONFIG;
+        }
+        if (!r)
+                r = cli_secure(cfg, cli_identity);
+        if (!r) {
+                ret->address = strdup(cfg->cluster.chief[0].addr);
+                ret->job_name = strdup(cfg->name);
+                ret->state_dir = local.pid ? local.state_dir : NULL;
+                local.state_dir = NULL;
+                if (!ret->address || !ret->job_name)
+                        r = 1;
+        }
+        cli_local_job_clear(&local);
         config_free(cfg);
-        return *ret ? 0 : 1;
+        if (r)
+                cli_chief_ref_clear(ret);
+        return r;
+}
+
+int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret) {
+        struct cli_chief_ref ref;
+        int r = cli_chief_locate(cmd, address, job, &ref);
+        if (r)
+                return r;
+        *ret = ref.address;
+        ref.address = NULL;
+        cli_chief_ref_clear(&ref);
+        return 0;
 }
 
 const char *cli_identity;
@@ -94,6 +129,19 @@ int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t m
         fprintf(stderr, "psfleet %s: %s \"%s\": expected %llu..%llu\n", cmd, opt, s, (unsigned long long)min,
                 (unsigned long long)max);
         return CLI_EX_USAGE;
+}
+
+const char *cli_proc_stat(long pid, char *buf, size_t len) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return NULL;
+        size_t n = fread(buf, 1, len - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+        return p && p[1] == ' ' ? p + 2 : NULL;
 }
 
 const char *cli_format_time(uint64_t us, bool zone, char *buf, size_t len) {

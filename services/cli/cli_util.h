@@ -19,11 +19,21 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * frees *ret with config_free. */
 int cli_load_job(const char *path, struct job_config **ret);
 
-/* Which chief to ask: `address`, else the chief entry of the job file `job` (TF_CONFIG's cluster when
- * set). Exactly one must be given. On success returns 0 and a malloc'd "host:port" in *ret (the caller
- * frees it); else prints why (prefixed with `cmd`) and returns the exit status (1, CLI_EX_USAGE or
- * CONFIG_EX_CONFIG). */
+/* Which chief to ask: `address`, else the job that `job` names (cli_job_resolve: a job file, a running
+ * `psfleet local` job's name, or $PSFLEET_CONFIG_DIR/jobs/JOB.json): its chief entry (TF_CONFIG's
+ * cluster when set, except for a local job). Exactly one must be given. Sets up TLS from that job
+ * (cli_secure). On success returns 0 and a malloc'd "host:port" in *ret (the caller frees it); else
+ * prints why (prefixed with `cmd`) and returns the exit status (1, CLI_EX_USAGE or CONFIG_EX_CONFIG). */
 int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret);
+
+/* The same, with what a command may need beyond the address (strings malloc'd; NULL when unknown). */
+struct cli_chief_ref {
+        char *address;          /* "host:port" */
+        char *job_name;         /* the job's name; NULL with --address */
+        char *state_dir;        /* a running local job's state root (chief's records in STATE_DIR/JOB/) */
+};
+int cli_chief_locate(const char *cmd, const char *address, const char *job, struct cli_chief_ref *ret);
+void cli_chief_ref_clear(struct cli_chief_ref *r);   /* frees the strings */
 
 /* The job's security.* for psfleet's own calls, as `identity` (admin or viewer; NULL: admin when its
  * key is readable, else viewer; psfleet local: admin): mutual TLS for every channel made after, or
@@ -33,6 +43,10 @@ int cli_secure(const struct job_config *cfg, const char *identity);
 /* A whole number in [min, max] for option `opt` of `psfleet cmd`: returns 0 with it in *ret; else
  * prints why ("psfleet cmd: --opt "s": expected min..max") and returns CLI_EX_USAGE (*ret untouched). */
 int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret);
+
+/* /proc/PID/stat read into buf: returns where its third field (the state) starts, after the command
+ * name, or NULL when the process is gone or the line is not what it should be. */
+const char *cli_proc_stat(long pid, char *buf, size_t len);
 
 /* Formats seconds as "1:02:03" / "2:03", or "?" when negative, NaN or absurd, into buf; returns buf. */
 const char *cli_format_duration(double s, char *buf, size_t len);

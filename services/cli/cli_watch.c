@@ -28,14 +28,14 @@ static void on_sigint(int sig) {
 }
 
 static void watch_help(FILE *f) {
-        fprintf(f, "Usage: psfleet watch [--json] (--address HOST:PORT | --job JOB.json) [OPTIONS]\n"
+        fprintf(f, "Usage: psfleet watch [--json] (--address HOST:PORT | --job JOB) [OPTIONS]\n"
                    "\n"
                    "Follows a job as it trains, through the chief's Watch stream: on a terminal a bar redrawn in\n"
                    "place (state, step/max, loss, examples/s, ETA, newest checkpoint); otherwise a line every 5 s\n"
                    "and at each change of state. Ends when the job is done or has failed.\n"
                    "\n"
                    "  --address HOST:PORT  the chief's address\n"
-                   "  --job JOB.json       the job file: its cluster's chief entry (TF_CONFIG's cluster, if set)\n"
+                   CLI_JOB_HELP
                    CLI_IDENTITY_HELP
                    "  --json               one JSON object per update (as `psfleet status --json`), one per line\n"
                    "  --interval-ms N      at most one update per N ms (default 500, at least 100)\n"

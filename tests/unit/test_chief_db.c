@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -179,6 +180,39 @@ static void test_relative_paths(void **state) {
         chief_db_close(db);
 }
 
+/* Read-only, for psfleet with the chief down: the rows with their paths made absolute, both while a
+ * writer holds the database (WAL) and after it closed in a directory we may not write; no writes;
+ * no file created where none is. */
+static void test_readonly(void **state) {
+        struct fx *f = *state;
+        struct chief_db *db, *ro;
+        char inside[256], missing[sizeof(f->path) + 8];
+        snprintf(inside, sizeof(inside), "%s/checkpoints/ckpt-0000000010.safetensors", f->dir);
+        snprintf(missing, sizeof(missing), "%s/none.db", f->dir);
+        assert_true(chief_db_open_readonly(missing, &ro) < 0);
+        assert_int_equal(access(missing, F_OK), -1);
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        struct chief_db_checkpoint *gone = NULL, *rows = NULL, a = ckpt(10, inside);
+        size_t n_gone = 0, n = 0;
+        assert_int_equal(chief_db_add_checkpoint(db, &a, 5, &gone, &n_gone), 0);
+        free(gone);
+        for (int pass = 0; pass < 2; pass++) {
+                if (pass == 1) {
+                        db = chief_db_close(db);
+                        assert_int_equal(chmod(f->dir, 0500), 0);
+                }
+                assert_int_equal(chief_db_open_readonly(f->path, &ro), 0);
+                assert_int_equal(chief_db_list_checkpoints(ro, &rows, &n), 0);
+                assert_int_equal(n, 1);
+                assert_string_equal(rows[0].path, inside);
+                free(rows);
+                struct chief_db_checkpoint b = ckpt(20, inside);
+                assert_true(chief_db_add_checkpoint(ro, &b, 5, &gone, &n_gone) < 0);
+                chief_db_close(ro);
+        }
+        assert_int_equal(chmod(f->dir, 0700), 0);
+}
+
 /* A version-2 database (absolute paths, no reason): opened, its rows under the directory become
  * relative, the job row gains an empty reason. */
 static void test_migration(void **state) {
@@ -229,6 +263,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_progress_loss, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_migration, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_readonly, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /* Tests of the CLI's shared helpers (services/cli): the option table parser, numbers, durations, the
- * chief's address, job loading, messages, the progress display and the status JSON. */
+ * chief's address, job loading, the records of local jobs and --job's resolution, messages, the
+ * progress display and the status JSON. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -9,10 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include "cli_json.h"
+#include "cli_jobref.h"
 #include "cli_opt.h"
 #include "cli_util.h"
 #include "util.h"
@@ -289,8 +292,8 @@ static void test_chief_address(void **state) {
         capture(stderr);
         assert_int_equal(cli_chief_address("status", NULL, NULL, &addr), CLI_EX_USAGE);
         assert_int_equal(cli_chief_address("watch", "h:1", path, &addr), CLI_EX_USAGE);
-        assert_printed(stderr, "psfleet status: give exactly one of --address HOST:PORT and --job JOB.json\n"
-                               "psfleet watch: give exactly one of --address HOST:PORT and --job JOB.json\n");
+        assert_printed(stderr, "psfleet status: give exactly one of --address HOST:PORT and --job JOB\n"
+                               "psfleet watch: give exactly one of --address HOST:PORT and --job JOB\n");
         assert_null(addr);
 
         assert_int_equal(cli_chief_address("status", "h:1", NULL, &addr), 0);
@@ -334,6 +337,132 @@ static void test_chief_address(void **state) {
 }
 
 /* ---- progress display ---- */
+
+/* A pid that no process has: a child's, reaped. */
+static long dead_pid(void) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0)
+                _exit(0);
+        assert_int_equal(waitpid(pid, NULL, 0), pid);
+        return (long)pid;
+}
+
+static void test_local_jobs(void **state) {
+        char tmpl[] = "/tmp/test-cli-jobref-XXXXXX", *dir = mkdtemp(tmpl), *path = example(), *rec = NULL;
+        char *src = realpath(path, NULL), *got = NULL, *local_dir, *cfgdir;
+        assert_non_null(dir);
+        assert_non_null(src);
+        setenv("XDG_RUNTIME_DIR", dir, 1);
+        unsetenv("TF_CONFIG");
+        local_dir = cli_local_dir();
+        assert_non_null(local_dir);
+        char *want = strdup_printf("%s/psfleet/local", dir);
+        assert_string_equal(local_dir, want);
+        free(want);
+
+        /* a job file of our own that names another chief, standing for the local job's copy */
+        char *copy = strdup_printf("%s/job.json", dir);
+        FILE *f = fopen(copy, "w");
+        assert_non_null(f);
+        fprintf(f, "{\"job\": \"fmnist-mlp\", \"cluster\": {\"chief\": [\"127.0.0.1:7100\"], "
+                   "\"ps\": [\"127.0.0.1:7101\"], \"worker\": [\"127.0.0.1:7102\"]}, "
+                   "\"model\": {\"input\": [4], \"layers\": [{\"type\": \"dense\", \"units\": 2}]}, "
+                   "\"data\": {\"dir\": \"/nonexistent\"}}\n");
+        fclose(f);
+        struct cli_local_job j = {.name = "fmnist-mlp", .chief = "127.0.0.1:7100", .job_file = copy,
+                                  .state_dir = dir, .source = src, .pid = (long)getpid()}, found;
+        assert_int_equal(cli_local_register(&j, &rec), 0);
+        assert_int_equal(cli_local_find("fmnist-mlp", NULL, &found), 0);
+        assert_string_equal(found.chief, "127.0.0.1:7100");
+        assert_string_equal(found.state_dir, dir);
+        assert_int_equal(found.pid, (long)getpid());
+        cli_local_job_clear(&found);
+        assert_int_equal(cli_local_find(NULL, src, &found), 0);
+        assert_string_equal(found.name, "fmnist-mlp");
+        cli_local_job_clear(&found);
+        assert_int_equal(cli_local_find("other", NULL, &found), -ENOENT);
+
+        /* by name, and by the file it was started from: the local job's chief, not the file's */
+        assert_int_equal(cli_chief_address("status", NULL, "fmnist-mlp", &got), 0);
+        assert_string_equal(got, "127.0.0.1:7100");
+        free(got);
+        assert_int_equal(cli_chief_address("status", NULL, path, &got), 0);
+        assert_string_equal(got, "127.0.0.1:7100");
+        free(got);
+        struct cli_chief_ref ref;
+        assert_int_equal(cli_chief_locate("checkpoints", NULL, "fmnist-mlp", &ref), 0);
+        assert_string_equal(ref.job_name, "fmnist-mlp");
+        assert_string_equal(ref.state_dir, dir);
+        cli_chief_ref_clear(&ref);
+
+        /* a record of a process that is gone is ignored and removed; so is ours once unregistered */
+        struct cli_local_job stale = j;
+        stale.name = "stale-job";
+        stale.pid = dead_pid();
+        char *stale_rec = NULL;
+        assert_int_equal(cli_local_register(&stale, &stale_rec), 0);
+        assert_int_equal(access(stale_rec, F_OK), 0);
+        assert_int_equal(cli_local_find("stale-job", NULL, &found), -ENOENT);
+        assert_int_equal(access(stale_rec, F_OK), -1);
+        free(stale_rec);
+        /* so is one whose pid now belongs to a process started at another time */
+        char *reused = strdup_printf("%s/reused.json", local_dir);
+        f = fopen(reused, "w");
+        assert_non_null(f);
+        fprintf(f, "{\"job\": \"reused\", \"pid\": %ld, \"started\": 1, \"chief\": \"127.0.0.1:1\", "
+                   "\"job_file\": \"%s\", \"state_dir\": \"%s\", \"source\": \"%s\"}\n",
+                (long)getpid(), copy, dir, src);
+        fclose(f);
+        assert_int_equal(cli_local_find("reused", NULL, &found), -ENOENT);
+        assert_int_equal(access(reused, F_OK), -1);
+        free(reused);
+        /* a live one of another process keeps its name */
+        struct cli_local_job other = j;
+        other.pid = (long)getppid();
+        char *other_rec = NULL;
+        assert_int_equal(cli_local_register(&other, &other_rec), 0);   /* replaces our own record */
+        assert_int_equal(cli_local_register(&j, &rec), -EEXIST);
+        cli_local_unregister(other_rec);
+        assert_int_equal(cli_local_find("fmnist-mlp", NULL, &found), -ENOENT);
+
+        /* then the file path as it is, then $PSFLEET_CONFIG_DIR/jobs/NAME.json */
+        assert_int_equal(cli_chief_address("status", NULL, path, &got), 0);
+        assert_string_equal(got, "127.0.0.1:2222");
+        free(got);
+        cfgdir = strdup_printf("%s/etc", dir);
+        char *jobs = strdup_printf("%s/jobs", cfgdir), *named = strdup_printf("%s/jobs/mine.json", cfgdir);
+        assert_int_equal(mkdir_p(jobs, 0700), 0);
+        assert_int_equal(rename(copy, named), 0);
+        setenv("PSFLEET_CONFIG_DIR", cfgdir, 1);
+        char *resolved = NULL;
+        assert_int_equal(cli_job_resolve("mine", &resolved, NULL), 0);
+        assert_string_equal(resolved, named);
+        free(resolved);
+        capture(stderr);
+        assert_int_equal(cli_job_resolve("nosuchjob", &resolved, NULL), CONFIG_EX_CONFIG);
+        got = captured_text(stderr);
+        assert_non_null(strstr(got, "--job nosuchjob: no such job file, no running `psfleet local` job of that name"));
+        free(got);
+        unsetenv("PSFLEET_CONFIG_DIR");
+        unlink(named);
+        rmdir(jobs);
+        rmdir(cfgdir);
+        rmdir(local_dir);
+        char *psf = strdup_printf("%s/psfleet", dir);
+        rmdir(psf);
+        rmdir(dir);
+        unsetenv("XDG_RUNTIME_DIR");
+        free(psf);
+        free(jobs);
+        free(named);
+        free(cfgdir);
+        free(copy);
+        free(local_dir);
+        free(src);
+        free(path);
+        free(rec);
+}
 
 static void test_progress_lines(void **state) {
         FILE *f = tmpfile();
@@ -415,6 +544,7 @@ int main(void) {
                 cmocka_unit_test_teardown(test_error, uncapture),
                 cmocka_unit_test_teardown(test_load_job, uncapture),
                 cmocka_unit_test_teardown(test_chief_address, uncapture),
+                cmocka_unit_test_teardown(test_local_jobs, uncapture),
                 cmocka_unit_test_teardown(test_progress_lines, uncapture),
                 cmocka_unit_test_teardown(test_progress_bar, uncapture),
                 cmocka_unit_test_teardown(test_status_json, uncapture),
