@@ -141,7 +141,7 @@ static void on_signal(int sig) {
 }
 
 struct top {
-        const char *chief;
+        char *chief;                    /* its address (owned) */
         uint64_t interval_us, timeout_ms;
         bool json, once, tty;
         struct rpc_channel *chief_ch;
@@ -545,10 +545,8 @@ int cmd_top(int argc, char **argv) {
         };
         const struct cli_args args = {.cmd = "top", .opts = opts, .help = top_help, .max_operands = 0};
         int first, r;
-        char *chief = NULL;
-        if (!cli_args_parse(&args, argc, argv, &first, &r) || (r = cli_chief_address("top", address, job, &chief)))
+        if (!cli_args_parse(&args, argc, argv, &first, &r) || (r = cli_chief_address("top", address, job, &t.chief)))
                 return r;
-        t.chief = chief;
         t.timeout_ms = timeout_us / 1000;
         t.tty = isatty(STDOUT_FILENO) == 1 && !t.json;
         struct sigaction sa = {.sa_handler = on_signal};
@@ -556,8 +554,8 @@ int cmd_top(int argc, char **argv) {
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
         rpc_global_init();
-        if ((r = rpc_channel_new(chief, "chief", &t.chief_ch)) < 0) {
-                cli_error("cannot create a channel to \"%s\": %s", chief, strerror(-r));
+        if ((r = rpc_channel_new(t.chief, "chief", &t.chief_ch)) < 0) {
+                cli_error("cannot create a channel to \"%s\": %s", t.chief, strerror(-r));
                 r = 1;
         } else {
                 r = top_run(&t);
@@ -566,7 +564,7 @@ int cmd_top(int argc, char **argv) {
                 rpc_channel_free(t.ch[i]);
         free(t.ch);
         rpc_channel_free(t.chief_ch);
-        free(chief);
+        free(t.chief);
         rpc_global_shutdown();
         return r;
 }
