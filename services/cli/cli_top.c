@@ -185,9 +185,8 @@ static int node_channels(struct top *t, const Psfleet__V1__JobStatus *js, char *
         return 0;
 }
 
-/* Takes one sample: the chief's status (its failure is the command's: returns -errno with err), then
- * every shard and worker in parallel, each bounded by the timeout (a failure is that node's line). */
-static int take_sample(struct top *t, struct sample *s, char *err, size_t errlen) {
+/* A sample's first half: the chief's status. 0, or -errno with the call's error in err. */
+static int ask_chief(struct top *t, struct sample *s, char *err, size_t errlen) {
         Psfleet__V1__StatusRequest q = PSFLEET__V1__STATUS_REQUEST__INIT;
         ProtobufCMessage *m;
         int r = rpc_call_msg(t->chief_ch, M_STATUS, &q.base, &psfleet__v1__job_status__descriptor, t->timeout_ms,
@@ -196,7 +195,14 @@ static int take_sample(struct top *t, struct sample *s, char *err, size_t errlen
                 return r;
         s->mono_us = mono_us();
         s->js = (Psfleet__V1__JobStatus *)m;
+        return 0;
+}
+
+/* Its second half: every shard and worker the status lists, in parallel, each bounded by the timeout;
+ * a node's failure is in its answer. Returns 0, or -errno with err when none could be asked. */
+static int ask_nodes(struct top *t, struct sample *s, char *err, size_t errlen) {
         size_t n = s->js->n_nodes;
+        int r;
         if (!(s->a = calloc(n ? n : 1, sizeof(*s->a))))
                 return errf(err, errlen, -ENOMEM, "out of memory");
         if ((r = node_channels(t, s->js, err, errlen)) < 0)
@@ -208,8 +214,10 @@ static int take_sample(struct top *t, struct sample *s, char *err, size_t errlen
                 return errf(err, errlen, -ENOMEM, "out of memory");
         }
         for (size_t i = 0; i < n; i++) {
-                if (!t->ch[i])
+                if (!t->ch[i]) {
+                        snprintf(s->a[i].err, sizeof(s->a[i].err), "the chief knows no address of it");
                         continue;
+                }
                 bool ps = is_task(s->js->nodes[i]->task, "ps");
                 Psfleet__V1__ShardStatusRequest sq = PSFLEET__V1__SHARD_STATUS_REQUEST__INIT;
                 Psfleet__V1__WorkerStatusRequest wq = PSFLEET__V1__WORKER_STATUS_REQUEST__INIT;
@@ -499,8 +507,13 @@ static int top_run(struct top *t) {
         int ret = 0;
         for (bool first = true; !interrupted; first = false) {
                 uint64_t next = mono_us() + t->interval_us;
-                if (take_sample(t, &cur, err, sizeof(err)) < 0) {
+                if (ask_chief(t, &cur, err, sizeof(err)) < 0) {
                         cli_error("cannot get the job's status from the chief at %s: %s", t->chief, err);
+                        ret = 1;
+                        break;
+                }
+                if (ask_nodes(t, &cur, err, sizeof(err)) < 0) {
+                        cli_error("%s", err);
                         ret = 1;
                         break;
                 }
