@@ -1,10 +1,14 @@
 """psfleet top (issue 18): a job of 1 ps and 3 workers, one of them slowed by the test hook
 PSFLEET_TEST_SLOW_STEP_MS; `psfleet top --once --json` marks it, and it alone, as the straggler and
-shows the shard's pushes; the plain view marks the same line; the live view redraws until Ctrl-C and
-exits 0; with no chief at the address it says so and exits 1."""
+shows the shard's pushes; the plain view marks the same line; the live view prints a block per refresh,
+or on a terminal redraws in place, until Ctrl-C and exits 0; with no chief at the address it says so
+and exits 1."""
 import json
+import os
+import select
 import signal
 import subprocess
+import time
 
 import harness as h
 
@@ -82,6 +86,22 @@ def test():
     h.wait_for("three views", lambda: p.stdout().count("WORKER ") >= 3, timeout=20, procs=[p])
     p.kill(signal.SIGINT)
     assert p.wait(10) == 0, p.stderr()
+
+    # on a terminal: redrawn in place (cursor home, clear) at each refresh, until SIGINT
+    master, slave = os.openpty()
+    p = subprocess.Popen([h.BIN["psfleet"], "top", "--address", chief, "--interval-ms", "200"], stdin=slave,
+                         stdout=slave, stderr=slave, env=h.child_env(), close_fds=True)
+    os.close(slave)
+    out = b""
+    end = time.monotonic() + 20
+    while out.count(b"\033[H\033[J") < 3 and time.monotonic() < end and p.poll() is None:
+        if select.select([master], [], [], 0.5)[0]:
+            out += os.read(master, 65536)
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(10)
+    os.close(master)
+    text = out.decode(errors="replace")
+    assert rc == 0 and text.count("\033[H\033[J") >= 3 and "STRAGGLER" in text, (rc, text[-2000:])
 
     # no chief there: a clear message and exit 1, within the deadline
     [free] = h.free_ports(1)
