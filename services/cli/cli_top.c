@@ -258,7 +258,8 @@ struct view_shard {
         const char *err;
         double pushes_per_s, in_per_s, out_per_s;   /* bytes */
         double apply_ms;                /* per push, over the interval; NAN: no push */
-        double busy;                    /* share of the interval spent applying */
+        double busy;                    /* applying time per second of the interval, summed over psd's threads
+                                         * (a shared-memory link has one each): may exceed 1 */
 };
 
 struct view {
