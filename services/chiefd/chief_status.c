@@ -320,6 +320,8 @@ grpc_byte_buffer *chief_status_pack(struct chief *c) {
                 ns->loss = wi->loss;
                 ns->examples_per_s = wi->examples_per_s;
                 ns->last_report_us = wi->last_report_us;
+                ns->examples = wi->examples;
+                ns->report_interval_us = wi->report_interval_us;
                 np[cl->n_ps + w] = ns;
         }
         s.n_nodes = n;

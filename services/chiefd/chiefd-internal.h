@@ -40,6 +40,7 @@ struct worker_info {
         uint64_t local_step, global_step, examples;
         float loss, examples_per_s;
         uint64_t last_report_us;        /* wall clock */
+        uint64_t report_interval_us;    /* between its last two reports; 0: fewer than two */
         char state[128];
 };
 

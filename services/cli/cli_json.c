@@ -38,6 +38,17 @@ json_t *cli_checkpoint_json(const Psfleet__V1__Checkpoint *c) {
         return o;
 }
 
+json_t *cli_waiting_for_json(const Psfleet__V1__WaitingFor *w) {
+        if (!w)
+                return json_null();
+        json_t *o = json_object();
+        json_object_set_new(o, "peer", json_string(w->peer ? w->peer : ""));
+        json_object_set_new(o, "since_us", json_integer((json_int_t)w->since_us));
+        json_object_set_new(o, "deadline_us", json_integer((json_int_t)w->deadline_us));
+        json_object_set_new(o, "last_error", json_string(w->last_error ? w->last_error : ""));
+        return o;
+}
+
 void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
         char fp[24];
         snprintf(fp, sizeof(fp), "%016" PRIx64, s->fingerprint);
@@ -47,16 +58,7 @@ void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
         json_object_set_new(o, "state", json_string(job_state_name(s->state)));
         json_object_set_new(o, "reason", json_string(s->reason ? s->reason : ""));
         json_object_set_new(o, "state_since_us", json_integer((json_int_t)s->state_since_us));
-        json_t *wf = json_null();
-        if (s->waiting_for) {
-                wf = json_object();
-                json_object_set_new(wf, "peer", json_string(s->waiting_for->peer ? s->waiting_for->peer : ""));
-                json_object_set_new(wf, "since_us", json_integer((json_int_t)s->waiting_for->since_us));
-                json_object_set_new(wf, "deadline_us", json_integer((json_int_t)s->waiting_for->deadline_us));
-                json_object_set_new(wf, "last_error",
-                                    json_string(s->waiting_for->last_error ? s->waiting_for->last_error : ""));
-        }
-        json_object_set_new(o, "waiting_for", wf);
+        json_object_set_new(o, "waiting_for", cli_waiting_for_json(s->waiting_for));
         json_object_set_new(o, "global_step", json_integer((json_int_t)s->global_step));
         json_object_set_new(o, "max_steps", json_integer((json_int_t)s->max_steps));
         json_object_set_new(o, "steps_per_s", num_or_null(s->steps_per_s));

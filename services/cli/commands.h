@@ -6,6 +6,7 @@
 int cmd_local(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_watch(int argc, char **argv);
+int cmd_top(int argc, char **argv);
 int cmd_checkpoints(int argc, char **argv);
 int cmd_placement(int argc, char **argv);
 int cmd_stop(int argc, char **argv);

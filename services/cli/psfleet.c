@@ -17,6 +17,8 @@ static const struct command {
         {"status", cmd_status, "status               ask a job's chief how the job is doing"},
         {"watch", cmd_watch,
          "watch                follow a job's progress as it happens (a live bar on a terminal)"},
+        {"top", cmd_top,
+         "top                  a live view of a job's workers and shards: steps/s, pushes/s, stragglers"},
         {"checkpoints", cmd_checkpoints,
          "checkpoints list|save|rm STEP\n"
          "                       a job's checkpoints: list them, save one now, delete one"},

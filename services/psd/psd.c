@@ -46,6 +46,7 @@ struct psd {
         struct shard *s;         /* the variables */
         uint64_t incarnation;
         atomic_uint_fast64_t pushes, rejected;
+        atomic_uint_fast64_t bytes_in, bytes_out, apply_us;   /* of the pushes applied (status, psfleet top) */
         pthread_mutex_t err_mu;
         char last_error[512];
         /* the waits status shows (wall clock, µs): for the chief's first Assign, and, after SIGTERM,
@@ -141,12 +142,16 @@ static void reject(struct psd *p, struct rpc_call *call, int r, const char *err)
         rpc_call_fail_errno(call, r, "%s", err);
 }
 
-/* shard 0 counts the step of a push that says so; every shard counts the push */
-static uint64_t count_push(struct psd *p, bool count_step) {
+/* shard 0 counts the step of a push that says so; every shard counts the push, its bytes (floats of
+ * gradients in, floats_out of values back) and the time since t0 (mono_us at receive) */
+static uint64_t count_push(struct psd *p, bool count_step, size_t floats, size_t floats_out, uint64_t t0) {
         uint64_t gs = 0;
         if (p->shard == 0)
                 gs = count_step ? atomic_fetch_add(&p->s->global_step, 1) + 1 : atomic_load(&p->s->global_step);
         atomic_fetch_add(&p->pushes, 1);
+        atomic_fetch_add(&p->bytes_in, floats * sizeof(float));
+        atomic_fetch_add(&p->bytes_out, floats_out * sizeof(float));
+        atomic_fetch_add(&p->apply_us, mono_us() - t0);
         return gs;
 }
 
@@ -160,6 +165,7 @@ static void on_push(struct rpc_call *call, void *ud) {
         struct shard_part **parts = NULL;
         struct lent *vals = NULL;
         struct wire_out *o = NULL;
+        uint64_t t0 = mono_us();
         int r;
 
         /* receive */
@@ -187,7 +193,7 @@ static void on_push(struct rpc_call *call, void *ud) {
 
         /* apply */
         shard_wire_apply(p->s, in, parts, scale, h->want_values ? vals->data : NULL);
-        uint64_t gs = count_push(p, h->count_step);
+        uint64_t gs = count_push(p, h->count_step, total, h->want_values ? total : 0, t0);
 
         /* reply: the fresh values, lent without another copy */
         Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
@@ -231,6 +237,7 @@ out:
 static void serve_link_push(struct link *k, const struct shmlink_push *push) {
         struct psd *p = k->p;
         uint32_t gi = push->index, g = k->groups[gi];
+        uint64_t t0 = mono_us();
         char err[600];
         if (!atomic_load(&p->s->initialized)) {
                 snprintf(err, sizeof(err), "ps:%u is not initialized yet (waiting for the chief)", p->shard);
@@ -247,7 +254,10 @@ static void serve_link_push(struct link *k, const struct shmlink_push *push) {
         }
         /* apply, and reply: the fresh values go where the worker's forward reads them */
         shard_block_apply(p->s, parts, k->count[gi], k->scratch, shmlink_params(k->l));
-        shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step), NULL);
+        size_t floats = 0;
+        for (uint32_t i = 0; i < k->count[gi]; i++)
+                floats += p->s->parts[parts[i]].a.n;
+        shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step, floats, floats, t0), NULL);
 }
 
 static void *link_main(void *arg) {
@@ -607,6 +617,9 @@ static void on_status(struct rpc_call *call, void *ud) {
         st.pushes = atomic_load(&p->pushes);
         st.rejected = atomic_load(&p->rejected);
         st.clipped = atomic_load(&p->s->clipped);
+        st.bytes_in = atomic_load(&p->bytes_in);
+        st.bytes_out = atomic_load(&p->bytes_out);
+        st.apply_us = atomic_load(&p->apply_us);
         st.bytes = p->s->n_floats * sizeof(float);
         st.variables = p->s->n_parts;
         pthread_mutex_lock(&p->err_mu);

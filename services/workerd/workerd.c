@@ -64,6 +64,7 @@ struct worker {
         bool diverged;              /* said so once in the journal */
         uint64_t last_refused_report; /* mono: a diverged step's report after its pushes were refused */
         double ex_per_s;
+        uint64_t slow_step_ms;      /* test hook PSFLEET_TEST_SLOW_STEP_MS; 0 (always, outside tests): off */
         pthread_mutex_t st_mu;      /* what on_status reads: state, steps, loss, speed, the wait */
         char state[768];
         struct wait {               /* what the worker waits for; peer[0] == 0: nothing */
@@ -139,6 +140,24 @@ static void nap(struct worker *w, uint64_t ms) {
         struct pollfd p = {.fd = w->sfd, .events = POLLIN};
         poll(&p, 1, (int)ms);
         signalled(w);
+}
+
+/* The test hook PSFLEET_TEST_SLOW_STEP_MS: a worker made slow on purpose, so that the straggler
+ * tests have one (psfleet top). Read once at start, so an unset hook costs the step loop one branch. */
+static uint64_t test_hook_slow_step_ms(void) {
+        const char *v = config_env_value("PSFLEET_TEST_SLOW_STEP_MS");
+        uint64_t ms = 0;
+        if (!v || !*v)
+                return 0;
+        if (parse_u64(v, 0, 10000, &ms) < 0) {
+                log_warning("Test hook PSFLEET_TEST_SLOW_STEP_MS=\"%s\" is not a number of milliseconds (0..10000); "
+                            "ignoring it", v);
+                return 0;
+        }
+        if (ms)
+                log_warning("Test hook PSFLEET_TEST_SLOW_STEP_MS=%llu: every step sleeps %llu ms",
+                            (unsigned long long)ms, (unsigned long long)ms);
+        return ms;
 }
 
 /* ---- the Worker service: status and stop ---- */
@@ -435,6 +454,8 @@ static int train(struct worker *w) {
                         continue;
                 }
                 step_done(w, loss);
+                if (w->slow_step_ms)
+                        nap(w, w->slow_step_ms);
         }
         /* the last pushes' values are the job's; apply them so status and logs agree */
         push_finish(w->pu);
@@ -568,6 +589,7 @@ static int run(int argc, char **argv) {
         w.index = w.args.task.index;
         w.n_workers = w.cfg->cluster.n_worker;
         log_setup("workerd", w.cfg->name, w.args.task_name);
+        w.slow_step_ms = test_hook_slow_step_ms();
         rpc_global_init();
         snprintf(w.state, sizeof(w.state), "starting");
         int ret = DAEMON_EX_FAILURE;

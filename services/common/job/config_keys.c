@@ -227,6 +227,9 @@ const struct config_env_setting cfg_env_settings[] = {
           "Path of the CUDA backend plugin; empty: never load it (run on the CPU)." },
         { "PSFLEET_TEST_FAKE_NO_GPU", KT_BOOL, "false",
           "Test hook: behave as if no GPU were visible, whatever the plugin finds." },
+        { "PSFLEET_TEST_SLOW_STEP_MS", KT_STRING, "unset (0)",
+          "Test hook, workerd only (the straggler tests): sleep this many milliseconds (0..10000) after every "
+          "step, logged as a warning at start. No job key reaches it; never set it outside tests." },
 };
 const size_t cfg_n_env_settings = ELEMENTSOF(cfg_env_settings);
 
