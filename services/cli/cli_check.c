@@ -191,6 +191,11 @@ static int same_job(struct check *c, struct ep *p, struct rpc_channel *ch, uint6
                 return 1;
         if (status == GRPC_STATUS_FAILED_PRECONDITION && strstr(err, "differs"))
                 return 0;
+        if (status == GRPC_STATUS_PERMISSION_DENIED && rpc_security()) {
+                /* only the chief and workers may Pull; the handshake proved a task of this job and CA */
+                snprintf(err, errlen, "under mutual TLS its certificate names it; its fingerprint is for tasks to ask");
+                return -ENOTSUP;
+        }
         return r;
 }
 
@@ -204,10 +209,18 @@ static void talk(struct check *c, struct ep *p, uint64_t fp) {
                 return;
         }
         if (health(ch, "", c->timeout_ms, err, sizeof(err)) < 0) {
-                problem(c, true, p->label,
-                        "the port is taken by another program: it accepts TCP connections but does not answer "
-                        "a gRPC health check%s (%s)",
-                        rpc_security() ? " over the job's mutual TLS" : "", err);
+                if (rpc_security())
+                        problem(c, true, p->label,
+                                "something accepts TCP connections there but does not answer a gRPC health check as %s "
+                                "over the job's mutual TLS: a daemon of another task, of a job of another CA, or "
+                                "another program (%s)",
+                                p->name, err);
+                else
+                        problem(c, true, p->label,
+                                "the port is taken by another program: it accepts TCP connections but does not "
+                                "answer a gRPC health check in plain TCP (a daemon running mutual TLS would not "
+                                "either) (%s)",
+                                err);
                 goto out;
         }
         if (health(ch, role_service[p->role], c->timeout_ms, err, sizeof(err)) < 0) {
@@ -342,8 +355,7 @@ static void check_split(struct check *c, const char *split, const char *images, 
         } else if (dataset_load(ip, lp, &d, err, sizeof(err)) < 0) {
                 problem(c, true, thing, "%s", err);
         } else if (dim && dataset_fits(d, ip, dim, classes, err, sizeof(err)) < 0) {
-                problem(c, true, thing, "%s (the model takes %" PRIu32 " values and has %" PRIu32 " classes)", err,
-                        dim, classes);
+                problem(c, true, thing, "%s", err);
         } else {
                 checked(c, thing, "%" PRIu32 " examples of %" PRIu32 "x%" PRIu32 ", labels below %" PRIu32, d->n,
                         d->rows, d->cols, (uint32_t)dataset_max_label(d) + 1);
