@@ -185,6 +185,17 @@ def test():
     out = check(tjob, expect=0)
     has(out, "certs ps-0", "within 30 days", severity="warning")
 
+    # under mutual TLS: the job's own psd passes; where the chief should be, its certificate gives it away
+    ps = h.daemon(wd, "psd", tjob, 0)
+    h.wait_for("ps:0 listening", lambda: "ps:0 " + spec["cluster"]["ps"][0] not in check(tjob, expect=None), procs=[ps])
+    out = check(tjob, expect=0)
+    assert "0 errors" in out, out
+    tjob2 = variant(wd, json.load(open(tjob)), "mtls-role.json", chief_on_ps)
+    has(check(tjob2), "chief " + spec["cluster"]["ps"][0], "does not answer a gRPC health check as chief",
+        "mutual TLS")
+    ps.kill()
+    assert ps.wait(30) == 0, ps.stderr()
+
     # --json: one object, every problem in it
     out = check(variant(wd, spec, "json.json", lambda s: (s["model"].__setitem__("input", [100]),
                                                           s["data"].__setitem__("test_labels", "nope.gz"))), "--json")
