@@ -80,8 +80,7 @@ problem(struct check *c, bool error, const char *thing, const char *fmt, ...) {
 }
 
 /* What was checked and how it came out, for the summary. */
-static void checked(struct check *c, const char *what, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void checked(struct check *c, const char *what, const char *fmt, ...) {
+static void __attribute__((format(printf, 3, 4))) checked(struct check *c, const char *what, const char *fmt, ...) {
         char msg[512];
         va_list ap;
         va_start(ap, fmt);
@@ -244,8 +243,12 @@ out:
 
 static void check_endpoint(struct check *c, struct ep *p, uint64_t fp) {
         int r = rpc_probe_bind(p->e->addr);
+        /* free as a server sees it (one of the addresses a name resolves to can be bound); but a
+         * program on another of them ("localhost": 127.0.0.1 taken, ::1 free) is still found */
+        if (r == 0 && tcp_connect(p->ai, c->timeout_ms) < 0)
+                return;   /* the daemon can start here */
         if (r == 0)
-                return;   /* an address of this host, and the port free: the daemon can start here */
+                r = -EADDRINUSE;
         if (r != -EADDRINUSE && r != -EADDRNOTAVAIL) {
                 problem(c, true, p->label, "the port cannot be bound on this host: %s", strerror(-r));
                 return;

@@ -100,6 +100,10 @@ def test():
         out = check(job)
         has(out, "worker:0 " + spec["cluster"]["worker"][0], "taken by another program")
         assert len(lines(out)) == 1, out     # only that one
+        # by a name that resolves to more than the taken address too
+        wport = spec["cluster"]["worker"][0].split(":")[1]
+        out = check(variant(wd, spec, "squat-name.json", lambda s: s["cluster"]["worker"].__setitem__(0, "localhost:" + wport)))
+        has(out, "worker:0 localhost:" + wport, "taken by another program")
     finally:
         squatter.close()
 
