@@ -12,3 +12,4 @@ int cmd_placement(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
 int cmd_restart(int argc, char **argv);
 int cmd_certs(int argc, char **argv);
+int cmd_check(int argc, char **argv);

@@ -436,6 +436,11 @@ static void test_port_in_use(void **state) {
         /* an address not of this host (TEST-NET-1): the bind's own reason */
         assert_int_equal(rpc_server_new("192.0.2.1:0", m, 1, 1, &s2), -EADDRNOTAVAIL);
         assert_null(s2);
+        /* the same question without a server (psfleet check): taken, not here, free */
+        assert_int_equal(rpc_probe_bind(f->addr), -EADDRINUSE);
+        assert_int_equal(rpc_probe_bind("192.0.2.1:7001"), -EADDRNOTAVAIL);
+        assert_int_equal(rpc_probe_bind("no-such-host.invalid:7001"), -EADDRNOTAVAIL);
+        assert_int_equal(rpc_probe_bind("127.0.0.1:0"), 0);
 }
 
 static void test_server_down(void **state) {

@@ -80,6 +80,11 @@ struct rpc_server_opts {
 };
 int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size_t n_methods, unsigned threads,
                         const struct rpc_server_opts *opts, struct rpc_server **ret);
+/* Binds addr ("host:port", "[v6]:port") as a server would, then lets it go. 0 if some address it
+ * resolves to can be bound, else the first -errno (-EADDRINUSE: a program holds the port,
+ * -EADDRNOTAVAIL: not an address of this host, or it does not resolve); 0 also for what gRPC alone
+ * parses ("unix:...", a URI). */
+int rpc_probe_bind(const char *addr);
 int rpc_server_port(const struct rpc_server *s);     /* the bound port */
 int rpc_server_start(struct rpc_server *s);
 /* Stops accepting calls, gives those in flight 1 s (at most half of timeout_ms) to end, so replies

@@ -336,11 +336,9 @@ static void *server_thread(void *arg) {
         return NULL;
 }
 
-/* Binds addr ("host:port", "[v6]:port") the way gRPC will, then lets it go: gRPC reports a failed bind
- * only as a multi-line error dump on stderr, and as no reason at all to the caller. 0 if some address it
- * resolves to can be bound (as gRPC needs), else the first -errno; 0 also for what gRPC alone parses
- * ("unix:...", a URI). */
-static int probe_bind(const char *addr) {
+/* gRPC reports a failed bind only as a multi-line error dump on stderr, and as no reason at all to the
+ * caller: so the bind is tried first, the way gRPC will (psfleet check asks the same question). */
+int rpc_probe_bind(const char *addr) {
         const char *colon = strrchr(addr, ':');
         if (!colon || strstr(addr, "://") || strncmp(addr, "unix:", 5) == 0 || strncmp(addr, "ipv4:", 5) == 0 ||
             strncmp(addr, "ipv6:", 5) == 0)
@@ -385,7 +383,7 @@ int rpc_server_new_opts(const char *addr, const struct rpc_method *methods, size
                         const struct rpc_server_opts *opts, struct rpc_server **ret) {
         const struct rpc_tls *tls = opts && opts->tls ? opts->tls : rpc_security();
         size_t max_receive = opts ? opts->max_receive : 0;
-        int r = probe_bind(addr);
+        int r = rpc_probe_bind(addr);
         if (r < 0)
                 return r;
         rpc_global_init();
