@@ -842,7 +842,7 @@ static void test_docs_current(void **state) {
         if (getenv("PSFLEET_PRINT_KEYS"))
                 printf("KEYS\n%sENV\n%sEND\n", keys, env);
         if (!strstr(doc, keys))
-                fail_msg("docs/configuration.md lacks the key table; regenerate it:\n%s", keys);
+                fail_msg("docs/configuration.md lacks the key table; regenerate it (docs/gen-configuration.py):\n%s", keys);
         if (!strstr(doc, env))
                 fail_msg("docs/configuration.md lacks the environment table; regenerate it:\n%s", env);
         assert_non_null(strstr(env, "| `PSFLEET_DEVICE` | `device.device` |"));
