@@ -147,7 +147,7 @@ def probes(wd, job, spec, tls_dir, other_dir):
         took = time.monotonic() - t0
         del blob
     settled = 0
-    for _ in range(100):      # the watcher looks every second, and backs off 3 s after a fruitless try
+    for _ in range(200):      # the watcher looks every second, and backs off 3 s after a fruitless try
         time.sleep(0.1)
         settled = rss(ps.pid)
         if settled <= baseline + 2 * model_bytes:
