@@ -32,6 +32,8 @@ SKIPPED = {
     ("docs/operations.md", "psfleet placement /etc/psfleet/jobs/fmnist.json"):
         "reads /etc/psfleet/jobs/fmnist.json, the example cluster's job file as installed on its nodes",
     ("docs/operations.md", "systemctl edit psfleet-workerd@fmnist:1.service"): "needs systemd and the units",
+    ("docs/operations.md", "psfleet check /etc/psfleet/jobs/fmnist.json"):
+        "checks the example cluster's installed job file (integration.check runs psfleet check on 16 broken files)",
     ("docs/operations.md", "node1# systemctl start psfleet-psd@fmnist:0 psfleet-chiefd@fmnist"):
         "needs systemd on three hosts",
     ("docs/operations.md", "psfleet status --job /etc/psfleet/jobs/fmnist.json"):
