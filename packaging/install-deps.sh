@@ -15,6 +15,7 @@ PKGS=(
   libjansson-dev              # job files, checkpoint headers
   libopenblas-dev             # CPU sgemm
   zlib1g-dev                  # gzip'd IDX data
+  libmicrohttpd-dev           # the daemons' /metrics endpoint
   libcmocka-dev               # unit tests
   python3 python3-grpcio python3-protobuf protobuf-compiler-grpc python3-numpy  # Python test clients
   dataset-fashion-mnist       # the demo's data
@@ -22,6 +23,7 @@ PKGS=(
   python3-venv                # a venv for PyPI test tools (safetensors, tensorboard)
   debootstrap systemd-container  # the system test: a Debian container booted with systemd-nspawn
   dpkg-dev lintian rpm rpmlint   # building and checking the .deb and .rpm packages
+  prometheus                  # promtool and a real Prometheus for the metrics tests
 )
 
 missing=()

@@ -161,6 +161,7 @@ static void h_report(struct rpc_call *call, void *ud) {
         wi->loss = q->loss;
         wi->examples_per_s = q->examples_per_s;
         wi->last_report_us = t;
+        chief_metrics_report(q->worker);
         chief_strfmt(wi->state, sizeof(wi->state), "%s", st);
         if (strcmp(st, "done") == 0)
                 wi->finished = true;
