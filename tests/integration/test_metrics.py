@@ -71,6 +71,16 @@ def test():
                     base_name = name[:-len(suffix)]
             assert "# HELP %s " % base_name in second[a] and "# TYPE %s " % base_name in second[a], (who, name)
 
+    # docs/operations.md's table lists exactly what the daemons serve
+    import os
+    import re
+    served = set(re.findall(r"^# TYPE (psfleet_\w+) ", "".join(second.values()), re.M))
+    doc = open(os.path.join(h.SOURCE_DIR, "docs", "operations.md")).read()
+    section = doc.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(psfleet_\w+)` \|", section, re.M))
+    assert served == documented, ("served, not documented", served - documented,
+                                  "documented, not served", documented - served)
+
     # the counters move
     for series in ('psfleet_worker_steps_total{worker="0"}', 'psfleet_worker_examples_total{worker="0"}',
                    'psfleet_worker_push_seconds_count{shard="0"}', 'psfleet_worker_push_seconds_count{shard="1"}'):
