@@ -21,23 +21,15 @@ struct metrics_http {
 
 /* Splits "HOST:PORT" / "[V6]:PORT" into host and port and resolves it. */
 static int resolve(const char *addr, struct addrinfo **res, char *err, size_t errlen) {
-        const char *colon = addr ? strrchr(addr, ':') : NULL;
         char host[256];
-        if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof(host))
+        const char *port_s;
+        if (!addr || split_host_port(addr, host, sizeof(host), &port_s) < 0 || !*host)
                 return errf(err, errlen, -EINVAL, "metrics.listen \"%s\" is not HOST:PORT", addr ? addr : "");
         uint64_t port;
-        if (parse_u64(colon + 1, 1, 65535, &port) < 0)
+        if (parse_u64(port_s, 1, 65535, &port) < 0)
                 return errf(err, errlen, -EINVAL, "metrics.listen \"%s\": the port is not 1..65535", addr);
-        size_t hl = (size_t)(colon - addr);
-        memcpy(host, addr, hl);
-        host[hl] = 0;
-        char *h = host;
-        if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
-                host[hl - 1] = 0;
-                h++;
-        }
         struct addrinfo hints = {.ai_flags = AI_PASSIVE, .ai_socktype = SOCK_STREAM};
-        int g = getaddrinfo(h, colon + 1, &hints, res);
+        int g = getaddrinfo(host, port_s, &hints, res);
         if (g != 0)
                 return errf(err, errlen, -EINVAL, "metrics.listen \"%s\": %s", addr, gai_strerror(g));
         return 0;
