@@ -18,6 +18,7 @@ DEMO_PKGS=(
   libjansson-dev              # job files, checkpoint headers
   libopenblas-dev             # CPU sgemm
   zlib1g-dev                  # gzip'd IDX data
+  libmicrohttpd-dev           # the daemons' /metrics endpoint
   dataset-fashion-mnist       # the demo's data
 )
 
@@ -30,6 +31,7 @@ TEST_PKGS=(
   python3-venv                # a venv for PyPI test tools (safetensors, tensorboard)
   debootstrap systemd-container  # the system test: a Debian container booted with systemd-nspawn
   dpkg-dev lintian rpm rpmlint   # building and checking the .deb and .rpm packages
+  prometheus                  # promtool and a real Prometheus for the metrics tests
 )
 
 group=all list=false

@@ -628,6 +628,7 @@ int chief_supervise(struct chief *c, int sfd) {
                         return r;
                 pthread_mutex_lock(&c->lock);
                 Psfleet__V1__JobState st = c->js.state;
+                chief_metrics_tick_locked(c);
                 pthread_mutex_unlock(&c->lock);
                 if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_READY || st == PSFLEET__V1__JOB_STATE__JOB_STATE_TRAINING ||
                     st == PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPING)

@@ -162,6 +162,7 @@ static void h_report(struct rpc_call *call, void *ud) {
         wi->examples_per_s = q->examples_per_s;
         wi->report_interval_us = wi->last_report_us && t > wi->last_report_us ? t - wi->last_report_us : 0;
         wi->last_report_us = t;
+        chief_metrics_report(q->worker);
         chief_strfmt(wi->state, sizeof(wi->state), "%s", st);
         if (strcmp(st, "done") == 0)
                 wi->finished = true;

@@ -161,8 +161,10 @@ int chief_save(struct chief *c, uint64_t gs, bool with_slots, const char *trigge
                 return 0;
         }
         struct chief_db_checkpoint row;
+        uint64_t t0 = mono_us();
         int r = chief_ckpt_save(c->ckpts, model_params(c->model), with_slots && c->n_slots ? c->slots : NULL, gs, &stats,
                                 &row, err, errlen);
+        chief_metrics_checkpoint(r, mono_us() - t0, &row);
         pthread_mutex_lock(&c->lock);
         chief_strfmt(c->last_ckpt_error, sizeof(c->last_ckpt_error), "%s", r < 0 ? err : "");
         pthread_mutex_unlock(&c->lock);

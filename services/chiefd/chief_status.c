@@ -22,6 +22,7 @@ void chief_strfmt(char *buf, size_t len, const char *fmt, ...) {
 Psfleet__V1__JobState chief_event_locked(struct chief *c, const struct chief_event *ev) {
         if (chief_state_next(&c->js, ev, &c->js)) {
                 c->state_since_us = now_us();
+                chief_metrics_state(c->js.state);
                 if (chief_state_ended(&c->js))
                         c->wait.on = false;
                 /* Every change is durable before anyone can act on it: a chief started after a crash
@@ -200,8 +201,10 @@ void chief_refresh_ckpt_info(struct chief *c) {
         int r = chief_ckpt_newest(c->ckpts, &row, &n);
         pthread_mutex_lock(&c->lock);
         c->have_ckpt = r >= 0;
-        if (r >= 0)
+        if (r >= 0) {
                 c->last_ckpt = row;
+                chief_metrics_checkpoint(0, 0, &row);
+        }
         c->n_ckpts = n;
         pthread_mutex_unlock(&c->lock);
 }

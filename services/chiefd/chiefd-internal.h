@@ -249,6 +249,21 @@ void chief_serve_saves(struct chief *c);
  * another -errno (assigning failed: retry); why says what happened. */
 int chief_restore_shards(struct chief *c, const bool *which, char *why, size_t len);
 
+/* ---- chief_metrics.c: the series a scrape shows (base/metrics.h) ---- */
+
+/* Registers chiefd's series (after c->cfg is set); chief_metrics_done frees what init allocated. */
+void chief_metrics_init(struct chief *c);
+void chief_metrics_done(void);
+/* The job's state is now st (one-hot psfleet_chief_job_state). */
+void chief_metrics_state(Psfleet__V1__JobState st);
+/* global_step, its rate and the live workers, from c (lock held); each pass of the main loop. */
+void chief_metrics_tick_locked(struct chief *c);
+/* Worker `worker`'s report was taken. */
+void chief_metrics_report(uint32_t worker);
+/* A checkpoint save ended with r; when r >= 0, row is the newest checkpoint, written in us
+ * microseconds (0: found, not written, as at start). */
+void chief_metrics_checkpoint(int r, uint64_t us, const struct chief_db_checkpoint *row);
+
 /* ---- chief_loop.c: the main thread ---- */
 
 /* Runs the job until it is told to stop (a signal, Stop): while it trains, after an orderly stop

@@ -56,6 +56,7 @@ static struct chief *chief_free(struct chief *c) {
                 rpc_channel_free(c->worker_ch[w]);
         free(c->worker_ch);
         ps_client_free(c->pc);
+        chief_metrics_done();
         job_layout_free(c->L);
         model_free(c->model);
         backend_free(c->be);
@@ -93,6 +94,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         c->wake_fd = -1;
         c->cfg = cfg;
         chief_state_init(&c->js);
+        chief_metrics_init(c);
         c->state_since_us = now_us();
         c->test_accuracy = -1;
         c->test_loss = -1;

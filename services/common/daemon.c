@@ -14,6 +14,7 @@
 
 #include "job.h"
 #include "log.h"
+#include "metrics_http.h"
 #include "optim.h"
 #include "rpc.h"
 #include "util.h"
@@ -55,6 +56,16 @@ static int daemon_security(const struct daemon_args *a, const char *ident, enum 
         if (!tls && !tls_addr_is_loopback(a->listen) && !a->cfg->security.allow_insecure) {
                 snprintf(err, errlen, "--listen %s is beyond loopback but the job runs without TLS (security.mode); "
                          "use mtls, or set security.allow_insecure: true", a->listen);
+                return -EINVAL;
+        }
+        /* /metrics has no TLS yet: beyond loopback only where gRPC runs plain by the operator's choice */
+        const char *ml = a->cfg->metrics.listen;
+        if (*ml && !tls_addr_is_loopback(ml) && (tls || !a->cfg->security.allow_insecure)) {
+                snprintf(err, errlen, "metrics.listen %s is beyond loopback, but the metrics endpoint %s; bind it to "
+                         "loopback (127.0.0.1:PORT) and scrape it from this host, or run the job with "
+                         "security.mode insecure and security.allow_insecure: true", ml,
+                         tls ? "speaks no TLS yet and the job runs mutual TLS" : "would be plain HTTP");
+                rpc_tls_free(tls);
                 return -EINVAL;
         }
         r = rpc_secure(tls);
@@ -176,7 +187,8 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                 }
         }
         /* This node's overrides of the rpc.* keys, then every channel of the process uses them. */
-        if (config_apply_env(a.cfg, "rpc", err, sizeof(err)) < 0) {
+        if (config_apply_env(a.cfg, "rpc", err, sizeof(err)) < 0 ||
+            config_apply_env(a.cfg, "metrics", err, sizeof(err)) < 0) {
                 fprintf(stderr, "%s: %s\n", ident, err);
                 goto bad;
         }
@@ -206,7 +218,11 @@ bad:
         return CONFIG_EX_CONFIG;
 }
 
+/* The process's /metrics server, started with its gRPC server. */
+static struct metrics_http *metrics_server;
+
 void daemon_args_done(struct daemon_args *a) {
+        metrics_server = metrics_http_free(metrics_server);
         config_free(a->cfg);
         free(a->task_name);
         free(a->state_dir);
@@ -286,6 +302,13 @@ int daemon_listen(const struct daemon_args *a, const struct rpc_method *methods,
                 s = rpc_server_free(s);
         if (r < 0)
                 return log_error_errno(r, "cannot listen on %s", a->listen);
+        char err[512];
+        if (*a->cfg->metrics.listen && !metrics_server &&
+            (r = metrics_http_start(a->cfg->metrics.listen, &metrics_server, err, sizeof(err))) < 0) {
+                rpc_server_free(s);
+                log_error("cannot serve metrics: %s", err);
+                return r;
+        }
         *ret = s;
         return 0;
 }

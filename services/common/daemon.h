@@ -48,6 +48,8 @@ int daemon_signals_fd(void);
 /* Binds and starts `a`'s server (the table is copied), with mutual TLS when the job has it (set up by
  * daemon_args_parse), refusing requests over max_receive bytes (the largest legal one plus a margin:
  * RESOURCE_EXHAUSTED). On failure logs one line, "cannot listen on ADDR: REASON", and returns -errno
- * (-EADDRINUSE, -EADDRNOTAVAIL, -EACCES, ...; daemon_exit_code maps it). */
+ * (-EADDRINUSE, -EADDRNOTAVAIL, -EACCES, ...; daemon_exit_code maps it). With metrics.listen set it
+ * also starts the process's /metrics server (transport/metrics_http.h; stopped by daemon_args_done), and
+ * fails the same way when that address cannot be bound. */
 int daemon_listen(const struct daemon_args *a, const struct rpc_method *methods, size_t n_methods, unsigned threads,
                   size_t max_receive, struct rpc_server **ret);

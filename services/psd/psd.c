@@ -23,6 +23,7 @@
 #include "daemon.h"
 #include "job.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "optim.h"
 #include "rpc.h"
@@ -58,6 +59,7 @@ struct psd {
         struct shmlink_server *attach;   /* the unix socket workers on this host attach through; NULL: none */
         pthread_mutex_t links_mu;
         struct link *links;      /* workers pushing through shared memory */
+        struct metric *m_pushes, *m_rejected, *m_in, *m_out, *m_apply, *m_step, *m_links; /* psd_metrics() */
 };
 
 /* A worker on this host whose pushes come through its shared-memory segment; served by a thread of
@@ -81,8 +83,28 @@ struct link {
 
 /* ---- helpers ---- */
 
+/* What a scrape shows (docs/operations.md, "Metrics"); by gRPC and shared memory alike. */
+static void psd_metrics(struct psd *p) {
+        char shard[16];
+        snprintf(shard, sizeof(shard), "%u", p->shard);
+        p->m_pushes = metric_counter("psfleet_ps_pushes_total", "Pushes applied by this shard.", "shard", shard);
+        p->m_rejected = metric_counter("psfleet_ps_rejected_total", "Calls refused (bad gradients, wrong job, attach "
+                                       "refused).", "shard", shard);
+        p->m_in = metric_counter("psfleet_ps_bytes_received_total", "Bytes of pushes received (gRPC message or "
+                                 "shared-memory gradients).", "shard", shard);
+        p->m_out = metric_counter("psfleet_ps_bytes_sent_total", "Bytes of fresh values sent back to pushes.", "shard",
+                                  shard);
+        p->m_apply = metric_histogram("psfleet_ps_apply_seconds", "Time to apply one push's gradients (optimizer and "
+                                      "reply values).", "shard", shard, metrics_latency_buckets,
+                                      metrics_n_latency_buckets);
+        p->m_step = metric_gauge("psfleet_ps_global_step", "global_step as shard 0 holds it (0 on other shards).",
+                                 "shard", shard);
+        p->m_links = metric_gauge("psfleet_ps_shm_links", "Workers pushing through shared memory.", "shard", shard);
+}
+
 static void note_reject(struct psd *p, const char *msg) {
         atomic_fetch_add(&p->rejected, 1);
+        metric_add(p->m_rejected, 1);
         pthread_mutex_lock(&p->err_mu);
         snprintf(p->last_error, sizeof(p->last_error), "%s", msg);
         pthread_mutex_unlock(&p->err_mu);
@@ -152,6 +174,8 @@ static uint64_t count_push(struct psd *p, bool count_step, size_t floats, size_t
         atomic_fetch_add(&p->bytes_in, floats * sizeof(float));
         atomic_fetch_add(&p->bytes_out, floats_out * sizeof(float));
         atomic_fetch_add(&p->apply_us, mono_us() - t0);
+        metric_add(p->m_pushes, 1);
+        metric_set(p->m_step, (double)gs);
         return gs;
 }
 
@@ -192,7 +216,10 @@ static void on_push(struct rpc_call *call, void *ud) {
                 goto oom;
 
         /* apply */
+        metric_add(p->m_in, grpc_byte_buffer_length(in->bb));
+        uint64_t t_apply = mono_us();
         shard_wire_apply(p->s, in, parts, scale, h->want_values ? vals->data : NULL);
+        metric_observe_us(p->m_apply, mono_us() - t_apply);
         uint64_t gs = count_push(p, h->count_step, total, h->want_values ? total : 0, t0);
 
         /* reply: the fresh values, lent without another copy */
@@ -215,6 +242,7 @@ static void on_push(struct rpc_call *call, void *ud) {
         vals = NULL;
         if (r < 0)
                 goto oom;
+        metric_add(p->m_out, grpc_byte_buffer_length(bb));
         rpc_call_reply(call, bb);
         goto out;
 
@@ -253,10 +281,14 @@ static void serve_link_push(struct link *k, const struct shmlink_push *push) {
                 return;
         }
         /* apply, and reply: the fresh values go where the worker's forward reads them */
+        uint64_t t_apply = mono_us();
         shard_block_apply(p->s, parts, k->count[gi], k->scratch, shmlink_params(k->l));
+        metric_observe_us(p->m_apply, mono_us() - t_apply);
         size_t floats = 0;
         for (uint32_t i = 0; i < k->count[gi]; i++)
                 floats += p->s->parts[parts[i]].a.n;
+        metric_add(p->m_in, floats * sizeof(float));
+        metric_add(p->m_out, floats * sizeof(float));
         shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step, floats, floats, t0), NULL);
 }
 
@@ -676,6 +708,7 @@ static int psd_build(struct psd *p) {
                 return log_error_errno(r, "cannot place the variables");
         if ((r = shard_new(p->cfg, p->L, p->shard, &p->s, err, sizeof(err))) < 0)
                 return log_error_errno(r, "%s", err);
+        psd_metrics(p);
         return 0;
 }
 
@@ -848,6 +881,7 @@ static int run(int argc, char **argv) {
                 if (wd)
                         feed_watchdog(&p, self);
                 links_free(links_take(&p, UINT32_MAX));   /* links whose worker is gone */
+                metric_set(p.m_links, links_count(&p));
                 if (grace_end)
                         continue;
                 if (atomic_load(&p.s->initialized))

@@ -26,6 +26,7 @@
 #include "job.h"
 #include "ps_client.h"
 #include "log.h"
+#include "metrics.h"
 #include "model.h"
 #include "notify.h"
 #include "push.h"
@@ -73,6 +74,7 @@ struct worker {
                 char last_error[600];
         } wait;
         struct rpc_server *server;
+        struct metric *m_steps, *m_examples, *m_step, *m_loss, *m_stale, *m_pull;   /* worker_metrics() */
 };
 
 static void set_state(struct worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -272,6 +274,21 @@ static int join(struct worker *w) {
         return r;
 }
 
+/* What a scrape shows (docs/operations.md, "Metrics"); the per-shard push latency is the ps client's. */
+static void worker_metrics(struct worker *w) {
+        char i[16];
+        snprintf(i, sizeof(i), "%u", w->index);
+        w->m_steps = metric_counter("psfleet_worker_steps_total", "Training steps this worker completed.", "worker", i);
+        w->m_examples = metric_counter("psfleet_worker_examples_total", "Examples this worker trained on.", "worker", i);
+        w->m_step = metric_gauge("psfleet_worker_global_step", "global_step as this worker last heard it.", "worker", i);
+        w->m_loss = metric_gauge("psfleet_worker_loss", "Loss of the last step (softmax cross-entropy).", "worker", i);
+        w->m_stale = metric_gauge("psfleet_worker_staleness_steps", "Steps of other workers applied during this "
+                                  "worker's last step (async staleness).", "worker", i);
+        w->m_pull = metric_histogram("psfleet_worker_pull_seconds", "Time to read every shard's values (start, and "
+                                     "after a lost shard).", "worker", i, metrics_latency_buckets,
+                                     metrics_n_latency_buckets);
+}
+
 /* Reads every shard into the model, retrying (bounded: supervisor.ready_timeout_secs) while shards are
  * unreachable or uninitialized. Returns 0, -ETIMEDOUT past the deadline, -ECANCELED on a signal, or
  * the pull's error when retrying cannot help. */
@@ -283,8 +300,10 @@ static int pull_all(struct worker *w) {
         for (;;) {
                 char err[600], why[700], peer[16];
                 uint64_t gs = 0;
+                uint64_t t0 = mono_us();
                 int r = ps_client_pull(w->pc, model_params(w->m), NULL, &gs, err, sizeof(err));
                 if (r == 0) {
+                        metric_observe_us(w->m_pull, mono_us() - t0);
                         set_waiting(w, NULL, 0, 0, NULL, NULL);
                         w->global_step = gs;
                         return w->rep ? device_replicas_params_sync(w->rep) : model_params_sync(w->m);
@@ -403,6 +422,9 @@ static void step_done(struct worker *w, float loss) {
         w->last_loss = loss;
         pthread_mutex_unlock(&w->st_mu);
         w->win_ex += t->batch_size;
+        metric_add(w->m_steps, 1);
+        metric_add(w->m_examples, t->batch_size);
+        metric_set(w->m_loss, loss);
         if (w->local_step % t->report_every_steps == 0) {
                 uint64_t now = mono_us();
                 w->ex_per_s = (double)w->win_ex / ((double)(now - w->win_t) / 1e6);
@@ -423,9 +445,13 @@ static int train(struct worker *w) {
                       (unsigned long long)w->global_step, (unsigned long long)t->max_steps, w->index, w->n_workers,
                       shard_size(w->it));
         w->win_t = mono_us();
+        uint64_t gs = w->global_step, prev = gs;
         /* a push that counts a step may still be in flight */
-        while (!signalled(w) && update_global_step(w, &counting) + counting < t->max_steps) {
+        while (!signalled(w) && (gs = update_global_step(w, &counting)) + counting < t->max_steps) {
                 float loss;
+                metric_set(w->m_step, (double)gs);
+                metric_set(w->m_stale, gs > prev + 1 ? (double)(gs - prev - 1) : 0);
+                prev = gs;
                 shard_next_batch(w->it, t->batch_size, w->x, w->y);
                 push_step_begin(w->pu, w->local_step);
                 r = forward(w, &loss);
@@ -548,6 +574,7 @@ static int build(struct worker *w) {
                 if (!w->loss_log)
                         return log_error_errno(errno, "cannot open --loss-log \"%s\"", w->args.loss_log);
         }
+        worker_metrics(w);
         return 0;
 }
 

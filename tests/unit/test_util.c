@@ -276,6 +276,24 @@ static void test_grow_array(void **state) {
         free(a);
 }
 
+static void test_split_host_port(void **state) {
+        (void)state;
+        char host[16];
+        const char *port;
+        assert_int_equal(split_host_port("127.0.0.1:9400", host, sizeof(host), &port), 0);
+        assert_string_equal(host, "127.0.0.1");
+        assert_string_equal(port, "9400");
+        assert_int_equal(split_host_port("[::1]:80", host, sizeof(host), &port), 0);
+        assert_string_equal(host, "::1");
+        assert_string_equal(port, "80");
+        assert_int_equal(split_host_port(":80", host, sizeof(host), &port), 0);
+        assert_string_equal(host, "");
+        assert_int_equal(split_host_port("9400", host, sizeof(host), &port), -EINVAL);
+        assert_int_equal(split_host_port("a-host-name-too-long:1", host, sizeof(host), &port), -EINVAL);
+        assert_int_equal(split_host_port("a-host-name-ok-:1", host, sizeof(host), &port), 0);   /* 15 + NUL */
+        assert_string_equal(host, "a-host-name-ok-");
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_clocks),
@@ -286,6 +304,7 @@ int main(void) {
                 cmocka_unit_test(test_backoff),
                 cmocka_unit_test(test_grow_array),
                 cmocka_unit_test(test_atomic_file),
+                cmocka_unit_test(test_split_host_port),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -95,6 +95,18 @@ int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret) {
         return 0;
 }
 
+int split_host_port(const char *addr, char *host, size_t len, const char **port_ret) {
+        const char *colon = strrchr(addr, ':');
+        if (!colon || (size_t)(colon - addr) >= len)
+                return -EINVAL;
+        size_t hl = (size_t)(colon - addr);
+        bool bracketed = hl >= 2 && addr[0] == '[' && addr[hl - 1] == ']';
+        memcpy(host, addr + bracketed, hl - 2 * bracketed);
+        host[hl - 2 * bracketed] = 0;
+        *port_ret = colon + 1;
+        return 0;
+}
+
 char *strdup_printf(const char *fmt, ...) {
         va_list ap;
         char *s;

@@ -38,6 +38,11 @@ int grow_array(void **arr, size_t *cap, size_t need, size_t elem, size_t first);
  * lies outside [min, max]. *ret is written only on success. */
 int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret);
 
+/* Splits "HOST:PORT" or "[V6]:PORT" at its last colon: the host, brackets removed, into host (len
+ * bytes; may be empty), and *port_ret pointing into addr after the colon. Returns 0, or -EINVAL when
+ * addr has no colon or the host does not fit. */
+int split_host_port(const char *addr, char *host, size_t len, const char **port_ret);
+
 /* Returns a malloc'd string formatted like printf, or NULL when out of memory. Caller frees. */
 char *strdup_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Writes one message into a caller's error buffer (err may be NULL) and returns r, so that

@@ -85,6 +85,11 @@ struct security_config {
         bool allow_insecure;       /* INSECURE with endpoints beyond loopback (a warning at every start) */
 };
 
+/* Per node. */
+struct metrics_config {
+        char *listen;           /* "HOST:PORT" of /metrics; empty: off */
+};
+
 struct device_config {
         char *device;           /* "auto", "cpu", "gpu:N", "gpu:0,1" */
         double gpu_memory_fraction;
@@ -107,6 +112,7 @@ struct job_config {
         struct rpc_config rpc;
         struct device_config device;
         struct security_config security;
+        struct metrics_config metrics;
 };
 
 struct task {

@@ -54,6 +54,20 @@ static int check_device(const char *s, char *why, size_t whylen)
         return device_spec_parse(s, NULL, why, whylen);
 }
 
+/* metrics.listen: empty (off), or HOST:PORT (the host is resolved when the daemon binds it). */
+static int check_metrics_listen(const char *s, char *why, size_t whylen)
+{
+        const char *colon = strrchr(s, ':');
+        uint64_t port;
+        if (!*s)
+                return 0;
+        if (!colon || colon == s || parse_u64(colon + 1, 1, 65535, &port) < 0) {
+                snprintf(why, whylen, "not HOST:PORT with a port 1..65535 (127.0.0.1:9400, [::1]:9400)");
+                return -EINVAL;
+        }
+        return 0;
+}
+
 /* supervisor.checkpoint_dir, supervisor.summary_dir: chiefd resolves a relative path under
  * STATE_DIR/JOB/, and it must stay there ("a/../b" does; "../b" climbs out into another job's
  * directory or the state directory's parent). An absolute path is the operator's explicit choice. */
@@ -201,6 +215,12 @@ const struct config_key cfg_keys[] = {
                "Accept security.mode insecure although some endpoint is beyond loopback (anyone who reaches a "
                "port then owns the job); logs a warning at every start."),
 
+        K_STR("metrics.listen", metrics.listen, "",
+              "HOST:PORT where the daemon serves Prometheus metrics at /metrics (docs/operations.md, \"Metrics\"); "
+              "empty: off. Beyond loopback only when the job runs insecure with security.allow_insecure (no TLS for "
+              "it yet). Each node decides for itself; a node that runs several daemons sets it per daemon through "
+              "the environment.", .check = check_metrics_listen, .env = "PSFLEET_METRICS_LISTEN"),
+
         { .name = "device.device", .type = KT_STRING, FIELD(device.device), .sdef = "auto",
           .check = check_device, .env = "PSFLEET_DEVICE",
           .doc = "Where workers compute: auto, cpu, gpu:N or gpu:N,M,... (GPU ordinals 0..255, at most 16 GPUs)." },
@@ -233,7 +253,7 @@ const struct config_env_setting cfg_env_settings[] = {
 };
 const size_t cfg_n_env_settings = ELEMENTSOF(cfg_env_settings);
 
-const char *const cfg_sections[] = { "cluster", "model", "data", "training", "supervisor", "ps", "rpc", "device", "security" };
+const char *const cfg_sections[] = { "cluster", "model", "data", "training", "supervisor", "ps", "rpc", "device", "security", "metrics" };
 const size_t cfg_n_keys = ELEMENTSOF(cfg_keys);
 const size_t cfg_n_sections = ELEMENTSOF(cfg_sections);
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "optim.h"
 #include "rpc.h"
 #include "shmlink.h"
@@ -35,6 +36,8 @@ struct flight {
         bool answered;            /* VIA_GRPC: the reply (or the failure) is here */
         bool count_step;          /* it counts a step, and is not answered yet */
         uint32_t seq;             /* VIA_LINK: the push's sequence number */
+        uint64_t t0;              /* mono_us when the push started */
+        struct metric *latency;   /* psfleet_worker_push_seconds of its shard */
         struct wire_in *reply;    /* answered: the fresh values, checked against the layout */
         int err;
         char msg[600];
@@ -382,6 +385,8 @@ static int push_reply(struct ps_client *pc, struct rpc_result *res, struct wire_
 
 /* A flight's push is answered (r: 0 or its failure, gs: shard 0's global_step after it). Under pc->mu. */
 static void answered(struct ps_client *pc, struct flight *f, int r, uint64_t gs) {
+        if (r == 0)
+                metric_observe_us(f->latency, mono_us() - f->t0);
         if (r == 0 && f->g.shard == 0 && gs > pc->global_step)
                 pc->global_step = gs;
         if (f->count_step) {
@@ -457,6 +462,12 @@ int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, con
                         return -ENOMEM;
                 memcpy(parts, groups[i].parts, groups[i].n_parts * sizeof(uint32_t));
                 pc->fl[i].g = (struct ps_group){.shard = groups[i].shard, .n_parts = groups[i].n_parts, .parts = parts};
+                char shard[16];
+                snprintf(shard, sizeof(shard), "%u", groups[i].shard);
+                pc->fl[i].latency = metric_histogram("psfleet_worker_push_seconds", "From a push's start to its "
+                                                     "answer taken (gRPC: on arrival; shared memory: when forward "
+                                                     "needs the values), by ps shard.", "shard", shard,
+                                                     metrics_latency_buckets, metrics_n_latency_buckets);
         }
         int r = rpc_batch_new(&pc->batch);
         if (r < 0)
@@ -541,6 +552,7 @@ void ps_client_push(struct ps_client *pc, uint32_t g, uint64_t local_step, bool 
         f->answered = false;
         f->count_step = count_step;
         pc->counting += count_step;
+        f->t0 = mono_us();
         pthread_mutex_unlock(&pc->mu);
         if (link) {
                 f->seq = shmlink_push(pc->link, g, f->g.shard, local_step, count_step);

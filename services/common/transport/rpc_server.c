@@ -343,19 +343,12 @@ int rpc_probe_bind(const char *addr) {
         if (!colon || strstr(addr, "://") || strncmp(addr, "unix:", 5) == 0 || strncmp(addr, "ipv4:", 5) == 0 ||
             strncmp(addr, "ipv6:", 5) == 0)
                 return 0;
-        char host[256];
-        size_t hl = (size_t)(colon - addr);
-        if (hl >= sizeof(host))
+        char h[256];
+        const char *port;
+        if (split_host_port(addr, h, sizeof(h), &port) < 0)
                 return 0;
-        memcpy(host, addr, hl);
-        host[hl] = 0;
-        char *h = host;
-        if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
-                host[hl - 1] = 0;
-                h++;
-        }
         struct addrinfo hints = {.ai_flags = AI_PASSIVE, .ai_socktype = SOCK_STREAM}, *res;
-        if (getaddrinfo(*h ? h : NULL, colon + 1, &hints, &res) != 0)
+        if (getaddrinfo(*h ? h : NULL, port, &hints, &res) != 0)
                 return -EADDRNOTAVAIL;
         int first = 0;
         bool bound = false;

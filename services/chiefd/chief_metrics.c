@@ -1,0 +1,85 @@
+/* What a scrape of chiefd shows (docs/operations.md, "Metrics"): the job's state and step, its
+ * checkpoints, and how long ago each worker reported. Set where the things happen; read by the
+ * metrics server's thread without chiefd's lock. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "chiefd-internal.h"
+#include "metrics.h"
+#include "util.h"
+
+/* JobState's names as the state label says them, indexed by the enum */
+static const char *const state_names[] = {
+        "UNSPECIFIED", "INITIALIZING", "RESTORING", "READY", "TRAINING", "STOPPING", "DONE", "FAILED", "STOPPED",
+};
+
+static struct metric *m_state[ELEMENTSOF(state_names)], *m_step, *m_rate, *m_ckpt_seconds, *m_ckpt_bytes, *m_ckpt_time,
+        *m_ckpt_failed, *m_live;
+static struct metric **m_report_age;   /* (n_worker) */
+static uint32_t n_report_age;
+
+void chief_metrics_init(struct chief *c) {
+        for (size_t s = 1; s < ELEMENTSOF(state_names); s++)
+                m_state[s] = metric_gauge("psfleet_chief_job_state", "1 for the job's current state, 0 for the others "
+                                          "(psfleet status says the same).", "state", state_names[s]);
+        m_step = metric_gauge("psfleet_chief_global_step", "global_step as the chief last read it from ps:0.", NULL, NULL);
+        m_rate = metric_gauge("psfleet_chief_steps_per_second", "global_step's rate over the last 10 s.", NULL, NULL);
+        m_live = metric_gauge("psfleet_chief_workers_live", "Workers that reported within "
+                              "supervisor.worker_timeout_secs.", NULL, NULL);
+        m_ckpt_seconds = metric_histogram("psfleet_chief_checkpoint_seconds", "Time to write and record one "
+                                          "checkpoint (after the pull).", NULL, NULL, metrics_latency_buckets,
+                                          metrics_n_latency_buckets);
+        m_ckpt_bytes = metric_gauge("psfleet_chief_checkpoint_bytes", "Size of the newest checkpoint file.", NULL, NULL);
+        m_ckpt_time = metric_gauge("psfleet_chief_last_checkpoint_timestamp_seconds", "When the newest checkpoint was "
+                                   "recorded (Unix time; NaN: none yet).", NULL, NULL);
+        m_ckpt_failed = metric_counter("psfleet_chief_checkpoint_failures_total", "Checkpoints that could not be "
+                                       "written.", NULL, NULL);
+        metric_set(m_ckpt_time, NAN);
+        n_report_age = c->cfg->cluster.n_worker;
+        m_report_age = calloc(n_report_age, sizeof(*m_report_age));
+        for (uint32_t w = 0; m_report_age && w < n_report_age; w++) {
+                char i[16];
+                snprintf(i, sizeof(i), "%u", w);
+                m_report_age[w] = metric_age("psfleet_chief_worker_last_report_age_seconds", "Seconds since the "
+                                             "worker's last report (NaN: none since the chief started).", "worker", i);
+        }
+}
+
+void chief_metrics_done(void) {
+        free(m_report_age);
+        m_report_age = NULL;
+        n_report_age = 0;
+}
+
+void chief_metrics_state(Psfleet__V1__JobState st) {
+        for (size_t s = 1; s < ELEMENTSOF(state_names); s++)
+                metric_set(m_state[s], (size_t)st == s);
+}
+
+void chief_metrics_tick_locked(struct chief *c) {
+        chief_metrics_state(c->js.state);   /* also the state found in the database at start */
+        metric_set(m_step, (double)c->global_step);
+        metric_set(m_rate, chief_steps_per_s_locked(c));
+        uint32_t live = 0;
+        uint64_t now = now_us();
+        for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++)
+                live += chief_worker_live_locked(c, w, now);
+        metric_set(m_live, live);
+}
+
+void chief_metrics_report(uint32_t worker) {
+        if (m_report_age && worker < n_report_age)
+                metric_touch(m_report_age[worker]);
+}
+
+void chief_metrics_checkpoint(int r, uint64_t us, const struct chief_db_checkpoint *row) {
+        if (r < 0) {
+                metric_add(m_ckpt_failed, 1);
+                return;
+        }
+        if (us)
+                metric_observe_us(m_ckpt_seconds, us);
+        metric_set(m_ckpt_bytes, (double)row->bytes);
+        metric_set(m_ckpt_time, (double)row->time_us * 1e-6);
+}
