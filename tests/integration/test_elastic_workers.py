@@ -34,6 +34,7 @@ def test():
     chief = h.daemon(wd, "chiefd", job)
     w0 = h.daemon(wd, "workerd", job, 0)
     w1 = h.daemon(wd, "workerd", job, 1)
+    h.wait_healthy(chief_addr, chief)
     h.wait_for("both workers live", lambda: sorted(h.job_status(chief_addr).workers_live) == [0, 1], 60,
              [ps, chief, w0, w1])
 

@@ -183,8 +183,9 @@ def no_workers():
     chief_addr = spec["cluster"]["chief"][0]
     ps = h.daemon(wd, "psd", job, 0)
     chief = h.daemon(wd, "chiefd", job)
-    st = h.wait_state(chief_addr, "READY", 30, [ps, chief])
-    assert st.waiting_for.peer == "workers", st
+    h.wait_state(chief_addr, "READY", 30, [ps, chief])
+    # the chief says whom it waits for from its first look at the workers, just after READY
+    h.wait_for("waiting_for workers", lambda: h.job_status(chief_addr).waiting_for.peer == "workers", 2, [chief])
     h.wait_for("FAILED", lambda: h.job_status(chief_addr).state == s.supervisor_pb2.JOB_STATE_FAILED, 30, [chief])
     st = h.job_status(chief_addr)
     assert st.reason == "every worker not reachable for 2 s: worker:0 not joined; worker:1 not joined", st.reason
