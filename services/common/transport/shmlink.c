@@ -309,8 +309,7 @@ static int check_header(const struct shm_header *h, size_t file_size, const uint
         if (memcmp(h->nonce, nonce, SHMLINK_NONCE) != 0)
                 return errf(err, errlen, -EPROTO, "its nonce is not the one the worker sent");
         if (h->fingerprint != fingerprint)
-                return errf(err, errlen, -EPROTO, "job fingerprint %016llx, ours %016llx",
-                            (unsigned long long)h->fingerprint, (unsigned long long)fingerprint);
+                return errf(err, errlen, -EPROTO, "its job fingerprint differs from this job's");
         if (h->n_params != n_params)
                 return errf(err, errlen, -EPROTO, "%llu parameters, the job has %zu", (unsigned long long)h->n_params,
                             n_params);
