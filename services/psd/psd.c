@@ -1,11 +1,11 @@
 /* psd: one parameter-server shard. Its variables (shard.c) are the job's parts placed on it, with
  * their optimizer slots; it applies gradients as they arrive (async) and replies with fresh values.
  * Shard 0 owns global_step. Starts uninitialized; the chief assigns it. This file is run() and the
- * RPC handlers; shard.c validates and applies.
+ * RPC handlers; shard.c validates and applies; links.c serves workers that push through shared memory.
  *
  * Data flow of a push, top to bottom in on_push(): receive → validate → apply → reply. A worker on
  * this host may instead push through shared memory (shmlink.h): a thread per such worker runs the
- * same steps in serve_link_push(), reading the gradients from the worker's segment and writing the
+ * same steps in serve_link_push() (links.c), reading the gradients from the worker's segment and writing the
  * fresh values back into it. */
 #include <errno.h>
 #include <poll.h>
@@ -33,53 +33,7 @@
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 
-/* How long a link's thread spins for the next push before it sleeps: not at all. Its core is the one a
- * second worker on this host computes on; spinning there for 100 µs after each push cost 1 ps + 2
- * workers a third of its examples/s on two cores, while the one wake-up per push it saves did not show
- * with one worker (docs/performance.md). */
-#define LINK_SPIN_US 0
-
-struct psd {
-        struct daemon_args args;
-        const struct job_config *cfg;
-        uint32_t shard;
-        struct job_layout *L;
-        struct shard *s;         /* the variables */
-        uint64_t incarnation;
-        atomic_uint_fast64_t pushes, rejected;
-        atomic_uint_fast64_t bytes_in, bytes_out, apply_us;   /* of the pushes applied (status, psfleet top) */
-        pthread_mutex_t err_mu;
-        char last_error[512];
-        /* the waits status shows (wall clock, µs): for the chief's first Assign, and, after SIGTERM,
-         * for its Stop; the second's since is 0 until a signal came */
-        uint64_t ready_since_us, ready_deadline_us;
-        atomic_uint_fast64_t grace_since_us, grace_deadline_us;
-        int stop_fd;             /* eventfd: a Stop call asks the main loop to end */
-        struct rpc_server *server;
-        struct shmlink_server *attach;   /* the unix socket workers on this host attach through; NULL: none */
-        pthread_mutex_t links_mu;
-        struct link *links;      /* workers pushing through shared memory */
-        struct metric *m_pushes, *m_rejected, *m_in, *m_out, *m_apply, *m_step, *m_links; /* psd_metrics() */
-};
-
-/* A worker on this host whose pushes come through its shared-memory segment; served by a thread of
- * its own. */
-struct link {
-        struct psd *p;
-        struct shmlink *l;
-        uint32_t worker;
-        char name[24];           /* "worker:<i>", for messages */
-        uint32_t n_groups;
-        uint32_t *groups;        /* (n_groups) the groups' records in the segment; owns the next three */
-        uint32_t *last;          /* (n_groups) the push of each served last */
-        uint32_t *first, *count; /* (n_groups) each group's parts: parts[first, first + count) */
-        uint32_t *parts;         /* indices into the shard's parts, a group's adjacent */
-        float *scratch;          /* (largest group) the gradients, copied out of the segment */
-        pthread_t thread;
-        bool started;
-        atomic_bool stop, ended;
-        struct link *next;
-};
+#include "psd-internal.h"
 
 /* ---- helpers ---- */
 
@@ -102,7 +56,7 @@ static void psd_metrics(struct psd *p) {
         p->m_links = metric_gauge("psfleet_ps_shm_links", "Workers pushing through shared memory.", "shard", shard);
 }
 
-static void note_reject(struct psd *p, const char *msg) {
+void note_reject(struct psd *p, const char *msg) {
         atomic_fetch_add(&p->rejected, 1);
         metric_add(p->m_rejected, 1);
         pthread_mutex_lock(&p->err_mu);
@@ -116,7 +70,7 @@ static void note_reject(struct psd *p, const char *msg) {
 
 /* The caller's fingerprint is not ours: the refusal says only that it differs (the job's fingerprint
  * is what a caller must know, so it is never handed out); both values go to psd's journal. */
-static int check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t errlen) {
+int check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t errlen) {
         uint64_t fp = c ? c->fingerprint : 0;
         if (fp != p->L->fingerprint) {
                 const char *who = c && c->task && *c->task ? c->task : "the caller";
@@ -146,8 +100,8 @@ static void lent_release(void *ud) {
 /* receive: a message of a header and tensors, its header unpacked and the caller it names (the
  * header's field "caller", in every request that carries tensors) checked. 0, or -errno with err
  * saying why. */
-static int receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageDescriptor *d, struct wire_in **in,
-                   ProtobufCMessage **hm, char *err, size_t errlen) {
+int receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageDescriptor *d, struct wire_in **in,
+            ProtobufCMessage **hm, char *err, size_t errlen) {
         int r;
         if ((r = wire_in_parse(rpc_call_take_payload(call), in, err, errlen)) < 0)
                 return r;
@@ -159,14 +113,14 @@ static int receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageD
 }
 
 /* A refused call: counted, remembered for the status, logged, and failed with err. */
-static void reject(struct psd *p, struct rpc_call *call, int r, const char *err) {
+void reject(struct psd *p, struct rpc_call *call, int r, const char *err) {
         note_reject(p, err);
         rpc_call_fail_errno(call, r, "%s", err);
 }
 
 /* shard 0 counts the step of a push that says so; every shard counts the push, its bytes (floats of
  * gradients in, floats_out of values back) and the time since t0 (mono_us at receive) */
-static uint64_t count_push(struct psd *p, bool count_step, size_t floats, size_t floats_out, uint64_t t0) {
+uint64_t count_push(struct psd *p, bool count_step, size_t floats, size_t floats_out, uint64_t t0) {
         uint64_t gs = 0;
         if (p->shard == 0)
                 gs = count_step ? atomic_fetch_add(&p->s->global_step, 1) + 1 : atomic_load(&p->s->global_step);
@@ -258,292 +212,6 @@ out:
         if (hm)
                 protobuf_c_message_free_unpacked(hm, NULL);
         wire_in_free(in);
-}
-
-/* ---- Pushes through shared memory: receive → validate → apply → reply, per link ---- */
-
-static void serve_link_push(struct link *k, const struct shmlink_push *push) {
-        struct psd *p = k->p;
-        uint32_t gi = push->index, g = k->groups[gi];
-        uint64_t t0 = mono_us();
-        char err[600];
-        if (!atomic_load(&p->s->initialized)) {
-                snprintf(err, sizeof(err), "ps:%u is not initialized yet (waiting for the chief)", p->shard);
-                shmlink_reply(k->l, g, push->seq, -EAGAIN, 0, err);
-                return;
-        }
-        /* receive and validate: copied out of the segment first, so the values checked are the values
-         * applied whatever the other process does meanwhile; nothing applied unless all are finite */
-        const uint32_t *parts = k->parts + k->first[gi];
-        if (shard_block_check(p->s, shmlink_grads(k->l), parts, k->count[gi], k->scratch, k->name, err, sizeof(err)) < 0) {
-                note_reject(p, err);
-                shmlink_reply(k->l, g, push->seq, -EINVAL, 0, err);
-                return;
-        }
-        /* apply, and reply: the fresh values go where the worker's forward reads them */
-        uint64_t t_apply = mono_us();
-        shard_block_apply(p->s, parts, k->count[gi], k->scratch, shmlink_params(k->l));
-        metric_observe_us(p->m_apply, mono_us() - t_apply);
-        size_t floats = 0;
-        for (uint32_t i = 0; i < k->count[gi]; i++)
-                floats += p->s->parts[parts[i]].a.n;
-        metric_add(p->m_in, floats * sizeof(float));
-        metric_add(p->m_out, floats * sizeof(float));
-        shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step, floats, floats, t0), NULL);
-}
-
-static void *link_main(void *arg) {
-        struct link *k = arg;
-        const char *why = "stopping";
-        for (;;) {
-                struct shmlink_push push;
-                int r = shmlink_next(k->l, k->groups, k->n_groups, k->last, LINK_SPIN_US, 1000, &k->stop, &push);
-                if (r > 0) {
-                        serve_link_push(k, &push);
-                } else if (r < 0) {
-                        if (!atomic_load(&k->stop))
-                                why = "the worker ended it";
-                        break;
-                } else if (!shmlink_worker_alive(k->l)) {
-                        why = "the worker's process is gone";
-                        break;
-                }
-        }
-        log_info("worker:%u's shared-memory link ended: %s", k->worker, why);
-        atomic_store(&k->ended, true);
-        return NULL;
-}
-
-static struct link *link_free(struct link *k) {
-        if (!k)
-                return NULL;
-        if (k->started) {
-                atomic_store(&k->stop, true);
-                shmlink_kick(k->l);
-                pthread_join(k->thread, NULL);
-        }
-        shmlink_free(k->l);
-        free(k->groups);
-        free(k->parts);
-        free(k->scratch);
-        free(k);
-        return NULL;
-}
-
-/* Unlinks the links whose thread ended (and, with worker != UINT32_MAX, that worker's link) into a
- * list the caller frees outside links_mu. */
-static struct link *links_take(struct psd *p, uint32_t worker) {
-        struct link *gone = NULL;
-        pthread_mutex_lock(&p->links_mu);
-        for (struct link **pk = &p->links; *pk;) {
-                struct link *k = *pk;
-                if (atomic_load(&k->ended) || k->worker == worker) {
-                        *pk = k->next;
-                        k->next = gone;
-                        gone = k;
-                } else {
-                        pk = &k->next;
-                }
-        }
-        pthread_mutex_unlock(&p->links_mu);
-        return gone;
-}
-
-static void links_free(struct link *k) {
-        while (k) {
-                struct link *next = k->next;
-                link_free(k);
-                k = next;
-        }
-}
-
-static uint32_t links_count(struct psd *p) {
-        uint32_t n = 0;
-        pthread_mutex_lock(&p->links_mu);
-        for (struct link *k = p->links; k; k = k->next)
-                n += !atomic_load(&k->ended);
-        pthread_mutex_unlock(&p->links_mu);
-        return n;
-}
-
-/* The groups of an attach request, checked against this shard: each part once, every part ours. */
-static int link_groups(struct psd *p, struct link *k, const Psfleet__V1__AttachSharedMemoryRequest *q, char *err,
-                       size_t errlen) {
-        uint32_t n_plan = p->L->plan->n_parts, n = (uint32_t)q->n_groups, at = 0;
-        bool *seen = calloc(n_plan + 1, sizeof(bool));
-        bool *gseen = calloc(shmlink_n_groups(k->l) + 1, sizeof(bool));
-        k->n_groups = n;
-        k->groups = calloc(4 * ((size_t)n + 1), sizeof(uint32_t));
-        k->parts = calloc(p->s->n_parts + 1, sizeof(uint32_t));   /* each part once: no more */
-        int r = -ENOMEM;
-        size_t largest = 1;
-        if (!seen || !gseen || !k->groups || !k->parts) {
-                errf(err, errlen, r, "out of memory");
-                goto out;
-        }
-        k->last = k->groups + n + 1;
-        k->first = k->last + n + 1;
-        k->count = k->first + n + 1;
-        r = -EINVAL;
-        for (size_t i = 0; i < q->n_groups; i++) {
-                const Psfleet__V1__PushGroup *pg = q->groups[i];
-                if (pg->index >= shmlink_n_groups(k->l) || gseen[pg->index]) {
-                        errf(err, errlen, r, "group %u: no such group in the segment, or given twice", pg->index);
-                        goto out;
-                }
-                gseen[pg->index] = true;
-                k->groups[i] = pg->index;
-                k->first[i] = at;
-                size_t floats = 0;
-                for (size_t j = 0; j < pg->n_parts; j++) {
-                        uint32_t pp = pg->parts[j];
-                        int part = shard_plan_part(p->s, pp);
-                        if (part < 0 || seen[pp]) {
-                                errf(err, errlen, r, "group %u: part %u is not a part of ps:%u, or is given twice",
-                                     pg->index, pp, p->shard);
-                                goto out;
-                        }
-                        seen[pp] = true;
-                        k->parts[at++] = (uint32_t)part;
-                        floats += p->s->parts[part].a.n;
-                }
-                k->count[i] = at - k->first[i];
-                largest = floats > largest ? floats : largest;
-        }
-        if (!(k->scratch = malloc(largest * sizeof(float)))) {
-                r = errf(err, errlen, -ENOMEM, "out of memory");
-                goto out;
-        }
-        r = 0;
-out:
-        free(seen);
-        free(gseen);
-        return r;
-}
-
-/* Whether the call's authenticated peer is worker `worker`: a worker attaches only its own segment. */
-static bool attach_caller_ok(struct rpc_call *call, uint32_t worker) {
-        return authz_peer_is(rpc_call_identity(call), PEER_WORKER, worker);
-}
-
-/* A refusal the socket's listener made (another user, no descriptor, ...): counted and logged. */
-static void on_attach_refused(void *ud, const char *why) {
-        note_reject(ud, why);
-}
-
-/* Step 2 of an attach (shmlink.h): the descriptor the worker sent on our socket with this nonce, from
- * the process the call names, becomes a link to the worker the caller is. Every refusal is counted:
- * a worker that found our socket is on this host, and its attach should not fail. */
-static void on_attach(struct rpc_call *call, void *ud) {
-        struct psd *p = ud;
-        char err[800], why[600];
-        ProtobufCMessage *m = NULL;
-        struct link *k = NULL;
-        int r, fd = -1;
-        if ((r = wire_unpack(rpc_call_payload(call), &psfleet__v1__attach_shared_memory_request__descriptor, &m)) < 0) {
-                snprintf(err, sizeof(err), "AttachSharedMemoryRequest does not parse");
-                goto reject;
-        }
-        const Psfleet__V1__AttachSharedMemoryRequest *q = (const Psfleet__V1__AttachSharedMemoryRequest *)m;
-        if ((r = check_caller(p, q->caller, err, sizeof(err))) < 0)
-                goto reject;
-        if (q->nonce.len != SHMLINK_NONCE) {
-                r = -EINVAL;
-                snprintf(err, sizeof(err), "nonce of %zu bytes, expected %d", q->nonce.len, SHMLINK_NONCE);
-                goto reject;
-        }
-        if (!attach_caller_ok(call, q->worker)) {
-                r = -EACCES;
-                snprintf(err, sizeof(err), "AttachSharedMemory for worker:%u from %s, which is not worker/%u",
-                         q->worker, rpc_call_identity(call)->name, q->worker);
-                goto reject;
-        }
-        if (!p->attach) {
-                /* the worker cannot have reached us: not its fault */
-                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "ps:%u offers no shared memory (it has no socket "
-                              "in rpc.runtime_dir)", p->shard);
-                goto out;
-        }
-        pid_t pid;
-        uid_t uid;
-        if ((r = shmlink_server_take(p->attach, q->nonce.data, &fd, &pid, &uid, why, sizeof(why))) < 0) {
-                r = -EPERM;
-                snprintf(err, sizeof(err), "ps:%u cannot serve worker:%u through shared memory: %s", p->shard, q->worker,
-                         why);
-                goto reject;
-        }
-        if (pid != q->pid) {
-                r = -EACCES;
-                snprintf(err, sizeof(err), "ps:%u cannot serve worker:%u through shared memory: the call names process %d, "
-                         "the descriptor came from process %d", p->shard, q->worker, q->pid, (int)pid);
-                goto reject;
-        }
-        if (!(k = calloc(1, sizeof(*k)))) {
-                r = -ENOMEM;
-                snprintf(err, sizeof(err), "out of memory");
-                goto reject;
-        }
-        k->p = p;
-        k->worker = q->worker;
-        snprintf(k->name, sizeof(k->name), "worker:%u", q->worker);
-        if ((r = shmlink_open(fd, pid, q->nonce.data, p->L->fingerprint, p->L->n_params, p->shard, q->generation,
-                              &k->l, why, sizeof(why))) == 0 &&
-            shmlink_worker(k->l) != q->worker)
-                r = errf(why, sizeof(why), -EACCES, "the segment is worker:%u's", shmlink_worker(k->l));
-        if (r < 0) {
-                r = r == -EACCES ? r : -EPERM;
-                snprintf(err, sizeof(err), "ps:%u cannot serve worker:%u through shared memory: %s", p->shard, q->worker,
-                         why);
-                goto reject;
-        }
-        if ((r = link_groups(p, k, q, why, sizeof(why))) < 0) {
-                snprintf(err, sizeof(err), "AttachSharedMemory from worker:%u: %s", q->worker, why);
-                goto reject;
-        }
-        /* a worker restarted on this host replaces its old link */
-        links_free(links_take(p, k->worker));
-        shmlink_mark(k->l, k->groups, k->n_groups, k->last);
-        if ((r = -pthread_create(&k->thread, NULL, link_main, k)) < 0) {
-                snprintf(err, sizeof(err), "cannot start a thread: %s", strerror(-r));
-                goto reject;
-        }
-        k->started = true;
-        pthread_mutex_lock(&p->links_mu);
-        k->next = p->links;
-        p->links = k;
-        pthread_mutex_unlock(&p->links_mu);
-        log_info("worker:%u (pid %d, uid %u) pushes through shared memory: %u group(s)", k->worker, (int)pid,
-                 (unsigned)uid, k->n_groups);
-        k = NULL;
-        Psfleet__V1__AttachSharedMemoryReply rep = PSFLEET__V1__ATTACH_SHARED_MEMORY_REPLY__INIT;
-        rep.incarnation = p->incarnation;
-        rep.pid = (int32_t)getpid();
-        rpc_call_reply_msg(call, &rep.base);
-        goto out;
-reject:
-        reject(p, call, r, err);
-out:
-        if (fd >= 0)
-                close(fd);   /* mapped, or refused */
-        link_free(k);
-        if (m)
-                protobuf_c_message_free_unpacked(m, NULL);
-}
-
-/* The attach socket, RUNTIME_DIR/JOB-ps-N.sock. Without one psd still runs, and workers push through
- * gRPC; only a live psd of the same name there is fatal (as an address in use). */
-static int attach_socket_open(struct psd *p) {
-        char path[256], err[600];
-        int r = shmlink_socket_path(p->cfg->rpc.runtime_dir, p->cfg->name, p->shard, path, sizeof(path), err, sizeof(err));
-        if (r == 0)
-                r = shmlink_server_new(path, on_attach_refused, p, &p->attach, err, sizeof(err));
-        if (r == -EADDRINUSE)
-                return log_error_errno(r, "%s", err);
-        if (r < 0)
-                log_warning("no shared memory for workers on this host: %s; they push through gRPC", err);
-        else
-                log_info("workers on this host attach shared memory through %s", path);
-        return 0;
 }
 
 /* ---- Assign: the chief initializes or restores the shard ---- */

@@ -1,0 +1,80 @@
+/* What psd.c (run() and the RPC handlers) and links.c (workers pushing through shared memory) share:
+ * the daemon's state and the steps every push takes (receive, check the caller, count, reject). */
+#pragma once
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon.h"
+#include "job.h"
+#include "metrics.h"
+#include "rpc.h"
+#include "shard.h"
+#include "shmlink.h"
+#include "wire.h"
+#include "psfleet/v1/ps.pb-c.h"
+
+/* How long a link's thread spins for the next push before it sleeps: not at all. Its core is the one a
+ * second worker on this host computes on; spinning there for 100 µs after each push cost 1 ps + 2
+ * workers a third of its examples/s on two cores, while the one wake-up per push it saves did not show
+ * with one worker (docs/performance.md). */
+#define LINK_SPIN_US 0
+
+struct psd {
+        struct daemon_args args;
+        const struct job_config *cfg;
+        uint32_t shard;
+        struct job_layout *L;
+        struct shard *s;         /* the variables */
+        uint64_t incarnation;
+        atomic_uint_fast64_t pushes, rejected;
+        atomic_uint_fast64_t bytes_in, bytes_out, apply_us;   /* of the pushes applied (status, psfleet top) */
+        pthread_mutex_t err_mu;
+        char last_error[512];
+        /* the waits status shows (wall clock, µs): for the chief's first Assign, and, after SIGTERM,
+         * for its Stop; the second's since is 0 until a signal came */
+        uint64_t ready_since_us, ready_deadline_us;
+        atomic_uint_fast64_t grace_since_us, grace_deadline_us;
+        int stop_fd;             /* eventfd: a Stop call asks the main loop to end */
+        struct rpc_server *server;
+        struct shmlink_server *attach;   /* the unix socket workers on this host attach through; NULL: none */
+        pthread_mutex_t links_mu;
+        struct link *links;      /* workers pushing through shared memory */
+        struct metric *m_pushes, *m_rejected, *m_in, *m_out, *m_apply, *m_step, *m_links; /* psd_metrics() */
+};
+
+/* A worker on this host whose pushes come through its shared-memory segment; served by a thread of
+ * its own. */
+struct link {
+        struct psd *p;
+        struct shmlink *l;
+        uint32_t worker;
+        char name[24];           /* "worker:<i>", for messages */
+        uint32_t n_groups;
+        uint32_t *groups;        /* (n_groups) the groups' records in the segment; owns the next three */
+        uint32_t *last;          /* (n_groups) the push of each served last */
+        uint32_t *first, *count; /* (n_groups) each group's parts: parts[first, first + count) */
+        uint32_t *parts;         /* indices into the shard's parts, a group's adjacent */
+        float *scratch;          /* (largest group) the gradients, copied out of the segment */
+        pthread_t thread;
+        bool started;
+        atomic_bool stop, ended;
+        struct link *next;
+};
+
+/* psd.c */
+void note_reject(struct psd *p, const char *msg);
+int check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t errlen);
+int receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageDescriptor *d, struct wire_in **in,
+            ProtobufCMessage **header, char *err, size_t errlen);
+void reject(struct psd *p, struct rpc_call *call, int r, const char *err);
+uint64_t count_push(struct psd *p, bool count_step, size_t floats, size_t floats_out, uint64_t t0);
+
+/* links.c */
+struct link *links_take(struct psd *p, uint32_t worker);
+void links_free(struct link *k);
+uint32_t links_count(struct psd *p);
+void on_attach(struct rpc_call *call, void *ud);
+int attach_socket_open(struct psd *p);
