@@ -19,6 +19,7 @@ DEMO_PKGS=(
   libopenblas-dev             # CPU sgemm
   zlib1g-dev                  # gzip'd IDX data
   libmicrohttpd-dev           # the daemons' /metrics endpoint
+  libgnutls28-dev             # /metrics over HTTPS: checking the scraper's certificate
   dataset-fashion-mnist       # the demo's data
 )
 

@@ -58,14 +58,13 @@ static int daemon_security(const struct daemon_args *a, const char *ident, enum 
                          "use mtls, or set security.allow_insecure: true", a->listen);
                 return -EINVAL;
         }
-        /* /metrics has no TLS yet: beyond loopback only where gRPC runs plain by the operator's choice */
+        /* /metrics speaks HTTPS under mutual TLS (transport/metrics_http.c); plain HTTP beyond loopback only
+         * where gRPC runs plain by the operator's choice */
         const char *ml = a->cfg->metrics.listen;
-        if (*ml && !tls_addr_is_loopback(ml) && (tls || !a->cfg->security.allow_insecure)) {
-                snprintf(err, errlen, "metrics.listen %s is beyond loopback, but the metrics endpoint %s; bind it to "
-                         "loopback (127.0.0.1:PORT) and scrape it from this host, or run the job with "
-                         "security.mode insecure and security.allow_insecure: true", ml,
-                         tls ? "speaks no TLS yet and the job runs mutual TLS" : "would be plain HTTP");
-                rpc_tls_free(tls);
+        if (*ml && !tls && !tls_addr_is_loopback(ml) && !a->cfg->security.allow_insecure) {
+                snprintf(err, errlen, "metrics.listen %s is beyond loopback but the job runs without TLS "
+                         "(security.mode), so it would be plain HTTP; bind it to loopback (127.0.0.1:PORT), use "
+                         "mtls, or set security.allow_insecure: true", ml);
                 return -EINVAL;
         }
         r = rpc_secure(tls);
@@ -304,7 +303,7 @@ int daemon_listen(const struct daemon_args *a, const struct rpc_method *methods,
                 return log_error_errno(r, "cannot listen on %s", a->listen);
         char err[512];
         if (*a->cfg->metrics.listen && !metrics_server &&
-            (r = metrics_http_start(a->cfg->metrics.listen, &metrics_server, err, sizeof(err))) < 0) {
+            (r = metrics_http_start(a->cfg->metrics.listen, rpc_security(), &metrics_server, err, sizeof(err))) < 0) {
                 rpc_server_free(s);
                 log_error("cannot serve metrics: %s", err);
                 return r;

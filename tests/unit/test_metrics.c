@@ -171,7 +171,7 @@ static void test_http(void **state) {
         int port = free_port();
         snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
         struct metrics_http *h = NULL;
-        assert_int_equal(metrics_http_start(addr, &h, err, sizeof(err)), 0);
+        assert_int_equal(metrics_http_start(addr, NULL, &h, err, sizeof(err)), 0);
         char *r = get(port, "GET /metrics HTTP/1.0\r\n\r\n");
         assert_non_null(strstr(r, "HTTP/1.0 200") ? r : strstr(r, "HTTP/1.1 200"));
         assert_non_null(strstr(r, "text/plain; version=0.0.4"));
@@ -183,7 +183,7 @@ static void test_http(void **state) {
 
         /* the same port again: taken, said so */
         struct metrics_http *h2 = NULL;
-        assert_int_equal(metrics_http_start(addr, &h2, err, sizeof(err)), -EADDRINUSE);
+        assert_int_equal(metrics_http_start(addr, NULL, &h2, err, sizeof(err)), -EADDRINUSE);
         assert_non_null(strstr(err, addr));
         assert_null(h2);
         assert_null(metrics_http_free(h));

@@ -34,6 +34,7 @@ static const struct authz_rule rules[] = {
         {WRK "GetWorkerStatus", AUTHZ_ANY, NULL},
         {WRK "Stop", AUTHZ_CHIEF, NULL},
         {"/grpc.health.v1.Health/Check", AUTHZ_ANY, NULL},
+        {"GET /metrics", AUTHZ_ANY, "HTTPS on metrics.listen, the client certificate checked as for gRPC"},
 };
 
 static const char *const role_names[] = {
@@ -49,7 +50,7 @@ void authz_print_table(FILE *f) {
                 char who[96];
                 const char *svc = strstr(rules[i].method, ".v1.");
                 describe_allow(rules[i].allow, who, sizeof(who));
-                fprintf(f, "| `%s` | %s | %s |\n", svc ? svc + 4 : rules[i].method + 1, who,
+                fprintf(f, "| `%s` | %s | %s |\n", svc ? svc + 4 : rules[i].method + (rules[i].method[0] == '/'), who,
                         rules[i].note ? rules[i].note : "");
         }
 }
