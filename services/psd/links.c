@@ -44,7 +44,8 @@ static void serve_link_push(struct link *k, const struct shmlink_push *push) {
                 floats += p->s->parts[parts[i]].a.n;
         metric_add(p->m_in, floats * sizeof(float));
         metric_add(p->m_out, floats * sizeof(float));
-        shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step, floats, floats, t0), NULL);
+        size_t bytes = floats * sizeof(float);
+        shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step, bytes, bytes, t0), NULL);
 }
 
 static void *link_main(void *arg) {

@@ -70,7 +70,7 @@ int check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t 
 int receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageDescriptor *d, struct wire_in **in,
             ProtobufCMessage **header, char *err, size_t errlen);
 void reject(struct psd *p, struct rpc_call *call, int r, const char *err);
-uint64_t count_push(struct psd *p, bool count_step, size_t floats, size_t floats_out, uint64_t t0);
+uint64_t count_push(struct psd *p, bool count_step, size_t bytes, size_t bytes_out, uint64_t t0);
 
 /* links.c */
 struct link *links_take(struct psd *p, uint32_t worker);

@@ -118,15 +118,15 @@ void reject(struct psd *p, struct rpc_call *call, int r, const char *err) {
         rpc_call_fail_errno(call, r, "%s", err);
 }
 
-/* shard 0 counts the step of a push that says so; every shard counts the push, its bytes (floats of
- * gradients in, floats_out of values back) and the time since t0 (mono_us at receive) */
-uint64_t count_push(struct psd *p, bool count_step, size_t floats, size_t floats_out, uint64_t t0) {
+/* shard 0 counts the step of a push that says so; every shard counts the push, its bytes (of gradients
+ * in, of values back, as they travelled: float32 or bfloat16) and the time since t0 (mono_us at receive) */
+uint64_t count_push(struct psd *p, bool count_step, size_t bytes, size_t bytes_out, uint64_t t0) {
         uint64_t gs = 0;
         if (p->shard == 0)
                 gs = count_step ? atomic_fetch_add(&p->s->global_step, 1) + 1 : atomic_load(&p->s->global_step);
         atomic_fetch_add(&p->pushes, 1);
-        atomic_fetch_add(&p->bytes_in, floats * sizeof(float));
-        atomic_fetch_add(&p->bytes_out, floats_out * sizeof(float));
+        atomic_fetch_add(&p->bytes_in, bytes);
+        atomic_fetch_add(&p->bytes_out, bytes_out);
         atomic_fetch_add(&p->apply_us, mono_us() - t0);
         metric_add(p->m_pushes, 1);
         metric_set(p->m_step, (double)gs);
@@ -174,7 +174,8 @@ static void on_push(struct rpc_call *call, void *ud) {
         uint64_t t_apply = mono_us();
         shard_wire_apply(p->s, in, parts, scale, h->want_values ? vals->data : NULL);
         metric_observe_us(p->m_apply, mono_us() - t_apply);
-        uint64_t gs = count_push(p, h->count_step, total, h->want_values ? total : 0, t0);
+        size_t es = in->n_tensors ? wire_dtype_size(in->tensors[0].dtype) : sizeof(float);   /* one dtype */
+        uint64_t gs = count_push(p, h->count_step, total * es, h->want_values ? total * es : 0, t0);
 
         /* reply: the fresh values, lent without another copy */
         Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
@@ -187,8 +188,9 @@ static void on_push(struct rpc_call *call, void *ud) {
         for (size_t i = 0, at = 0; h->want_values && i < in->n_tensors; at += parts[i]->a.n, i++) {
                 uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
                 atomic_fetch_add(&vals->refs, 1);
-                wire_out_tensor(o, parts[i]->name, WIRE_DTYPE_FLOAT32, shape, 2, parts[i]->row_begin, vals->data + at,
-                                parts[i]->a.n * sizeof(float), lent_release, vals);
+                /* in the format the gradients came in (rpc.wire_dtype of that worker) */
+                wire_out_tensor_f32(o, parts[i]->name, in->tensors[i].dtype, shape, 2, parts[i]->row_begin,
+                                    vals->data + at, parts[i]->a.n, lent_release, vals);
         }
         grpc_byte_buffer *bb;
         r = wire_out_finish(o, &bb);

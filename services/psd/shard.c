@@ -109,9 +109,11 @@ int shard_match(struct shard *s, const struct wire_tensor *t, bool allow_slot, s
         if (!q)
                 return errf(err, errlen, -EINVAL, "tensor \"%s\" rows from %llu: no such variable on ps:%u",
                             t->name ? t->name : "", (unsigned long long)t->row_offset, s->index);
-        if (t->dtype != WIRE_DTYPE_FLOAT32)
-                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 (%u)", t->name, t->dtype,
-                            WIRE_DTYPE_FLOAT32);
+        /* a push's gradients may come as bfloat16 (rpc.wire_dtype), read widened; an Assign's values are
+         * the model itself: float32 only */
+        if (t->dtype != WIRE_DTYPE_FLOAT32 && (allow_slot || t->dtype != WIRE_DTYPE_BFLOAT16))
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 (%u)%s", t->name,
+                            t->dtype, WIRE_DTYPE_FLOAT32, allow_slot ? "" : " or bfloat16 (3)");
         if (t->ndims != 2 || t->shape[0] != q->rows || t->shape[1] != q->cols) {
                 char shape[128] = "";
                 for (unsigned i = 0, at = 0; i < t->ndims && at < sizeof(shape) - 24; i++)
@@ -128,7 +130,7 @@ int shard_match(struct shard *s, const struct wire_tensor *t, bool allow_slot, s
 /* ---- gRPC pushes: gradients stream out of the message's slices, never copied whole ---- */
 
 static void read_wire(void *ud, float *buf, size_t k) {
-        wire_reader_read(ud, buf, k * sizeof(float));
+        wire_reader_read_f32(ud, buf, k);
 }
 
 /* The norm's verdict for a push that has passed every other check; counts a clipped one. */

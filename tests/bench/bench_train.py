@@ -4,13 +4,14 @@ workers, with the same batch and thread count, measured side by side in one run,
 used. The distributed modes run as a job on one host runs: tensors between workerd and psd through
 shared memory (rpc.shared_memory, the default); the "-grpc" modes run the same jobs with it off, every
 tensor through loopback gRPC, as between hosts, and the "-grpc-tls" modes the same with mutual TLS
-(certificates from psfleet certs in a temporary directory): what TLS costs. Also the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
+(certificates from psfleet certs in a temporary directory): what TLS costs; the "-grpc-bf16" modes push
+gradients and get values back in bfloat16 (rpc.wire_dtype). Also the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
 Debian's python3-torch is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same
 model and batch.
 
 Prints one JSON line per measurement. Usage:
   tests/bench/bench_train.py [--build build] [--job examples/fmnist-mlp.json] [--steps 3000] [--rounds 2]
-                             [--no-anchor]
+                             [--no-anchor] [--modes 1ps+1worker-grpc,1ps+1worker-grpc-bf16,...]
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile
 
@@ -62,6 +63,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--anchor", default=os.path.join(ROOT, "..", "shared", "anchors", "torch_fmnist.py"))
     ap.add_argument("--no-anchor", action="store_true", help="skip the PyTorch anchor (the smoke test)")
+    ap.add_argument("--modes", default="", help="only these modes (comma-separated names; standalone always)")
     a = ap.parse_args()
     psfleet = os.path.join(a.build, "services", "cli", "psfleet")
     job = json.load(open(a.job))
@@ -80,6 +82,12 @@ def main():
     gj.setdefault("job", os.path.splitext(os.path.basename(a.job))[0])
     json.dump(gj, grpc_job)
     grpc_job.close()
+    # and over gRPC in bfloat16 (rpc.wire_dtype): half the bytes of pushes and their answers
+    bf16_job = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-bf16-", delete=False)
+    bj = json.loads(json.dumps(gj))
+    bj["rpc"]["wire_dtype"] = "bfloat16"
+    json.dump(bj, bf16_job)
+    bf16_job.close()
     # and over gRPC with mutual TLS, certificates from psfleet certs (the cost of TLS, side by side)
     tls_dir = tempfile.mkdtemp(prefix="bench-tls-")
     tls_job = os.path.join(tls_dir, "job.json")
@@ -92,8 +100,13 @@ def main():
              ("1ps+2workers", a.job, ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc", grpc_job.name, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers-grpc", grpc_job.name, ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-grpc-bf16", bf16_job.name, ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers-grpc-bf16", bf16_job.name, ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc-tls", tls_job, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers-grpc-tls", tls_job, ["--ps", "1", "--workers", "2"])]
+    if a.modes:
+        wanted = set(a.modes.split(",")) | {"standalone"}
+        modes = [m for m in modes if m[0] in wanted]
     best = {}
     for _ in range(a.rounds):  # interleaved rounds, best of each: the machine is shared and noisy
         for name, jobfile, extra in modes:
@@ -102,11 +115,13 @@ def main():
                 best[name] = r
     sa = best["standalone"]["examples_per_s"]
     os.unlink(grpc_job.name)
+    os.unlink(bf16_job.name)
     shutil.rmtree(tls_dir, ignore_errors=True)
     for name, _, _ in modes:
         r = best[name]
         line = {"mode": name, "transport": "none" if name == "standalone" else
-                ("grpc" if name.endswith("-grpc") else "grpc+mtls" if name.endswith("-tls") else "shared memory"), "batch": batch, "threads": threads, "steps": a.steps,
+                ("grpc" if name.endswith("-grpc") else "grpc+mtls" if name.endswith("-tls") else
+                 "grpc, bfloat16" if name.endswith("-bf16") else "shared memory"), "batch": batch, "threads": threads, "steps": a.steps,
                 "examples_per_s": round(r["examples_per_s"], 1), "ratio_to_standalone": round(r["examples_per_s"] / sa, 3),
                 "test_accuracy": r.get("test_accuracy"),
                 # CPU of every process of the run (start-up and the final evaluation included) per step,

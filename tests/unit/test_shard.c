@@ -40,8 +40,10 @@ static struct job_config *job(const char *training) {
         return cfg;
 }
 
-/* The parts of shard s of a block, as the ps client's add_part lends them (suffix: a slot's name). */
-static struct wire_in *shard_message(const struct job_layout *L, uint32_t s, const float *block, const char *suffix) {
+/* The parts of shard s of a block, as the ps client's add_part sends them (suffix: a slot's name), in
+ * dtype (float32 or bfloat16). */
+static struct wire_in *shard_message_as(const struct job_layout *L, uint32_t s, const float *block, const char *suffix,
+                                        uint32_t dtype) {
         struct wire_out *o;
         assert_int_equal(wire_out_new(&o), 0);
         Psfleet__V1__PushHeader h = PSFLEET__V1__PUSH_HEADER__INIT;
@@ -53,8 +55,8 @@ static struct wire_in *shard_message(const struct job_layout *L, uint32_t s, con
                 snprintf(name, sizeof(name), "%s%s%s", v->name, suffix ? "/" : "", suffix ? suffix : "");
                 uint64_t shape[2] = {pp->row_end - pp->row_begin, v->cols};
                 const float *data = block + v->offset + (size_t)pp->row_begin * v->cols;
-                assert_int_equal(wire_out_tensor(o, name, WIRE_DTYPE_FLOAT32, shape, 2, pp->row_begin, data,
-                                                 (size_t)shape[0] * shape[1] * sizeof(float), NULL, NULL),
+                assert_int_equal(wire_out_tensor_f32(o, name, dtype, shape, 2, pp->row_begin, data,
+                                                     (size_t)shape[0] * shape[1], NULL, NULL),
                                  0);
         }
         grpc_byte_buffer *bb;
@@ -64,6 +66,10 @@ static struct wire_in *shard_message(const struct job_layout *L, uint32_t s, con
         char err[256];
         assert_int_equal(wire_in_parse(bb, &in, err, sizeof(err)), 0);
         return in;
+}
+
+static struct wire_in *shard_message(const struct job_layout *L, uint32_t s, const float *block, const char *suffix) {
+        return shard_message_as(L, s, block, suffix, WIRE_DTYPE_FLOAT32);
 }
 
 /* on_push's order: everything checked, then applied; -EINVAL and nothing applied otherwise. */
@@ -173,6 +179,50 @@ static void three_paths(const char *training) {
         free(grads);
         free(segment);
         free(values);
+        job_layout_free(L);
+        config_free(cfg);
+}
+
+/* rpc.wire_dtype bfloat16: a push of bfloat16 gradients applies exactly what a float32 push of the same
+ * values widened applies; an Assign in bfloat16 is refused (the model itself is float32 only). */
+static void test_bf16_push(void **state) {
+        (void)state;
+        struct job_config *cfg = job("\"optimizer\": \"momentum\", \"momentum\": 0.9");
+        struct job_layout *L;
+        assert_int_equal(job_layout_new(cfg, &L), 0);
+        size_t np = L->n_params;
+        float *params = malloc(np * sizeof(float)), *grads = malloc(np * sizeof(float));
+        float *widened = malloc(np * sizeof(float)), *va = malloc(np * sizeof(float)), *vb = malloc(np * sizeof(float));
+        struct rng g;
+        rng_init(&g, 11, 0);
+        random_block(&g, params, np, 0.1f);
+        char err[512];
+        for (uint32_t s = 0; s < N_PS; s++) {
+                struct shard *a = assigned_shard(cfg, L, s, params), *b = assigned_shard(cfg, L, s, params);
+                struct wire_in *in = shard_message_as(L, s, params, NULL, WIRE_DTYPE_BFLOAT16);
+                assert_int_equal(shard_assign(a, in, false, 0, err, sizeof(err)), -EINVAL);
+                assert_non_null(strstr(err, "expected float32"));
+                wire_in_free(in);
+                for (int step = 0; step < 3; step++) {
+                        random_block(&g, grads, np, 1.0f);
+                        for (size_t i = 0; i < np; i++) {
+                                uint16_t h;
+                                wire_bf16_from_f32(&h, &grads[i], 1);
+                                wire_bf16_to_f32(&widened[i], &h, 1);
+                        }
+                        in = shard_message_as(L, s, grads, NULL, WIRE_DTYPE_BFLOAT16);
+                        assert_int_equal(push_wire(a, in, va, err, sizeof(err)), 0);
+                        wire_in_free(in);
+                        in = shard_message(L, s, widened, NULL);
+                        assert_int_equal(push_wire(b, in, vb, err, sizeof(err)), 0);
+                        wire_in_free(in);
+                        assert_memory_equal(a->block, b->block, a->n_floats * (1 + a->n_slots) * sizeof(float));
+                        assert_memory_equal(va, vb, a->n_floats * sizeof(float));
+                }
+                shard_free(a);
+                shard_free(b);
+        }
+        free(params), free(grads), free(widened), free(va), free(vb);
         job_layout_free(L);
         config_free(cfg);
 }
@@ -439,6 +489,7 @@ static void test_assign_incomplete(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_sgd_decay),
+                cmocka_unit_test(test_bf16_push),
                 cmocka_unit_test(test_momentum_nesterov),
                 cmocka_unit_test(test_adam),
                 cmocka_unit_test(test_adagrad),

@@ -1,5 +1,6 @@
 /* Tensor encoding: our zero-copy writer and slice-walking reader against protobuf-c's own packer. */
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -263,6 +264,126 @@ static void test_dtype_size(void **state) {
         assert_int_equal(wire_dtype_size(77), 0);
 }
 
+/* A float and its bits (type punning through a union is defined in C). */
+union fbits {
+        float f;
+        uint32_t u;
+};
+#define f_of(bits) ((union fbits){.u = (bits)}.f)
+#define u_of(x) ((union fbits){.f = (x)}.u)
+
+/* float32 -> bfloat16: nearest, ties to even; NaN stays NaN; exact values and the widening are exact. */
+static void test_bf16_rounding(void **state) {
+        (void)state;
+        const struct {
+                uint32_t in;
+                uint16_t out;
+        } cases[] = {
+                {0x3f800000u, 0x3f80},   /* 1.0: exact */
+                {0x3f808000u, 0x3f80},   /* 1 + 2^-8: a tie, to the even 0x3f80 */
+                {0x3f818000u, 0x3f82},   /* a tie, to the even 0x3f82 */
+                {0x3f808001u, 0x3f81},   /* just over the tie: up */
+                {0x3f807fffu, 0x3f80},   /* just under: down */
+                {0xbf808001u, 0xbf81},   /* negative: away from zero on magnitude */
+                {0x7f800000u, 0x7f80},   /* +Inf */
+                {0xff800000u, 0xff80},   /* -Inf */
+                {0x7f7fffffu, 0x7f80},   /* FLT_MAX rounds past bfloat16's largest: Inf */
+                {0x00000001u, 0x0000},   /* the smallest denormal: to zero */
+                {0x80000000u, 0x8000},   /* -0 */
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                float in = f_of(cases[i].in), back;
+                uint16_t h;
+                wire_bf16_from_f32(&h, &in, 1);
+                assert_int_equal(h, cases[i].out);
+                wire_bf16_to_f32(&back, &h, 1);
+                assert_int_equal(u_of(back), (uint32_t)cases[i].out << 16);
+        }
+        /* NaN (quiet and signalling, whose payload is only in the low half) stays NaN */
+        const uint32_t nans[] = {0x7fc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu};
+        for (size_t i = 0; i < sizeof(nans) / sizeof(nans[0]); i++) {
+                float in = f_of(nans[i]), back;
+                uint16_t h;
+                wire_bf16_from_f32(&h, &in, 1);
+                wire_bf16_to_f32(&back, &h, 1);
+                assert_true(back != back);
+        }
+        /* relative error within 2^-8 over a range of magnitudes */
+        for (int e = -30; e <= 30; e++)
+                for (int k = 0; k < 100; k++) {
+                        float x = ldexpf(1.0f + (float)k / 97.0f, e), y;
+                        uint16_t h;
+                        wire_bf16_from_f32(&h, &x, 1);
+                        wire_bf16_to_f32(&y, &h, 1);
+                        assert_true(fabsf(y - x) <= ldexpf(fabsf(x), -8));
+                }
+}
+
+/* A bfloat16 tensor: half the bytes on the wire, read back widened whatever the slices' boundaries, and
+ * what is lent is released at once (the message holds the converted copy). */
+static void test_bf16_tensor_roundtrip(void **state) {
+        (void)state;
+        size_t n = 5001;   /* odd: the last element alone */
+        float *w = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+                w[i] = sinf((float)i * 0.37f) * 3.0f + (float)i * 1e-3f;
+        wire_bf16_from_f32((uint16_t *)got, w, 0);   /* n = 0: nothing */
+        for (size_t i = 0; i < n; i++) {
+                uint16_t h;
+                wire_bf16_from_f32(&h, &w[i], 1);
+                wire_bf16_to_f32(&want[i], &h, 1);
+        }
+        struct wire_out *o;
+        grpc_byte_buffer *bb;
+        uint64_t shape[2] = {n, 1};
+        released = 0;
+        assert_int_equal(wire_out_new(&o), 0);
+        assert_int_equal(wire_out_tensor_f32(o, "v", WIRE_DTYPE_BFLOAT16, shape, 2, 7, w, n, release_cb, NULL), 0);
+        assert_int_equal(released, 1);
+        assert_int_equal(wire_out_tensor_f32(o, "v", WIRE_DTYPE_INT64, shape, 2, 7, w, n, release_cb, NULL), -EINVAL);
+        assert_int_equal(released, 2);
+        assert_int_equal(wire_out_finish(o, &bb), 0);
+        wire_out_free(o);
+        uint8_t *flat;
+        size_t len = flatten(bb, &flat);
+        grpc_byte_buffer_destroy(bb);
+        for (size_t chunk = 1; chunk <= len; chunk = chunk * 3 + 1) {
+                struct wire_in *in;
+                char err[256];
+                assert_int_equal(wire_in_parse(chopped(flat, len, chunk), &in, err, sizeof(err)), 0);
+                assert_int_equal(in->n_tensors, 1);
+                assert_int_equal(in->tensors[0].dtype, WIRE_DTYPE_BFLOAT16);
+                assert_int_equal(in->tensors[0].nbytes, n * 2);
+                assert_int_equal(in->tensors[0].row_offset, 7);
+                memset(got, 0, n * sizeof(float));
+                wire_tensor_copy_f32(&in->tensors[0], got);
+                assert_memory_equal(got, want, n * sizeof(float));
+                /* and in pieces through the reader */
+                struct wire_reader rd;
+                wire_reader_init(&rd, &in->tensors[0]);
+                memset(got, 0, n * sizeof(float));
+                for (size_t at = 0; at < n; at += 777)
+                        wire_reader_read_f32(&rd, got + at, n - at < 777 ? n - at : 777);
+                assert_memory_equal(got, want, n * sizeof(float));
+                wire_in_free(in);
+        }
+        /* a float32 tensor through the same functions: lent, not released, read as it is */
+        assert_int_equal(wire_out_new(&o), 0);
+        released = 0;
+        assert_int_equal(wire_out_tensor_f32(o, "v", WIRE_DTYPE_FLOAT32, shape, 2, 0, w, n, release_cb, NULL), 0);
+        assert_int_equal(released, 0);
+        assert_int_equal(wire_out_finish(o, &bb), 0);
+        wire_out_free(o);
+        struct wire_in *in;
+        char err[256];
+        assert_int_equal(wire_in_parse(bb, &in, err, sizeof(err)), 0);
+        wire_tensor_copy_f32(&in->tensors[0], got);
+        assert_memory_equal(got, w, n * sizeof(float));
+        wire_in_free(in);
+        assert_int_equal(released, 1);   /* gRPC let go of the lent slice with the message */
+        free(flat), free(w), free(got), free(want);
+}
+
 int main(void) {
         grpc_init();
         const struct CMUnitTest tests[] = {
@@ -273,6 +394,8 @@ int main(void) {
                 cmocka_unit_test(test_unknown_fields_skipped),
                 cmocka_unit_test(test_reader_in_pieces),
                 cmocka_unit_test(test_dtype_size),
+                cmocka_unit_test(test_bf16_rounding),
+                cmocka_unit_test(test_bf16_tensor_roundtrip),
         };
         int r = cmocka_run_group_tests(tests, NULL, NULL);
         grpc_shutdown_blocking();

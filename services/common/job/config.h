@@ -27,6 +27,7 @@ enum optimizer_kind { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAGRAD };
 enum lr_schedule { LR_CONSTANT, LR_EXPONENTIAL };
 enum grad_norm_action { GRAD_NORM_REJECT, GRAD_NORM_CLIP };
 enum security_mode { SECURITY_AUTO, SECURITY_MTLS, SECURITY_INSECURE };
+enum rpc_wire_dtype { RPC_WIRE_FLOAT32, RPC_WIRE_BFLOAT16 };
 
 struct training_config {
         uint32_t batch_size;
@@ -76,6 +77,7 @@ struct rpc_config {
         bool shared_memory;     /* workerd: pushes to a psd on this host through shared memory */
         uint64_t initial_reconnect_backoff_ms, max_reconnect_backoff_ms; /* gRPC channels */
         char *runtime_dir;      /* psd's unix sockets for shared-memory attach */
+        enum rpc_wire_dtype wire_dtype; /* workerd: pushes and their answers through gRPC */
 };
 
 /* Per node. ca/cert/key may hold {job} and {task} ("chief", "ps-0", "worker-1", "admin", ...). */

@@ -34,6 +34,7 @@
 
 static const char *const optimizer_names[] = { "sgd", "momentum", "adam", "adagrad", NULL };
 static const char *const schedule_names[] = { "constant", "exponential", NULL };
+static const char *const wire_dtype_names[] = { [RPC_WIRE_FLOAT32] = "float32", [RPC_WIRE_BFLOAT16] = "bfloat16", NULL };
 static const char *const grad_norm_action_names[] = { [GRAD_NORM_REJECT] = "reject", [GRAD_NORM_CLIP] = "clip", NULL };
 static const char *const security_mode_names[] = {
         [SECURITY_AUTO] = "auto", [SECURITY_MTLS] = "mtls", [SECURITY_INSECURE] = "insecure", NULL,
@@ -196,6 +197,12 @@ const struct config_key cfg_keys[] = {
               "gRPC channels: longest wait between reconnection attempts, in milliseconds (gRPC's own default is "
               "two minutes: a psd restarted by systemd would be noticed that late).",
               .env = "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS"),
+        K_ENUM("rpc.wire_dtype", rpc.wire_dtype, "float32", wire_dtype_names,
+               "workerd: the number format of its gradients pushed through gRPC and of the fresh values psd "
+               "answers with. bfloat16 halves the bytes (the upper half of each float32, rounded to nearest "
+               "even); psd keeps and updates float32 either way, and the worker computes with the values as "
+               "received. Shared memory, pulls and checkpoints stay float32. Each worker decides for itself "
+               "(psd answers in the format it was pushed)."),
         K_STR("rpc.runtime_dir", rpc.runtime_dir, "/run/psfleet",
               "Directory of psd's unix sockets, where workers on the same host attach shared memory (the "
               "units' RuntimeDirectory). Each node decides for itself.", .env = "PSFLEET_RUNTIME_DIR"),

@@ -107,8 +107,9 @@ int job_layout_copy_in(const struct job_layout *L, const void *tensor, float *pa
         if (v < 0)
                 return errf(err, errlen, -EINVAL, "tensor \"%s\": no such variable", t->name ? t->name : "");
         const struct job_var *jv = &L->vars[v];
-        if (t->dtype != WIRE_DTYPE_FLOAT32)
-                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32", t->name, t->dtype);
+        if (t->dtype != WIRE_DTYPE_FLOAT32 && t->dtype != WIRE_DTYPE_BFLOAT16)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 or bfloat16", t->name,
+                            t->dtype);
         if (t->ndims != 2 || t->shape[1] != jv->cols || t->row_offset >= jv->rows ||
             t->shape[0] > jv->rows - t->row_offset || t->shape[0] == 0)
                 return errf(err, errlen, -EINVAL,
@@ -119,7 +120,7 @@ int job_layout_copy_in(const struct job_layout *L, const void *tensor, float *pa
         float *block = slot < 0 ? params : (slots ? slots[slot] : NULL);
         if (!block)
                 return 0;   /* slots not wanted */
-        wire_tensor_copy(t, block + jv->offset + t->row_offset * jv->cols);
+        wire_tensor_copy_f32(t, block + jv->offset + t->row_offset * jv->cols);
         return 0;
 }
 

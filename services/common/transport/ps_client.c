@@ -135,9 +135,9 @@ static void caller_init(struct ps_client *pc, Psfleet__V1__Caller *c) {
         c->task = pc->task;
 }
 
-/* Appends part p of a block (lent) as a tensor named name[/suffix]. */
+/* Appends part p of a block as a tensor named name[/suffix] of `dtype` (float32: lent). */
 static int add_part(struct wire_out *o, const struct job_layout *L, uint32_t p, const float *block,
-                    const char *suffix) {
+                    const char *suffix, uint32_t dtype) {
         const struct placement_part *pp = &L->plan->parts[p];
         const struct job_var *v = &L->vars[pp->var];
         char name[300];
@@ -147,8 +147,8 @@ static int add_part(struct wire_out *o, const struct job_layout *L, uint32_t p, 
                 snprintf(name, sizeof(name), "%s", v->name);
         uint64_t shape[2] = {pp->row_end - pp->row_begin, v->cols};
         const float *data = block + v->offset + (size_t)pp->row_begin * v->cols;
-        return wire_out_tensor(o, name, WIRE_DTYPE_FLOAT32, shape, 2, pp->row_begin, data,
-                               (size_t)shape[0] * shape[1] * sizeof(float), NULL, NULL);
+        return wire_out_tensor_f32(o, name, dtype, shape, 2, pp->row_begin, data, (size_t)shape[0] * shape[1],
+                                   NULL, NULL);
 }
 
 /* Waits for the batch; the first failure (ours or a server's, with its message) becomes the result. */
@@ -188,9 +188,9 @@ int ps_client_assign(struct ps_client *pc, const bool *which, const float *param
                 wire_out_header(o, &h.base);
                 for (uint32_t i = 0; i < L->shard_count[s] && r >= 0; i++) {
                         uint32_t p = L->shard_parts[L->shard_first[s] + i];
-                        r = add_part(o, L, p, params, NULL);
+                        r = add_part(o, L, p, params, NULL, WIRE_DTYPE_FLOAT32);
                         for (unsigned k = 0; slots && k < L->n_slots && r >= 0; k++)
-                                r = add_part(o, L, p, slots[k], optim_slot_name(L->optimizer, k));
+                                r = add_part(o, L, p, slots[k], optim_slot_name(L->optimizer, k), WIRE_DTYPE_FLOAT32);
                 }
                 if (r >= 0)
                         r = wire_out_finish(o, &bb);
@@ -340,7 +340,8 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
                 return r;
         wire_out_header(o, &h.base);
         for (uint32_t i = 0; i < f->g.n_parts && r >= 0; i++)
-                r = add_part(o, pc->L, f->g.parts[i], pc->grads, NULL);
+                r = add_part(o, pc->L, f->g.parts[i], pc->grads, NULL,
+                             pc->cfg->rpc.wire_dtype == RPC_WIRE_BFLOAT16 ? WIRE_DTYPE_BFLOAT16 : WIRE_DTYPE_FLOAT32);
         if (r >= 0)
                 r = wire_out_finish(o, &bb);
         wire_out_free(o);

@@ -17,6 +17,7 @@ size_t wire_dtype_size(uint32_t dtype) {
         switch (dtype) {
         case WIRE_DTYPE_FLOAT32: return 4;
         case WIRE_DTYPE_INT64: return 8;
+        case WIRE_DTYPE_BFLOAT16: return 2;
         default: return 0;
         }
 }
@@ -130,23 +131,31 @@ static size_t tensor_prefix(uint8_t *p, const char *name, size_t name_len, uint3
         return n;
 }
 
+static void bf16_pack(uint8_t *dst, const float *src, size_t n);
+
+/* How a tensor's data gets into the message: lent as it is, copied, or converted from float32 to
+ * bfloat16 (nbytes: the bfloat16 bytes). */
+enum out_mode { OUT_LEND, OUT_COPY, OUT_BF16 };
+
 static int out_tensor(struct wire_out *o, const char *name, uint32_t dtype, const uint64_t *shape,
                       unsigned ndims, uint64_t row_offset, const void *data, size_t nbytes,
-                      bool copy, void (*release)(void *), void *release_ud) {
+                      enum out_mode mode, void (*release)(void *), void *release_ud) {
         size_t name_len = strlen(name);
         if (ndims > WIRE_MAX_DIMS || name_len > WIRE_MAX_NAME)
                 return -EINVAL;
-        if (nbytes < WIRE_SMALL_COPY)
-                copy = true;
+        if (nbytes < WIRE_SMALL_COPY && mode == OUT_LEND)
+                mode = OUT_COPY;
+        bool copy = mode != OUT_LEND;
         size_t max = 2 * 10 + 1 + 10 + name_len + 1 + 10 + 1 + 10 + ndims * 10 + 1 + 10 + 1 + 10;
         grpc_slice s = grpc_slice_malloc(max + (copy ? nbytes : 0));
         uint8_t *p = GRPC_SLICE_START_PTR(s);
         size_t n = tensor_prefix(p, name, name_len, dtype, shape, ndims, row_offset, nbytes);
-        if (copy) {
-                if (nbytes)
-                        memcpy(p + n, data, nbytes);
+        if (mode == OUT_BF16)
+                bf16_pack(p + n, data, nbytes / 2);
+        else if (copy && nbytes)
+                memcpy(p + n, data, nbytes);
+        if (copy)
                 n += nbytes;
-        }
         int r = out_push(o, grpc_slice_sub_no_ref(s, 0, n));
         if (r < 0 || copy) {
                 if (release)
@@ -161,12 +170,27 @@ static int out_tensor(struct wire_out *o, const char *name, uint32_t dtype, cons
 int wire_out_tensor(struct wire_out *o, const char *name, uint32_t dtype, const uint64_t *shape,
                     unsigned ndims, uint64_t row_offset, const void *data, size_t nbytes,
                     void (*release)(void *), void *release_ud) {
-        return out_tensor(o, name, dtype, shape, ndims, row_offset, data, nbytes, false, release, release_ud);
+        return out_tensor(o, name, dtype, shape, ndims, row_offset, data, nbytes, OUT_LEND, release, release_ud);
+}
+
+int wire_out_tensor_f32(struct wire_out *o, const char *name, uint32_t dtype, const uint64_t *shape,
+                        unsigned ndims, uint64_t row_offset, const float *data, size_t n,
+                        void (*release)(void *), void *release_ud) {
+        if (dtype == WIRE_DTYPE_FLOAT32)
+                return out_tensor(o, name, dtype, shape, ndims, row_offset, data, n * sizeof(float), OUT_LEND,
+                                  release, release_ud);
+        if (dtype != WIRE_DTYPE_BFLOAT16) {
+                if (release)
+                        release(release_ud);
+                return -EINVAL;
+        }
+        return out_tensor(o, name, dtype, shape, ndims, row_offset, data, n * sizeof(uint16_t), OUT_BF16, release,
+                          release_ud);
 }
 
 int wire_out_tensor_copy(struct wire_out *o, const char *name, uint32_t dtype, const uint64_t *shape,
                          unsigned ndims, uint64_t row_offset, const void *data, size_t nbytes) {
-        return out_tensor(o, name, dtype, shape, ndims, row_offset, data, nbytes, true, NULL, NULL);
+        return out_tensor(o, name, dtype, shape, ndims, row_offset, data, nbytes, OUT_COPY, NULL, NULL);
 }
 
 int wire_out_finish(struct wire_out *o, grpc_byte_buffer **ret) {
@@ -502,6 +526,59 @@ int wire_in_header(const struct wire_in *in, const ProtobufCMessageDescriptor *d
                 return -EBADMSG;
         *ret = m;
         return 0;
+}
+
+/* ---- bfloat16 ---- */
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire's tensors are little-endian, as this host");
+
+/* Little-endian bytes, so that it may write anywhere in a message (no alignment). */
+static void bf16_pack(uint8_t *dst, const float *src, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                uint32_t u;
+                memcpy(&u, &src[i], sizeof(u));
+                /* round to nearest, ties to even; a NaN stays a (quiet) NaN instead of rounding to Inf */
+                uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
+                uint32_t h = ((u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : r) >> 16;
+                dst[2 * i] = (uint8_t)h;
+                dst[2 * i + 1] = (uint8_t)(h >> 8);
+        }
+}
+
+void wire_bf16_from_f32(uint16_t *dst, const float *src, size_t n) {
+        bf16_pack((uint8_t *)dst, src, n);   /* this host is little-endian (as the wire: checked at build) */
+}
+
+void wire_bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                uint32_t u = (uint32_t)src[i] << 16;
+                memcpy(&dst[i], &u, sizeof(u));
+        }
+}
+
+void wire_reader_read_f32(struct wire_reader *r, float *dst, size_t n) {
+        if (r->t->dtype != WIRE_DTYPE_BFLOAT16) {
+                wire_reader_read(r, dst, n * sizeof(float));
+                return;
+        }
+        uint16_t buf[2048];   /* a tensor's bytes may be split anywhere between slices: through a buffer */
+        while (n > 0) {
+                size_t k = n < 2048 ? n : 2048;
+                wire_reader_read(r, buf, k * sizeof(uint16_t));
+                wire_bf16_to_f32(dst, buf, k);
+                dst += k;
+                n -= k;
+        }
+}
+
+void wire_tensor_copy_f32(const struct wire_tensor *t, float *dst) {
+        if (t->dtype != WIRE_DTYPE_BFLOAT16) {
+                wire_tensor_copy(t, dst);
+                return;
+        }
+        struct wire_reader rd;
+        wire_reader_init(&rd, t);
+        wire_reader_read_f32(&rd, dst, t->elements);
 }
 
 void wire_tensor_copy(const struct wire_tensor *t, void *dst) {

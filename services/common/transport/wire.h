@@ -18,7 +18,7 @@
 #define WIRE_FIELD_HEADER 1
 #define WIRE_FIELD_TENSORS 2
 
-enum wire_dtype { WIRE_DTYPE_FLOAT32 = 1, WIRE_DTYPE_INT64 = 2 };
+enum wire_dtype { WIRE_DTYPE_FLOAT32 = 1, WIRE_DTYPE_INT64 = 2, WIRE_DTYPE_BFLOAT16 = 3 };
 
 /* Size in bytes of one element; 0 for an unknown dtype. */
 size_t wire_dtype_size(uint32_t dtype);
@@ -40,6 +40,13 @@ int wire_out_header(struct wire_out *o, const ProtobufCMessage *header);
 int wire_out_tensor(struct wire_out *o, const char *name, uint32_t dtype, const uint64_t *shape,
                     unsigned ndims, uint64_t row_offset, const void *data, size_t nbytes,
                     void (*release)(void *), void *release_ud);
+
+/* n float32 values as a tensor of `dtype`: FLOAT32 lends them as wire_out_tensor does; BFLOAT16
+ * converts them (round to nearest even) into the message, and releases at once. -EINVAL for another
+ * dtype (released too). */
+int wire_out_tensor_f32(struct wire_out *o, const char *name, uint32_t dtype, const uint64_t *shape,
+                        unsigned ndims, uint64_t row_offset, const float *data, size_t n,
+                        void (*release)(void *), void *release_ud);
 
 /* Same, but copies the data into the message. */
 int wire_out_tensor_copy(struct wire_out *o, const char *name, uint32_t dtype, const uint64_t *shape,
@@ -106,6 +113,16 @@ struct wire_reader {
 void wire_reader_init(struct wire_reader *r, const struct wire_tensor *t);
 /* Copies the next n bytes (the caller keeps within nbytes) into dst. */
 void wire_reader_read(struct wire_reader *r, void *dst, size_t n);
+
+/* A FLOAT32 or BFLOAT16 tensor read as float32 (bfloat16 widened exactly): the next n elements, or all
+ * of them into dst (t->elements floats of room). Any other dtype is copied as it is. */
+void wire_reader_read_f32(struct wire_reader *r, float *dst, size_t n);
+void wire_tensor_copy_f32(const struct wire_tensor *t, float *dst);
+
+/* bfloat16 <-> float32 for n values: to bfloat16 rounds to nearest, ties to even (NaN stays NaN, a
+ * value past bfloat16's largest becomes Inf); from bfloat16 is exact. */
+void wire_bf16_from_f32(uint16_t *dst, const float *src, size_t n);
+void wire_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
 
 /* Unpacks a whole message without tensors from a byte buffer (not taken). */
 int wire_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d, ProtobufCMessage **ret);

@@ -1,0 +1,519 @@
+/* How one parameter server scales with its workers: real psd processes over gRPC, pushed by simulated
+ * workers (threads of this process, each with its own ps client and channel, as a workerd has) that
+ * push real-sized gradients of the job's model as fast as the shard answers.
+ *
+ *   scale: for each worker count, one psd; `--pushes` pushes in all, in windows of a tenth of them:
+ *          pushes/s, p50/p99 push latency, psd CPU per push, psd RSS at each window's end.
+ *   load:  with `--shards` psd (default 4), the bytes and apply time each shard received for the demo
+ *          model and for a model with one very large variable: the ratio max/min between shards.
+ *
+ * One JSON line per measurement (docs/performance.md has the table and tests/bench/plot_ps_scale.py the
+ * plot). Needs psd built beside it (--psd PATH otherwise). */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "job.h"
+#include "placement.h"
+#include "ps_client.h"
+#include "rng.h"
+#include "util.h"
+#include "psfleet/v1/ps.pb-c.h"
+
+#ifndef PSFLEET_BINARY_DIR
+#define PSFLEET_BINARY_DIR "."
+#endif
+
+#define MAX_WORKERS 1024
+#define WINDOWS 10
+
+static const char *psd_path = PSFLEET_BINARY_DIR "/services/psd/psd";
+static char workdir[] = "/tmp/psfleet-bench-scale-XXXXXX";
+
+/* The demo's MLP (examples/fmnist-mlp.json), or one very large variable beside small ones. */
+static const char *const models[] = {
+        "\"input\": [784], \"seed\": 1, \"layers\": [{\"type\": \"dense\", \"units\": 256}, {\"type\": \"relu\"},"
+        "{\"type\": \"dense\", \"units\": 128}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 64},"
+        "{\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 10}]",
+        "\"input\": [784], \"seed\": 1, \"layers\": [{\"type\": \"dense\", \"units\": 4096}, {\"type\": \"relu\"},"
+        "{\"type\": \"dense\", \"units\": 10}]",
+};
+static const char *const model_names[] = {"demo", "one_large_variable"};
+
+struct job {
+        char path[256];
+        struct job_config *cfg;
+        struct job_layout *L;
+        pid_t psd[64];
+        uint32_t n_shards, n_workers;
+};
+
+static int free_port(void);
+
+/* A job with n_shards ps on loopback and n_workers workers (addresses only: the workers are threads
+ * here), gRPC only. */
+static int job_write(struct job *j, uint32_t n_shards, uint32_t n_workers, const char *model) {
+        char *cluster = strdup_printf("\"chief\": [\"127.0.0.1:%d\"], \"ps\": [", free_port());
+        for (uint32_t s = 0; s < n_shards; s++) {
+                char *c = strdup_printf("%s%s\"127.0.0.1:%d\"", cluster, s ? ", " : "", free_port());
+                free(cluster);
+                cluster = c;
+        }
+        char *c = strdup_printf("%s], \"worker\": [", cluster);
+        free(cluster);
+        cluster = c;
+        for (uint32_t w = 0; w < n_workers; w++) {
+                /* never listened on: the simulated workers only call */
+                c = strdup_printf("%s%s\"127.0.0.1:%u\"", cluster, w ? ", " : "", 40000 + w);
+                free(cluster);
+                cluster = c;
+        }
+        char *json = strdup_printf("{\"job\": \"bench-scale\", \"cluster\": {%s]}, \"model\": {%s},"
+                                   "\"data\": {\"dir\": \"/nonexistent\"}, \"training\": {\"optimizer\": \"momentum\","
+                                   "\"momentum\": 0.9, \"learning_rate\": 0.001, \"batch_size\": 64},"
+                                   "\"rpc\": {\"shared_memory\": false}}\n", cluster, model);
+        free(cluster);
+        snprintf(j->path, sizeof(j->path), "%s/job-%u-%u.json", workdir, n_shards, n_workers);
+        FILE *f = fopen(j->path, "w");
+        if (!f || fputs(json, f) < 0 || fclose(f) != 0) {
+                free(json);
+                return -errno;
+        }
+        free(json);
+        char err[512];
+        int r = config_load(j->path, &j->cfg, err, sizeof(err));
+        if (r < 0 || (r = job_layout_new(j->cfg, &j->L)) < 0) {
+                fprintf(stderr, "bench_ps_scale: %s: %s\n", j->path, r < 0 ? err : strerror(-r));
+                return r;
+        }
+        j->n_shards = n_shards;
+        j->n_workers = n_workers;
+        return 0;
+}
+
+static int free_port(void) {
+        static int next;
+        if (!next)
+                next = 20000 + (int)(getpid() % 20000);
+        return next++;
+}
+
+static pid_t psd_start(const struct job *j, uint32_t shard) {
+        char idx[16], state[512];
+        snprintf(idx, sizeof(idx), "%u", shard);
+        snprintf(state, sizeof(state), "%s/state-%u", workdir, shard);
+        mkdir(state, 0700);
+        pid_t pid = fork();
+        if (pid == 0) {
+                char log[600];
+                snprintf(log, sizeof(log), "%s/psd-%u.log", workdir, shard);
+                if (!freopen(log, "a", stderr))
+                        _exit(127);
+                execl(psd_path, psd_path, "--job", j->path, "--task-index", idx, "--state-dir", state, (char *)NULL);
+                _exit(127);
+        }
+        return pid;
+}
+
+static void job_stop(struct job *j) {
+        for (uint32_t s = 0; s < j->n_shards; s++)
+                if (j->psd[s] > 0) {
+                        kill(j->psd[s], SIGTERM);
+                        waitpid(j->psd[s], NULL, 0);
+                        j->psd[s] = 0;
+                }
+        j->L = job_layout_free(j->L);
+        j->cfg = config_free(j->cfg);
+}
+
+/* Starts the shards and plays the chief: waits for each to answer, then assigns the initial values. */
+static int job_start(struct job *j, struct ps_client **chief_ret) {
+        for (uint32_t s = 0; s < j->n_shards; s++)
+                if ((j->psd[s] = psd_start(j, s)) < 0)
+                        return -errno;
+        struct ps_client *pc;
+        char err[512];
+        int r = ps_client_new(j->cfg, j->L, "chief:0", &pc);
+        if (r < 0)
+                return r;
+        for (uint32_t s = 0; s < j->n_shards; s++) {
+                uint64_t end = now_us() + 30000000ull;
+                void *st = NULL;
+                while ((r = ps_client_probe(pc, s, 1000, &st, err, sizeof(err))) < 0 && now_us() < end)
+                        usleep(50000);
+                if (r < 0) {
+                        fprintf(stderr, "bench_ps_scale: psd %u does not answer: %s (log: %s/psd-%u.log)\n", s, err,
+                                workdir, s);
+                        ps_client_free(pc);
+                        return r;
+                }
+                psfleet__v1__shard_status__free_unpacked(st, NULL);
+        }
+        float *params = calloc(j->L->n_params, sizeof(float));
+        if (!params) {
+                ps_client_free(pc);
+                return -ENOMEM;
+        }
+        struct rng g;
+        rng_init(&g, 1, 0);
+        for (size_t i = 0; i < j->L->n_params; i++)
+                params[i] = rng_uniform_f(&g, -0.05f, 0.05f);
+        r = ps_client_assign(pc, NULL, params, NULL, 0, err, sizeof(err));
+        free(params);
+        if (r < 0) {
+                fprintf(stderr, "bench_ps_scale: assign: %s\n", err);
+                ps_client_free(pc);
+                return r;
+        }
+        *chief_ret = pc;
+        return 0;
+}
+
+/* ---- the simulated workers ---- */
+
+struct run {
+        struct job *j;
+        uint64_t target;                /* pushes in all */
+        _Atomic uint64_t taken;         /* pushes started (a ticket each) */
+        _Atomic uint64_t done;
+        _Atomic int failed;
+        float *lat_ms;                  /* (target) latency of push k (its ticket), ms */
+};
+
+struct worker {
+        struct run *run;
+        uint32_t index;
+        pthread_t thread;
+};
+
+static void *worker_main(void *arg) {
+        struct worker *w = arg;
+        struct job *j = w->run->j;
+        struct ps_client *pc = NULL;
+        struct ps_group *groups = calloc(j->n_shards, sizeof(*groups));
+        float *params = calloc(j->L->n_params, sizeof(float)), *grads = malloc(j->L->n_params * sizeof(float));
+        char task[32], err[512];
+        snprintf(task, sizeof(task), "worker:%u", w->index);
+        if (!groups || !params || !grads || ps_client_new(j->cfg, j->L, task, &pc) < 0)
+                goto fail;
+        struct rng g;
+        rng_init(&g, 1000 + w->index, 0);
+        for (size_t i = 0; i < j->L->n_params; i++)
+                grads[i] = rng_uniform_f(&g, -5e-5f, 5e-5f);   /* finite, far under any norm limit */
+        for (uint32_t s = 0; s < j->n_shards; s++)
+                groups[s] = (struct ps_group){s, j->L->shard_count[s], j->L->shard_parts + j->L->shard_first[s]};
+        if (ps_client_link(pc, w->index, j->n_shards, groups, params, grads, NULL, NULL) < 0)
+                goto fail;
+        for (uint64_t step = 1;; step++) {
+                uint64_t ticket = atomic_fetch_add(&w->run->taken, 1);
+                if (ticket >= w->run->target || atomic_load(&w->run->failed))
+                        break;
+                uint64_t t0 = now_us();
+                for (uint32_t s = 0; s < j->n_shards; s++)
+                        ps_client_push(pc, s, step, s == 0);
+                for (uint32_t s = 0; s < j->n_shards; s++)
+                        if (ps_client_wait(pc, s, err, sizeof(err)) < 0) {
+                                fprintf(stderr, "bench_ps_scale: worker %u: %s\n", w->index, err);
+                                goto fail;
+                        }
+                w->run->lat_ms[ticket] = (float)((now_us() - t0) / 1e3);
+                atomic_fetch_add(&w->run->done, 1);
+        }
+        ps_client_free(pc);
+        free(groups), free(params), free(grads);
+        return NULL;
+fail:
+        atomic_store(&w->run->failed, 1);
+        ps_client_free(pc);
+        free(groups), free(params), free(grads);
+        return NULL;
+}
+
+/* ---- psd's cost, from /proc ---- */
+
+static double proc_cpu_s(pid_t pid) {
+        char path[64], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+                return 0;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        char *p = strrchr(buf, ')');   /* after the command's name, which may hold spaces */
+        unsigned long ut = 0, st = 0;
+        if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+                return 0;
+        return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* field: "VmRSS" (now) or "VmHWM" (the peak since the last peak_reset) */
+static double proc_mem_mb(pid_t pid, const char *field) {
+        char path[64], line[256], fmt[32];
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+        snprintf(fmt, sizeof(fmt), "%s: %%lf", field);
+        FILE *f = fopen(path, "r");
+        double kb = 0;
+        if (!f)
+                return 0;
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, fmt, &kb) == 1)
+                        break;
+        fclose(f);
+        return kb / 1024.0;
+}
+
+static double proc_rss_mb(pid_t pid) {
+        return proc_mem_mb(pid, "VmRSS");
+}
+
+/* Resets the process's peak RSS (VmHWM) to its RSS now (proc(5), clear_refs "5"), so that each window's
+ * peak is its own: with dozens of 1 MB requests in flight the RSS at one instant says little. */
+static void peak_reset(pid_t pid) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/clear_refs", (int)pid);
+        FILE *f = fopen(path, "w");
+        if (f) {
+                fputs("5", f);
+                fclose(f);
+        }
+}
+
+static int cmp_float(const void *a, const void *b) {
+        float x = *(const float *)a, y = *(const float *)b;
+        return (x > y) - (x < y);
+}
+
+static double quantile(float *v, size_t n, double q) {
+        if (!n)
+                return 0;
+        qsort(v, n, sizeof(*v), cmp_float);
+        size_t k = (size_t)ceil(q * (double)n);
+        return v[k ? k - 1 : 0];
+}
+
+/* One psd, n_workers simulated workers, `pushes` pushes: a JSON line per window and one in all. */
+static int scale(uint32_t n_workers, uint64_t pushes) {
+        struct job j = {0};
+        struct ps_client *chief = NULL;
+        int r = job_write(&j, 1, n_workers, models[0]);
+        if (r < 0 || (r = job_start(&j, &chief)) < 0) {
+                job_stop(&j);
+                return r;
+        }
+        struct run run = {.j = &j, .target = pushes, .lat_ms = calloc(pushes, sizeof(float))};
+        struct worker *ws = calloc(n_workers, sizeof(*ws));
+        if (!run.lat_ms || !ws) {
+                free(run.lat_ms), free(ws);
+                ps_client_free(chief);
+                job_stop(&j);
+                return -ENOMEM;
+        }
+        pid_t psd = j.psd[0];
+        double cpu0 = proc_cpu_s(psd), rss0 = proc_rss_mb(psd);
+        uint64_t t0 = now_us();
+        for (uint32_t w = 0; w < n_workers; w++) {
+                ws[w] = (struct worker){&run, w, 0};
+                pthread_create(&ws[w].thread, NULL, worker_main, &ws[w]);
+        }
+        /* windows: each tenth of the pushes, psd's RSS and CPU and the window's latencies */
+        uint64_t window = pushes / WINDOWS ? pushes / WINDOWS : 1, prev_done = 0, prev_t = t0;
+        double prev_cpu = cpu0, peak_min = INFINITY, peak_max = 0;
+        peak_reset(psd);
+        for (unsigned k = 1; k <= WINDOWS && !atomic_load(&run.failed); k++) {
+                uint64_t mark = k == WINDOWS ? pushes : k * window;
+                while (atomic_load(&run.done) < mark && !atomic_load(&run.failed))
+                        usleep(2000);
+                uint64_t done = atomic_load(&run.done), t = now_us();
+                double cpu = proc_cpu_s(psd), peak = proc_mem_mb(psd, "VmHWM");
+                peak_reset(psd);
+                if (k > 1)   /* the first window grows to the steady state */
+                        peak_min = peak < peak_min ? peak : peak_min, peak_max = peak > peak_max ? peak : peak_max;
+                /* latencies of the tickets of this window (all done: a ticket below `mark` may still be
+                 * in flight, so the window's own range is read after the next mark, or at the end) */
+                printf("{\"bench\": \"ps_scale_window\", \"workers\": %u, \"window\": %u, \"pushes\": %llu, "
+                       "\"pushes_per_s\": %.1f, \"psd_cpu_ms_per_push\": %.3f, \"psd_rss_mb\": %.1f, "
+                       "\"psd_rss_peak_mb\": %.1f}\n",
+                       n_workers, k, (unsigned long long)done, (double)(done - prev_done) / ((t - prev_t) / 1e6),
+                       (cpu - prev_cpu) * 1e3 / (double)(done - prev_done ? done - prev_done : 1), proc_rss_mb(psd),
+                       peak);
+                fflush(stdout);
+                prev_done = done, prev_t = t, prev_cpu = cpu;
+        }
+        for (uint32_t w = 0; w < n_workers; w++)
+                pthread_join(ws[w].thread, NULL);
+        uint64_t t1 = now_us(), done = atomic_load(&run.done);
+        double cpu1 = proc_cpu_s(psd), rss1 = proc_rss_mb(psd);
+        /* per window of tickets: p99 (the flatness check), then over all */
+        double p99_first = 0, p99_min = INFINITY, p99_max = 0;
+        for (unsigned k = 0; k < WINDOWS && done == pushes; k++) {
+                uint64_t a = k * window, b = k == WINDOWS - 1 ? pushes : a + window;
+                double p = quantile(run.lat_ms + a, b - a, 0.99);
+                printf("{\"bench\": \"ps_scale_latency_window\", \"workers\": %u, \"window\": %u, \"p50_ms\": %.3f, "
+                       "\"p99_ms\": %.3f}\n", n_workers, k + 1, quantile(run.lat_ms + a, b - a, 0.5), p);
+                if (k == 0)
+                        p99_first = p;
+                else   /* the first window warms up (connections, allocations): left out of the range */
+                        p99_min = p < p99_min ? p : p99_min, p99_max = p > p99_max ? p : p99_max;
+        }
+        double p50 = quantile(run.lat_ms, done, 0.5), p99 = quantile(run.lat_ms, done, 0.99);
+        printf("{\"bench\": \"ps_scale\", \"workers\": %u, \"pushes\": %llu, \"push_bytes\": %zu, "
+               "\"pushes_per_s\": %.1f, \"p50_ms\": %.3f, \"p99_ms\": %.3f, \"psd_cpu_ms_per_push\": %.3f, "
+               "\"psd_rss_mb_start\": %.1f, \"psd_rss_mb_end\": %.1f, \"p99_ms_first_window\": %.3f, "
+               "\"p99_ms_windows_min\": %.3f, \"p99_ms_windows_max\": %.3f, \"psd_rss_peak_mb_windows_min\": %.1f, "
+               "\"psd_rss_peak_mb_windows_max\": %.1f, \"failed\": %s}\n",
+               n_workers, (unsigned long long)done, j.L->n_params * sizeof(float),
+               (double)done / ((t1 - t0) / 1e6), p50, p99, (cpu1 - cpu0) * 1e3 / (double)(done ? done : 1), rss0,
+               rss1, p99_first, isinf(p99_min) ? 0 : p99_min, p99_max, isinf(peak_min) ? 0 : peak_min, peak_max,
+               atomic_load(&run.failed) ? "true" : "false");
+        fflush(stdout);
+        r = atomic_load(&run.failed) ? -EIO : 0;
+        free(run.lat_ms), free(ws);
+        ps_client_free(chief);
+        job_stop(&j);
+        return r;
+}
+
+/* n_shards psd, one worker, `pushes` pushes of a model: what each shard received, and the ratio. */
+static int load(uint32_t n_shards, unsigned model, uint64_t pushes) {
+        struct job j = {0};
+        struct ps_client *chief = NULL;
+        int r = job_write(&j, n_shards, 1, models[model]);
+        if (r < 0 || (r = job_start(&j, &chief)) < 0) {
+                job_stop(&j);
+                return r;
+        }
+        struct run run = {.j = &j, .target = pushes, .lat_ms = calloc(pushes, sizeof(float))};
+        struct worker w = {&run, 0, 0};
+        if (!run.lat_ms) {
+                ps_client_free(chief);
+                job_stop(&j);
+                return -ENOMEM;
+        }
+        worker_main(&w);
+        uint64_t in_min = UINT64_MAX, in_max = 0, ap_min = UINT64_MAX, ap_max = 0, held_min = UINT64_MAX, held_max = 0;
+        char per_shard[1024] = "";
+        size_t off = 0;
+        for (uint32_t s = 0; s < n_shards && !atomic_load(&run.failed); s++) {
+                void *m;
+                char err[512];
+                if ((r = ps_client_status(chief, s, &m, err, sizeof(err))) < 0) {
+                        fprintf(stderr, "bench_ps_scale: status of shard %u: %s\n", s, err);
+                        break;
+                }
+                const Psfleet__V1__ShardStatus *st = m;
+                in_min = st->bytes_in < in_min ? st->bytes_in : in_min;
+                in_max = st->bytes_in > in_max ? st->bytes_in : in_max;
+                ap_min = st->apply_us < ap_min ? st->apply_us : ap_min;
+                ap_max = st->apply_us > ap_max ? st->apply_us : ap_max;
+                held_min = st->bytes < held_min ? st->bytes : held_min;
+                held_max = st->bytes > held_max ? st->bytes : held_max;
+                off += (size_t)snprintf(per_shard + off, sizeof(per_shard) - off, "%s[%llu, %llu]", s ? ", " : "",
+                                        (unsigned long long)st->bytes_in, (unsigned long long)st->apply_us);
+                psfleet__v1__shard_status__free_unpacked(m, NULL);
+        }
+        uint64_t largest = 0;
+        for (uint32_t v = 0; v < j.L->n_vars; v++) {
+                uint64_t b = 0;
+                uint32_t first, n = placement_var_parts(j.L->plan, v, &first);
+                for (uint32_t p = first; p < first + n; p++)
+                        b += j.L->plan->parts[p].bytes;
+                largest = b > largest ? b : largest;
+        }
+        if (r >= 0 && !atomic_load(&run.failed))
+                printf("{\"bench\": \"ps_load\", \"model\": \"%s\", \"shards\": %u, \"params_bytes\": %zu, "
+                       "\"largest_variable_bytes\": %llu, \"parts\": %u, \"pushes\": %llu, "
+                       "\"bytes_in_max_over_min\": %.3f, \"apply_us_max_over_min\": %.3f, "
+                       "\"bytes_held_max_over_min\": %.3f, \"per_shard_bytes_in_apply_us\": [%s]}\n",
+                       model_names[model], n_shards, j.L->n_params * sizeof(float), (unsigned long long)largest,
+                       j.L->plan->n_parts, (unsigned long long)pushes, (double)in_max / (double)(in_min ? in_min : 1),
+                       (double)ap_max / (double)(ap_min ? ap_min : 1),
+                       (double)held_max / (double)(held_min ? held_min : 1), per_shard);
+        fflush(stdout);
+        r = r < 0 ? r : atomic_load(&run.failed) ? -EIO : 0;
+        free(run.lat_ms);
+        ps_client_free(chief);
+        job_stop(&j);
+        return r;
+}
+
+static void usage(FILE *f) {
+        fprintf(f, "usage: bench_ps_scale [--workers 1,8,64,256] [--pushes N] [--shards S] [--load-pushes N]\n"
+                   "                      [--no-load] [--no-scale] [--psd PATH]\n"
+                   "One psd over gRPC against simulated workers (threads, real-sized pushes of the demo model),\n"
+                   "and the load between S shards for the demo model and for one with a very large variable.\n");
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = {
+                {"workers", required_argument, NULL, 'w'}, {"pushes", required_argument, NULL, 'n'},
+                {"shards", required_argument, NULL, 's'}, {"load-pushes", required_argument, NULL, 'l'},
+                {"no-load", no_argument, NULL, 'L'}, {"no-scale", no_argument, NULL, 'S'},
+                {"psd", required_argument, NULL, 'p'}, {"help", no_argument, NULL, 'h'}, {},
+        };
+        char workers_list[256] = "1,8,64,256";
+        uint64_t pushes = 20000, load_pushes = 200, shards = 4;
+        bool do_load = true, do_scale = true;
+        int c;
+        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0)
+                switch (c) {
+                case 'w': snprintf(workers_list, sizeof(workers_list), "%s", optarg); break;
+                case 'n':
+                        if (parse_u64(optarg, 10, 100000000, &pushes) < 0)
+                                return usage(stderr), 64;
+                        break;
+                case 's':
+                        if (parse_u64(optarg, 2, 64, &shards) < 0)
+                                return usage(stderr), 64;
+                        break;
+                case 'l':
+                        if (parse_u64(optarg, 1, 1000000, &load_pushes) < 0)
+                                return usage(stderr), 64;
+                        break;
+                case 'L': do_load = false; break;
+                case 'S': do_scale = false; break;
+                case 'p': psd_path = optarg; break;
+                case 'h': usage(stdout); return 0;
+                default: usage(stderr); return 64;
+                }
+        if (access(psd_path, X_OK) != 0) {
+                fprintf(stderr, "bench_ps_scale: %s: %s (build psd, or --psd PATH)\n", psd_path, strerror(errno));
+                return 69;
+        }
+        if (!mkdtemp(workdir)) {
+                perror("bench_ps_scale: mkdtemp");
+                return 74;
+        }
+        signal(SIGPIPE, SIG_IGN);
+        int r = 0;
+        for (char *save = NULL, *tok = strtok_r(do_scale ? workers_list : NULL, ",", &save); tok && r >= 0;
+             tok = strtok_r(NULL, ",", &save)) {
+                uint64_t n;
+                if (parse_u64(tok, 1, MAX_WORKERS, &n) < 0) {
+                        fprintf(stderr, "bench_ps_scale: --workers: \"%s\" is not 1..%d\n", tok, MAX_WORKERS);
+                        r = -EINVAL;
+                        break;
+                }
+                r = scale((uint32_t)n, pushes);
+        }
+        for (unsigned m = 0; do_load && r >= 0 && m < 2; m++)
+                r = load((uint32_t)shards, m, load_pushes);
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", workdir);
+        if (r >= 0 && system(cmd) != 0)
+                fprintf(stderr, "bench_ps_scale: could not remove %s\n", workdir);
+        if (r < 0)
+                fprintf(stderr, "bench_ps_scale: failed (%s); psd logs in %s\n", strerror(-r), workdir);
+        return r < 0 ? 1 : 0;
+}
