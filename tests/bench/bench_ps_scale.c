@@ -39,6 +39,7 @@
 #define WINDOWS 10
 
 static const char *psd_path = PSFLEET_BINARY_DIR "/services/psd/psd";
+static const char *wire_dtype = "float32";   /* rpc.wire_dtype of the simulated workers */
 static char workdir[] = "/tmp/psfleet-bench-scale-XXXXXX";
 
 /* The demo's MLP (examples/fmnist-mlp.json), or one very large variable beside small ones. */
@@ -82,7 +83,8 @@ static int job_write(struct job *j, uint32_t n_shards, uint32_t n_workers, const
         char *json = strdup_printf("{\"job\": \"bench-scale\", \"cluster\": {%s]}, \"model\": {%s},"
                                    "\"data\": {\"dir\": \"/nonexistent\"}, \"training\": {\"optimizer\": \"momentum\","
                                    "\"momentum\": 0.9, \"learning_rate\": 0.001, \"batch_size\": 64},"
-                                   "\"rpc\": {\"shared_memory\": false}}\n", cluster, model);
+                                   "\"rpc\": {\"shared_memory\": false, \"wire_dtype\": \"%s\"}}\n", cluster, model,
+                                   wire_dtype);
         free(cluster);
         snprintf(j->path, sizeof(j->path), "%s/job-%u-%u.json", workdir, n_shards, n_workers);
         FILE *f = fopen(j->path, "w");
@@ -368,13 +370,13 @@ static int scale(uint32_t n_workers, uint64_t pushes) {
                         p99_min = p < p99_min ? p : p99_min, p99_max = p > p99_max ? p : p99_max;
         }
         double p50 = quantile(run.lat_ms, done, 0.5), p99 = quantile(run.lat_ms, done, 0.99);
-        printf("{\"bench\": \"ps_scale\", \"workers\": %u, \"pushes\": %llu, \"push_bytes\": %zu, "
+        printf("{\"bench\": \"ps_scale\", \"wire_dtype\": \"%s\", \"workers\": %u, \"pushes\": %llu, \"push_bytes\": %zu, "
                "\"pushes_per_s\": %.1f, \"p50_ms\": %.3f, \"p99_ms\": %.3f, \"psd_cpu_ms_per_push\": %.3f, "
                "\"psd_rss_mb_start\": %.1f, \"psd_rss_mb_end\": %.1f, \"p99_ms_first_window\": %.3f, "
                "\"p99_ms_windows_min\": %.3f, \"p99_ms_windows_max\": %.3f, \"psd_rss_peak_mb_windows_min\": %.1f, "
                "\"psd_rss_peak_mb_windows_max\": %.1f, \"failed\": %s}\n",
-               n_workers, (unsigned long long)done, j.L->n_params * sizeof(float),
-               (double)done / ((t1 - t0) / 1e6), p50, p99, (cpu1 - cpu0) * 1e3 / (double)(done ? done : 1), rss0,
+               wire_dtype, n_workers, (unsigned long long)done,
+               j.L->n_params * (strcmp(wire_dtype, "bfloat16") == 0 ? 2 : sizeof(float)), (double)done / ((t1 - t0) / 1e6), p50, p99, (cpu1 - cpu0) * 1e3 / (double)(done ? done : 1), rss0,
                rss1, p99_first, isinf(p99_min) ? 0 : p99_min, p99_max, isinf(peak_min) ? 0 : peak_min, peak_max,
                atomic_load(&run.failed) ? "true" : "false");
         fflush(stdout);
@@ -450,7 +452,7 @@ static int load(uint32_t n_shards, unsigned model, uint64_t pushes) {
 
 static void usage(FILE *f) {
         fprintf(f, "usage: bench_ps_scale [--workers 1,8,64,256] [--pushes N] [--shards S] [--load-pushes N]\n"
-                   "                      [--no-load] [--no-scale] [--psd PATH]\n"
+                   "                      [--no-load] [--no-scale] [--psd PATH] [--wire-dtype float32|bfloat16]\n"
                    "One psd over gRPC against simulated workers (threads, real-sized pushes of the demo model),\n"
                    "and the load between S shards for the demo model and for one with a very large variable.\n");
 }
@@ -460,7 +462,8 @@ int main(int argc, char **argv) {
                 {"workers", required_argument, NULL, 'w'}, {"pushes", required_argument, NULL, 'n'},
                 {"shards", required_argument, NULL, 's'}, {"load-pushes", required_argument, NULL, 'l'},
                 {"no-load", no_argument, NULL, 'L'}, {"no-scale", no_argument, NULL, 'S'},
-                {"psd", required_argument, NULL, 'p'}, {"help", no_argument, NULL, 'h'}, {},
+                {"psd", required_argument, NULL, 'p'}, {"wire-dtype", required_argument, NULL, 'd'},
+                {"help", no_argument, NULL, 'h'}, {},
         };
         char workers_list[256] = "1,8,64,256";
         uint64_t pushes = 20000, load_pushes = 200, shards = 4;
@@ -484,6 +487,11 @@ int main(int argc, char **argv) {
                 case 'L': do_load = false; break;
                 case 'S': do_scale = false; break;
                 case 'p': psd_path = optarg; break;
+                case 'd':
+                        if (strcmp(optarg, "float32") != 0 && strcmp(optarg, "bfloat16") != 0)
+                                return usage(stderr), 64;
+                        wire_dtype = optarg;
+                        break;
                 case 'h': usage(stdout); return 0;
                 default: usage(stderr); return 64;
                 }

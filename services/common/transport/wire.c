@@ -9,6 +9,9 @@
 #include <string.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #define WIRE_SMALL_COPY 1024   /* tensors below this are copied: a slice of their own costs more */
 #define WIRE_MAX_NAME 1024
@@ -532,12 +535,34 @@ int wire_in_header(const struct wire_in *in, const ProtobufCMessageDescriptor *d
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire's tensors are little-endian, as this host");
 
-/* Little-endian bytes, so that it may write anywhere in a message (no alignment). */
+#ifdef __SSE2__
+/* Eight values at a time with SSE2 (every x86-64 has it; the compiler at -O2 would not vectorize the
+ * rounding): a push converts a megabyte of gradients per step, so this is on the step's path. */
+static inline __m128i bf16_round4(__m128i u) {
+        const __m128i one = _mm_set1_epi32(1), bias = _mm_set1_epi32(0x7fff);
+        const __m128i abs_mask = _mm_set1_epi32(0x7fffffff), inf = _mm_set1_epi32(0x7f800000);
+        const __m128i quiet = _mm_set1_epi32(0x400000);
+        __m128i r = _mm_add_epi32(_mm_add_epi32(u, bias), _mm_and_si128(_mm_srli_epi32(u, 16), one));
+        __m128i nan = _mm_cmpgt_epi32(_mm_and_si128(u, abs_mask), inf);   /* |u| > Inf bits: NaN */
+        __m128i v = _mm_or_si128(_mm_and_si128(nan, _mm_or_si128(u, quiet)), _mm_andnot_si128(nan, r));
+        return _mm_srai_epi32(v, 16);   /* arithmetic: packs_epi32 then keeps the 16 bits unsaturated */
+}
+#endif
+
+/* round to nearest, ties to even; a NaN stays a (quiet) NaN instead of rounding to Inf. Writes
+ * little-endian bytes anywhere (no alignment), so it may write straight into a message. */
 static void bf16_pack(uint8_t *dst, const float *src, size_t n) {
-        for (size_t i = 0; i < n; i++) {
+        size_t i = 0;
+#ifdef __SSE2__
+        for (; i + 8 <= n; i += 8) {
+                __m128i a = bf16_round4(_mm_loadu_si128((const __m128i *)(const void *)(src + i)));
+                __m128i b = bf16_round4(_mm_loadu_si128((const __m128i *)(const void *)(src + i + 4)));
+                _mm_storeu_si128((__m128i *)(void *)(dst + 2 * i), _mm_packs_epi32(a, b));
+        }
+#endif
+        for (; i < n; i++) {
                 uint32_t u;
                 memcpy(&u, &src[i], sizeof(u));
-                /* round to nearest, ties to even; a NaN stays a (quiet) NaN instead of rounding to Inf */
                 uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
                 uint32_t h = ((u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : r) >> 16;
                 dst[2 * i] = (uint8_t)h;
@@ -546,11 +571,21 @@ static void bf16_pack(uint8_t *dst, const float *src, size_t n) {
 }
 
 void wire_bf16_from_f32(uint16_t *dst, const float *src, size_t n) {
-        bf16_pack((uint8_t *)dst, src, n);   /* this host is little-endian (as the wire: checked at build) */
+        bf16_pack((uint8_t *)dst, src, n);   /* this host is little-endian, as the wire (asserted above) */
 }
 
 void wire_bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
-        for (size_t i = 0; i < n; i++) {
+        size_t i = 0;
+#ifdef __SSE2__
+        const __m128i zero = _mm_setzero_si128();
+        for (; i + 8 <= n; i += 8) {
+                __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(src + i));
+                /* each 16 bits become the upper half of a 32-bit lane: exactly the float */
+                _mm_storeu_si128((__m128i *)(void *)(dst + i), _mm_unpacklo_epi16(zero, h));
+                _mm_storeu_si128((__m128i *)(void *)(dst + i + 4), _mm_unpackhi_epi16(zero, h));
+        }
+#endif
+        for (; i < n; i++) {
                 uint32_t u = (uint32_t)src[i] << 16;
                 memcpy(&dst[i], &u, sizeof(u));
         }
