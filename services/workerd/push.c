@@ -103,6 +103,7 @@ struct pusher {
         struct push_plan *plan;
         uint32_t *ready;          /* (n_parts) scratch: the groups a block completes */
         bool linked;              /* the ps client has our groups */
+        bool overlap;             /* training.overlap_push: a step does not wait for its own pushes */
         uint64_t local_step;
         bool counted;             /* this step has sent the push that counts it */
         int err;                  /* the step's first failure, and why */
@@ -142,6 +143,7 @@ int pusher_new(const struct job_config *cfg, const struct job_layout *L, struct 
         if (!pu || !blocked || !(pu->ready = calloc(L->plan->n_parts + 1, sizeof(uint32_t))))
                 goto fail;
         pu->pc = pc;
+        pu->overlap = cfg->training.overlap_push;
         if ((r = job_model_blocks(L, m, blocked)) < 0 || (rep && (r = replicas_blocks(rep, L, m)) < 0) ||
             (r = push_plan_new(L, blocked, &pu->plan)) < 0)
                 goto fail;
@@ -195,17 +197,25 @@ void push_step_begin(struct pusher *pu, uint64_t local_step) {
         pu->err = 0;
 }
 
+/* The step's first failure is kept, with why. */
+static void note_failure(struct pusher *pu, int r, const char *why) {
+        if (r < 0 && !pu->err) {
+                pu->err = r;
+                snprintf(pu->msg, sizeof(pu->msg), "%s", why);
+        }
+}
+
 int push_await(void *ud, uint32_t var, uint32_t block) {
         struct pusher *pu = ud;
         uint64_t t0 = mono_us();
         uint32_t first, n = push_plan_block(pu->plan, var, block, &first);
         for (uint32_t i = 0; i < n; i++) {
                 char err[sizeof(pu->msg)];
-                int r = ps_client_wait(pu->pc, pu->plan->part_group[first + i], err, sizeof(err));
-                if (r < 0 && !pu->err) {
-                        pu->err = r;
-                        snprintf(pu->msg, sizeof(pu->msg), "%s", err);
-                }
+                uint32_t g = pu->plan->part_group[first + i];
+                /* overlapped: the values kept from the push before; the last one still travels */
+                int r = pu->overlap ? ps_client_take(pu->pc, g, err, sizeof(err))
+                                    : ps_client_wait(pu->pc, g, err, sizeof(err));
+                note_failure(pu, r, err);
         }
         pu->wait_us += mono_us() - t0;
         return 0;
@@ -217,6 +227,12 @@ int push_ready(void *ud, uint32_t var, uint32_t block) {
         uint32_t n = push_plan_ready(pu->plan, var, block, pu->ready);
         for (uint32_t i = 0; i < n; i++) {
                 uint32_t g = pu->ready[i];
+                char err[sizeof(pu->msg)];
+                /* overlapped: the group's last push ends here (its values kept for the next step) */
+                int r = pu->overlap ? ps_client_hold(pu->pc, g, err, sizeof(err)) : 0;
+                note_failure(pu, r, err);
+                if (r < 0)
+                        continue;
                 /* the first push to shard 0 of a step counts it in global_step */
                 bool count = pu->plan->groups[g].shard == 0 && !pu->counted;
                 pu->counted |= count;

@@ -57,9 +57,13 @@ struct pusher *pusher_free(struct pusher *pu);
 /* A step begins: its pushes carry local_step, and its first push to shard 0 counts it in global_step. */
 void push_step_begin(struct pusher *pu, uint64_t local_step);
 /* model_forward_blocks' callback (ud: the pusher): waits for the fresh values of (var, block) from
- * the last step's push. A failed push becomes the step's failure; returns 0 so forward goes on. */
+ * the last step's push — or, with training.overlap_push, puts in those of the push before, kept aside,
+ * without waiting for the last one (ps_client_take). A failed push becomes the step's failure; returns
+ * 0 so forward goes on. */
 int push_await(void *pu, uint32_t var, uint32_t block);
-/* model_backward_blocks' callback: pushes each group (var, block) completes. Returns 0. */
+/* model_backward_blocks' callback: pushes each group (var, block) completes (with
+ * training.overlap_push, first ends the group's push still travelling and keeps its values aside:
+ * ps_client_hold; if that push failed, the step has failed and no new push starts). Returns 0. */
 int push_ready(void *pu, uint32_t var, uint32_t block);
 /* The step has failed so far (backward need not run). */
 bool push_failed(const struct pusher *pu);

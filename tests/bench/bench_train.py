@@ -5,7 +5,8 @@ used. The distributed modes run as a job on one host runs: tensors between worke
 shared memory (rpc.shared_memory, the default); the "-grpc" modes run the same jobs with it off, every
 tensor through loopback gRPC, as between hosts, and the "-grpc-tls" modes the same with mutual TLS
 (certificates from psfleet certs in a temporary directory): what TLS costs; the "-grpc-bf16" modes push
-gradients and get values back in bfloat16 (rpc.wire_dtype). Also the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
+gradients and get values back in bfloat16 (rpc.wire_dtype), the "-overlap" modes compute the next step
+while a push travels (training.overlap_push). Also the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
 Debian's python3-torch is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same
 model and batch.
 
@@ -88,6 +89,12 @@ def main():
     bj["rpc"]["wire_dtype"] = "bfloat16"
     json.dump(bj, bf16_job)
     bf16_job.close()
+    # and over gRPC with the next step computed while a push travels (training.overlap_push)
+    ovl_job = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-overlap-", delete=False)
+    oj = json.loads(json.dumps(gj))
+    oj["training"]["overlap_push"] = True
+    json.dump(oj, ovl_job)
+    ovl_job.close()
     # and over gRPC with mutual TLS, certificates from psfleet certs (the cost of TLS, side by side)
     tls_dir = tempfile.mkdtemp(prefix="bench-tls-")
     tls_job = os.path.join(tls_dir, "job.json")
@@ -95,6 +102,10 @@ def main():
     tj["security"] = {"mode": "mtls", "ca": tls_dir + "/{job}/ca.crt", "cert": tls_dir + "/{job}/{task}.crt",
                       "key": tls_dir + "/{job}/{task}.key"}
     json.dump(tj, open(tls_job, "w"))
+    tls_ovl_job = os.path.join(tls_dir, "job-overlap.json")
+    tj = json.loads(json.dumps(tj))
+    tj["training"]["overlap_push"] = True
+    json.dump(tj, open(tls_ovl_job, "w"))
     subprocess.run([psfleet, "certs", "--job", tls_job, "--dir", tls_dir], check=True, capture_output=True)
     modes = [("standalone", a.job, ["--standalone"]), ("1ps+1worker", a.job, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers", a.job, ["--ps", "1", "--workers", "2"]),
@@ -102,8 +113,11 @@ def main():
              ("1ps+2workers-grpc", grpc_job.name, ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc-bf16", bf16_job.name, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers-grpc-bf16", bf16_job.name, ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-grpc-overlap", ovl_job.name, ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers-grpc-overlap", ovl_job.name, ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc-tls", tls_job, ["--ps", "1", "--workers", "1"]),
-             ("1ps+2workers-grpc-tls", tls_job, ["--ps", "1", "--workers", "2"])]
+             ("1ps+2workers-grpc-tls", tls_job, ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-grpc-tls-overlap", tls_ovl_job, ["--ps", "1", "--workers", "1"])]
     if a.modes:
         wanted = set(a.modes.split(",")) | {"standalone"}
         modes = [m for m in modes if m[0] in wanted]
@@ -116,12 +130,14 @@ def main():
     sa = best["standalone"]["examples_per_s"]
     os.unlink(grpc_job.name)
     os.unlink(bf16_job.name)
+    os.unlink(ovl_job.name)
     shutil.rmtree(tls_dir, ignore_errors=True)
     for name, _, _ in modes:
         r = best[name]
         line = {"mode": name, "transport": "none" if name == "standalone" else
                 ("grpc" if name.endswith("-grpc") else "grpc+mtls" if name.endswith("-tls") else
-                 "grpc, bfloat16" if name.endswith("-bf16") else "shared memory"), "batch": batch, "threads": threads, "steps": a.steps,
+                 "grpc, bfloat16" if name.endswith("-bf16") else "grpc, overlapped" if name.endswith("-grpc-overlap")
+                 else "grpc+mtls, overlapped" if name.endswith("-tls-overlap") else "shared memory"), "batch": batch, "threads": threads, "steps": a.steps,
                 "examples_per_s": round(r["examples_per_s"], 1), "ratio_to_standalone": round(r["examples_per_s"] / sa, 3),
                 "test_accuracy": r.get("test_accuracy"),
                 # CPU of every process of the run (start-up and the final evaluation included) per step,

@@ -1,6 +1,7 @@
 /* ps client, a worker's pushes against a fake ps on loopback: values land in the parameter block when
- * waited for, global_step and the counting pushes in flight, a refused push, a shard that is down, and
- * shared memory set up but refused by the shard (the pushes then go through gRPC). */
+ * waited for, global_step and the counting pushes in flight, a refused push, a shard that is down,
+ * shared memory set up but refused by the shard (the pushes then go through gRPC), and overlapped
+ * pushes (hold and take). */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -86,6 +87,7 @@ struct fx {
         struct job_layout *L;
         struct ps_client *pc;
         struct ps_group groups[2];   /* all of a shard's parts */
+        bool overlap;                /* training.overlap_push */
 };
 
 static void fx_job(struct fx *x, bool shard1_up) {
@@ -96,8 +98,9 @@ static void fx_job(struct fx *x, bool shard1_up) {
                  "{\"job\": \"t\", \"cluster\": {\"chief\": [\"127.0.0.1:1\"], \"ps\": [\"%s\", \"%s\"],"
                  " \"worker\": [\"127.0.0.1:4\"]},"
                  " \"model\": {\"input\": [4], \"layers\": [{\"type\": \"dense\", \"units\": 3}, {\"type\": \"relu\"},"
-                 " {\"type\": \"dense\", \"units\": 2}]}, \"rpc\": {\"deadline_ms\": 5000}}",
-                 ps0, ps1);
+                 " {\"type\": \"dense\", \"units\": 2}]}, \"rpc\": {\"deadline_ms\": 5000},"
+                 " \"training\": {\"overlap_push\": %s}}",
+                 ps0, ps1, x->overlap ? "true" : "false");
         if (config_load_string(json, "t.json", &x->cfg, err, sizeof(err)) < 0)
                 fail_msg("%s", err);
         assert_int_equal(backend_cpu_new(1, &x->be), 0);
@@ -229,12 +232,73 @@ static void test_shared_memory_refused(void **state) {
         check_group(x, 1, params, grads, 1);
 }
 
+/* training.overlap_push: hold ends a push and keeps its values aside, take puts them in without waiting
+ * for the push in flight; a push's message has the gradients of when it started (copied: the next step
+ * writes the block meanwhile); wait still waits for everything and puts the newest in. */
+static void test_overlap(void **state) {
+        struct fx *x = *state;
+        x->overlap = true;
+        fx_job(x, true);
+        float *params = model_params(x->m), *grads = model_grads(x->m);
+        size_t np = x->L->n_params;
+        float *g1 = malloc(np * sizeof(float)), *g2 = malloc(np * sizeof(float));
+        assert_int_equal(ps_client_link(x->pc, 0, 2, x->groups, params, grads, NULL, NULL), 0);
+        for (size_t i = 0; i < np; i++) {
+                g1[i] = (float)i;
+                g2[i] = (float)i * 10;
+                params[i] = -1;
+        }
+        char err[600];
+        memcpy(grads, g1, np * sizeof(float));
+        ps_client_push(x->pc, 0, 1, true);                                  /* step 1 */
+        assert_int_equal(ps_client_take(x->pc, 0, err, sizeof(err)), 0);  /* nothing kept yet */
+        assert_true(params[0] == -1);
+        assert_int_equal(ps_client_hold(x->pc, 0, err, sizeof(err)), 0);  /* step 2's backward */
+        assert_true(params[0] == -1);                                       /* kept aside, not in */
+
+        /* step 2's push travels while gRPC is held back and the block is written again */
+        pthread_mutex_lock(&x->fake.mu);
+        x->fake.hold = true;
+        pthread_mutex_unlock(&x->fake.mu);
+        memcpy(grads, g2, np * sizeof(float));
+        ps_client_push(x->pc, 0, 2, true);
+        for (size_t i = 0; i < np; i++)
+                grads[i] = -7;                                              /* step 3 writes gradients */
+        assert_int_equal(ps_client_take(x->pc, 0, err, sizeof(err)), 0);  /* does not wait for step 2 */
+        check_group(x, 0, params, g1, 1);
+        pthread_mutex_lock(&x->fake.mu);
+        x->fake.hold = false;
+        pthread_cond_broadcast(&x->fake.cond);
+        pthread_mutex_unlock(&x->fake.mu);
+        assert_int_equal(ps_client_hold(x->pc, 0, err, sizeof(err)), 0);
+        check_group(x, 0, params, g1, 1);                                   /* until taken */
+        assert_int_equal(ps_client_take(x->pc, 0, err, sizeof(err)), 0);
+        check_group(x, 0, params, g2, 1);                                   /* what step 2 pushed */
+
+        /* wait: everything, the newest values in (a kept older one is dropped) */
+        ps_client_push(x->pc, 0, 3, true);
+        assert_int_equal(ps_client_hold(x->pc, 0, err, sizeof(err)), 0);
+        memcpy(grads, g1, np * sizeof(float));
+        ps_client_push(x->pc, 0, 4, true);
+        assert_int_equal(ps_client_wait(x->pc, 0, err, sizeof(err)), 0);
+        check_group(x, 0, params, g1, 1);
+        assert_int_equal(ps_client_take(x->pc, 0, err, sizeof(err)), 0);  /* nothing left over */
+        check_group(x, 0, params, g1, 1);
+
+        /* a refused push is the hold's failure */
+        ps_client_push(x->pc, 1, 99, false);
+        assert_int_equal(ps_client_hold(x->pc, 1, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "refused: step 99"));
+        free(g1), free(g2);
+}
+
 int main(void) {
         rpc_global_init();
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_push_and_wait, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_shard_down, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_shared_memory_refused, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_overlap, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,6 +41,7 @@ struct training_config {
         double lr_decay_rate;       /* exponential: lr * rate^(step / decay_steps) */
         uint64_t lr_decay_steps;
         bool lr_staircase;
+        bool overlap_push;      /* workerd: the next step computes while a gRPC push travels (one step stale) */
         uint64_t max_steps;         /* of global_step */
         uint32_t report_every_steps;
         uint32_t threads;           /* BLAS threads in workerd, server threads in psd */

@@ -26,7 +26,7 @@ static int add(json_t *obj, const char *key, json_t *v) {
  * of the canonical form and the fingerprint (a worker with more BLAS threads is the same job). */
 static bool node_local(const char *key) {
         return strcmp(key, "training.threads") == 0 || strcmp(key, "training.report_every_steps") == 0 ||
-               strcmp(key, "ps.stop_grace_secs") == 0;
+               strcmp(key, "ps.stop_grace_secs") == 0 || strcmp(key, "training.overlap_push") == 0;
 }
 
 static json_t *section_json(const struct job_config *c, const char *section) {

@@ -143,6 +143,13 @@ const struct config_key cfg_keys[] = {
                "exponential: lr * lr_decay_rate ^ (global_step / lr_decay_steps)."),
         K_DBL("training.lr_decay_rate", training.lr_decay_rate, 0.96, 0, true, 1, false, "exponential: decay rate."),
         K_U64("training.lr_decay_steps", training.lr_decay_steps, 1000, 1, INT64_MAX, "exponential: decay steps."),
+        K_BOOL("training.overlap_push", training.overlap_push, false,
+               "workerd, pushes through gRPC: start the next step while this step's push travels, instead of "
+               "waiting for its answer. The step then computes with the values answered to the push before "
+               "(one step stale in this worker's own updates, as if one more worker ran), and the network's "
+               "and psd's time hide behind compute. Off: every step sees its own last update (a single "
+               "worker then equals standalone training). Shared-memory pushes are answered in place and "
+               "always wait."),
         K_BOOL("training.lr_staircase", training.lr_staircase, false,
                "exponential: decay in whole steps (integer division)."),
         K_U64("training.max_steps", training.max_steps, 1000, 1, 1000000000000, "Training stops when global_step reaches this."),

@@ -39,6 +39,8 @@ struct flight {
         uint64_t t0;              /* mono_us when the push started */
         struct metric *latency;   /* psfleet_worker_push_seconds of its shard */
         struct wire_in *reply;    /* answered: the fresh values, checked against the layout */
+        struct wire_in *held;     /* overlap: an earlier push's values, for the next ps_client_take (the
+                                   * pushing thread's) */
         int err;
         char msg[600];
 };
@@ -116,6 +118,7 @@ struct ps_client *ps_client_free(struct ps_client *pc) {
         for (uint32_t i = 0; i < pc->n_fl; i++) {
                 free((uint32_t *)pc->fl[i].g.parts);
                 wire_in_free(pc->fl[i].reply);
+                wire_in_free(pc->fl[i].held);
         }
         free(pc->fl);
         shmlink_free(pc->link);
@@ -135,9 +138,9 @@ static void caller_init(struct ps_client *pc, Psfleet__V1__Caller *c) {
         c->task = pc->task;
 }
 
-/* Appends part p of a block as a tensor named name[/suffix] of `dtype` (float32: lent). */
+/* Appends part p of a block as a tensor named name[/suffix] of `dtype` (float32: lent unless copy). */
 static int add_part(struct wire_out *o, const struct job_layout *L, uint32_t p, const float *block,
-                    const char *suffix, uint32_t dtype) {
+                    const char *suffix, uint32_t dtype, bool copy) {
         const struct placement_part *pp = &L->plan->parts[p];
         const struct job_var *v = &L->vars[pp->var];
         char name[300];
@@ -147,8 +150,10 @@ static int add_part(struct wire_out *o, const struct job_layout *L, uint32_t p, 
                 snprintf(name, sizeof(name), "%s", v->name);
         uint64_t shape[2] = {pp->row_end - pp->row_begin, v->cols};
         const float *data = block + v->offset + (size_t)pp->row_begin * v->cols;
-        return wire_out_tensor_f32(o, name, dtype, shape, 2, pp->row_begin, data, (size_t)shape[0] * shape[1],
-                                   NULL, NULL);
+        size_t n = (size_t)shape[0] * shape[1];
+        if (copy && dtype == WIRE_DTYPE_FLOAT32)
+                return wire_out_tensor_copy(o, name, dtype, shape, 2, pp->row_begin, data, n * sizeof(float));
+        return wire_out_tensor_f32(o, name, dtype, shape, 2, pp->row_begin, data, n, NULL, NULL);
 }
 
 /* Waits for the batch; the first failure (ours or a server's, with its message) becomes the result. */
@@ -188,9 +193,9 @@ int ps_client_assign(struct ps_client *pc, const bool *which, const float *param
                 wire_out_header(o, &h.base);
                 for (uint32_t i = 0; i < L->shard_count[s] && r >= 0; i++) {
                         uint32_t p = L->shard_parts[L->shard_first[s] + i];
-                        r = add_part(o, L, p, params, NULL, WIRE_DTYPE_FLOAT32);
+                        r = add_part(o, L, p, params, NULL, WIRE_DTYPE_FLOAT32, false);
                         for (unsigned k = 0; slots && k < L->n_slots && r >= 0; k++)
-                                r = add_part(o, L, p, slots[k], optim_slot_name(L->optimizer, k), WIRE_DTYPE_FLOAT32);
+                                r = add_part(o, L, p, slots[k], optim_slot_name(L->optimizer, k), WIRE_DTYPE_FLOAT32, false);
                 }
                 if (r >= 0)
                         r = wire_out_finish(o, &bb);
@@ -322,7 +327,8 @@ int ps_client_stop(struct ps_client *pc, const char *reason) {
 
 /* ---- a worker's pushes ---- */
 
-/* Starts group f's push through gRPC: its gradients are lent to gRPC, not copied. */
+/* Starts group f's push through gRPC: its gradients are lent to gRPC, not copied — unless the worker
+ * overlaps its pushes, when the next step writes them while this push may still be on its way. */
 static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_step, bool count_step,
                       struct rpc_pending **ret) {
         Psfleet__V1__Caller caller;
@@ -341,7 +347,8 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
         wire_out_header(o, &h.base);
         for (uint32_t i = 0; i < f->g.n_parts && r >= 0; i++)
                 r = add_part(o, pc->L, f->g.parts[i], pc->grads, NULL,
-                             pc->cfg->rpc.wire_dtype == RPC_WIRE_BFLOAT16 ? WIRE_DTYPE_BFLOAT16 : WIRE_DTYPE_FLOAT32);
+                             pc->cfg->rpc.wire_dtype == RPC_WIRE_BFLOAT16 ? WIRE_DTYPE_BFLOAT16 : WIRE_DTYPE_FLOAT32,
+                             pc->cfg->training.overlap_push);
         if (r >= 0)
                 r = wire_out_finish(o, &bb);
         wire_out_free(o);
@@ -597,24 +604,63 @@ static int link_settle(struct ps_client *pc, uint32_t g, char *err, size_t errle
         return r;
 }
 
-int ps_client_wait(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
-        struct flight *f = &pc->fl[g];
-        if (f->via == VIA_LINK)
-                return link_settle(pc, g, err, errlen);
+/* Waits for flight g's gRPC push (if one is in flight) and takes its reply: 0 with the values in
+ * *in_ret (NULL when none), or its failure with why in err. */
+static int grpc_settle(struct ps_client *pc, struct flight *f, struct wire_in **in_ret, char *err, size_t errlen) {
         pthread_mutex_lock(&pc->mu);
         while (f->via == VIA_GRPC && !f->answered)
                 pthread_cond_wait(&pc->cond, &pc->mu);   /* bounded: every push has a deadline */
-        struct wire_in *in = f->reply;
+        *in_ret = f->reply;
         int r = f->via == VIA_NONE ? 0 : f->err;
         if (r < 0)
                 errf(err, errlen, r, "%s", f->msg);
         f->reply = NULL;
         f->via = VIA_NONE;
         pthread_mutex_unlock(&pc->mu);
+        return r;
+}
+
+static void copy_in(struct ps_client *pc, struct wire_in *in) {
         for (size_t t = 0; in && t < in->n_tensors; t++)
                 job_layout_copy_in(pc->L, &in->tensors[t], pc->params, NULL, NULL, 0);   /* checked on arrival */
         wire_in_free(in);
+}
+
+int ps_client_wait(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
+        struct flight *f = &pc->fl[g];
+        if (f->via == VIA_LINK)
+                return link_settle(pc, g, err, errlen);
+        struct wire_in *in;
+        int r = grpc_settle(pc, f, &in, err, errlen);
+        /* values held from an earlier push are older than any that just came */
+        if (in || r < 0)
+                f->held = wire_in_free(f->held);
+        copy_in(pc, f->held);
+        f->held = NULL;
+        copy_in(pc, in);
         return r;
+}
+
+int ps_client_hold(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
+        struct flight *f = &pc->fl[g];
+        if (f->via == VIA_LINK)
+                return link_settle(pc, g, err, errlen);
+        struct wire_in *in;
+        int r = grpc_settle(pc, f, &in, err, errlen);
+        if (in) {
+                wire_in_free(f->held);   /* never taken: newer values replace it */
+                f->held = in;
+        }
+        return r;
+}
+
+int ps_client_take(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
+        struct flight *f = &pc->fl[g];
+        if (f->via == VIA_LINK)   /* psd writes a shared-memory push's values in place: wait for them */
+                return link_settle(pc, g, err, errlen);
+        copy_in(pc, f->held);
+        f->held = NULL;
+        return 0;
 }
 
 uint64_t ps_client_global_step(struct ps_client *pc, uint32_t *counting_ret) {

@@ -77,6 +77,19 @@ void ps_client_push(struct ps_client *pc, uint32_t g, uint64_t local_step, bool 
  * values are in the parameter block; otherwise -errno (the shard refused the push, or is lost: then
  * its shared-memory link goes down until ps_client_link_shards), with why in err. */
 int ps_client_wait(struct ps_client *pc, uint32_t g, char *err, size_t errlen);
+/* ---- overlapped pushes (training.overlap_push): the next step computes while a push travels ----
+ *
+ * Instead of ps_client_wait before forward reads a group: ps_client_hold(g) before the group's next
+ * push starts (waits for the one in flight and keeps its values aside: 0, or its failure with why),
+ * and ps_client_take(g) before forward reads the group (puts the values kept aside in the parameter
+ * block; does not wait for a gRPC push in flight). So a step computes with the values answered to the
+ * push of two steps back: one step stale in the worker's own updates. The gradients of such a push
+ * are copied into its message (the next step writes the block meanwhile). A shared-memory push is
+ * answered in place: hold and take wait for it, as ps_client_wait does. ps_client_wait still waits for
+ * everything and puts the newest values in. */
+int ps_client_hold(struct ps_client *pc, uint32_t g, char *err, size_t errlen);
+int ps_client_take(struct ps_client *pc, uint32_t g, char *err, size_t errlen);
+
 /* The global_step shard 0 last told (a pull, or the newest answer to a push), and in *counting_ret
  * the pushes still unanswered that will count a step: where global_step is heading. Thread-safe. */
 uint64_t ps_client_global_step(struct ps_client *pc, uint32_t *counting_ret);
