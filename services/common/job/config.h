@@ -135,6 +135,10 @@ static inline uint32_t config_replicas_to_aggregate(const struct job_config *c) 
 static inline uint32_t config_total_num_replicas(const struct job_config *c) {
         return c->training.total_num_replicas ? c->training.total_num_replicas : c->cluster.n_worker;
 }
+/* Examples one global_step trains on: a sync step is replicas_to_aggregate workers' batches. */
+static inline uint64_t config_examples_per_step(const struct job_config *c) {
+        return (uint64_t)c->training.batch_size * (c->training.mode == MODE_SYNC ? config_replicas_to_aggregate(c) : 1);
+}
 
 /* ---- API ----
  * Error messages: functions that take (err, errlen) write exactly one line there on failure,
