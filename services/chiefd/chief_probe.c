@@ -38,6 +38,15 @@ static int probe_call(struct rpc_channel *ch, const char *method, const Protobuf
         return r;
 }
 
+/* training.mode sync: the shard's step and its dropped pushes, for its state line; else "". */
+static const char *sync_state(const struct chief *c, const Psfleet__V1__ShardStatus *st, char *buf, size_t len) {
+        if (c->cfg->training.mode != MODE_SYNC)
+                return "";
+        chief_strfmt(buf, len, "; sync step %" PRIu64 ", %" PRIu64 " stale dropped, %u held", st->sync_step,
+                 st->stale_dropped, st->held_pushes);
+        return buf;
+}
+
 /* Asks every shard for its status and records it. Returns the number of shards reachable; *n_init gets
  * the number initialized; why gets the first failure. */
 uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t len) {
@@ -59,6 +68,7 @@ uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t
                                 chief_strfmt(why, len, "%s", e);
                 } else {
                         const Psfleet__V1__ShardStatus *st = (const Psfleet__V1__ShardStatus *)m;
+                        char sync[96];
                         pi->reachable = true;
                         pi->lost_since_mono = 0;
                         pi->initialized = st->initialized;
@@ -68,9 +78,12 @@ uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t
                         if (st->initialized)
                                 chief_strfmt(pi->state, sizeof(pi->state),
                                          "initialized: %u variables, %" PRIu64 " bytes, %" PRIu64
-                                         " pushes, %" PRIu64 " rejected, %" PRIu64 " clipped, %u shared-memory link(s)",
+                                         " pushes, %" PRIu64 " rejected, %" PRIu64 " clipped, %u shared-memory link(s)"
+                                         "%s%s%s",
                                          st->variables, st->bytes, st->pushes, st->rejected, st->clipped,
-                                         st->shared_memory_links);
+                                         st->shared_memory_links, sync_state(c, st, sync, sizeof(sync)),
+                                         st->held_pushes && st->waiting_for ? "; " : "",
+                                         st->held_pushes && st->waiting_for ? st->waiting_for->last_error : "");
                         else
                                 chief_strfmt(pi->state, sizeof(pi->state), "uninitialized");
                         n_ok++;
