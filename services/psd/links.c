@@ -24,7 +24,7 @@ static void link_release(struct agg_waiter *w, int status, uint64_t step, const 
         struct link *k = lh->k;
         if (status == 0)
                 shard_block_read(k->p->s, w->idx, w->n, shmlink_params(k->l));
-        shmlink_reply(k->l, lh->g, lh->seq, status, step, msg);
+        shmlink_reply(k->l, lh->g, lh->seq, status, k->p->ssp ? atomic_load(&k->p->s->global_step) : step, msg);
 }
 
 /* training.mode sync: the checked gradients in scratch go to the step; the push is answered when the
@@ -90,7 +90,18 @@ static void serve_link_push(struct link *k, const struct shmlink_push *push) {
                 floats += p->s->parts[parts[i]].a.n;
         metric_add(p->m_in, floats * sizeof(float));
         metric_add(p->m_out, floats * sizeof(float));
-        shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step, floats, floats, t0), NULL);
+        uint64_t gs = count_push(p, push->count_step, floats, floats, t0);
+        if (p->ssp && push->count_step) {
+                /* ssp: a worker too far ahead gets its answer when the slowest is near enough */
+                struct link_held *lh = &k->held[gi];
+                ssp_forget(p->ssp, k);   /* an answer held before: the worker gave up on it */
+                *lh = (struct link_held){.k = k, .g = g, .seq = push->seq};
+                lh->w = (struct agg_waiter){.worker = k->worker, .n = k->count[gi], .idx = parts, .owner = k,
+                                            .release = link_release};
+                if (ssp_arrive(p->ssp, &lh->w, push->local_step, p->cfg->rpc.deadline_ms * 1000u))
+                        return;
+        }
+        shmlink_reply(k->l, g, push->seq, 0, gs, NULL);
 }
 
 static void *link_main(void *arg) {
@@ -125,6 +136,8 @@ static struct link *link_free(struct link *k) {
         }
         if (k->p->agg)
                 agg_forget(k->p->agg, k);   /* its held pushes: nobody reads their answers any more */
+        if (k->p->ssp)
+                ssp_forget(k->p->ssp, k);
         shmlink_free(k->l);
         free(k->held);
         free(k->groups);

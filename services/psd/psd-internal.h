@@ -14,6 +14,7 @@
 #include "rpc.h"
 #include "shard.h"
 #include "shmlink.h"
+#include "ssp.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 
@@ -30,6 +31,7 @@ struct psd {
         struct job_layout *L;
         struct shard *s;         /* the variables */
         struct agg *agg;         /* training.mode sync: the step's gradients and held pushes; else NULL */
+        struct ssp *ssp;         /* training.mode ssp, shard 0: the workers' clocks and held answers; else NULL */
         uint64_t incarnation;
         atomic_uint_fast64_t pushes, rejected;
         atomic_uint_fast64_t bytes_in, bytes_out, apply_us;   /* of the pushes applied (status, psfleet top) */

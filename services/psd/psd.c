@@ -30,6 +30,7 @@
 #include "rpc.h"
 #include "shard.h"
 #include "shmlink.h"
+#include "ssp.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
@@ -131,6 +132,9 @@ uint64_t count_push(struct psd *p, bool count_step, size_t floats, size_t floats
         atomic_fetch_add(&p->apply_us, mono_us() - t0);
         metric_add(p->m_pushes, 1);
         metric_set(p->m_step, (double)gs);
+        /* the last steps: a worker held now would wait for one that has stopped */
+        if (p->ssp && gs + 1 >= p->cfg->training.max_steps)
+                ssp_finish(p->ssp);
         return gs;
 }
 
@@ -196,11 +200,45 @@ struct held_call {
 
 static void held_release(struct agg_waiter *w, int status, uint64_t step, const char *msg) {
         struct held_call *hc = (struct held_call *)w;
-        if (status == 0)
-                reply_parts(hc->p, hc->call, hc->parts, hc->n_values, step);
+        if (status == 0)   /* ssp answers with global_step, as async does */
+                reply_parts(hc->p, hc->call, hc->parts, hc->n_values,
+                            hc->p->ssp ? atomic_load(&hc->p->s->global_step) : step);
         else
                 rpc_call_fail_errno(hc->call, status, "ps:%u: %s", hc->p->shard, msg);
         free(hc);
+}
+
+/* A held call for a push of parts[0..n) from the worker h names; NULL when out of memory. */
+static struct held_call *held_new(struct psd *p, struct rpc_call *call, const Psfleet__V1__PushHeader *h,
+                                  struct shard_part *const *parts, size_t n) {
+        struct held_call *hc = calloc(1, sizeof(*hc) + n * (sizeof(struct shard_part *) + sizeof(uint32_t)));
+        if (!hc)
+                return NULL;
+        hc->p = p;
+        hc->call = call;
+        hc->parts = (struct shard_part **)(hc + 1);
+        hc->idx = (uint32_t *)(hc->parts + n);
+        hc->n_values = h->want_values ? (uint32_t)n : 0;
+        for (size_t i = 0; i < n; i++) {
+                hc->parts[i] = parts[i];
+                hc->idx[i] = (uint32_t)(parts[i] - p->s->parts);
+        }
+        hc->w = (struct agg_waiter){.worker = h->worker, .version = h->local_step, .n = (uint32_t)n, .idx = hc->idx,
+                                    .release = held_release};
+        return hc;
+}
+
+/* training.mode ssp, shard 0: a worker's counting push, applied; true when its answer is held because
+ * the worker is too far ahead (ssp.h), false to answer now. */
+static bool ssp_hold(struct psd *p, struct rpc_call *call, const Psfleet__V1__PushHeader *h,
+                     struct shard_part *const *parts, size_t n) {
+        struct held_call *hc = held_new(p, call, h, parts, n);
+        if (!hc)
+                return false;
+        if (ssp_arrive(p->ssp, &hc->w, h->local_step, p->cfg->rpc.deadline_ms * 1000u))
+                return true;
+        free(hc);
+        return false;
 }
 
 /* training.mode sync: the checked gradients go to the step (agg_push); the call is answered when the
@@ -208,7 +246,7 @@ static void held_release(struct agg_waiter *w, int status, uint64_t step, const 
 static void sync_push(struct psd *p, struct rpc_call *call, const Psfleet__V1__PushHeader *h, const struct wire_in *in,
                       struct shard_part **parts, size_t total, float scale, uint64_t t0) {
         size_t n = in->n_tensors;
-        struct held_call *hc = calloc(1, sizeof(*hc) + n * (sizeof(struct shard_part *) + sizeof(uint32_t)));
+        struct held_call *hc = held_new(p, call, h, parts, n);
         float *g = malloc((total + 1) * sizeof(float));
         if (!hc || !g) {
                 free(hc);
@@ -226,17 +264,6 @@ static void sync_push(struct psd *p, struct rpc_call *call, const Psfleet__V1__P
                 free(g);
                 return;
         }
-        hc->p = p;
-        hc->call = call;
-        hc->parts = (struct shard_part **)(hc + 1);
-        hc->idx = (uint32_t *)(hc->parts + n);
-        hc->n_values = h->want_values ? (uint32_t)n : 0;
-        for (size_t i = 0; i < n; i++) {
-                hc->parts[i] = parts[i];
-                hc->idx[i] = (uint32_t)(parts[i] - p->s->parts);
-        }
-        hc->w = (struct agg_waiter){.worker = h->worker, .version = h->local_step, .n = (uint32_t)n, .idx = hc->idx,
-                                    .release = held_release};
         shard_wire_read(in, parts, scale, g);
         metric_add(p->m_in, grpc_byte_buffer_length(in->bb));
         count_push(p, false, total, h->want_values ? total : 0, t0);
@@ -299,6 +326,8 @@ static void on_push(struct rpc_call *call, void *ud) {
         shard_wire_apply(p->s, in, parts, scale, h->want_values ? vals->data : NULL);
         metric_observe_us(p->m_apply, mono_us() - t_apply);
         uint64_t gs = count_push(p, h->count_step, total, h->want_values ? total : 0, t0);
+        if (p->ssp && h->count_step && ssp_hold(p, call, h, parts, in->n_tensors))
+                goto out;   /* answered when the slowest worker is near enough */
 
         /* reply: the fresh values, lent without another copy */
         reply_values(p, call, parts, h->want_values ? in->n_tensors : 0, vals, gs);
@@ -461,7 +490,38 @@ static void on_status(struct rpc_call *call, void *ud) {
                         st.waiting_for = &wf;
                 }
         }
+        uint32_t W = p->cfg->cluster.n_worker;
+        struct ssp_clock *clk = p->ssp ? calloc(W, sizeof(*clk)) : NULL;
+        Psfleet__V1__WorkerClock *wc = clk ? calloc(W, sizeof(*wc)) : NULL, **wcp = wc ? calloc(W, sizeof(*wcp)) : NULL;
+        char why[300];
+        int peer;
+        char peer_name[32];
+        if (wcp) {
+                ssp_table(p->ssp, clk, &st.max_ahead, why, sizeof(why), &peer);
+                for (uint32_t w = 0; w < W; w++) {
+                        psfleet__v1__worker_clock__init(&wc[w]);
+                        wc[w] = (Psfleet__V1__WorkerClock){.base = wc[w].base, .worker = w, .clock = clk[w].clock,
+                                                           .live = clk[w].live, .waiting = clk[w].waiting};
+                        wcp[w] = &wc[w];
+                }
+                st.n_clocks = W;
+                st.clocks = wcp;
+                if (peer >= 0 && !st.waiting_for) {
+                        snprintf(peer_name, sizeof(peer_name), "worker:%d", peer);
+                        wf.peer = peer_name;
+                        wf.since_us = 0;
+                        for (uint32_t w = 0; w < W; w++)
+                                if (clk[w].waiting && (!wf.since_us || clk[w].waiting_since_us < wf.since_us))
+                                        wf.since_us = clk[w].waiting_since_us;
+                        wf.deadline_us = wf.since_us + p->cfg->rpc.deadline_ms * 1000u;
+                        wf.last_error = why;
+                        st.waiting_for = &wf;
+                }
+        }
         rpc_call_reply_msg(call, &st.base);
+        free(clk);
+        free(wc);
+        free(wcp);
 }
 
 static void on_stop(struct rpc_call *call, void *ud) {
@@ -500,6 +560,10 @@ static int psd_build(struct psd *p) {
         if (p->cfg->training.mode == MODE_SYNC &&
             (r = agg_new(p->s, p->cfg->cluster.n_worker, config_replicas_to_aggregate(p->cfg), &p->agg)) < 0)
                 return log_error_errno(r, "cannot set up the sync step");
+        if (p->cfg->training.mode == MODE_SSP && p->shard == 0 &&
+            (r = ssp_new(p->cfg->cluster.n_worker, p->cfg->training.staleness,
+                         p->cfg->supervisor.worker_timeout_secs * 1000000u, &p->ssp)) < 0)
+                return log_error_errno(r, "cannot set up the workers' clocks");
         psd_metrics(p);
         return 0;
 }
@@ -509,6 +573,7 @@ static void psd_done(struct psd *p) {
         links_free(p->links);   /* after the server: no attach can come any more */
         p->links = NULL;
         p->agg = agg_free(p->agg);   /* after the links: nothing is held any more */
+        p->ssp = ssp_free(p->ssp);
         p->attach = shmlink_server_free(p->attach);   /* closes the descriptors still pending, removes the socket */
         shard_free(p->s);
         job_layout_free(p->L);
@@ -676,6 +741,8 @@ static int run(int argc, char **argv) {
                 links_free(links_take(&p, UINT32_MAX));   /* links whose worker is gone */
                 if (p.agg)
                         agg_expire(p.agg, now_us());   /* held pushes past their deadline: answered with why */
+                if (p.ssp)
+                        ssp_tick(p.ssp, now_us());   /* and those a worker gone no longer holds back */
                 metric_set(p.m_links, links_count(&p));
                 if (grace_end)
                         continue;
@@ -691,6 +758,8 @@ static int run(int argc, char **argv) {
         notify_stopping();
         if (p.agg)
                 agg_expire(p.agg, UINT64_MAX);   /* a held call would hold the shutdown */
+        if (p.ssp)
+                ssp_tick(p.ssp, UINT64_MAX);     /* nobody is live then: every held worker goes */
         if (rpc_server_shutdown(p.server, 10000) < 0)
                 log_warning("some calls did not end within 10 s");
 out:
