@@ -235,7 +235,7 @@ static void notify_progress(struct chief *c, struct loop *lp) {
         lp->last_notify = t;
         pthread_mutex_lock(&c->lock);
         uint64_t gs = c->global_step;
-        double eps = chief_steps_per_s_locked(c) * c->cfg->training.batch_size;
+        double eps = chief_steps_per_s_locked(c) * (double)config_examples_per_step(c->cfg);
         float loss = chief_loss_locked(c);
         pthread_mutex_unlock(&c->lock);
         notify_status("step %" PRIu64 "/%" PRIu64 ", loss %.3g, %.0f ex/s", gs, c->cfg->training.max_steps,
@@ -489,7 +489,7 @@ static int finish(struct chief *c) {
         float acc = c->eval_accuracy, loss = c->eval_loss;
         chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_FINISHED});
         float wall = c->wall_s;
-        double eps = chief_steps_per_s_locked(c) * cfg->training.batch_size;
+        double eps = chief_steps_per_s_locked(c) * (double)config_examples_per_step(cfg);
         pthread_mutex_unlock(&c->lock);
         chief_save_job(c);
         chief_session_log(c, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "done");

@@ -2,6 +2,7 @@
  * end, every worker's WorkerStatus and Stop. Each call has a short deadline. Main thread. */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,28 @@ static int probe_call(struct rpc_channel *ch, const char *method, const Protobuf
         return r;
 }
 
+/* training.mode sync: the shard's step and its dropped pushes, for its state line; else "". */
+static const char *sync_state(const struct chief *c, const Psfleet__V1__ShardStatus *st, char *buf, size_t len) {
+        if (c->cfg->training.mode == MODE_SYNC) {
+                chief_strfmt(buf, len, "; sync step %" PRIu64 ", %" PRIu64 " stale dropped, %u held", st->sync_step,
+                             st->stale_dropped, st->held_pushes);
+                return buf;
+        }
+        if (c->cfg->training.mode != MODE_SSP || !st->n_clocks)
+                return "";
+        /* ssp: the clock table, "w0 12, w1 10 (waits), w2 - (not live)" */
+        size_t at = (size_t)snprintf(buf, len, "; ssp clocks");
+        for (size_t i = 0; i < st->n_clocks && at < len; i++) {
+                const Psfleet__V1__WorkerClock *k = st->clocks[i];
+                at += (size_t)snprintf(buf + at, len - at, "%s w%u %" PRIu64 "%s", i ? "," : "", k->worker, k->clock,
+                                       k->waiting ? " (waits)" : k->live ? "" : " (not live)");
+        }
+        if (at < len)
+                snprintf(buf + at, len - at, ", most ahead %" PRIu64 " (bound %u)", st->max_ahead,
+                         c->cfg->training.staleness);
+        return buf;
+}
+
 /* Asks every shard for its status and records it. Returns the number of shards reachable; *n_init gets
  * the number initialized; why gets the first failure. */
 uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t len) {
@@ -59,6 +82,7 @@ uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t
                                 chief_strfmt(why, len, "%s", e);
                 } else {
                         const Psfleet__V1__ShardStatus *st = (const Psfleet__V1__ShardStatus *)m;
+                        char sync[256];
                         pi->reachable = true;
                         pi->lost_since_mono = 0;
                         pi->initialized = st->initialized;
@@ -68,9 +92,11 @@ uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t
                         if (st->initialized)
                                 chief_strfmt(pi->state, sizeof(pi->state),
                                          "initialized: %u variables, %" PRIu64 " bytes, %" PRIu64
-                                         " pushes, %" PRIu64 " rejected, %" PRIu64 " clipped, %u shared-memory link(s)",
+                                         " pushes, %" PRIu64 " rejected, %" PRIu64 " clipped, %u shared-memory link(s)"
+                                         "%s%s%s",
                                          st->variables, st->bytes, st->pushes, st->rejected, st->clipped,
-                                         st->shared_memory_links);
+                                         st->shared_memory_links, sync_state(c, st, sync, sizeof(sync)),
+                                         st->waiting_for ? "; " : "", st->waiting_for ? st->waiting_for->last_error : "");
                         else
                                 chief_strfmt(pi->state, sizeof(pi->state), "uninitialized");
                         n_ok++;

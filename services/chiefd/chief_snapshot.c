@@ -71,7 +71,7 @@ void chief_maybe_write_summaries(struct chief *c) {
         if (isfinite(loss))
                 v[n++] = (struct summary_scalar){"loss", loss};
         v[n++] = (struct summary_scalar){"global_step/sec", (float)sps};
-        v[n++] = (struct summary_scalar){"examples/sec", (float)(sps * cfg->training.batch_size)};
+        v[n++] = (struct summary_scalar){"examples/sec", (float)(sps * (double)config_examples_per_step(cfg))};
         v[n++] = (struct summary_scalar){"learning_rate", (float)optim_learning_rate(&cfg->training, gs)};
         write_scalars(c, gs, v, n);
         free(v);

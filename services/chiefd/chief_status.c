@@ -236,7 +236,7 @@ grpc_byte_buffer *chief_status_pack(struct chief *c) {
         s.global_step = c->global_step;
         double sps = chief_steps_per_s_locked(c);
         s.steps_per_s = (float)sps;
-        s.examples_per_s = (float)(sps * c->cfg->training.batch_size);
+        s.examples_per_s = (float)(sps * (double)config_examples_per_step(c->cfg));
         if (c->js.state == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE || c->end_mono)
                 s.eta_s = 0;
         else if (sps > 0)

@@ -48,7 +48,7 @@ struct ps_info {
         bool reachable, initialized;
         uint64_t incarnation, global_step, last_seen_us;
         uint64_t lost_since_mono;       /* 0 while reachable */
-        char state[256];
+        char state[640];                /* with, in sync mode, the step it holds pushes for and whose it lacks */
 };
 
 struct sample {

@@ -60,7 +60,7 @@ struct child {
 
 struct local {
         /* options */
-        const char *job_path, *loss_log, *state_dir_opt;
+        const char *job_path, *loss_log, *state_dir_opt, *params_out;
         bool standalone, keep_state, quiet;
         uint64_t max_steps, n_ps, n_workers;    /* 0: the job's own */
 
@@ -131,6 +131,7 @@ static void local_help(FILE *f) {
                 "every child and exits non-zero.\n"
                 "\n"
                 "  --standalone       train in this process without RPC (the reference); \"mode\": \"standalone\"\n"
+                "  --params-out FILE  --standalone: write the final variables to FILE (safetensors)\n"
                 "  --ps N             run N ps shards instead of the job's count\n"
                 "  --workers N        run N workers instead of the job's count\n"
                 "  --max-steps N      override training.max_steps\n"
@@ -732,7 +733,7 @@ static int run_standalone(struct local *L) {
         }
         struct trainer_result res;
         char err[1024];
-        int r = trainer_standalone(L->cfg, log, standalone_progress, L, &res, err, sizeof(err));
+        int r = trainer_standalone(L->cfg, log, L->params_out, standalone_progress, L, &res, err, sizeof(err));
         progress_end(&L->prog);
         if (log && fclose(log) != 0 && r >= 0) {
                 cli_error("cannot write the loss log \"%s\": %m", L->loss_log);
@@ -782,6 +783,7 @@ int cmd_local(int argc, char **argv) {
         struct local L = {.cpu_base = rusage_cpu_s(RUSAGE_SELF) + rusage_cpu_s(RUSAGE_CHILDREN)};
         const struct cli_opt opts[] = {
                 CLI_FLAG("standalone", &L.standalone),
+                CLI_STRING("params-out", &L.params_out),
                 CLI_STRING("loss-log", &L.loss_log),
                 CLI_FLAG("keep-state", &L.keep_state),
                 CLI_FLAG("quiet", &L.quiet),

@@ -17,6 +17,45 @@
 
 /* ---- Pushes through shared memory: receive → validate → apply → reply, per link ---- */
 
+/* The step of a held push is applied (or it timed out, or was dropped): its values into the segment,
+ * and the answer. Runs on whichever thread completed the step. */
+static void link_release(struct agg_waiter *w, int status, uint64_t step, const char *msg) {
+        struct link_held *lh = (struct link_held *)w;
+        struct link *k = lh->k;
+        if (status == 0)
+                shard_block_read(k->p->s, w->idx, w->n, shmlink_params(k->l));
+        shmlink_reply(k->l, lh->g, lh->seq, status, k->p->ssp ? atomic_load(&k->p->s->global_step) : step, msg);
+}
+
+/* training.mode sync: the checked gradients in scratch go to the step; the push is answered when the
+ * step is applied, now when they are stale (with the values they missed), or refused. */
+static void sync_link_push(struct link *k, const struct shmlink_push *push, size_t floats, uint64_t t0) {
+        struct psd *p = k->p;
+        uint32_t gi = push->index, g = k->groups[gi];
+        struct link_held *lh = &k->held[gi];
+        agg_cancel(p->agg, &lh->w);   /* a push the worker gave up on: it pushes a group again only then */
+        lh->k = k;
+        lh->g = g;
+        lh->seq = push->seq;
+        lh->w = (struct agg_waiter){.worker = k->worker, .version = push->local_step, .n = k->count[gi],
+                                    .idx = k->parts + k->first[gi], .owner = k, .release = link_release};
+        metric_add(p->m_in, floats * sizeof(float));
+        metric_add(p->m_out, floats * sizeof(float));
+        count_push(p, false, floats * sizeof(float), floats * sizeof(float), t0);
+        uint64_t step;
+        enum agg_verdict v = agg_push(p->agg, &lh->w, k->scratch, p->cfg->rpc.deadline_ms * 1000u, &step);
+        if (v == AGG_STALE) {
+                shard_block_read(p->s, lh->w.idx, lh->w.n, shmlink_params(k->l));
+                shmlink_reply(k->l, g, push->seq, 0, step, NULL);
+        } else if (v == AGG_REFUSED) {
+                char err[300];
+                snprintf(err, sizeof(err), "push of %s computed from step %llu, but ps:%u is at step %llu: pull again",
+                         k->name, (unsigned long long)push->local_step, p->shard, (unsigned long long)step);
+                note_reject(p, err);
+                shmlink_reply(k->l, g, push->seq, -EAGAIN, 0, err);
+        }
+}
+
 static void serve_link_push(struct link *k, const struct shmlink_push *push) {
         struct psd *p = k->p;
         uint32_t gi = push->index, g = k->groups[gi];
@@ -35,6 +74,13 @@ static void serve_link_push(struct link *k, const struct shmlink_push *push) {
                 shmlink_reply(k->l, g, push->seq, -EINVAL, 0, err);
                 return;
         }
+        if (p->agg) {
+                size_t floats = 0;
+                for (uint32_t i = 0; i < k->count[gi]; i++)
+                        floats += p->s->parts[parts[i]].a.n;
+                sync_link_push(k, push, floats, t0);
+                return;
+        }
         /* apply, and reply: the fresh values go where the worker's forward reads them */
         uint64_t t_apply = mono_us();
         shard_block_apply(p->s, parts, k->count[gi], k->scratch, shmlink_params(k->l));
@@ -44,8 +90,18 @@ static void serve_link_push(struct link *k, const struct shmlink_push *push) {
                 floats += p->s->parts[parts[i]].a.n;
         metric_add(p->m_in, floats * sizeof(float));
         metric_add(p->m_out, floats * sizeof(float));
-        size_t bytes = floats * sizeof(float);
-        shmlink_reply(k->l, g, push->seq, 0, count_push(p, push->count_step, bytes, bytes, t0), NULL);
+        uint64_t gs = count_push(p, push->count_step, floats * sizeof(float), floats * sizeof(float), t0);
+        if (p->ssp && push->count_step) {
+                /* ssp: a worker too far ahead gets its answer when the slowest is near enough */
+                struct link_held *lh = &k->held[gi];
+                ssp_forget(p->ssp, k);   /* an answer held before: the worker gave up on it */
+                *lh = (struct link_held){.k = k, .g = g, .seq = push->seq};
+                lh->w = (struct agg_waiter){.worker = k->worker, .n = k->count[gi], .idx = parts, .owner = k,
+                                            .release = link_release};
+                if (ssp_arrive(p->ssp, &lh->w, push->local_step, p->cfg->rpc.deadline_ms * 1000u))
+                        return;
+        }
+        shmlink_reply(k->l, g, push->seq, 0, gs, NULL);
 }
 
 static void *link_main(void *arg) {
@@ -78,7 +134,12 @@ static struct link *link_free(struct link *k) {
                 shmlink_kick(k->l);
                 pthread_join(k->thread, NULL);
         }
+        if (k->p->agg)
+                agg_forget(k->p->agg, k);   /* its held pushes: nobody reads their answers any more */
+        if (k->p->ssp)
+                ssp_forget(k->p->ssp, k);
         shmlink_free(k->l);
+        free(k->held);
         free(k->groups);
         free(k->parts);
         free(k->scratch);
@@ -166,7 +227,7 @@ static int link_groups(struct psd *p, struct link *k, const Psfleet__V1__AttachS
                 k->count[i] = at - k->first[i];
                 largest = floats > largest ? floats : largest;
         }
-        if (!(k->scratch = malloc(largest * sizeof(float)))) {
+        if (!(k->scratch = malloc(largest * sizeof(float))) || !(k->held = calloc(n + 1, sizeof(*k->held)))) {
                 r = errf(err, errlen, -ENOMEM, "out of memory");
                 goto out;
         }

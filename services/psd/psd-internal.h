@@ -7,12 +7,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "agg.h"
 #include "daemon.h"
 #include "job.h"
 #include "metrics.h"
 #include "rpc.h"
 #include "shard.h"
 #include "shmlink.h"
+#include "ssp.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 
@@ -28,6 +30,8 @@ struct psd {
         uint32_t shard;
         struct job_layout *L;
         struct shard *s;         /* the variables */
+        struct agg *agg;         /* training.mode sync: the step's gradients and held pushes; else NULL */
+        struct ssp *ssp;         /* training.mode ssp, shard 0: the workers' clocks and held answers; else NULL */
         uint64_t incarnation;
         atomic_uint_fast64_t pushes, rejected;
         atomic_uint_fast64_t bytes_in, bytes_out, apply_us;   /* of the pushes applied (status, psfleet top) */
@@ -58,10 +62,20 @@ struct link {
         uint32_t *first, *count; /* (n_groups) each group's parts: parts[first, first + count) */
         uint32_t *parts;         /* indices into the shard's parts, a group's adjacent */
         float *scratch;          /* (largest group) the gradients, copied out of the segment */
+        struct link_held *held;  /* (n_groups) sync: each group's push held for the step */
         pthread_t thread;
         bool started;
         atomic_bool stop, ended;
         struct link *next;
+};
+
+/* A worker's shared-memory push held by the sync step (agg.h): one per group, as a group has one push
+ * in flight at most. */
+struct link_held {
+        struct agg_waiter w;     /* first: the release callback gets it */
+        struct link *k;
+        uint32_t g;              /* the group's record in the segment */
+        uint32_t seq;
 };
 
 /* psd.c */

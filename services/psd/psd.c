@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "agg.h"
 #include "authz.h"
 #include "daemon.h"
 #include "job.h"
@@ -29,6 +30,7 @@
 #include "rpc.h"
 #include "shard.h"
 #include "shmlink.h"
+#include "ssp.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
@@ -130,10 +132,161 @@ uint64_t count_push(struct psd *p, bool count_step, size_t bytes, size_t bytes_o
         atomic_fetch_add(&p->apply_us, mono_us() - t0);
         metric_add(p->m_pushes, 1);
         metric_set(p->m_step, (double)gs);
+        /* the last steps: a worker held now would wait for one that has stopped */
+        if (p->ssp && gs + 1 >= p->cfg->training.max_steps)
+                ssp_finish(p->ssp);
         return gs;
 }
 
 /* ---- Push: receive → validate → apply → reply ---- */
+
+/* Answers a push with global_step gs and vals (owned): the fresh values of parts[0..n) one after the
+ * other, lent to gRPC without another copy. */
+static void reply_values(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n,
+                         struct lent *vals, uint64_t gs, uint32_t dtype) {
+        Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
+        rh.global_step = gs;
+        rh.incarnation = p->incarnation;
+        struct wire_out *o;
+        grpc_byte_buffer *bb;
+        if (wire_out_new(&o) < 0) {
+                free(vals);
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                return;
+        }
+        wire_out_header(o, &rh.base);
+        atomic_init(&vals->refs, 1);
+        for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++) {
+                uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
+                atomic_fetch_add(&vals->refs, 1);
+                wire_out_tensor_f32(o, parts[i]->name, dtype, shape, 2, parts[i]->row_begin, vals->data + at,
+                                    parts[i]->a.n, lent_release, vals);
+        }
+        int r = wire_out_finish(o, &bb);
+        wire_out_free(o);
+        lent_release(vals);
+        if (r < 0) {
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                return;
+        }
+        metric_add(p->m_out, grpc_byte_buffer_length(bb));
+        rpc_call_reply(call, bb);
+}
+
+/* As reply_values, reading the parts' values now (a sync step's push, answered when it is applied). */
+static void reply_parts(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n, uint64_t gs,
+                        uint32_t dtype) {
+        size_t total = 0;
+        for (size_t i = 0; i < n; i++)
+                total += parts[i]->a.n;
+        struct lent *vals = malloc(sizeof(*vals) + total * sizeof(float));
+        if (!vals) {
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                return;
+        }
+        for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++)
+                shard_read(p->s, (uint32_t)(parts[i] - p->s->parts), 0, vals->data + at);
+        reply_values(p, call, parts, n, vals, gs, dtype);
+}
+
+/* A gRPC push held by the sync step (agg.h) until its parts are applied. */
+struct held_call {
+        struct agg_waiter w;      /* first: the release callback gets it */
+        struct psd *p;
+        struct rpc_call *call;
+        uint32_t n_values;        /* parts to answer with values (0: none wanted) */
+        uint32_t dtype;           /* of the push, and so of the answer's values */
+        struct shard_part **parts;
+        uint32_t *idx;
+};
+
+static void held_release(struct agg_waiter *w, int status, uint64_t step, const char *msg) {
+        struct held_call *hc = (struct held_call *)w;
+        if (status == 0)   /* ssp answers with global_step, as async does */
+                reply_parts(hc->p, hc->call, hc->parts, hc->n_values,
+                            hc->p->ssp ? atomic_load(&hc->p->s->global_step) : step, hc->dtype);
+        else
+                rpc_call_fail_errno(hc->call, status, "ps:%u: %s", hc->p->shard, msg);
+        free(hc);
+}
+
+/* A held call for a push of parts[0..n) from the worker h names; NULL when out of memory. */
+static struct held_call *held_new(struct psd *p, struct rpc_call *call, const Psfleet__V1__PushHeader *h,
+                                  struct shard_part *const *parts, size_t n, uint32_t dtype) {
+        struct held_call *hc = calloc(1, sizeof(*hc) + n * (sizeof(struct shard_part *) + sizeof(uint32_t)));
+        if (!hc)
+                return NULL;
+        hc->p = p;
+        hc->call = call;
+        hc->parts = (struct shard_part **)(hc + 1);
+        hc->idx = (uint32_t *)(hc->parts + n);
+        hc->n_values = h->want_values ? (uint32_t)n : 0;
+        hc->dtype = dtype;
+        for (size_t i = 0; i < n; i++) {
+                hc->parts[i] = parts[i];
+                hc->idx[i] = (uint32_t)(parts[i] - p->s->parts);
+        }
+        hc->w = (struct agg_waiter){.worker = h->worker, .version = h->local_step, .n = (uint32_t)n, .idx = hc->idx,
+                                    .release = held_release};
+        return hc;
+}
+
+/* training.mode ssp, shard 0: a worker's counting push, applied; true when its answer is held because
+ * the worker is too far ahead (ssp.h), false to answer now. */
+static bool ssp_hold(struct psd *p, struct rpc_call *call, const Psfleet__V1__PushHeader *h,
+                     struct shard_part *const *parts, size_t n, uint32_t dtype) {
+        struct held_call *hc = held_new(p, call, h, parts, n, dtype);
+        if (!hc)
+                return false;
+        if (ssp_arrive(p->ssp, &hc->w, h->local_step, p->cfg->rpc.deadline_ms * 1000u))
+                return true;
+        free(hc);
+        return false;
+}
+
+/* training.mode sync: the checked gradients go to the step (agg_push); the call is answered when the
+ * step is applied, at once when the gradients are stale (with the values they missed), or refused. */
+static void sync_push(struct psd *p, struct rpc_call *call, const Psfleet__V1__PushHeader *h, const struct wire_in *in,
+                      struct shard_part **parts, size_t total, float scale, uint64_t t0) {
+        size_t n = in->n_tensors;
+        uint32_t dtype = n ? in->tensors[0].dtype : WIRE_DTYPE_FLOAT32;
+        size_t es = wire_dtype_size(dtype);
+        struct held_call *hc = held_new(p, call, h, parts, n, dtype);
+        float *g = malloc((total + 1) * sizeof(float));
+        if (!hc || !g) {
+                free(hc);
+                free(g);
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                return;
+        }
+        /* one worker's gradient stands in for another's in the sum: only the worker itself may send it */
+        if (!authz_peer_is(rpc_call_identity(call), PEER_WORKER, h->worker)) {
+                char err[200];
+                snprintf(err, sizeof(err), "Push as worker:%u from %s, which is not worker/%u", h->worker,
+                         rpc_call_identity(call)->name, h->worker);
+                reject(p, call, -EACCES, err);
+                free(hc);
+                free(g);
+                return;
+        }
+        shard_wire_read(in, parts, scale, g);
+        metric_add(p->m_in, grpc_byte_buffer_length(in->bb));
+        count_push(p, false, total * es, h->want_values ? total * es : 0, t0);
+        uint64_t step;
+        enum agg_verdict v = agg_push(p->agg, &hc->w, g, p->cfg->rpc.deadline_ms * 1000u, &step);
+        free(g);
+        if (v == AGG_HELD)
+                return;   /* hc is the step's until released */
+        if (v == AGG_STALE) {
+                reply_parts(p, call, hc->parts, hc->n_values, step, dtype);
+        } else {
+                char err[300];
+                snprintf(err, sizeof(err), "push of worker:%u computed from step %llu, but ps:%u is at step %llu: pull "
+                         "again", h->worker, (unsigned long long)h->local_step, p->shard, (unsigned long long)step);
+                reject(p, call, -EAGAIN, err);
+        }
+        free(hc);
+}
 
 static void on_push(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
@@ -142,7 +295,6 @@ static void on_push(struct rpc_call *call, void *ud) {
         ProtobufCMessage *hm = NULL;
         struct shard_part **parts = NULL;
         struct lent *vals = NULL;
-        struct wire_out *o = NULL;
         uint64_t t0 = mono_us();
         int r;
 
@@ -165,6 +317,10 @@ static void on_push(struct rpc_call *call, void *ud) {
         /* names, shapes, each part once, and (streamed out of gRPC's slices) all finite, within the norm */
         if ((r = shard_wire_check(p->s, in, h->caller->task, parts, &total, &scale, err, sizeof(err))) < 0)
                 goto reject;
+        if (p->agg) {
+                sync_push(p, call, h, in, parts, total, scale, t0);
+                goto out;
+        }
         vals = malloc(sizeof(*vals) + (h->want_values ? total : 0) * sizeof(float));
         if (!vals)
                 goto oom;
@@ -174,32 +330,15 @@ static void on_push(struct rpc_call *call, void *ud) {
         uint64_t t_apply = mono_us();
         shard_wire_apply(p->s, in, parts, scale, h->want_values ? vals->data : NULL);
         metric_observe_us(p->m_apply, mono_us() - t_apply);
-        size_t es = in->n_tensors ? wire_dtype_size(in->tensors[0].dtype) : sizeof(float);   /* one dtype */
+        uint32_t dtype = in->n_tensors ? in->tensors[0].dtype : WIRE_DTYPE_FLOAT32;   /* a worker pushes one */
+        size_t es = wire_dtype_size(dtype);
         uint64_t gs = count_push(p, h->count_step, total * es, h->want_values ? total * es : 0, t0);
+        if (p->ssp && h->count_step && ssp_hold(p, call, h, parts, in->n_tensors, dtype))
+                goto out;   /* answered when the slowest worker is near enough */
 
-        /* reply: the fresh values, lent without another copy */
-        Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
-        rh.global_step = gs;
-        rh.incarnation = p->incarnation;
-        if ((r = wire_out_new(&o)) < 0)
-                goto oom;
-        wire_out_header(o, &rh.base);
-        atomic_init(&vals->refs, 1);
-        for (size_t i = 0, at = 0; h->want_values && i < in->n_tensors; at += parts[i]->a.n, i++) {
-                uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
-                atomic_fetch_add(&vals->refs, 1);
-                /* in the format the gradients came in (rpc.wire_dtype of that worker) */
-                wire_out_tensor_f32(o, parts[i]->name, in->tensors[i].dtype, shape, 2, parts[i]->row_begin,
-                                    vals->data + at, parts[i]->a.n, lent_release, vals);
-        }
-        grpc_byte_buffer *bb;
-        r = wire_out_finish(o, &bb);
-        lent_release(vals);
+        /* reply: the fresh values, lent without another copy (in the format the gradients came in) */
+        reply_values(p, call, parts, h->want_values ? in->n_tensors : 0, vals, gs, dtype);
         vals = NULL;
-        if (r < 0)
-                goto oom;
-        metric_add(p->m_out, grpc_byte_buffer_length(bb));
-        rpc_call_reply(call, bb);
         goto out;
 
 oom:
@@ -208,7 +347,6 @@ oom:
 reject:
         reject(p, call, r, err);
 out:
-        wire_out_free(o);
         free(vals);
         free(parts);
         if (hm)
@@ -227,6 +365,8 @@ static void on_assign(struct rpc_call *call, void *ud) {
         const Psfleet__V1__AssignHeader *h = (const Psfleet__V1__AssignHeader *)hm;
         if (r == 0)
                 r = shard_assign(p->s, in, h->with_slots, h->global_step, err, sizeof(err));
+        if (r == 0 && p->agg)
+                agg_reset(p->agg, h->global_step);   /* the step starts over from the values assigned */
         if (r < 0) {
                 reject(p, call, r, err);
         } else {
@@ -342,7 +482,53 @@ static void on_status(struct rpc_call *call, void *ud) {
                 wf.last_error = *last ? last : (char *)"no Assign yet";
                 st.waiting_for = &wf;
         }
+        struct agg_status as;
+        if (p->agg) {
+                agg_status_get(p->agg, &as);
+                st.sync_step = as.step;
+                st.stale_dropped = as.stale;
+                st.held_pushes = as.waiting;
+                if (as.waiting && !st.waiting_for) {
+                        /* pushes held for the step: whose gradients it lacks */
+                        wf.peer = as.peer;
+                        wf.since_us = as.since_us;
+                        wf.deadline_us = as.deadline_us;
+                        wf.last_error = as.reason;
+                        st.waiting_for = &wf;
+                }
+        }
+        uint32_t W = p->cfg->cluster.n_worker;
+        struct ssp_clock *clk = p->ssp ? calloc(W, sizeof(*clk)) : NULL;
+        Psfleet__V1__WorkerClock *wc = clk ? calloc(W, sizeof(*wc)) : NULL, **wcp = wc ? calloc(W, sizeof(*wcp)) : NULL;
+        char why[300];
+        int peer;
+        char peer_name[32];
+        if (wcp) {
+                ssp_table(p->ssp, clk, &st.max_ahead, why, sizeof(why), &peer);
+                for (uint32_t w = 0; w < W; w++) {
+                        psfleet__v1__worker_clock__init(&wc[w]);
+                        wc[w] = (Psfleet__V1__WorkerClock){.base = wc[w].base, .worker = w, .clock = clk[w].clock,
+                                                           .live = clk[w].live, .waiting = clk[w].waiting};
+                        wcp[w] = &wc[w];
+                }
+                st.n_clocks = W;
+                st.clocks = wcp;
+                if (peer >= 0 && !st.waiting_for) {
+                        snprintf(peer_name, sizeof(peer_name), "worker:%d", peer);
+                        wf.peer = peer_name;
+                        wf.since_us = 0;
+                        for (uint32_t w = 0; w < W; w++)
+                                if (clk[w].waiting && (!wf.since_us || clk[w].waiting_since_us < wf.since_us))
+                                        wf.since_us = clk[w].waiting_since_us;
+                        wf.deadline_us = wf.since_us + p->cfg->rpc.deadline_ms * 1000u;
+                        wf.last_error = why;
+                        st.waiting_for = &wf;
+                }
+        }
         rpc_call_reply_msg(call, &st.base);
+        free(clk);
+        free(wc);
+        free(wcp);
 }
 
 static void on_stop(struct rpc_call *call, void *ud) {
@@ -378,6 +564,13 @@ static int psd_build(struct psd *p) {
                 return log_error_errno(r, "cannot place the variables");
         if ((r = shard_new(p->cfg, p->L, p->shard, &p->s, err, sizeof(err))) < 0)
                 return log_error_errno(r, "%s", err);
+        if (p->cfg->training.mode == MODE_SYNC &&
+            (r = agg_new(p->s, p->cfg->cluster.n_worker, config_replicas_to_aggregate(p->cfg), &p->agg)) < 0)
+                return log_error_errno(r, "cannot set up the sync step");
+        if (p->cfg->training.mode == MODE_SSP && p->shard == 0 &&
+            (r = ssp_new(p->cfg->cluster.n_worker, p->cfg->training.staleness,
+                         p->cfg->supervisor.worker_timeout_secs * 1000000u, &p->ssp)) < 0)
+                return log_error_errno(r, "cannot set up the workers' clocks");
         psd_metrics(p);
         return 0;
 }
@@ -386,6 +579,8 @@ static void psd_done(struct psd *p) {
         rpc_server_free(p->server);
         links_free(p->links);   /* after the server: no attach can come any more */
         p->links = NULL;
+        p->agg = agg_free(p->agg);   /* after the links: nothing is held any more */
+        p->ssp = ssp_free(p->ssp);
         p->attach = shmlink_server_free(p->attach);   /* closes the descriptors still pending, removes the socket */
         shard_free(p->s);
         job_layout_free(p->L);
@@ -551,6 +746,10 @@ static int run(int argc, char **argv) {
                 if (wd)
                         feed_watchdog(&p, self);
                 links_free(links_take(&p, UINT32_MAX));   /* links whose worker is gone */
+                if (p.agg)
+                        agg_expire(p.agg, now_us());   /* held pushes past their deadline: answered with why */
+                if (p.ssp)
+                        ssp_tick(p.ssp, now_us());   /* and those a worker gone no longer holds back */
                 metric_set(p.m_links, links_count(&p));
                 if (grace_end)
                         continue;
@@ -564,6 +763,10 @@ static int run(int argc, char **argv) {
                                       (unsigned long long)((ready_end - mono_us()) / 1000000u));
         }
         notify_stopping();
+        if (p.agg)
+                agg_expire(p.agg, UINT64_MAX);   /* a held call would hold the shutdown */
+        if (p.ssp)
+                ssp_tick(p.ssp, UINT64_MAX);     /* nobody is live then: every held worker goes */
         if (rpc_server_shutdown(p.server, 10000) < 0)
                 log_warning("some calls did not end within 10 s");
 out:

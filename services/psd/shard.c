@@ -183,6 +183,28 @@ void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_pa
         }
 }
 
+void shard_wire_read(const struct wire_in *in, struct shard_part *const *parts, float scale, float *dst) {
+        for (size_t i = 0, at = 0; i < in->n_tensors; at += parts[i]->a.n, i++) {
+                struct wire_reader rd;
+                wire_reader_init(&rd, &in->tensors[i]);
+                read_wire(&rd, dst + at, parts[i]->a.n);
+        }
+        size_t total = 0;
+        for (size_t i = 0; i < in->n_tensors; i++)
+                total += parts[i]->a.n;
+        if (scale != 1.0f)
+                apply_scale(dst, total, scale);
+}
+
+void shard_block_read(struct shard *s, const uint32_t *idx, uint32_t n, float *values) {
+        for (uint32_t j = 0; j < n; j++) {
+                struct shard_part *q = &s->parts[idx[j]];
+                pthread_mutex_lock(&q->mu);
+                memcpy(values + q->model_off, q->a.w, q->a.n * sizeof(float));
+                pthread_mutex_unlock(&q->mu);
+        }
+}
+
 /* ---- shared-memory pushes ---- */
 
 int shard_block_check(struct shard *s, const float *grads, const uint32_t *idx, uint32_t n, float *scratch,

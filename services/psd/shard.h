@@ -73,6 +73,13 @@ int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from
 void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_part *const *parts, float scale,
                       float *values);
 
+/* Reads checked tensors, one after the other in the tensors' order, into dst (the floats of
+ * shard_wire_check), scaled by its scale: a sync step keeps them until it has enough (agg.h). */
+void shard_wire_read(const struct wire_in *in, struct shard_part *const *parts, float scale, float *dst);
+/* Copies the values of parts idx[0..n), each under its lock, where a whole model's block has them in
+ * values (a worker's segment). */
+void shard_block_read(struct shard *s, const uint32_t *idx, uint32_t n, float *values);
+
 /* ---- a push through shared memory: gradients where a whole model's block has them ---- */
 
 /* Copies the gradients of parts idx[0..n) out of grads (laid out as a whole model's block) into

@@ -263,6 +263,18 @@ static const struct bad_case bad_cases[] = {
         /* unknown keys */
         { "{" BASE ", 'trainig': {}}", "trainig: unknown key" },
         { "{" BASE ", 'training': {'batchsize': 64}}", "training.batchsize: unknown key" },
+        /* training.mode and its counts: N <= N + b <= workers (BASE has 2 workers) */
+        { "{" BASE ", 'training': {'mode': 'bsp'}}", "training.mode: \"bsp\" is not one of async, sync, ssp" },
+        { "{" BASE ", 'training': {'mode': 'sync', 'total_num_replicas': 3}}",
+          "training.total_num_replicas: 3 is more than the cluster's 2 worker(s)" },
+        { "{" BASE ", 'training': {'mode': 'sync', 'replicas_to_aggregate': 2, 'total_num_replicas': 1}}",
+          "training.replicas_to_aggregate: 2 is more than training.total_num_replicas (1)" },
+        { "{" BASE ", 'training': {'mode': 'sync', 'replicas_to_aggregate': 3}}",
+          "training.replicas_to_aggregate: 3 is more than training.total_num_replicas (2: every worker)" },
+        { "{" BASE ", 'training': {'mode': 'ssp', 'overlap_push': true}}",
+          "training.overlap_push: is for training.mode async only (this job: ssp)" },
+        { "{" BASE ", 'training': {'mode': 'ssp', 'staleness': -1}}",
+          "training.staleness: -1 is out of range [0, 1000000]" },
         { "{" BASE ", 'device': {'gpu': 1}}", "device.gpu: unknown key" },
         { "{" CLUSTER ", 'model': {'input': [784], 'layer': [], 'layers': [{'type': 'dense', 'units': 10}]}}",
           "model.layer: unknown key" },
@@ -628,8 +640,9 @@ static void test_canonical(void **state) {
                 "\"training\":{\"batch_size\":32,\"beta1\":0.90000000000000002,\"beta2\":0.999,\"epsilon\":9.9999999999999995e-8,"
                 "\"gradient_norm_action\":\"reject\",\"initial_accumulator\":0.10000000000000001,\"learning_rate\":0.01,"
                 "\"lr_decay_rate\":0.95999999999999996,\"lr_decay_steps\":1000,\"lr_schedule\":\"constant\","
-                "\"lr_staircase\":false,\"max_gradient_norm\":0.0,\"max_steps\":1000,"
-                "\"momentum\":0.90000000000000002,\"nesterov\":false,\"optimizer\":\"sgd\",\"seed\":1}}");
+                "\"lr_staircase\":false,\"max_gradient_norm\":0.0,\"max_steps\":1000,\"mode\":\"async\","
+                "\"momentum\":0.90000000000000002,\"nesterov\":false,\"optimizer\":\"sgd\","
+                "\"replicas_to_aggregate\":0,\"seed\":1,\"staleness\":4,\"total_num_replicas\":0}}");
 
         /* Node-local keys (BLAS threads, how often to report) leave the fingerprint alone. */
         {

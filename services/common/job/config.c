@@ -591,6 +591,24 @@ int cfg_load_json(const struct ctx *x, const char *buf, size_t len, json_t **ret
         return 0;
 }
 
+int cfg_check_training(const struct ctx *x, const struct training_config *t, uint32_t n_worker) {
+        uint32_t total = t->total_num_replicas ? t->total_num_replicas : n_worker;
+        uint32_t n = t->replicas_to_aggregate ? t->replicas_to_aggregate : total;
+        /* only sync reads them, but a value that could never work is wrong in any mode: a job switched
+         * to sync later should not discover it then */
+        if (total > n_worker)
+                return cfg_failf(x, "training.total_num_replicas", "%u is more than the cluster's %u worker(s)", total,
+                                 n_worker);
+        if (n > total)
+                return cfg_failf(x, "training.replicas_to_aggregate", "%u is more than training.total_num_replicas "
+                                 "(%u%s)", n, total, t->total_num_replicas ? "" : ": every worker");
+        /* an overlapped push computes from values one step older than sync and ssp count on */
+        if (t->overlap_push && t->mode != MODE_ASYNC)
+                return cfg_failf(x, "training.overlap_push", "is for training.mode async only (this job: %s)",
+                                 t->mode == MODE_SYNC ? "sync" : "ssp");
+        return 0;
+}
+
 static int load_buffer(const char *buf, size_t len, const char *origin, struct job_config **ret,
                        char *err, size_t errlen) {
         const struct ctx x = { .origin = origin, .err = err, .errlen = errlen };
@@ -613,7 +631,7 @@ static int load_buffer(const char *buf, size_t len, const char *origin, struct j
                 goto out;
         }
         r = parse_root(&x, root, c);
-        if (r < 0)
+        if (r < 0 || (r = cfg_check_training(&x, &c->training, c->cluster.n_worker)) < 0)
                 goto out;
         *ret = c;
         c = NULL;

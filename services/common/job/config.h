@@ -26,6 +26,9 @@ struct cluster {
 enum optimizer_kind { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAGRAD };
 enum lr_schedule { LR_CONSTANT, LR_EXPONENTIAL };
 enum grad_norm_action { GRAD_NORM_REJECT, GRAD_NORM_CLIP };
+/* How the shards combine the workers' gradients (docs/architecture.md, "Synchronous and bounded-staleness
+ * training"). */
+enum training_mode { MODE_ASYNC, MODE_SYNC, MODE_SSP };
 enum security_mode { SECURITY_AUTO, SECURITY_MTLS, SECURITY_INSECURE };
 enum rpc_wire_dtype { RPC_WIRE_FLOAT32, RPC_WIRE_BFLOAT16 };
 
@@ -48,6 +51,10 @@ struct training_config {
         uint64_t seed;              /* data shuffling */
         double max_gradient_norm;   /* per push to one shard; 0: no limit */
         enum grad_norm_action gradient_norm_action;
+        enum training_mode mode;
+        uint32_t replicas_to_aggregate; /* sync: N gradients per step; 0: every worker */
+        uint32_t total_num_replicas;    /* sync: N + backups; 0: every worker */
+        uint32_t staleness;             /* ssp: how many steps a worker may run ahead of the slowest */
 };
 
 struct data_config {
@@ -122,6 +129,19 @@ struct task {
         enum role role;
         uint32_t index;
 };
+
+/* sync: the gradients aggregated per step (training.replicas_to_aggregate, 0: every worker). */
+static inline uint32_t config_replicas_to_aggregate(const struct job_config *c) {
+        return c->training.replicas_to_aggregate ? c->training.replicas_to_aggregate : c->cluster.n_worker;
+}
+/* sync: the workers taking part, N plus the backups (training.total_num_replicas, 0: every worker). */
+static inline uint32_t config_total_num_replicas(const struct job_config *c) {
+        return c->training.total_num_replicas ? c->training.total_num_replicas : c->cluster.n_worker;
+}
+/* Examples one global_step trains on: a sync step is replicas_to_aggregate workers' batches. */
+static inline uint64_t config_examples_per_step(const struct job_config *c) {
+        return (uint64_t)c->training.batch_size * (c->training.mode == MODE_SYNC ? config_replicas_to_aggregate(c) : 1);
+}
 
 /* ---- API ----
  * Error messages: functions that take (err, errlen) write exactly one line there on failure,

@@ -395,6 +395,8 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
                 got_task = true;
         }
 
+        if (got_cluster && (r = cfg_check_training(&x, &c->training, cl.n_worker)) < 0)
+                goto out;
         if (got_cluster) {
                 char *o = strdup("TF_CONFIG");
                 if (!o) {

@@ -89,6 +89,9 @@ const char *cfg_describe(const json_t *v, char *buf, size_t len);
 void cfg_join_choices(const char *const *choices, char *buf, size_t len);
 int cfg_lookup_choice(const char *const *choices, const char *s);
 int cfg_load_json(const struct ctx *x, const char *buf, size_t len, json_t **ret);
+/* The training.mode keys against each other and the cluster's n_worker workers: 0, or -EINVAL naming
+ * the key. */
+int cfg_check_training(const struct ctx *x, const struct training_config *t, uint32_t n_worker);
 
 /* config_cluster.c */
 bool cfg_host_char_ok(char ch);

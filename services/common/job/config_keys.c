@@ -36,6 +36,7 @@ static const char *const optimizer_names[] = { "sgd", "momentum", "adam", "adagr
 static const char *const schedule_names[] = { "constant", "exponential", NULL };
 static const char *const wire_dtype_names[] = { [RPC_WIRE_FLOAT32] = "float32", [RPC_WIRE_BFLOAT16] = "bfloat16", NULL };
 static const char *const grad_norm_action_names[] = { [GRAD_NORM_REJECT] = "reject", [GRAD_NORM_CLIP] = "clip", NULL };
+static const char *const training_mode_names[] = { [MODE_ASYNC] = "async", [MODE_SYNC] = "sync", [MODE_SSP] = "ssp", NULL };
 static const char *const security_mode_names[] = {
         [SECURITY_AUTO] = "auto", [SECURITY_MTLS] = "mtls", [SECURITY_INSECURE] = "insecure", NULL,
 };
@@ -163,6 +164,18 @@ const struct config_key cfg_keys[] = {
         K_ENUM("training.gradient_norm_action", training.gradient_norm_action, "reject", grad_norm_action_names,
                "A push over training.max_gradient_norm: reject (INVALID_ARGUMENT, the model untouched) or clip "
                "(scaled down to the limit, then applied)."),
+        K_ENUM("training.mode", training.mode, "async", training_mode_names,
+               "async: each push is applied as it comes; sync: each ps shard applies the mean of "
+               "training.replicas_to_aggregate gradients per step, computed from its current values, and holds "
+               "the pushes until then; ssp: async, but a worker more than training.staleness steps ahead of the "
+               "slowest live worker waits (docs/architecture.md)."),
+        K_U32("training.replicas_to_aggregate", training.replicas_to_aggregate, 0, 0, 65536,
+              "sync: gradients aggregated per step (N). 0: every worker. At most training.total_num_replicas."),
+        K_U32("training.total_num_replicas", training.total_num_replicas, 0, 0, 65536,
+              "sync: workers taking part, N plus backup workers (N + b): a step needs only the first N of them, so "
+              "up to b stragglers or lost workers do not stall it. 0: every worker. At most the cluster's workers."),
+        K_U32("training.staleness", training.staleness, 4, 0, 1000000,
+              "ssp: how many steps a worker may be ahead of the slowest live worker before it waits (s; 0: lockstep)."),
 
         K_STR("supervisor.checkpoint_dir", supervisor.checkpoint_dir, "checkpoints",
               "Where chiefd writes checkpoints; a relative path is under STATE_DIR/JOB/.", .check = check_state_path),

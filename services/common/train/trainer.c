@@ -75,13 +75,51 @@ void trainer_apply_step(struct trainer_apply *a, const float *grads) {
                 apply_gradient(a->t, &a->vars[v], grads + (a->vars[v].w - a->params));
 }
 
-int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_progress_cb progress, void *ud,
-                       struct trainer_result *ret, char *err, size_t errlen) {
+/* The variables of params (laid out as L says) as a safetensors file: a little-endian length, the JSON
+ * header, the data. */
+static int save_params(const struct job_layout *L, const float *params, const char *path, char *err, size_t errlen) {
+        size_t cap = 256 + (size_t)L->n_vars * 384, at = 0;
+        char *hdr = malloc(cap);
+        if (!hdr)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        at += (size_t)snprintf(hdr + at, cap - at, "{");
+        size_t off = 0;
+        for (uint32_t v = 0; v < L->n_vars; v++) {
+                size_t n = (size_t)L->vars[v].rows * L->vars[v].cols;
+                at += (size_t)snprintf(hdr + at, cap - at, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%u,%u],"
+                                       "\"data_offsets\":[%zu,%zu]}", v ? "," : "", L->vars[v].name, L->vars[v].rows,
+                                       L->vars[v].cols, off * 4, (off + n) * 4);
+                off += n;
+        }
+        at += (size_t)snprintf(hdr + at, cap - at, "}");
+        FILE *f = fopen(path, "we");
+        uint64_t len = at;
+        int r = 0;
+        if (!f) {
+                r = errf(err, errlen, -errno, "cannot create %s: %s", path, strerror(errno));
+        } else {
+                fwrite(&len, 8, 1, f);   /* little-endian hosts only, as the checkpoints */
+                fwrite(hdr, 1, at, f);
+                for (uint32_t v = 0; v < L->n_vars; v++)
+                        fwrite(params + L->vars[v].offset, sizeof(float), (size_t)L->vars[v].rows * L->vars[v].cols, f);
+                if (fclose(f) != 0)
+                        r = errf(err, errlen, -EIO, "cannot write %s", path);
+        }
+        free(hdr);
+        return r;
+}
+
+int trainer_standalone(const struct job_config *cfg, FILE *loss_log, const char *params_out,
+                       trainer_progress_cb progress, void *ud, struct trainer_result *ret, char *err, size_t errlen) {
         const struct training_config *t = &cfg->training;
         struct backend *be = NULL;
         struct model *m = NULL;
         struct dataset *train = NULL, *test = NULL;
-        struct shard_iter *it = NULL;
+        struct shard_iter **it = NULL;
+        /* sync: one step is every worker's batch, each from its own shard of the data, their gradients
+         * summed in worker order and scaled by 1 / W, as a ps shard aggregates them (agg.c) */
+        uint32_t W = cfg->training.mode == MODE_SYNC ? cfg->cluster.n_worker : 1, B = t->batch_size * W;
+        float *sum = NULL;
         struct job_layout *L = NULL;
         struct trainer_apply *ap = NULL;
         float *x = NULL;
@@ -110,13 +148,22 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
                 snprintf(err, errlen, "cannot lay out the variables: %s", strerror(-r));
                 goto out;
         }
-        if ((r = model_init_params(m, cfg->model.seed)) < 0 || (r = shard_iter_new(train, 0, 1, t->seed, &it)) < 0) {
+        if (!(it = calloc(W, sizeof(*it)))) {
+                r = errf(err, errlen, -ENOMEM, "out of memory");
+                goto out;
+        }
+        r = model_init_params(m, cfg->model.seed);
+        for (uint32_t k = 0; k < W && r >= 0; k++)
+                r = shard_iter_new(train, k, W, t->seed, &it[k]);
+        if (r < 0) {
                 snprintf(err, errlen, "cannot initialize: %s", strerror(-r));
                 goto out;
         }
         x = malloc((size_t)t->batch_size * train->dim * sizeof(float));
         y = malloc(t->batch_size);
-        if (!x || !y || trainer_apply_new(t, L, model_params(m), &ap) < 0) {
+        if (W > 1)
+                sum = malloc(L->n_params * sizeof(float));
+        if (!x || !y || (W > 1 && !sum) || trainer_apply_new(t, L, model_params(m), &ap) < 0) {
                 r = -ENOMEM;
                 snprintf(err, errlen, "out of memory");
                 goto out;
@@ -127,14 +174,27 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
         for (uint64_t step = 0; step < t->max_steps; step++) {
                 if (step == warm)
                         tw = mono_us();
-                float loss;
-                shard_next_batch(it, t->batch_size, x, y);
-                if ((r = model_forward(m, x, y, t->batch_size, &loss, NULL)) < 0 ||
-                    (r = model_backward(m, NULL, NULL)) < 0) {
-                        snprintf(err, errlen, "step %llu: %s", (unsigned long long)step, strerror(-r));
-                        goto out;
+                float loss = 0;
+                for (uint32_t k = 0; k < W; k++) {
+                        float l;
+                        shard_next_batch(it[k], t->batch_size, x, y);
+                        if ((r = model_forward(m, x, y, t->batch_size, &l, NULL)) < 0 ||
+                            (r = model_backward(m, NULL, NULL)) < 0) {
+                                snprintf(err, errlen, "step %llu: %s", (unsigned long long)step, strerror(-r));
+                                goto out;
+                        }
+                        loss = k ? loss + l : l;
+                        if (W > 1 && k == 0)
+                                memcpy(sum, grads, L->n_params * sizeof(float));
+                        else if (W > 1)
+                                for (size_t i = 0; i < L->n_params; i++)
+                                        sum[i] += grads[i];
                 }
-                trainer_apply_step(ap, grads);
+                if (W > 1) {
+                        apply_scale(sum, L->n_params, 1.0f / (float)W);
+                        loss /= (float)W;
+                }
+                trainer_apply_step(ap, W > 1 ? sum : grads);
                 model_params_sync(m);
                 if (loss_log)
                         trainer_log_loss(loss_log, step, loss);
@@ -142,13 +202,15 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
                 if (progress && (step + 1) % t->report_every_steps == 0) {
                         double s = (double)(mono_us() - tw) / 1e6;
                         progress(ud, step + 1, t->max_steps, loss,
-                                 step + 1 > warm && s > 0 ? (double)(step + 1 - warm) * t->batch_size / s : 0);
+                                 step + 1 > warm && s > 0 ? (double)(step + 1 - warm) * B / s : 0);
                 }
         }
         uint64_t t1 = mono_us();
         res.steps = t->max_steps;
         res.wall_s = (double)(t1 - t0) / 1e6;
-        res.examples_per_s = t1 > tw ? (double)(t->max_steps - warm) * t->batch_size / ((double)(t1 - tw) / 1e6) : 0;
+        res.examples_per_s = t1 > tw ? (double)(t->max_steps - warm) * B / ((double)(t1 - tw) / 1e6) : 0;
+        if (params_out && (r = save_params(L, model_params(m), params_out, err, errlen)) < 0)
+                goto out;
         float tl, ta;
         if ((r = model_evaluate(m, test->x, test->y, test->n, &tl, &ta)) < 0) {
                 snprintf(err, errlen, "evaluation: %s", strerror(-r));
@@ -161,8 +223,11 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_pro
 out:
         free(x);
         free(y);
+        free(sum);
         trainer_apply_free(ap);
-        shard_iter_free(it);
+        for (uint32_t k = 0; it && k < W; k++)
+                shard_iter_free(it[k]);
+        free(it);
         job_layout_free(L);
         dataset_free(train);
         dataset_free(test);

@@ -23,9 +23,13 @@ char *trainer_data_path(const struct job_config *cfg, const char *file);
 
 /* Trains cfg->training.max_steps steps, then evaluates on the test split. If loss_log is not NULL,
  * writes one line per step to it: "<step> <loss>" (step counts from 0; %.9g). progress may be NULL.
- * Returns 0, or -errno with a reason in err. */
-int trainer_standalone(const struct job_config *cfg, FILE *loss_log, trainer_progress_cb progress, void *ud,
-                       struct trainer_result *ret, char *err, size_t errlen);
+ * With params_out (nullable), writes the final variables there as safetensors (float32, the names a
+ * checkpoint has). training.mode sync with W workers: each step is a batch of W x batch_size, worker k's
+ * next batch_size examples of its shard for each k in order, the examples a sync step of W workers
+ * without backups aggregates, computed as it does: the W gradients summed in worker order, times 1 / W
+ * (which is the batch's mean gradient, rounded as the job rounds it); the loss is their mean. Returns 0, or -errno with a reason in err. */
+int trainer_standalone(const struct job_config *cfg, FILE *loss_log, const char *params_out,
+                       trainer_progress_cb progress, void *ud, struct trainer_result *ret, char *err, size_t errlen);
 
 /* The trainer's apply: every variable of a whole parameter block (laid out as L says), each as a ps
  * shard applies its parts (apply.h), with optimizer slots for the whole block at their initial values.

@@ -41,6 +41,7 @@ struct flight {
         struct wire_in *reply;    /* answered: the fresh values, checked against the layout */
         struct wire_in *held;     /* overlap: an earlier push's values, for the next ps_client_take (the
                                    * pushing thread's) */
+        uint64_t version;         /* training.mode sync: the step of the group's values (the shard's answers) */
         int err;
         char msg[600];
 };
@@ -249,6 +250,10 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
                 ProtobufCMessage *hm;
                 r = wire_in_header(in, &psfleet__v1__pull_reply_header__descriptor, &hm);
                 if (r >= 0) {
+                        /* sync: the values are of this shard's step, which every shard reports */
+                        for (uint32_t g = 0; g < pc->n_fl && pc->cfg->training.mode == MODE_SYNC; g++)
+                                if (pc->fl[g].g.shard == s)
+                                        pc->fl[g].version = ((Psfleet__V1__PullReplyHeader *)hm)->global_step;
                         if (s == 0) {
                                 uint64_t gs = ((Psfleet__V1__PullReplyHeader *)hm)->global_step;
                                 pthread_mutex_lock(&pc->mu);
@@ -397,6 +402,8 @@ static void answered(struct ps_client *pc, struct flight *f, int r, uint64_t gs)
                 metric_observe_us(f->latency, mono_us() - f->t0);
         if (r == 0 && f->g.shard == 0 && gs > pc->global_step)
                 pc->global_step = gs;
+        if (r == 0 && pc->cfg->training.mode == MODE_SYNC)
+                f->version = gs;   /* every shard answers with the step of the values it sends */
         if (f->count_step) {
                 f->count_step = false;
                 pc->counting--;
@@ -554,6 +561,10 @@ void ps_client_link_shards(struct ps_client *pc) {
 void ps_client_push(struct ps_client *pc, uint32_t g, uint64_t local_step, bool count_step) {
         struct flight *f = &pc->fl[g];
         bool link = pc->link && pc->links[f->g.shard].up;
+        /* sync: the shard aggregates the gradients of one step, so it needs to know which; it counts
+         * its steps itself (count_step then only says, here, where global_step is heading) */
+        if (pc->cfg->training.mode == MODE_SYNC)
+                local_step = f->version;
         /* in flight before it starts: the reply thread may take its answer at once */
         pthread_mutex_lock(&pc->mu);
         f->via = link ? VIA_LINK : VIA_GRPC;

@@ -71,7 +71,10 @@ int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, con
 void ps_client_link_shards(struct ps_client *pc);
 /* Hands group g's gradients (final in the gradient block, unchanged until ps_client_wait(g)) to its
  * shard; count_step: the shard (shard 0) counts a step in global_step with it. Does not block. A push
- * that cannot start fails at ps_client_wait. */
+ * that cannot start fails at ps_client_wait. training.mode sync: the push carries, instead of
+ * local_step, the step of the group's values (from the last pull or the shard's last answer); the
+ * shards count the steps they aggregate, whatever count_step says; its answer comes when the step is
+ * applied. */
 void ps_client_push(struct ps_client *pc, uint32_t g, uint64_t local_step, bool count_step);
 /* Waits for the answer to group g's push, if one is in flight (nothing to wait for: 0). On 0 the fresh
  * values are in the parameter block; otherwise -errno (the shard refused the push, or is lost: then

@@ -1,0 +1,199 @@
+/* Bounded staleness on shard 0: the workers' clocks, and the answers held while a worker is too far
+ * ahead (ssp.h). Every decision to let a worker go on is logged at debug level with the clocks, so a
+ * run can be checked step by step against the bound (tests/integration/test_ssp.py). */
+#include "ssp.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "util.h"
+
+struct ssp {
+        uint32_t W, s;
+        uint64_t live_us;
+        pthread_mutex_t mu;        /* over everything below */
+        uint64_t *clock;           /* (W) steps finished, on the common scale */
+        int64_t *offset;           /* (W) local step + 1 - clock */
+        uint64_t *last_us;         /* (W) wall clock of the last counting push; 0: never */
+        uint64_t *raw;             /* (W) its local step + 1 */
+        uint64_t max_ahead;
+        bool finished;             /* ssp_finish: the bound no longer applies */
+        struct agg_waiter *head;   /* held, oldest first */
+};
+
+int ssp_new(uint32_t n_workers, uint32_t staleness, uint64_t live_us, struct ssp **ret) {
+        struct ssp *s = calloc(1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        s->W = n_workers;
+        s->s = staleness;
+        s->live_us = live_us;
+        pthread_mutex_init(&s->mu, NULL);
+        s->clock = calloc(n_workers + 1, sizeof(uint64_t));
+        s->offset = calloc(n_workers + 1, sizeof(int64_t));
+        s->last_us = calloc(n_workers + 1, sizeof(uint64_t));
+        s->raw = calloc(n_workers + 1, sizeof(uint64_t));
+        if (!s->clock || !s->offset || !s->last_us || !s->raw) {
+                ssp_free(s);
+                return -ENOMEM;
+        }
+        *ret = s;
+        return 0;
+}
+
+struct ssp *ssp_free(struct ssp *s) {
+        if (!s)
+                return NULL;
+        pthread_mutex_destroy(&s->mu);
+        free(s->clock);
+        free(s->offset);
+        free(s->last_us);
+        free(s->raw);
+        free(s);
+        return NULL;
+}
+
+static bool live(const struct ssp *s, uint32_t w, uint64_t now) {
+        return s->last_us[w] && now - s->last_us[w] < s->live_us;
+}
+
+/* The slowest live worker's clock (UINT64_MAX: none live), and who it is. */
+static uint64_t slowest(const struct ssp *s, uint64_t now, uint32_t *who) {
+        uint64_t least = UINT64_MAX;
+        for (uint32_t w = 0; w < s->W; w++)
+                if (live(s, w, now) && s->clock[w] < least) {
+                        least = s->clock[w];
+                        if (who)
+                                *who = w;
+                }
+        return least;
+}
+
+/* Whether worker w may start its next step now; if so, the step is logged against the bound. */
+static bool may_go(struct ssp *s, uint32_t w, uint64_t now) {
+        if (s->finished)
+                return true;
+        uint64_t least = slowest(s, now, NULL);
+        if (least != UINT64_MAX && s->clock[w] > least + s->s)
+                return false;
+        uint64_t ahead = least == UINT64_MAX ? 0 : s->clock[w] - least;
+        s->max_ahead = ahead > s->max_ahead ? ahead : s->max_ahead;
+        log_debug("ssp: worker:%u starts step %llu, %llu ahead of the slowest live worker (bound %u)", w,
+                  (unsigned long long)s->clock[w], (unsigned long long)ahead, s->s);
+        return true;
+}
+
+static void unqueue(struct ssp *s, struct agg_waiter *w) {
+        for (struct agg_waiter **pw = &s->head; *pw; pw = &(*pw)->next)
+                if (*pw == w) {
+                        *pw = w->next;
+                        w->next = NULL;
+                        w->queued = false;
+                        return;
+                }
+}
+
+/* Releases the held workers that may go on now, and those past their deadline. Under mu. */
+static void sweep(struct ssp *s, uint64_t now) {
+        for (struct agg_waiter *w = s->head, *next; w; w = next) {
+                next = w->next;
+                if (may_go(s, w->worker, now)) {
+                        unqueue(s, w);
+                        w->release(w, 0, s->clock[w->worker], NULL);
+                } else if (w->deadline_us <= now) {
+                        char why[300];
+                        uint32_t who = 0;
+                        uint64_t least = slowest(s, now, &who);
+                        snprintf(why, sizeof(why), "ssp: worker:%u is %llu steps ahead of worker:%u, the slowest live "
+                                 "worker (training.staleness %u)", w->worker,
+                                 (unsigned long long)(s->clock[w->worker] - least), who, s->s);
+                        unqueue(s, w);
+                        w->release(w, -ETIMEDOUT, s->clock[w->worker], why);
+                }
+        }
+}
+
+bool ssp_arrive(struct ssp *s, struct agg_waiter *w, uint64_t local_step, uint64_t wait_us) {
+        uint32_t k = w->worker;
+        if (k >= s->W)
+                return false;
+        uint64_t now = now_us();
+        pthread_mutex_lock(&s->mu);
+        bool joins = !live(s, k, now) || local_step + 1 <= s->raw[k];
+        if (joins) {
+                /* new, back, or restarted (its local steps start over): it joins at the slowest clock */
+                uint64_t least = slowest(s, now, NULL);
+                s->clock[k] = least == UINT64_MAX ? 0 : least;
+        }
+        s->clock[k]++;
+        s->raw[k] = local_step + 1;
+        s->last_us[k] = now;
+        sweep(s, now);   /* the move may let others go */
+        bool held = !may_go(s, k, now);
+        if (held) {
+                w->since_us = now;
+                w->deadline_us = now + wait_us;
+                w->queued = true;
+                w->next = NULL;
+                struct agg_waiter **pw = &s->head;
+                while (*pw)
+                        pw = &(*pw)->next;
+                *pw = w;
+        }
+        pthread_mutex_unlock(&s->mu);
+        return held;
+}
+
+void ssp_finish(struct ssp *s) {
+        pthread_mutex_lock(&s->mu);
+        s->finished = true;
+        sweep(s, now_us());
+        pthread_mutex_unlock(&s->mu);
+}
+
+void ssp_tick(struct ssp *s, uint64_t now) {
+        pthread_mutex_lock(&s->mu);
+        sweep(s, now);
+        pthread_mutex_unlock(&s->mu);
+}
+
+void ssp_forget(struct ssp *s, const void *owner) {
+        pthread_mutex_lock(&s->mu);
+        for (struct agg_waiter *w = s->head, *next; w; w = next) {
+                next = w->next;
+                if (w->owner == owner)
+                        unqueue(s, w);
+        }
+        pthread_mutex_unlock(&s->mu);
+}
+
+uint64_t ssp_table(struct ssp *s, struct ssp_clock *clocks, uint64_t *max_ahead_ret, char *why, size_t len,
+                   int *peer_ret) {
+        uint64_t now = now_us();
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t w = 0; w < s->W; w++)
+                clocks[w] = (struct ssp_clock){.clock = s->clock[w], .live = live(s, w, now)};
+        for (struct agg_waiter *w = s->head; w; w = w->next) {
+                clocks[w->worker].waiting = true;
+                clocks[w->worker].waiting_since_us = w->since_us;
+        }
+        uint32_t who = 0;
+        uint64_t least = slowest(s, now, &who);
+        *max_ahead_ret = s->max_ahead;
+        *peer_ret = -1;
+        if (why && len)
+                *why = 0;
+        if (s->head && least != UINT64_MAX) {
+                *peer_ret = (int)who;
+                if (why)
+                        snprintf(why, len, "ssp: worker:%u is %llu steps ahead of worker:%u, the slowest live worker "
+                                 "(training.staleness %u)", s->head->worker,
+                                 (unsigned long long)(s->clock[s->head->worker] - least), who, s->s);
+        }
+        pthread_mutex_unlock(&s->mu);
+        return least == UINT64_MAX ? 0 : least;
+}
