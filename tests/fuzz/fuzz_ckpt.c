@@ -25,7 +25,7 @@ static struct chief_db *db;
 static void setup(void) {
         char job[2048], err[512];
         log_set_max_level(LOG_CRIT);
-        snprintf(job, sizeof(job), FUZZ_JOB_FMT, "127.0.0.1:2", "127.0.0.1:3", "momentum");
+        snprintf(job, sizeof(job), FUZZ_JOB_FMT, "127.0.0.1:2", "127.0.0.1:3", "/nonexistent", "momentum", "");
         char dir[] = "/tmp/fuzz-ckpt-XXXXXX", dbpath[64];
         if (config_load_string(job, "fuzz.json", &cfg, err, sizeof(err)) < 0 || job_layout_new(cfg, &L) < 0 ||
             !mkdtemp(dir))
@@ -77,6 +77,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                            "a refused checkpoint (%s) changed the variables", err);
                 FUZZ_CHECK(nsl == 0 || memcmp(slot_block, slots_was, nsl * sizeof(float)) == 0,
                            "a refused checkpoint (%s) changed the optimizer's slots", err);
+        } else if (!loaded) {
+                FUZZ_CHECK(nsl == 0 || memcmp(slot_block, slots_was, nsl * sizeof(float)) == 0,
+                           "a checkpoint without the job's slots changed them");
         }
         close(fd);
         return 0;

@@ -13,19 +13,11 @@
  * Built a second time as fuzz_ps_broken (tests only) with the shard's finite check wrapped away
  * (FUZZ_PS_BREAK_FINITE, -Wl,--wrap): the test fuzz.ps_catches_broken_validation shows that the
  * invariant then fails. */
-#include <arpa/inet.h>
-#include <errno.h>
 #include <math.h>
-#include <netinet/in.h>
-#include <pthread.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-
-#include <grpc/byte_buffer_reader.h>
 
 #include "apply.h"
 #include "config.h"
-#include "fuzz_util.h"
+#include "fuzz_daemon.h"
 #include "job.h"
 #include "log.h"
 #include "optim.h"
@@ -76,69 +68,20 @@ struct state {
 static struct job_config *cfg;
 static struct job_layout *L;
 static unsigned n_slots;
-static char job_path[128], state_dir[64], ps_addr[32], *argv_[10];
-static pthread_t psd_thread;
-static struct rpc_channel *ch;
+static struct fuzz_daemon psd = {.main = psd_main, .name = "ps:0"};
 static struct state copy;   /* what the shard must hold */
-
-static void *psd_run(void *arg) {
-        (void)arg;
-        int r = psd_main(9, argv_);
-        if (r != 0) {
-                fprintf(stderr, "fuzz_ps: psd exited %d\n", r);
-                abort();
-        }
-        return NULL;
-}
-
-static uint16_t free_port(void) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t len = sizeof(a);
-        if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || getsockname(fd, (struct sockaddr *)&a, &len) < 0)
-                abort();
-        close(fd);
-        return ntohs(a.sin_port);
-}
 
 static void caller(Psfleet__V1__Caller *c) {
         c->fingerprint = L->fingerprint;
         c->task = (char *)"chief:0";
 }
 
-/* One call; its reply (when OK) in *reply (taken). Returns the call's -errno. */
 static int call(int m, const uint8_t *data, size_t size, grpc_byte_buffer **reply) {
-        grpc_slice sl = grpc_slice_from_copied_buffer((const char *)data, size);
-        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
-        grpc_slice_unref(sl);
-        struct rpc_result res;
-        int r = rpc_call(ch, methods[m], bb, 10000, true, &res);
-        if (r == -ETIMEDOUT || r == -EAGAIN) {
-                fprintf(stderr, "fuzz_ps: %s: %s\n", methods[m], res.message);
-                abort();
-        }
-        if (reply) {
-                *reply = res.reply;
-                res.reply = NULL;
-        }
-        rpc_result_clear(&res);
-        return r;
+        return fuzz_daemon_call(&psd, methods[m], data, size, reply);
 }
 
 static grpc_byte_buffer *packed(const ProtobufCMessage *m) {
         return wire_pack(m);
-}
-
-static void bytes_of(grpc_byte_buffer *bb, uint8_t **p, size_t *n) {
-        grpc_byte_buffer_reader rd;
-        grpc_byte_buffer_reader_init(&rd, bb);
-        grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
-        grpc_byte_buffer_reader_destroy(&rd);
-        *n = GRPC_SLICE_LENGTH(s);
-        *p = malloc(*n ? *n : 1);
-        memcpy(*p, GRPC_SLICE_START_PTR(s), *n);
-        grpc_slice_unref(s);
-        grpc_byte_buffer_destroy(bb);
 }
 
 /* Pulls the shard with its slots into st (st->f malloc'd). */
@@ -152,7 +95,7 @@ static void pull(struct state *st) {
         q.header = &h;
         uint8_t *p;
         size_t n;
-        bytes_of(packed(&q.base), &p, &n);
+        fuzz_bytes_of(packed(&q.base), &p, &n);
         grpc_byte_buffer *reply = NULL;
         int r = call(M_PULL, p, n, &reply);
         free(p);
@@ -225,7 +168,7 @@ static void assign_bytes(const struct state *st, uint64_t gs, bool slots, uint8_
         }
         wire_out_finish(o, &bb);
         wire_out_free(o);
-        bytes_of(bb, p, n);
+        fuzz_bytes_of(bb, p, n);
 }
 
 /* A Push of gradients g (one per part listed, in copy's layout) of parts ks[0..nk). */
@@ -250,12 +193,7 @@ static void push_bytes(const unsigned *ks, unsigned nk, const float *g, uint8_t 
         }
         wire_out_finish(o, &bb);
         wire_out_free(o);
-        bytes_of(bb, p, n);
-}
-
-static void start_psd(void) {
-        if (pthread_create(&psd_thread, NULL, psd_run, NULL) != 0)
-                abort();
+        fuzz_bytes_of(bb, p, n);
 }
 
 /* psd's state after a start: the copy, assigned with its slots. */
@@ -272,34 +210,16 @@ static void restore(void) {
 
 static void setup(void) {
         char job[2048], err[512];
-        char tmpl[] = "/tmp/fuzz-ps-XXXXXX";
-        if (!mkdtemp(tmpl))
-                abort();
-        snprintf(state_dir, sizeof(state_dir), "%s", tmpl);
-        /* the job's addresses are fixed, so is its fingerprint (the seeds carry it); psd listens where
-         * --listen says */
-        char *ps = ps_addr;
-        snprintf(ps_addr, sizeof(ps_addr), "127.0.0.1:%u", free_port());
-        snprintf(job, sizeof(job), FUZZ_JOB_FMT, "127.0.0.1:2", "127.0.0.1:3", "momentum");
-        snprintf(job_path, sizeof(job_path), "%s/fuzz.json", state_dir);
-        FILE *f = fopen(job_path, "w");
-        if (!f || fputs(job, f) < 0 || fclose(f) != 0)
-                abort();
-        if (config_load(job_path, &cfg, err, sizeof(err)) < 0 || job_layout_new(cfg, &L) < 0) {
+        /* the job's addresses are fixed, so is its fingerprint (the seeds carry it) */
+        snprintf(job, sizeof(job), FUZZ_JOB_FMT, "127.0.0.1:2", "127.0.0.1:3", "/nonexistent", "momentum", "");
+        static const char *const extra[] = {"--task-index", "0", NULL};
+        fuzz_daemon_init(&psd, job, extra);
+        if (config_load(psd.job_path, &cfg, err, sizeof(err)) < 0 || job_layout_new(cfg, &L) < 0) {
                 fprintf(stderr, "fuzz_ps: %s\n", err);
                 abort();
         }
         n_slots = optim_n_slots(cfg->training.optimizer);
-        setenv("PSFLEET_RUNTIME_DIR", state_dir, 1);
-        if (!getenv("PSFLEET_LOG_LEVEL"))
-                setenv("PSFLEET_LOG_LEVEL", "crit", 1);
-        char *a[] = {"psd", "--job", job_path, "--task-index", "0", "--state-dir", state_dir, "--listen", ps, NULL};
-        for (int i = 0; i < 10; i++)
-                argv_[i] = a[i] ? strdup(a[i]) : NULL;
-        rpc_global_init();
-        start_psd();
-        if (rpc_channel_new(ps, "ps:0", &ch) < 0)
-                abort();
+        fuzz_daemon_start(&psd);
         /* the chief's first Assign: every part of ps:0 as the placement made them, values from a fixed
          * sequence, slots at the optimizer's start; then the copy is what a Pull shows */
         struct state init = {0};
@@ -334,15 +254,6 @@ static void setup(void) {
         free(init.f);
 }
 
-static void write_seed(const char *dir, const char *name, int m, const uint8_t *p, size_t n) {
-        char path[512];
-        snprintf(path, sizeof(path), "%s/%s", dir, name);
-        FILE *f = fopen(path, "w");
-        uint8_t sel = (uint8_t)m;
-        if (!f || fwrite(&sel, 1, 1, f) != 1 || (n && fwrite(p, 1, n, f) != n) || fclose(f) != 0)
-                abort();
-}
-
 /* FUZZ_PS_SEED=DIR: legal calls of each method, and a push of a NaN (tests/fuzz/broken). */
 static void seeds(const char *dir) {
         uint8_t *p;
@@ -355,17 +266,17 @@ static void seeds(const char *dir) {
         for (size_t i = 0; i < floats; i++)
                 g[i] = (float)((int)(i % 7) - 3) / 16.f;
         push_bytes(ks, copy.n_parts, g, &p, &n);
-        write_seed(dir, "push-all", M_PUSH, p, n);
+        fuzz_write_seed(dir, "push-all", M_PUSH, p, n);
         free(p);
         push_bytes(ks + 1, 1, g, &p, &n);
-        write_seed(dir, "push-one", M_PUSH, p, n);
+        fuzz_write_seed(dir, "push-one", M_PUSH, p, n);
         free(p);
         g[2] = NAN;
         push_bytes(ks, 1, g, &p, &n);
-        write_seed(dir, "push-nan", M_PUSH, p, n);
+        fuzz_write_seed(dir, "push-nan", M_PUSH, p, n);
         free(p);
         assign_bytes(&copy, 5, true, &p, &n);
-        write_seed(dir, "assign-slots", M_ASSIGN, p, n);
+        fuzz_write_seed(dir, "assign-slots", M_ASSIGN, p, n);
         free(p);
         Psfleet__V1__PullHeader h = PSFLEET__V1__PULL_HEADER__INIT;
         Psfleet__V1__Caller c = PSFLEET__V1__CALLER__INIT;
@@ -376,19 +287,19 @@ static void seeds(const char *dir) {
         h.n_names = 1;
         Psfleet__V1__PullRequest q = PSFLEET__V1__PULL_REQUEST__INIT;
         q.header = &h;
-        bytes_of(packed(&q.base), &p, &n);
-        write_seed(dir, "pull-one", M_PULL, p, n);
+        fuzz_bytes_of(packed(&q.base), &p, &n);
+        fuzz_write_seed(dir, "pull-one", M_PULL, p, n);
         free(p);
-        write_seed(dir, "status", M_STATUS, NULL, 0);
+        fuzz_write_seed(dir, "status", M_STATUS, NULL, 0);
         Psfleet__V1__AttachSharedMemoryRequest at = PSFLEET__V1__ATTACH_SHARED_MEMORY_REQUEST__INIT;
         at.caller = &c;
-        bytes_of(packed(&at.base), &p, &n);
-        write_seed(dir, "attach", M_ATTACH, p, n);
+        fuzz_bytes_of(packed(&at.base), &p, &n);
+        fuzz_write_seed(dir, "attach", M_ATTACH, p, n);
         free(p);
         Psfleet__V1__StopRequest st = PSFLEET__V1__STOP_REQUEST__INIT;
         st.reason = (char *)"fuzz";
-        bytes_of(packed(&st.base), &p, &n);
-        write_seed(dir, "stop", 0xff, p, n);
+        fuzz_bytes_of(packed(&st.base), &p, &n);
+        fuzz_write_seed(dir, "stop", 0xff, p, n);
         free(p);
         free(g);
 }
@@ -433,7 +344,7 @@ static bool legal_push(const uint8_t *data, size_t size, float *g, bool *got, ch
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-        if (!ch) {
+        if (!psd.ch) {
                 setup();
                 const char *dir = getenv("FUZZ_PS_SEED");
                 if (dir) {
@@ -446,15 +357,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int m = data[0] == 0xff ? M_STOP : data[0] % M_CHOICES;
         data++, size--;
         int r = call(m, data, size, NULL);
-        if (m == M_STOP) {
+        if (m == M_STOP && r == 0) {   /* a Stop that does not parse is refused */
                 /* psd's main returns after a Stop: start it again and give it the copy */
-                FUZZ_CHECK(r == 0, "Stop failed (%d)", r);
-                pthread_join(psd_thread, NULL);
-                start_psd();
-                /* a fresh channel: the old one would wait out its reconnect backoff */
-                rpc_channel_free(ch);
-                if (rpc_channel_new(ps_addr, "ps:0", &ch) < 0)
-                        abort();
+                fuzz_daemon_restart(&psd);
                 restore();
         }
         struct state now = {0};

@@ -11,7 +11,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!base) {
                 log_set_max_level(LOG_CRIT);
                 char job[2048];
-                snprintf(job, sizeof(job), FUZZ_JOB_FMT, "127.0.0.1:2", "127.0.0.1:3", "momentum");
+                snprintf(job, sizeof(job), FUZZ_JOB_FMT, "127.0.0.1:2", "127.0.0.1:3", "/nonexistent", "momentum", "");
                 if (config_load_string(job, "fuzz.json", &base, err, sizeof(err)) < 0 ||
                     !(base_canon = config_canonical_json(base))) {
                         fprintf(stderr, "fuzz_tf_config: the base job does not load: %s\n", err);
@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         /* a fresh copy each time: an accepted TF_CONFIG changes it */
         struct job_config *c = NULL;
         char job[2048];
-        snprintf(job, sizeof(job), FUZZ_JOB_FMT, "127.0.0.1:2", "127.0.0.1:3", "momentum");
+        snprintf(job, sizeof(job), FUZZ_JOB_FMT, "127.0.0.1:2", "127.0.0.1:3", "/nonexistent", "momentum", "");
         if (config_load_string(job, "fuzz.json", &c, err, sizeof(err)) < 0)
                 abort();
         char *tf = fuzz_string(data, size);

@@ -9,16 +9,38 @@
 #include <unistd.h>
 #include <sys/mman.h>
 
-/* A job of two dense layers (a split kernel, so shards hold row ranges) on loopback; %s: the ps
- * address, %s: the chief's, %s: the optimizer. */
+/* A job of two dense layers (a split kernel, so shards hold row ranges) on loopback, in that order:
+ * the chief's address, the ps's, data.dir, the optimizer, and more sections (",\"supervisor\": {...}"
+ * or ""). Only cluster, model, training and ps make the job's fingerprint. */
 #define FUZZ_JOB_FMT                                                                                     \
         "{\"job\": \"fuzz\", \"cluster\": {\"chief\": [\"%s\"], \"ps\": [\"%s\"], "                     \
         "\"worker\": [\"127.0.0.1:1\"]}, "                                                             \
         "\"model\": {\"input\": [40], \"seed\": 1, \"layers\": [{\"type\": \"dense\", \"units\": 32}, " \
         "{\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 4}]}, "                               \
-        "\"data\": {\"dir\": \"/nonexistent\"}, "                                                        \
+        "\"data\": {\"dir\": \"%s\", \"train_images\": \"images\", \"train_labels\": \"labels\", "         \
+        "\"test_images\": \"images\", \"test_labels\": \"labels\"}, "                                     \
         "\"training\": {\"batch_size\": 4, \"optimizer\": \"%s\", \"learning_rate\": 0.1, "            \
-        "\"max_steps\": 1000000000}, \"ps\": {\"split_bytes\": 4096}}"
+        "\"max_steps\": 1000000000}, \"ps\": {\"split_bytes\": 4096}%s}"
+
+/* The job's data in dir: 8 examples of 40 bytes (images, IDX 8x5x8) and their labels (0..3). */
+static inline void fuzz_write_data(const char *dir) {
+        char path[256];
+        uint8_t img[16 + 8 * 40], lab[8 + 8];
+        memcpy(img, "\0\0\x08\x03\0\0\0\x08\0\0\0\x05\0\0\0\x08", 16);
+        memcpy(lab, "\0\0\x08\x01\0\0\0\x08", 8);
+        for (size_t i = 0; i < 8 * 40; i++)
+                img[16 + i] = (uint8_t)(i * 37);
+        for (size_t i = 0; i < 8; i++)
+                lab[8 + i] = (uint8_t)(i % 4);
+        snprintf(path, sizeof(path), "%s/images", dir);
+        FILE *f = fopen(path, "w");
+        if (!f || fwrite(img, 1, sizeof(img), f) != sizeof(img) || fclose(f) != 0)
+                abort();
+        snprintf(path, sizeof(path), "%s/labels", dir);
+        f = fopen(path, "w");
+        if (!f || fwrite(lab, 1, sizeof(lab), f) != sizeof(lab) || fclose(f) != 0)
+                abort();
+}
 
 /* The invariant failed: say which and abort (libFuzzer saves the input). */
 #define FUZZ_CHECK(cond, ...)                                                                              \

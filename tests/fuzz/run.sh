@@ -41,7 +41,9 @@ for n in "${names[@]}"; do
   work="$build/fuzz-corpus/$n" art="$build/fuzz-artifacts/$n/"
   $keep || rm -rf "$work"
   mkdir -p "$work" "$art"
-  opts=(-runs="$runs" -seed=1 -artifact_prefix="$art" -print_final_stats=1 -rss_limit_mb=4096 -timeout=25)
+  # a hostile input that makes psfleet allocate over 512 MiB is a finding too (a 16-byte file did)
+  opts=(-runs="$runs" -seed=1 -artifact_prefix="$art" -print_final_stats=1 -rss_limit_mb=4096
+        -malloc_limit_mb=512 -timeout=25)
   [ "$time" -gt 0 ] && opts+=(-max_total_time="$time")
   [ -f "$here/dict/$n.dict" ] && opts+=(-dict="$here/dict/$n.dict")
   seeds=() max=4096
@@ -61,7 +63,7 @@ for n in "${names[@]}"; do
   fi
   grep -E '^(#[0-9]+.*DONE|stat::number_of_executed_units|Done )' "$build/fuzz-$n.log" || true
   if [ -d "$here/regress/$n" ] && [ -n "$(ls -A "$here/regress/$n")" ]; then
-    if ! "$exe" -runs=1 "$here/regress/$n"/* >"$build/fuzz-$n-regress.log" 2>&1; then
+    if ! "$exe" -malloc_limit_mb=512 "$here/regress/$n"/* >"$build/fuzz-$n-regress.log" 2>&1; then
       tail -n 60 "$build/fuzz-$n-regress.log" >&2
       echo "run.sh: fuzz_$n fails a regression input" >&2
       status=1
