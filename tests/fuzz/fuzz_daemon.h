@@ -87,6 +87,9 @@ static inline bool fuzz_daemon_listens(const struct fuzz_daemon *d) {
  * would otherwise meet a port that refuses and wait out its reconnect backoff, longer than a call's
  * deadline after a few restarts. */
 static inline void fuzz_daemon_start(struct fuzz_daemon *d) {
+        /* chiefd's main ends with rpc_global_shutdown(), while its rpc_global_init() initializes once
+         * per process: a reference for each run, so gRPC is never torn down under the harness */
+        grpc_init();
         if (pthread_create(&d->thread, NULL, fuzz_daemon_thread, d) != 0)
                 abort();
         for (int i = 0; !fuzz_daemon_listens(d); i++) {
