@@ -343,6 +343,42 @@ static bool legal_push(const uint8_t *data, size_t size, float *g, bool *got, ch
         return ok;
 }
 
+/* An Assign psd accepted: every tensor it carried ("<var>" or "<var>/<slot>") is now in st. */
+static void check_assigned(const uint8_t *data, size_t size, const struct state *st) {
+        grpc_slice sl = grpc_slice_from_copied_buffer((const char *)data, size);
+        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+        grpc_slice_unref(sl);
+        struct wire_in *in;
+        char err[256];
+        FUZZ_CHECK(wire_in_parse(bb, &in, err, sizeof(err)) == 0, "psd accepted an Assign that does not parse: %s", err);
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                const struct wire_tensor *t = &in->tensors[i];
+                unsigned k, slot = 0;
+                for (k = 0; k < st->n_parts; k++) {
+                        size_t len = strlen(st->parts[k].name);
+                        if (st->parts[k].row_offset != t->row_offset || strncmp(st->parts[k].name, t->name, len) != 0)
+                                continue;
+                        if (t->name[len] == 0)
+                                break;
+                        for (slot = 0; t->name[len] == '/' && slot < n_slots; slot++)
+                                if (strcmp(t->name + len + 1, optim_slot_name(cfg->training.optimizer, slot)) == 0)
+                                        break;
+                        if (t->name[len] == '/' && slot < n_slots) {
+                                slot++;
+                                break;
+                        }
+                }
+                FUZZ_CHECK(k < st->n_parts && t->nbytes == st->parts[k].n * sizeof(float),
+                           "psd accepted an Assign of \"%s\", no part of the shard", t->name);
+                float *v = malloc(t->nbytes + 1);
+                wire_tensor_copy(t, v);
+                FUZZ_CHECK(memcmp(v, st->f + st->parts[k].off + slot * st->parts[k].n, t->nbytes) == 0,
+                           "after an accepted Assign, \"%s\" is not what it carried", t->name);
+                free(v);
+        }
+        wire_in_free(in);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!psd.ch) {
                 setup();
@@ -383,6 +419,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 free(g);
         } else if (m == M_ASSIGN && r == 0) {
                 /* what it carried is now the shard, updates counted from its global_step */
+                check_assigned(data, size, &now);
                 for (unsigned k = 0; k < copy.n_parts; k++)
                         copy.parts[k].updates = now.global_step;
                 memcpy(copy.f, now.f, copy.n_floats * sizeof(float));
