@@ -117,26 +117,17 @@ static void seeds(const char *dir) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!chief.ch) {
                 setup();
-                const char *dir = getenv("FUZZ_CHIEF_SEED");
-                if (dir) {
-                        seeds(dir);
+                if (getenv("FUZZ_CHIEF_SEED")) {
+                        seeds(getenv("FUZZ_CHIEF_SEED"));
                         exit(0);
                 }
         }
-        if (size < 1)
+        int m = fuzz_daemon_method(&data, &size, M_CHOICES, M_STOP);
+        if (m < 0)
                 return 0;
-        int m = data[0] == 0xff ? M_STOP : data[0] % M_CHOICES;
-        data++, size--;
         int r = m == M_WATCH ? watch(data, size) : fuzz_daemon_call(&chief, methods[m], data, size, NULL);
-        if (m == M_STOP && r == 0) {   /* a Stop that does not parse is refused */
-                fuzz_daemon_restart(&chief);
-        }
-        grpc_byte_buffer *reply = NULL;
-        r = fuzz_daemon_call(&chief, methods[M_STATUS], NULL, 0, &reply);
-        FUZZ_CHECK(r == 0, "GetStatus failed after a %s (%d)", methods[m], r);
-        ProtobufCMessage *st = NULL;
-        FUZZ_CHECK(wire_unpack(reply, &psfleet__v1__job_status__descriptor, &st) == 0, "a JobStatus that does not parse");
-        grpc_byte_buffer_destroy(reply);
-        protobuf_c_message_free_unpacked(st, NULL);
+        fuzz_daemon_after(&chief, m, M_STOP, r);
+        protobuf_c_message_free_unpacked(
+                fuzz_daemon_status(&chief, methods[M_STATUS], &psfleet__v1__job_status__descriptor, methods[m]), NULL);
         return 0;
 }

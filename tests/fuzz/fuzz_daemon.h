@@ -14,6 +14,7 @@
 
 #include "fuzz_util.h"
 #include "rpc.h"
+#include "wire.h"
 
 struct fuzz_daemon {
         int (*main)(int argc, char **argv);
@@ -151,4 +152,36 @@ static inline void fuzz_write_seed(const char *dir, const char *name, uint8_t se
         FILE *f = fopen(path, "w");
         if (!f || fwrite(&sel, 1, 1, f) != 1 || (n && fwrite(p, 1, n, f) != n) || fclose(f) != 0)
                 abort();
+}
+
+/* The method an input picks with its first byte (taken off data): 0xff is stop, else one of the
+ * first choices. -1 for an empty input. */
+static inline int fuzz_daemon_method(const uint8_t **data, size_t *size, int choices, int stop) {
+        if (*size < 1)
+                return -1;
+        int m = **data == 0xff ? stop : **data % choices;
+        (*data)++, (*size)--;
+        return m;
+}
+
+/* After a call of method m (r: its outcome): an accepted Stop ended the daemon's main; start it
+ * again. Returns whether it did. */
+static inline bool fuzz_daemon_after(struct fuzz_daemon *d, int m, int stop, int r) {
+        if (m != stop || r != 0)   /* a Stop that does not parse is refused */
+                return false;
+        fuzz_daemon_restart(d);
+        return true;
+}
+
+/* The daemon's liveness: its status method (an empty request) must answer with a message of desc
+ * that parses; returned (free with protobuf_c_message_free_unpacked). */
+static inline ProtobufCMessage *fuzz_daemon_status(struct fuzz_daemon *d, const char *method,
+                                                   const ProtobufCMessageDescriptor *desc, const char *after) {
+        grpc_byte_buffer *reply = NULL;
+        int r = fuzz_daemon_call(d, method, NULL, 0, &reply);
+        FUZZ_CHECK(r == 0, "%s: %s failed after a %s (%d)", d->name, method, after, r);
+        ProtobufCMessage *st = NULL;
+        FUZZ_CHECK(wire_unpack(reply, desc, &st) == 0, "%s: a %s that does not parse", d->name, desc->short_name);
+        grpc_byte_buffer_destroy(reply);
+        return st;
 }

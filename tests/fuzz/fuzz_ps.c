@@ -142,6 +142,22 @@ static bool same(const struct state *a, const struct state *b) {
         return memcmp(a->f, b->f, a->n_floats * sizeof(float)) == 0;
 }
 
+/* A message of a header and tensors: begun, and ended into its bytes (malloc'd). */
+static struct wire_out *out_begin(const ProtobufCMessage *h) {
+        struct wire_out *o;
+        if (wire_out_new(&o) < 0)
+                abort();
+        wire_out_header(o, h);
+        return o;
+}
+
+static void out_end(struct wire_out *o, uint8_t **p, size_t *n) {
+        grpc_byte_buffer *bb;
+        wire_out_finish(o, &bb);
+        wire_out_free(o);
+        fuzz_bytes_of(bb, p, n);
+}
+
 /* An Assign of st (values and slots) at global_step gs; the bytes (malloc'd). */
 static void assign_bytes(const struct state *st, uint64_t gs, bool slots, uint8_t **p, size_t *n) {
         Psfleet__V1__AssignHeader h = PSFLEET__V1__ASSIGN_HEADER__INIT;
@@ -150,11 +166,7 @@ static void assign_bytes(const struct state *st, uint64_t gs, bool slots, uint8_
         h.caller = &c;
         h.global_step = gs;
         h.with_slots = slots;
-        struct wire_out *o;
-        grpc_byte_buffer *bb;
-        if (wire_out_new(&o) < 0)
-                abort();
-        wire_out_header(o, &h.base);
+        struct wire_out *o = out_begin(&h.base);
         for (unsigned k = 0; k < st->n_parts; k++) {
                 const struct part *pt = &st->parts[k];
                 uint64_t shape[2] = {pt->rows, pt->cols};
@@ -166,9 +178,7 @@ static void assign_bytes(const struct state *st, uint64_t gs, bool slots, uint8_
                                              pt->n * sizeof(float));
                 }
         }
-        wire_out_finish(o, &bb);
-        wire_out_free(o);
-        fuzz_bytes_of(bb, p, n);
+        out_end(o, p, n);
 }
 
 /* A Push of gradients g (one per part listed, in copy's layout) of parts ks[0..nk). */
@@ -180,20 +190,14 @@ static void push_bytes(const unsigned *ks, unsigned nk, const float *g, uint8_t 
         h.caller = &c;
         h.want_values = true;
         h.count_step = true;
-        struct wire_out *o;
-        grpc_byte_buffer *bb;
-        if (wire_out_new(&o) < 0)
-                abort();
-        wire_out_header(o, &h.base);
+        struct wire_out *o = out_begin(&h.base);
         for (unsigned i = 0, at = 0; i < nk; i++) {
                 const struct part *pt = &copy.parts[ks[i]];
                 uint64_t shape[2] = {pt->rows, pt->cols};
                 wire_out_tensor_copy(o, pt->name, WIRE_DTYPE_FLOAT32, shape, 2, pt->row_offset, g + at, pt->n * sizeof(float));
                 at += pt->n;
         }
-        wire_out_finish(o, &bb);
-        wire_out_free(o);
-        fuzz_bytes_of(bb, p, n);
+        out_end(o, p, n);
 }
 
 /* psd's state after a start: the copy, assigned with its slots. */
@@ -382,22 +386,17 @@ static void check_assigned(const uint8_t *data, size_t size, const struct state 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!psd.ch) {
                 setup();
-                const char *dir = getenv("FUZZ_PS_SEED");
-                if (dir) {
-                        seeds(dir);
+                if (getenv("FUZZ_PS_SEED")) {
+                        seeds(getenv("FUZZ_PS_SEED"));
                         exit(0);
                 }
         }
-        if (size < 1)
+        int m = fuzz_daemon_method(&data, &size, M_CHOICES, M_STOP);
+        if (m < 0)
                 return 0;
-        int m = data[0] == 0xff ? M_STOP : data[0] % M_CHOICES;
-        data++, size--;
         int r = call(m, data, size, NULL);
-        if (m == M_STOP && r == 0) {   /* a Stop that does not parse is refused */
-                /* psd's main returns after a Stop: start it again and give it the copy */
-                fuzz_daemon_restart(&psd);
-                restore();
-        }
+        if (fuzz_daemon_after(&psd, m, M_STOP, r))
+                restore();   /* psd starts uninitialized: give it the copy */
         struct state now = {0};
         pull(&now);
         if (m == M_PUSH && r == 0) {

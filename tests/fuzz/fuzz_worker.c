@@ -34,21 +34,13 @@ static void setup(void) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!worker.ch)
                 setup();
-        if (size < 1)
+        int m = fuzz_daemon_method(&data, &size, M_CHOICES, M_STOP);
+        if (m < 0)
                 return 0;
-        int m = data[0] == 0xff ? M_STOP : data[0] % M_CHOICES;
-        int r = fuzz_daemon_call(&worker, methods[m], data + 1, size - 1, NULL);
-        if (m == M_STOP && r == 0) {   /* a Stop that does not parse is refused */
-                fuzz_daemon_restart(&worker);
-        }
-        grpc_byte_buffer *reply = NULL;
-        r = fuzz_daemon_call(&worker, methods[M_STATUS], NULL, 0, &reply);
-        FUZZ_CHECK(r == 0, "GetWorkerStatus failed after a %s (%d)", methods[m], r);
-        ProtobufCMessage *st = NULL;
-        FUZZ_CHECK(wire_unpack(reply, &psfleet__v1__worker_status__descriptor, &st) == 0,
-                   "a WorkerStatus that does not parse");
+        fuzz_daemon_after(&worker, m, M_STOP, fuzz_daemon_call(&worker, methods[m], data, size, NULL));
+        ProtobufCMessage *st =
+                fuzz_daemon_status(&worker, methods[M_STATUS], &psfleet__v1__worker_status__descriptor, methods[m]);
         FUZZ_CHECK(((Psfleet__V1__WorkerStatus *)st)->worker == 0, "a WorkerStatus of another worker");
-        grpc_byte_buffer_destroy(reply);
         protobuf_c_message_free_unpacked(st, NULL);
         return 0;
 }
