@@ -33,6 +33,7 @@ TEST_PKGS=(
   debootstrap systemd-container  # the system test: a Debian container booted with systemd-nspawn
   dpkg-dev lintian rpm rpmlint   # building and checking the .deb and .rpm packages
   prometheus                  # promtool and a real Prometheus for the metrics tests
+  clang libclang-rt-14-dev    # the fuzz harnesses: clang with libFuzzer, ASan and UBSan (tests/fuzz)
 )
 
 group=all list=false

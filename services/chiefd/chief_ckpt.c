@@ -258,13 +258,22 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
         uint64_t max = (uint64_t)L->n_params * sizeof(float) * (1 + OPTIM_MAX_SLOTS) + (16u << 20);
         struct ckpt *ck = NULL;
         char e[512], sum[32];
+        /* read into a scratch block first: a file refused half-way must leave the caller's values as
+         * they were (the previous checkpoint's, or the initializers') */
+        float *tmp = malloc(L->n_params * (1 + L->n_slots) * sizeof(float) + sizeof(float)), *tmp_slots[OPTIM_MAX_SLOTS];
+        if (!tmp)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        for (unsigned sl = 0; sl < L->n_slots; sl++)
+                tmp_slots[sl] = tmp + (1 + sl) * L->n_params;
         int r = ckpt_read(row->path, max, &ck, e, sizeof(e));
         if (r == -ENOENT)
-                return errf(err, errlen, r, "the file is missing");
-        if (r == -EBADMSG || r == -EFBIG)
-                return errf(err, errlen, -EBADMSG, "%s", e);
+                r = errf(err, errlen, r, "the file is missing");
+        else if (r == -EBADMSG || r == -EFBIG)
+                r = errf(err, errlen, -EBADMSG, "%s", e);
+        else if (r < 0)
+                r = errf(err, errlen, r, "%s", e);
         if (r < 0)
-                return errf(err, errlen, r, "%s", e);
+                goto out;
         if (ckpt_bytes(ck) != row->bytes) {
                 r = errf(err, errlen, -EBADMSG, "the file is %" PRIu64 " bytes, %" PRIu64 " were recorded", ckpt_bytes(ck),
                          row->bytes);
@@ -300,28 +309,27 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
         }
         for (uint32_t v = 0; v < L->n_vars; v++) {
                 const struct job_var *jv = &L->vars[v];
-                r = ckpt_get(ck, jv->name, jv->rows, jv->cols, params + jv->offset, e, sizeof(e));
+                r = ckpt_get(ck, jv->name, jv->rows, jv->cols, tmp + jv->offset, e, sizeof(e));
                 if (r < 0) {
                         r = errf(err, errlen, -EINVAL, "%s", e);
                         goto out;
                 }
         }
         const char *opt = ckpt_meta(ck, "optimizer");
-        bool same = opt && strcmp(opt, optim_name(L->optimizer)) == 0;
-        *slots_loaded = false;
+        bool same = opt && strcmp(opt, optim_name(L->optimizer)) == 0, with_slots = false;
         if (same && slots && L->n_slots) {
                 for (uint32_t v = 0; v < L->n_vars; v++)
                         for (unsigned sl = 0; sl < L->n_slots; sl++) {
                                 const struct job_var *jv = &L->vars[v];
                                 char name[300];
                                 snprintf(name, sizeof(name), "%s/%s", jv->name, optim_slot_name(L->optimizer, sl));
-                                r = ckpt_get(ck, name, jv->rows, jv->cols, slots[sl] + jv->offset, e, sizeof(e));
+                                r = ckpt_get(ck, name, jv->rows, jv->cols, tmp_slots[sl] + jv->offset, e, sizeof(e));
                                 if (r < 0) {
                                         r = errf(err, errlen, -EINVAL, "optimizer %s: %s", opt, e);
                                         goto out;
                                 }
                         }
-                *slots_loaded = true;
+                with_slots = true;
         } else if (!same && L->n_slots) {
                 log_notice("Checkpoint \"%s\" was written with optimizer %s, the job uses %s: its variables are "
                            "restored, the optimizer's slots start afresh", row->path, opt ? opt : "(unknown)",
@@ -334,8 +342,13 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
                 log_info("Checkpoint \"%s\" was written by a job with fingerprint %s (this one: %s): the cluster or "
                          "training settings changed; its variables fit the model, so it is used",
                          row->path, fp, ours);
+        memcpy(params, tmp, L->n_params * sizeof(float));
+        for (unsigned sl = 0; with_slots && sl < L->n_slots; sl++)
+                memcpy(slots[sl], tmp_slots[sl], L->n_params * sizeof(float));
+        *slots_loaded = with_slots;
         r = 0;
 out:
+        free(tmp);
         ckpt_free(ck);
         return r;
 }

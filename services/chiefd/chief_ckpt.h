@@ -60,7 +60,8 @@ int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slo
  * *slots_loaded says whether they were). Checks: the file exists, its size and CRC-32C match the row,
  * it parses, its global_step matches, and it holds exactly the model's variables with their shapes
  * (and the optimizer's slots). Returns 0; -ENOENT (file missing), -EBADMSG (corrupt: size, checksum or
- * format), -EINVAL (a valid file of a different model), or another -errno; err says why. */
+ * format), -EINVAL (a valid file of a different model), or another -errno; err says why. A refused
+ * file leaves params, slots and *slots_loaded as they were. */
 int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
                     bool *slots_loaded, char *err, size_t errlen);
 

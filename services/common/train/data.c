@@ -40,6 +40,30 @@ static long long read_full(gzFile f, void *buf, size_t len, const char **zmsg)
         return (long long)got;
 }
 
+/* Reads the size bytes of data into a buffer that grows with what the file holds (doubling from 1 MiB),
+ * so a header that claims gigabytes costs memory only as far as the data really go. Returns bytes
+ * read (< size: the file ends early; *buf holds at least that many) or -errno (-ENOMEM). */
+static long long read_data(gzFile f, size_t size, uint8_t **buf, const char **zmsg)
+{
+        size_t cap = size < (1u << 20) ? size : (1u << 20), got = 0;
+        uint8_t *b = malloc(cap ? cap : 1);
+        if (!b)
+                return -ENOMEM;
+        *buf = b;
+        for (;;) {
+                long long r = read_full(f, b + got, cap - got, zmsg);
+                if (r < 0)
+                        return r;
+                got += (size_t)r;
+                if (got < cap || cap == size)
+                        return (long long)got;
+                cap = cap > size / 2 ? size : cap * 2;
+                if (!(b = realloc(b, cap)))
+                        return -ENOMEM;
+                *buf = b;
+        }
+}
+
 static uint32_t be32(const uint8_t *p)
 {
         return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
@@ -116,14 +140,13 @@ int idx_load(const char *path, struct idx **ret, char *err, size_t errlen)
                 goto out;
         }
         x->size = size;
-        x->data = malloc(size ? size : 1);
-        if (!x->data) {
+        size_t off = 4 + 4 * (size_t)nd;
+        if ((got = read_data(f, size, &x->data, &zmsg)) == -ENOMEM) {
                 r = -ENOMEM;
                 fmt_err(err, errlen, "%s: out of memory for %zu bytes", path, size);
                 goto out;
         }
-        size_t off = 4 + 4 * (size_t)nd;
-        if ((got = read_full(f, x->data, size, &zmsg)) < 0)
+        if (got < 0)
                 goto read_error;
         if ((size_t)got < size) {
                 r = -EBADMSG;
