@@ -12,6 +12,7 @@
 #   ct_boot_psfleet NAME WORKDIR CACHE PKGDIR DATA [opts...]    ct_boot with the .debs, data, apt cache
 #   ct_psfleet_rootfs CACHE PKGDIR DATA                         its tarball and options, without a boot
 #   ct_install LOG DEB...                                       apt install inside
+#   ct_wait_for SECONDS WHAT COMMAND...                         poll COMMAND until it succeeds, or fail
 #   ct_finish RC WORKDIR WHAT                                   ct_teardown, WORKDIR removed (kept after a
 #                                                               failure with PSFLEET_TEST_KEEP=1), a last line
 # ct_teardown is safe to call twice and from an EXIT trap, whatever state ct_boot reached.
@@ -156,6 +157,19 @@ ct_install() {
                 ct timeout 180 apt-get update -q >>"$log" 2>&1 || true
                 ct timeout 300 apt-get install -y -q "$@" >>"$log" 2>&1 || { tail -n 40 "$log" >&2; return 1; }
         fi
+}
+
+# ct_wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s; a test that waited in vain
+# exits 1 (its EXIT trap tears down) with a line saying what for.
+ct_wait_for() {
+        local secs=$1 what=$2 i
+        shift 2
+        for i in $(seq 1 $((secs * 5))); do
+                "$@" && return 0
+                sleep 0.2
+        done
+        ct_log "FAIL: timed out after $secs s waiting for $what"
+        exit 1
 }
 
 # Whether PID is running: a zombie (exited, not yet reaped by this shell) is not.

@@ -191,7 +191,7 @@ dpkg-deb -x "$pkgdir/$(basename "$(deb psfleet)")" "$admin"
 psfleet() { "$admin/usr/bin/psfleet" "$@"; }
 psfleet --help >/dev/null 2>&1 || fail "the packaged psfleet does not run on this host"
 
-# Nodes reach each other, and only through the bridge (tcp_rtt FROM ADDR PORT: median connect time in ms
+# The nodes reach each other through the bridge (tcp_rtt FROM ADDR PORT: median connect time in ms
 # from node FROM's namespace, to a port that need not be open: a refusal is an answer too).
 tcp_rtt() {
         ip netns exec "${NS[$1]}" python3 - "$2" "$3" <<'PY'
@@ -242,15 +242,6 @@ EOF
 }
 steps=${PSFLEET_MULTINODE_STEPS:-5000}
 
-wait_for() {
-        local secs=$1 what=$2 i
-        shift 2
-        for i in $(seq 1 $((secs * 2))); do
-                "$@" && return 0
-                sleep 0.5
-        done
-        fail "timed out after $secs s waiting for $what"
-}
 chief_status() { on a; prop "psfleet-chiefd@$job.service" StatusText; }
 at_step() {
         local s
@@ -297,7 +288,7 @@ run_job() {
         case $variant in
         poweroff) poweroff_c ;;
         esac
-        wait_for 420 "job $job to finish" job_done
+        ct_wait_for 420 "job $job to finish" job_done
         local t1
         t1=$(date +%s.%N)
         ct_log "chief: $(chief_status)"
@@ -324,7 +315,7 @@ check_job() {
         # Workers exit 0 at max_steps, each psd when the chief stops it: inactive, not failed.
         for u in a:psfleet-psd@$job:0 b:psfleet-psd@$job:1 b:psfleet-workerd@$job:0 c:psfleet-workerd@$job:1; do
                 on "${u%%:*}"
-                wait_for 60 "${u#*:} to exit" is_inactive "${u#*:}.service"
+                ct_wait_for 60 "${u#*:} to exit" is_inactive "${u#*:}.service"
                 [ "$(prop "${u#*:}.service" Result)" = success ] ||
                         fail "${u#*:} on node ${u%%:*} ended with result $(prop "${u#*:}.service" Result)"
         done
@@ -376,7 +367,7 @@ is_active() { [ "$(prop "$1" ActiveState)" = active ]; }
 # Node c powered off (its systemd shuts down, as `systemctl poweroff` does) at a quarter of the job,
 # down for 10 s, then booted again: psfleet.target starts worker 1, which rejoins the job.
 poweroff_c() {
-        wait_for 300 "step $((steps / 4))" at_step $((steps / 4))
+        ct_wait_for 300 "step $((steps / 4))" at_step $((steps / 4))
         ct_log "power off node3 at $(chief_status)"
         on c
         ct_stop || fail "node3 did not power off"
@@ -387,10 +378,10 @@ poweroff_c() {
         on c
         boot_node c || fail "node3 did not boot again"
         ST[c]=$(ct_save)
-        wait_for 60 "worker 1 to start again on node3" is_active "psfleet-workerd@$job:1.service"
+        ct_wait_for 60 "worker 1 to start again on node3" is_active "psfleet-workerd@$job:1.service"
         ct_log "node3 booted again, worker 1 active; chief: $(chief_status)"
         # it rejoins where the job is (check_job: and makes steps of its own in this boot)
-        wait_for 60 "worker 1 to rejoin the job" worker1_rejoined
+        ct_wait_for 60 "worker 1 to rejoin the job" worker1_rejoined
         ct_log "worker 1: $(worker1_rejoined -o)"
 }
 
