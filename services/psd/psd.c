@@ -603,6 +603,20 @@ static int health_check(const char *addr, const char *name, uint64_t timeout_ms)
         return r;
 }
 
+/* Where our own health check calls: the address we listen on (a server bound to one interface does not
+ * answer on loopback), loopback when that is a wildcard. */
+static void self_address(const char *listen, int port, char *buf, size_t len) {
+        char host[256];
+        const char *p;
+        if (split_host_port(listen, host, sizeof(host), &p) < 0 || !*host || !strcmp(host, "0.0.0.0") ||
+            !strcmp(host, "::"))
+                snprintf(buf, len, "127.0.0.1:%d", port);
+        else if (strchr(host, ':'))
+                snprintf(buf, len, "[%s]:%d", host, port);
+        else
+                snprintf(buf, len, "%s:%d", host, port);
+}
+
 /* The watchdog is fed only after the server answered a health check of its own: a hung server stops
  * feeding it and systemd restarts the daemon. */
 static void feed_watchdog(const struct psd *p, const char *addr) {
@@ -697,7 +711,7 @@ static int run(int argc, char **argv) {
                 goto out;
         }
         char self[300];
-        snprintf(self, sizeof(self), "127.0.0.1:%d", rpc_server_port(p.server));
+        self_address(p.args.listen, rpc_server_port(p.server), self, sizeof(self));
         log_info("serving ps:%u on %s: %u variable part(s), %zu bytes, optimizer %s; waiting up to %llu s "
                  "(supervisor.ready_timeout_secs) for the chief to assign it",
                  p.shard, p.args.listen, p.s->n_parts, p.s->n_floats * sizeof(float), optim_name(p.cfg->training.optimizer),

@@ -42,6 +42,16 @@ SKIPPED = {
     ("docs/operations.md", "node2# systemctl enable psfleet-psd@fmnist:1 psfleet-workerd@fmnist:0 psfleet.target"):
         "needs systemd and the units",
     ("docs/operations.md", "journalctl -u 'psfleet-*' JOB=fmnist"): "reads the journal of a node running the units",
+    # "Three nodes, step by step": system.multinode runs these, in three containers
+    ("docs/operations.md", "admin$ psfleet placement fmnist.json"): "copies the job file to three hosts over ssh",
+    ("docs/operations.md", "admin$ psfleet certs --job fmnist.json --dir tls"):
+        "copies the certificates to three hosts over ssh",
+    ("docs/operations.md", "node1# systemctl enable -q psfleet-psd@fmnist:0 psfleet-chiefd@fmnist psfleet.target && "
+                           "systemctl start psfleet-psd@fmnist:0 psfleet-chiefd@fmnist"): "needs systemd on three hosts",
+    ("docs/operations.md", "node1# psfleet status --identity viewer --job /etc/psfleet/jobs/fmnist.json"):
+        "asks the example cluster's chief through its installed job file and the viewer's certificate",
+    ("docs/operations.md", "node1# systemctl disable -q --now psfleet-psd@fmnist:0 psfleet-chiefd@fmnist"):
+        "needs systemd on three hosts",
 }
 
 # What a command prints when it works: (pattern of the line, pattern its output must hold).

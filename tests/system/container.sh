@@ -1,12 +1,18 @@
 # A Debian container booted with systemd-nspawn, for tests that need a real systemd (PID 1 on the test
 # machines is not systemd). Source this file, then:
 #   ct_boot NAME TARBALL WORKDIR [systemd-nspawn options...]   unpack, boot, wait until systemd is up
+#   ct_start NAME WORKDIR [systemd-nspawn options...]          boot WORKDIR/root as it is (a restart)
 #   ct NAME... / ct_sh 'script'                                 run a command / a bash script inside
-#   ct_teardown                                                 power off, kill if need be, remove the
-#                                                               cgroup and the unpacked rootfs
+#   ct_stop                                                     power off, kill if need be, remove the
+#                                                               cgroup; the rootfs stays
+#   ct_teardown                                                 ct_stop, then remove the unpacked rootfs
+#   S=$(ct_save) / ct_load "$S"                                 several containers: one's state as a
+#                                                               word, and back to it as the current one
 #   ct_psfleet_prereqs WHO DATA PKGDIR                          root, tools, dataset, .debs (in CT_DEBS)
-#   ct_boot_psfleet NAME WORKDIR CACHE PKGDIR DATA              ct_boot with the .debs, data, apt cache
+#   ct_boot_psfleet NAME WORKDIR CACHE PKGDIR DATA [opts...]    ct_boot with the .debs, data, apt cache
+#   ct_psfleet_rootfs CACHE PKGDIR DATA                         its tarball and options, without a boot
 #   ct_install LOG DEB...                                       apt install inside
+#   ct_wait_for SECONDS WHAT COMMAND...                         poll COMMAND until it succeeds, or fail
 #   ct_finish RC WORKDIR WHAT                                   ct_teardown, WORKDIR removed (kept after a
 #                                                               failure with PSFLEET_TEST_KEEP=1), a last line
 # ct_teardown is safe to call twice and from an EXIT trap, whatever state ct_boot reached.
@@ -37,10 +43,16 @@ ct_cgroup_root() {
 ct_boot() {
         local name=$1 tarball=$2 dir=$3
         shift 3
-        CT_NAME=$name
-        CT_DIR=$dir
         mkdir -p "$dir/root"
         tar -C "$dir/root" --numeric-owner -xf "$tarball"
+        ct_start "$name" "$dir" "$@"
+}
+
+ct_start() {
+        local name=$1 dir=$2
+        shift 2
+        CT_NAME=$name
+        CT_DIR=$dir
         local cgroot
         cgroot=$(ct_cgroup_root) || { ct_log "no cgroup2 hierarchy to put the container in"; return 1; }
         CT_CGROUP=$cgroot/psfleet-test-$name
@@ -119,13 +131,22 @@ ct_psfleet_prereqs() {
 
 # ct_boot from the cached rootfs (rootfs.sh builds it when missing), with the packages on /mnt/pkgs,
 # the dataset at its own path and apt's archive cache bound in.
+# Further nspawn options (a network namespace) follow DATA; the tarball's path goes to CT_TARBALL and the
+# options to the array CT_OPTS, for booting further containers, or the same one again (ct_start).
 ct_boot_psfleet() {
-        local name=$1 work=$2 cache=$3 pkgdir=$4 data=$5 tarball
-        tarball=$(bash "$(dirname "${BASH_SOURCE[0]}")/rootfs.sh" "$cache") || return 1
-        ct_log "rootfs $tarball"
+        local name=$1 work=$2 cache=$3 pkgdir=$4 data=$5
+        shift 5
+        ct_psfleet_rootfs "$cache" "$pkgdir" "$data" || return 1
+        ct_boot "$name" "$CT_TARBALL" "$work" "${CT_OPTS[@]}" "$@"
+}
+
+# ct_psfleet_rootfs CACHE PKGDIR DATA: only the tarball (CT_TARBALL) and the options (CT_OPTS).
+ct_psfleet_rootfs() {
+        local cache=$1 pkgdir=$2 data=$3
+        CT_TARBALL=$(bash "$(dirname "${BASH_SOURCE[0]}")/rootfs.sh" "$cache") || return 1
+        ct_log "rootfs $CT_TARBALL"
         mkdir -p "$cache/apt-archives/partial"
-        ct_boot "$name" "$tarball" "$work" --bind-ro="$pkgdir:/mnt/pkgs" --bind-ro="$data:$data" \
-                --bind="$cache/apt-archives:/var/cache/apt/archives"
+        CT_OPTS=(--bind-ro="$pkgdir:/mnt/pkgs" --bind-ro="$data:$data" --bind="$cache/apt-archives:/var/cache/apt/archives")
 }
 
 # apt-get install inside, bounded; refreshes stale package lists once. Output in LOG.
@@ -138,6 +159,19 @@ ct_install() {
         fi
 }
 
+# ct_wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s; a test that waited in vain
+# exits 1 (its EXIT trap tears down) with a line saying what for.
+ct_wait_for() {
+        local secs=$1 what=$2 i
+        shift 2
+        for i in $(seq 1 $((secs * 5))); do
+                "$@" && return 0
+                sleep 0.2
+        done
+        ct_log "FAIL: timed out after $secs s waiting for $what"
+        exit 1
+}
+
 # Whether PID is running: a zombie (exited, not yet reaped by this shell) is not.
 ct_alive() {
         local st
@@ -145,7 +179,26 @@ ct_alive() {
         [ -n "$st" ] && [ "$st" != Z ]
 }
 
+# The current container's state in one word, for scripts that drive several: VAR=$(ct_save).
+ct_save() { printf '%s|%s|%s|%s|%s' "$CT_NAME" "$CT_DIR" "$CT_CGROUP" "$CT_NSPAWN_PID" "$CT_INIT_PID"; }
+ct_load() { IFS='|' read -r CT_NAME CT_DIR CT_CGROUP CT_NSPAWN_PID CT_INIT_PID <<<"$1"; }
+
 ct_teardown() {
+        local rc=0
+        ct_stop || rc=1
+        if [ -n "$CT_DIR" ] && [ -d "$CT_DIR/root" ]; then
+                # Nothing may still be mounted below the rootfs before it is deleted.
+                if grep -q " $CT_DIR/root" /proc/self/mounts; then
+                        ct_log "mounts left below $CT_DIR/root; not deleting it"
+                        rc=1
+                else
+                        rm -rf "$CT_DIR/root"
+                fi
+        fi
+        return $rc
+}
+
+ct_stop() {
         local rc=0 i
         if [ -n "$CT_NSPAWN_PID" ] && ct_alive "$CT_NSPAWN_PID"; then
                 # SIGRTMIN+4 asks systemd for a poweroff; nspawn exits when the container has.
@@ -193,15 +246,6 @@ ct_teardown() {
                 if [ -d "$CT_CGROUP" ]; then
                         ct_log "could not remove the cgroup $CT_CGROUP"
                         rc=1
-                fi
-        fi
-        if [ -n "$CT_DIR" ] && [ -d "$CT_DIR/root" ]; then
-                # Nothing may still be mounted below the rootfs before it is deleted.
-                if grep -q " $CT_DIR/root" /proc/self/mounts; then
-                        ct_log "mounts left below $CT_DIR/root; not deleting it"
-                        rc=1
-                else
-                        rm -rf "$CT_DIR/root"
                 fi
         fi
         CT_NSPAWN_PID=

@@ -116,16 +116,6 @@ all=("$chief" "$ps0" "$ps1" "$w0" "$w1")
 ct systemctl enable -q "${all[@]}" || fail "systemctl enable"
 
 prop() { ct systemctl show -P "$2" "$1"; }
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s.
-wait_for() {
-        local secs=$1 what=$2 i
-        shift 2
-        for i in $(seq 1 $((secs * 5))); do
-                "$@" && return 0
-                sleep 0.2
-        done
-        fail "timed out after $secs s waiting for $what"
-}
 is_active() { [ "$(prop "$1" ActiveState)" = active ]; }
 is_inactive() { [ "$(prop "$1" ActiveState)" = inactive ]; }
 status_has() { local u=$1; shift; prop "$u" StatusText | grep -q "$@"; }
@@ -135,7 +125,7 @@ ct systemctl start "$ps0" "$ps1" || fail "systemctl start $ps0 $ps1"
 # Type=notify: start returns once READY=1 came.
 for u in "$ps0" "$ps1"; do
         is_active "$u" || fail "$u is not active after start"
-        wait_for 10 "$u's STATUS=" status_has "$u" uninitialized
+        ct_wait_for 10 "$u's STATUS=" status_has "$u" uninitialized
         ct_log "$u: $(prop "$u" StatusText)"
 done
 [ "$(prop "$ps0" User)" = psfleet ] || fail "$ps0 does not run as psfleet"
@@ -145,19 +135,19 @@ old=$(prop "$ps1" MainPID)
 [ "$old" -gt 0 ] || fail "$ps1 has no main PID"
 ct bash -c "kill -9 $old"
 restarted() { [ "$(prop "$ps1" NRestarts)" -ge 1 ] && is_active "$ps1" && [ "$(prop "$ps1" MainPID)" != "$old" ]; }
-wait_for 20 "$ps1 to be restarted" restarted
+ct_wait_for 20 "$ps1 to be restarted" restarted
 ct_log "$ps1: PID $old killed, now PID $(prop "$ps1" MainPID), NRestarts=$(prop "$ps1" NRestarts)"
-wait_for 10 "$ps1's STATUS= after the restart" status_has "$ps1" uninitialized
+ct_wait_for 10 "$ps1's STATUS= after the restart" status_has "$ps1" uninitialized
 
 step "start the chief"
 ct systemctl start "$chief" || fail "systemctl start $chief"
 # "ready: global_step 0/600, waiting for workers", then "step 0/600, ..." while no worker has pushed
-wait_for 30 "the chief to declare the job ready" status_has "$chief" -E "^(ready|step 0/)"
+ct_wait_for 30 "the chief to declare the job ready" status_has "$chief" -E "^(ready|step 0/)"
 ct systemctl status --no-pager "$chief" >"$work/status.txt" 2>&1 || true
 grep -qE "Status: \"(ready|step 0/)" "$work/status.txt" ||
         { cat "$work/status.txt" >&2; fail "systemctl status $chief shows no STATUS= line"; }
 ct_log "systemctl status $chief: $(grep 'Status:' "$work/status.txt" | sed 's/^ *//')"
-for u in "$ps0" "$ps1"; do wait_for 10 "$u to be assigned" status_has "$u" "^serving"; done
+for u in "$ps0" "$ps1"; do ct_wait_for 10 "$u to be assigned" status_has "$u" "^serving"; done
 
 step "start the workers"
 ct systemctl start "$w0" "$w1" || fail "systemctl start $w0 $w1"
@@ -169,7 +159,7 @@ training_or_done() {
         case $s in done*) return 0 ;; failed*) fail "the job failed: $s" ;; esac
         return 1
 }
-wait_for 240 "the job to finish" training_or_done
+ct_wait_for 240 "the job to finish" training_or_done
 ct_log "$chief: $(prop "$chief" StatusText)"
 [ -n "$seen_step" ] || ct_log "(the job finished before a step N/M status line was seen)"
 
@@ -194,7 +184,7 @@ grep -q "^job $job: done" "$work/psfleet-status.txt" || fail "psfleet status doe
 is_active "$chief" || fail "$chief should keep serving after the job is done"
 # Workers exit 0 at max_steps, the ps when the chief stops them: inactive, not failed.
 for u in "$w0" "$w1" "$ps0" "$ps1"; do
-        wait_for 30 "$u to exit" is_inactive "$u"
+        ct_wait_for 30 "$u to exit" is_inactive "$u"
         r=$(prop "$u" Result)
         [ "$r" = success ] || fail "$u ended with result \"$r\""
 done
