@@ -270,7 +270,7 @@ int cmd_certs(int argc, char **argv) {
         const struct cli_opt opts[] = {
                 CLI_STRING("job", &job), CLI_STRING("dir", &dir), CLI_NUMBER("days", &days, 1, 36500),
                 CLI_NUMBER("ca-days", &ca_days, 1, 36500), CLI_STRING("task", &tasks), CLI_FLAG("force", &force),
-                {NULL},
+                {},
         };
         const struct cli_args args = {
                 .cmd = "certs", .opts = opts, .help = certs_help, .min_operands = 0, .max_operands = 0,

@@ -512,7 +512,7 @@ int cmd_check(int argc, char **argv) {
                 CLI_FLAG("json", &c.json),
                 CLI_NUMBER("timeout", &c.timeout_ms, 1, 600000),
                 CLI_STRING("identity", &identity),
-                {NULL},
+                {},
         };
         const struct cli_args args = {
                 .cmd = "check", .opts = opts, .help = check_help,

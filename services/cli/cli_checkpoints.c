@@ -245,7 +245,7 @@ int cmd_checkpoints(int argc, char **argv) {
                 CLI_STRING("reason", &reason),
                 CLI_STRING("state-dir", &state_dir),
                 CLI_DURATION("timeout-ms", &timeout_us, 1, 3600000, 1000),
-                {NULL},
+                {},
         };
         const struct cli_args args = {
                 .cmd = "checkpoints", .opts = opts, .help = ckpt_help, .min_operands = 1, .max_operands = -1,

@@ -61,7 +61,7 @@ static int control_open(const char *cmd, void (*help)(FILE *), int argc, char **
                 CLI_CHIEF_OPTS(&address, &job),
                 CLI_STRING("reason", &c->reason),
                 CLI_DURATION("timeout-ms", &timeout_us, 1, 3600000, 1000),
-                {NULL},
+                {},
         };
         const struct cli_args args = {.cmd = cmd, .opts = opts, .help = help, .max_operands = 0};
         int first, r;

@@ -791,7 +791,7 @@ int cmd_local(int argc, char **argv) {
                 CLI_NUMBER("ps", &L.n_ps, 1, MAX_TASKS),
                 CLI_NUMBER("max-steps", &L.max_steps, 1, 1000000000000ULL),
                 CLI_STRING("state-dir", &L.state_dir_opt),
-                {NULL},
+                {},
         };
         const struct cli_args args = {
                 .cmd = "local", .opts = opts, .help = local_help, .min_operands = 1, .max_operands = 1,

@@ -133,7 +133,7 @@ int cmd_status(int argc, char **argv) {
                 CLI_FLAG("json", &json),
                 CLI_CHIEF_OPTS(&address, &job),
                 CLI_DURATION("timeout-ms", &timeout_us, 1, 3600000, 1000),
-                {NULL},
+                {},
         };
         const struct cli_args args = {.cmd = "status", .opts = opts, .help = status_help, .max_operands = 0};
         int first, r;

@@ -555,7 +555,7 @@ int cmd_top(int argc, char **argv) {
                 CLI_CHIEF_OPTS(&address, &job),
                 CLI_DURATION("interval-ms", &t.interval_us, 100, 3600000, 1000),
                 CLI_DURATION("timeout-ms", &timeout_us, 1, 3600000, 1000),
-                {NULL},
+                {},
         };
         const struct cli_args args = {.cmd = "top", .opts = opts, .help = top_help, .max_operands = 0};
         int first, r;

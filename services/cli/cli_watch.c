@@ -201,7 +201,7 @@ int cmd_watch(int argc, char **argv) {
                 CLI_CHIEF_OPTS(&address, &job),
                 CLI_DURATION("interval-ms", &w.interval_us, 100, 3600000, 1000),
                 CLI_DURATION("retry-secs", &w.retry_us, 0, 86400, 1000000),
-                {NULL},
+                {},
         };
         const struct cli_args args = {.cmd = "watch", .opts = opts, .help = watch_help, .max_operands = 0};
         int first, r;

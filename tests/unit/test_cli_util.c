@@ -133,7 +133,7 @@ static bool parse(const char *line, struct parsed *p, int min_operands, int max_
                 CLI_STRING("str", &p->str),
                 CLI_NUMBER("num", &p->num, 1, 64),
                 CLI_DURATION("dur-ms", &p->dur, 100, 3600000, 1000),
-                {NULL},
+                {},
         };
         const struct cli_args a = {.cmd = "cmd", .opts = opts, .help = help, .terse = terse,
                                    .min_operands = min_operands, .max_operands = max_operands, .usage = usage};
