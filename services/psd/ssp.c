@@ -117,7 +117,7 @@ bool ssp_arrive(struct ssp *s, struct agg_waiter *w, uint64_t local_step, uint64
         if (joins) {
                 /* new, back, or restarted (its local steps start over): it joins at the slowest clock */
                 uint64_t least = slowest(s, now, NULL);
-                s->clock[k] = least == UINT64_MAX ? 0 : least;
+                s->clock[k] = least == UINT64_MAX || least == 0 ? 0 : least - 1;   /* the step below counts */
         }
         s->clock[k]++;
         s->raw[k] = local_step + 1;
