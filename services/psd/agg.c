@@ -25,7 +25,7 @@ struct agg {
         uint64_t *step;           /* (n_parts) each part's step: the updates applied */
         uint64_t shard_step;      /* the least of step[] */
         uint64_t stale, steps;
-        struct agg_waiter *head, **tail;   /* held pushes, oldest first */
+        struct agg_waiter *head;  /* held pushes, oldest first */
 };
 
 int agg_new(struct shard *s, uint32_t n_workers, uint32_t n_aggregate, struct agg **ret) {
@@ -37,7 +37,6 @@ int agg_new(struct shard *s, uint32_t n_workers, uint32_t n_aggregate, struct ag
         a->s = s;
         a->W = n_workers;
         a->N = n_aggregate;
-        a->tail = &a->head;
         pthread_mutex_init(&a->mu, NULL);
         size_t P = s->n_parts + 1;
         a->grads = malloc(((size_t)n_workers * s->n_floats + 1) * sizeof(float));
@@ -70,22 +69,38 @@ struct agg *agg_free(struct agg *a) {
         return NULL;
 }
 
-/* ---- the queue (under mu) ---- */
+/* ---- the held waiters ---- */
 
-static void unqueue(struct agg *a, struct agg_waiter *w) {
-        for (struct agg_waiter **pw = &a->head; *pw; pw = &(*pw)->next)
-                if (*pw == w) {
-                        *pw = w->next;
-                        if (a->tail == &w->next)
-                                a->tail = pw;
+void waiters_append(struct agg_waiter **head, struct agg_waiter *w, uint64_t wait_us) {
+        w->since_us = now_us();
+        w->deadline_us = w->since_us + wait_us;
+        w->queued = true;
+        w->next = NULL;
+        while (*head)
+                head = &(*head)->next;
+        *head = w;
+}
+
+void waiters_remove(struct agg_waiter **head, struct agg_waiter *w) {
+        for (; *head; head = &(*head)->next)
+                if (*head == w) {
+                        *head = w->next;
                         w->next = NULL;
                         w->queued = false;
                         return;
                 }
 }
 
+void waiters_forget(struct agg_waiter **head, const void *owner) {
+        for (struct agg_waiter *w = *head, *next; w; w = next) {
+                next = w->next;
+                if (w->owner == owner)
+                        waiters_remove(head, w);
+        }
+}
+
 static void release(struct agg *a, struct agg_waiter *w, int status, uint64_t step, const char *msg) {
-        unqueue(a, w);
+        waiters_remove(&a->head, w);
         w->release(w, status, step, msg);
 }
 
@@ -212,12 +227,7 @@ enum agg_verdict agg_push(struct agg *a, struct agg_waiter *w, const float *grad
                                 release(a, o, -ECANCELED, w->version, "pushed again");
                 }
         }
-        w->since_us = now_us();
-        w->deadline_us = w->since_us + wait_us;
-        w->queued = true;
-        w->next = NULL;
-        *a->tail = w;
-        a->tail = &w->next;
+        waiters_append(&a->head, w, wait_us);
         bool moved = false;
         for (uint32_t i = 0; i < w->n; i++)
                 if (a->got[w->idx[i]] >= a->N) {
@@ -250,17 +260,13 @@ uint32_t agg_expire(struct agg *a, uint64_t now) {
 void agg_cancel(struct agg *a, struct agg_waiter *w) {
         pthread_mutex_lock(&a->mu);
         if (w->queued)
-                unqueue(a, w);
+                waiters_remove(&a->head, w);
         pthread_mutex_unlock(&a->mu);
 }
 
 void agg_forget(struct agg *a, const void *owner) {
         pthread_mutex_lock(&a->mu);
-        for (struct agg_waiter *w = a->head, *next; w; w = next) {
-                next = w->next;
-                if (w->owner == owner)
-                        unqueue(a, w);
-        }
+        waiters_forget(&a->head, owner);
         pthread_mutex_unlock(&a->mu);
 }
 

@@ -32,6 +32,12 @@ struct agg_waiter {
         struct agg_waiter *next;
 };
 
+/* A list of held waiters, oldest first (the sync step's and ssp's): w appended (queued), w taken
+ * out (not queued any more), and every waiter of owner taken out unreleased. */
+void waiters_append(struct agg_waiter **head, struct agg_waiter *w, uint64_t wait_us);
+void waiters_remove(struct agg_waiter **head, struct agg_waiter *w);
+void waiters_forget(struct agg_waiter **head, const void *owner);
+
 /* For shard s (lent; outlives the aggregator), workers with indices below n_workers, n_aggregate
  * gradients per step. Starts at step 0 (agg_reset). 0, -EINVAL (n_aggregate 0 or over n_workers),
  * -ENOMEM. */

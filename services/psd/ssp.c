@@ -87,22 +87,12 @@ static bool may_go(struct ssp *s, uint32_t w, uint64_t now) {
         return true;
 }
 
-static void unqueue(struct ssp *s, struct agg_waiter *w) {
-        for (struct agg_waiter **pw = &s->head; *pw; pw = &(*pw)->next)
-                if (*pw == w) {
-                        *pw = w->next;
-                        w->next = NULL;
-                        w->queued = false;
-                        return;
-                }
-}
-
 /* Releases the held workers that may go on now, and those past their deadline. Under mu. */
 static void sweep(struct ssp *s, uint64_t now) {
         for (struct agg_waiter *w = s->head, *next; w; w = next) {
                 next = w->next;
                 if (may_go(s, w->worker, now)) {
-                        unqueue(s, w);
+                        waiters_remove(&s->head, w);
                         w->release(w, 0, s->clock[w->worker], NULL);
                 } else if (w->deadline_us <= now) {
                         char why[300];
@@ -111,7 +101,7 @@ static void sweep(struct ssp *s, uint64_t now) {
                         snprintf(why, sizeof(why), "ssp: worker:%u is %llu steps ahead of worker:%u, the slowest live "
                                  "worker (training.staleness %u)", w->worker,
                                  (unsigned long long)(s->clock[w->worker] - least), who, s->s);
-                        unqueue(s, w);
+                        waiters_remove(&s->head, w);
                         w->release(w, -ETIMEDOUT, s->clock[w->worker], why);
                 }
         }
@@ -127,23 +117,15 @@ bool ssp_arrive(struct ssp *s, struct agg_waiter *w, uint64_t local_step, uint64
         if (joins) {
                 /* new, back, or restarted (its local steps start over): it joins at the slowest clock */
                 uint64_t least = slowest(s, now, NULL);
-                s->clock[k] = least == UINT64_MAX ? 0 : least;
+                s->clock[k] = least == UINT64_MAX || least == 0 ? 0 : least - 1;   /* the step below counts */
         }
         s->clock[k]++;
         s->raw[k] = local_step + 1;
         s->last_us[k] = now;
         sweep(s, now);   /* the move may let others go */
         bool held = !may_go(s, k, now);
-        if (held) {
-                w->since_us = now;
-                w->deadline_us = now + wait_us;
-                w->queued = true;
-                w->next = NULL;
-                struct agg_waiter **pw = &s->head;
-                while (*pw)
-                        pw = &(*pw)->next;
-                *pw = w;
-        }
+        if (held)
+                waiters_append(&s->head, w, wait_us);
         pthread_mutex_unlock(&s->mu);
         return held;
 }
@@ -163,11 +145,7 @@ void ssp_tick(struct ssp *s, uint64_t now) {
 
 void ssp_forget(struct ssp *s, const void *owner) {
         pthread_mutex_lock(&s->mu);
-        for (struct agg_waiter *w = s->head, *next; w; w = next) {
-                next = w->next;
-                if (w->owner == owner)
-                        unqueue(s, w);
-        }
+        waiters_forget(&s->head, owner);
         pthread_mutex_unlock(&s->mu);
 }
 

@@ -435,6 +435,19 @@ static void step_done(struct worker *w, float loss) {
         }
 }
 
+/* sync: whether the job still needs steps, from a pull (the shards' own global_step; the answers to
+ * pushes carry the step of the pushed parts, which may be ahead of it). A pull that fails: the job is
+ * being stopped, so no. */
+static bool sync_unfinished(struct worker *w) {
+        char err[600];
+        uint64_t gs;
+        if (ps_client_pull(w->pc, model_params(w->m), NULL, &gs, err, sizeof(err)) < 0 ||
+            (w->rep ? device_replicas_params_sync(w->rep) : model_params_sync(w->m)) < 0)
+                return false;
+        update_global_step(w, NULL);
+        return gs < w->cfg->training.max_steps;
+}
+
 static int train(struct worker *w) {
         const struct training_config *t = &w->cfg->training;
         uint32_t counting;
@@ -446,6 +459,9 @@ static int train(struct worker *w) {
                       shard_size(w->it));
         w->win_t = mono_us();
         uint64_t gs = w->global_step, prev = gs;
+        /* sync: a push counted as heading for global_step may be dropped as stale (another worker's
+         * made the step), and an answer's step is its parts': the job is done when a pull says so */
+again:
         /* a push that counts a step may still be in flight */
         while (!signalled(w) && (gs = update_global_step(w, &counting)) + counting < t->max_steps) {
                 float loss;
@@ -486,6 +502,8 @@ static int train(struct worker *w) {
         /* the last pushes' values are the job's; apply them so status and logs agree */
         push_finish(w->pu);
         update_global_step(w, NULL);
+        if (t->mode == MODE_SYNC && !signalled(w) && sync_unfinished(w))
+                goto again;
         return 0;
 }
 

@@ -10,9 +10,15 @@ while a push travels (training.overlap_push). Also the GFLOP/s the standalone fi
 Debian's python3-torch is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same
 model and batch.
 
+With --training-modes it measures instead the training modes side by side, 1 ps + 2 workers over
+shared memory and over gRPC: async, sync without a backup (N = 2), sync with one (N = 1 of 2), ssp
+(s = 4); each trains on the same number of examples (--steps x batch: a sync step of N workers is N
+batches, so it runs --steps / N steps), and reports examples/s and the test accuracy at the end.
+
 Prints one JSON line per measurement. Usage:
   tests/bench/bench_train.py [--build build] [--job examples/fmnist-mlp.json] [--steps 3000] [--rounds 2]
                              [--no-anchor] [--modes 1ps+1worker-grpc,1ps+1worker-grpc-bf16,...]
+                             [--training-modes [--transport both|shm|grpc]]
 """
 import argparse, json, os, shutil, subprocess, sys, tempfile
 
@@ -65,7 +71,11 @@ def main():
     ap.add_argument("--anchor", default=os.path.join(ROOT, "..", "shared", "anchors", "torch_fmnist.py"))
     ap.add_argument("--no-anchor", action="store_true", help="skip the PyTorch anchor (the smoke test)")
     ap.add_argument("--modes", default="", help="only these modes (comma-separated names; standalone always)")
+    ap.add_argument("--training-modes", action="store_true", help="async, sync b=0, sync b=1, ssp s=4 side by side")
+    ap.add_argument("--transport", choices=("both", "shm", "grpc"), default="both", help="--training-modes: which")
     a = ap.parse_args()
+    if a.training_modes:
+        return training_modes(a)
     psfleet = os.path.join(a.build, "services", "cli", "psfleet")
     job = json.load(open(a.job))
     batch = job["training"].get("batch_size", 64)
@@ -178,6 +188,46 @@ def main():
                       "distributed_1ps_1worker_vs_standalone": round(best["1ps+1worker"]["examples_per_s"] / sa, 3),
                       "distributed_1ps_1worker_grpc_vs_standalone":
                           round(best["1ps+1worker-grpc"]["examples_per_s"] / sa, 3)}))
+
+
+# (name, training keys, N: the batches one global step trains on)
+TRAINING_MODES = [("async", {"mode": "async"}, 1),
+                  ("sync b=0", {"mode": "sync", "replicas_to_aggregate": 2, "total_num_replicas": 2}, 2),
+                  ("sync b=1", {"mode": "sync", "replicas_to_aggregate": 1, "total_num_replicas": 2}, 1),
+                  ("ssp s=4", {"mode": "ssp", "staleness": 4}, 1)]
+
+
+def training_modes(a):
+    """The training modes side by side, 1 ps + 2 workers, through shared memory and gRPC, each on the
+    same number of examples; the best of --rounds interleaved rounds."""
+    psfleet = os.path.join(a.build, "services", "cli", "psfleet")
+    tmp = tempfile.mkdtemp(prefix="bench-modes-")
+    batch = json.load(open(a.job))["training"].get("batch_size", 64)
+    runs = []
+    for transport, shm in (("shared memory", True), ("grpc", False)):
+        if a.transport != "both" and a.transport != ("shm" if shm else "grpc"):
+            continue
+        for name, keys, n in TRAINING_MODES:
+            j = json.load(open(a.job))
+            j.setdefault("job", os.path.splitext(os.path.basename(a.job))[0])
+            j["training"].update(keys)
+            j.setdefault("rpc", {})["shared_memory"] = shm
+            path = os.path.join(tmp, "%s-%s.json" % (name.replace(" ", "").replace("=", ""), "shm" if shm else "grpc"))
+            json.dump(j, open(path, "w"))
+            runs.append((name, transport, path, max(1, a.steps // n), n))
+    best = {}
+    for _ in range(a.rounds):
+        for name, transport, path, steps, n in runs:
+            r = run([psfleet, "local", path, "--quiet", "--ps", "1", "--workers", "2", "--max-steps", str(steps)])
+            if (name, transport) not in best or r["examples_per_s"] > best[(name, transport)]["examples_per_s"]:
+                best[(name, transport)] = r
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name, transport, _, steps, n in runs:
+        r = best[(name, transport)]
+        print(json.dumps({"training_mode": name, "transport": transport, "ps": 1, "workers": 2, "batch": batch,
+                          "global_steps": steps, "examples": steps * n * batch,
+                          "examples_per_s": round(r["examples_per_s"], 1), "test_accuracy": r.get("test_accuracy"),
+                          "wall_s": r.get("wall_s")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,20 +8,11 @@ import os
 
 import harness as h
 import pyenv
+from test_equality import read_log   # "step loss" lines: {step: loss}
 
 STEPS = 200
 TRAINING = {"max_steps": STEPS, "batch_size": 64, "mode": "sync", "replicas_to_aggregate": 2,
             "total_num_replicas": 2}
-
-
-def read_log(path):
-    out = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                step, loss = line.split()
-                out.setdefault(int(step), []).append(float(loss))
-    return out
 
 
 def variables(path):
@@ -41,7 +32,7 @@ def test():
                          name="standalone")
     assert sa.wait(120) == 0, sa.stderr()
     h.log("standalone (batch 2 x 64):", h.result_line(sa))
-    a = {s: l[0] for s, l in read_log(sa_log).items()}
+    a = read_log(sa_log)
     assert sorted(a) == list(range(STEPS)), "standalone steps: %s..." % sorted(a)[:5]
     want = variables(sa_params)
     assert len(want) >= 2, sorted(want)
@@ -65,7 +56,7 @@ def test():
             assert sorted(logs[k]) == list(range(STEPS)), "worker %d logged steps %s..." % (k, sorted(logs[k])[:8])
         worst = 0.0
         for s in range(STEPS):
-            mean = (logs[0][s][0] + logs[1][s][0]) / 2
+            mean = (logs[0][s] + logs[1][s]) / 2
             rel = abs(mean - a[s]) / max(abs(a[s]), 1e-30)
             worst = max(worst, rel)
             assert rel <= 1e-5, "%s step %d: loss %.9g (mean of the workers'), standalone %.9g" % (tag, s, mean, a[s])
