@@ -3,7 +3,10 @@
  * push real-sized gradients of the job's model as fast as the shard answers.
  *
  *   scale: for each worker count, one psd; `--pushes` pushes in all, in windows of a tenth of them:
- *          pushes/s, p50/p99 push latency, psd CPU per push, psd RSS at each window's end.
+ *          pushes/s, p50/p99 push latency, psd CPU per push, psd RSS at each window's end and its peak.
+ *          Closed loop (each worker pushes again as soon as it is answered: the latency is mostly the
+ *          queue of the others), or with --rate paced at that many pushes/s in all (open loop: the
+ *          latency is psd's and the transport's, as for workers that compute between pushes).
  *   load:  with `--shards` psd (default 4), the bytes and apply time each shard received for the demo
  *          model and for a model with one very large variable: the ratio max/min between shards.
  *
@@ -40,6 +43,8 @@
 
 static const char *psd_path = PSFLEET_BINARY_DIR "/services/psd/psd";
 static const char *wire_dtype = "float32";   /* rpc.wire_dtype of the simulated workers */
+static double rate;   /* --rate: pushes/s of all workers together, each worker on its own schedule; 0: as fast as
+                       * answers come (closed loop: the latency is then mostly the queue of the others) */
 static char workdir[] = "/tmp/psfleet-bench-scale-XXXXXX";
 
 /* The demo's MLP (examples/fmnist-mlp.json), or one very large variable beside small ones. */
@@ -217,7 +222,17 @@ static void *worker_main(void *arg) {
                 groups[s] = (struct ps_group){s, j->L->shard_count[s], j->L->shard_parts + j->L->shard_first[s]};
         if (ps_client_link(pc, w->index, j->n_shards, groups, params, grads, NULL, NULL) < 0)
                 goto fail;
+        /* paced: worker i pushes every n_workers / rate seconds, its first push offset by its index, as
+         * workers that compute between pushes do; a push that comes late starts at once */
+        double period_us = rate > 0 ? 1e6 * j->n_workers / rate : 0;
+        uint64_t next = now_us() + (uint64_t)(period_us * w->index / (j->n_workers ? j->n_workers : 1));
         for (uint64_t step = 1;; step++) {
+                if (period_us > 0) {
+                        uint64_t now = now_us();
+                        if (now < next)
+                                usleep((useconds_t)(next - now));
+                        next += (uint64_t)period_us;
+                }
                 uint64_t ticket = atomic_fetch_add(&w->run->taken, 1);
                 if (ticket >= w->run->target || atomic_load(&w->run->failed))
                         break;
@@ -370,12 +385,12 @@ static int scale(uint32_t n_workers, uint64_t pushes) {
                         p99_min = p < p99_min ? p : p99_min, p99_max = p > p99_max ? p : p99_max;
         }
         double p50 = quantile(run.lat_ms, done, 0.5), p99 = quantile(run.lat_ms, done, 0.99);
-        printf("{\"bench\": \"ps_scale\", \"wire_dtype\": \"%s\", \"workers\": %u, \"pushes\": %llu, \"push_bytes\": %zu, "
+        printf("{\"bench\": \"ps_scale\", \"wire_dtype\": \"%s\", \"rate\": %.0f, \"workers\": %u, \"pushes\": %llu, \"push_bytes\": %zu, "
                "\"pushes_per_s\": %.1f, \"p50_ms\": %.3f, \"p99_ms\": %.3f, \"psd_cpu_ms_per_push\": %.3f, "
                "\"psd_rss_mb_start\": %.1f, \"psd_rss_mb_end\": %.1f, \"p99_ms_first_window\": %.3f, "
                "\"p99_ms_windows_min\": %.3f, \"p99_ms_windows_max\": %.3f, \"psd_rss_peak_mb_windows_min\": %.1f, "
                "\"psd_rss_peak_mb_windows_max\": %.1f, \"failed\": %s}\n",
-               wire_dtype, n_workers, (unsigned long long)done,
+               wire_dtype, rate, n_workers, (unsigned long long)done,
                j.L->n_params * (strcmp(wire_dtype, "bfloat16") == 0 ? 2 : sizeof(float)), (double)done / ((t1 - t0) / 1e6), p50, p99, (cpu1 - cpu0) * 1e3 / (double)(done ? done : 1), rss0,
                rss1, p99_first, isinf(p99_min) ? 0 : p99_min, p99_max, isinf(peak_min) ? 0 : peak_min, peak_max,
                atomic_load(&run.failed) ? "true" : "false");
@@ -453,6 +468,7 @@ static int load(uint32_t n_shards, unsigned model, uint64_t pushes) {
 static void usage(FILE *f) {
         fprintf(f, "usage: bench_ps_scale [--workers 1,8,64,256] [--pushes N] [--shards S] [--load-pushes N]\n"
                    "                      [--no-load] [--no-scale] [--psd PATH] [--wire-dtype float32|bfloat16]\n"
+                   "                      [--rate PUSHES_PER_S]\n"
                    "One psd over gRPC against simulated workers (threads, real-sized pushes of the demo model),\n"
                    "and the load between S shards for the demo model and for one with a very large variable.\n");
 }
@@ -463,6 +479,7 @@ int main(int argc, char **argv) {
                 {"shards", required_argument, NULL, 's'}, {"load-pushes", required_argument, NULL, 'l'},
                 {"no-load", no_argument, NULL, 'L'}, {"no-scale", no_argument, NULL, 'S'},
                 {"psd", required_argument, NULL, 'p'}, {"wire-dtype", required_argument, NULL, 'd'},
+                {"rate", required_argument, NULL, 'r'},
                 {"help", no_argument, NULL, 'h'}, {},
         };
         char workers_list[256] = "1,8,64,256";
@@ -487,6 +504,13 @@ int main(int argc, char **argv) {
                 case 'L': do_load = false; break;
                 case 'S': do_scale = false; break;
                 case 'p': psd_path = optarg; break;
+                case 'r': {
+                        uint64_t v;
+                        if (parse_u64(optarg, 1, 1000000, &v) < 0)
+                                return usage(stderr), 64;
+                        rate = (double)v;
+                        break;
+                }
                 case 'd':
                         if (strcmp(optarg, "float32") != 0 && strcmp(optarg, "bfloat16") != 0)
                                 return usage(stderr), 64;

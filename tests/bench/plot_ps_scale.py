@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws bench_ps_scale's JSON lines: push latency (p50, p99) and pushes/s against the number of
 workers, and, for the longest run, p99 latency and psd's RSS per tenth of its pushes.
 Usage: plot_ps_scale.py OUT.png RUN.jsonl [RUN.jsonl ...]   (needs matplotlib)"""
@@ -28,7 +28,7 @@ def main():
     a.plot(ws, [scale[w]["p99_ms"] for w in ws], "s-", label="p99 push latency")
     a.set_xscale("log", base=2)
     a.set_yscale("log")
-    a.set_xlabel("simulated workers (one psd, gRPC)")
+    a.set_xlabel("simulated workers (one psd, gRPC, closed loop)")
     a.set_ylabel("ms")
     a.grid(True, which="both", alpha=0.3)
     a2 = a.twinx()
@@ -41,11 +41,13 @@ def main():
 
     k = [r["window"] for r in lat]
     b.plot(k, [r["p99_ms"] for r in lat], "s-", label="p99 push latency (ms)")
-    b.set_xlabel("tenth of %d pushes, %d workers" % (longest["pushes"], longest["workers"]))
+    b.set_xlabel("tenth of %d pushes, %d workers%s" % (longest["pushes"], longest["workers"],
+                 ", paced at %d pushes/s" % longest["rate"] if longest.get("rate") else ""))
     b.set_ylabel("ms")
     b.set_ylim(bottom=0)
     b2 = b.twinx()
-    b2.plot([r["window"] for r in win], [r["psd_rss_mb"] for r in win], "o--", color="gray", label="psd RSS (MB)")
+    b2.plot([r["window"] for r in win], [r.get("psd_rss_peak_mb", r["psd_rss_mb"]) for r in win], "o--", color="gray",
+            label="psd peak RSS (MB)")
     b2.set_ylabel("MB")
     b2.set_ylim(bottom=0)
     lines = b.get_legend_handles_labels()[0] + b2.get_legend_handles_labels()[0]
