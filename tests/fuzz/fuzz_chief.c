@@ -28,7 +28,7 @@ static const char *const methods[] = {
 };
 enum { M_JOIN, M_REPORT, M_STATUS, M_RESTART, M_WATCH, M_LIST, M_SAVE, M_DELETE, M_STOP, M_CHOICES = M_STOP };
 
-static struct fuzz_daemon chief = {.main = chiefd_main, .name = "chief:0"};
+static struct fuzz_daemon chief = {.main = chiefd_main, .name = "chief:0", .stop = "/psfleet.v1.Supervisor/Stop"};
 static struct job_config *cfg;
 static struct job_layout *L;
 

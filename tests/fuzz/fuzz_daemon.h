@@ -19,6 +19,7 @@
 struct fuzz_daemon {
         int (*main)(int argc, char **argv);
         const char *name;         /* "ps:0" */
+        const char *stop;         /* its Stop method: the daemon is stopped so at exit */
         char *argv[16];
         int argc;
         char addr[32];            /* where it listens */
@@ -48,6 +49,23 @@ static inline uint16_t fuzz_free_port(void) {
         return ntohs(a.sin_port);
 }
 
+static struct fuzz_daemon *fuzz_daemon_running;
+
+static int fuzz_daemon_call(struct fuzz_daemon *d, const char *method, const uint8_t *data, size_t size,
+                            grpc_byte_buffer **reply);
+
+/* At exit (libFuzzer's, after its runs): the daemon stopped and its main returned, so that what it
+ * holds is freed before LeakSanitizer looks (registered after LeakSanitizer's own check, it runs
+ * first). */
+static void fuzz_daemon_exit(void) {
+        struct fuzz_daemon *d = fuzz_daemon_running;
+        if (!d || !d->ch)
+                return;
+        if (fuzz_daemon_call(d, d->stop, NULL, 0, NULL) == 0)
+                pthread_join(d->thread, NULL);
+        d->ch = rpc_channel_free(d->ch);
+}
+
 /* A state directory with the job file (json) in it, and the command line: --job, --state-dir,
  * --listen, then extra (NULL-terminated). Logs quiet unless PSFLEET_LOG_LEVEL says otherwise. */
 static inline void fuzz_daemon_init(struct fuzz_daemon *d, const char *json, const char *const *extra) {
@@ -71,6 +89,8 @@ static inline void fuzz_daemon_init(struct fuzz_daemon *d, const char *json, con
         if (!getenv("PSFLEET_LOG_LEVEL"))
                 setenv("PSFLEET_LOG_LEVEL", "crit", 1);
         rpc_global_init();
+        fuzz_daemon_running = d;
+        atexit(fuzz_daemon_exit);
 }
 
 /* Whether something listens on d's port. */
@@ -113,8 +133,8 @@ static inline void fuzz_daemon_restart(struct fuzz_daemon *d) {
 
 /* One unary call of data; its reply (when OK) in *reply (taken; reply may be NULL). Waits for the
  * daemon to listen. Returns the call's -errno; a daemon that does not answer in 10 s aborts. */
-static inline int fuzz_daemon_call(struct fuzz_daemon *d, const char *method, const uint8_t *data, size_t size,
-                                   grpc_byte_buffer **reply) {
+static int fuzz_daemon_call(struct fuzz_daemon *d, const char *method, const uint8_t *data, size_t size,
+                            grpc_byte_buffer **reply) {
         grpc_slice sl = grpc_slice_from_copied_buffer((const char *)data, size);
         grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
         grpc_slice_unref(sl);

@@ -68,7 +68,7 @@ struct state {
 static struct job_config *cfg;
 static struct job_layout *L;
 static unsigned n_slots;
-static struct fuzz_daemon psd = {.main = psd_main, .name = "ps:0"};
+static struct fuzz_daemon psd = {.main = psd_main, .name = "ps:0", .stop = "/psfleet.v1.ParameterServer/Stop"};
 static struct state copy;   /* what the shard must hold */
 
 static void caller(Psfleet__V1__Caller *c) {

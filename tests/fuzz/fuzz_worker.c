@@ -16,7 +16,7 @@ static const char *const methods[] = {"/psfleet.v1.Worker/GetWorkerStatus", "/gr
                                       "/psfleet.v1.Worker/Stop"};
 enum { M_STATUS, M_HEALTH, M_STOP, M_CHOICES = M_STOP };
 
-static struct fuzz_daemon worker = {.main = workerd_main, .name = "worker:0"};
+static struct fuzz_daemon worker = {.main = workerd_main, .name = "worker:0", .stop = "/psfleet.v1.Worker/Stop"};
 
 static void setup(void) {
         static const char *const extra[] = {"--task-index", "0", NULL};
