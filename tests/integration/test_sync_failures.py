@@ -58,7 +58,15 @@ def test():
     ws[1].kill(signal.SIGKILL)
     ws[1].wait(10)
     h.wait_for("ps:0 saying it waits for worker:1", lambda: "from worker:1" in ps_state(chief_addr), 20, [ps, chief])
-    stuck = h.job_status(chief_addr).global_step
+
+    def settled():
+        # the chief hears global_step from ps:0 a moment late: the step it shows stops moving first
+        a = h.job_status(chief_addr).global_step
+        time.sleep(1.0)
+        b = h.job_status(chief_addr).global_step
+        return (b,) if a == b else None
+
+    stuck = h.wait_for("the chief's global_step to stop moving", settled, 20, [ps, chief])[0]
     h.log("waiting at global_step %d; ps:0: %s" % (stuck, ps_state(chief_addr)))
     assert "waiting for 1 more" in ps_state(chief_addr)
     time.sleep(2.5)   # past a deadline: the survivor pulls and pushes again, and still no step is made
