@@ -1,0 +1,77 @@
+/* An embedding table's rows on one ps shard (or in the standalone trainer): a hash table from 64-bit
+ * id to a row of `dim` floats and its optimizer state, each row created on first touch with a value
+ * drawn from an rng seeded by (seed, id) alone, so the model is the same whatever the number of
+ * shards. Rows live in chunks that never move; memory stays within 1.3x the raw bytes of the rows
+ * and their state (docs/sparse.md, "Tables on the ps").
+ *
+ * Thread-safe: ids are spread over lock stripes; a pull or push locks one stripe at a time, so a call
+ * is atomic per row, not across rows (as TensorFlow's sparse applies without use_locking). */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum sparse_optimizer { SPARSE_SGD, SPARSE_ADAGRAD, SPARSE_FTRL };
+
+#define SPARSE_MAX_SLOTS 2
+
+struct sparse_table_opts {
+        uint32_t dim;                 /* 1..1024 */
+        enum sparse_optimizer optimizer;
+        double init_stddev;           /* rows start truncated-normal (2 sigma) with this stddev; 0: zeros */
+        uint64_t seed;                /* with the id, the only input of a row's initial value */
+        double initial_accumulator;   /* adagrad: the accumulator's start; ftrl: n's start */
+        double ftrl_l1, ftrl_l2, ftrl_beta, ftrl_lr_power; /* ftrl (TensorFlow's FtrlOptimizer) */
+};
+
+/* "sgd", "adagrad", "ftrl" */
+const char *sparse_optimizer_name(enum sparse_optimizer o);
+/* Per-row slots: sgd 0; adagrad 1 ("accumulator"); ftrl 2 ("accum" = n, "linear" = z), as TF names them. */
+unsigned sparse_optimizer_n_slots(enum sparse_optimizer o);
+const char *sparse_optimizer_slot_name(enum sparse_optimizer o, unsigned slot); /* NULL out of range */
+
+/* The shard an id's row lives on, of n_shards (every node computes it alike). */
+uint32_t sparse_shard_of(uint64_t id, uint32_t n_shards);
+
+struct sparse_table;
+
+int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **ret); /* 0, -EINVAL, -ENOMEM */
+struct sparse_table *sparse_table_free(struct sparse_table *t); /* NULL-safe; returns NULL */
+uint32_t sparse_table_dim(const struct sparse_table *t);
+
+/* The row of id as it starts (what a pull of an untouched id gives), into row (dim floats). */
+void sparse_table_init_row(const struct sparse_table *t, uint64_t id, float *row);
+
+/* The values of ids[0..n) into rows (n x dim). create: a missing id's row is made (initialized) and
+ * stored; otherwise its initial value is written and nothing stored (evaluation). Either way a
+ * stored row's last touch becomes step. 0, or -ENOMEM (rows before the failing one are written). */
+int sparse_table_pull(struct sparse_table *t, const uint64_t *ids, size_t n, float *rows, bool create,
+                      uint64_t step);
+
+/* Applies gradients g (n x dim) to the rows of ids[0..n) (created when missing) with learning rate
+ * lr, one id after the other (an id given twice is applied twice). Gradients are the caller's to
+ * check (finite, within a norm). 0, or -ENOMEM. */
+int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, const float *g, float lr,
+                      uint64_t step);
+
+size_t sparse_table_rows(const struct sparse_table *t);   /* stored rows */
+size_t sparse_table_bytes(const struct sparse_table *t);  /* memory held, all of it */
+
+/* Removes rows last touched before now - after (after > 0). Returns how many. */
+size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after);
+
+/* Walks the stored rows in pages: start with *cursor = 0; each call writes up to max rows (ids,
+ * values (max x dim), and with slots non-NULL the slots, slot-major: slots[s * max * dim + i * dim +
+ * j]) and advances *cursor; returns the rows written, 0 at the end. Rows made during the walk may be
+ * missed, none is given twice, and each row is read under its lock. */
+size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids, float *values,
+                           float *slots);
+
+/* Stores rows as given (restoring a checkpoint): values (n x dim); slots as export writes them with
+ * max == n, or NULL for the optimizer's initial state. Existing rows of those ids are replaced; each
+ * row's last touch becomes step. 0, or -ENOMEM. */
+int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, const float *values,
+                        const float *slots, uint64_t step);
+
+/* Drops every row (a shard made uninitialized again). */
+void sparse_table_clear(struct sparse_table *t);
