@@ -24,6 +24,8 @@ struct cluster {
 };
 
 enum optimizer_kind { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAGRAD };
+/* Embedding rows' optimizer (sparse_table.h): per-row state, as TensorFlow's sparse applies. */
+enum sparse_optimizer { SPARSE_SGD, SPARSE_ADAGRAD, SPARSE_FTRL };
 enum lr_schedule { LR_CONSTANT, LR_EXPONENTIAL };
 enum grad_norm_action { GRAD_NORM_REJECT, GRAD_NORM_CLIP };
 /* How the shards combine the workers' gradients (docs/architecture.md, "Synchronous and bounded-staleness
@@ -55,11 +57,23 @@ struct training_config {
         uint32_t replicas_to_aggregate; /* sync: N gradients per step; 0: every worker */
         uint32_t total_num_replicas;    /* sync: N + backups; 0: every worker */
         uint32_t staleness;             /* ssp: how many steps a worker may run ahead of the slowest */
+        enum sparse_optimizer sparse_optimizer; /* embedding rows: adagrad, ftrl, sgd */
+        double sparse_learning_rate;    /* embedding rows; 0: learning_rate (and its schedule) */
+        double ftrl_l1, ftrl_l2, ftrl_beta, ftrl_lr_power;
 };
+
+enum data_format { DATA_IDX, DATA_LIBSVM, DATA_CRITEO, DATA_CSV };
+enum bad_lines_action { BAD_LINES_ERROR, BAD_LINES_SKIP };
 
 struct data_config {
         char *dir;
-        char *train_images, *train_labels, *test_images, *test_labels; /* file names inside dir */
+        enum data_format format;    /* idx: the image files below; else the record files (records.h) */
+        char *train_images, *train_labels, *test_images, *test_labels; /* idx: file names inside dir */
+        char **train_files, **test_files; /* libsvm, criteo, csv: file names inside dir (or absolute) */
+        uint32_t n_train_files, n_test_files;
+        enum bad_lines_action bad_lines;
+        uint32_t max_ids_per_example;
+        uint32_t csv_features;      /* csv: features per line; 0: the first line's count */
 };
 
 struct supervisor_config {

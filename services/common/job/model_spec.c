@@ -19,10 +19,21 @@ static int add_var(struct model_spec_var *vars, uint32_t *n, size_t *n_params, u
         return 0;
 }
 
+uint32_t model_spec_dense_input(const struct model_spec *spec) {
+        uint64_t n = (uint64_t)spec->input[0] * spec->input[1] * spec->input[2];
+
+        for (uint32_t e = 0; e < spec->n_embeddings; e++)
+                n += (uint64_t)spec->emb[e].n_fields * spec->emb[e].dim;
+        return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
 int model_spec_vars(const struct model_spec *spec, struct model_spec_var *vars, size_t *n_params_ret) {
         if (!spec || spec->n_layers == 0 || spec->n_layers > MODEL_MAX_LAYERS)
                 return -EINVAL;
         uint64_t c = spec->input[0], h = spec->input[1], w = spec->input[2];
+
+        if (spec->n_embeddings)  /* the dense layers read the dense features and the pooled rows */
+                c = 1, h = 1, w = model_spec_dense_input(spec);
         if (c == 0 || h == 0 || w == 0 || c * h * w > UINT32_MAX / 4)
                 return -EINVAL;
         uint32_t n = 0, n_dense = 0, n_conv = 0;

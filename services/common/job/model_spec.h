@@ -33,13 +33,47 @@ struct layer_spec {
 
 #define MODEL_MAX_LAYERS 64
 
+/* What the loss is computed from the last dense layer's outputs with (model.head). */
+enum model_head {
+        HEAD_SOFTMAX,    /* softmax cross-entropy over C >= 2 outputs; integer labels 0..C-1 */
+        HEAD_LOGISTIC,   /* one output: sigmoid cross-entropy; labels 0 or 1 */
+        HEAD_MSE,        /* one output: mean squared error; any real label */
+};
+
+enum embedding_pooling { POOL_SUM, POOL_MEAN };
+
+#define MODEL_MAX_EMBEDDINGS 8
+#define MODEL_MAX_FIELDS 64
+
+/* An embedding table (model.embeddings[]): rows of `dim` floats by 64-bit id, sharded by id over every
+ * ps shard, created on first touch (docs/sparse.md). Each of its fields is looked up in it and pooled
+ * into its own dim-wide slice of the dense layers' input. */
+struct embedding_spec {
+        char name[32];              /* checkpoints: "emb/<name>", "emb/<name>/ids", "emb/<name>/<slot>" */
+        uint32_t dim;               /* 1..1024 */
+        uint64_t vocab;             /* a field's id is taken modulo vocab (hashing); 0: as it is */
+        enum embedding_pooling pooling; /* a multi-valued field: sum (weighted by values) or mean */
+        uint32_t n_fields;
+        uint32_t fields[MODEL_MAX_FIELDS]; /* the data's field indices, each one slice of the input */
+        double init_stddev;         /* rows start truncated-normal with this stddev (0: zeros) */
+        uint64_t evict_after_steps; /* a row untouched this many global steps is dropped; 0: never */
+};
+
 struct model_spec {
         uint32_t input[3];    /* (C, H, W); a flat input of N features is (1, 1, N) */
         uint32_t n_layers;
         struct layer_spec layers[MODEL_MAX_LAYERS];
-        uint64_t seed;        /* initializers' seed */
-        /* The loss is always softmax cross-entropy over the last layer's outputs. */
+        uint64_t seed;        /* initializers' seed (embedding rows: with the id) */
+        enum model_head head; /* the loss over the last dense layer's outputs */
+        uint32_t n_embeddings;
+        struct embedding_spec emb[MODEL_MAX_EMBEDDINGS];
+        /* With embeddings, input is (1, 1, N): N dense features of each record (0 allowed), and the
+         * dense layers' input is those N followed by each table's fields' pooled rows, in order
+         * (model_spec_dense_input). */
 };
+
+/* Floats per example the first dense layer reads: C*H*W, plus every embedding field's dim. */
+uint32_t model_spec_dense_input(const struct model_spec *spec);
 
 #define MODEL_MAX_VARS (2 * MODEL_MAX_LAYERS)
 #define MODEL_VAR_NAME 32

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum sparse_optimizer { SPARSE_SGD, SPARSE_ADAGRAD, SPARSE_FTRL };
+#include "config.h"  /* enum sparse_optimizer */
 
 #define SPARSE_MAX_SLOTS 2
 

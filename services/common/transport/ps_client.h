@@ -107,3 +107,21 @@ int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, 
                          uint32_t generation, uint32_t n_groups, const uint32_t *group_index,
                          const uint32_t *const *group_parts, const uint32_t *group_n, int32_t *pid_ret, char *err,
                          size_t errlen);
+
+/* ---- embedding tables (docs/sparse.md, "Sparse pull and push") ----
+ *
+ * Rows of table e (model.embeddings[e]) live on shard sparse_shard_of(id, n_ps). One call is one round
+ * trip to each shard that holds any of the ids, all shards in parallel (at most one message each way
+ * per shard): first the gradients push_grads (n_push rows of the table's dim) of push_ids are applied,
+ * then the rows of pull_ids are read into pull_rows (n_pull rows), each created on first touch. Either
+ * list may be empty; ids are unique within each list. Refused pushes fail the call with why in err
+ * (nothing of that shard's push applied). Thread-compatible: one thread per client calls these. */
+int ps_client_sparse(struct ps_client *pc, uint32_t e, const uint64_t *push_ids, size_t n_push,
+                     const float *push_grads, const uint64_t *pull_ids, size_t n_pull, float *pull_rows, char *err,
+                     size_t errlen);
+/* As the pull side of ps_client_sparse, without creating rows: an id not stored gives its initial
+ * value (evaluation, which must not grow the tables). */
+int ps_client_sparse_lookup(struct ps_client *pc, uint32_t e, const uint64_t *ids, size_t n, float *rows,
+                            char *err, size_t errlen);
+/* Payload bytes of the sparse calls so far (ids, rows and gradients, both ways), for counters. */
+void ps_client_sparse_bytes(const struct ps_client *pc, uint64_t *sent_ret, uint64_t *received_ret);
