@@ -485,6 +485,8 @@ static int finish(struct chief *c) {
 
         pthread_mutex_lock(&c->lock);
         c->test_accuracy = c->eval_accuracy;
+        c->test_auc = c->cfg->model.head == HEAD_LOGISTIC && c->cfg->data.format != DATA_IDX ? (float)c->eval_auc : -1;
+        c->test_rmse = c->cfg->model.head == HEAD_MSE && c->cfg->data.format != DATA_IDX ? (float)c->eval_rmse : -1;
         c->test_loss = c->eval_loss;
         float acc = c->eval_accuracy, loss = c->eval_loss;
         chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_FINISHED});

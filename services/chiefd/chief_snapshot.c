@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctr_train.h"
 #include "chiefd-internal.h"
 #include "data.h"
 #include "log.h"
@@ -91,6 +92,12 @@ int chief_pull(struct chief *c, bool with_slots, uint64_t *gs_ret, char *err, si
         return r;
 }
 
+/* Rows for the evaluation of a model with embeddings: read from the shards, none created. */
+static int chief_lookup(void *ud, uint32_t e, const uint64_t *ids, size_t n, float *rows, char *err, size_t errlen) {
+        struct chief *c = ud;
+        return ps_client_sparse_lookup(c->pc, e, ids, n, rows, err, errlen);
+}
+
 /* Evaluates the pulled values on the test split; records and summarizes the result. Weights that blew
  * up or a test loss that is not finite are recorded as the model gone wrong (the main loop fails the
  * job) and return -EDOM. */
@@ -101,9 +108,25 @@ int chief_evaluate(struct chief *c, uint64_t gs, char *err, size_t errlen) {
                 chief_strfmt(what, sizeof(what), "weights blown up (%s)", why);
                 goto diverged;
         }
+        struct ctr_eval ev = {.auc = NAN, .rmse = NAN, .logloss = NAN};
+        uint64_t n_test;
         int r = model_params_sync(c->model);
-        if (r >= 0)
+        if (r >= 0 && c->test) {
                 r = model_evaluate(c->model, c->test->x, c->test->y, c->test->n, &loss, &acc);
+                n_test = c->test->n;
+        } else if (r >= 0) {
+                char why2[600];
+                r = ctr_evaluate(c->cfg, c->model, chief_lookup, c, &ev, why2, sizeof(why2));
+                if (r < 0) {
+                        chief_strfmt(err, errlen, "evaluating on the test files: %s", why2);
+                        return r;
+                }
+                if (ev.n == 0)   /* no data.test_files: nothing to evaluate */
+                        return 0;
+                loss = (float)ev.loss;
+                acc = isnan(ev.accuracy) ? 0.0f : (float)ev.accuracy;
+                n_test = ev.n;
+        }
         if (r < 0) {
                 chief_strfmt(err, errlen, "evaluating on the test split: %s", strerror(-r));
                 return r;
@@ -112,7 +135,7 @@ int chief_evaluate(struct chief *c, uint64_t gs, char *err, size_t errlen) {
                 chief_strfmt(what, sizeof(what), "a non-finite test loss (%g)", (double)loss);
                 goto diverged;
         }
-        r = chief_db_add_evaluation(c->db, now_us(), gs, c->test->n, loss, acc);
+        r = chief_db_add_evaluation(c->db, now_us(), gs, (uint32_t)n_test, loss, acc);
         if (r < 0)
                 log_warning_errno(r, "Cannot record the evaluation in the database, continuing");
         pthread_mutex_lock(&c->lock);
@@ -120,12 +143,27 @@ int chief_evaluate(struct chief *c, uint64_t gs, char *err, size_t errlen) {
         c->eval_step = gs;
         c->eval_accuracy = acc;
         c->eval_loss = loss;
+        c->eval_auc = ev.auc;
+        c->eval_rmse = ev.rmse;
         pthread_mutex_unlock(&c->lock);
         c->last_eval_step = gs;
-        const struct summary_scalar v[] = {{"eval/accuracy", acc}, {"eval/loss", loss}};
-        write_scalars(c, gs, v, ELEMENTSOF(v));
-        log_info_step(gs, "Evaluation at global_step %" PRIu64 ": test accuracy %.4f, test loss %.4f (%u examples)", gs,
-                      (double)acc, (double)loss, c->test->n);
+        if (c->cfg->model.head == HEAD_LOGISTIC) {
+                const struct summary_scalar v[] = {{"eval/auc", (float)ev.auc}, {"eval/logloss", (float)ev.logloss},
+                                                   {"eval/accuracy", acc}, {"eval/loss", loss}};
+                write_scalars(c, gs, v, ELEMENTSOF(v));
+                log_info_step(gs, "Evaluation at global_step %" PRIu64 ": test AUC %.4f, log loss %.4f, accuracy %.4f "
+                              "(%" PRIu64 " examples)", gs, ev.auc, ev.logloss, (double)acc, n_test);
+        } else if (c->cfg->model.head == HEAD_MSE) {
+                const struct summary_scalar v[] = {{"eval/rmse", (float)ev.rmse}, {"eval/loss", loss}};
+                write_scalars(c, gs, v, ELEMENTSOF(v));
+                log_info_step(gs, "Evaluation at global_step %" PRIu64 ": test RMSE %.4f, loss %.4f (%" PRIu64
+                              " examples)", gs, ev.rmse, (double)loss, n_test);
+        } else {
+                const struct summary_scalar v[] = {{"eval/accuracy", acc}, {"eval/loss", loss}};
+                write_scalars(c, gs, v, ELEMENTSOF(v));
+                log_info_step(gs, "Evaluation at global_step %" PRIu64 ": test accuracy %.4f, test loss %.4f (%" PRIu64
+                              " examples)", gs, (double)acc, (double)loss, n_test);
+        }
         return 0;
 diverged:
         pthread_mutex_lock(&c->lock);

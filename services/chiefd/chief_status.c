@@ -245,6 +245,8 @@ grpc_byte_buffer *chief_status_pack(struct chief *c) {
                 s.eta_s = -1;
         s.loss = chief_loss_locked(c);
         s.test_accuracy = c->test_accuracy;
+        s.test_auc = c->test_auc;
+        s.test_rmse = c->test_rmse;
         s.test_loss = c->test_loss;
         s.started_us = c->started_us;
         if (c->end_mono || chief_state_final(&c->js))   /* a sticky state keeps the recorded time */

@@ -126,6 +126,8 @@ struct chief {
         bool have_eval;
         uint64_t eval_step;               /* latest evaluation, when have_eval */
         float eval_accuracy, eval_loss;
+        double eval_auc, eval_rmse;       /* models with embeddings: logistic head / mse head; else NAN */
+        float test_auc, test_rmse;        /* of the final evaluation, as eval_*; -1: none */
         uint64_t restored_step;
         char restored_from[1024];
         struct chief_divergence {         /* the first news of a model gone wrong; the main loop fails the job */

@@ -13,6 +13,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "ctr_train.h"
 #include "backend.h"
 #include "chiefd-internal.h"
 #include "config.h"
@@ -97,6 +98,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         chief_metrics_init(c);
         c->state_since_us = now_us();
         c->test_accuracy = -1;
+        c->test_auc = c->test_rmse = -1;
         c->test_loss = -1;
         c->started_us = now_us();
         c->canonical = config_canonical_json(cfg);
@@ -255,13 +257,21 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         }
 
         /* The test split, now: a missing file should stop the job before it trains, not after. */
-        char *img = trainer_data_path(cfg, cfg->data.test_images);
-        char *lab = trainer_data_path(cfg, cfg->data.test_labels);
-        r = img && lab ? dataset_load(img, lab, &c->test, err, sizeof(err)) : -ENOMEM;
-        if (r >= 0)   /* data that do not fit the model: a data error (exit 65), as a missing file */
-                r = dataset_fits(c->test, img, model_input_size(c->model), model_n_classes(c->model), err, sizeof(err));
-        free(img);
-        free(lab);
+        if (cfg->data.format == DATA_IDX) {
+                char *img = trainer_data_path(cfg, cfg->data.test_images);
+                char *lab = trainer_data_path(cfg, cfg->data.test_labels);
+                r = img && lab ? dataset_load(img, lab, &c->test, err, sizeof(err)) : -ENOMEM;
+                if (r >= 0)   /* data that do not fit the model: a data error (exit 65), as a missing file */
+                        r = dataset_fits(c->test, img, model_input_size(c->model), model_n_classes(c->model), err,
+                                         sizeof(err));
+                free(img);
+                free(lab);
+        } else if (cfg->data.n_test_files) {
+                /* the test files are streamed at each evaluation; that they open is checked now */
+                struct records_reader *rd = NULL;
+                r = ctr_records_open(cfg, true, 0, 1, false, &rd, err, sizeof(err));
+                records_close(rd);
+        }
         if (r < 0) {
                 log_error("Cannot load the test split: %s", err);
                 goto fail;

@@ -590,6 +590,16 @@ static void stop_chief(struct local *L) {
         }
 }
 
+/* The result line's metrics of a model with embeddings: test_auc (logistic head), test_rmse (mse
+ * head); nothing for the others (a value below 0). */
+static void result_extra(double auc, double rmse, char *buf, size_t len) {
+        buf[0] = 0;
+        if (auc >= 0)
+                snprintf(buf, len, " \"test_auc\": %.4f,", auc);
+        else if (rmse >= 0)
+                snprintf(buf, len, " \"test_rmse\": %.4f,", rmse);
+}
+
 /* Runs the children until the chief says DONE. Returns the exit status. */
 static int supervise(struct local *L) {
         char buf[128], err[1024];
@@ -694,9 +704,11 @@ static int supervise(struct local *L) {
         for (uint32_t i = 0; i < L->n_kids; i++)
                 if (L->kids[i].pid > 0)
                         cpu += proc_cpu_s(L->kids[i].pid);
-        printf("{\"global_step\": %llu, \"test_accuracy\": %.4f, \"examples_per_s\": %.1f, \"wall_s\": %.3f, "
+        char extra[96];
+        result_extra(done->test_auc, done->test_rmse, extra, sizeof(extra));
+        printf("{\"global_step\": %llu, \"test_accuracy\": %.4f,%s \"examples_per_s\": %.1f, \"wall_s\": %.3f, "
                "\"mode\": \"distributed\", \"ps\": %u, \"workers\": %u, \"cpu_s\": %.2f}\n",
-               (unsigned long long)done->global_step, done->test_accuracy, done->examples_per_s, done->wall_s,
+               (unsigned long long)done->global_step, done->test_accuracy, extra, done->examples_per_s, done->wall_s,
                L->chief, L->n_kids - L->chief - 1, cpu);
         fflush(stdout);
         psfleet__v1__job_status__free_unpacked(done, NULL);
@@ -743,9 +755,14 @@ static int run_standalone(struct local *L) {
                 cli_error("standalone training failed: %s", err);
                 return 1;
         }
-        printf("{\"global_step\": %llu, \"test_accuracy\": %.4f, \"examples_per_s\": %.1f, \"wall_s\": %.3f, "
+        char extra[96];
+        result_extra(L->cfg->data.format != DATA_IDX && L->cfg->model.head == HEAD_LOGISTIC ? res.test_auc : -1,
+                     L->cfg->data.format != DATA_IDX && L->cfg->model.head == HEAD_MSE ? res.test_rmse : -1, extra,
+                     sizeof(extra));
+        printf("{\"global_step\": %llu, \"test_accuracy\": %.4f,%s \"examples_per_s\": %.1f, \"wall_s\": %.3f, "
                "\"mode\": \"standalone\", \"ps\": 0, \"workers\": 1, \"cpu_s\": %.2f}\n",
-               (unsigned long long)res.steps, res.test_accuracy, res.examples_per_s, res.wall_s, used_cpu_s(L));
+               (unsigned long long)res.steps, isnan(res.test_accuracy) ? 0.0 : res.test_accuracy, extra,
+               res.examples_per_s, res.wall_s, used_cpu_s(L));
         return 0;
 }
 

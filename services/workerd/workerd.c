@@ -31,6 +31,7 @@
 #include "notify.h"
 #include "push.h"
 #include "rpc.h"
+#include "sparse_step.h"
 #include "trainer.h"
 #include "util.h"
 #include "psfleet/v1/supervisor.pb-c.h"
@@ -50,7 +51,8 @@ struct worker {
         struct pusher *pu;        /* the step's pushes and waits */
         struct rpc_channel *chief;
         struct dataset *train;
-        struct shard_iter *it;
+        struct shard_iter *it;      /* data.format idx; else sp */
+        struct sparse_step *sp;     /* a model with embeddings: its records, rows and row gradients */
         float *x;                 /* (B, D) */
         uint8_t *y;               /* (B) */
         FILE *loss_log;
@@ -367,6 +369,8 @@ static uint64_t update_global_step(struct worker *w, uint32_t *counting_ret) {
  * for a block's fresh values before forward reads it, and push gradients as soon as they are final. */
 static int forward(struct worker *w, float *loss) {
         uint32_t B = w->cfg->training.batch_size;
+        if (w->sp)
+                return sparse_step_forward(w->sp, w->m, loss, push_await, w->pu);
         return w->rep ? device_replicas_forward_blocks(w->rep, w->x, w->y, B, loss, NULL, push_await, w->pu)
                       : model_forward_blocks(w->m, w->x, w->y, B, loss, NULL, push_await, w->pu);
 }
@@ -456,7 +460,7 @@ static int train(struct worker *w) {
         set_state(w, "training");
         log_info_step(w->global_step, "training from global_step %llu to %llu on shard %u of %u (%u examples)",
                       (unsigned long long)w->global_step, (unsigned long long)t->max_steps, w->index, w->n_workers,
-                      shard_size(w->it));
+                      w->it ? shard_size(w->it) : 0);
         w->win_t = mono_us();
         uint64_t gs = w->global_step, prev = gs;
         /* sync: a push counted as heading for global_step may be dropped as stale (another worker's
@@ -468,13 +472,25 @@ again:
                 metric_set(w->m_step, (double)gs);
                 metric_set(w->m_stale, gs > prev + 1 ? (double)(gs - prev - 1) : 0);
                 prev = gs;
-                shard_next_batch(w->it, t->batch_size, w->x, w->y);
+                if (!w->sp) {
+                        shard_next_batch(w->it, t->batch_size, w->x, w->y);
+                } else if ((r = sparse_step_fetch(w->sp, err, sizeof(err))) == -EBADMSG) {
+                        return log_error_errno(r, "cannot read the training data: %s", err);
+                } else if (r < 0) {
+                        /* a shard lost or restarted: as a failed push, below */
+                        log_warning("step %llu: %s; re-reading the parameters", (unsigned long long)w->local_step, err);
+                        if ((r = pull_all(w)) < 0)
+                                return r;
+                        continue;
+                }
                 push_step_begin(w->pu, w->local_step);
                 r = forward(w, &loss);
                 if (r >= 0 && !push_failed(w->pu))
                         r = backward(w);
                 if (r < 0)
                         return log_error_errno(r, "step %llu failed", (unsigned long long)w->local_step);
+                if (w->sp)
+                        sparse_step_backward_done(w->sp, w->m);
                 if (push_step_end(w->pu, err, sizeof(err)) < 0) {
                         /* A model gone wrong computes gradients that are not finite, which the shards
                          * refuse: no step completes, so say so here (once a second) instead of retrying
@@ -501,6 +517,8 @@ again:
         }
         /* the last pushes' values are the job's; apply them so status and logs agree */
         push_finish(w->pu);
+        if (w->sp && (r = sparse_step_flush(w->sp, err, sizeof(err))) < 0)
+                log_warning("the last step's embedding gradients were not applied: %s", err);
         update_global_step(w, NULL);
         if (t->mode == MODE_SYNC && !signalled(w) && sync_unfinished(w))
                 goto again;
@@ -509,12 +527,30 @@ again:
 
 /* ---- set-up ---- */
 
+static int build_rest(struct worker *w);
+
+/* A model with embeddings: records instead of a dataset, and rows from the shards (sparse_step.h). */
+static int build_sparse(struct worker *w) {
+        char err[1024];
+        int r;
+        if ((r = model_set_input_grad(w->m, true)) < 0)
+                return log_error_errno(r, "cannot build the model");
+        if ((r = job_layout_new(w->cfg, &w->L)) < 0 || (r = ps_client_new(w->cfg, w->L, w->args.task_name, &w->pc)) < 0)
+                return log_error_errno(r, "cannot set up the ps clients");
+        if ((r = sparse_step_new(w->cfg, w->index, w->n_workers, w->pc, &w->sp, err, sizeof(err))) < 0) {
+                /* one line naming the file and why; -EBADMSG, bad data, exits 65 */
+                log_error("cannot read the training data: %s", err);
+                return r;
+        }
+        return build_rest(w);
+}
+
 static int build(struct worker *w) {
         const struct job_config *cfg = w->cfg;
         char err[1024];
         int r;
         char *ip = trainer_data_path(cfg, cfg->data.train_images), *lp = trainer_data_path(cfg, cfg->data.train_labels);
-        r = dataset_load(ip, lp, &w->train, err, sizeof(err));
+        r = cfg->data.format == DATA_IDX ? dataset_load(ip, lp, &w->train, err, sizeof(err)) : 0;
         free(ip);
         free(lp);
         if (r < 0) {
@@ -567,6 +603,8 @@ static int build(struct worker *w) {
                 for (char *save = NULL, *l = strtok_r(lines, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
                         log_info("placement: %s", l);
         }
+        if (cfg->data.format != DATA_IDX)
+                return build_sparse(w);
         ip = trainer_data_path(cfg, cfg->data.train_images);
         r = dataset_fits(w->train, ip ? ip : cfg->data.train_images, model_input_size(w->m), model_n_classes(w->m), err,
                          sizeof(err));
@@ -579,12 +617,20 @@ static int build(struct worker *w) {
                 return log_error_errno(r, "cannot shard the data");
         if ((r = job_layout_new(cfg, &w->L)) < 0 || (r = ps_client_new(cfg, w->L, w->args.task_name, &w->pc)) < 0)
                 return log_error_errno(r, "cannot set up the ps clients");
-        if ((r = rpc_channel_new(cfg->cluster.chief[0].addr, "chief:0", &w->chief)) < 0)
-                return log_error_errno(r, "cannot set up the chief's channel");
         w->x = malloc((size_t)cfg->training.batch_size * w->train->dim * sizeof(float));
         w->y = malloc(cfg->training.batch_size);
         if (!w->x || !w->y)
                 return log_error_errno(ENOMEM, "out of memory");
+        return build_rest(w);
+}
+
+/* What every worker builds once its model, data and ps clients are: the chief's channel, the pushes,
+ * the loss log, the metrics. */
+static int build_rest(struct worker *w) {
+        const struct job_config *cfg = w->cfg;
+        int r;
+        if ((r = rpc_channel_new(cfg->cluster.chief[0].addr, "chief:0", &w->chief)) < 0)
+                return log_error_errno(r, "cannot set up the chief's channel");
         if ((r = pusher_new(cfg, w->L, w->m, w->rep, w->pc, w->index, &w->pu)) < 0)
                 return log_error_errno(r, "cannot lay out the pushes");
         if (w->args.loss_log) {
@@ -601,6 +647,7 @@ static void done(struct worker *w) {
         pusher_free(w->pu);   /* waits for the pushes in flight, which read the model's gradients */
         rpc_channel_free(w->chief);
         shard_iter_free(w->it);
+        sparse_step_free(w->sp);
         dataset_free(w->train);
         if (w->rep) {
                 device_replicas_free(w->rep);
@@ -674,10 +721,17 @@ static int run(int argc, char **argv) {
         if (w.global_step > 0) {
                 /* a resumed job: carry on in the data where this worker's share of the steps left it */
                 uint64_t skip = w.global_step / w.n_workers * w.cfg->training.batch_size;
-                shard_skip(w.it, skip);
+                char err[1024];
+                if (w.it) {
+                        shard_skip(w.it, skip);
+                } else if ((r = sparse_step_skip(w.sp, skip, err, sizeof(err))) < 0) {
+                        log_error("cannot read the training data: %s", err);
+                        ret = daemon_exit_code(r);
+                        goto out;
+                }
                 log_info_step(w.global_step, "resuming at global_step %llu: skipped %llu examples of this shard (epoch %llu)",
                               (unsigned long long)w.global_step, (unsigned long long)skip,
-                              (unsigned long long)shard_epoch(w.it));
+                              (unsigned long long)(w.it ? shard_epoch(w.it) : 0));
         }
         if (w.global_step >= w.cfg->training.max_steps) {
                 log_info("the job is already at global_step %llu of %llu: nothing to do",

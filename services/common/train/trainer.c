@@ -7,6 +7,7 @@
 
 #include "apply.h"
 #include "backend.h"
+#include "ctr_train.h"
 #include "blocks.h"
 #include "data.h"
 #include "device.h"
@@ -77,7 +78,7 @@ void trainer_apply_step(struct trainer_apply *a, const float *grads) {
 
 /* The variables of params (laid out as L says) as a safetensors file: a little-endian length, the JSON
  * header, the data. */
-static int save_params(const struct job_layout *L, const float *params, const char *path, char *err, size_t errlen) {
+int trainer_save_params(const struct job_layout *L, const float *params, const char *path, char *err, size_t errlen) {
         size_t cap = 256 + (size_t)L->n_vars * 384, at = 0;
         char *hdr = malloc(cap);
         if (!hdr)
@@ -128,6 +129,11 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, const char 
         char *tip = trainer_data_path(cfg, cfg->data.test_images), *tlp = trainer_data_path(cfg, cfg->data.test_labels);
         struct trainer_result res = {0};
         int r;
+
+        if (cfg->data.format != DATA_IDX) {  /* records and embeddings: ctr_train.c */
+                free(ip), free(lp), free(tip), free(tlp);
+                return trainer_ctr(cfg, loss_log, params_out, progress, ud, ret, err, errlen);
+        }
 
         if ((r = dataset_load(ip, lp, &train, err, errlen)) < 0 || (r = dataset_load(tip, tlp, &test, err, errlen)) < 0)
                 goto out;
@@ -209,7 +215,7 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, const char 
         res.steps = t->max_steps;
         res.wall_s = (double)(t1 - t0) / 1e6;
         res.examples_per_s = t1 > tw ? (double)(t->max_steps - warm) * B / ((double)(t1 - tw) / 1e6) : 0;
-        if (params_out && (r = save_params(L, model_params(m), params_out, err, errlen)) < 0)
+        if (params_out && (r = trainer_save_params(L, model_params(m), params_out, err, errlen)) < 0)
                 goto out;
         float tl, ta;
         if ((r = model_evaluate(m, test->x, test->y, test->n, &tl, &ta)) < 0) {

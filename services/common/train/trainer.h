@@ -14,6 +14,8 @@ struct trainer_result {
         double examples_per_s;   /* over the steps after the first 20 (warm-up) */
         double final_loss;
         double test_accuracy, test_loss;
+        double test_auc, test_logloss, test_rmse; /* models with embeddings (ctr_train.h); else 0 */
+        uint64_t test_examples;
 };
 
 typedef void (*trainer_progress_cb)(void *ud, uint64_t step, uint64_t max_steps, double loss, double examples_per_s);
@@ -41,6 +43,9 @@ int trainer_apply_new(const struct training_config *t, const struct job_layout *
 struct trainer_apply *trainer_apply_free(struct trainer_apply *a); /* NULL-safe; returns NULL */
 /* One step: grads (L->n_params floats, laid out as params) applied to every variable. */
 void trainer_apply_step(struct trainer_apply *a, const float *grads);
+
+/* The variables of params (laid out as L says) as a safetensors file at path. 0, or -errno with err. */
+int trainer_save_params(const struct job_layout *L, const float *params, const char *path, char *err, size_t errlen);
 
 /* Loss-log line, shared by the standalone trainer and workerd so the two can be compared as text. */
 void trainer_log_loss(FILE *f, uint64_t step, double loss);
