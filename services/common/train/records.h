@@ -29,7 +29,9 @@ const char *records_format_name(enum records_format f);
 uint32_t records_format_fields(enum records_format f);
 
 /* The 64-bit id of a categorical token of field `field` (FNV-1a of the bytes, mixed with the field by
- * splitmix64): the same token in two fields gives two ids. Stable: checkpoints hold these ids. */
+ * splitmix64): the same token in two fields gives two ids. Stable: checkpoints hold these ids.
+ * Exactly: h = FNV-1a 64 of the bytes (offset basis 0xcbf29ce484222325, prime 0x100000001b3); s = h ^
+ * field * 0x9e3779b97f4a7c15; the id is rng_splitmix64(&s) (s += 0x9e3779b97f4a7c15, then its mix). */
 uint64_t records_hash(uint32_t field, const char *token, size_t len);
 
 struct records_opts {
@@ -75,7 +77,8 @@ uint32_t records_n_dense(const struct records_reader *r);
 uint32_t records_n_fields(const struct records_reader *r);
 
 /* Reads up to b->cap records of the shard into b (b->n set). Returns the records read: fewer than
- * cap only at the end of the shard without loop (0: the end). -EBADMSG with err as
+ * cap only at the end of the shard without loop (0: the end), or with loop when a whole pass gave no
+ * record (all lines empty or skipped as bad: it would spin). -EBADMSG with err as
  * "FILE:LINE: why" for a bad line (unless skip_bad: then counted and skipped), -EIO (and the file)
  * for a read error or a corrupt gzip stream. b must have been made for this reader's n_dense,
  * n_fields and max_ids (-EINVAL otherwise). */

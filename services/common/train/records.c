@@ -1,0 +1,639 @@
+/* The streaming readers of records.h: zlib reads gzip'd and plain files alike; a read buffer and one
+ * line buffer (capped at RECORDS_MAX_LINE) are all the memory a reader holds besides the caller's batch. */
+#include "records.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "rng.h"
+#include "util.h"
+
+#define READ_BUF (256u << 10)
+#define RECORDS_MAX_LINE (1u << 20) /* longer lines are bad: a file that is not text ends quickly */
+#define CRITEO_COLUMNS (1 + RECORDS_CRITEO_DENSE + RECORDS_CRITEO_FIELDS)
+
+struct records_reader {
+        struct records_opts o;  /* files points at our copy */
+        char **files;           /* (n_files) */
+        uint32_t *mine;         /* (n_mine) indices into files: the shard's */
+        uint32_t n_mine;
+        bool by_line;           /* fewer files than workers: every file, lines i % W == worker */
+        uint32_t n_dense, n_fields;
+
+        uint32_t cur;           /* index into mine of the open file */
+        gzFile f;               /* NULL: no file open */
+        bool eof;               /* f has given all its bytes */
+        uint64_t line_idx;      /* of the next line in the file, from 0 */
+        char *rbuf;             /* (READ_BUF) */
+        size_t rpos, rlen;
+        char *line;             /* (line_cap) a line that straddles reads */
+        size_t line_cap;
+        bool done;              /* the shard has ended (without loop, or an empty pass) */
+
+        uint64_t bad, read, epoch, read_in_epoch;
+        struct records_batch *probe; /* one record, for records_open's check of the first */
+};
+
+const char *records_format_name(enum records_format f)
+{
+        switch (f) {
+        case RECORDS_LIBSVM: return "libsvm";
+        case RECORDS_CRITEO: return "criteo";
+        case RECORDS_CSV: return "csv";
+        }
+        return "?";
+}
+
+uint32_t records_format_fields(enum records_format f)
+{
+        return f == RECORDS_LIBSVM ? 1 : f == RECORDS_CRITEO ? RECORDS_CRITEO_FIELDS : 0;
+}
+
+uint64_t records_hash(uint32_t field, const char *token, size_t len)
+{
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < len; i++)
+                h = (h ^ (uint8_t)token[i]) * 0x100000001b3ull;
+        uint64_t s = h ^ (uint64_t)field * 0x9e3779b97f4a7c15ull;
+        return rng_splitmix64(&s);
+}
+
+int records_batch_new(uint32_t cap, uint32_t n_dense, uint32_t n_fields, uint32_t max_ids,
+                      struct records_batch **ret)
+{
+        if (cap == 0)
+                return -EINVAL;
+        /* off[] is uint32_t: the ids of a full batch must be countable in it */
+        if ((uint64_t)cap * max_ids > UINT32_MAX || (uint64_t)cap * n_fields >= UINT32_MAX ||
+            (uint64_t)cap * n_dense > SIZE_MAX / sizeof(float))
+                return -ENOMEM;
+        struct records_batch *b = calloc(1, sizeof(*b));
+        if (!b)
+                return -ENOMEM;
+        *b = (struct records_batch){.cap = cap, .n_dense = n_dense, .n_fields = n_fields, .max_ids = max_ids};
+        size_t nid = (size_t)cap * max_ids;
+        b->label = malloc(cap * sizeof(float));
+        b->dense = malloc(((size_t)cap * n_dense + 1) * sizeof(float));
+        b->off = calloc((size_t)cap * n_fields + 1, sizeof(uint32_t));
+        b->ids = malloc((nid + 1) * sizeof(uint64_t));
+        b->val = malloc((nid + 1) * sizeof(float));
+        if (!b->label || !b->dense || !b->off || !b->ids || !b->val) {
+                records_batch_free(b);
+                return -ENOMEM;
+        }
+        *ret = b;
+        return 0;
+}
+
+struct records_batch *records_batch_free(struct records_batch *b)
+{
+        if (b) {
+                free(b->label);
+                free(b->dense);
+                free(b->off);
+                free(b->ids);
+                free(b->val);
+                free(b);
+        }
+        return NULL;
+}
+
+/* ---- numbers: strict, over (pointer, length), never past the end ---- */
+
+/* Copies a field into a NUL-terminated buffer; false when it does not fit (then it is no number). */
+static bool field_str(const char *s, size_t len, char *buf, size_t size)
+{
+        if (len == 0 || len >= size || memchr(s, 0, len))
+                return false;
+        memcpy(buf, s, len);
+        buf[len] = 0;
+        return true;
+}
+
+/* A finite decimal number, nothing else in the field (no spaces, no "nan", no hex). */
+static bool parse_float(const char *s, size_t len, float *ret)
+{
+        char buf[64], *end;
+        if (!field_str(s, len, buf, sizeof(buf)) || !strchr("+-.0123456789", buf[0]) || strpbrk(buf, "xXnN"))
+                return false;
+        errno = 0;
+        double v = strtod(buf, &end);
+        if (*end || !isfinite(v) || fabs(v) > 3.4e38)
+                return false;
+        *ret = (float)v;
+        return true;
+}
+
+static bool parse_int(const char *s, size_t len, long long *ret)
+{
+        char buf[32], *end;
+        if (!field_str(s, len, buf, sizeof(buf)) || !strchr("+-0123456789", buf[0]))
+                return false;
+        errno = 0;
+        long long v = strtoll(buf, &end, 10);
+        if (*end || errno)
+                return false;
+        *ret = v;
+        return true;
+}
+
+static bool parse_index(const char *s, size_t len, uint64_t *ret)
+{
+        char buf[32];
+        return field_str(s, len, buf, sizeof(buf)) && parse_u64(buf, 0, UINT64_MAX, ret) == 0;
+}
+
+/* A field's text for a message: at most 40 bytes of it, quoted by the caller. */
+static int shown(size_t len)
+{
+        return len > 40 ? 40 : (int)len;
+}
+
+/* ---- one line into record `i` of b: 0, or -EBADMSG with why (no file or line) in err ---- */
+
+struct line {
+        const char *s;
+        size_t len;
+};
+
+static int parse_criteo(struct records_batch *b, uint32_t i, struct line l, char *why, size_t wl)
+{
+        const char *col[CRITEO_COLUMNS + 1];
+        size_t len[CRITEO_COLUMNS + 1];
+        size_t n = 0;
+        const char *p = l.s, *end = l.s + l.len;
+        for (;;) {
+                const char *t = memchr(p, '\t', (size_t)(end - p));
+                if (n <= CRITEO_COLUMNS) {
+                        col[n] = p;
+                        len[n] = (size_t)((t ? t : end) - p);
+                }
+                n++;
+                if (!t)
+                        break;
+                p = t + 1;
+        }
+        if (n != CRITEO_COLUMNS)
+                return errf(why, wl, -EBADMSG, "%zu tab-separated columns, expected %u", n, CRITEO_COLUMNS);
+        float y;
+        if (!parse_float(col[0], len[0], &y))
+                return errf(why, wl, -EBADMSG, "label '%.*s' is not a number", shown(len[0]), col[0]);
+        if (y != 0 && y != 1)
+                return errf(why, wl, -EBADMSG, "label '%.*s' is not 0 or 1", shown(len[0]), col[0]);
+        b->label[i] = y;
+        float *d = b->dense + (size_t)i * RECORDS_CRITEO_DENSE;
+        for (uint32_t j = 0; j < RECORDS_CRITEO_DENSE; j++) {
+                long long x = 0;
+                const char *c = col[1 + j];
+                if (len[1 + j] && !parse_int(c, len[1 + j], &x))
+                        return errf(why, wl, -EBADMSG, "field I%u: '%.*s' is not an integer", j + 1,
+                                    shown(len[1 + j]), c);
+                d[j] = x > 0 ? log1pf((float)x) : 0;
+        }
+        uint32_t *off = b->off + (size_t)i * RECORDS_CRITEO_FIELDS, o = off[0], base = o;
+        for (uint32_t f = 0; f < RECORDS_CRITEO_FIELDS; f++) {
+                size_t k = 1 + RECORDS_CRITEO_DENSE + f;
+                if (len[k]) {
+                        if (o - base >= b->max_ids)
+                                return errf(why, wl, -EBADMSG, "field C%u: more than max_ids (%u) ids", f + 1,
+                                            b->max_ids);
+                        b->ids[o] = records_hash(f, col[k], len[k]);
+                        b->val[o++] = 1;
+                }
+                off[f + 1] = o;
+        }
+        return 0;
+}
+
+static bool is_space(char c)
+{
+        return c == ' ' || c == '\t';
+}
+
+static int parse_libsvm(struct records_batch *b, uint32_t i, struct line l, char *why, size_t wl)
+{
+        const char *p = l.s, *end = l.s + l.len;
+        uint32_t o = b->off[i], base = o;
+        bool first = true;
+        for (;;) {
+                while (p < end && is_space(*p))
+                        p++;
+                if (p == end)
+                        break;
+                const char *t = p;
+                while (t < end && !is_space(*t))
+                        t++;
+                size_t n = (size_t)(t - p);
+                if (first) {
+                        if (!parse_float(p, n, &b->label[i]))
+                                return errf(why, wl, -EBADMSG, "label '%.*s' is not a number", shown(n), p);
+                        first = false;
+                } else {
+                        const char *c = memchr(p, ':', n);
+                        uint64_t idx;
+                        float v;
+                        if (!c)
+                                return errf(why, wl, -EBADMSG, "'%.*s' is not idx:val", shown(n), p);
+                        if (!parse_index(p, (size_t)(c - p), &idx))
+                                return errf(why, wl, -EBADMSG, "index '%.*s' is not a non-negative integer",
+                                            shown((size_t)(c - p)), p);
+                        if (!parse_float(c + 1, (size_t)(t - c - 1), &v))
+                                return errf(why, wl, -EBADMSG, "value '%.*s' of index %llu is not a number",
+                                            shown((size_t)(t - c - 1)), c + 1, (unsigned long long)idx);
+                        if (o - base >= b->max_ids)
+                                return errf(why, wl, -EBADMSG, "more than max_ids (%u) ids", b->max_ids);
+                        b->ids[o] = idx;
+                        b->val[o++] = v;
+                }
+                p = t;
+        }
+        b->off[i + 1] = o;
+        return 0;
+}
+
+static void trim(const char **s, size_t *n)
+{
+        while (*n && is_space(**s))
+                (*s)++, (*n)--;
+        while (*n && is_space((*s)[*n - 1]))
+                (*n)--;
+}
+
+/* The comma-separated columns of a line. */
+static size_t csv_columns(struct line l)
+{
+        size_t n = 1;
+        for (const char *p = l.s; (p = memchr(p, ',', (size_t)(l.s + l.len - p))); p++)
+                n++;
+        return n;
+}
+
+static int parse_csv(struct records_batch *b, uint32_t i, struct line l, char *why, size_t wl)
+{
+        size_t n = csv_columns(l);
+        if (n != (size_t)b->n_dense + 1)
+                return errf(why, wl, -EBADMSG, "%zu comma-separated columns, expected %u", n, b->n_dense + 1);
+        const char *p = l.s, *end = l.s + l.len;
+        for (uint32_t j = 0; j <= b->n_dense; j++) {
+                const char *c = memchr(p, ',', (size_t)(end - p));
+                const char *s = p;
+                size_t len = (size_t)((c ? c : end) - p);
+                trim(&s, &len);
+                float *dst = j == 0 ? &b->label[i] : &b->dense[(size_t)i * b->n_dense + j - 1];
+                if (!parse_float(s, len, dst)) {
+                        if (j == 0)
+                                return errf(why, wl, -EBADMSG, "label '%.*s' is not a number", shown(len), s);
+                        return errf(why, wl, -EBADMSG, "column %u: '%.*s' is not a number", j + 1, shown(len), s);
+                }
+                p = c ? c + 1 : end;
+        }
+        return 0;
+}
+
+/* Parses l into record i of b (which has off[i * n_fields] set). */
+static int parse_line(enum records_format fmt, struct records_batch *b, uint32_t i, struct line l, char *why,
+                      size_t wl)
+{
+        switch (fmt) {
+        case RECORDS_CRITEO: return parse_criteo(b, i, l, why, wl);
+        case RECORDS_LIBSVM: return parse_libsvm(b, i, l, why, wl);
+        case RECORDS_CSV: return parse_csv(b, i, l, why, wl);
+        }
+        return -EINVAL;
+}
+
+/* ---- files and lines ---- */
+
+static int open_file(struct records_reader *r, uint32_t k, char *err, size_t errlen)
+{
+        const char *path = r->files[r->mine[k]];
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errf(err, errlen, errno == ENOENT ? -EBADMSG : -errno, "%s: %s", path, strerror(errno));
+        struct stat st;
+        if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                close(fd);
+                return errf(err, errlen, -EBADMSG, "%s: not a regular file", path);
+        }
+        gzFile f = gzdopen(fd, "rb");
+        if (!f) {
+                close(fd);
+                return errf(err, errlen, -ENOMEM, "%s: out of memory", path);
+        }
+        gzbuffer(f, 128u << 10);
+        r->f = f;
+        r->cur = k;
+        r->eof = false;
+        r->line_idx = 0;
+        r->rpos = r->rlen = 0;
+        return 0;
+}
+
+static void close_file(struct records_reader *r)
+{
+        if (r->f)
+                gzclose(r->f);
+        r->f = NULL;
+}
+
+/* Refills rbuf; 0 at the end of the file, else bytes, or -EIO / -errno. */
+static int fill(struct records_reader *r, char *err, size_t errlen)
+{
+        if (r->eof)
+                return 0;
+        int n = gzread(r->f, r->rbuf, READ_BUF);
+        int zerr = Z_OK;
+        const char *msg = n >= 0 ? NULL : gzerror(r->f, &zerr);
+        if (n == 0) {
+                /* a gzip stream cut short ends like a file, but leaves Z_BUF_ERROR behind */
+                msg = gzerror(r->f, &zerr);
+                if (zerr == Z_OK)
+                        r->eof = true;
+        }
+        if (zerr != Z_OK) {
+                const char *path = r->files[r->mine[r->cur]];
+                if (zerr == Z_ERRNO)
+                        return errf(err, errlen, -EIO, "%s: %s", path, strerror(errno));
+                return errf(err, errlen, -EIO, "%s: corrupt gzip stream (%s)", path, msg);
+        }
+        r->rpos = 0;
+        r->rlen = (size_t)n;
+        return n;
+}
+
+/* The next line of the open file, without its "\n" (or "\r\n"): 1 with *l (valid until the next call;
+ * l->s NULL when the line was longer than RECORDS_MAX_LINE), 0 at the end of the file, or -errno. */
+static int next_line(struct records_reader *r, struct line *l, char *err, size_t errlen)
+{
+        size_t have = 0;
+        bool long_line = false, any = false;
+        for (;;) {
+                if (r->rpos == r->rlen) {
+                        int n = fill(r, err, errlen);
+                        if (n < 0)
+                                return n;
+                        if (n == 0) {
+                                if (!any)
+                                        return 0;
+                                break; /* the last line, without a newline */
+                        }
+                }
+                any = true;
+                char *s = r->rbuf + r->rpos;
+                size_t avail = r->rlen - r->rpos;
+                char *nl = memchr(s, '\n', avail);
+                size_t take = nl ? (size_t)(nl - s) : avail;
+                r->rpos += take + (nl ? 1 : 0);
+                if (nl && have == 0 && !long_line) {
+                        *l = (struct line){s, take}; /* all in the read buffer: no copy */
+                        goto got;
+                }
+                if (!long_line && have + take > RECORDS_MAX_LINE)
+                        long_line = true;
+                if (!long_line) {
+                        if (have + take > r->line_cap) {
+                                size_t cap = r->line_cap;
+                                if (grow_array((void **)&r->line, &cap, have + take, 1, 4096) < 0)
+                                        return errf(err, errlen, -ENOMEM, "out of memory");
+                                r->line_cap = cap;
+                        }
+                        memcpy(r->line + have, s, take);
+                        have += take;
+                }
+                if (nl)
+                        break;
+        }
+        *l = (struct line){long_line ? NULL : r->line, have};
+got:
+        if (l->s && l->len && l->s[l->len - 1] == '\r')
+                l->len--;
+        r->line_idx++;
+        return 1;
+}
+
+static const char *cur_path(const struct records_reader *r)
+{
+        return r->files[r->mine[r->cur]];
+}
+
+/* Whether line l (just read; line_idx counts it) is this file's CSV header. */
+static bool csv_header(const struct records_reader *r, struct line l)
+{
+        if (r->o.format != RECORDS_CSV || r->line_idx != 1 || !l.s)
+                return false;
+        const char *c = memchr(l.s, ',', l.len), *s = l.s;
+        size_t n = c ? (size_t)(c - l.s) : l.len;
+        float y;
+        trim(&s, &n);
+        return !parse_float(s, n, &y);
+}
+
+/* The next line of the shard that is this reader's and holds a record (not empty, not a header):
+ * 1 with *l, 0 at the end of the shard (of this pass), or -errno. Opens the files in turn. */
+static int shard_line(struct records_reader *r, struct line *l, char *err, size_t errlen)
+{
+        for (;;) {
+                if (!r->f) {
+                        if (r->cur + 1 >= r->n_mine)
+                                return 0;
+                        int e = open_file(r, r->cur + 1, err, errlen);
+                        if (e < 0)
+                                return e;
+                }
+                int n = next_line(r, l, err, errlen);
+                if (n < 0)
+                        return n;
+                if (n == 0) {
+                        close_file(r);
+                        continue;
+                }
+                if (r->by_line && (r->line_idx - 1) % r->o.n_workers != r->o.worker)
+                        continue;
+                if ((l->s && l->len == 0) || csv_header(r, *l))
+                        continue;
+                return 1;
+        }
+}
+
+/* Reads the shard from its start again. */
+static int rewind_shard(struct records_reader *r, char *err, size_t errlen)
+{
+        close_file(r);
+        return open_file(r, 0, err, errlen);
+}
+
+/* Parses the shard's next line into record b->n of b: 1 a record, 0 the end of the pass, -EBADMSG
+ * (err "FILE:LINE: why") a bad line, or -errno. */
+static int next_record(struct records_reader *r, struct records_batch *b, char *err, size_t errlen)
+{
+        struct line l;
+        int n = shard_line(r, &l, err, errlen);
+        if (n <= 0)
+                return n;
+        char why[256];
+        if (!l.s)
+                n = errf(why, sizeof(why), -EBADMSG, "a line longer than %u bytes", RECORDS_MAX_LINE);
+        else
+                n = parse_line(r->o.format, b, b->n, l, why, sizeof(why));
+        if (n < 0)
+                return errf(err, errlen, n, "%s:%llu: %s", cur_path(r), (unsigned long long)r->line_idx, why);
+        return 1;
+}
+
+/* CSV without n_dense: the columns of the first record of the shard's first file, header aside. */
+static int csv_count(struct records_reader *r, char *err, size_t errlen)
+{
+        struct line l;
+        for (;;) {
+                int n = next_line(r, &l, err, errlen);
+                if (n < 0)
+                        return n;
+                if (n == 0)
+                        return errf(err, errlen, -EBADMSG, "%s: no record to count the features of", cur_path(r));
+                if (!l.s)
+                        return errf(err, errlen, -EBADMSG, "%s:%llu: a line longer than %u bytes", cur_path(r),
+                                    (unsigned long long)r->line_idx, RECORDS_MAX_LINE);
+                if (l.len && !csv_header(r, l)) {
+                        r->n_dense = (uint32_t)(csv_columns(l) - 1);
+                        return 0;
+                }
+        }
+}
+
+/* records_open's check: the first record the shard holds must parse (unless bad lines are skipped). */
+static int check_first(struct records_reader *r, char *err, size_t errlen)
+{
+        int e = records_batch_new(1, r->n_dense, r->n_fields, r->o.max_ids, &r->probe);
+        if (e < 0)
+                return errf(err, errlen, e, "out of memory");
+        r->probe->n = 0;
+        e = next_record(r, r->probe, err, errlen);
+        r->probe = records_batch_free(r->probe);
+        if (e == -EBADMSG && r->o.skip_bad)
+                e = 0;
+        return e < 0 ? e : rewind_shard(r, err, errlen);
+}
+
+int records_open(const struct records_opts *o, struct records_reader **ret, char *err, size_t errlen)
+{
+        if (!o->files || o->n_files == 0)
+                return errf(err, errlen, -EINVAL, "no data files");
+        if (o->n_workers == 0 || o->worker >= o->n_workers)
+                return errf(err, errlen, -EINVAL, "worker %u of %u workers", o->worker, o->n_workers);
+        if ((unsigned)o->format > RECORDS_CSV)
+                return errf(err, errlen, -EINVAL, "unknown format %d", (int)o->format);
+        struct records_reader *r = calloc(1, sizeof(*r));
+        if (!r)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        r->o = *o;
+        r->by_line = o->n_files < o->n_workers;
+        r->n_fields = records_format_fields(o->format);
+        r->n_dense = o->format == RECORDS_CRITEO ? RECORDS_CRITEO_DENSE : o->format == RECORDS_CSV ? o->n_dense : 0;
+        r->files = calloc(o->n_files, sizeof(*r->files));
+        r->mine = calloc(o->n_files, sizeof(*r->mine));
+        r->rbuf = malloc(READ_BUF);
+        int e = -ENOMEM;
+        if (!r->files || !r->mine || !r->rbuf)
+                goto fail_oom;
+        for (uint32_t i = 0; i < o->n_files; i++) {
+                if (!(r->files[i] = strdup(o->files[i])))
+                        goto fail_oom;
+                if (r->by_line || i % o->n_workers == o->worker)
+                        r->mine[r->n_mine++] = i;
+        }
+        r->o.files = (const char *const *)r->files;
+        if ((e = open_file(r, 0, err, errlen)) < 0)
+                goto fail;
+        if (o->format == RECORDS_CSV && o->n_dense == 0) {
+                if ((e = csv_count(r, err, errlen)) < 0 || (e = rewind_shard(r, err, errlen)) < 0)
+                        goto fail;
+        }
+        if ((e = check_first(r, err, errlen)) < 0)
+                goto fail;
+        *ret = r;
+        return 0;
+fail_oom:
+        errf(err, errlen, e, "out of memory");
+fail:
+        records_close(r);
+        return e;
+}
+
+struct records_reader *records_close(struct records_reader *r)
+{
+        if (r) {
+                close_file(r);
+                for (uint32_t i = 0; r->files && i < r->o.n_files; i++)
+                        free(r->files[i]);
+                free(r->files);
+                free(r->mine);
+                free(r->rbuf);
+                free(r->line);
+                records_batch_free(r->probe);
+                free(r);
+        }
+        return NULL;
+}
+
+uint32_t records_n_dense(const struct records_reader *r)
+{
+        return r->n_dense;
+}
+
+uint32_t records_n_fields(const struct records_reader *r)
+{
+        return r->n_fields;
+}
+
+int records_next(struct records_reader *r, struct records_batch *b, char *err, size_t errlen)
+{
+        if (b->n_dense != r->n_dense || b->n_fields != r->n_fields || b->max_ids != r->o.max_ids)
+                return errf(err, errlen, -EINVAL, "a batch of %u dense, %u fields, %u ids for a reader of %u, %u, %u",
+                            b->n_dense, b->n_fields, b->max_ids, r->n_dense, r->n_fields, r->o.max_ids);
+        b->n = 0;
+        b->off[0] = 0;
+        while (b->n < b->cap && !r->done) {
+                int e = next_record(r, b, err, errlen);
+                if (e == 1) {
+                        b->n++;
+                        r->read++;
+                        r->read_in_epoch++;
+                } else if (e == -EBADMSG && r->o.skip_bad) {
+                        r->bad++;
+                } else if (e < 0) {
+                        return e;
+                } else if (!r->o.loop || r->read_in_epoch == 0) {
+                        r->done = true; /* an empty pass ends a looping reader too: it would spin */
+                        close_file(r);
+                } else {
+                        if ((e = rewind_shard(r, err, errlen)) < 0)
+                                return e;
+                        r->epoch++;
+                        r->read_in_epoch = 0;
+                }
+        }
+        return (int)b->n;
+}
+
+uint64_t records_bad_lines(const struct records_reader *r)
+{
+        return r->bad;
+}
+
+uint64_t records_read(const struct records_reader *r)
+{
+        return r->read;
+}
+
+uint64_t records_epoch(const struct records_reader *r)
+{
+        return r->epoch;
+}
