@@ -27,6 +27,7 @@ void ctr_table_opts(const struct job_config *cfg, uint32_t e, struct sparse_tabl
                 .init_stddev = es->init_stddev,
                 .seed = rng_splitmix64(&s),
                 .initial_accumulator = t->initial_accumulator,
+                .epsilon = t->epsilon,
                 .ftrl_l1 = t->ftrl_l1,
                 .ftrl_l2 = t->ftrl_l2,
                 .ftrl_beta = t->ftrl_beta,
