@@ -90,6 +90,54 @@ static void test_adagrad(void **state)
         assert_float_equal(w[0], 1 - 0.03 / sqrt(0.19), 1e-6);
 }
 
+/* TF's ApplyFtrl by hand: lr 0.1, l1 0.01, l2 0.02, from w 0.5, n 0.1, z 0 and g 0.3 (n' = 0.19). */
+static void test_ftrl(void **state)
+{
+        /* lr_power -0.5: z = 0.3 - (sqrt(0.19) - sqrt(0.1)) / 0.1 * 0.5 = -0.2983106;
+         * w = (-0.01 + 0.2983106) / (sqrt(0.19) / 0.1 + 2 * 0.02) = 0.2883106 / 4.3988989 = 0.0655415 */
+        float w[1] = {0.5f}, g[1] = {0.3f}, n[1] = {0.1f}, z[1] = {0};
+        optim_ftrl(w, g, n, z, 1, 0.1f, 0.01f, 0.02f, 0, -0.5f);
+        assert_float_equal(n[0], 0.19, 1e-7);
+        assert_float_equal(z[0], -0.2983106, 1e-6);
+        assert_float_equal(w[0], 0.0655415, 1e-6);
+        /* beta 1 adds beta / (2 lr) = 5 to l2: w = 0.2883106 / (4.3588989 + 10.04) = 0.0200231 */
+        w[0] = 0.5f, n[0] = 0.1f, z[0] = 0;
+        optim_ftrl(w, g, n, z, 1, 0.1f, 0.01f, 0.02f, 1.0f, -0.5f);
+        assert_float_equal(w[0], 0.0200231, 1e-6);
+        /* |z| within l1: w is 0, n and z still move */
+        w[0] = 0.5f, n[0] = 0.1f, z[0] = 0;
+        optim_ftrl(w, g, n, z, 1, 0.1f, 0.5f, 0.02f, 0, -0.5f);
+        assert_float_equal(w[0], 0.0, 0);
+        assert_float_equal(z[0], -0.2983106, 1e-6);
+        /* the general power, lr_power -1: z = 0.3 - (0.19 - 0.1) / 0.1 * 0.5 = -0.15;
+         * w = (-0.01 + 0.15) / (0.19 / 0.1 + 0.04) = 0.14 / 1.94 = 0.0721649 */
+        w[0] = 0.5f, n[0] = 0.1f, z[0] = 0;
+        optim_ftrl(w, g, n, z, 1, 0.1f, 0.01f, 0.02f, 0, -1.0f);
+        assert_float_equal(z[0], -0.15, 1e-6);
+        assert_float_equal(w[0], 0.0721649, 1e-6);
+        /* lr_power 0, a fixed rate: n^0 does not change, so z = g = -0.3;
+         * w = (-0.01 + 0.3) / (1 / 0.1 + 0.04) = 0.29 / 10.04 = 0.0288845 */
+        float gn[1] = {-0.3f};
+        w[0] = 0.5f, n[0] = 0.1f, z[0] = 0;
+        optim_ftrl(w, gn, n, z, 1, 0.1f, 0.01f, 0.02f, 0, 0.0f);
+        assert_float_equal(z[0], -0.3, 1e-6);
+        assert_float_equal(w[0], 0.0288845, 1e-6);
+        /* two steps from w 0, z > l1 > 0 (the positive sign):
+         * 1: z = 0.3; w = (0.01 - 0.3) / 4.3988989 = -0.0659256;
+         * 2: g -0.2, n' = 0.23: z = 0.3 - 0.2 - (sqrt(0.23) - sqrt(0.19)) / 0.1 * -0.0659256 = 0.1288050;
+         *    w = (0.01 - 0.1288050) / (sqrt(0.23) / 0.1 + 0.04) = -0.0245677 */
+        float v[2] = {0, 0}, g2[2] = {0.3f, 0.3f}, n2[2] = {0.1f, 0.1f}, z2[2] = {0, 0};
+        optim_ftrl(v, g2, n2, z2, 2, 0.1f, 0.01f, 0.02f, 0, -0.5f);
+        assert_float_equal(v[1], -0.0659256, 1e-6);
+        g2[0] = g2[1] = -0.2f;
+        optim_ftrl(v, g2, n2, z2, 2, 0.1f, 0.01f, 0.02f, 0, -0.5f);
+        for (int i = 0; i < 2; i++) {
+                assert_float_equal(n2[i], 0.23, 1e-6);
+                assert_float_equal(z2[i], 0.1288050, 1e-6);
+                assert_float_equal(v[i], -0.0245677, 1e-6);
+        }
+}
+
 static void test_learning_rate(void **state)
 {
         struct training_config t = {.learning_rate = 0.1, .lr_schedule = LR_CONSTANT};
@@ -264,6 +312,7 @@ int main(void)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_sgd),      cmocka_unit_test(test_momentum),
                 cmocka_unit_test(test_adam),     cmocka_unit_test(test_adagrad),
+                cmocka_unit_test(test_ftrl),
                 cmocka_unit_test(test_learning_rate), cmocka_unit_test(test_all_finite),
                 cmocka_unit_test(test_names),        cmocka_unit_test(test_apply),
                 cmocka_unit_test(test_norm),

@@ -133,6 +133,27 @@ void optim_adagrad(float *w, const float *g, float *acc, size_t n, float lr, flo
         }
 }
 
+void optim_ftrl(float *restrict w, const float *restrict g, float *restrict n_acc, float *restrict z,
+                size_t count, float lr, float l1, float l2, float beta, float lr_power)
+{
+        /* TF folds beta into l2 (adjusted_l2_regularization_strength), the paper's (beta + sqrt(n)) / alpha. */
+        float l2_adj = l2 + beta / (2.0f * lr);
+        bool root = lr_power == -0.5f;
+        for (size_t i = 0; i < count; i++) {
+                float n_new = n_acc[i] + g[i] * g[i];
+                float p_new = root ? sqrtf(n_new) : powf(n_new, -lr_power);
+                float p_old = root ? sqrtf(n_acc[i]) : powf(n_acc[i], -lr_power);
+                z[i] += g[i] - (p_new - p_old) / lr * w[i];
+                if (fabsf(z[i]) > l1) {
+                        float sign = z[i] > 0.0f ? 1.0f : -1.0f;
+                        w[i] = (sign * l1 - z[i]) / (p_new / lr + 2.0f * l2_adj);
+                } else {
+                        w[i] = 0.0f;
+                }
+                n_acc[i] = n_new;
+        }
+}
+
 void optim_apply(const struct training_config *t, uint64_t step, float *w, const float *g, float **slots,
                  size_t n)
 {

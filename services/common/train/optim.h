@@ -43,3 +43,9 @@ void optim_adam(float *w, const float *g, float *m, float *v, size_t n, float lr
 double optim_adam_lr(double lr, double beta1, double beta2, uint64_t t);
 /* acc += g^2; w -= lr * g / (sqrt(acc) + eps) */
 void optim_adagrad(float *w, const float *g, float *acc, size_t n, float lr, float eps);
+/* FTRL-Proximal as TensorFlow's ApplyFtrl (FtrlOptimizer): n_acc is "accum" (n), z is "linear".
+ *   n' = n + g^2;  z += g - (n'^-p - n^-p) / lr * w   (p = lr_power; sqrt when p == -0.5)
+ *   w = |z| > l1 ? (sign(z) l1 - z) / (n'^-p / lr + 2 l2') : 0,  l2' = l2 + beta / (2 lr);  n = n'
+ * lr_power <= 0; lr > 0. */
+void optim_ftrl(float *w, const float *g, float *n_acc, float *z, size_t count, float lr, float l1, float l2,
+                float beta, float lr_power);

@@ -21,6 +21,8 @@ struct sparse_table_opts {
         double init_stddev;           /* rows start truncated-normal (2 sigma) with this stddev; 0: zeros */
         uint64_t seed;                /* with the id, the only input of a row's initial value */
         double initial_accumulator;   /* adagrad: the accumulator's start; ftrl: n's start */
+        double epsilon;               /* adagrad: added to sqrt(accumulator), as the dense path's training.epsilon
+                                       * (optim_adagrad); 0 is TF 1.x's AdagradOptimizer */
         double ftrl_l1, ftrl_l2, ftrl_beta, ftrl_lr_power; /* ftrl (TensorFlow's FtrlOptimizer) */
 };
 
@@ -38,6 +40,7 @@ struct sparse_table;
 int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **ret); /* 0, -EINVAL, -ENOMEM */
 struct sparse_table *sparse_table_free(struct sparse_table *t); /* NULL-safe; returns NULL */
 uint32_t sparse_table_dim(const struct sparse_table *t);
+const struct sparse_table_opts *sparse_table_options(const struct sparse_table *t); /* owned by t */
 
 /* The row of id as it starts (what a pull of an untouched id gives), into row (dim floats). */
 void sparse_table_init_row(const struct sparse_table *t, uint64_t id, float *row);

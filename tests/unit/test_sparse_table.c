@@ -1,0 +1,557 @@
+/* sparse_table: rows start as a function of (seed, id) alone; pull and push with each optimizer against
+ * the dense kernels and hand-computed values; export/import round trips; eviction, clear, growth,
+ * threads without lost updates; the shard of an id; the bytes held. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "optim.h"
+#include "rng.h"
+#include "sparse_table.h"
+
+static struct sparse_table *table(enum sparse_optimizer opt, uint32_t dim, double stddev, uint64_t seed)
+{
+        struct sparse_table_opts o = {.dim = dim, .optimizer = opt, .init_stddev = stddev, .seed = seed,
+                                      .initial_accumulator = 0.1, .ftrl_lr_power = -0.5};
+        struct sparse_table *t = NULL;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        return t;
+}
+
+static void test_names(void **state)
+{
+        assert_string_equal(sparse_optimizer_name(SPARSE_SGD), "sgd");
+        assert_string_equal(sparse_optimizer_name(SPARSE_ADAGRAD), "adagrad");
+        assert_string_equal(sparse_optimizer_name(SPARSE_FTRL), "ftrl");
+        assert_int_equal(sparse_optimizer_n_slots(SPARSE_SGD), 0);
+        assert_int_equal(sparse_optimizer_n_slots(SPARSE_ADAGRAD), 1);
+        assert_int_equal(sparse_optimizer_n_slots(SPARSE_FTRL), 2);
+        assert_null(sparse_optimizer_slot_name(SPARSE_SGD, 0));
+        assert_string_equal(sparse_optimizer_slot_name(SPARSE_ADAGRAD, 0), "accumulator");
+        assert_null(sparse_optimizer_slot_name(SPARSE_ADAGRAD, 1));
+        assert_string_equal(sparse_optimizer_slot_name(SPARSE_FTRL, 0), "accum");
+        assert_string_equal(sparse_optimizer_slot_name(SPARSE_FTRL, 1), "linear");
+        assert_null(sparse_optimizer_slot_name(SPARSE_FTRL, 2));
+}
+
+static void test_new_invalid(void **state)
+{
+        struct sparse_table *t = NULL;
+        struct sparse_table_opts ok = {.dim = 4, .optimizer = SPARSE_FTRL, .ftrl_lr_power = -0.5};
+        struct sparse_table_opts o = ok;
+        o.dim = 0;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o.dim = 1025;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o = ok, o.optimizer = (enum sparse_optimizer)7;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o = ok, o.init_stddev = -1;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o = ok, o.init_stddev = NAN;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o = ok, o.initial_accumulator = -0.1;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o = ok, o.ftrl_lr_power = 0.5;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o = ok, o.ftrl_l1 = -1;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        assert_null(t);
+        o = ok, o.dim = 1024;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        assert_int_equal(sparse_table_dim(t), 1024);
+        assert_int_equal(sparse_table_options(t)->optimizer, SPARSE_FTRL);
+        assert_null(sparse_table_free(t));
+        assert_null(sparse_table_free(NULL));
+}
+
+/* Two tables filled in opposite orders hold the same rows; a third seed gives other rows; the values are
+ * a truncated normal of the given stddev. */
+static void test_init(void **state)
+{
+        enum { N = 3000, D = 8 };
+        struct sparse_table *a = table(SPARSE_SGD, D, 0.5, 42), *b = table(SPARSE_SGD, D, 0.5, 42);
+        struct sparse_table *c = table(SPARSE_SGD, D, 0.5, 43);
+        static uint64_t ids[N], rev[N];
+        static float ra[N * D], rb[N * D], rc[N * D], one[D];
+        for (int i = 0; i < N; i++)
+                ids[i] = (uint64_t)i * 0x9e3779b97f4a7c15ULL, rev[N - 1 - i] = ids[i];
+        assert_int_equal(sparse_table_pull(a, ids, N, ra, true, 1), 0);
+        assert_int_equal(sparse_table_pull(b, rev, N, rb, true, 1), 0);
+        assert_int_equal(sparse_table_pull(b, ids, N, rb, false, 2), 0);
+        assert_memory_equal(ra, rb, sizeof(ra));
+        assert_int_equal(sparse_table_pull(c, ids, N, rc, true, 1), 0);
+        size_t same = 0;
+        double sum = 0, sq = 0;
+        for (int i = 0; i < N * D; i++) {
+                same += ra[i] == rc[i];
+                assert_true(fabsf(ra[i]) <= 1.0f);   /* 2 sigma */
+                sum += ra[i], sq += (double)ra[i] * ra[i];
+        }
+        assert_true(same < 10);
+        /* a normal truncated at 2 sigma has a stddev of 0.8796 sigma */
+        double mean = sum / (N * D), sd = sqrt(sq / (N * D) - mean * mean);
+        assert_true(fabs(mean) < 0.01);
+        assert_float_equal(sd, 0.8796 * 0.5, 0.01);
+        sparse_table_init_row(a, ids[17], one);
+        assert_memory_equal(one, ra + 17 * D, sizeof(one));
+        sparse_table_free(a);
+        sparse_table_free(b);
+        sparse_table_free(c);
+
+        struct sparse_table *z = table(SPARSE_ADAGRAD, D, 0, 42);
+        sparse_table_init_row(z, 5, one);
+        for (int j = 0; j < D; j++)
+                assert_float_equal(one[j], 0.0, 0);
+        sparse_table_free(z);
+}
+
+static void test_pull_create(void **state)
+{
+        struct sparse_table *t = table(SPARSE_SGD, 4, 0.1, 7);
+        uint64_t ids[3] = {10, 20, 10};
+        float rows[12], init[4];
+        assert_int_equal(sparse_table_pull(t, ids, 3, rows, false, 1), 0);
+        assert_int_equal(sparse_table_rows(t), 0);
+        sparse_table_init_row(t, 10, init);
+        assert_memory_equal(rows, init, sizeof(init));
+        assert_memory_equal(rows + 8, init, sizeof(init));
+        assert_int_equal(sparse_table_pull(t, ids, 3, rows, true, 1), 0);
+        assert_int_equal(sparse_table_rows(t), 2);
+        assert_memory_equal(rows, init, sizeof(init));
+        /* a pushed row is what a pull, creating or not, gives */
+        float g[4] = {1, 2, 3, 4};
+        assert_int_equal(sparse_table_push(t, ids, 1, g, 0.5f, 2), 0);
+        assert_int_equal(sparse_table_pull(t, ids, 1, rows, false, 3), 0);
+        for (int j = 0; j < 4; j++)
+                assert_float_equal(rows[j], init[j] - 0.5f * g[j], 0);
+        assert_int_equal(sparse_table_pull(t, ids, 0, rows, true, 3), 0);
+        sparse_table_free(t);
+}
+
+static void test_push_sgd(void **state)
+{
+        struct sparse_table *t = table(SPARSE_SGD, 3, 0.2, 1);
+        uint64_t ids[3] = {5, 9, 5};   /* 5 twice: applied twice */
+        float g[9] = {1, 2, 3, -1, 0, 1, 0.5f, 0.5f, 0.5f}, w[6], i5[3], i9[3];
+        sparse_table_init_row(t, 5, i5);
+        sparse_table_init_row(t, 9, i9);
+        assert_int_equal(sparse_table_push(t, ids, 3, g, 0.1f, 1), 0);
+        assert_int_equal(sparse_table_rows(t), 2);
+        assert_int_equal(sparse_table_pull(t, ids, 2, w, false, 1), 0);
+        for (int j = 0; j < 3; j++) {
+                assert_float_equal(w[j], (i5[j] - 0.1f * g[j]) - 0.1f * g[6 + j], 0);
+                assert_float_equal(w[3 + j], i9[j] - 0.1f * g[3 + j], 0);
+        }
+        sparse_table_free(t);
+}
+
+/* The sparse row's numbers are the dense path's: optim_adagrad on the same numbers, bit for bit. */
+static void test_push_adagrad(void **state)
+{
+        enum { D = 19 };
+        for (int e = 0; e < 2; e++) {
+                struct sparse_table_opts o = {.dim = D, .optimizer = SPARSE_ADAGRAD, .init_stddev = 0.3,
+                                              .seed = 9, .initial_accumulator = 0.1, .epsilon = e ? 1e-7 : 0};
+                struct sparse_table *t = NULL;
+                assert_int_equal(sparse_table_new(&o, &t), 0);
+                float w[D], acc[D], g[D], got[D], gacc[D];
+                uint64_t id = 123456789;
+                sparse_table_init_row(t, id, w);
+                for (int j = 0; j < D; j++)
+                        acc[j] = 0.1f;
+                for (int step = 0; step < 3; step++) {
+                        for (int j = 0; j < D; j++)
+                                g[j] = (float)((j * 7 + step * 3) % 11 - 5) * 0.1f;
+                        assert_int_equal(sparse_table_push(t, &id, 1, g, 0.05f, (uint64_t)step), 0);
+                        optim_adagrad(w, g, acc, D, 0.05f, (float)o.epsilon);
+                }
+                uint64_t cur = 0, got_id;
+                assert_int_equal(sparse_table_export(t, &cur, 1, &got_id, got, gacc), 1);
+                assert_int_equal(got_id, id);
+                assert_memory_equal(got, w, sizeof(w));
+                assert_memory_equal(gacc, acc, sizeof(acc));
+                sparse_table_free(t);
+        }
+        struct sparse_table *h = table(SPARSE_ADAGRAD, 1, 0, 0);
+        uint64_t id = 1;
+        float g = 0.3f, w;
+        assert_int_equal(sparse_table_push(h, &id, 1, &g, 0.1f, 0), 0);
+        assert_int_equal(sparse_table_pull(h, &id, 1, &w, false, 0), 0);
+        /* acc = 0.1 + 0.09 = 0.19; w = 0 - 0.1 * 0.3 / sqrt(0.19) = -0.0688247 */
+        assert_float_equal(w, -0.0688247, 1e-6);
+        sparse_table_free(h);
+}
+
+/* TF's FtrlOptimizer from w 0, n 0.1, z 0: lr 0.1, l1 0.01, l2 0.02, g 0.3 then -0.2 (test_optim's
+ * hand computation: w -0.0659256, then -0.0245677), and the row against optim_ftrl itself. */
+static void test_push_ftrl(void **state)
+{
+        struct sparse_table_opts o = {.dim = 2, .optimizer = SPARSE_FTRL, .initial_accumulator = 0.1,
+                                      .ftrl_l1 = 0.01, .ftrl_l2 = 0.02, .ftrl_lr_power = -0.5};
+        struct sparse_table *t = NULL;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        uint64_t id = 77;
+        float g1[2] = {0.3f, 0.3f}, g2[2] = {-0.2f, -0.2f}, w[2];
+        assert_int_equal(sparse_table_push(t, &id, 1, g1, 0.1f, 1), 0);
+        assert_int_equal(sparse_table_pull(t, &id, 1, w, false, 1), 0);
+        assert_float_equal(w[0], -0.0659256, 1e-6);
+        assert_int_equal(sparse_table_push(t, &id, 1, g2, 0.1f, 2), 0);
+        uint64_t cur = 0, got_id;
+        float slots[4];
+        assert_int_equal(sparse_table_export(t, &cur, 1, &got_id, w, slots), 1);
+        for (int j = 0; j < 2; j++) {
+                assert_float_equal(w[j], -0.0245677, 1e-6);
+                assert_float_equal(slots[j], 0.23, 1e-6);        /* accum */
+                assert_float_equal(slots[2 + j], 0.1288050, 1e-6); /* linear */
+        }
+        sparse_table_free(t);
+
+        /* random rows, beta and the general power: the same bits as the kernel */
+        o = (struct sparse_table_opts){.dim = 5, .optimizer = SPARSE_FTRL, .init_stddev = 0.1, .seed = 3,
+                                       .initial_accumulator = 0.05, .ftrl_l1 = 0.001, .ftrl_l2 = 0.01,
+                                       .ftrl_beta = 0.5, .ftrl_lr_power = -0.7};
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        float rw[5], rn[5], rz[5] = {0}, g[5], got[5], gs[10];
+        sparse_table_init_row(t, id, rw);
+        for (int j = 0; j < 5; j++)
+                rn[j] = 0.05f;
+        for (int s = 0; s < 4; s++) {
+                for (int j = 0; j < 5; j++)
+                        g[j] = (float)(j - 2 + s) * 0.07f;
+                assert_int_equal(sparse_table_push(t, &id, 1, g, 0.2f, 1), 0);
+                optim_ftrl(rw, g, rn, rz, 5, 0.2f, 0.001f, 0.01f, 0.5f, -0.7f);
+        }
+        cur = 0;
+        assert_int_equal(sparse_table_export(t, &cur, 1, &got_id, got, gs), 1);
+        assert_memory_equal(got, rw, sizeof(rw));
+        assert_memory_equal(gs, rn, sizeof(rn));
+        assert_memory_equal(gs + 5, rz, sizeof(rz));
+        sparse_table_free(t);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+/* Every row, sorted by id: ids (n), values (n x dim), slots (2 x n x dim). Returns n. */
+static size_t dump(struct sparse_table *t, size_t page, uint64_t *ids, float *vals, float *slots, size_t cap)
+{
+        enum { D = 3 };
+        uint64_t cur = 0;
+        size_t n = 0, got;
+        uint64_t *pid = malloc(page * sizeof(*pid));
+        float *pv = malloc(page * D * sizeof(float)), *ps = malloc(2 * page * D * sizeof(float));
+        while ((got = sparse_table_export(t, &cur, page, pid, pv, ps)) > 0) {
+                assert_true(got <= page);
+                for (size_t i = 0; i < got; i++, n++) {
+                        assert_true(n < cap);
+                        ids[n] = pid[i];
+                }
+        }
+        /* values and slots, looked up again by id in sorted order */
+        qsort(ids, n, sizeof(*ids), cmp_u64);
+        for (size_t i = 1; i < n; i++)
+                assert_true(ids[i - 1] < ids[i]);   /* none given twice */
+        cur = 0;
+        while ((got = sparse_table_export(t, &cur, page, pid, pv, ps)) > 0)
+                for (size_t i = 0; i < got; i++) {
+                        uint64_t *at = bsearch(&pid[i], ids, n, sizeof(*ids), cmp_u64);
+                        assert_non_null(at);
+                        size_t k = (size_t)(at - ids);
+                        memcpy(vals + k * D, pv + i * D, D * sizeof(float));
+                        for (int s = 0; s < 2; s++)
+                                memcpy(slots + (s * cap + k) * D, ps + (s * page + i) * D, D * sizeof(float));
+                }
+        free(pid);
+        free(pv);
+        free(ps);
+        return n;
+}
+
+static void test_export_import(void **state)
+{
+        enum { N = 1000, D = 3, CAP = 1200 };
+        struct sparse_table *a = table(SPARSE_FTRL, D, 0.1, 5), *b = table(SPARSE_FTRL, D, 0.1, 5);
+        static uint64_t ids[N], ia[CAP], ib[CAP];
+        static float g[N * D], va[CAP * D], vb[CAP * D], sa[2 * CAP * D], sb[2 * CAP * D];
+        for (int i = 0; i < N; i++) {
+                ids[i] = (uint64_t)i * 7919 + 3;
+                for (int j = 0; j < D; j++)
+                        g[i * D + j] = (float)((i + j) % 9 - 4) * 0.05f;
+        }
+        assert_int_equal(sparse_table_push(a, ids, N, g, 0.1f, 4), 0);
+        assert_int_equal(sparse_table_push(a, ids, N / 2, g + D, 0.1f, 5), 0);
+        size_t na = dump(a, 7, ia, va, sa, CAP);
+        assert_int_equal(na, N);
+        assert_int_equal(sparse_table_rows(a), N);
+        /* imported whole: slot-major as export writes them with max == n */
+        static float packed[2 * N * D];
+        memcpy(packed, sa, na * D * sizeof(float));
+        memcpy(packed + na * D, sa + CAP * D, na * D * sizeof(float));
+        assert_int_equal(sparse_table_import(b, ia, na, va, packed, 9), 0);
+        assert_int_equal(sparse_table_rows(b), N);
+        size_t nb = dump(b, 64, ib, vb, sb, CAP);
+        assert_int_equal(nb, na);
+        assert_memory_equal(ia, ib, na * sizeof(*ia));
+        assert_memory_equal(va, vb, na * D * sizeof(float));
+        assert_memory_equal(sa, sb, na * D * sizeof(float));
+        assert_memory_equal(sa + CAP * D, sb + CAP * D, na * D * sizeof(float));
+        /* the two go on alike */
+        float ra[D], rb[D];
+        assert_int_equal(sparse_table_push(a, ids + 9, 1, g, 0.1f, 10), 0);
+        assert_int_equal(sparse_table_push(b, ids + 9, 1, g, 0.1f, 10), 0);
+        assert_int_equal(sparse_table_pull(a, ids + 9, 1, ra, false, 10), 0);
+        assert_int_equal(sparse_table_pull(b, ids + 9, 1, rb, false, 10), 0);
+        assert_memory_equal(ra, rb, sizeof(ra));
+        /* an import replaces a row; NULL slots are the optimizer's start (accum 0.1, linear 0) */
+        float v[D] = {1, 2, 3}, e[D];
+        assert_int_equal(sparse_table_import(b, ids + 9, 1, v, NULL, 11), 0);
+        assert_int_equal(sparse_table_rows(b), N);
+        assert_int_equal(sparse_table_pull(b, ids + 9, 1, e, false, 11), 0);
+        assert_memory_equal(e, v, sizeof(v));
+        nb = dump(b, 1000, ib, vb, sb, CAP);
+        uint64_t *at = bsearch(&ids[9], ib, nb, sizeof(*ib), cmp_u64);
+        size_t k = (size_t)(at - ib);
+        for (int j = 0; j < D; j++) {
+                assert_float_equal(sb[k * D + j], 0.1, 1e-7);
+                assert_float_equal(sb[(CAP + k) * D + j], 0.0, 0);
+        }
+        /* an empty table exports nothing, and the cursor stays at the end */
+        uint64_t cur = 0;
+        sparse_table_clear(b);
+        assert_int_equal(sparse_table_export(b, &cur, 10, ib, vb, NULL), 0);
+        assert_int_equal(sparse_table_export(b, &cur, 10, ib, vb, NULL), 0);
+        sparse_table_free(a);
+        sparse_table_free(b);
+}
+
+static void test_evict(void **state)
+{
+        enum { N = 5000, D = 4 };
+        struct sparse_table *t = table(SPARSE_SGD, D, 0.1, 11);
+        static uint64_t ids[N];
+        static float g[N * D], w[N * D];
+        for (int i = 0; i < N; i++) {
+                ids[i] = (uint64_t)i;
+                for (int j = 0; j < D; j++)
+                        g[i * D + j] = 1.0f;
+        }
+        /* even ids touched last at step 10, odd at step 20 */
+        assert_int_equal(sparse_table_push(t, ids, N, g, 1.0f, 10), 0);
+        for (int i = 1; i < N; i += 2)
+                assert_int_equal(sparse_table_pull(t, &ids[i], 1, w, false, 20), 0);
+        size_t bytes = sparse_table_bytes(t);
+        assert_int_equal(sparse_table_evict(t, 25, 0), 0);
+        assert_int_equal(sparse_table_evict(t, 5, 10), 0);
+        assert_int_equal(sparse_table_evict(t, 20, 10), 0);   /* before 10: none */
+        assert_int_equal(sparse_table_evict(t, 25, 10), N / 2);
+        assert_int_equal(sparse_table_rows(t), N / 2);
+        assert_int_equal(sparse_table_pull(t, ids, N, w, false, 26), 0);
+        for (int i = 0; i < N; i++) {
+                float init[D];
+                sparse_table_init_row(t, ids[i], init);
+                for (int j = 0; j < D; j++)
+                        assert_float_equal(w[i * D + j], (init[j] - (i % 2 ? 1.0f : 0.0f)), 0);
+        }
+        assert_int_equal(sparse_table_rows(t), N / 2);
+        /* freed rows are reused: the evicted half comes back without more memory */
+        assert_int_equal(sparse_table_push(t, ids, N, g, 1.0f, 30), 0);
+        assert_int_equal(sparse_table_rows(t), N);
+        assert_int_equal(sparse_table_bytes(t), bytes);
+        assert_int_equal(sparse_table_evict(t, 100, 1), N);
+        assert_int_equal(sparse_table_rows(t), 0);
+        uint64_t cur = 0;
+        assert_int_equal(sparse_table_export(t, &cur, N, ids, w, NULL), 0);
+        sparse_table_free(t);
+}
+
+static void test_clear(void **state)
+{
+        struct sparse_table *t = table(SPARSE_ADAGRAD, 8, 0.1, 2);
+        size_t empty = sparse_table_bytes(t);
+        uint64_t ids[100];
+        static float g[100 * 8];
+        for (int i = 0; i < 100; i++)
+                ids[i] = (uint64_t)i * 1000003;
+        assert_int_equal(sparse_table_push(t, ids, 100, g, 0.1f, 1), 0);
+        assert_true(sparse_table_bytes(t) > empty);
+        sparse_table_clear(t);
+        assert_int_equal(sparse_table_rows(t), 0);
+        assert_int_equal(sparse_table_bytes(t), empty);
+        uint64_t cur = 0;
+        assert_int_equal(sparse_table_export(t, &cur, 100, ids, g, NULL), 0);
+        assert_int_equal(sparse_table_push(t, ids, 100, g, 0.1f, 2), 0);
+        assert_int_equal(sparse_table_rows(t), 100);
+        sparse_table_free(t);
+}
+
+/* 300,000 rows: each stripe's index rehashes about ten times, and chunks of every size are made; then
+ * every third row evicted (deletions in full clusters) and the rest still found. */
+static void test_growth(void **state)
+{
+        enum { N = 300000, D = 2 };
+        struct sparse_table *t = table(SPARSE_SGD, D, 0, 0);
+        uint64_t *ids = malloc(N * sizeof(*ids));
+        float *g = malloc(N * D * sizeof(float)), *w = malloc(N * D * sizeof(float));
+        for (size_t i = 0; i < N; i++) {
+                ids[i] = i * 0x100000001ULL;   /* ids with structure in the high and low words */
+                g[i * D] = -(float)(i % 1000);
+                g[i * D + 1] = 1;
+        }
+        for (size_t at = 0; at < N; at += 4096) {
+                size_t k = N - at < 4096 ? N - at : 4096;
+                assert_int_equal(sparse_table_push(t, ids + at, k, g + at * D, 1.0f, at % 3 == 0 ? 1 : 5), 0);
+        }
+        assert_int_equal(sparse_table_rows(t), N);
+        assert_int_equal(sparse_table_pull(t, ids, N, w, false, 0), 0);
+        for (size_t i = 0; i < N; i++) {
+                assert_float_equal(w[i * D], (float)(i % 1000), 0);
+                assert_float_equal(w[i * D + 1], -1.0f, 0);
+        }
+        assert_int_equal(sparse_table_rows(t), N);
+        /* pulls at step 0 made every row's last touch 0; touch two thirds again at 9 */
+        for (size_t i = 0; i < N; i++)
+                if (i % 3)
+                        assert_int_equal(sparse_table_pull(t, &ids[i], 1, w, true, 9), 0);
+        assert_int_equal(sparse_table_evict(t, 9, 1), (N + 2) / 3);
+        assert_int_equal(sparse_table_pull(t, ids, N, w, false, 9), 0);
+        for (size_t i = 0; i < N; i++)
+                assert_float_equal(w[i * D + 1], (i % 3 ? -1.0f : 0.0f), 0);
+        assert_int_equal(sparse_table_rows(t), N - (N + 2) / 3);
+        free(ids);
+        free(g);
+        free(w);
+        sparse_table_free(t);
+}
+
+enum { TH = 4, TH_IDS = 2000, TH_ROUNDS = 50, TH_D = 4 };
+
+struct worker {
+        struct sparse_table *t;
+        int k;
+};
+
+/* Thread k pushes gradient k + 1 to ids [k * 500, k * 500 + 2000): every id is shared with others. */
+static void *hammer(void *arg)
+{
+        struct worker *w = arg;
+        static __thread uint64_t ids[256];
+        static __thread float g[256 * TH_D], rows[256 * TH_D];
+        for (int i = 0; i < 256 * TH_D; i++)
+                g[i] = (float)(w->k + 1);
+        for (int r = 0; r < TH_ROUNDS; r++)
+                for (int at = 0; at < TH_IDS; at += 250) {
+                        for (int i = 0; i < 250; i++)
+                                ids[i] = (uint64_t)(w->k * 500 + at + (i * 7 + r) % 250);
+                        if (sparse_table_push(w->t, ids, 250, g, 1.0f, (uint64_t)r) != 0 ||
+                            sparse_table_pull(w->t, ids, 250, rows, true, (uint64_t)r) != 0)
+                                return (void *)1;
+                }
+        return NULL;
+}
+
+static void test_threads(void **state)
+{
+        struct sparse_table *t = table(SPARSE_SGD, TH_D, 0, 0);
+        pthread_t th[TH];
+        struct worker w[TH];
+        for (int k = 0; k < TH; k++) {
+                w[k] = (struct worker){t, k};
+                assert_int_equal(pthread_create(&th[k], NULL, hammer, &w[k]), 0);
+        }
+        for (int k = 0; k < TH; k++) {
+                void *rc;
+                pthread_join(th[k], &rc);
+                assert_null(rc);
+        }
+        size_t n = (TH - 1) * 500 + TH_IDS;
+        assert_int_equal(sparse_table_rows(t), n);
+        for (size_t id = 0; id < n; id++) {
+                float row[TH_D], want = 0;
+                for (int k = 0; k < TH; k++)
+                        if (id >= (size_t)k * 500 && id < (size_t)k * 500 + TH_IDS)
+                                want -= (float)((k + 1) * TH_ROUNDS);
+                uint64_t i = id;
+                assert_int_equal(sparse_table_pull(t, &i, 1, row, false, 0), 0);
+                for (int j = 0; j < TH_D; j++)
+                        assert_float_equal(row[j], want, 0);
+        }
+        sparse_table_free(t);
+}
+
+static void test_shard_of(void **state)
+{
+        enum { N = 1000000 };
+        for (uint32_t shards = 2; shards <= 4; shards++) {
+                /* sequential ids and ids that differ only in high bits */
+                for (int kind = 0; kind < 2; kind++) {
+                        size_t count[4] = {0};
+                        for (uint64_t i = 0; i < N; i++) {
+                                uint32_t s = sparse_shard_of(kind ? i << 40 : i, shards);
+                                assert_true(s < shards);
+                                count[s]++;
+                        }
+                        double want = (double)N / shards;
+                        for (uint32_t s = 0; s < shards; s++)
+                                assert_true(fabs((double)count[s] - want) < 0.02 * want);
+                }
+        }
+        assert_int_equal(sparse_shard_of(12345, 1), 0);
+        assert_int_equal(sparse_shard_of(12345, 3), sparse_shard_of(12345, 3));
+        assert_true(sparse_shard_of(UINT64_MAX, 1000) < 1000);
+}
+
+/* The bytes held cover the raw rows and their slots, within the layout's overhead, and come back to the
+ * empty table's on clear. */
+static void test_bytes(void **state)
+{
+        enum { D = 16, N = 200000 };
+        struct sparse_table *t = table(SPARSE_ADAGRAD, D, 0.01, 1);
+        size_t empty = sparse_table_bytes(t);
+        assert_true(empty > 0 && empty < 64 * 1024);
+        uint64_t *ids = malloc(4096 * sizeof(*ids));
+        float *g = calloc(4096 * D, sizeof(float));
+        size_t prev = empty;
+        for (size_t at = 0; at < N; at += 4096) {
+                for (size_t i = 0; i < 4096; i++)
+                        ids[i] = at + i;
+                assert_int_equal(sparse_table_push(t, ids, 4096, g, 0.1f, 1), 0);
+                size_t b = sparse_table_bytes(t);
+                assert_true(b >= prev);
+                prev = b;
+        }
+        size_t rows = sparse_table_rows(t);
+        double raw = (double)rows * D * 4 * 2;
+        /* keys 8 B + touch 4 B + index at >= 3/8 load per row; chunks of each stripe at most 2x used */
+        assert_true((double)prev > raw + rows * 12.0);
+        assert_true((double)prev < 2.0 * raw + rows * 12.0 + 64 * 1024 * 1024 / 8);
+        sparse_table_clear(t);
+        assert_int_equal(sparse_table_bytes(t), empty);
+        free(ids);
+        free(g);
+        sparse_table_free(t);
+}
+
+int main(void)
+{
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_names),         cmocka_unit_test(test_new_invalid),
+                cmocka_unit_test(test_init),          cmocka_unit_test(test_pull_create),
+                cmocka_unit_test(test_push_sgd),      cmocka_unit_test(test_push_adagrad),
+                cmocka_unit_test(test_push_ftrl),     cmocka_unit_test(test_export_import),
+                cmocka_unit_test(test_evict),         cmocka_unit_test(test_clear),
+                cmocka_unit_test(test_growth),        cmocka_unit_test(test_threads),
+                cmocka_unit_test(test_shard_of),      cmocka_unit_test(test_bytes),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
