@@ -51,6 +51,11 @@ static struct job_config *load_ok(const char *path, const char *json) {
                 "'worker': ['localhost:7002', 'localhost:7003']}"
 #define MODEL "'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 10}]}"
 #define BASE CLUSTER ", " MODEL
+/* A CTR job: Criteo records, a logistic head; extra goes into the model (embeddings, a head). */
+#define CRITEO_DATA "'data': {'format': 'criteo', 'train_files': ['a.tsv.gz']}"
+#define BASE_CTR CLUSTER ", " CRITEO_DATA
+#define CTR_MODEL(extra) "'model': {'input': [13], 'head': 'logistic', " extra "'layers': [{'type': 'dense', 'units': 1}]}"
+#define EMB(keys) "'embeddings': [{" keys "}], "
 
 static const char *full_json =
         "{\n"
@@ -424,6 +429,128 @@ static const struct bad_case bad_cases[] = {
         { "{" CLUSTER ", 'model': {'input': [1, 2, 2], 'layers': [{'type': 'maxpool2d', 'pool': 3}, "
           "{'type': 'flatten'}, {'type': 'dense', 'units': 10}]}}",
           "model.layers[0]: pool 3 is larger than its input (1, 2, 2)" },
+        /* model.head */
+        { "{" BASE_CTR ", 'model': {'input': [13], 'head': 'probit', 'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.head: \"probit\" is not one of softmax, logistic, mse" },
+        { "{" BASE_CTR ", 'model': {'input': [13], 'head': 'logistic', 'layers': [{'type': 'dense', 'units': 10}]}}",
+          "model.layers[0].units: model.head logistic needs 1 unit, got 10" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.layers[0].units: model.head softmax needs at least 2 classes, got 1 (a single output: model.head "
+          "logistic or mse)" },
+        { "{" CLUSTER ", 'model': {'input': [784], 'head': 'mse', 'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.head: mse needs a record format (data.format libsvm, criteo or csv); idx has class labels" },
+        /* model.embeddings */
+        { "{" CLUSTER ", 'model': {'input': [784], 'embeddings': [{'name': 'e', 'dim': 4}], "
+          "'layers': [{'type': 'dense', 'units': 10}]}}",
+          "model.embeddings: need a record format with sparse fields (data.format libsvm or criteo); data.format idx "
+          "has none" },
+        { "{" CLUSTER ", 'data': {'format': 'csv', 'train_files': ['a.csv']}, " CTR_MODEL(EMB("'name': 'e', 'dim': 4")) "}",
+          "model.embeddings: need a record format with sparse fields (data.format libsvm or criteo); data.format csv "
+          "has none" },
+        { "{" BASE_CTR ", " CTR_MODEL("'embeddings': {}, ") "}", "model.embeddings: expected an array of tables, got object" },
+        { "{" BASE_CTR ", " CTR_MODEL("'embeddings': [{'name': 'a', 'dim': 1}, {'name': 'b', 'dim': 1}, {'name': 'c', "
+          "'dim': 1}, {'name': 'd', 'dim': 1}, {'name': 'e', 'dim': 1}, {'name': 'f', 'dim': 1}, {'name': 'g', 'dim': 1}, "
+          "{'name': 'h', 'dim': 1}, {'name': 'i', 'dim': 1}], ") "}", "model.embeddings: has 9 tables, at most 8" },
+        { "{" BASE_CTR ", " CTR_MODEL("'embeddings': [7], ") "}", "model.embeddings[0]: expected an object, got integer 7" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'dim': 4")) "}", "model.embeddings[0].name: missing" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'a-b', 'dim': 4")) "}",
+          "model.embeddings[0].name: \"a-b\" is not [A-Za-z0-9_]{1,31}" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'abcdefghijabcdefghijabcdefghijab', 'dim': 4")) "}",
+          "model.embeddings[0].name: \"abcdefghijabcdefghijabcdefghijab\" is not [A-Za-z0-9_]{1,31}" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 3, 'dim': 4")) "}",
+          "model.embeddings[0].name: expected a string, got integer 3" },
+        { "{" BASE_CTR ", " CTR_MODEL("'embeddings': [{'name': 'e', 'dim': 4}, {'name': 'e', 'dim': 8}], ") "}",
+          "model.embeddings[1].name: \"e\" is also model.embeddings[0]'s name" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'size': 9")) "}",
+          "model.embeddings[0].size: unknown key" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e'")) "}", "model.embeddings[0].dim: missing" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 0")) "}",
+          "model.embeddings[0].dim: 0 is out of range [1, 1024]" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 1025")) "}",
+          "model.embeddings[0].dim: 1025 is out of range [1, 1024]" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': '16'")) "}",
+          "model.embeddings[0].dim: expected an integer, got string \"16\"" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'fields': 'some'")) "}",
+          "model.embeddings[0].fields: \"some\" is not \"all\" or a list of field indices" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'fields': 7")) "}",
+          "model.embeddings[0].fields: expected \"all\" or an array of field indices, got integer 7" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'fields': []")) "}",
+          "model.embeddings[0].fields: has 0 fields, 1 to 64" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'fields': [3, 26]")) "}",
+          "model.embeddings[0].fields[1]: 26 is not a field of data.format criteo (0..25)" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'fields': [-1]")) "}",
+          "model.embeddings[0].fields[0]: -1 is not a field of data.format criteo (0..25)" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'fields': [2, 5, 2]")) "}",
+          "model.embeddings[0].fields[2]: field 2 is listed twice" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'fields': ['1']")) "}",
+          "model.embeddings[0].fields[0]: expected an integer, got string \"1\"" },
+        { "{" CLUSTER ", 'data': {'format': 'libsvm', 'train_files': ['a.svm']}, 'model': {'input': [0], 'head': "
+          "'logistic', " EMB("'name': 'e', 'dim': 4, 'fields': [1]") "'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.embeddings[0].fields[0]: 1 is not a field of data.format libsvm (0..0)" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'vocab': -1")) "}",
+          "model.embeddings[0].vocab: -1 is out of range [0, 9223372036854775807]" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'vocab': 1e9")) "}",
+          "model.embeddings[0].vocab: expected an integer, got number 1000000000.0" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'pooling': 'max'")) "}",
+          "model.embeddings[0].pooling: \"max\" is not one of sum, mean" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'init_stddev': -1")) "}",
+          "model.embeddings[0].init_stddev: -1 is out of range [0, 1000]" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'init_stddev': 'x'")) "}",
+          "model.embeddings[0].init_stddev: expected a number, got string \"x\"" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'evict_after_steps': -5")) "}",
+          "model.embeddings[0].evict_after_steps: -5 is out of range [0, 9223372036854775807]" },
+        /* model.input against the record format */
+        { "{" BASE_CTR ", 'model': {'input': [12], 'head': 'logistic', 'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.input: [12], but a record of data.format criteo has 13 dense features" },
+        { "{" BASE_CTR ", 'model': {'input': [2, 1, 13], 'head': 'logistic', 'layers': [{'type': 'flatten'}, "
+          "{'type': 'dense', 'units': 1}]}}",
+          "model.input: must be [N] with data.format criteo (N: the dense features of a record)" },
+        { "{" CLUSTER ", 'data': {'format': 'libsvm', 'train_files': ['a.svm']}, 'model': {'input': [1], 'head': "
+          "'logistic', " EMB("'name': 'e', 'dim': 4") "'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.input: [1], but a record of data.format libsvm has 0 dense features" },
+        { "{" CLUSTER ", 'data': {'format': 'libsvm', 'train_files': ['a.svm']}, 'model': {'input': [0], 'head': "
+          "'logistic', 'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.input: [0] and no model.embeddings: the model has no input" },
+        { "{" CLUSTER ", 'data': {'format': 'csv', 'train_files': ['a.csv'], 'csv_features': 5}, 'model': {'input': [4], "
+          "'head': 'mse', 'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.input: [4], but a record of data.format csv has 5 dense features (data.csv_features)" },
+        { "{" CLUSTER ", 'data': {'format': 'csv', 'train_files': ['a.csv']}, 'model': {'input': [0], "
+          "'head': 'mse', 'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.input: [0] and no model.embeddings: the model has no input" },
+        /* data */
+        { "{" BASE ", 'data': {'format': 'parquet'}}", "data.format: \"parquet\" is not one of idx, libsvm, criteo, csv" },
+        { "{" CLUSTER ", 'data': {'format': 'criteo'}, " CTR_MODEL("") "}",
+          "data.train_files: missing (required for data.format criteo)" },
+        { "{" CLUSTER ", 'data': {'format': 'criteo', 'train_files': []}, " CTR_MODEL("") "}",
+          "data.train_files: must not be empty" },
+        { "{" CLUSTER ", 'data': {'format': 'criteo', 'train_files': 'a.tsv'}, " CTR_MODEL("") "}",
+          "data.train_files: expected an array of file names, got string \"a.tsv\"" },
+        { "{" CLUSTER ", 'data': {'format': 'criteo', 'train_files': ['a', 3]}, " CTR_MODEL("") "}",
+          "data.train_files[1]: expected a file name, got integer 3" },
+        { "{" CLUSTER ", 'data': {'format': 'criteo', 'train_files': ['a'], 'test_files': ['b', '']}, " CTR_MODEL("") "}",
+          "data.test_files[1]: must not be empty" },
+        { "{" BASE ", 'data': {'train_files': ['a']}}",
+          "data.train_files: is for the record formats (data.format libsvm, criteo or csv); idx reads "
+          "data.train_images and the other IDX files" },
+        { "{" BASE ", 'data': {'test_files': []}}",
+          "data.test_files: is for the record formats (data.format libsvm, criteo or csv); idx reads "
+          "data.train_images and the other IDX files" },
+        { "{" BASE ", 'data': {'bad_lines': 'ignore'}}", "data.bad_lines: \"ignore\" is not one of error, skip" },
+        { "{" BASE ", 'data': {'max_ids_per_example': 0}}",
+          "data.max_ids_per_example: 0 is out of range [1, 1048576]" },
+        { "{" BASE ", 'data': {'max_ids_per_example': 1048577}}",
+          "data.max_ids_per_example: 1048577 is out of range [1, 1048576]" },
+        { "{" BASE ", 'data': {'csv_features': -1}}", "data.csv_features: -1 is out of range [0, 1048576]" },
+        /* the sparse optimizer */
+        { "{" BASE ", 'training': {'sparse_optimizer': 'adam'}}",
+          "training.sparse_optimizer: \"adam\" is not one of sgd, adagrad, ftrl" },
+        { "{" BASE ", 'training': {'sparse_learning_rate': -0.1}}",
+          "training.sparse_learning_rate: -0.1 is out of range [0, 10]" },
+        { "{" BASE ", 'training': {'ftrl_l1': -1}}", "training.ftrl_l1: -1 is out of range [0, 1e+06]" },
+        { "{" BASE ", 'training': {'ftrl_l2': -1}}", "training.ftrl_l2: -1 is out of range [0, 1e+06]" },
+        { "{" BASE ", 'training': {'ftrl_beta': 'x'}}", "training.ftrl_beta: expected a number, got string \"x\"" },
+        { "{" BASE ", 'training': {'ftrl_lr_power': 0.5}}", "training.ftrl_lr_power: 0.5 is out of range [-10, 0]" },
+        { "{" BASE ", 'training': {'ftrl_lr_power': -11}}", "training.ftrl_lr_power: -11 is out of range [-10, 0]" },
         /* syntax and shape of the file */
         { "{" BASE ",\n  'training': {'batch_size': }\n}",
           "line 2 column 30: unexpected token near '}'" },
@@ -635,14 +762,17 @@ static void test_canonical(void **state) {
         assert_string_equal(ja,
                 "{\"cluster\":{\"chief\":[\"localhost:7000\"],\"ps\":[\"localhost:7001\"],"
                 "\"worker\":[\"localhost:7002\",\"localhost:7003\"]},"
-                "\"model\":{\"input\":[1,1,784],\"layers\":[{\"init\":\"default\",\"type\":\"dense\",\"units\":10}],"
+                "\"model\":{\"embeddings\":[],\"head\":\"softmax\",\"input\":[1,1,784],"
+                "\"layers\":[{\"init\":\"default\",\"type\":\"dense\",\"units\":10}],"
                 "\"seed\":1},\"ps\":{\"split_bytes\":262144},"
                 "\"training\":{\"batch_size\":32,\"beta1\":0.90000000000000002,\"beta2\":0.999,\"epsilon\":9.9999999999999995e-8,"
+                "\"ftrl_beta\":0.0,\"ftrl_l1\":0.0,\"ftrl_l2\":0.0,\"ftrl_lr_power\":-0.5,"
                 "\"gradient_norm_action\":\"reject\",\"initial_accumulator\":0.10000000000000001,\"learning_rate\":0.01,"
                 "\"lr_decay_rate\":0.95999999999999996,\"lr_decay_steps\":1000,\"lr_schedule\":\"constant\","
                 "\"lr_staircase\":false,\"max_gradient_norm\":0.0,\"max_steps\":1000,\"mode\":\"async\","
                 "\"momentum\":0.90000000000000002,\"nesterov\":false,\"optimizer\":\"sgd\","
-                "\"replicas_to_aggregate\":0,\"seed\":1,\"staleness\":4,\"total_num_replicas\":0}}");
+                "\"replicas_to_aggregate\":0,\"seed\":1,\"sparse_learning_rate\":0.0,\"sparse_optimizer\":\"adagrad\","
+                "\"staleness\":4,\"total_num_replicas\":0}}");
 
         /* Node-local keys (BLAS threads, how often to report) leave the fingerprint alone. */
         {
@@ -700,6 +830,132 @@ static void test_canonical(void **state) {
         config_free(a);
         config_free(b);
         config_free(m);
+}
+
+/* The sparse model and record data keys: values, defaults, the variables of the widened model, and
+ * the fingerprint that covers them. */
+static void test_sparse_keys(void **state) {
+        struct model_spec_var vars[MODEL_MAX_VARS];
+        struct job_config *c, *d;
+        char *ja, *jb, msg[256];
+        size_t n_params;
+
+        c = load_string_ok("{" CLUSTER ", 'data': {'format': 'criteo', 'dir': '/d', 'train_files': ['a.gz', '/b.gz'], "
+                           "'test_files': ['t.gz'], 'bad_lines': 'skip', 'max_ids_per_example': 64}, "
+                           "'model': {'input': [13], 'head': 'logistic', 'embeddings': ["
+                           "{'name': 'cat', 'fields': 'all', 'dim': 16, 'vocab': 4294967296},"
+                           "{'name': 'cross_2', 'fields': [0, 3], 'dim': 8, 'pooling': 'mean', 'init_stddev': 0, "
+                           "'evict_after_steps': 100}], "
+                           "'layers': [{'type': 'dense', 'units': 32}, {'type': 'relu'}, {'type': 'dense', 'units': 1}]}, "
+                           "'training': {'sparse_optimizer': 'ftrl', 'sparse_learning_rate': 0.05, 'ftrl_l1': 0.1, "
+                           "'ftrl_l2': 0.2, 'ftrl_beta': 1, 'ftrl_lr_power': -1}}");
+        assert_int_equal(c->data.format, DATA_CRITEO);
+        assert_int_equal(c->data.n_train_files, 2);
+        assert_string_equal(c->data.train_files[0], "a.gz");
+        assert_string_equal(c->data.train_files[1], "/b.gz");
+        assert_int_equal(c->data.n_test_files, 1);
+        assert_string_equal(c->data.test_files[0], "t.gz");
+        assert_int_equal(c->data.bad_lines, BAD_LINES_SKIP);
+        assert_int_equal(c->data.max_ids_per_example, 64);
+        assert_int_equal(c->model.head, HEAD_LOGISTIC);
+        assert_int_equal(c->model.n_embeddings, 2);
+        assert_string_equal(c->model.emb[0].name, "cat");
+        assert_int_equal(c->model.emb[0].n_fields, 26);
+        for (uint32_t i = 0; i < 26; i++)
+                assert_int_equal(c->model.emb[0].fields[i], i);
+        assert_int_equal(c->model.emb[0].dim, 16);
+        assert_true(c->model.emb[0].vocab == UINT64_C(4294967296));
+        assert_int_equal(c->model.emb[0].pooling, POOL_SUM);
+        assert_true(c->model.emb[0].init_stddev == 0.25);
+        assert_int_equal(c->model.emb[0].evict_after_steps, 0);
+        assert_string_equal(c->model.emb[1].name, "cross_2");
+        assert_int_equal(c->model.emb[1].n_fields, 2);
+        assert_int_equal(c->model.emb[1].fields[1], 3);
+        assert_int_equal(c->model.emb[1].pooling, POOL_MEAN);
+        assert_true(c->model.emb[1].init_stddev == 0);
+        assert_int_equal(c->model.emb[1].evict_after_steps, 100);
+        assert_int_equal(c->training.sparse_optimizer, SPARSE_FTRL);
+        assert_true(c->training.sparse_learning_rate == 0.05);
+        assert_true(c->training.ftrl_l1 == 0.1 && c->training.ftrl_l2 == 0.2);
+        assert_true(c->training.ftrl_beta == 1 && c->training.ftrl_lr_power == -1);
+        /* the first dense layer reads 13 + 26 * 16 + 2 * 8 floats */
+        assert_int_equal(model_spec_dense_input(&c->model), 13 + 26 * 16 + 2 * 8);
+        assert_int_equal(model_spec_vars(&c->model, vars, &n_params), 4);
+        assert_int_equal(vars[0].rows, 445);
+        assert_int_equal(vars[0].cols, 32);
+        assert_int_equal(vars[2].rows, 32);
+        assert_int_equal(vars[2].cols, 1);
+        assert_int_equal(n_params, 445 * 32 + 32 + 32 + 1);
+
+        /* A different table: another fingerprint, and the diff names it; the data section is no part of it. */
+        d = load_string_ok("{" CLUSTER ", 'data': {'format': 'criteo', 'dir': '/e', 'train_files': ['x.gz']}, "
+                           "'model': {'input': [13], 'head': 'logistic', 'embeddings': ["
+                           "{'name': 'cat', 'fields': 'all', 'dim': 16, 'vocab': 4294967296},"
+                           "{'name': 'cross_2', 'fields': [0, 3], 'dim': 4, 'pooling': 'mean', 'init_stddev': 0, "
+                           "'evict_after_steps': 100}], "
+                           "'layers': [{'type': 'dense', 'units': 32}, {'type': 'relu'}, {'type': 'dense', 'units': 1}]}, "
+                           "'training': {'sparse_optimizer': 'ftrl', 'sparse_learning_rate': 0.05, 'ftrl_l1': 0.1, "
+                           "'ftrl_l2': 0.2, 'ftrl_beta': 1, 'ftrl_lr_power': -1}}");
+        ja = config_canonical_json(c);
+        jb = config_canonical_json(d);
+        assert_true(config_fingerprint(c) != config_fingerprint(d));
+        assert_int_equal(config_diff(ja, jb, msg, sizeof(msg)), 1);
+        assert_string_equal(msg, "model.embeddings[1].dim: ours 8, theirs 4");
+        assert_non_null(strstr(ja, "{\"dim\":16,\"evict_after_steps\":0,\"fields\":[0,1,2,3,4,5,6,7,8,9,10,11,12,13,"
+                                   "14,15,16,17,18,19,20,21,22,23,24,25],\"init_stddev\":0.25,\"name\":\"cat\","
+                                   "\"pooling\":\"sum\",\"vocab\":4294967296}"));
+        free(jb);
+        d->model.emb[1].dim = 8;
+        jb = config_canonical_json(d);
+        assert_string_equal(ja, jb);
+        d->training.ftrl_l1 = 0.3;
+        free(jb);
+        jb = config_canonical_json(d);
+        assert_int_equal(config_diff(ja, jb, msg, sizeof(msg)), 1);
+        assert_string_equal(msg, "training.ftrl_l1: ours 0.10000000000000001, theirs 0.29999999999999999");
+        free(ja);
+        free(jb);
+        config_free(c);
+        config_free(d);
+
+        /* LIBSVM: no dense features, one field; CSV regression; the defaults. */
+        c = load_string_ok("{" CLUSTER ", 'data': {'format': 'libsvm', 'train_files': ['a.svm']}, "
+                           "'model': {'input': [0], 'head': 'logistic', 'embeddings': [{'name': 'w', 'dim': 1}], "
+                           "'layers': [{'type': 'dense', 'units': 1}]}}");
+        assert_int_equal(c->model.emb[0].n_fields, 1);
+        assert_int_equal(c->model.emb[0].fields[0], 0);
+        assert_true(c->model.emb[0].init_stddev == 1.0);
+        assert_int_equal(c->data.n_test_files, 0);
+        assert_null(c->data.test_files);
+        assert_int_equal(model_spec_vars(&c->model, vars, &n_params), 2);
+        assert_int_equal(vars[0].rows, 1);
+        config_free(c);
+        c = load_string_ok("{" CLUSTER ", 'data': {'format': 'csv', 'train_files': ['a.csv'], 'csv_features': 5}, "
+                           "'model': {'input': [5], 'head': 'mse', 'layers': [{'type': 'dense', 'units': 1}]}}");
+        assert_int_equal(c->model.head, HEAD_MSE);
+        assert_int_equal(c->data.csv_features, 5);
+        assert_int_equal(model_spec_vars(&c->model, vars, &n_params), 2);
+        config_free(c);
+        c = load_string_ok("{" BASE "}");
+        assert_int_equal(c->data.format, DATA_IDX);
+        assert_int_equal(c->data.bad_lines, BAD_LINES_ERROR);
+        assert_int_equal(c->data.max_ids_per_example, 1024);
+        assert_int_equal(c->data.csv_features, 0);
+        assert_int_equal(c->data.n_train_files, 0);
+        assert_int_equal(c->model.head, HEAD_SOFTMAX);
+        assert_int_equal(c->model.n_embeddings, 0);
+        assert_int_equal(c->training.sparse_optimizer, SPARSE_ADAGRAD);
+        assert_true(c->training.sparse_learning_rate == 0);
+        assert_true(c->training.ftrl_l1 == 0 && c->training.ftrl_l2 == 0 && c->training.ftrl_beta == 0);
+        assert_true(c->training.ftrl_lr_power == -0.5);
+        /* a softmax spec needs 2..256 classes, a single-output head exactly 1 */
+        c->model.head = HEAD_LOGISTIC;
+        assert_int_equal(model_spec_vars(&c->model, vars, NULL), -EINVAL);
+        c->model.layers[0].units = 1;
+        assert_int_equal(model_spec_vars(&c->model, vars, NULL), 2);
+        c->model.head = HEAD_SOFTMAX;
+        assert_int_equal(model_spec_vars(&c->model, vars, NULL), -EINVAL);
+        config_free(c);
 }
 
 static void test_instance(void **state) {
@@ -876,6 +1132,7 @@ int main(void) {
                 cmocka_unit_test(test_tf_config),
                 cmocka_unit_test(test_state_paths),
                 cmocka_unit_test(test_canonical),
+                cmocka_unit_test(test_sparse_keys),
                 cmocka_unit_test(test_instance),
                 cmocka_unit_test(test_print_keys),
                 cmocka_unit_test(test_env_overrides),

@@ -212,7 +212,7 @@ void cfg_fmt_range(const struct config_key *k, char *buf, size_t len) {
 }
 
 /* A JSON string that must be one of choices (an enum key, a layer's type or init): *ret its index. */
-static int parse_choice(const struct ctx *x, const char *key, const char *const *choices, const json_t *v, int *ret) {
+int cfg_parse_choice(const struct ctx *x, const char *key, const char *const *choices, const json_t *v, int *ret) {
         char list[256], q[160];
 
         if (!json_is_string(v))
@@ -281,7 +281,7 @@ static int parse_key(const struct ctx *x, struct job_config *c, const struct con
                 return 0;
         }
         case KT_ENUM: {
-                int i, r = parse_choice(x, k->name, k->choices, v, &i);
+                int i, r = cfg_parse_choice(x, k->name, k->choices, v, &i);
 
                 return r < 0 ? r : set_enum(c, k, i);
         }
@@ -320,8 +320,6 @@ static int parse_section(const struct ctx *x, struct job_config *c, const char *
 
 /* ---- model ---------------------------------------------------------------------------------- */
 
-
-
 /* Shape of the activations flowing between layers: (C, H, W). Flat means (1, 1, N). */
 struct shape {
         uint64_t c, h, w;
@@ -340,7 +338,7 @@ static int parse_layer(const struct ctx *x, size_t idx, const json_t *obj, struc
         snprintf(key, sizeof(key), "model.layers[%zu].type", idx);
         if (!t)
                 return cfg_failf(x, key, "missing");
-        r = parse_choice(x, key, cfg_layer_names, t, &type);
+        r = cfg_parse_choice(x, key, cfg_layer_names, t, &type);
         if (r < 0)
                 return r;
         memset(l, 0, sizeof(*l));
@@ -363,7 +361,7 @@ static int parse_layer(const struct ctx *x, size_t idx, const json_t *obj, struc
                 if (strcmp(name, "init") == 0) {
                         int init;
 
-                        r = parse_choice(x, key, cfg_init_names, v, &init);
+                        r = cfg_parse_choice(x, key, cfg_init_names, v, &init);
                         if (r < 0)
                                 return r;
                         l->init = (enum init_kind) init;
@@ -434,7 +432,7 @@ static int parse_model(const struct ctx *x, struct job_config *c, const json_t *
         struct shape s;
         size_t n;
         char key[64];
-        int r;
+        int r, lo = c->data.format == DATA_IDX ? 1 : 0;
 
         r = parse_section(x, c, "model", obj);
         if (r < 0)
@@ -451,14 +449,20 @@ static int parse_model(const struct ctx *x, struct job_config *c, const json_t *
                 snprintf(key, sizeof(key), "model.input[%zu]", i);
                 if (!json_is_integer(d))
                         return cfg_fail_type(x, key, "an integer", d);
-                if (json_integer_value(d) < 1 || json_integer_value(d) > 1048576)
-                        return cfg_failf(x, key, "%" JSON_INTEGER_FORMAT " is out of range [1, 1048576]",
-                                     json_integer_value(d));
+                /* a record may have no dense features (libsvm): its input is then the embeddings' alone */
+                if (json_integer_value(d) < lo || json_integer_value(d) > 1048576)
+                        return cfg_failf(x, key, "%" JSON_INTEGER_FORMAT " is out of range [%d, 1048576]",
+                                     json_integer_value(d), lo);
                 m->input[3 - n + i] = (uint32_t) json_integer_value(d);
         }
         if (n == 1)
                 m->input[0] = m->input[1] = 1;
+        if ((r = cfg_parse_embeddings(x, json_object_get(obj, "embeddings"), c->data.format, m)) < 0 ||
+            (r = cfg_check_record_input(x, c)) < 0)
+                return r;
         s = (struct shape) { m->input[0], m->input[1], m->input[2] };
+        if (m->n_embeddings)  /* the dense layers read the dense features and the pooled rows */
+                s = (struct shape) { 1, 1, model_spec_dense_input(m) };
         if (s.c * s.h * s.w > (UINT64_C(1) << 28))
                 return cfg_failf(x, "model.input", "%" PRIu64 " elements per example, at most 2^28", s.c * s.h * s.w);
 
@@ -480,7 +484,7 @@ static int parse_model(const struct ctx *x, struct job_config *c, const json_t *
                 return cfg_failf(x, key, "the last layer must be dense (its units are the number of classes), got %s",
                              cfg_layer_names[m->layers[n - 1].type]);
         }
-        return 0;
+        return cfg_check_head(x, c);
 }
 /* ---- load ----------------------------------------------------------------------------------- */
 
@@ -565,19 +569,16 @@ static int parse_root(const struct ctx *x, const json_t *root, struct job_config
         v = json_object_get(root, "model");
         if (!v)
                 return cfg_failf(x, "model", "missing");
-        r = parse_model(x, c, v);
-        if (r < 0)
-                return r;
-
+        /* the model is checked against data.format (its input, its embeddings' fields): data first */
         for (size_t i = 2; i < cfg_n_sections; i++) {
-                v = json_object_get(root, cfg_sections[i]);
-                if (!v)
-                        continue;
-                r = parse_section(x, c, cfg_sections[i], v);
-                if (r < 0)
+                const json_t *sv = json_object_get(root, cfg_sections[i]);
+
+                if (sv && (r = parse_section(x, c, cfg_sections[i], sv)) < 0)
                         return r;
         }
-        return 0;
+        if ((r = cfg_parse_data_files(x, json_object_get(root, "data"), &c->data)) < 0)
+                return r;
+        return parse_model(x, c, v);
 }
 
 int cfg_load_json(const struct ctx *x, const char *buf, size_t len, json_t **ret) {
@@ -674,6 +675,7 @@ struct job_config *config_free(struct job_config *c) {
                 if (cfg_keys[i].type == KT_STRING)
                         free(*(char **) field(c, &cfg_keys[i]));
         cfg_cluster_clear(&c->cluster);
+        cfg_data_clear(&c->data);
         free(c->path);
         free(c->cluster_origin);
         free(c->name);

@@ -72,6 +72,32 @@ static json_t *endpoints_json(const struct endpoint *eps, uint32_t n) {
         return a;
 }
 
+/* Every key of every table, defaults filled in: the ps creates and updates rows by them. */
+static json_t *embeddings_json(const struct model_spec *m) {
+        json_t *a = json_array();
+
+        for (uint32_t e = 0; a && e < m->n_embeddings; e++) {
+                const struct embedding_spec *es = &m->emb[e];
+                json_t *fields = json_array(), *o;
+                int r = 0;
+
+                for (uint32_t i = 0; fields && i < es->n_fields; i++)
+                        r |= json_array_append_new(fields, json_integer(es->fields[i]));
+                if (r < 0) {
+                        json_decref(fields);
+                        fields = NULL; /* json_pack then fails */
+                }
+                o = json_pack("{ss sI sI ss so sf sI}", "name", es->name, "dim", (json_int_t)es->dim, "vocab",
+                              (json_int_t)es->vocab, "pooling", cfg_pooling_names[es->pooling], "fields", fields,
+                              "init_stddev", es->init_stddev, "evict_after_steps", (json_int_t)es->evict_after_steps);
+                if (!o || json_array_append_new(a, o) < 0) {
+                        json_decref(a);
+                        return NULL;
+                }
+        }
+        return a;
+}
+
 char *config_canonical_json(const struct job_config *c) {
         json_t *root = json_object(), *cl = json_object(), *model, *layers = json_array();
         const struct model_spec *m = &c->model;
@@ -112,6 +138,7 @@ char *config_canonical_json(const struct job_config *c) {
         }
         r |= add(model, "layers", layers);
         layers = NULL;
+        r |= add(model, "embeddings", embeddings_json(m));
 
         r |= add(root, "training", section_json(c, "training"));
         r |= add(root, "ps", section_json(c, "ps"));

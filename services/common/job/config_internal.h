@@ -43,7 +43,7 @@ extern const size_t cfg_n_keys;
 /* The top-level sections, "cluster" and "model" first (parsed by hand), the rest by the table. */
 extern const char *const cfg_sections[];
 extern const size_t cfg_n_sections;
-extern const char *const cfg_layer_names[], *const cfg_init_names[];
+extern const char *const cfg_layer_names[], *const cfg_init_names[], *const cfg_pooling_names[];
 
 #define BIT(t) (1u << (t))
 
@@ -88,6 +88,8 @@ const char *cfg_quote_str(const char *s, char *buf, size_t len);
 const char *cfg_describe(const json_t *v, char *buf, size_t len);
 void cfg_join_choices(const char *const *choices, char *buf, size_t len);
 int cfg_lookup_choice(const char *const *choices, const char *s);
+/* A JSON string that must be one of choices (an enum key, a layer's type or init): *ret its index. */
+int cfg_parse_choice(const struct ctx *x, const char *key, const char *const *choices, const json_t *v, int *ret);
 int cfg_load_json(const struct ctx *x, const char *buf, size_t len, json_t **ret);
 /* The training.mode keys against each other and the cluster's n_worker workers: 0, or -EINVAL naming
  * the key. */
@@ -97,3 +99,16 @@ int cfg_check_training(const struct ctx *x, const struct training_config *t, uin
 bool cfg_host_char_ok(char ch);
 void cfg_cluster_clear(struct cluster *cl);
 int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *ret);
+
+/* config_sparse.c: the keys of sparse models and record data, all checked against data.format (parsed
+ * before the model). Each returns 0, or -EINVAL naming the key (-ENOMEM). */
+/* data.train_files and data.test_files of the data section (NULL: none) into d; required with a record
+ * format, refused with idx. */
+int cfg_parse_data_files(const struct ctx *x, const json_t *data, struct data_config *d);
+void cfg_data_clear(struct data_config *d); /* frees the file lists */
+/* model.embeddings (NULL: none) into m, every field one that format f has. */
+int cfg_parse_embeddings(const struct ctx *x, const json_t *v, enum data_format f, struct model_spec *m);
+/* With a record format: model.input is [N], N the format's dense features, and the model has some input. */
+int cfg_check_record_input(const struct ctx *x, const struct job_config *c);
+/* The last dense layer's units against model.head, and the head against data.format. */
+int cfg_check_head(const struct ctx *x, const struct job_config *c);

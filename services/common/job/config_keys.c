@@ -33,6 +33,15 @@
         { .name = n, .type = KT_SPECIAL, .type_doc = t, .default_doc = d, .range_doc = r, .doc = text }
 
 static const char *const optimizer_names[] = { "sgd", "momentum", "adam", "adagrad", NULL };
+static const char *const head_names[] = { [HEAD_SOFTMAX] = "softmax", [HEAD_LOGISTIC] = "logistic", [HEAD_MSE] = "mse", NULL };
+static const char *const data_format_names[] = {
+        [DATA_IDX] = "idx", [DATA_LIBSVM] = "libsvm", [DATA_CRITEO] = "criteo", [DATA_CSV] = "csv", NULL,
+};
+static const char *const bad_lines_names[] = { [BAD_LINES_ERROR] = "error", [BAD_LINES_SKIP] = "skip", NULL };
+static const char *const sparse_optimizer_names[] = {
+        [SPARSE_SGD] = "sgd", [SPARSE_ADAGRAD] = "adagrad", [SPARSE_FTRL] = "ftrl", NULL,
+};
+const char *const cfg_pooling_names[] = { [POOL_SUM] = "sum", [POOL_MEAN] = "mean", NULL };
 static const char *const schedule_names[] = { "constant", "exponential", NULL };
 static const char *const wire_dtype_names[] = { [RPC_WIRE_FLOAT32] = "float32", [RPC_WIRE_BFLOAT16] = "bfloat16", NULL };
 static const char *const grad_norm_action_names[] = { [GRAD_NORM_REJECT] = "reject", [GRAD_NORM_CLIP] = "clip", NULL };
@@ -104,11 +113,37 @@ const struct config_key cfg_keys[] = {
                   "Parameter servers (psd), one per index."),
         K_SPECIAL("cluster.worker", "list of host:port", "required", "1 or more entries",
                   "Workers (workerd), one per index. An endpoint may appear only once in the cluster."),
-        K_SPECIAL("model.input", "list of integers", "required", "[N] or [C, H, W], each 1..1048576",
-                  "Shape of one example; [784] means (1, 1, 784)."),
+        K_SPECIAL("model.input", "list of integers", "required", "[N] or [C, H, W], each 1..1048576; [0] with a record format",
+                  "Shape of one example; [784] means (1, 1, 784). With a record format (data.format) it is [N], the "
+                  "dense features of a record: 13 for criteo, 0 for libsvm, data.csv_features for csv when set."),
+        K_ENUM("model.head", model.head, "softmax", head_names,
+               "The loss over the last dense layer's outputs: softmax (cross-entropy over its units, at least 2; "
+               "labels are class indices 0..units-1, also in record files), logistic (1 unit, sigmoid "
+               "cross-entropy; labels 0 or 1; metrics AUC and log loss) or mse (1 unit, mean over the batch of "
+               "the squared error, as tf.losses.mean_squared_error; metric RMSE). logistic and mse need a record "
+               "format (data.format)."),
+        K_SPECIAL("model.embeddings", "list of tables", "[]", "0..8 tables; needs a record format",
+                  "Embedding tables on the ps (docs/sparse.md): each field listed is looked up in its table and "
+                  "pooled into a dim-wide slice; the dense layers read the dense features, then every table's "
+                  "slices in order."),
+        K_SPECIAL("model.embeddings[].name", "string", "required", "[A-Za-z0-9_]{1,31}, unique",
+                  "The table's name (checkpoints: emb/NAME)."),
+        K_SPECIAL("model.embeddings[].fields", "\"all\" or list of integers", "\"all\"",
+                  "1..64 distinct fields of the format: criteo 0..25, libsvm 0",
+                  "The data's fields looked up in this table, each its own slice; \"all\": every field of data.format."),
+        K_SPECIAL("model.embeddings[].dim", "integer", "required", "[1, 1024]", "Floats per row."),
+        K_SPECIAL("model.embeddings[].vocab", "integer", "0", "[0, 9223372036854775807]",
+                  "A field's id is taken modulo vocab (hashing into that many rows); 0: ids as they are."),
+        K_SPECIAL("model.embeddings[].pooling", "string", "\"sum\"", "sum, mean",
+                  "A multi-valued field: the sum of its rows weighted by their values, or their mean."),
+        K_SPECIAL("model.embeddings[].init_stddev", "number", "1/sqrt(dim)", "[0, 1000]",
+                  "Rows start truncated-normal with this standard deviation, seeded by model.seed, table and id; 0: zeros."),
+        K_SPECIAL("model.embeddings[].evict_after_steps", "integer", "0", "[0, 9223372036854775807]",
+                  "The ps drops a row untouched for this many global steps; 0: never."),
         K_U64("model.seed", model.seed, 1, 0, INT64_MAX, "Seed of the variables' initializers."),
         K_SPECIAL("model.layers", "list of layers", "required", "1..64 layers, the last one dense",
-                  "Layers in order; the last dense layer's units are the number of classes (softmax cross-entropy)."),
+                  "Layers in order; the last one is dense: its units are the number of classes (model.head softmax, "
+                  "at least 2) or 1 (logistic, mse)."),
         K_SPECIAL("model.layers[].type", "string", "required",
                   "dense, relu, tanh, sigmoid, conv2d, maxpool2d, flatten",
                   "Layer kind. conv2d uses \"same\" padding and stride 1; dense needs a flat input (use flatten)."),
@@ -124,7 +159,22 @@ const struct config_key cfg_keys[] = {
                   "dense, conv2d: kernel initializer (default: he_normal before relu, else glorot_uniform); biases start at zero."),
 
         K_STR("data.dir", data.dir, "/usr/share/datasets/fashion-mnist",
-              "Directory of the IDX files (Debian's dataset-fashion-mnist)."),
+              "Directory of the IDX files (Debian's dataset-fashion-mnist), or of the record files."),
+        K_ENUM("data.format", data.format, "idx", data_format_names,
+               "idx: the IDX image files below, loaded whole; libsvm, criteo, csv: record files "
+               "(data.train_files), streamed (docs/data-formats.md)."),
+        K_SPECIAL("data.train_files", "list of strings", "required (record formats)", "1 or more non-empty paths",
+                  "Record formats: the training files, in data.dir unless absolute, gzip'd or not; a worker reads "
+                  "its own shard of them."),
+        K_SPECIAL("data.test_files", "list of strings", "[]", "non-empty paths",
+                  "Record formats: the evaluation files; none: no evaluation."),
+        K_ENUM("data.bad_lines", data.bad_lines, "error", bad_lines_names,
+               "Record formats: a line that does not parse stops the reader with FILE:LINE (error), or is "
+               "counted and skipped (skip)."),
+        K_U32("data.max_ids_per_example", data.max_ids_per_example, 1024, 1, 1048576,
+              "Record formats: the most ids one record may hold, all fields together (a longer line is bad)."),
+        K_U32("data.csv_features", data.csv_features, 0, 0, 1048576,
+              "csv: dense features per line (then model.input must be [that]); 0: the first line's count."),
         K_STR("data.train_images", data.train_images, "train-images-idx3-ubyte.gz", "Training images, in data.dir."),
         K_STR("data.train_labels", data.train_labels, "train-labels-idx1-ubyte.gz", "Training labels, in data.dir."),
         K_STR("data.test_images", data.test_images, "t10k-images-idx3-ubyte.gz", "Test images, in data.dir."),
@@ -176,6 +226,18 @@ const struct config_key cfg_keys[] = {
               "up to b stragglers or lost workers do not stall it. 0: every worker. At most the cluster's workers."),
         K_U32("training.staleness", training.staleness, 4, 0, 1000000,
               "ssp: how many steps a worker may be ahead of the slowest live worker before it waits (s; 0: lockstep)."),
+
+        K_ENUM("training.sparse_optimizer", training.sparse_optimizer, "adagrad", sparse_optimizer_names,
+               "Embedding rows' optimizer on the ps, with per-row state: adagrad (training.initial_accumulator, "
+               "training.epsilon), ftrl (FTRL-Proximal, TensorFlow's ApplyFtrlV2) or sgd."),
+        K_DBL("training.sparse_learning_rate", training.sparse_learning_rate, 0, 0, false, 10, false,
+              "Embedding rows' learning rate; 0: training.learning_rate (and its schedule)."),
+        K_DBL("training.ftrl_l1", training.ftrl_l1, 0, 0, false, 1e6, false, "ftrl: L1 regularization strength."),
+        K_DBL("training.ftrl_l2", training.ftrl_l2, 0, 0, false, 1e6, false, "ftrl: L2 regularization strength."),
+        K_DBL("training.ftrl_beta", training.ftrl_beta, 0, 0, false, 1e6, false,
+              "ftrl: beta, added to the square root of the accumulator (TensorFlow's beta)."),
+        K_DBL("training.ftrl_lr_power", training.ftrl_lr_power, -0.5, -10, false, 0, false,
+              "ftrl: the power of the accumulator the learning rate is divided by (-0.5: its square root)."),
 
         K_STR("supervisor.checkpoint_dir", supervisor.checkpoint_dir, "checkpoints",
               "Where chiefd writes checkpoints; a relative path is under STATE_DIR/JOB/.", .check = check_state_path),

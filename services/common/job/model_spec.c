@@ -28,8 +28,12 @@ uint32_t model_spec_dense_input(const struct model_spec *spec) {
 }
 
 int model_spec_vars(const struct model_spec *spec, struct model_spec_var *vars, size_t *n_params_ret) {
-        if (!spec || spec->n_layers == 0 || spec->n_layers > MODEL_MAX_LAYERS)
+        if (!spec || spec->n_layers == 0 || spec->n_layers > MODEL_MAX_LAYERS ||
+            spec->n_embeddings > MODEL_MAX_EMBEDDINGS || spec->head > HEAD_MSE)
                 return -EINVAL;
+        for (uint32_t e = 0; e < spec->n_embeddings; e++)
+                if (spec->emb[e].dim == 0 || spec->emb[e].n_fields == 0 || spec->emb[e].n_fields > MODEL_MAX_FIELDS)
+                        return -EINVAL;
         uint64_t c = spec->input[0], h = spec->input[1], w = spec->input[2];
 
         if (spec->n_embeddings)  /* the dense layers read the dense features and the pooled rows */
@@ -82,8 +86,8 @@ int model_spec_vars(const struct model_spec *spec, struct model_spec_var *vars, 
                 if (r < 0)
                         return r;
         }
-        uint64_t classes = c * h * w;
-        if (classes < 2 || classes > 256)
+        uint64_t classes = c * h * w;  /* softmax: classes; logistic, mse: one output */
+        if (spec->head == HEAD_SOFTMAX ? classes < 2 || classes > 256 : classes != 1)
                 return -EINVAL;
         if (n_params_ret)
                 *n_params_ret = n_params;

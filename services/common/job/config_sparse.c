@@ -1,0 +1,308 @@
+/* The keys of sparse models and record data (docs/sparse.md): model.embeddings, the record files'
+ * lists, and the checks of the model against data.format, so that a job that cannot read its own
+ * records fails at load and not on a worker. */
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config_internal.h"
+#include "records.h"
+#include "util.h"
+
+static const char *format_name(enum data_format f) {
+        static const char *const names[] = { [DATA_IDX] = "idx", [DATA_LIBSVM] = "libsvm", [DATA_CRITEO] = "criteo",
+                                             [DATA_CSV] = "csv" };
+        return names[f];
+}
+
+/* The sparse fields and dense features a record of format f has (records.h); idx has none of either. */
+static uint32_t format_fields(enum data_format f) {
+        return f == DATA_CRITEO ? RECORDS_CRITEO_FIELDS : f == DATA_LIBSVM ? 1 : 0;
+}
+
+/* ---- data.train_files, data.test_files ------------------------------------------------------ */
+
+static void free_list(char **l, uint32_t n) {
+        for (uint32_t i = 0; i < n; i++)
+                free(l[i]);
+        free(l);
+}
+
+void cfg_data_clear(struct data_config *d) {
+        free_list(d->train_files, d->n_train_files);
+        free_list(d->test_files, d->n_test_files);
+        d->train_files = d->test_files = NULL;
+        d->n_train_files = d->n_test_files = 0;
+}
+
+static int parse_list(const struct ctx *x, const json_t *v, const char *key, char ***ret, uint32_t *n_ret) {
+        char k[96];
+        size_t n;
+        char **l;
+
+        if (!json_is_array(v))
+                return cfg_fail_type(x, key, "an array of file names", v);
+        n = json_array_size(v);
+        if (n > CONFIG_MAX_TASKS * 16)
+                return cfg_failf(x, key, "has %zu entries, at most %d", n, CONFIG_MAX_TASKS * 16);
+        l = calloc(n ? n : 1, sizeof(*l));
+        if (!l)
+                return cfg_fail_oom(x);
+        for (size_t i = 0; i < n; i++) {
+                const json_t *s = json_array_get(v, i);
+
+                snprintf(k, sizeof(k), "%s[%zu]", key, i);
+                if (!json_is_string(s) || !*json_string_value(s)) {
+                        free_list(l, (uint32_t)i);
+                        return json_is_string(s) ? cfg_failf(x, k, "must not be empty")
+                                                 : cfg_fail_type(x, k, "a file name", s);
+                }
+                if (!(l[i] = strdup(json_string_value(s)))) {
+                        free_list(l, (uint32_t)i);
+                        return cfg_fail_oom(x);
+                }
+        }
+        *ret = l;
+        *n_ret = (uint32_t)n;
+        return 0;
+}
+
+int cfg_parse_data_files(const struct ctx *x, const json_t *data, struct data_config *d) {
+        const json_t *tr = data ? json_object_get(data, "train_files") : NULL;
+        const json_t *te = data ? json_object_get(data, "test_files") : NULL;
+        int r;
+
+        if (d->format == DATA_IDX) {
+                if (tr || te)
+                        return cfg_failf(x, tr ? "data.train_files" : "data.test_files",
+                                         "is for the record formats (data.format libsvm, criteo or csv); idx reads "
+                                         "data.train_images and the other IDX files");
+                return 0;
+        }
+        if (!tr)
+                return cfg_failf(x, "data.train_files", "missing (required for data.format %s)", format_name(d->format));
+        if ((r = parse_list(x, tr, "data.train_files", &d->train_files, &d->n_train_files)) < 0)
+                return r;
+        if (d->n_train_files == 0)
+                return cfg_failf(x, "data.train_files", "must not be empty");
+        if (te && (r = parse_list(x, te, "data.test_files", &d->test_files, &d->n_test_files)) < 0)
+                return r;
+        return 0;
+}
+
+/* ---- model.embeddings ----------------------------------------------------------------------- */
+
+static bool name_ok(const char *s) {
+        size_t n = strlen(s);
+
+        if (n == 0 || n > 31)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+                      s[i] == '_'))
+                        return false;
+        return true;
+}
+
+static int parse_fields(const struct ctx *x, const char *key, const json_t *v, enum data_format f,
+                        struct embedding_spec *e) {
+        uint32_t have = format_fields(f);
+        char k[160], q[160];
+        size_t n;
+
+        if (!v || (json_is_string(v) && strcmp(json_string_value(v), "all") == 0)) {
+                e->n_fields = have;
+                for (uint32_t i = 0; i < have; i++)
+                        e->fields[i] = i;
+                return 0;
+        }
+        if (json_is_string(v))
+                return cfg_failf(x, key, "%s is not \"all\" or a list of field indices", cfg_quote_json(v, q, sizeof(q)));
+        if (!json_is_array(v))
+                return cfg_fail_type(x, key, "\"all\" or an array of field indices", v);
+        n = json_array_size(v);
+        if (n == 0 || n > MODEL_MAX_FIELDS)
+                return cfg_failf(x, key, "has %zu fields, 1 to %d", n, MODEL_MAX_FIELDS);
+        for (size_t i = 0; i < n; i++) {
+                const json_t *d = json_array_get(v, i);
+                json_int_t idx;
+
+                snprintf(k, sizeof(k), "%s[%zu]", key, i);
+                if (!json_is_integer(d))
+                        return cfg_fail_type(x, k, "an integer", d);
+                idx = json_integer_value(d);
+                if (idx < 0 || idx >= have)
+                        return cfg_failf(x, k, "%" JSON_INTEGER_FORMAT " is not a field of data.format %s (0..%u)", idx,
+                                         format_name(f), have - 1);
+                for (size_t j = 0; j < i; j++)
+                        if (e->fields[j] == (uint32_t)idx)
+                                return cfg_failf(x, k, "field %" JSON_INTEGER_FORMAT " is listed twice", idx);
+                e->fields[i] = (uint32_t)idx;
+        }
+        e->n_fields = (uint32_t)n;
+        return 0;
+}
+
+/* An integer member of an embedding in [lo, hi]; absent: def, or "missing" when required. */
+static int get_int(const struct ctx *x, const json_t *obj, const char *pre, const char *name, int64_t lo, int64_t hi,
+                   bool required, int64_t def, int64_t *ret) {
+        const json_t *v = json_object_get(obj, name);
+        char key[96];
+
+        snprintf(key, sizeof(key), "%s.%s", pre, name);
+        if (!v) {
+                *ret = def;
+                return required ? cfg_failf(x, key, "missing") : 0;
+        }
+        if (!json_is_integer(v))
+                return cfg_fail_type(x, key, "an integer", v);
+        if (json_integer_value(v) < lo || json_integer_value(v) > hi)
+                return cfg_failf(x, key, "%" JSON_INTEGER_FORMAT " is out of range [%" PRId64 ", %" PRId64 "]",
+                                 json_integer_value(v), lo, hi);
+        *ret = json_integer_value(v);
+        return 0;
+}
+
+static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, enum data_format f,
+                           struct embedding_spec *e) {
+        static const char *const known[] = { "name", "fields", "dim", "vocab", "pooling", "init_stddev",
+                                             "evict_after_steps" };
+        char pre[64], key[96], q[160];
+        const char *name;
+        const json_t *v;
+        int64_t i64;
+        int r, pool;
+
+        snprintf(pre, sizeof(pre), "model.embeddings[%zu]", idx);
+        if (!json_is_object(obj))
+                return cfg_fail_type(x, pre, "an object", obj);
+        json_object_foreach((json_t *)obj, name, v) {
+                bool ok = false;
+
+                for (size_t i = 0; i < ELEMENTSOF(known); i++)
+                        ok = ok || strcmp(name, known[i]) == 0;
+                snprintf(key, sizeof(key), "%s.%s", pre, name);
+                if (!ok)
+                        return cfg_failf(x, key, "unknown key");
+        }
+        memset(e, 0, sizeof(*e));
+        snprintf(key, sizeof(key), "%s.name", pre);
+        v = json_object_get(obj, "name");
+        if (!v)
+                return cfg_failf(x, key, "missing");
+        if (!json_is_string(v))
+                return cfg_fail_type(x, key, "a string", v);
+        if (!name_ok(json_string_value(v)))
+                return cfg_failf(x, key, "%s is not [A-Za-z0-9_]{1,31}", cfg_quote_json(v, q, sizeof(q)));
+        snprintf(e->name, sizeof(e->name), "%s", json_string_value(v));
+
+        snprintf(key, sizeof(key), "%s.fields", pre);
+        if ((r = parse_fields(x, key, json_object_get(obj, "fields"), f, e)) < 0)
+                return r;
+        if ((r = get_int(x, obj, pre, "dim", 1, 1024, true, 0, &i64)) < 0)
+                return r;
+        e->dim = (uint32_t)i64;
+        if ((r = get_int(x, obj, pre, "vocab", 0, INT64_MAX, false, 0, &i64)) < 0)
+                return r;
+        e->vocab = (uint64_t)i64;
+        if ((r = get_int(x, obj, pre, "evict_after_steps", 0, INT64_MAX, false, 0, &i64)) < 0)
+                return r;
+        e->evict_after_steps = (uint64_t)i64;
+
+        e->pooling = POOL_SUM;
+        if ((v = json_object_get(obj, "pooling"))) {
+                snprintf(key, sizeof(key), "%s.pooling", pre);
+                if ((r = cfg_parse_choice(x, key, cfg_pooling_names, v, &pool)) < 0)
+                        return r;
+                e->pooling = (enum embedding_pooling)pool;
+        }
+        e->init_stddev = 1.0 / sqrt((double)e->dim);
+        if ((v = json_object_get(obj, "init_stddev"))) {
+                snprintf(key, sizeof(key), "%s.init_stddev", pre);
+                if (!json_is_number(v))
+                        return cfg_fail_type(x, key, "a number", v);
+                if (!(json_number_value(v) >= 0 && json_number_value(v) <= 1000)) {
+                        if (json_is_integer(v))
+                                snprintf(q, sizeof(q), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+                        else
+                                cfg_fmt_double(json_number_value(v), q, sizeof(q));
+                        return cfg_failf(x, key, "%s is out of range [0, 1000]", q);
+                }
+                e->init_stddev = json_number_value(v);
+        }
+        return 0;
+}
+
+int cfg_parse_embeddings(const struct ctx *x, const json_t *v, enum data_format f, struct model_spec *m) {
+        size_t n;
+        int r;
+
+        m->n_embeddings = 0;
+        if (!v)
+                return 0;
+        if (!json_is_array(v))
+                return cfg_fail_type(x, "model.embeddings", "an array of tables", v);
+        n = json_array_size(v);
+        if (n == 0)
+                return 0;
+        if (f == DATA_IDX || f == DATA_CSV)
+                return cfg_failf(x, "model.embeddings", "need a record format with sparse fields (data.format "
+                                 "libsvm or criteo); data.format %s has none", format_name(f));
+        if (n > MODEL_MAX_EMBEDDINGS)
+                return cfg_failf(x, "model.embeddings", "has %zu tables, at most %d", n, MODEL_MAX_EMBEDDINGS);
+        for (size_t i = 0; i < n; i++) {
+                if ((r = parse_embedding(x, i, json_array_get(v, i), f, &m->emb[i])) < 0)
+                        return r;
+                for (size_t j = 0; j < i; j++)
+                        if (strcmp(m->emb[j].name, m->emb[i].name) == 0) {
+                                char key[64];
+
+                                snprintf(key, sizeof(key), "model.embeddings[%zu].name", i);
+                                return cfg_failf(x, key, "\"%s\" is also model.embeddings[%zu]'s name", m->emb[i].name, j);
+                        }
+        }
+        m->n_embeddings = (uint32_t)n;
+        return 0;
+}
+
+/* ---- the model against the data ------------------------------------------------------------- */
+
+int cfg_check_record_input(const struct ctx *x, const struct job_config *c) {
+        const struct model_spec *m = &c->model;
+        enum data_format f = c->data.format;
+        uint32_t n = m->input[2], want;
+
+        if (f == DATA_IDX)
+                return 0;
+        if (m->input[0] != 1 || m->input[1] != 1)
+                return cfg_failf(x, "model.input", "must be [N] with data.format %s (N: the dense features of a record)",
+                                 format_name(f));
+        want = f == DATA_CRITEO ? RECORDS_CRITEO_DENSE : f == DATA_LIBSVM ? 0 : c->data.csv_features;
+        if ((f != DATA_CSV || want) && n != want)
+                return cfg_failf(x, "model.input", "[%u], but a record of data.format %s has %u dense features%s", n,
+                                 format_name(f), want, f == DATA_CSV ? " (data.csv_features)" : "");
+        if (model_spec_dense_input(m) == 0)
+                return cfg_failf(x, "model.input", "[0] and no model.embeddings: the model has no input");
+        return 0;
+}
+
+int cfg_check_head(const struct ctx *x, const struct job_config *c) {
+        const struct model_spec *m = &c->model;
+        uint32_t last = m->n_layers - 1, units = m->layers[last].units;
+        char key[64];
+
+        snprintf(key, sizeof(key), "model.layers[%u].units", last);
+        if (m->head == HEAD_SOFTMAX && units < 2)
+                return cfg_failf(x, key, "model.head softmax needs at least 2 classes, got %u (a single output: "
+                                 "model.head logistic or mse)", units);
+        if (m->head != HEAD_SOFTMAX && units != 1)
+                return cfg_failf(x, key, "model.head %s needs 1 unit, got %u", m->head == HEAD_LOGISTIC ? "logistic" : "mse",
+                                 units);
+        if (m->head != HEAD_SOFTMAX && c->data.format == DATA_IDX)
+                return cfg_failf(x, "model.head", "%s needs a record format (data.format libsvm, criteo or csv); idx "
+                                 "has class labels", m->head == HEAD_LOGISTIC ? "logistic" : "mse");
+        return 0;
+}
