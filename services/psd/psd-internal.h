@@ -14,6 +14,7 @@
 #include "rpc.h"
 #include "shard.h"
 #include "shmlink.h"
+#include "sparse_table.h"
 #include "ssp.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
@@ -47,6 +48,20 @@ struct psd {
         pthread_mutex_t links_mu;
         struct link *links;      /* workers pushing through shared memory */
         struct metric *m_pushes, *m_rejected, *m_in, *m_out, *m_apply, *m_step, *m_links; /* psd_metrics() */
+        /* model.embeddings: this shard's rows of each table (sparse_rpc.c) */
+        struct psd_table *tables;
+        uint32_t n_tables;
+        atomic_uint_fast64_t sparse_step;   /* the newest global_step a worker's exchange reported */
+        struct metric *m_sparse_ids, *m_sparse_in, *m_sparse_out;
+};
+
+/* One embedding table's rows on this shard, and what its exchanges moved (status, metrics). */
+struct psd_table {
+        struct sparse_table *t;
+        const struct embedding_spec *spec;
+        unsigned n_slots;
+        atomic_uint_fast64_t ids_in, bytes_in, bytes_out, evicted;
+        struct metric *m_rows;
 };
 
 /* A worker on this host whose pushes come through its shared-memory segment; served by a thread of
@@ -85,6 +100,19 @@ int receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageDescript
             ProtobufCMessage **header, char *err, size_t errlen);
 void reject(struct psd *p, struct rpc_call *call, int r, const char *err);
 uint64_t count_push(struct psd *p, bool count_step, size_t bytes, size_t bytes_out, uint64_t t0);
+
+/* sparse_rpc.c: the embedding tables' RPCs (docs/sparse.md) */
+int sparse_tables_new(struct psd *p);            /* 0, or -errno (logged) */
+void sparse_tables_free(struct psd *p);
+void sparse_tables_clear(struct psd *p);         /* an Assign: the tables start afresh (a restore imports) */
+void sparse_tables_tick(struct psd *p);          /* the main loop: eviction, the rows' gauges */
+size_t sparse_max_request(const struct psd *p);  /* the largest legal sparse request, in bytes */
+/* Fills st->tables (0, or -ENOMEM); sparse_status_done frees what it allocated. */
+int sparse_status(struct psd *p, Psfleet__V1__ShardStatus *st);
+void sparse_status_done(Psfleet__V1__ShardStatus *st);
+void on_sparse_exchange(struct rpc_call *call, void *ud);
+void on_sparse_export(struct rpc_call *call, void *ud);
+void on_sparse_import(struct rpc_call *call, void *ud);
 
 /* links.c */
 struct link *links_take(struct psd *p, uint32_t worker);

@@ -367,6 +367,8 @@ static void on_assign(struct rpc_call *call, void *ud) {
                 r = shard_assign(p->s, in, h->with_slots, h->global_step, err, sizeof(err));
         if (r == 0 && p->agg)
                 agg_reset(p->agg, h->global_step);   /* the step starts over from the values assigned */
+        if (r == 0)
+                sparse_tables_clear(p);   /* a fresh start or a restore: the chief imports the tables next */
         if (r < 0) {
                 reject(p, call, r, err);
         } else {
@@ -470,6 +472,10 @@ static void on_status(struct rpc_call *call, void *ud) {
         pthread_mutex_unlock(&p->err_mu);
         st.last_error = last;
         st.shared_memory_links = links_count(p);
+        if (sparse_status(p, &st) < 0) {
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                return;
+        }
         Psfleet__V1__WaitingFor wf = PSFLEET__V1__WAITING_FOR__INIT;
         wf.peer = (char *)"chief:0";
         if ((wf.since_us = atomic_load(&p->grace_since_us))) {
@@ -526,6 +532,7 @@ static void on_status(struct rpc_call *call, void *ud) {
                 }
         }
         rpc_call_reply_msg(call, &st.base);
+        sparse_status_done(&st);
         free(clk);
         free(wc);
         free(wcp);
@@ -572,7 +579,7 @@ static int psd_build(struct psd *p) {
                          p->cfg->supervisor.worker_timeout_secs * 1000000u, &p->ssp)) < 0)
                 return log_error_errno(r, "cannot set up the workers' clocks");
         psd_metrics(p);
-        return 0;
+        return sparse_tables_new(p);
 }
 
 static void psd_done(struct psd *p) {
@@ -582,6 +589,7 @@ static void psd_done(struct psd *p) {
         p->agg = agg_free(p->agg);   /* after the links: nothing is held any more */
         p->ssp = ssp_free(p->ssp);
         p->attach = shmlink_server_free(p->attach);   /* closes the descriptors still pending, removes the socket */
+        sparse_tables_free(p);
         shard_free(p->s);
         job_layout_free(p->L);
         if (p->stop_fd >= 0)
@@ -691,6 +699,9 @@ static int run(int argc, char **argv) {
                 {"/psfleet.v1.ParameterServer/GetShardStatus", on_status, &p},
                 {"/psfleet.v1.ParameterServer/AttachSharedMemory", on_attach, &p},
                 {"/psfleet.v1.ParameterServer/Stop", on_stop, &p},
+                {"/psfleet.v1.ParameterServer/SparseExchange", on_sparse_exchange, &p},
+                {"/psfleet.v1.ParameterServer/SparseExport", on_sparse_export, &p},
+                {"/psfleet.v1.ParameterServer/SparseImport", on_sparse_import, &p},
                 {RPC_HEALTH_CHECK, rpc_health_handler, (void *)services},
         };
         /* One server thread per training.threads (default 1). A single thread both polls the socket and
@@ -703,8 +714,10 @@ static int run(int argc, char **argv) {
         uint64_t ready_end = mono_us() + ready, grace_end = 0;
         unsigned chief_refused = 0;
         /* The largest legal request: an Assign of every part with its slots, or a Push, plus each
-         * tensor's header; an eighth and 1 MiB more as the margin. */
+         * tensor's header, or the largest sparse request; an eighth and 1 MiB more as the margin. */
         size_t legal = (1 + p.s->n_slots) * p.s->n_floats * sizeof(float) + (size_t)p.s->n_parts * 512;
+        if (legal < sparse_max_request(&p))
+                legal = sparse_max_request(&p);
         if ((r = daemon_listen(&p.args, methods, sizeof(methods) / sizeof(methods[0]), p.cfg->training.threads,
                                legal + legal / 8 + (1u << 20), &p.server)) < 0) {
                 ret = daemon_exit_code(r);
@@ -765,6 +778,7 @@ static int run(int argc, char **argv) {
                 if (p.ssp)
                         ssp_tick(p.ssp, now_us());   /* and those a worker gone no longer holds back */
                 metric_set(p.m_links, links_count(&p));
+                sparse_tables_tick(&p);
                 if (grace_end)
                         continue;
                 if (atomic_load(&p.s->initialized))

@@ -1,6 +1,7 @@
 /* The client of a job's ps shards: block transfers to and from the shards over gRPC (assign, pull,
  * status), and a worker's pushes, over gRPC or through shared memory with the shards on its host. */
 #include "ps_client.h"
+#include "ps_client-internal.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -22,64 +23,6 @@
 #include "psfleet/v1/ps.pb-c.h"
 #include "psfleet/v1/supervisor.pb-c.h"
 
-/* The compute thread spins this long for a shared-memory answer before it sleeps: answers are due
- * within tens of microseconds once psd has the push. */
-#define LINK_SPIN_US 200
-
-enum via { VIA_NONE, VIA_GRPC, VIA_LINK };
-
-/* One push group and its push in flight. `via`, `answered`, `count_step`, `reply`, `err` and `msg`
- * are under pc->mu (the reply thread fills them in); the rest belongs to the pushing thread. */
-struct flight {
-        struct ps_group g;        /* parts owned */
-        enum via via;             /* how the push in flight went; VIA_NONE: none in flight */
-        bool answered;            /* VIA_GRPC: the reply (or the failure) is here */
-        bool count_step;          /* it counts a step, and is not answered yet */
-        uint32_t seq;             /* VIA_LINK: the push's sequence number */
-        uint64_t t0;              /* mono_us when the push started */
-        struct metric *latency;   /* psfleet_worker_push_seconds of its shard */
-        struct wire_in *reply;    /* answered: the fresh values, checked against the layout */
-        struct wire_in *held;     /* overlap: an earlier push's values, for the next ps_client_take (the
-                                   * pushing thread's) */
-        uint64_t version;         /* training.mode sync: the step of the group's values (the shard's answers) */
-        int err;
-        char msg[600];
-};
-
-/* A shard's side of the shared memory. */
-struct shard_link {
-        bool up;                        /* this shard's pushes go through the link */
-        bool said;                      /* why not was logged once */
-        int32_t pid;                    /* its psd's process */
-};
-
-struct ps_client {
-        const struct job_config *cfg;
-        const struct job_layout *L;
-        struct rpc_channel **ch;        /* (n_shards) */
-        char task[32];                  /* "worker:1" */
-        uint64_t deadline_ms;
-
-        /* a worker's pushes (ps_client_link) */
-        uint32_t worker;
-        struct flight *fl;              /* (n_fl) one per push group */
-        uint32_t n_fl;
-        float *params;                  /* where fresh values land */
-        const float *grads;             /* where gradients are read (lent to gRPC while a push is in flight) */
-        struct rpc_batch *batch;        /* gRPC pushes in flight: started by the pusher, taken by `receiver` */
-        pthread_t receiver;
-        bool receiving;
-        atomic_bool stop;
-        pthread_mutex_t mu;             /* the flights' answers, global_step, counting */
-        pthread_cond_t cond;            /* a flight was answered */
-        uint64_t global_step;
-        uint32_t counting;              /* pushes in flight that count a step */
-
-        /* shared memory with the shards on this host (NULL: every push through gRPC) */
-        struct shmlink *link;
-        struct shard_link *links;       /* (n_shards) */
-};
-
 int ps_client_new(const struct job_config *cfg, const struct job_layout *L, const char *task, struct ps_client **ret) {
         struct ps_client *pc = calloc(1, sizeof(*pc));
         if (!pc)
@@ -91,7 +34,8 @@ int ps_client_new(const struct job_config *cfg, const struct job_layout *L, cons
         pthread_mutex_init(&pc->mu, NULL);
         pthread_cond_init(&pc->cond, NULL);
         pc->ch = calloc(L->n_shards, sizeof(*pc->ch));
-        if (!pc->ch) {
+        pc->sparse_inc = calloc(L->n_shards, sizeof(*pc->sparse_inc));
+        if (!pc->ch || !pc->sparse_inc) {
                 ps_client_free(pc);
                 return -ENOMEM;
         }
@@ -124,6 +68,7 @@ struct ps_client *ps_client_free(struct ps_client *pc) {
         free(pc->fl);
         shmlink_free(pc->link);
         free(pc->links);
+        free(pc->sparse_inc);
         for (uint32_t s = 0; pc->ch && s < pc->L->n_shards; s++)
                 rpc_channel_free(pc->ch[s]);
         free(pc->ch);
@@ -133,7 +78,7 @@ struct ps_client *ps_client_free(struct ps_client *pc) {
         return NULL;
 }
 
-static void caller_init(struct ps_client *pc, Psfleet__V1__Caller *c) {
+void ps_client_caller_init(struct ps_client *pc, Psfleet__V1__Caller *c) {
         psfleet__v1__caller__init(c);
         c->fingerprint = pc->L->fingerprint;
         c->task = pc->task;
@@ -158,7 +103,7 @@ static int add_part(struct wire_out *o, const struct job_layout *L, uint32_t p, 
 }
 
 /* Waits for the batch; the first failure (ours or a server's, with its message) becomes the result. */
-static int batch_end(struct rpc_batch *b, int r, const char *what, char *err, size_t errlen) {
+int ps_client_batch_end(struct rpc_batch *b, int r, const char *what, char *err, size_t errlen) {
         int w = rpc_batch_wait_all(b);
         if (r < 0)
                 errf(err, errlen, r, "%s: %s", what, strerror(-r));
@@ -182,7 +127,7 @@ int ps_client_assign(struct ps_client *pc, const bool *which, const float *param
                 if (which && !which[s])
                         continue;
                 Psfleet__V1__Caller caller;
-                caller_init(pc, &caller);
+                ps_client_caller_init(pc, &caller);
                 Psfleet__V1__AssignHeader h = PSFLEET__V1__ASSIGN_HEADER__INIT;
                 h.caller = &caller;
                 h.global_step = global_step;
@@ -206,7 +151,7 @@ int ps_client_assign(struct ps_client *pc, const bool *which, const float *param
                         r = rpc_batch_start(b, pc->ch[s], "/psfleet.v1.ParameterServer/Assign", bb, pc->deadline_ms,
                                             true, &pend);
         }
-        return batch_end(b, r, "assign", err, errlen);
+        return ps_client_batch_end(b, r, "assign", err, errlen);
 }
 
 int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uint64_t *global_step_ret,
@@ -221,7 +166,7 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
         }
         for (uint32_t s = 0; s < L->n_shards && r >= 0; s++) {
                 Psfleet__V1__Caller caller;
-                caller_init(pc, &caller);
+                ps_client_caller_init(pc, &caller);
                 Psfleet__V1__PullHeader h = PSFLEET__V1__PULL_HEADER__INIT;
                 h.caller = &caller;
                 h.with_slots = slots != NULL;
@@ -337,7 +282,7 @@ int ps_client_stop(struct ps_client *pc, const char *reason) {
 static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_step, bool count_step,
                       struct rpc_pending **ret) {
         Psfleet__V1__Caller caller;
-        caller_init(pc, &caller);
+        ps_client_caller_init(pc, &caller);
         Psfleet__V1__PushHeader h = PSFLEET__V1__PUSH_HEADER__INIT;
         h.caller = &caller;
         h.worker = pc->worker;
@@ -702,7 +647,7 @@ int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, 
                 gp[i] = &groups[i];
         }
         Psfleet__V1__Caller caller;
-        caller_init(pc, &caller);
+        ps_client_caller_init(pc, &caller);
         Psfleet__V1__AttachSharedMemoryRequest q = PSFLEET__V1__ATTACH_SHARED_MEMORY_REQUEST__INIT;
         q.caller = &caller;
         q.worker = worker;

@@ -125,3 +125,32 @@ int ps_client_sparse_lookup(struct ps_client *pc, uint32_t e, const uint64_t *id
                             char *err, size_t errlen);
 /* Payload bytes of the sparse calls so far (ids, rows and gradients, both ways), for counters. */
 void ps_client_sparse_bytes(const struct ps_client *pc, uint64_t *sent_ret, uint64_t *received_ret);
+
+/* ---- embedding tables: the chief's checkpoints ---- */
+
+/* Rows of one table with their optimizer slots, in no particular order. */
+struct ps_sparse_rows {
+        size_t n;
+        uint32_t dim;
+        unsigned n_slots;               /* training.sparse_optimizer's (sparse_optimizer_n_slots) */
+        uint64_t *ids;                  /* (n) */
+        float *values;                  /* (n x dim) */
+        float *slots[2];                /* (n x dim) each, n_slots of them; SPARSE_MAX_SLOTS */
+};
+/* Frees what the arrays hold (malloc'd) and zeroes r. NULL-safe. */
+void ps_sparse_rows_clear(struct ps_sparse_rows *r);
+
+/* Every stored row of table e from every shard, paged through SparseExport (each page of every shard
+ * in parallel), into out (zeroed first; the caller clears it). Rows made meanwhile may be missed, as
+ * in any async checkpoint. Returns 0, or -errno with why in err (out cleared). */
+int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_rows *out, char *err, size_t errlen);
+/* Stores rows (their slots as given, n_slots the optimizer's) into table e of the shards in which[]
+ * (NULL: every shard), each id on sparse_shard_of(id, n_ps), in pages; each of those shards' table
+ * is emptied first (so a shard that gets no row ends empty). global_step: the rows' last touch.
+ * Returns 0, or -errno with why in err. */
+int ps_client_sparse_import(struct ps_client *pc, const bool *which, uint32_t e, const struct ps_sparse_rows *rows,
+                            uint64_t global_step, char *err, size_t errlen);
+
+/* How ps_client_sparse splits ids over n_shards: order[] (n) lists the ids' indices shard after shard,
+ * keeping their order within a shard; first[] (n_shards + 1) where each shard's run starts. For tests. */
+void ps_client_sparse_split(const uint64_t *ids, size_t n, uint32_t n_shards, size_t *order, size_t *first);

@@ -1,0 +1,27 @@
+/* An embedding table's options from the job file: see sparse_opts.h. */
+#include "sparse_opts.h"
+
+#include <string.h>
+
+#include "rng.h"
+
+uint64_t sparse_table_seed(uint64_t model_seed, uint32_t e) {
+        /* distinct tables of one model draw unrelated rows for the same id */
+        uint64_t s = model_seed ^ (0x9E3779B97F4A7C15ull * ((uint64_t)e + 1));
+        return rng_splitmix64(&s);
+}
+
+void sparse_table_opts_from_config(const struct job_config *cfg, uint32_t e, struct sparse_table_opts *o) {
+        const struct embedding_spec *es = &cfg->model.emb[e];
+        const struct training_config *t = &cfg->training;
+        memset(o, 0, sizeof(*o));
+        o->dim = es->dim;
+        o->optimizer = t->sparse_optimizer;
+        o->init_stddev = es->init_stddev;
+        o->seed = sparse_table_seed(cfg->model.seed, e);
+        o->initial_accumulator = t->initial_accumulator;
+        o->ftrl_l1 = t->ftrl_l1;
+        o->ftrl_l2 = t->ftrl_l2;
+        o->ftrl_beta = t->ftrl_beta;
+        o->ftrl_lr_power = t->ftrl_lr_power;
+}

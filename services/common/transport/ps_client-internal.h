@@ -1,0 +1,84 @@
+/* What ps_client.c (dense blocks, pushes) and ps_client_sparse.c (embedding tables) share: the
+ * client's state and the steps of a call to every shard. */
+#pragma once
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "job.h"
+#include "metrics.h"
+#include "ps_client.h"
+#include "rpc.h"
+#include "shmlink.h"
+#include "wire.h"
+#include "psfleet/v1/ps.pb-c.h"
+
+/* The compute thread spins this long for a shared-memory answer before it sleeps: answers are due
+ * within tens of microseconds once psd has the push. */
+#define LINK_SPIN_US 200
+
+enum via { VIA_NONE, VIA_GRPC, VIA_LINK };
+
+/* One push group and its push in flight. `via`, `answered`, `count_step`, `reply`, `err` and `msg`
+ * are under pc->mu (the reply thread fills them in); the rest belongs to the pushing thread. */
+struct flight {
+        struct ps_group g;        /* parts owned */
+        enum via via;             /* how the push in flight went; VIA_NONE: none in flight */
+        bool answered;            /* VIA_GRPC: the reply (or the failure) is here */
+        bool count_step;          /* it counts a step, and is not answered yet */
+        uint32_t seq;             /* VIA_LINK: the push's sequence number */
+        uint64_t t0;              /* mono_us when the push started */
+        struct metric *latency;   /* psfleet_worker_push_seconds of its shard */
+        struct wire_in *reply;    /* answered: the fresh values, checked against the layout */
+        struct wire_in *held;     /* overlap: an earlier push's values, for the next ps_client_take (the
+                                   * pushing thread's) */
+        uint64_t version;         /* training.mode sync: the step of the group's values (the shard's answers) */
+        int err;
+        char msg[600];
+};
+
+/* A shard's side of the shared memory. */
+struct shard_link {
+        bool up;                        /* this shard's pushes go through the link */
+        bool said;                      /* why not was logged once */
+        int32_t pid;                    /* its psd's process */
+};
+
+struct ps_client {
+        const struct job_config *cfg;
+        const struct job_layout *L;
+        struct rpc_channel **ch;        /* (n_shards) */
+        char task[32];                  /* "worker:1" */
+        uint64_t deadline_ms;
+
+        /* a worker's pushes (ps_client_link) */
+        uint32_t worker;
+        struct flight *fl;              /* (n_fl) one per push group */
+        uint32_t n_fl;
+        float *params;                  /* where fresh values land */
+        const float *grads;             /* where gradients are read (lent to gRPC while a push is in flight) */
+        struct rpc_batch *batch;        /* gRPC pushes in flight: started by the pusher, taken by `receiver` */
+        pthread_t receiver;
+        bool receiving;
+        atomic_bool stop;
+        pthread_mutex_t mu;             /* the flights' answers, global_step, counting */
+        pthread_cond_t cond;            /* a flight was answered */
+        uint64_t global_step;
+        uint32_t counting;              /* pushes in flight that count a step */
+
+        /* shared memory with the shards on this host (NULL: every push through gRPC) */
+        struct shmlink *link;
+        struct shard_link *links;       /* (n_shards) */
+
+        /* embedding tables (ps_client_sparse.c) */
+        uint64_t *sparse_inc;           /* (n_shards) the incarnation each shard last answered (0: none yet) */
+        atomic_uint_fast64_t sparse_sent, sparse_received;   /* payload bytes */
+};
+
+/* c names this client's job and task. */
+void ps_client_caller_init(struct ps_client *pc, Psfleet__V1__Caller *c);
+/* Waits for the batch and frees it; r (ours) or the first failure (a server's, with its message)
+ * becomes the result, with why in err. */
+int ps_client_batch_end(struct rpc_batch *b, int r, const char *what, char *err, size_t errlen);

@@ -1,0 +1,421 @@
+/* The ps client's embedding tables (docs/sparse.md): a worker's exchange of rows and their gradients
+ * with every shard holding any of a batch's ids, in parallel, and the chief's export and import of
+ * whole tables for checkpoints. Ids travel as packed little-endian uint64 bytes. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_client.h"
+#include "ps_client-internal.h"
+#include "sparse_opts.h"
+#include "sparse_table.h"
+#include "util.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "ids travel as they lie in memory");
+_Static_assert(SPARSE_MAX_SLOTS == 2, "struct ps_sparse_rows' slots");
+
+#define EXCHANGE "/psfleet.v1.ParameterServer/SparseExchange"
+#define EXPORT "/psfleet.v1.ParameterServer/SparseExport"
+#define IMPORT "/psfleet.v1.ParameterServer/SparseImport"
+
+void ps_client_sparse_split(const uint64_t *ids, size_t n, uint32_t n_shards, size_t *order, size_t *first) {
+        memset(first, 0, (n_shards + 1) * sizeof(*first));
+        for (size_t i = 0; i < n; i++)
+                first[sparse_shard_of(ids[i], n_shards) + 1]++;
+        for (uint32_t s = 0; s < n_shards; s++)
+                first[s + 1] += first[s];
+        /* a counting sort: stable, so each shard's ids keep the caller's order */
+        size_t *at = malloc((n_shards + 1) * sizeof(*at));
+        if (at) {
+                memcpy(at, first, (n_shards + 1) * sizeof(*at));
+                for (size_t i = 0; i < n; i++)
+                        order[at[sparse_shard_of(ids[i], n_shards)]++] = i;
+                free(at);
+        } else {
+                for (uint32_t s = 0, k = 0; s < n_shards; s++)
+                        for (size_t i = 0; i < n; i++)
+                                if (sparse_shard_of(ids[i], n_shards) == s)
+                                        order[k++] = i;
+        }
+}
+
+/* One exchange's side of a list of ids: split by shard, gathered shard after shard. */
+struct split {
+        size_t *order, *first;
+        uint64_t *ids;          /* ids[order[k]] at k */
+};
+
+static void split_free(struct split *sp) {
+        free(sp->order);
+        free(sp->first);
+        free(sp->ids);
+}
+
+static int split_ids(const uint64_t *ids, size_t n, uint32_t n_shards, struct split *sp) {
+        sp->order = malloc((n ? n : 1) * sizeof(*sp->order));
+        sp->first = malloc((n_shards + 1) * sizeof(*sp->first));
+        sp->ids = malloc((n ? n : 1) * sizeof(*sp->ids));
+        if (!sp->order || !sp->first || !sp->ids)
+                return -ENOMEM;
+        ps_client_sparse_split(ids, n, n_shards, sp->order, sp->first);
+        for (size_t k = 0; k < n; k++)
+                sp->ids[k] = ids[sp->order[k]];
+        return 0;
+}
+
+static ProtobufCBinaryData id_bytes(const struct split *sp, uint32_t s) {
+        return (ProtobufCBinaryData){(sp->first[s + 1] - sp->first[s]) * sizeof(uint64_t),
+                                     (uint8_t *)(sp->ids + sp->first[s])};
+}
+
+/* A reply's tensor `name`: float32 (n, dim). */
+static const struct wire_tensor *reply_rows(const struct wire_in *in, const char *name, size_t n, uint32_t dim) {
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                const struct wire_tensor *t = &in->tensors[i];
+                if (strcmp(t->name, name) == 0)
+                        return t->dtype == WIRE_DTYPE_FLOAT32 && t->ndims == 2 && t->shape[0] == n && t->shape[1] == dim
+                                       ? t
+                                       : NULL;
+        }
+        return NULL;
+}
+
+static int exchange(struct ps_client *pc, uint32_t e, const uint64_t *push_ids, size_t n_push, const float *push_grads,
+                    const uint64_t *pull_ids, size_t n_pull, float *pull_rows, bool create, char *err, size_t errlen) {
+        const struct model_spec *m = &pc->cfg->model;
+        if (e >= m->n_embeddings)
+                return errf(err, errlen, -EINVAL, "table %u: the model has %u embedding table(s)", e, m->n_embeddings);
+        uint32_t dim = m->emb[e].dim, N = pc->L->n_shards;
+        struct split ps = {0}, pl = {0};
+        float *g = NULL;
+        struct rpc_batch *b = NULL;
+        struct rpc_pending **pend = calloc(N, sizeof(*pend));
+        int r = pend ? 0 : -ENOMEM;
+        if (r >= 0 && (r = split_ids(push_ids, n_push, N, &ps)) >= 0 && (r = split_ids(pull_ids, n_pull, N, &pl)) >= 0)
+                r = (g = malloc((n_push ? n_push : 1) * dim * sizeof(float))) ? 0 : -ENOMEM;
+        if (r < 0) {
+                errf(err, errlen, r, "table %s: out of memory", m->emb[e].name);
+                goto out;
+        }
+        for (size_t k = 0; k < n_push; k++)
+                memcpy(g + k * dim, push_grads + ps.order[k] * dim, dim * sizeof(float));
+        uint64_t gs = ps_client_global_step(pc, NULL);
+        if ((r = rpc_batch_new(&b)) < 0)
+                goto out;
+        for (uint32_t s = 0; s < N && r >= 0; s++) {
+                size_t np = ps.first[s + 1] - ps.first[s], nl = pl.first[s + 1] - pl.first[s];
+                if (!np && !nl)
+                        continue;
+                if ((np > nl ? np : nl) * dim > SPARSE_MAX_FLOATS) {
+                        r = errf(err, errlen, -E2BIG, "table %s: %zu rows of ps:%u in one step, more than a message "
+                                 "carries (%u floats)", m->emb[e].name, np > nl ? np : nl, s, SPARSE_MAX_FLOATS);
+                        break;
+                }
+                Psfleet__V1__Caller caller;
+                ps_client_caller_init(pc, &caller);
+                Psfleet__V1__SparseExchangeHeader h = PSFLEET__V1__SPARSE_EXCHANGE_HEADER__INIT;
+                h.caller = &caller;
+                h.worker = pc->worker;
+                h.table = e;
+                h.incarnation = pc->sparse_inc[s];
+                h.global_step = gs;
+                h.create = create;
+                h.push_ids = id_bytes(&ps, s);
+                h.pull_ids = id_bytes(&pl, s);
+                struct wire_out *o;
+                grpc_byte_buffer *bb;
+                if ((r = wire_out_new(&o)) < 0)
+                        break;
+                wire_out_header(o, &h.base);
+                if (np)   /* g outlives the call: the batch is waited for below */
+                        r = wire_out_tensor(o, "grads", WIRE_DTYPE_FLOAT32, (uint64_t[]){np, dim}, 2, 0,
+                                            g + ps.first[s] * dim, np * dim * sizeof(float), NULL, NULL);
+                if (r >= 0)
+                        r = wire_out_finish(o, &bb);
+                wire_out_free(o);
+                if (r >= 0)
+                        r = rpc_batch_start(b, pc->ch[s], EXCHANGE, bb, pc->deadline_ms, false, &pend[s]);
+                atomic_fetch_add(&pc->sparse_sent, (np + nl) * sizeof(uint64_t) + np * dim * sizeof(float));
+        }
+        if (r < 0) {
+                if (!*err)
+                        errf(err, errlen, r, "table %s: %s", m->emb[e].name, strerror(-r));
+                goto out;
+        }
+        rpc_batch_wait_all(b);
+        for (uint32_t s = 0; s < N; s++) {
+                if (!pend[s])
+                        continue;
+                struct rpc_result *res = rpc_pending_result(pend[s]);
+                size_t nl = pl.first[s + 1] - pl.first[s];
+                if (res->err) {
+                        /* a shard that restarted refuses rows pulled from its former self once */
+                        if (res->err == -EPERM)
+                                pc->sparse_inc[s] = 0;
+                        if (r >= 0)
+                                r = errf(err, errlen, res->err, "%s", res->message);
+                        continue;
+                }
+                struct wire_in *in;
+                ProtobufCMessage *hm = NULL;
+                char e2[256];
+                int q = wire_in_parse(res->reply, &in, e2, sizeof(e2));
+                res->reply = NULL;
+                if (q >= 0 && (q = wire_in_header(in, &psfleet__v1__sparse_exchange_reply_header__descriptor, &hm)) >= 0)
+                        pc->sparse_inc[s] = ((Psfleet__V1__SparseExchangeReplyHeader *)hm)->incarnation;
+                const struct wire_tensor *t = q >= 0 && nl ? reply_rows(in, "rows", nl, dim) : NULL;
+                if (q >= 0 && nl && !t)
+                        q = errf(e2, sizeof(e2), -EPROTO, "no float32 tensor \"rows\" of (%zu, %u)", nl, dim);
+                if (q < 0 && r >= 0)
+                        r = errf(err, errlen, q, "ps:%u: SparseExchange reply: %s", s, e2);
+                if (t) {
+                        /* the rows go back to the caller's order, one at a time out of gRPC's slices */
+                        struct wire_reader rd;
+                        wire_reader_init(&rd, t);
+                        for (size_t k = pl.first[s]; k < pl.first[s + 1]; k++)
+                                wire_reader_read(&rd, pull_rows + pl.order[k] * dim, dim * sizeof(float));
+                        atomic_fetch_add(&pc->sparse_received, nl * dim * sizeof(float));
+                }
+                if (hm)
+                        protobuf_c_message_free_unpacked(hm, NULL);
+                wire_in_free(in);
+        }
+out:
+        rpc_batch_free(b);
+        free(pend);
+        free(g);
+        split_free(&ps);
+        split_free(&pl);
+        return r;
+}
+
+int ps_client_sparse(struct ps_client *pc, uint32_t e, const uint64_t *push_ids, size_t n_push,
+                     const float *push_grads, const uint64_t *pull_ids, size_t n_pull, float *pull_rows, char *err,
+                     size_t errlen) {
+        if (errlen)
+                *err = 0;
+        return exchange(pc, e, push_ids, n_push, push_grads, pull_ids, n_pull, pull_rows, true, err, errlen);
+}
+
+int ps_client_sparse_lookup(struct ps_client *pc, uint32_t e, const uint64_t *ids, size_t n, float *rows, char *err,
+                            size_t errlen) {
+        if (errlen)
+                *err = 0;
+        return exchange(pc, e, NULL, 0, NULL, ids, n, rows, false, err, errlen);
+}
+
+void ps_client_sparse_bytes(const struct ps_client *pc, uint64_t *sent_ret, uint64_t *received_ret) {
+        if (sent_ret)
+                *sent_ret = atomic_load(&pc->sparse_sent);
+        if (received_ret)
+                *received_ret = atomic_load(&pc->sparse_received);
+}
+
+/* ---- the chief's export and import ---- */
+
+void ps_sparse_rows_clear(struct ps_sparse_rows *r) {
+        if (!r)
+                return;
+        free(r->ids);
+        free(r->values);
+        for (unsigned s = 0; s < SPARSE_MAX_SLOTS; s++)
+                free(r->slots[s]);
+        memset(r, 0, sizeof(*r));
+}
+
+/* Appends one SparseExport page (parsed reply in) to out. */
+static int append_page(struct ps_sparse_rows *out, size_t *cap, const struct wire_in *in,
+                       const Psfleet__V1__SparseExportReplyHeader *h, char *err, size_t errlen) {
+        size_t n = h->ids.len / sizeof(uint64_t), dim = out->dim;
+        if (h->ids.len % sizeof(uint64_t) || h->dim != out->dim || h->n_slots != out->n_slots)
+                return errf(err, errlen, -EPROTO, "a page of %zu id bytes, dim %u and %zu slot(s); expected dim %u and "
+                            "%u slot(s)", h->ids.len, h->dim, h->n_slots, out->dim, out->n_slots);
+        const struct wire_tensor *t[1 + SPARSE_MAX_SLOTS];
+        for (unsigned s = 0; s <= out->n_slots; s++)
+                if (!(t[s] = reply_rows(in, s ? h->slots[s - 1] : "rows", n, out->dim)))
+                        return errf(err, errlen, -EPROTO, "no float32 tensor \"%s\" of (%zu, %u)",
+                                    s ? h->slots[s - 1] : "rows", n, out->dim);
+        if (out->n + n > *cap) {
+                size_t c = *cap, want = out->n + n;
+                int r = grow_array((void **)&out->ids, &c, want, sizeof(uint64_t), 4096);
+                for (unsigned s = 0; s <= out->n_slots && r >= 0; s++) {
+                        float **a = s ? &out->slots[s - 1] : &out->values;
+                        float *grown = realloc(*a, c * dim * sizeof(float));
+                        r = grown ? 0 : -ENOMEM;
+                        if (grown)
+                                *a = grown;
+                }
+                if (r < 0)
+                        return errf(err, errlen, -ENOMEM, "out of memory for %zu rows", want);
+                *cap = c;
+        }
+        memcpy(out->ids + out->n, h->ids.data, n * sizeof(uint64_t));
+        for (unsigned s = 0; s <= out->n_slots; s++)
+                wire_tensor_copy_f32(t[s], (s ? out->slots[s - 1] : out->values) + out->n * dim);
+        out->n += n;
+        return 0;
+}
+
+int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_rows *out, char *err, size_t errlen) {
+        const struct model_spec *m = &pc->cfg->model;
+        memset(out, 0, sizeof(*out));
+        if (e >= m->n_embeddings)
+                return errf(err, errlen, -EINVAL, "table %u: the model has %u embedding table(s)", e, m->n_embeddings);
+        uint32_t N = pc->L->n_shards;
+        out->dim = m->emb[e].dim;
+        out->n_slots = sparse_optimizer_n_slots(pc->cfg->training.sparse_optimizer);
+        uint64_t *cursor = calloc(N, sizeof(*cursor));
+        bool *done = calloc(N, sizeof(*done));
+        struct rpc_pending **pend = calloc(N, sizeof(*pend));
+        size_t cap = 0;
+        int r = cursor && done && pend ? 0 : errf(err, errlen, -ENOMEM, "out of memory");
+        /* one page of every shard not done yet at a time, all in parallel */
+        for (bool more = true; more && r >= 0;) {
+                struct rpc_batch *b;
+                if ((r = rpc_batch_new(&b)) < 0)
+                        break;
+                for (uint32_t s = 0; s < N && r >= 0; s++) {
+                        pend[s] = NULL;
+                        if (done[s])
+                                continue;
+                        Psfleet__V1__Caller caller;
+                        ps_client_caller_init(pc, &caller);
+                        Psfleet__V1__SparseExportHeader h = PSFLEET__V1__SPARSE_EXPORT_HEADER__INIT;
+                        h.caller = &caller;
+                        h.table = e;
+                        h.cursor = cursor[s];
+                        Psfleet__V1__SparseExportRequest q = PSFLEET__V1__SPARSE_EXPORT_REQUEST__INIT;
+                        q.header = &h;
+                        r = rpc_batch_start(b, pc->ch[s], EXPORT, wire_pack(&q.base), pc->deadline_ms, false, &pend[s]);
+                }
+                if (r >= 0)
+                        rpc_batch_wait_all(b);
+                more = false;
+                for (uint32_t s = 0; s < N && r >= 0; s++) {
+                        if (!pend[s])
+                                continue;
+                        struct rpc_result *res = rpc_pending_result(pend[s]);
+                        if (res->err) {
+                                r = errf(err, errlen, res->err, "table %s: %s", m->emb[e].name, res->message);
+                                break;
+                        }
+                        struct wire_in *in;
+                        ProtobufCMessage *hm = NULL;
+                        char e2[300];
+                        r = wire_in_parse(res->reply, &in, e2, sizeof(e2));
+                        res->reply = NULL;
+                        if (r >= 0 && (r = wire_in_header(in, &psfleet__v1__sparse_export_reply_header__descriptor,
+                                                          &hm)) < 0)
+                                snprintf(e2, sizeof(e2), "the header does not parse");
+                        if (r >= 0) {
+                                const Psfleet__V1__SparseExportReplyHeader *h =
+                                        (const Psfleet__V1__SparseExportReplyHeader *)hm;
+                                r = append_page(out, &cap, in, h, e2, sizeof(e2));
+                                done[s] = h->done;
+                                cursor[s] = h->next_cursor;
+                                more |= !h->done;
+                        }
+                        if (r < 0)
+                                errf(err, errlen, r, "ps:%u: SparseExport of table %s: %s", s, m->emb[e].name, e2);
+                        if (hm)
+                                protobuf_c_message_free_unpacked(hm, NULL);
+                        wire_in_free(in);
+                }
+                rpc_batch_free(b);
+        }
+        free(cursor);
+        free(done);
+        free(pend);
+        if (r < 0)
+                ps_sparse_rows_clear(out);
+        return r;
+}
+
+/* Starts the import of rows[idx[0..n)] into shard s, the table emptied first when clear. */
+static int import_page(struct ps_client *pc, struct rpc_batch *b, uint32_t s, uint32_t e,
+                       const struct ps_sparse_rows *rows, const size_t *idx, size_t n, bool clear, uint64_t global_step) {
+        size_t dim = rows->dim;
+        uint64_t *ids = malloc((n ? n : 1) * sizeof(*ids));
+        float *vals = malloc((n ? n : 1) * dim * (1 + rows->n_slots) * sizeof(float));
+        int r = ids && vals ? 0 : -ENOMEM;
+        struct wire_out *o = NULL;
+        if (r >= 0)
+                r = wire_out_new(&o);
+        if (r < 0)
+                goto out;
+        for (size_t k = 0; k < n; k++) {
+                ids[k] = rows->ids[idx[k]];
+                for (unsigned sl = 0; sl <= rows->n_slots; sl++)
+                        memcpy(vals + (sl * n + k) * dim, (sl ? rows->slots[sl - 1] : rows->values) + idx[k] * dim,
+                               dim * sizeof(float));
+        }
+        Psfleet__V1__Caller caller;
+        ps_client_caller_init(pc, &caller);
+        Psfleet__V1__SparseImportHeader h = PSFLEET__V1__SPARSE_IMPORT_HEADER__INIT;
+        h.caller = &caller;
+        h.table = e;
+        h.ids = (ProtobufCBinaryData){n * sizeof(uint64_t), (uint8_t *)ids};
+        h.global_step = global_step;
+        h.clear = clear;
+        wire_out_header(o, &h.base);
+        const char *so[SPARSE_MAX_SLOTS];
+        for (unsigned sl = 0; sl < rows->n_slots; sl++)
+                so[sl] = sparse_optimizer_slot_name(pc->cfg->training.sparse_optimizer, sl);
+        for (unsigned sl = 0; sl <= rows->n_slots && n && r >= 0; sl++)
+                r = wire_out_tensor_copy(o, sl ? so[sl - 1] : "rows", WIRE_DTYPE_FLOAT32, (uint64_t[]){n, dim}, 2, 0,
+                                         vals + sl * n * dim, n * dim * sizeof(float));
+        grpc_byte_buffer *bb;
+        if (r >= 0)
+                r = wire_out_finish(o, &bb);
+        struct rpc_pending *p;
+        if (r >= 0)
+                r = rpc_batch_start(b, pc->ch[s], IMPORT, bb, pc->deadline_ms, false, &p);
+out:
+        wire_out_free(o);
+        free(ids);
+        free(vals);
+        return r;
+}
+
+int ps_client_sparse_import(struct ps_client *pc, const bool *which, uint32_t e, const struct ps_sparse_rows *rows,
+                            uint64_t global_step, char *err, size_t errlen) {
+        const struct model_spec *m = &pc->cfg->model;
+        if (e >= m->n_embeddings)
+                return errf(err, errlen, -EINVAL, "table %u: the model has %u embedding table(s)", e, m->n_embeddings);
+        if (rows->dim != m->emb[e].dim || rows->n_slots != sparse_optimizer_n_slots(pc->cfg->training.sparse_optimizer))
+                return errf(err, errlen, -EINVAL, "table %s: rows of dim %u with %u slot(s), the job's are of dim %u with "
+                            "%u", m->emb[e].name, rows->dim, rows->n_slots, m->emb[e].dim,
+                            sparse_optimizer_n_slots(pc->cfg->training.sparse_optimizer));
+        uint32_t N = pc->L->n_shards;
+        size_t page = SPARSE_MAX_FLOATS / ((size_t)rows->dim * (1 + rows->n_slots));
+        if (page > SPARSE_MAX_IDS)
+                page = SPARSE_MAX_IDS;
+        struct split sp = {0};
+        int r = split_ids(rows->ids, rows->n, N, &sp);
+        if (r < 0)
+                return errf(err, errlen, r, "out of memory");
+        /* page k of every shard in one round, all shards in parallel; the first round empties each */
+        for (size_t at = 0, round = 0; r >= 0; at += page, round++) {
+                struct rpc_batch *b;
+                bool any = false;
+                if ((r = rpc_batch_new(&b)) < 0)
+                        break;
+                for (uint32_t s = 0; s < N && r >= 0; s++) {
+                        size_t have = sp.first[s + 1] - sp.first[s];
+                        if ((which && !which[s]) || (round && at >= have))
+                                continue;
+                        size_t n = at < have ? (have - at < page ? have - at : page) : 0;
+                        r = import_page(pc, b, s, e, rows, sp.order + sp.first[s] + at, n, round == 0, global_step);
+                        any = true;
+                }
+                char what[64];
+                snprintf(what, sizeof(what), "import of table %s", m->emb[e].name);
+                r = ps_client_batch_end(b, r, what, err, errlen);
+                if (!any)
+                        break;
+        }
+        split_free(&sp);
+        return r;
+}

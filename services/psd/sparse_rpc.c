@@ -1,0 +1,435 @@
+/* psd's embedding tables (docs/sparse.md): one sparse_table per model.embeddings entry holding the
+ * rows of this shard (sparse_shard_of), and their RPCs: a worker's SparseExchange (push the rows'
+ * gradients, pull rows), the chief's SparseExport and SparseImport (checkpoints). Every request is
+ * checked whole before anything is applied, so a refused one changes nothing. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "optim.h"
+#include "sparse_opts.h"
+#include "util.h"
+#include "wire.h"
+
+#include "psd-internal.h"
+
+#define EXPORT_PAGE_ROWS 65536u
+
+int sparse_tables_new(struct psd *p) {
+        const struct model_spec *m = &p->cfg->model;
+        p->m_sparse_ids = metric_counter("psfleet_ps_sparse_ids_total", "Ids received by SparseExchange (pushed "
+                                         "and pulled).", NULL, NULL);
+        p->m_sparse_in = metric_counter("psfleet_ps_sparse_bytes_total", "Payload bytes of SparseExchange: ids, "
+                                        "gradients in, rows out.", "direction", "in");
+        p->m_sparse_out = metric_counter("psfleet_ps_sparse_bytes_total", "Payload bytes of SparseExchange: ids, "
+                                         "gradients in, rows out.", "direction", "out");
+        if (!m->n_embeddings)
+                return 0;
+        p->tables = calloc(m->n_embeddings, sizeof(*p->tables));
+        if (!p->tables)
+                return log_error_errno(-ENOMEM, "cannot set up the embedding tables");
+        p->n_tables = m->n_embeddings;
+        for (uint32_t e = 0; e < m->n_embeddings; e++) {
+                struct psd_table *pt = &p->tables[e];
+                struct sparse_table_opts o;
+                sparse_table_opts_from_config(p->cfg, e, &o);
+                int r = sparse_table_new(&o, &pt->t);
+                if (r < 0)
+                        return log_error_errno(r, "cannot set up embedding table \"%s\"", m->emb[e].name);
+                pt->spec = &m->emb[e];
+                pt->n_slots = sparse_optimizer_n_slots(o.optimizer);
+                pt->m_rows = metric_gauge("psfleet_ps_sparse_rows", "Rows of an embedding table stored on this "
+                                          "shard.", "table", m->emb[e].name);
+        }
+        return 0;
+}
+
+void sparse_tables_free(struct psd *p) {
+        for (uint32_t e = 0; e < p->n_tables; e++)
+                sparse_table_free(p->tables[e].t);
+        free(p->tables);
+        p->tables = NULL;
+        p->n_tables = 0;
+}
+
+void sparse_tables_clear(struct psd *p) {
+        for (uint32_t e = 0; e < p->n_tables; e++)
+                sparse_table_clear(p->tables[e].t);
+}
+
+void sparse_tables_tick(struct psd *p) {
+        uint64_t now = atomic_load(&p->sparse_step);
+        for (uint32_t e = 0; e < p->n_tables; e++) {
+                struct psd_table *pt = &p->tables[e];
+                uint64_t after = pt->spec->evict_after_steps;
+                if (after && now > after) {
+                        size_t n = sparse_table_evict(pt->t, now, after);
+                        if (n) {
+                                atomic_fetch_add(&pt->evicted, n);
+                                log_info_step(now, "table \"%s\": evicted %zu row(s) untouched for %" PRIu64
+                                              " steps", pt->spec->name, n, after);
+                        }
+                }
+                metric_set(pt->m_rows, (double)sparse_table_rows(pt->t));
+        }
+}
+
+size_t sparse_max_request(const struct psd *p) {
+        return p->n_tables ? 2 * (size_t)SPARSE_MAX_IDS * sizeof(uint64_t) + (size_t)SPARSE_MAX_FLOATS * sizeof(float) +
+                                     (64u << 10)
+                           : 0;
+}
+
+int sparse_status(struct psd *p, Psfleet__V1__ShardStatus *st) {
+        if (!p->n_tables)
+                return 0;
+        Psfleet__V1__SparseTableStatus *ts = calloc(p->n_tables, sizeof(*ts));
+        Psfleet__V1__SparseTableStatus **tp = calloc(p->n_tables, sizeof(*tp));
+        if (!ts || !tp) {
+                free(ts);
+                free(tp);
+                return -ENOMEM;
+        }
+        for (uint32_t e = 0; e < p->n_tables; e++) {
+                struct psd_table *pt = &p->tables[e];
+                psfleet__v1__sparse_table_status__init(&ts[e]);
+                ts[e].name = (char *)pt->spec->name;
+                ts[e].rows = sparse_table_rows(pt->t);
+                ts[e].bytes = sparse_table_bytes(pt->t);
+                ts[e].ids_in = atomic_load(&pt->ids_in);
+                ts[e].bytes_in = atomic_load(&pt->bytes_in);
+                ts[e].bytes_out = atomic_load(&pt->bytes_out);
+                ts[e].evicted = atomic_load(&pt->evicted);
+                tp[e] = &ts[e];
+        }
+        st->n_tables = p->n_tables;
+        st->tables = tp;
+        return 0;
+}
+
+void sparse_status_done(Psfleet__V1__ShardStatus *st) {
+        if (st->n_tables)
+                free(st->tables[0]);
+        free(st->tables);
+        st->tables = NULL;
+        st->n_tables = 0;
+}
+
+/* ---- checks shared by the three calls ---- */
+
+static int check_table(struct psd *p, uint32_t e, char *err, size_t errlen) {
+        if (e >= p->n_tables)
+                return errf(err, errlen, -EINVAL, "table: %u is not an embedding table of this job (it has %u)", e,
+                            p->n_tables);
+        return 0;
+}
+
+/* The ids of a bytes field: a multiple of 8 bytes, at most SPARSE_MAX_IDS, each of this shard. *ids
+ * gets them aligned (malloc'd; NULL when there are none). */
+static int take_ids(struct psd *p, const ProtobufCBinaryData *b, const char *field, uint64_t **ids, size_t *n,
+                    char *err, size_t errlen) {
+        *ids = NULL;
+        *n = 0;
+        if (b->len % sizeof(uint64_t))
+                return errf(err, errlen, -EINVAL, "%s: %zu bytes, not a multiple of 8 (packed little-endian uint64 ids)",
+                            field, b->len);
+        size_t k = b->len / sizeof(uint64_t);
+        if (k > SPARSE_MAX_IDS)
+                return errf(err, errlen, -EINVAL, "%s: %zu ids, more than the %u one message may carry", field, k,
+                            SPARSE_MAX_IDS);
+        if (!k)
+                return 0;
+        uint64_t *v = malloc(k * sizeof(*v));
+        if (!v)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        memcpy(v, b->data, k * sizeof(*v));
+        uint32_t n_ps = p->cfg->cluster.n_ps;
+        for (size_t i = 0; i < k; i++)
+                if (sparse_shard_of(v[i], n_ps) != p->shard) {
+                        free(v);
+                        return errf(err, errlen, -EINVAL, "%s[%zu]: id %" PRIu64 " belongs to ps:%u, not ps:%u", field,
+                                    i, v[i], sparse_shard_of(v[i], n_ps), p->shard);
+                }
+        *ids = v;
+        *n = k;
+        return 0;
+}
+
+/* Tensor `name` of in, float32 (n, dim), every value finite, into dst (n * dim floats). */
+static int take_rows(const struct wire_in *in, const char *name, size_t n, uint32_t dim, float *dst, char *err,
+                     size_t errlen) {
+        const struct wire_tensor *t = NULL;
+        for (size_t i = 0; i < in->n_tensors; i++)
+                if (strcmp(in->tensors[i].name, name) == 0) {
+                        if (t)
+                                return errf(err, errlen, -EINVAL, "tensor \"%s\" given twice", name);
+                        t = &in->tensors[i];
+                }
+        if (!t)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\" is missing", name);
+        if (t->dtype != WIRE_DTYPE_FLOAT32)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, float32 expected", name, t->dtype);
+        if (t->ndims != 2 || t->shape[0] != n || t->shape[1] != dim)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": shape (%" PRIu64 ", %" PRIu64 ")%s, (%zu, %u) "
+                            "expected", name, t->ndims ? t->shape[0] : 0, t->ndims > 1 ? t->shape[1] : 0,
+                            t->ndims == 2 ? "" : " (not 2-D)", n, dim);
+        wire_tensor_copy_f32(t, dst);
+        for (size_t i = 0; i < n * dim; i++)
+                if (!isfinite(dst[i]))
+                        return errf(err, errlen, -EINVAL, "tensor \"%s\": row %zu holds %s", name, i / dim,
+                                    isnan(dst[i]) ? "NaN" : "Inf");
+        return 0;
+}
+
+/* Only the tensors named in names[0..n) may come. */
+static int check_names(const struct wire_in *in, const char *const *names, size_t n, char *err, size_t errlen) {
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                size_t k = 0;
+                while (k < n && strcmp(in->tensors[i].name, names[k]) != 0)
+                        k++;
+                if (k == n)
+                        return errf(err, errlen, -EINVAL, "tensor \"%s\" is not expected here", in->tensors[i].name);
+        }
+        return 0;
+}
+
+static void release_free(void *ud) {
+        free(ud);
+}
+
+/* Appends buf (n x dim floats, owned: freed once sent) as tensor name. */
+static int put_rows(struct wire_out *o, const char *name, float *buf, size_t n, uint32_t dim) {
+        uint64_t shape[2] = {n, dim};
+        return wire_out_tensor(o, name, WIRE_DTYPE_FLOAT32, shape, 2, 0, buf, n * dim * sizeof(float), release_free,
+                               buf);
+}
+
+static void reply_out(struct psd *p, struct rpc_call *call, struct wire_out *o, int r) {
+        grpc_byte_buffer *bb;
+        if (r >= 0)
+                r = wire_out_finish(o, &bb);
+        wire_out_free(o);
+        if (r < 0)
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+        else
+                rpc_call_reply(call, bb);
+}
+
+/* ---- SparseExchange: a worker's step ---- */
+
+void on_sparse_exchange(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        char err[600];
+        struct wire_in *in = NULL;
+        ProtobufCMessage *hm = NULL;
+        uint64_t *push = NULL, *pull = NULL;
+        float *g = NULL, *rows = NULL;
+        size_t n_push = 0, n_pull = 0;
+        int r;
+        if ((r = receive(p, call, &psfleet__v1__sparse_exchange_header__descriptor, &in, &hm, err, sizeof(err))) < 0)
+                goto reject;
+        const Psfleet__V1__SparseExchangeHeader *h = (const Psfleet__V1__SparseExchangeHeader *)hm;
+        if (!atomic_load(&p->s->initialized)) {
+                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "ps:%u is not initialized yet (waiting for the chief)",
+                              p->shard);
+                goto out;
+        }
+        if (h->incarnation && h->incarnation != p->incarnation) {
+                snprintf(err, sizeof(err), "incarnation: %" PRIu64 ", but ps:%u is now %" PRIu64 " (it restarted): "
+                         "pull again", h->incarnation, p->shard, p->incarnation);
+                r = -ESTALE;
+                goto reject;
+        }
+        if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
+            (r = take_ids(p, &h->push_ids, "push_ids", &push, &n_push, err, sizeof(err))) < 0 ||
+            (r = take_ids(p, &h->pull_ids, "pull_ids", &pull, &n_pull, err, sizeof(err))) < 0)
+                goto reject;
+        struct psd_table *pt = &p->tables[h->table];
+        uint32_t dim = sparse_table_dim(pt->t);
+        if ((n_push > n_pull ? n_push : n_pull) * dim > SPARSE_MAX_FLOATS) {
+                r = errf(err, sizeof(err), -EINVAL, "push_ids, pull_ids: %zu and %zu rows of %u floats, more than "
+                         "the %u floats one message may carry", n_push, n_pull, dim, SPARSE_MAX_FLOATS);
+                goto reject;
+        }
+        static const char *const names[] = {"grads"};
+        if ((r = check_names(in, names, n_push ? 1 : 0, err, sizeof(err))) < 0)
+                goto reject;
+        g = malloc(n_push * dim * sizeof(float) + sizeof(float));
+        rows = malloc(n_pull * dim * sizeof(float) + sizeof(float));
+        if (!g || !rows)
+                goto oom;
+        if (n_push && (r = take_rows(in, "grads", n_push, dim, g, err, sizeof(err))) < 0)
+                goto reject;
+
+        /* the step the worker saw: the rows' last touch, the learning rate's schedule, eviction's clock */
+        uint64_t step = h->global_step, seen = atomic_load(&p->sparse_step);
+        while (step > seen && !atomic_compare_exchange_weak(&p->sparse_step, &seen, step))
+                ;
+        const struct training_config *tc = &p->cfg->training;
+        float lr = (float)(tc->sparse_learning_rate > 0 ? tc->sparse_learning_rate : optim_learning_rate(tc, step));
+        if ((n_push && sparse_table_push(pt->t, push, n_push, g, lr, step) < 0) ||
+            (n_pull && sparse_table_pull(pt->t, pull, n_pull, rows, h->create, step) < 0))
+                goto oom;
+        uint64_t in_bytes = (n_push + n_pull) * sizeof(uint64_t) + n_push * dim * sizeof(float),
+                 out_bytes = n_pull * dim * sizeof(float);
+        atomic_fetch_add(&pt->ids_in, n_push + n_pull);
+        atomic_fetch_add(&pt->bytes_in, in_bytes);
+        atomic_fetch_add(&pt->bytes_out, out_bytes);
+        metric_add(p->m_sparse_ids, n_push + n_pull);
+        metric_add(p->m_sparse_in, in_bytes);
+        metric_add(p->m_sparse_out, out_bytes);
+
+        Psfleet__V1__SparseExchangeReplyHeader rh = PSFLEET__V1__SPARSE_EXCHANGE_REPLY_HEADER__INIT;
+        rh.incarnation = p->incarnation;
+        struct wire_out *o;
+        if (wire_out_new(&o) < 0)
+                goto oom;
+        wire_out_header(o, &rh.base);
+        r = n_pull ? put_rows(o, "rows", rows, n_pull, dim) : 0;
+        rows = NULL;
+        reply_out(p, call, o, r);
+        goto out;
+oom:
+        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+        goto out;
+reject:
+        reject(p, call, r, err);
+out:
+        free(push);
+        free(pull);
+        free(g);
+        free(rows);
+        if (hm)
+                protobuf_c_message_free_unpacked(hm, NULL);
+        wire_in_free(in);
+}
+
+/* ---- SparseExport and SparseImport: the chief's checkpoints ---- */
+
+void on_sparse_export(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        char err[600];
+        ProtobufCMessage *m = NULL;
+        uint64_t *ids = NULL;
+        float *vals = NULL, *slots = NULL;
+        int r;
+        if ((r = wire_unpack(rpc_call_payload(call), &psfleet__v1__sparse_export_request__descriptor, &m)) < 0) {
+                snprintf(err, sizeof(err), "SparseExportRequest does not parse");
+                goto reject;
+        }
+        static const Psfleet__V1__SparseExportHeader empty = PSFLEET__V1__SPARSE_EXPORT_HEADER__INIT;
+        const Psfleet__V1__SparseExportRequest *q = (const Psfleet__V1__SparseExportRequest *)m;
+        const Psfleet__V1__SparseExportHeader *h = q->header ? q->header : &empty;
+        if ((r = check_caller(p, h->caller, err, sizeof(err))) < 0 || (r = check_table(p, h->table, err, sizeof(err))) < 0)
+                goto reject;
+        struct psd_table *pt = &p->tables[h->table];
+        uint32_t dim = sparse_table_dim(pt->t);
+        size_t max = h->max_rows ? h->max_rows : EXPORT_PAGE_ROWS;
+        if (max * dim * (1 + pt->n_slots) > SPARSE_MAX_FLOATS)
+                max = SPARSE_MAX_FLOATS / ((size_t)dim * (1 + pt->n_slots));
+        ids = malloc(max * sizeof(*ids));
+        vals = malloc(max * dim * sizeof(float));
+        slots = malloc(max * dim * (pt->n_slots ? pt->n_slots : 1) * sizeof(float));
+        if (!ids || !vals || !slots)
+                goto oom;
+        uint64_t cursor = h->cursor;
+        size_t n = sparse_table_export(pt->t, &cursor, max, ids, vals, pt->n_slots ? slots : NULL);
+
+        Psfleet__V1__SparseExportReplyHeader rh = PSFLEET__V1__SPARSE_EXPORT_REPLY_HEADER__INIT;
+        const char *slot_names[SPARSE_MAX_SLOTS];
+        rh.incarnation = p->incarnation;
+        rh.next_cursor = cursor;
+        rh.done = n == 0;
+        rh.ids = (ProtobufCBinaryData){n * sizeof(uint64_t), (uint8_t *)ids};
+        rh.dim = dim;
+        for (unsigned s = 0; s < pt->n_slots; s++)
+                slot_names[s] = sparse_optimizer_slot_name(p->cfg->training.sparse_optimizer, s);
+        rh.n_slots = pt->n_slots;
+        rh.slots = (char **)slot_names;
+        struct wire_out *o;
+        if (wire_out_new(&o) < 0)
+                goto oom;
+        wire_out_header(o, &rh.base);
+        r = put_rows(o, "rows", vals, n, dim);
+        vals = NULL;
+        for (unsigned s = 0; s < pt->n_slots && r >= 0; s++)
+                r = wire_out_tensor_copy(o, slot_names[s], WIRE_DTYPE_FLOAT32, (uint64_t[]){n, dim}, 2, 0,
+                                         slots + (size_t)s * max * dim, n * dim * sizeof(float));
+        reply_out(p, call, o, r);
+        goto out;
+oom:
+        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+        goto out;
+reject:
+        reject(p, call, r, err);
+out:
+        free(ids);
+        free(vals);
+        free(slots);
+        if (m)
+                protobuf_c_message_free_unpacked(m, NULL);
+}
+
+void on_sparse_import(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        char err[600];
+        struct wire_in *in = NULL;
+        ProtobufCMessage *hm = NULL;
+        uint64_t *ids = NULL;
+        float *vals = NULL;
+        size_t n = 0;
+        int r;
+        if ((r = receive(p, call, &psfleet__v1__sparse_import_header__descriptor, &in, &hm, err, sizeof(err))) < 0)
+                goto reject;
+        const Psfleet__V1__SparseImportHeader *h = (const Psfleet__V1__SparseImportHeader *)hm;
+        if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
+            (r = take_ids(p, &h->ids, "ids", &ids, &n, err, sizeof(err))) < 0)
+                goto reject;
+        struct psd_table *pt = &p->tables[h->table];
+        uint32_t dim = sparse_table_dim(pt->t);
+        enum sparse_optimizer so = p->cfg->training.sparse_optimizer;
+        if (n * dim * (1 + pt->n_slots) > SPARSE_MAX_FLOATS) {
+                r = errf(err, sizeof(err), -EINVAL, "ids: %zu rows of %u floats and %u slot(s), more than the %u floats "
+                         "one message may carry", n, dim, pt->n_slots, SPARSE_MAX_FLOATS);
+                goto reject;
+        }
+        const char *names[1 + SPARSE_MAX_SLOTS] = {"rows"};
+        for (unsigned s = 0; s < pt->n_slots; s++)
+                names[1 + s] = sparse_optimizer_slot_name(so, s);
+        if ((r = check_names(in, names, n ? 1 + pt->n_slots : 0, err, sizeof(err))) < 0)
+                goto reject;
+        /* rows, then the slots slot-major, as sparse_table_import reads them */
+        vals = malloc(n * dim * (1 + pt->n_slots) * sizeof(float) + sizeof(float));
+        if (!vals) {
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                goto out;
+        }
+        for (unsigned s = 0; s <= pt->n_slots && n && r >= 0; s++)
+                r = take_rows(in, names[s], n, dim, vals + (size_t)s * n * dim, err, sizeof(err));
+        if (r < 0)
+                goto reject;
+        if (h->clear)
+                sparse_table_clear(pt->t);
+        if (n && sparse_table_import(pt->t, ids, n, vals, pt->n_slots ? vals + n * dim : NULL, h->global_step) < 0) {
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                goto out;
+        }
+        Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;
+        rep.incarnation = p->incarnation;
+        rep.rows = sparse_table_rows(pt->t);
+        rpc_call_reply_msg(call, &rep.base);
+        goto out;
+reject:
+        reject(p, call, r, err);
+out:
+        free(ids);
+        free(vals);
+        if (hm)
+                protobuf_c_message_free_unpacked(hm, NULL);
+        wire_in_free(in);
+}
