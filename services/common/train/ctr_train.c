@@ -13,27 +13,8 @@
 #include "device.h"
 #include "job.h"
 #include "optim.h"
-#include "rng.h"
+#include "sparse_opts.h"
 #include "util.h"
-
-void ctr_table_opts(const struct job_config *cfg, uint32_t e, struct sparse_table_opts *o) {
-        const struct embedding_spec *es = &cfg->model.emb[e];
-        const struct training_config *t = &cfg->training;
-        uint64_t s = cfg->model.seed ^ (UINT64_C(0x9E3779B97F4A7C15) * (e + 1));
-
-        *o = (struct sparse_table_opts){
-                .dim = es->dim,
-                .optimizer = t->sparse_optimizer,
-                .init_stddev = es->init_stddev,
-                .seed = rng_splitmix64(&s),
-                .initial_accumulator = t->initial_accumulator,
-                .epsilon = t->epsilon,
-                .ftrl_l1 = t->ftrl_l1,
-                .ftrl_l2 = t->ftrl_l2,
-                .ftrl_beta = t->ftrl_beta,
-                .ftrl_lr_power = t->ftrl_lr_power,
-        };
-}
 
 float ctr_sparse_lr(const struct job_config *cfg, uint64_t global_step) {
         if (cfg->training.sparse_learning_rate > 0)
@@ -230,7 +211,7 @@ int trainer_ctr(const struct job_config *cfg, FILE *loss_log, const char *params
                 return r;
         for (uint32_t e = 0; e < lt.n; e++) {
                 struct sparse_table_opts o;
-                ctr_table_opts(cfg, e, &o);
+                sparse_table_opts_from_config(cfg, e, &o);
                 if ((r = sparse_table_new(&o, &lt.t[e])) < 0) {
                         errf(err, errlen, r, "embedding table %s: %s", cfg->model.emb[e].name, strerror(-r));
                         goto out;

@@ -1,6 +1,5 @@
 /* Training and evaluating a model with embeddings (docs/sparse.md) in the pieces every node shares:
- * the job's record files opened as a worker's shard, the options of each embedding table (so psd and
- * the standalone trainer build identical tables), the learning rate of the rows, the evaluation over
+ * the job's record files opened as a worker's shard, the learning rate of the rows, the evaluation over
  * the test files (AUC, log loss, RMSE) given a way to look rows up, and the standalone trainer. */
 #pragma once
 #include <stdbool.h>
@@ -13,10 +12,6 @@
 #include "records.h"
 #include "sparse_table.h"
 #include "trainer.h"
-
-/* The options of table e of the job (model.embeddings[e], training.sparse_optimizer and its keys);
- * the seed is a function of model.seed and e only. */
-void ctr_table_opts(const struct job_config *cfg, uint32_t e, struct sparse_table_opts *o);
 
 /* The learning rate of the rows at global_step: training.sparse_learning_rate, or the dense one's
  * schedule when that is 0. */
