@@ -13,3 +13,4 @@ int cmd_stop(int argc, char **argv);
 int cmd_restart(int argc, char **argv);
 int cmd_certs(int argc, char **argv);
 int cmd_check(int argc, char **argv);
+int cmd_gendata(int argc, char **argv);

@@ -31,6 +31,9 @@ static const struct command {
         {"check", cmd_check,
          "check JOB.json       pre-flight: the job file, endpoints, data and certificates, starting nothing"},
         {"certs", cmd_certs, "certs --job JOB      make a job's CA and a key and certificate per task (docs/security.md)"},
+        {"gen-data", cmd_gendata,
+         "gen-data --rows N --out PATH\n"
+         "                       write training data from a planted model (Criteo-like, LIBSVM or CSV)"},
 };
 
 static void usage(FILE *f) {
