@@ -46,7 +46,7 @@ struct sparse_table {
         unsigned n_slots;
         size_t row_floats;             /* dim * (1 + n_slots) */
         size_t rec_bytes;              /* a record: id, touch, row_floats floats */
-        unsigned geo_k;                /* chunks 0..geo_k double in size; later ones are max_rows */
+        unsigned geo_k;                /* chunks 0..geo_k double in size; later ones hold 2^max_shift */
         unsigned max_shift;            /* log2(rows of a full chunk) */
         uint64_t geo_rows;             /* rows in chunks 0..geo_k */
         struct stripe stripes[N_STRIPES];
@@ -94,10 +94,7 @@ static inline uint64_t stripe_hash(uint64_t id)
 
 uint32_t sparse_shard_of(uint64_t id, uint32_t n_shards)
 {
-        uint64_t z = id + 0x9e3779b97f4a7c15ULL;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        z ^= z >> 31;
+        uint64_t z = rng_splitmix64(&id);
         /* multiply-shift: the bias is at most n_shards / 2^32 */
         return (uint32_t)(((z >> 32) * (uint64_t)n_shards) >> 32);
 }
