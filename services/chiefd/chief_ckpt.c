@@ -18,6 +18,7 @@
 #include "ckpt.h"
 #include "log.h"
 #include "optim.h"
+#include "sparse_table.h"
 #include "util.h"
 
 #define FORMAT "psfleet.checkpoint.v1"
@@ -26,6 +27,8 @@ struct chief_ckpt {
         struct chief_db *db;
         char *dir, *job;
         const struct job_layout *L;
+        const struct model_spec *model;
+        enum sparse_optimizer sparse_optimizer;
         uint64_t fingerprint;
         uint32_t keep, keep_corrupt;
         uint64_t test_hook_delay_ms;
@@ -54,7 +57,8 @@ int chief_ckpt_new(struct chief_db *db, const struct chief_ckpt_config *cfg, str
                 free(abs);
                 return errf(err, errlen, -ENOMEM, "out of memory");
         }
-        *s = (struct chief_ckpt){.db = db, .dir = abs, .job = job, .L = cfg->L, .fingerprint = cfg->fingerprint,
+        *s = (struct chief_ckpt){.db = db, .dir = abs, .job = job, .L = cfg->L, .model = cfg->model,
+                                 .sparse_optimizer = cfg->sparse_optimizer, .fingerprint = cfg->fingerprint,
                                  .keep = cfg->keep ? cfg->keep : 1, .keep_corrupt = cfg->keep_corrupt, .test_hook_delay_ms = cfg->test_hook_delay_ms};
         pthread_mutex_init(&s->mu, NULL);
         *ret = s;
@@ -159,9 +163,39 @@ static int prune_corrupt_locked(struct chief_ckpt *s) {
 int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slots, uint64_t global_step,
                     const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
                     size_t errlen) {
+        return chief_ckpt_save_tables(s, params, slots, NULL, global_step, stats, ret, err, errlen);
+}
+
+/* Table e's tensors at t[0..2 + n_slots) (names malloc'd into names[]): "emb/<name>/ids", "emb/<name>",
+ * "emb/<name>/<slot>"... Returns how many, or -ENOMEM. */
+static int table_tensors(const struct chief_ckpt *s, uint32_t e, const struct ps_sparse_rows *rows,
+                         struct ckpt_tensor *t, char **names) {
+        const char *tn = s->model->emb[e].name;
+        unsigned ns = sparse_optimizer_n_slots(s->sparse_optimizer);
+        names[0] = strdup_printf("emb/%s/ids", tn);
+        names[1] = strdup_printf("emb/%s", tn);
+        for (unsigned sl = 0; sl < ns; sl++)
+                names[2 + sl] = strdup_printf("emb/%s/%s", tn, sparse_optimizer_slot_name(s->sparse_optimizer, sl));
+        for (unsigned k = 0; k < 2 + ns; k++)
+                if (!names[k])
+                        return -ENOMEM;
+        uint32_t n = (uint32_t)rows->n, dim = s->model->emb[e].dim;
+        t[0] = (struct ckpt_tensor){names[0], n, 1, rows->ids, CKPT_U64, 1};
+        t[1] = (struct ckpt_tensor){names[1], n, dim, rows->values, CKPT_F32, 2};
+        for (unsigned sl = 0; sl < ns; sl++)
+                t[2 + sl] = (struct ckpt_tensor){names[2 + sl], n, dim, rows->slots[sl], CKPT_F32, 2};
+        return (int)(2 + ns);
+}
+
+int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *const *slots,
+                           const struct ps_sparse_rows *tables, uint64_t global_step,
+                           const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
+                           size_t errlen) {
         const struct job_layout *L = s->L;
         unsigned ns = slots ? L->n_slots : 0;
-        size_t n = (size_t)L->n_vars * (1 + ns);
+        uint32_t n_tables = tables && s->model ? s->model->n_embeddings : 0;
+        size_t n_dense = (size_t)L->n_vars * (1 + ns);
+        size_t n = n_dense + (size_t)n_tables * (2 + SPARSE_MAX_SLOTS);
         struct ckpt_tensor *t = calloc(n, sizeof(*t));
         char **names = calloc(n, sizeof(*names));
         char *path = chief_ckpt_path(s, global_step);
@@ -182,8 +216,18 @@ int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slo
                                 goto out;
                         }
                         t[k] = (struct ckpt_tensor){names[k], jv->rows, jv->cols,
-                                                    (sl ? slots[sl - 1] : params) + jv->offset};
+                                                    (sl ? slots[sl - 1] : params) + jv->offset, CKPT_F32, 2};
                 }
+        for (uint32_t e = 0, k = (uint32_t)n_dense; e < n_tables; e++) {
+                int m = tables[e].n > UINT32_MAX ? -E2BIG : table_tensors(s, e, &tables[e], t + k, names + k);
+                if (m < 0) {
+                        r = errf(err, errlen, m, "table %s: %s", s->model->emb[e].name, strerror(-m));
+                        goto out;
+                }
+                k += (uint32_t)m;
+                if (e + 1 == n_tables)
+                        n = k;
+        }
         char step[24], fp[24], tus[24], slot_list[64] = "";
         uint64_t time_us = now_us();
         snprintf(step, sizeof(step), "%" PRIu64, global_step);
@@ -192,12 +236,19 @@ int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slo
         for (unsigned sl = 0; sl < ns; sl++)
                 snprintf(slot_list + strlen(slot_list), sizeof(slot_list) - strlen(slot_list), "%s%s", sl ? "," : "",
                          optim_slot_name(L->optimizer, sl));
+        char sparse_slots[64] = "";
+        for (unsigned sl = 0; sl < sparse_optimizer_n_slots(s->sparse_optimizer); sl++)
+                snprintf(sparse_slots + strlen(sparse_slots), sizeof(sparse_slots) - strlen(sparse_slots), "%s%s",
+                         sl ? "," : "", sparse_optimizer_slot_name(s->sparse_optimizer, sl));
         const struct ckpt_kv meta[] = {
                 {"format", FORMAT},     {"job", s->job},
                 {"global_step", step},  {"fingerprint", fp},
                 {"optimizer", optim_name(L->optimizer)}, {"slots", slot_list},
                 {"time_us", tus},       {"writer", "psfleet chiefd " PSFLEET_VERSION},
+                /* with embedding tables only */
+                {"sparse_optimizer", sparse_optimizer_name(s->sparse_optimizer)}, {"sparse_slots", sparse_slots},
         };
+        size_t n_meta = ELEMENTSOF(meta) - (n_tables ? 0 : 2);
 
         pthread_mutex_lock(&s->mu);
         /* A row must always describe the file at its path: forget an older checkpoint of this step
@@ -209,7 +260,7 @@ int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slo
                 goto unlock;
         }
         struct ckpt_written w;
-        r = ckpt_write(path, t, n, meta, ELEMENTSOF(meta), s->test_hook_delay_ms, &w, err, errlen);
+        r = ckpt_write(path, t, n, meta, n_meta, s->test_hook_delay_ms, &w, err, errlen);
         if (r < 0)
                 goto unlock;
         if (s->test_hook_delay_ms)
@@ -252,11 +303,85 @@ out:
 
 /* ---- loading ---- */
 
+/* Whether name is a tensor of one of the model's tables: "emb/<table>", "emb/<table>/ids" or
+ * "emb/<table>/<slot>" of training.sparse_optimizer. */
+static bool table_tensor(const struct chief_ckpt *s, const char *name) {
+        if (!s->model || strncmp(name, "emb/", 4) != 0)
+                return false;
+        for (uint32_t e = 0; e < s->model->n_embeddings; e++) {
+                const char *tn = s->model->emb[e].name, *rest = name + 4;
+                size_t len = strlen(tn);
+                if (strncmp(rest, tn, len) != 0)
+                        continue;
+                rest += len;
+                if (!*rest || !strcmp(rest, "/ids"))
+                        return true;
+                for (unsigned sl = 0; *rest == '/' && sl < sparse_optimizer_n_slots(s->sparse_optimizer); sl++)
+                        if (!strcmp(rest + 1, sparse_optimizer_slot_name(s->sparse_optimizer, sl)))
+                                return true;
+        }
+        return false;
+}
+
+/* Checks table e's tensors in ck (ids U64 [n]; values and each slot F32 [n, dim]) and, with out, copies
+ * them there (malloc'd). -EINVAL naming the tensor, or -ENOMEM. */
+static int load_table(const struct chief_ckpt *s, const struct ckpt *ck, uint32_t e, struct ps_sparse_rows *out,
+                      char *err, size_t errlen) {
+        const struct embedding_spec *es = &s->model->emb[e];
+        unsigned ns = sparse_optimizer_n_slots(s->sparse_optimizer);
+        enum ckpt_dtype dt;
+        unsigned nd;
+        uint64_t shape[CKPT_MAX_DIMS];
+        const void *data[1 + 1 + SPARSE_MAX_SLOTS];
+        char name[80];
+        snprintf(name, sizeof(name), "emb/%s/ids", es->name);
+        if (ckpt_view(ck, name, &dt, &nd, shape, &data[0]) < 0)
+                return errf(err, errlen, -EINVAL, "no tensor \"%s\": the model has embedding table \"%s\"", name,
+                            es->name);
+        if (dt != CKPT_U64 || nd != 1)
+                return errf(err, errlen, -EINVAL, "tensor \"%s\" is not U64 of one dimension", name);
+        uint64_t n = shape[0];
+        for (unsigned k = 1; k <= 1 + ns; k++) {
+                if (k == 1)
+                        snprintf(name, sizeof(name), "emb/%s", es->name);
+                else
+                        snprintf(name, sizeof(name), "emb/%s/%s", es->name,
+                                 sparse_optimizer_slot_name(s->sparse_optimizer, k - 2));
+                if (ckpt_view(ck, name, &dt, &nd, shape, &data[k]) < 0)
+                        return errf(err, errlen, -EINVAL, "no tensor \"%s\"%s", name,
+                                    k == 1 ? "" : ": training.sparse_optimizer keeps that slot");
+                if (dt != CKPT_F32 || nd != 2 || shape[0] != n || shape[1] != es->dim)
+                        return errf(err, errlen, -EINVAL, "tensor \"%s\" is not F32 [%" PRIu64 ", %u] (its table's "
+                                    "ids and dim)", name, n, es->dim);
+        }
+        if (!out)
+                return 0;
+        *out = (struct ps_sparse_rows){.n = n, .dim = es->dim, .n_slots = ns};
+        out->ids = malloc(n * sizeof(uint64_t) + 1);
+        out->values = malloc(n * es->dim * sizeof(float) + 1);
+        for (unsigned sl = 0; sl < ns; sl++)
+                out->slots[sl] = malloc(n * es->dim * sizeof(float) + 1);
+        bool ok = out->ids && out->values;
+        for (unsigned sl = 0; sl < ns; sl++)
+                ok = ok && out->slots[sl];
+        if (!ok) {
+                ps_sparse_rows_clear(out);
+                return errf(err, errlen, -ENOMEM, "out of memory for table %s (%" PRIu64 " rows)", es->name, n);
+        }
+        memcpy(out->ids, data[0], n * sizeof(uint64_t));
+        for (unsigned k = 1; k <= 1 + ns; k++)
+                memcpy(k == 1 ? out->values : out->slots[k - 2], data[k], n * es->dim * sizeof(float));
+        return 0;
+}
+
 static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
-                       bool *slots_loaded, char *err, size_t errlen) {
+                       bool *slots_loaded, struct ps_sparse_rows *tables, char *err, size_t errlen) {
         const struct job_layout *L = s->L;
         uint64_t max = (uint64_t)L->n_params * sizeof(float) * (1 + OPTIM_MAX_SLOTS) + (16u << 20);
+        if (s->model && s->model->n_embeddings)
+                max += 1ull << 36;   /* the tables' rows: as many as the job touched */
         struct ckpt *ck = NULL;
+        struct ps_sparse_rows tmp_tables[MODEL_MAX_EMBEDDINGS] = {0};   /* the caller's only once all is read */
         char e[512], sum[32];
         /* read into a scratch block first: a file refused half-way must leave the caller's values as
          * they were (the previous checkpoint's, or the initializers') */
@@ -296,7 +421,7 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
                 char name[300];
                 snprintf(name, sizeof(name), "%s", ckpt_tensor_name(ck, i));
                 char *sl = strrchr(name, '/');
-                if (job_layout_find(L, name) >= 0)
+                if (job_layout_find(L, name) >= 0 || table_tensor(s, name))
                         continue;
                 if (sl) {
                         *sl = 0;
@@ -315,6 +440,12 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
                         goto out;
                 }
         }
+        uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
+        for (uint32_t t = 0; t < n_tables; t++)
+                if ((r = load_table(s, ck, t, tables ? &tmp_tables[t] : NULL, e, sizeof(e))) < 0) {
+                        errf(err, errlen, r, "%s", e);
+                        goto out;
+                }
         const char *opt = ckpt_meta(ck, "optimizer");
         bool same = opt && strcmp(opt, optim_name(L->optimizer)) == 0, with_slots = false;
         if (same && slots && L->n_slots) {
@@ -346,8 +477,14 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
         for (unsigned sl = 0; with_slots && sl < L->n_slots; sl++)
                 memcpy(slots[sl], tmp_slots[sl], L->n_params * sizeof(float));
         *slots_loaded = with_slots;
+        for (uint32_t t = 0; tables && t < n_tables; t++) {
+                tables[t] = tmp_tables[t];
+                tmp_tables[t] = (struct ps_sparse_rows){0};
+        }
         r = 0;
 out:
+        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
+                ps_sparse_rows_clear(&tmp_tables[t]);
         free(tmp);
         ckpt_free(ck);
         return r;
@@ -356,13 +493,19 @@ out:
 int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
                     bool *slots_loaded, char *err, size_t errlen) {
         pthread_mutex_lock(&s->mu);
-        int r = load_locked(s, row, params, slots, slots_loaded, err, errlen);
+        int r = load_locked(s, row, params, slots, slots_loaded, NULL, err, errlen);
         pthread_mutex_unlock(&s->mu);
         return r;
 }
 
 int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
                            struct chief_db_checkpoint *ret, char *err, size_t errlen) {
+        return chief_ckpt_load_latest_tables(s, params, slots, slots_loaded, NULL, ret, err, errlen);
+}
+
+int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
+                                  struct ps_sparse_rows *tables, struct chief_db_checkpoint *ret, char *err,
+                                  size_t errlen) {
         struct chief_db_checkpoint *rows = NULL;
         size_t n = 0;
         int r = chief_db_list_checkpoints(s->db, &rows, &n);
@@ -373,7 +516,7 @@ int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *sl
         for (size_t i = 0; i < n; i++) {
                 const struct chief_db_checkpoint *row = &rows[i];
                 char e[600];
-                int l = load_locked(s, row, params, slots, slots_loaded, e, sizeof(e));
+                int l = load_locked(s, row, params, slots, slots_loaded, tables, e, sizeof(e));
                 if (l == 0) {
                         *ret = *row;
                         r = 1;

@@ -6,7 +6,8 @@
  *
  * Tensors are the job's variables (names as the model gives them, shape [rows, cols]) and, under
  * "<var>/<slot>", the optimizer's slots; "__metadata__" holds format, job, global_step, fingerprint,
- * optimizer, slots, time_us.
+ * optimizer, slots, time_us. Each embedding table of the model is "emb/<name>/ids" (U64 [n]), "emb/<name>"
+ * (F32 [n, dim]) and "emb/<name>/<slot>" per slot of training.sparse_optimizer (docs/checkpoints.md).
  *
  * Part of chiefd: logs the repairs it makes (the daemon's own log). Thread-safe: one lock serializes
  * saves, loads, deletions and repairs; listing reads SQLite only. */
@@ -18,6 +19,7 @@
 #include "chief_db.h"
 #include "config.h"
 #include "job.h"
+#include "ps_client.h"
 #include "psfleet/v1/supervisor.pb-c.h"
 
 struct chief_ckpt;
@@ -25,6 +27,8 @@ struct chief_ckpt;
 struct chief_ckpt_config {
         const char *dir;                /* created when missing */
         const struct job_layout *L;     /* variables (block layout), optimizer; must outlive the store */
+        const struct model_spec *model; /* its embedding tables (NULL: none); must outlive the store */
+        enum sparse_optimizer sparse_optimizer;   /* the tables' slots */
         const char *job;
         uint64_t fingerprint;
         uint32_t keep;                  /* supervisor.keep_checkpoints */
@@ -56,10 +60,18 @@ int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slo
                     const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
                     size_t errlen);
 
+/* As chief_ckpt_save, with the embedding tables: tables[e] the rows of model->emb[e] (NULL: the model's
+ * tables are not written; the file then cannot restore a model that has some). */
+int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *const *slots,
+                           const struct ps_sparse_rows *tables, uint64_t global_step,
+                           const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
+                           size_t errlen);
+
 /* Reads and verifies one checkpoint into params (and slots when the file's optimizer is the job's;
  * *slots_loaded says whether they were). Checks: the file exists, its size and CRC-32C match the row,
  * it parses, its global_step matches, and it holds exactly the model's variables with their shapes
- * (and the optimizer's slots). Returns 0; -ENOENT (file missing), -EBADMSG (corrupt: size, checksum or
+ * (and the optimizer's slots), and every embedding table of the model with its ids, dim and the sparse
+ * optimizer's slots (a table refused names the tensor: -EINVAL). Returns 0; -ENOENT (file missing), -EBADMSG (corrupt: size, checksum or
  * format), -EINVAL (a valid file of a different model), or another -errno; err says why. A refused
  * file leaves params, slots and *slots_loaded as they were. */
 int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
@@ -72,6 +84,11 @@ int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row,
  * another -errno. */
 int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
                            struct chief_db_checkpoint *ret, char *err, size_t errlen);
+/* As chief_ckpt_load_latest, and on 1 the embedding tables' rows into tables[0..model->n_embeddings)
+ * (malloc'd: the caller clears each with ps_sparse_rows_clear); otherwise tables are left zeroed. */
+int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
+                                  struct ps_sparse_rows *tables, struct chief_db_checkpoint *ret, char *err,
+                                  size_t errlen);
 
 /* Deletes the checkpoint of global_step: its row (durably), then its file. 0 and *ret (may be NULL),
  * -ENOENT, or -errno. */

@@ -173,8 +173,20 @@ diverged:
         return -EDOM;
 }
 
-/* Writes and records the pulled values (with the slots when pulled) as the checkpoint of gs. A
- * request at the step of the newest checkpoint returns that one (*existing). */
+/* Every embedding table's rows, with their slots, from every shard into tables[0..n_embeddings)
+ * (cleared by the caller, also on failure). */
+static int export_tables(struct chief *c, struct ps_sparse_rows *tables, char *err, size_t errlen) {
+        for (uint32_t e = 0; e < c->cfg->model.n_embeddings; e++) {
+                int r = ps_client_sparse_export(c->pc, e, &tables[e], err, errlen);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* Writes and records the pulled values (with the slots when pulled), and the embedding tables as the
+ * shards hold them now, as the checkpoint of gs. A request at the step of the newest checkpoint returns
+ * that one (*existing). */
 int chief_save(struct chief *c, uint64_t gs, bool with_slots, const char *trigger, struct chief_db_checkpoint *ret,
                 bool *existing, char *err, size_t errlen) {
         struct chief_db_checkpoint stats = {0};
@@ -200,8 +212,14 @@ int chief_save(struct chief *c, uint64_t gs, bool with_slots, const char *trigge
         }
         struct chief_db_checkpoint row;
         uint64_t t0 = mono_us();
-        int r = chief_ckpt_save(c->ckpts, model_params(c->model), with_slots && c->n_slots ? c->slots : NULL, gs, &stats,
-                                &row, err, errlen);
+        /* the whole file is built in memory: the tables' rows are held here until it is written */
+        struct ps_sparse_rows tables[MODEL_MAX_EMBEDDINGS] = {0};
+        int r = export_tables(c, tables, err, errlen);
+        if (r >= 0)
+                r = chief_ckpt_save_tables(c->ckpts, model_params(c->model), with_slots && c->n_slots ? c->slots : NULL,
+                                           c->cfg->model.n_embeddings ? tables : NULL, gs, &stats, &row, err, errlen);
+        for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++)
+                ps_sparse_rows_clear(&tables[e]);
         chief_metrics_checkpoint(r, mono_us() - t0, &row);
         pthread_mutex_lock(&c->lock);
         chief_strfmt(c->last_ckpt_error, sizeof(c->last_ckpt_error), "%s", r < 0 ? err : "");
@@ -288,8 +306,9 @@ int chief_restore_shards(struct chief *c, const bool *which, char *why, size_t l
         shard_list(c, which, shards, sizeof(shards));
         chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_LOOKING, .shards = shards,
                                              .where = chief_ckpt_dir(c->ckpts)});
-        int r = chief_ckpt_load_latest(c->ckpts, model_params(c->model), c->n_slots ? c->slots : NULL, &slots_loaded,
-                                       &row, err, sizeof(err));
+        struct ps_sparse_rows tables[MODEL_MAX_EMBEDDINGS] = {0};
+        int r = chief_ckpt_load_latest_tables(c->ckpts, model_params(c->model), c->n_slots ? c->slots : NULL,
+                                              &slots_loaded, tables, &row, err, sizeof(err));
         chief_refresh_ckpt_info(c);
         if (r <= 0) {
                 chief_strfmt(why, len, "%s", r == 0 ? "no usable checkpoint" : err);
@@ -298,8 +317,13 @@ int chief_restore_shards(struct chief *c, const bool *which, char *why, size_t l
         chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_FOUND, .shards = shards, .where = row.path,
                                              .step = row.global_step});
         notify_status("restoring %s from %s", shards, row.path);
+        /* the dense variables first: an Assign empties the shard's tables, which are imported next */
         r = ps_client_assign(c->pc, which, model_params(c->model), slots_loaded ? c->slots : NULL, row.global_step, err,
                           sizeof(err));
+        for (uint32_t e = 0; e < c->cfg->model.n_embeddings && r >= 0; e++)
+                r = ps_client_sparse_import(c->pc, which, e, &tables[e], row.global_step, err, sizeof(err));
+        for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++)
+                ps_sparse_rows_clear(&tables[e]);
         if (r < 0) {
                 chief_strfmt(why, len, "restoring %s from \"%s\": %s", shards, row.path, err);
                 return r == -EINVAL ? -EIO : r;

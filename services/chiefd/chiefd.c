@@ -207,7 +207,9 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 r = log_error_errno(-ENOMEM, "Cannot allocate the chief");
                 goto fail;
         }
-        struct chief_ckpt_config cc = {.dir = ckpt_dir, .L = c->L, .job = cfg->name, .fingerprint = c->fingerprint,
+        struct chief_ckpt_config cc = {.dir = ckpt_dir, .L = c->L, .model = &cfg->model,
+                                       .sparse_optimizer = cfg->training.sparse_optimizer, .job = cfg->name,
+                                       .fingerprint = c->fingerprint,
                                        .keep = cfg->supervisor.keep_checkpoints,
                                        .keep_corrupt = cfg->supervisor.keep_corrupt, .test_hook_delay_ms = c->test_hook_delay_ms};
         r = chief_ckpt_new(c->db, &cc, &c->ckpts, err, sizeof(err));

@@ -21,6 +21,13 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "checkpoints store flo
 
 #define HEADER_MAX (100u << 20)    /* safetensors' own limit on the JSON header */
 
+static const char *const dtype_names[] = {[CKPT_F32] = "F32", [CKPT_U64] = "U64"};
+static const size_t dtype_sizes[] = {[CKPT_F32] = 4, [CKPT_U64] = 8};
+
+static uint64_t tensor_bytes(const struct ckpt_tensor *t) {
+        return (uint64_t)t->rows * (t->ndims == 1 ? 1 : t->cols) * dtype_sizes[t->dtype];
+}
+
 const char *ckpt_format_checksum(uint32_t crc, char *buf, size_t len) {
         snprintf(buf, len, "crc32c:%08" PRIx32, crc);
         return buf;
@@ -50,9 +57,14 @@ static char *build_header(const struct ckpt_tensor *t, size_t n, const struct ck
         json_object_set_new(h, "__metadata__", m);
         uint64_t at = 0;
         for (size_t i = 0; i < n; i++) {
-                uint64_t bytes = (uint64_t)t[i].rows * t[i].cols * sizeof(float);
-                json_t *o = json_pack("{s:s, s:[I,I], s:[I,I]}", "dtype", "F32", "shape", (json_int_t)t[i].rows,
-                                      (json_int_t)t[i].cols, "data_offsets", (json_int_t)at, (json_int_t)(at + bytes));
+                uint64_t bytes = tensor_bytes(&t[i]);
+                json_t *o = t[i].ndims == 1
+                                    ? json_pack("{s:s, s:[I], s:[I,I]}", "dtype", dtype_names[t[i].dtype], "shape",
+                                                (json_int_t)t[i].rows, "data_offsets", (json_int_t)at,
+                                                (json_int_t)(at + bytes))
+                                    : json_pack("{s:s, s:[I,I], s:[I,I]}", "dtype", dtype_names[t[i].dtype], "shape",
+                                                (json_int_t)t[i].rows, (json_int_t)t[i].cols, "data_offsets",
+                                                (json_int_t)at, (json_int_t)(at + bytes));
                 if (!o || json_object_set_new(h, t[i].name, o) < 0) {
                         json_decref(h);
                         return NULL;
@@ -105,7 +117,7 @@ int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, co
         if (r >= 0)
                 r = put(af, header, hlen, &crc);
         for (size_t i = 0; i < n && r >= 0; i++) {
-                size_t bytes = (size_t)tensors[i].rows * tensors[i].cols * sizeof(float);
+                size_t bytes = (size_t)tensor_bytes(&tensors[i]);
                 r = put(af, tensors[i].data, bytes, &crc);
                 total += bytes;
         }
@@ -147,6 +159,7 @@ out:
 
 struct ckpt_t {
         const char *name;               /* owned by the header's JSON */
+        enum ckpt_dtype dtype;
         unsigned ndims;
         uint64_t shape[CKPT_MAX_DIMS];
         uint64_t begin, end;            /* into the data section */
@@ -287,9 +300,13 @@ static int parse_header(struct ckpt *c, const char *path, size_t data_len, char 
                                  key);
                         goto out;
                 }
-                if (strcmp(json_string_value(dt), "F32") != 0) {
-                        r = errf(err, errlen, -EBADMSG, "\"%s\": tensor \"%s\" has dtype %s; only F32 is used here",
-                                 path, key, json_string_value(dt));
+                if (strcmp(json_string_value(dt), "F32") == 0) {
+                        t->dtype = CKPT_F32;
+                } else if (strcmp(json_string_value(dt), "U64") == 0) {
+                        t->dtype = CKPT_U64;
+                } else {
+                        r = errf(err, errlen, -EBADMSG, "\"%s\": tensor \"%s\" has dtype %s; only F32 and U64 are used "
+                                 "here", path, key, json_string_value(dt));
                         goto out;
                 }
                 t->name = key;
@@ -316,10 +333,10 @@ static int parse_header(struct ckpt *c, const char *path, size_t data_len, char 
                 }
                 t->begin = (uint64_t)json_integer_value(b);
                 t->end = (uint64_t)json_integer_value(e);
-                if (t->end - t->begin != elems * sizeof(float)) {
+                if (t->end - t->begin != elems * dtype_sizes[t->dtype]) {
                         r = errf(err, errlen, -EBADMSG,
                                  "\"%s\": tensor \"%s\": data_offsets span %" PRIu64 " bytes, its shape needs %" PRIu64,
-                                 path, key, t->end - t->begin, elems * (uint64_t)sizeof(float));
+                                 path, key, t->end - t->begin, elems * (uint64_t)dtype_sizes[t->dtype]);
                         goto out;
                 }
                 order[c->n] = t;
@@ -386,18 +403,33 @@ int ckpt_get(const struct ckpt *c, const char *name, uint32_t rows, uint32_t col
                 const struct ckpt_t *t = &c->t[i];
                 if (strcmp(t->name, name) != 0)
                         continue;
-                bool ok = (t->ndims == 2 && t->shape[0] == rows && t->shape[1] == cols) ||
-                          (t->ndims == 1 && rows == 1 && t->shape[0] == cols);
+                bool ok = t->dtype == CKPT_F32 && ((t->ndims == 2 && t->shape[0] == rows && t->shape[1] == cols) ||
+                          (t->ndims == 1 && rows == 1 && t->shape[0] == cols));
                 if (!ok) {
                         char shape[160] = "";
                         for (unsigned d = 0, at = 0; d < t->ndims && at < sizeof(shape) - 24; d++)
                                 at += (unsigned)snprintf(shape + at, sizeof(shape) - at, "%s%" PRIu64, d ? ", " : "",
                                                          t->shape[d]);
-                        return errf(err, errlen, -EINVAL, "tensor \"%s\" has shape [%s], the model's is [%u, %u]", name,
-                                    shape, rows, cols);
+                        return errf(err, errlen, -EINVAL, "tensor \"%s\" has %sshape [%s], the model's is [%u, %u]",
+                                    name, t->dtype == CKPT_F32 ? "" : "dtype U64 and ", shape, rows, cols);
                 }
                 memcpy(dst, c->data + t->begin, (size_t)(t->end - t->begin));
                 return 0;
         }
         return errf(err, errlen, -ENOENT, "no tensor \"%s\"", name);
+}
+
+int ckpt_view(const struct ckpt *c, const char *name, enum ckpt_dtype *dtype, unsigned *ndims, uint64_t *shape,
+              const void **data) {
+        for (size_t i = 0; i < c->n; i++) {
+                const struct ckpt_t *t = &c->t[i];
+                if (strcmp(t->name, name) != 0)
+                        continue;
+                *dtype = t->dtype;
+                *ndims = t->ndims;
+                memcpy(shape, t->shape, t->ndims * sizeof(*shape));
+                *data = c->data + t->begin;
+                return 0;
+        }
+        return -ENOENT;
 }

@@ -12,11 +12,16 @@
 
 #define CKPT_MAX_DIMS 8
 
-/* One tensor to write: written with shape [rows, cols]. */
+/* Element types: F32 (every variable, row and slot) and U64 (embedding tables' ids). */
+enum ckpt_dtype { CKPT_F32, CKPT_U64 };
+
+/* One tensor to write: written with shape [rows, cols], or [rows] when ndims is 1. */
 struct ckpt_tensor {
         const char *name;
         uint32_t rows, cols;
-        const float *data;      /* (rows, cols) */
+        const void *data;       /* (rows, cols) of dtype */
+        enum ckpt_dtype dtype;  /* 0: F32 */
+        unsigned ndims;         /* 0 or 2: [rows, cols]; 1: [rows] (cols ignored) */
 };
 
 /* One "__metadata__" entry: both strings. */
@@ -47,7 +52,7 @@ struct ckpt;
 /* Reads the whole file (at most max_bytes), computes its CRC-32C, and checks the format: a JSON
  * object header; every tensor of dtype F32 with a shape whose element count matches its data_offsets;
  * the tensors back to back and covering the data section exactly (as safetensors' own loader demands);
- * every metadata value a string. Returns 0 and *ret (free with ckpt_free); -errno from the file system
+ * every metadata value a string. Tensors are F32 or U64. Returns 0 and *ret (free with ckpt_free); -errno from the file system
  * (-ENOENT, -EACCES, -EIO, -EFBIG over max_bytes); -EBADMSG when the file is not a valid safetensors
  * file of F32 tensors. err says why in every case. */
 int ckpt_read(const char *path, uint64_t max_bytes, struct ckpt **ret, char *err, size_t errlen);
@@ -60,11 +65,16 @@ const char *ckpt_meta(const struct ckpt *c, const char *key);
 size_t ckpt_n_tensors(const struct ckpt *c);
 const char *ckpt_tensor_name(const struct ckpt *c, size_t i);   /* i < ckpt_n_tensors; owned by c */
 
-/* Copies tensor `name` into dst (rows * cols floats) after checking that its shape is [rows, cols]
+/* Copies tensor `name` into dst (rows * cols floats) after checking that it is F32 of shape [rows, cols]
  * (or [cols] when rows is 1: a bias as other frameworks store it). Returns 0; -ENOENT when there is
- * no such tensor; -EINVAL when the shape differs, with both shapes in err. */
+ * no such tensor; -EINVAL when the dtype or shape differs, with both shapes in err. */
 int ckpt_get(const struct ckpt *c, const char *name, uint32_t rows, uint32_t cols, float *dst, char *err,
              size_t errlen);
+
+/* Where tensor `name`'s bytes lie in the file read (unaligned; owned by c) with its dtype and shape
+ * (shape: CKPT_MAX_DIMS room). 0, or -ENOENT. */
+int ckpt_view(const struct ckpt *c, const char *name, enum ckpt_dtype *dtype, unsigned *ndims, uint64_t *shape,
+              const void **data);
 
 /* "crc32c:1a2b3c4d" into buf (at least 16 bytes); returns buf. */
 const char *ckpt_format_checksum(uint32_t crc, char *buf, size_t len);

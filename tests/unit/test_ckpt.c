@@ -41,7 +41,7 @@ static char *path_of(const char *name) {
 }
 
 static void write_two(const char *path, struct ckpt_written *w) {
-        const struct ckpt_tensor t[] = {{"dense0/kernel", 2, 3, A}, {"dense0/bias", 1, 4, B}};
+        const struct ckpt_tensor t[] = {{"dense0/kernel", 2, 3, A, CKPT_F32, 2}, {"dense0/bias", 1, 4, B, CKPT_F32, 2}};
         const struct ckpt_kv meta[] = {{"global_step", "42"}, {"optimizer", "sgd"}};
         char err[256];
         assert_int_equal(ckpt_write(path, t, 2, meta, 2, 0, w, err, sizeof(err)), 0);
@@ -121,6 +121,41 @@ static void test_read_back(void **state) {
         assert_null(ckpt_free(NULL));
         char sum[32];
         assert_string_equal(ckpt_format_checksum(0x1a2b3c4d, sum, sizeof(sum)), "crc32c:1a2b3c4d");
+        free(p);
+}
+
+/* An embedding table's ids: U64 of one dimension beside F32 rows, read back where they lie; ckpt_get
+ * (the dense variables' reader) refuses them. */
+static void test_u64_ids(void **state) {
+        (void)state;
+        char *p = path_of("ids.safetensors");
+        const uint64_t ids[3] = {7, 1ull << 63, 42};
+        const struct ckpt_tensor t[] = {{"emb/cat/ids", 3, 1, ids, CKPT_U64, 1}, {"emb/cat", 3, 2, A, CKPT_F32, 2}};
+        struct ckpt_written w;
+        char err[256];
+        assert_int_equal(ckpt_write(p, t, 2, NULL, 0, 0, &w, err, sizeof(err)), 0);
+        assert_int_equal(w.bytes % 8, 0);
+        struct ckpt *c;
+        assert_int_equal(ckpt_read(p, 1 << 20, &c, err, sizeof(err)), 0);
+        enum ckpt_dtype dt;
+        unsigned nd;
+        uint64_t shape[CKPT_MAX_DIMS], got[3];
+        const void *data;
+        assert_int_equal(ckpt_view(c, "emb/cat/ids", &dt, &nd, shape, &data), 0);
+        assert_int_equal(dt, CKPT_U64);
+        assert_int_equal(nd, 1);
+        assert_int_equal(shape[0], 3);
+        memcpy(got, data, sizeof(got));
+        assert_memory_equal(got, ids, sizeof(ids));
+        assert_int_equal(ckpt_view(c, "emb/cat", &dt, &nd, shape, &data), 0);
+        assert_int_equal(dt, CKPT_F32);
+        assert_int_equal(nd, 2);
+        assert_int_equal(shape[1], 2);
+        assert_int_equal(ckpt_view(c, "emb/dog", &dt, &nd, shape, &data), -ENOENT);
+        float f[3];
+        assert_int_equal(ckpt_get(c, "emb/cat/ids", 1, 3, f, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "U64"));
+        ckpt_free(c);
         free(p);
 }
 
@@ -226,7 +261,7 @@ static void test_bit_flip_changes_checksum(void **state) {
 
 static void test_write_errors(void **state) {
         (void)state;
-        const struct ckpt_tensor t[] = {{"x", 1, 1, A}, {"x", 1, 1, B}};
+        const struct ckpt_tensor t[] = {{"x", 1, 1, A, CKPT_F32, 2}, {"x", 1, 1, B, CKPT_F32, 2}};
         struct ckpt_written w;
         char err[256];
         char *p = path_of("dup.safetensors");
@@ -252,6 +287,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_layout_on_disk),
                 cmocka_unit_test(test_read_back),
+                cmocka_unit_test(test_u64_ids),
                 cmocka_unit_test(test_foreign_file),
                 cmocka_unit_test(test_refused),
                 cmocka_unit_test(test_bit_flip_changes_checksum),

@@ -20,6 +20,7 @@ void sparse_table_opts_from_config(const struct job_config *cfg, uint32_t e, str
         o->init_stddev = es->init_stddev;
         o->seed = sparse_table_seed(cfg->model.seed, e);
         o->initial_accumulator = t->initial_accumulator;
+        o->epsilon = t->epsilon;
         o->ftrl_l1 = t->ftrl_l1;
         o->ftrl_l2 = t->ftrl_l2;
         o->ftrl_beta = t->ftrl_beta;
