@@ -27,13 +27,14 @@ def splitmix64(x):
     return z ^ (z >> 31)
 
 
-def read(path, n_max):
+def read(path, n_max, vocab=None):
     """Labels, dense (n, 13), and the 26 fields' tokens as Python ints (a per-field dictionary index:
     the table ids; hashing them as psfleet does changes nothing for the model, whose rows are
     independent per id)."""
     op = gzip.open if path.endswith(".gz") else open
     ys, xs, cats = [], [], []
-    vocab = [dict() for _ in range(26)]
+    grow = vocab is None
+    vocab = vocab or [dict() for _ in range(26)]
     with op(path, "rt") as f:
         for i, line in enumerate(f):
             if i >= n_max:
@@ -43,7 +44,12 @@ def read(path, n_max):
             xs.append([math.log1p(float(v)) if v and float(v) > 0 else 0.0 for v in c[1:14]])
             row = []
             for j, tok in enumerate(c[14:40]):
-                row.append(vocab[j].setdefault(tok, len(vocab[j])) if tok else -1)
+                if not tok:
+                    row.append(-1)
+                elif grow:
+                    row.append(vocab[j].setdefault(tok, len(vocab[j])))
+                else:  # a token the training rows never had: the field's last row, never trained
+                    row.append(vocab[j].get(tok, len(vocab[j])))
             cats.append(row)
     return np.array(ys, np.float32), np.array(xs, np.float32), np.array(cats, np.int64), vocab
 
@@ -63,19 +69,18 @@ def main():
     B = t.get("batch_size", 64)
     steps = a.steps or t.get("max_steps", 1000)
     y, x, cats, vocab = read(a.train, steps * B)
-    ty, tx, tcats, _ = read(a.test, 10 ** 7)
-    # test tokens unseen in training get a row of their own, never trained (as psfleet's initial rows)
+    ty, tx, tcats, _ = read(a.test, 10 ** 7, vocab)
     n_dense = x.shape[1]
     tables = []
     width = n_dense
     for e in m["embeddings"]:
         fields = list(range(26)) if e["fields"] == "all" else e["fields"]
-        n_rows = sum(len(vocab[f]) for f in fields) + len(fields) + 1
+        n_rows = sum(len(vocab[f]) + 2 for f in fields)
         std = e.get("init_stddev", 1.0 / math.sqrt(e["dim"]))
         bag = torch.nn.EmbeddingBag(n_rows, e["dim"], mode="sum", sparse=True)
         with torch.no_grad():
             bag.weight.normal_(0, std) if std > 0 else bag.weight.zero_()
-        offs = np.cumsum([0] + [len(vocab[f]) + 1 for f in fields])[:-1]
+        offs = np.cumsum([0] + [len(vocab[f]) + 2 for f in fields])[:-1]   # empty, the tokens, unseen
         tables.append((bag, fields, offs, e["dim"]))
         width += len(fields) * e["dim"]
     layers, w = [], width

@@ -100,7 +100,7 @@ int ctr_step_forward(const struct job_config *cfg, struct ctr_step *s, struct mo
 
         ctr_input(s->c, b, s->x);
         if (cfg->model.head != HEAD_SOFTMAX)
-                return model_forward_blocks_f(m, s->x, b->label, b->n, loss, correct, before, ud);
+                return model_forward_f_blocks(m, s->x, b->label, b->n, loss, correct, before, ud);
         for (uint32_t i = 0; i < b->n; i++) {
                 float l = b->label[i];
                 if (!(l >= 0 && l < (float)model_n_classes(m) && l == floorf(l)))
