@@ -1,14 +1,14 @@
-"""A model with embeddings trained through real daemons (docs/sparse.md): `psfleet gen-data` writes
-Criteo-like rows from a planted logistic model; examples/ctr-widedeep.json's model trains on them
-standalone, with 1 ps + 2 workers and with 2 ps + 2 workers. Each reaches the planted model's own AUC
-on the test rows within 0.03 (the 10^6-row figure, 0.02, is tests/bench/bench_ctr.py's), and the two
-shardings agree within 0.01 (rows are initialized by id, not by shard)."""
+"""A model with embeddings trained through real daemons (docs/sparse.md): `psfleet gen-data` writes 10^6
+Criteo-like rows (and 10^5 test rows) from a planted logistic model; examples/ctr-widedeep.json's job
+(one pass over them) with 1 ps + 2 workers reaches the planted model's own AUC on the test rows within
+0.02, and the same job with 2 ps shards gives the same AUC within 0.005 (rows are initialized by id,
+not by shard, so the model is the same whatever the sharding). About 2.5 minutes on 2 cores."""
 import json
 import os
 
 import harness as h
 
-TRAIN_ROWS, TEST_ROWS = 200000, 20000
+TRAIN_ROWS, TEST_ROWS = 1000000, 100000
 
 
 def gen(wd, rows, out, test_rows=None, test_out=None):
@@ -50,14 +50,13 @@ def test():
     meta = gen(wd, TRAIN_ROWS, os.path.join(data, "train.tsv.gz"), TEST_ROWS, os.path.join(data, "test.tsv.gz"))
     planted = meta["planted_auc"]
     h.log("planted AUC on the test rows: %.4f" % planted)
-    steps = 2 * TRAIN_ROWS // 256   # two epochs over the data of both workers together
-    sa = run(wd, job_for(wd, "ctr-standalone", 1, 1, data, steps), ["--standalone"], "standalone")
+    steps = TRAIN_ROWS // 256   # one pass over the data, both workers together
     one = run(wd, job_for(wd, "ctr-1ps", 1, 2, data, steps), name="1ps-2w")
     two = run(wd, job_for(wd, "ctr-2ps", 2, 2, data, steps), name="2ps-2w")
-    for r in (sa, one, two):
+    for r in (one, two):
         assert r["global_step"] >= steps, r
-        assert r["test_auc"] >= planted - 0.03, (r, planted)
-    assert abs(one["test_auc"] - two["test_auc"]) <= 0.01, (one, two)
+        assert r["test_auc"] >= planted - 0.02, (r, planted)
+    assert abs(one["test_auc"] - two["test_auc"]) <= 0.005, (one, two)
 
 
 if __name__ == "__main__":
