@@ -90,7 +90,9 @@ def test():
         maybe(lambda: shard_status(ps_addr))), 60, [ps, chief])
     restored = {t.name: t.rows for t in st.tables}
     h.log("restored at global_step %d: rows %s" % (st.global_step, restored))
-    assert st.global_step >= 400 and st.global_step % 100 == 0, st.global_step
+    assert st.global_step >= 300, st.global_step
+    # the tables come back with the dense variables, before the shard takes any exchange: a worker
+    # must never see a restored shard's fresh initial rows in place of its checkpointed ones
     assert all(n > 0 for n in restored.values()), restored
     worker.kill(signal.SIGCONT)
     final = h.wait_state(chief_addr, "DONE", 300, procs)
