@@ -66,6 +66,8 @@ void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
         json_object_set_new(o, "eta_s", s->eta_s >= 0 ? json_real(s->eta_s) : json_null());
         json_object_set_new(o, "loss", num_or_null(s->loss));
         json_object_set_new(o, "test_accuracy", num_or_null(s->test_accuracy));
+        json_object_set_new(o, "test_auc", num_or_null(s->test_auc));
+        json_object_set_new(o, "test_rmse", num_or_null(s->test_rmse));
         json_object_set_new(o, "test_loss", num_or_null(s->test_loss));
         json_object_set_new(o, "eval_step", s->eval_accuracy >= 0 ? json_integer((json_int_t)s->eval_step) : json_null());
         json_object_set_new(o, "eval_accuracy", s->eval_accuracy >= 0 ? json_real(s->eval_accuracy) : json_null());

@@ -81,7 +81,11 @@ static void print_text(const Psfleet__V1__JobStatus *s) {
         if (s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_DONE && s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED &&
             s->state != PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPED)
                 printf("  eta        %s\n", cli_format_duration(s->eta_s, buf, sizeof(buf)));
-        if (s->test_accuracy >= 0)
+        if (s->test_auc >= 0)
+                printf("  test       AUC %.4f, accuracy %.4f, loss %.4f\n", s->test_auc, s->test_accuracy, s->test_loss);
+        else if (s->test_rmse >= 0)
+                printf("  test       RMSE %.4f, loss %.4f\n", s->test_rmse, s->test_loss);
+        else if (s->test_accuracy >= 0)
                 printf("  test       accuracy %.4f, loss %.4f\n", s->test_accuracy, s->test_loss);
         else if (s->eval_accuracy >= 0)
                 printf("  eval       accuracy %.4f, loss %.4f at step %llu\n", s->eval_accuracy, s->eval_loss,

@@ -2,14 +2,16 @@
 (examples/ctr-widedeep.json's model, 1 ps + 1 worker, a checkpoint every 100 steps) and started again:
 the chief restores it from the newest checkpoint, embedding tables included (their rows are back
 before the worker, frozen meanwhile, touches anything), and the job finishes DONE with a test AUC near
-the planted model's. Also: bytes per step on the sparse path follow the batch's unique ids (the
-shard's counters against the rows the shard stores)."""
+the planted model's, its evaluations' AUC and log loss in the TensorBoard summaries (read with
+TensorBoard's own reader, pyenv.py). Also: bytes per step on the sparse path follow the batch's unique
+ids (the shard's counters: 8 bytes per id and 4 x dim per row or gradient, nothing else)."""
 import json
 import os
 import signal
 import time
 
 import harness as h
+import pyenv
 
 ROWS, TEST_ROWS, STEPS = 60000, 10000, 1000
 
@@ -29,6 +31,8 @@ def maybe(f):
 
 
 def test():
+    pyenv.ensure()
+    from tensorboard.backend.event_processing import event_accumulator
     for b in ("psd", "workerd", "chiefd", "psfleet"):
         if not os.access(h.BIN[b], os.X_OK):
             h.skip("%s not built" % b)
@@ -43,7 +47,8 @@ def test():
     with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
         base = json.load(f)
     base["data"]["dir"] = data
-    base["supervisor"] = {"save_checkpoint_steps": 100, "save_checkpoint_secs": 0, "save_summaries_secs": 0}
+    base["supervisor"] = {"save_checkpoint_steps": 100, "save_checkpoint_secs": 0, "save_summaries_secs": 1,
+                          "eval_every_steps": 250}
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, base=base,
                            training={"max_steps": STEPS, "report_every_steps": 20})
     chief_addr, ps_addr = spec["cluster"]["chief"][0], spec["cluster"]["ps"][0]
@@ -101,6 +106,14 @@ def test():
     assert final.test_auc >= planted - 0.06, (final.test_auc, planted)
     for p in procs:
         p.p.wait(30)
+    acc = event_accumulator.EventAccumulator(os.path.join(state, spec["job"], "summaries"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"eval/auc", "eval/logloss"} <= tags, tags
+    auc = acc.Scalars("eval/auc")
+    assert auc[-1].step >= STEPS and abs(auc[-1].value - final.test_auc) < 1e-4, (auc[-1], final.test_auc)
+    assert len(auc) >= 3, auc   # evaluations during training too
+    h.log("summaries: eval/auc at steps %s" % [e.step for e in auc])
 
 
 if __name__ == "__main__":
