@@ -593,7 +593,8 @@ static int build(struct worker *w) {
                 else
                         log_info("device: %s", msg);
                 if ((r = device_model_new(w->be, &cfg->model, cfg->training.batch_size, &w->m, msg, sizeof(msg))) < 0) {
-                        w->config_error = r == -ENOMEM;   /* a memory cap too small for the model: fix the options */
+                        /* a memory cap too small for the model, or a head the device cannot compute: fix the options */
+                        w->config_error = r == -ENOMEM || r == -EOPNOTSUPP;
                         return log_error_errno(r, "cannot build the model: %s", msg);
                 }
         }
