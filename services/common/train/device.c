@@ -409,7 +409,11 @@ int device_model_new(struct backend *be, const struct model_spec *spec, uint32_t
 
         if (backend_host_memory(be) || !cuda) {
                 r = model_new(spec, be, max_batch, &m);
-                if (r < 0)
+                if (r == -EOPNOTSUPP)
+                        snprintf(msg, msglen, "cannot build the model: the %s backend does not compute model.head %s "
+                                 "(the cpu backend does: device.device \"cpu\")", backend_name(be),
+                                 spec->head == HEAD_LOGISTIC ? "logistic" : "mse");
+                else if (r < 0)
                         snprintf(msg, msglen, "cannot build the model: %s", strerror(-r));
                 else
                         *ret = m;
@@ -425,7 +429,13 @@ int device_model_new(struct backend *be, const struct model_spec *spec, uint32_t
                          "(%.1f MiB already in use): %s", mib(need), max_batch, mib(st.cap), mib(st.in_use), hint);
                 return -ENOMEM;
         }
-        if ((r = model_new(spec, be, max_batch, &m)) < 0) {
+        if ((r = model_new(spec, be, max_batch, &m)) == -EOPNOTSUPP) {
+                snprintf(msg, msglen, "cannot build the model: the %s backend does not compute model.head %s (the "
+                         "cpu backend does: device.device \"cpu\")", backend_name(be),
+                         spec->head == HEAD_LOGISTIC ? "logistic" : "mse");
+                return r;
+        }
+        if (r < 0) {
                 if (r == -ENOMEM && CUDA_FN(mem_stats)(be, &st) == 0)
                         snprintf(msg, msglen, "the model needs %.1f MiB of GPU memory at batch %u and %.1f MiB of the cap of "
                                  "%.1f MiB could not be had: %s", mib(need), max_batch, mib(st.last_failed), mib(st.cap), hint);
