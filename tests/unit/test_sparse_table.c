@@ -59,6 +59,11 @@ static void test_new_invalid(void **state)
         assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
         o = ok, o.initial_accumulator = -0.1;
         assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o = ok, o.optimizer = SPARSE_ADAGRAD;   /* an accumulator starting at 0 needs an epsilon */
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o.epsilon = 1e-7;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        t = sparse_table_free(t);
         o = ok, o.ftrl_lr_power = 0.5;
         assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
         o = ok, o.ftrl_l1 = -1;

@@ -298,6 +298,9 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
             !(o->initial_accumulator >= 0 && isfinite(o->initial_accumulator)) ||
             !(o->epsilon >= 0 && isfinite(o->epsilon)))
                 return -EINVAL;
+        /* TF's Adagrad wants a positive start: 0 / sqrt(0) is NaN for a row's first zero gradient */
+        if (o->optimizer == SPARSE_ADAGRAD && o->initial_accumulator == 0 && o->epsilon == 0)
+                return -EINVAL;
         if (o->optimizer == SPARSE_FTRL &&
             !(o->ftrl_l1 >= 0 && o->ftrl_l2 >= 0 && o->ftrl_beta >= 0 && o->ftrl_lr_power <= 0 &&
               isfinite(o->ftrl_l1) && isfinite(o->ftrl_l2) && isfinite(o->ftrl_beta) && isfinite(o->ftrl_lr_power)))

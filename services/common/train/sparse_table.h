@@ -20,7 +20,7 @@ struct sparse_table_opts {
         enum sparse_optimizer optimizer;
         double init_stddev;           /* rows start truncated-normal (2 sigma) with this stddev; 0: zeros */
         uint64_t seed;                /* with the id, the only input of a row's initial value */
-        double initial_accumulator;   /* adagrad: the accumulator's start; ftrl: n's start */
+        double initial_accumulator;   /* adagrad: the accumulator's start (> 0 unless epsilon > 0); ftrl: n's start */
         double epsilon;               /* adagrad: added to sqrt(accumulator), as the dense path's training.epsilon
                                        * (optim_adagrad); 0 is TF 1.x's AdagradOptimizer */
         double ftrl_l1, ftrl_l2, ftrl_beta, ftrl_lr_power; /* ftrl (TensorFlow's FtrlOptimizer) */
