@@ -298,6 +298,9 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
             !(o->initial_accumulator >= 0 && isfinite(o->initial_accumulator)) ||
             !(o->epsilon >= 0 && isfinite(o->epsilon)))
                 return -EINVAL;
+        /* TF's Adagrad wants a positive start: 0 / sqrt(0) is NaN for a row's first zero gradient */
+        if (o->optimizer == SPARSE_ADAGRAD && o->initial_accumulator == 0 && o->epsilon == 0)
+                return -EINVAL;
         if (o->optimizer == SPARSE_FTRL &&
             !(o->ftrl_l1 >= 0 && o->ftrl_l2 >= 0 && o->ftrl_beta >= 0 && o->ftrl_lr_power <= 0 &&
               isfinite(o->ftrl_l1) && isfinite(o->ftrl_l2) && isfinite(o->ftrl_beta) && isfinite(o->ftrl_lr_power)))
@@ -375,13 +378,32 @@ void sparse_table_init_row(const struct sparse_table *t, uint64_t id, float *row
         }
 }
 
+/* A batch's ids hit random rows: while one is looked up, the index slot of one some places ahead is
+ * fetched. index and cap are read without the lock; a stale pair costs only a wasted prefetch. */
+#define PREFETCH_AHEAD 8
+
+static inline void prefetch_index(const struct sparse_table *t, const uint64_t *ids, size_t i, size_t n)
+{
+        if (i + PREFETCH_AHEAD >= n)
+                return;
+        uint64_t h = stripe_hash(ids[i + PREFETCH_AHEAD]);
+        const struct stripe *s = &t->stripes[stripe_of(h)];
+        uint32_t *index = __atomic_load_n(&s->index, __ATOMIC_ACQUIRE);
+        uint32_t cap = __atomic_load_n(&s->cap, __ATOMIC_ACQUIRE);
+        if (index && cap)
+                __builtin_prefetch(&index[(uint32_t)h & (cap - 1)]);
+}
+
 enum lookup { FIND, CREATE, CREATE_BLANK /* the caller writes the row and slots */ };
 
-/* The record of id with its stripe locked (*sp), made when missing unless FIND; its last touch becomes
- * step. NULL when missing under FIND, with nothing locked; NULL and *err -ENOMEM when out of memory. */
-static char *rec_locked(struct sparse_table *t, uint64_t id, enum lookup how, uint64_t step, struct stripe **sp,
-                        int *err)
+/* The record of ids[i] (of a batch of n) with its stripe locked (*sp), made when missing unless FIND;
+ * its last touch becomes step. NULL when missing under FIND, with nothing locked; NULL and *err -ENOMEM
+ * when out of memory. */
+static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, size_t n, enum lookup how,
+                        uint64_t step, struct stripe **sp, int *err)
 {
+        prefetch_index(t, ids, i, n);
+        uint64_t id = ids[i];
         uint64_t h = stripe_hash(id);
         struct stripe *s = &t->stripes[stripe_of(h)];
         *sp = s;
@@ -409,32 +431,15 @@ static char *rec_locked(struct sparse_table *t, uint64_t id, enum lookup how, ui
         return rec;
 }
 
-/* A batch's ids hit random rows: while one is looked up, the index slot of one some places ahead is
- * fetched. index and cap are read without the lock; a stale pair costs only a wasted prefetch. */
-#define PREFETCH_AHEAD 8
-
-static inline void prefetch_index(const struct sparse_table *t, const uint64_t *ids, size_t i, size_t n)
-{
-        if (i + PREFETCH_AHEAD >= n)
-                return;
-        uint64_t h = stripe_hash(ids[i + PREFETCH_AHEAD]);
-        const struct stripe *s = &t->stripes[stripe_of(h)];
-        uint32_t *index = __atomic_load_n(&s->index, __ATOMIC_ACQUIRE);
-        uint32_t cap = __atomic_load_n(&s->cap, __ATOMIC_ACQUIRE);
-        if (index && cap)
-                __builtin_prefetch(&index[(uint32_t)h & (cap - 1)]);
-}
-
 int sparse_table_pull(struct sparse_table *t, const uint64_t *ids, size_t n, float *rows, bool create,
                       uint64_t step)
 {
         uint32_t dim = t->o.dim;
         for (size_t i = 0; i < n; i++) {
-                prefetch_index(t, ids, i, n);
                 struct stripe *s;
                 int err;
                 float *out = rows + i * dim;
-                char *rec = rec_locked(t, ids[i], create ? CREATE : FIND, step, &s, &err);
+                char *rec = rec_locked(t, ids, i, n, create ? CREATE : FIND, step, &s, &err);
                 if (err < 0)
                         return err;
                 if (!rec) {
@@ -453,10 +458,9 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
         const struct sparse_table_opts *o = &t->o;
         uint32_t dim = o->dim;
         for (size_t i = 0; i < n; i++) {
-                prefetch_index(t, ids, i, n);
                 struct stripe *s;
                 int err;
-                char *rec = rec_locked(t, ids[i], CREATE, step, &s, &err);
+                char *rec = rec_locked(t, ids, i, n, CREATE, step, &s, &err);
                 if (!rec)
                         return err;
                 float *w = rec_vals(rec);
@@ -569,10 +573,9 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
 {
         uint32_t dim = t->o.dim;
         for (size_t i = 0; i < n; i++) {
-                prefetch_index(t, ids, i, n);
                 struct stripe *s;
                 int err;
-                char *rec = rec_locked(t, ids[i], CREATE_BLANK, step, &s, &err);
+                char *rec = rec_locked(t, ids, i, n, CREATE_BLANK, step, &s, &err);
                 if (!rec)
                         return err;
                 float *row = rec_vals(rec);
