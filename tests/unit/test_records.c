@@ -19,33 +19,24 @@
 #include <cmocka.h>
 
 #include "records.h"
+#include "scratch_dir.h"
 #include "rng.h"
 
-static char dir[256];
 static char err[512];
 
 static int setup(void **state)
 {
         (void)state;
-        snprintf(dir, sizeof(dir), "/tmp/psfleet-test-records-XXXXXX");
-        return mkdtemp(dir) ? 0 : -1;
+        return scratch_dir_make("records");
 }
 
-static int teardown(void **state)
-{
-        (void)state;
-        char cmd[300];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-        return system(cmd);
-}
-
-/* Writes text (len bytes) to dir/name, gzip'd or plain; returns the path (one of 16 kept). */
+/* Writes text (len bytes) to scratch_dir/name, gzip'd or plain; returns the path (one of 16 kept). */
 static const char *put(const char *name, const char *text, size_t len, bool gz)
 {
         static char paths[16][320];
         static int next;
         char *path = paths[next++ % 16];
-        snprintf(path, 320, "%s/%s", dir, name);
+        snprintf(path, 320, "%s/%s", scratch_dir, name);
         if (gz) {
                 gzFile f = gzopen(path, "wb1");
                 assert_non_null(f);
@@ -325,12 +316,12 @@ static void test_open_errors(void **state)
         (void)state;
         struct records_reader *r = NULL;
         char missing[320];
-        snprintf(missing, sizeof(missing), "%s/nope", dir);
+        snprintf(missing, sizeof(missing), "%s/nope", scratch_dir);
         const char *files[] = {missing};
         struct records_opts o = opts(RECORDS_LIBSVM, files, 1);
         assert_int_equal(records_open(&o, &r, err, sizeof(err)), -EBADMSG);
         assert_non_null(strstr(err, missing));
-        files[0] = dir;
+        files[0] = scratch_dir;
         assert_int_equal(records_open(&o, &r, err, sizeof(err)), -EBADMSG);
         assert_non_null(strstr(err, "not a regular file"));
         o.n_files = 0;
@@ -611,5 +602,5 @@ int main(void)
                 cmocka_unit_test(test_loop_epochs),
                 cmocka_unit_test(test_bounded_memory),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
 }
