@@ -348,6 +348,31 @@ static void test_open_errors(void **state)
         records_batch_free(NULL);
 }
 
+/* A file removed after records_open: a read error even with skip_bad (not a bad line), naming it; the
+ * records before it stay in the batch and reading goes on with the next file. */
+static void test_file_gone(void **state)
+{
+        (void)state;
+        const char *files[] = {puts_("g1.svm", "1 1:1\n0 2:1\n", false), puts_("g2.svm", "1 3:1\n", false),
+                               puts_("g3.svm", "0 4:1\n", true)};
+        struct records_opts o = opts(RECORDS_LIBSVM, files, 3);
+        o.skip_bad = true;
+        struct records_reader *r = open_ok(&o);
+        assert_int_equal(unlink(files[1]), 0);
+        struct records_batch *b = batch_for(r, 10, 64);
+        assert_int_equal(records_next(r, b, err, sizeof(err)), -EIO);
+        assert_non_null(strstr(err, files[1]));
+        assert_int_equal(b->n, 2);
+        assert_true(b->ids[0] == 1 && b->ids[1] == 2);
+        assert_int_equal(records_next(r, b, err, sizeof(err)), 1);
+        assert_true(b->ids[0] == 4);
+        assert_int_equal(records_next(r, b, err, sizeof(err)), 0);
+        assert_int_equal(records_read(r), 3);
+        assert_int_equal(records_bad_lines(r), 0);
+        records_batch_free(b);
+        records_close(r);
+}
+
 static void test_skip_bad(void **state)
 {
         (void)state;
@@ -369,6 +394,8 @@ static void test_skip_bad(void **state)
         b = batch_for(r, 10, 2);
         assert_int_equal(records_next(r, b, err, sizeof(err)), -EBADMSG);
         assert_non_null(strstr(err, "s.svm:2: label 'bad' is not a number"));
+        assert_int_equal(b->n, 1); /* the record before it */
+        assert_true(b->ids[0] == 1);
         assert_int_equal(records_next(r, b, err, sizeof(err)), -EBADMSG);
         assert_non_null(strstr(err, "s.svm:4: 'x' is not idx:val"));
         assert_int_equal(records_next(r, b, err, sizeof(err)), -EBADMSG);
@@ -595,6 +622,7 @@ int main(void)
                 cmocka_unit_test(test_csv_header_and_count),
                 cmocka_unit_test(test_open_errors),
                 cmocka_unit_test(test_skip_bad),
+                cmocka_unit_test(test_file_gone),
                 cmocka_unit_test(test_long_line),
                 cmocka_unit_test(test_corrupt_gzip),
                 cmocka_unit_test(test_shard_by_file),

@@ -444,9 +444,11 @@ static int shard_line(struct records_reader *r, struct line *l, char *err, size_
                 if (!r->f) {
                         if (r->cur + 1 >= r->n_mine)
                                 return 0;
-                        int e = open_file(r, r->cur + 1, err, errlen);
+                        /* a file gone since records_open is a read error, not a bad line to skip; the
+                         * next call goes on with the file after it */
+                        int e = open_file(r, ++r->cur, err, errlen);
                         if (e < 0)
-                                return e;
+                                return e == -EBADMSG ? -EIO : e;
                 }
                 int n = next_line(r, l, err, errlen);
                 if (n < 0)
@@ -467,7 +469,8 @@ static int shard_line(struct records_reader *r, struct line *l, char *err, size_
 static int rewind_shard(struct records_reader *r, char *err, size_t errlen)
 {
         close_file(r);
-        return open_file(r, 0, err, errlen);
+        int e = open_file(r, 0, err, errlen);
+        return e == -EBADMSG ? -EIO : e;
 }
 
 /* Parses the shard's next line into record b->n of b: 1 a record, 0 the end of the pass, -EBADMSG
