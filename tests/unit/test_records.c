@@ -324,6 +324,15 @@ static void test_open_errors(void **state)
         files[0] = scratch_dir;
         assert_int_equal(records_open(&o, &r, err, sizeof(err)), -EBADMSG);
         assert_non_null(strstr(err, "not a regular file"));
+        /* any file of the shard, not only its first */
+        const char *two[] = {puts_("here.svm", "1 1:1\n", false), missing};
+        o.files = two, o.n_files = 2;
+        assert_int_equal(records_open(&o, &r, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, missing));
+        o.worker = 0, o.n_workers = 2; /* by file: the missing one is the other worker's */
+        r = open_ok(&o);
+        r = records_close(r);
+        o.files = files, o.n_files = 1, o.n_workers = 1;
         o.n_files = 0;
         assert_int_equal(records_open(&o, &r, err, sizeof(err)), -EINVAL);
         o.n_files = 1;

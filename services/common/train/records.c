@@ -553,6 +553,16 @@ int records_open(const struct records_opts *o, struct records_reader **ret, char
                         r->mine[r->n_mine++] = i;
         }
         r->o.files = (const char *const *)r->files;
+        for (uint32_t i = 0; i < r->n_mine; i++) { /* a missing file fails now, not hours into training */
+                struct stat st;
+                const char *path = r->files[r->mine[i]];
+                int se = stat(path, &st) < 0 ? errno : 0;
+                if (se || !S_ISREG(st.st_mode)) {
+                        e = errf(err, errlen, se && se != ENOENT ? -se : -EBADMSG, "%s: %s", path,
+                                 se ? strerror(se) : "not a regular file");
+                        goto fail;
+                }
+        }
         if ((e = open_file(r, 0, err, errlen)) < 0)
                 goto fail;
         if (o->format == RECORDS_CSV && o->n_dense == 0) {
