@@ -563,6 +563,19 @@ static void test_loop_epochs(void **state)
         assert_int_equal(records_read(r), 60);
         records_batch_free(b);
         records_close(r);
+        /* a shard of one file rewinds in place (no open per pass): the file may even be gone */
+        files[0] = puts_("one.csv", "0,7\n0,8\n", true);
+        o.n_files = 1;
+        r = open_ok(&o);
+        b = batch_for(r, 3, 64);
+        assert_int_equal(unlink(files[0]), 0);
+        for (int i = 0; i < 4; i++) {
+                assert_int_equal(records_next(r, b, err, sizeof(err)), 3);
+                assert_true(b->dense[0] == (float)(7 + (3 * i) % 2));
+        }
+        assert_int_equal(records_epoch(r), 5);
+        records_batch_free(b);
+        records_close(r);
         /* a pass without records ends even with loop */
         files[0] = puts_("allbad.csv", "0,1\nx,1\n\n", false);
         o.n_files = 1, o.worker = 1, o.n_workers = 2, o.skip_bad = true;

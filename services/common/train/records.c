@@ -16,7 +16,7 @@
 #include "rng.h"
 #include "util.h"
 
-#define READ_BUF (256u << 10)
+#define READ_BUF (64u << 10)
 #define RECORDS_MAX_LINE (1u << 20) /* longer lines are bad: a file that is not text ends quickly */
 #define CRITEO_COLUMNS (1 + RECORDS_CRITEO_DENSE + RECORDS_CRITEO_FIELDS)
 
@@ -328,7 +328,7 @@ static int open_file(struct records_reader *r, uint32_t k, char *err, size_t err
                 close(fd);
                 return errf(err, errlen, -ENOMEM, "%s: out of memory", path);
         }
-        gzbuffer(f, 128u << 10);
+        gzbuffer(f, 64u << 10);
         r->f = f;
         r->cur = k;
         r->eof = false;
@@ -454,6 +454,8 @@ static int shard_line(struct records_reader *r, struct line *l, char *err, size_
                 if (n < 0)
                         return n;
                 if (n == 0) {
+                        if (r->cur + 1 >= r->n_mine)
+                                return 0; /* the pass ends; its last file stays open for a rewind */
                         close_file(r);
                         continue;
                 }
@@ -465,9 +467,16 @@ static int shard_line(struct records_reader *r, struct line *l, char *err, size_
         }
 }
 
-/* Reads the shard from its start again. */
+/* Reads the shard from its start again: a shard of one file (by line, usually) without opening it
+ * again, since a looping reader over a short shard rewinds often. */
 static int rewind_shard(struct records_reader *r, char *err, size_t errlen)
 {
+        if (r->f && r->cur == 0 && r->n_mine == 1 && gzrewind(r->f) == 0) {
+                r->eof = false;
+                r->line_idx = 0;
+                r->rpos = r->rlen = 0;
+                return 0;
+        }
         close_file(r);
         int e = open_file(r, 0, err, errlen);
         return e == -EBADMSG ? -EIO : e;
