@@ -342,59 +342,57 @@ static bool ends_with(const char *s, const char *tail)
         return n >= t && strcmp(s + n - t, tail) == 0;
 }
 
-/* Rows of the planted classifier (criteo, libsvm) into o, their (p, y) into m. */
-static int write_binary(struct gendata *g, struct out *o, struct rng *r, uint64_t rows, struct binmetrics *m,
-                        uint64_t *positives, char *err, size_t errlen)
+/* One row of the planted classifier (criteo, libsvm) at `at`: returns its end, with the planted
+ * probability in *p and the drawn label in *y. */
+static char *row_binary(const struct gendata *g, struct rng *r, char *at, double *p, double *y)
 {
-        float p[256], y[256];
-        size_t k = 0;
-        for (uint64_t i = 0; i < rows; i++) {
-                struct row w;
-                draw_row(g, r, &w);
-                double prob = sigmoid(g->bias + w.z);
-                int label = rng_uniform(r) < prob;
-                *positives += (uint64_t)label;
-                char *end = g->o.format == RECORDS_CRITEO ? put_criteo(o->buf + o->n, &w, label)
-                                                          : put_libsvm(o->buf + o->n, &w, label, g->o.vocab);
-                o->n = (size_t)(end - o->buf);
-                p[k] = (float)prob, y[k] = (float)label;
-                if (++k == 256 || i + 1 == rows) {
-                        if (binmetrics_add(m, p, y, k) < 0)
-                                return errf(err, errlen, -ENOMEM, "out of memory");
-                        k = 0;
-                }
-                int e;
-                if (o->n > OUT_BUF - ROW_MAX && (e = out_flush(o, err, errlen)) < 0)
-                        return e;
-        }
-        return 0;
+        struct row w;
+        draw_row(g, r, &w);
+        *p = sigmoid(g->bias + w.z);
+        int label = rng_uniform(r) < *p;
+        *y = label;
+        return g->o.format == RECORDS_CRITEO ? put_criteo(at, &w, label) : put_libsvm(at, &w, label, g->o.vocab);
 }
 
-/* y = bias + sum_j w_j x_j + noise over x ~ N(0, 1), with a header line. */
-static int write_csv(struct gendata *g, struct out *o, struct rng *r, uint64_t rows, struct binmetrics *m,
-                     char *err, size_t errlen)
+/* One row of the regression, y = bias + sum_j w_j x_j + noise over x ~ N(0, 1): *p the planted
+ * prediction, *y the label as written. */
+static char *row_csv(const struct gendata *g, struct rng *r, char *at, double *p, double *y)
 {
-        o->n = (size_t)snprintf(o->buf, OUT_BUF, "y");
-        for (uint32_t j = 0; j < CSV_DENSE; j++)
-                o->n += (size_t)snprintf(o->buf + o->n, OUT_BUF - o->n, ",x%u", j + 1);
-        o->buf[o->n++] = '\n';
+        double x[CSV_DENSE], pred = g->bias;
+        for (uint32_t j = 0; j < CSV_DENSE; j++) {
+                x[j] = round4(rng_normal(r));
+                pred += g->dense_w[j] * x[j];
+        }
+        *p = pred;
+        *y = round4(pred + g->o.noise * rng_normal(r));
+        at = put_fixed4(at, *y);
+        for (uint32_t j = 0; j < CSV_DENSE; j++) {
+                *at++ = ',';
+                at = put_fixed4(at, x[j]);
+        }
+        *at++ = '\n';
+        return at;
+}
+
+/* The rows into o (a CSV header first), their (p, y) into m. */
+static int write_rows(const struct gendata *g, struct out *o, struct rng *r, uint64_t rows, struct binmetrics *m,
+                      uint64_t *positives, char *err, size_t errlen)
+{
+        bool csv = g->o.format == RECORDS_CSV;
+        if (csv) {
+                o->n = (size_t)snprintf(o->buf, OUT_BUF, "y");
+                for (uint32_t j = 0; j < CSV_DENSE; j++)
+                        o->n += (size_t)snprintf(o->buf + o->n, OUT_BUF - o->n, ",x%u", j + 1);
+                o->buf[o->n++] = '\n';
+        }
         float p[256], y[256];
         size_t k = 0;
         for (uint64_t i = 0; i < rows; i++) {
-                double x[CSV_DENSE], pred = g->bias;
-                for (uint32_t j = 0; j < CSV_DENSE; j++) {
-                        x[j] = round4(rng_normal(r));
-                        pred += g->dense_w[j] * x[j];
-                }
-                double label = round4(pred + g->o.noise * rng_normal(r));
-                char *q = put_fixed4(o->buf + o->n, label);
-                for (uint32_t j = 0; j < CSV_DENSE; j++) {
-                        *q++ = ',';
-                        q = put_fixed4(q, x[j]);
-                }
-                *q++ = '\n';
-                o->n = (size_t)(q - o->buf);
-                p[k] = (float)pred, y[k] = (float)label;
+                double pi, yi;
+                char *end = csv ? row_csv(g, r, o->buf + o->n, &pi, &yi) : row_binary(g, r, o->buf + o->n, &pi, &yi);
+                o->n = (size_t)(end - o->buf);
+                *positives += yi > 0.5;
+                p[k] = (float)pi, y[k] = (float)yi;
                 if (++k == 256 || i + 1 == rows) {
                         if (binmetrics_add(m, p, y, k) < 0)
                                 return errf(err, errlen, -ENOMEM, "out of memory");
@@ -427,8 +425,7 @@ int gendata_write(struct gendata *g, const char *path, uint64_t rows, uint64_t s
         struct rng r;
         rng_init(&r, g->o.seed, stream);
         uint64_t positives = 0;
-        e = g->o.format == RECORDS_CSV ? write_csv(g, &o, &r, rows, m, err, errlen)
-                                       : write_binary(g, &o, &r, rows, m, &positives, err, errlen);
+        e = write_rows(g, &o, &r, rows, m, &positives, err, errlen);
         if (e == 0)
                 e = out_flush(&o, err, errlen);
         int c = gzclose(o.f);

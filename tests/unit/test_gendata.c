@@ -19,24 +19,15 @@
 #include "binmetrics.h"
 #include "gendata.h"
 #include "records.h"
+#include "scratch_dir.h"
 #include "util.h"
 
-static char dir[256];
 static char err[512];
 
 static int setup(void **state)
 {
         (void)state;
-        snprintf(dir, sizeof(dir), "/tmp/psfleet-test-gendata-XXXXXX");
-        return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-        (void)state;
-        char cmd[300];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-        return system(cmd);
+        return scratch_dir_make("gendata");
 }
 
 static const char *path_of(const char *name)
@@ -44,7 +35,7 @@ static const char *path_of(const char *name)
         static char paths[8][320];
         static int next;
         char *p = paths[next++ % 8];
-        snprintf(p, 320, "%s/%s", dir, name);
+        snprintf(p, 320, "%s/%s", scratch_dir, name);
         return p;
 }
 
@@ -304,5 +295,5 @@ int main(void)
                 cmocka_unit_test(test_csv_reads_back),
                 cmocka_unit_test(test_tokens_and_errors),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
 }

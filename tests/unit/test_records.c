@@ -19,33 +19,24 @@
 #include <cmocka.h>
 
 #include "records.h"
+#include "scratch_dir.h"
 #include "rng.h"
 
-static char dir[256];
 static char err[512];
 
 static int setup(void **state)
 {
         (void)state;
-        snprintf(dir, sizeof(dir), "/tmp/psfleet-test-records-XXXXXX");
-        return mkdtemp(dir) ? 0 : -1;
+        return scratch_dir_make("records");
 }
 
-static int teardown(void **state)
-{
-        (void)state;
-        char cmd[300];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-        return system(cmd);
-}
-
-/* Writes text (len bytes) to dir/name, gzip'd or plain; returns the path (one of 16 kept). */
+/* Writes text (len bytes) to scratch_dir/name, gzip'd or plain; returns the path (one of 16 kept). */
 static const char *put(const char *name, const char *text, size_t len, bool gz)
 {
         static char paths[16][320];
         static int next;
         char *path = paths[next++ % 16];
-        snprintf(path, 320, "%s/%s", dir, name);
+        snprintf(path, 320, "%s/%s", scratch_dir, name);
         if (gz) {
                 gzFile f = gzopen(path, "wb1");
                 assert_non_null(f);
@@ -325,14 +316,23 @@ static void test_open_errors(void **state)
         (void)state;
         struct records_reader *r = NULL;
         char missing[320];
-        snprintf(missing, sizeof(missing), "%s/nope", dir);
+        snprintf(missing, sizeof(missing), "%s/nope", scratch_dir);
         const char *files[] = {missing};
         struct records_opts o = opts(RECORDS_LIBSVM, files, 1);
         assert_int_equal(records_open(&o, &r, err, sizeof(err)), -EBADMSG);
         assert_non_null(strstr(err, missing));
-        files[0] = dir;
+        files[0] = scratch_dir;
         assert_int_equal(records_open(&o, &r, err, sizeof(err)), -EBADMSG);
         assert_non_null(strstr(err, "not a regular file"));
+        /* any file of the shard, not only its first */
+        const char *two[] = {puts_("here.svm", "1 1:1\n", false), missing};
+        o.files = two, o.n_files = 2;
+        assert_int_equal(records_open(&o, &r, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, missing));
+        o.worker = 0, o.n_workers = 2; /* by file: the missing one is the other worker's */
+        r = open_ok(&o);
+        r = records_close(r);
+        o.files = files, o.n_files = 1, o.n_workers = 1;
         o.n_files = 0;
         assert_int_equal(records_open(&o, &r, err, sizeof(err)), -EINVAL);
         o.n_files = 1;
@@ -357,6 +357,31 @@ static void test_open_errors(void **state)
         records_batch_free(NULL);
 }
 
+/* A file removed after records_open: a read error even with skip_bad (not a bad line), naming it; the
+ * records before it stay in the batch and reading goes on with the next file. */
+static void test_file_gone(void **state)
+{
+        (void)state;
+        const char *files[] = {puts_("g1.svm", "1 1:1\n0 2:1\n", false), puts_("g2.svm", "1 3:1\n", false),
+                               puts_("g3.svm", "0 4:1\n", true)};
+        struct records_opts o = opts(RECORDS_LIBSVM, files, 3);
+        o.skip_bad = true;
+        struct records_reader *r = open_ok(&o);
+        assert_int_equal(unlink(files[1]), 0);
+        struct records_batch *b = batch_for(r, 10, 64);
+        assert_int_equal(records_next(r, b, err, sizeof(err)), -EIO);
+        assert_non_null(strstr(err, files[1]));
+        assert_int_equal(b->n, 2);
+        assert_true(b->ids[0] == 1 && b->ids[1] == 2);
+        assert_int_equal(records_next(r, b, err, sizeof(err)), 1);
+        assert_true(b->ids[0] == 4);
+        assert_int_equal(records_next(r, b, err, sizeof(err)), 0);
+        assert_int_equal(records_read(r), 3);
+        assert_int_equal(records_bad_lines(r), 0);
+        records_batch_free(b);
+        records_close(r);
+}
+
 static void test_skip_bad(void **state)
 {
         (void)state;
@@ -378,6 +403,8 @@ static void test_skip_bad(void **state)
         b = batch_for(r, 10, 2);
         assert_int_equal(records_next(r, b, err, sizeof(err)), -EBADMSG);
         assert_non_null(strstr(err, "s.svm:2: label 'bad' is not a number"));
+        assert_int_equal(b->n, 1); /* the record before it */
+        assert_true(b->ids[0] == 1);
         assert_int_equal(records_next(r, b, err, sizeof(err)), -EBADMSG);
         assert_non_null(strstr(err, "s.svm:4: 'x' is not idx:val"));
         assert_int_equal(records_next(r, b, err, sizeof(err)), -EBADMSG);
@@ -536,6 +563,19 @@ static void test_loop_epochs(void **state)
         assert_int_equal(records_read(r), 60);
         records_batch_free(b);
         records_close(r);
+        /* a shard of one file rewinds in place (no open per pass): the file may even be gone */
+        files[0] = puts_("one.csv", "0,7\n0,8\n", true);
+        o.n_files = 1;
+        r = open_ok(&o);
+        b = batch_for(r, 3, 64);
+        assert_int_equal(unlink(files[0]), 0);
+        for (int i = 0; i < 4; i++) {
+                assert_int_equal(records_next(r, b, err, sizeof(err)), 3);
+                assert_true(b->dense[0] == (float)(7 + (3 * i) % 2));
+        }
+        assert_int_equal(records_epoch(r), 5);
+        records_batch_free(b);
+        records_close(r);
         /* a pass without records ends even with loop */
         files[0] = puts_("allbad.csv", "0,1\nx,1\n\n", false);
         o.n_files = 1, o.worker = 1, o.n_workers = 2, o.skip_bad = true;
@@ -604,6 +644,7 @@ int main(void)
                 cmocka_unit_test(test_csv_header_and_count),
                 cmocka_unit_test(test_open_errors),
                 cmocka_unit_test(test_skip_bad),
+                cmocka_unit_test(test_file_gone),
                 cmocka_unit_test(test_long_line),
                 cmocka_unit_test(test_corrupt_gzip),
                 cmocka_unit_test(test_shard_by_file),
@@ -611,5 +652,5 @@ int main(void)
                 cmocka_unit_test(test_loop_epochs),
                 cmocka_unit_test(test_bounded_memory),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
 }

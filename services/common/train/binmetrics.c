@@ -71,7 +71,8 @@ static int by_score(const void *a, const void *b)
 
 double binmetrics_auc(struct binmetrics *m)
 {
-        qsort(m->v, m->n, sizeof(*m->v), by_score);
+        if (m->n)
+                qsort(m->v, m->n, sizeof(*m->v), by_score);
         /* Each positive scores one per negative below it and one half per negative of equal score. */
         double neg_below = 0, sum = 0, pos = 0;
         for (size_t i = 0; i < m->n;) {

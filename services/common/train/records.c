@@ -16,7 +16,7 @@
 #include "rng.h"
 #include "util.h"
 
-#define READ_BUF (256u << 10)
+#define READ_BUF (64u << 10)
 #define RECORDS_MAX_LINE (1u << 20) /* longer lines are bad: a file that is not text ends quickly */
 #define CRITEO_COLUMNS (1 + RECORDS_CRITEO_DENSE + RECORDS_CRITEO_FIELDS)
 
@@ -328,7 +328,7 @@ static int open_file(struct records_reader *r, uint32_t k, char *err, size_t err
                 close(fd);
                 return errf(err, errlen, -ENOMEM, "%s: out of memory", path);
         }
-        gzbuffer(f, 128u << 10);
+        gzbuffer(f, 64u << 10);
         r->f = f;
         r->cur = k;
         r->eof = false;
@@ -444,14 +444,18 @@ static int shard_line(struct records_reader *r, struct line *l, char *err, size_
                 if (!r->f) {
                         if (r->cur + 1 >= r->n_mine)
                                 return 0;
-                        int e = open_file(r, r->cur + 1, err, errlen);
+                        /* a file gone since records_open is a read error, not a bad line to skip; the
+                         * next call goes on with the file after it */
+                        int e = open_file(r, ++r->cur, err, errlen);
                         if (e < 0)
-                                return e;
+                                return e == -EBADMSG ? -EIO : e;
                 }
                 int n = next_line(r, l, err, errlen);
                 if (n < 0)
                         return n;
                 if (n == 0) {
+                        if (r->cur + 1 >= r->n_mine)
+                                return 0; /* the pass ends; its last file stays open for a rewind */
                         close_file(r);
                         continue;
                 }
@@ -463,11 +467,19 @@ static int shard_line(struct records_reader *r, struct line *l, char *err, size_
         }
 }
 
-/* Reads the shard from its start again. */
+/* Reads the shard from its start again: a shard of one file (by line, usually) without opening it
+ * again, since a looping reader over a short shard rewinds often. */
 static int rewind_shard(struct records_reader *r, char *err, size_t errlen)
 {
+        if (r->f && r->cur == 0 && r->n_mine == 1 && gzrewind(r->f) == 0) {
+                r->eof = false;
+                r->line_idx = 0;
+                r->rpos = r->rlen = 0;
+                return 0;
+        }
         close_file(r);
-        return open_file(r, 0, err, errlen);
+        int e = open_file(r, 0, err, errlen);
+        return e == -EBADMSG ? -EIO : e;
 }
 
 /* Parses the shard's next line into record b->n of b: 1 a record, 0 the end of the pass, -EBADMSG
@@ -550,6 +562,16 @@ int records_open(const struct records_opts *o, struct records_reader **ret, char
                         r->mine[r->n_mine++] = i;
         }
         r->o.files = (const char *const *)r->files;
+        for (uint32_t i = 0; i < r->n_mine; i++) { /* a missing file fails now, not hours into training */
+                struct stat st;
+                const char *path = r->files[r->mine[i]];
+                int se = stat(path, &st) < 0 ? errno : 0;
+                if (se || !S_ISREG(st.st_mode)) {
+                        e = errf(err, errlen, se && se != ENOENT ? -se : -EBADMSG, "%s: %s", path,
+                                 se ? strerror(se) : "not a regular file");
+                        goto fail;
+                }
+        }
         if ((e = open_file(r, 0, err, errlen)) < 0)
                 goto fail;
         if (o->format == RECORDS_CSV && o->n_dense == 0) {

@@ -80,8 +80,9 @@ uint32_t records_n_fields(const struct records_reader *r);
  * cap only at the end of the shard without loop (0: the end), or with loop when a whole pass gave no
  * record (all lines empty or skipped as bad: it would spin). -EBADMSG with err as
  * "FILE:LINE: why" for a bad line (unless skip_bad: then counted and skipped), -EIO (and the file)
- * for a read error or a corrupt gzip stream. b must have been made for this reader's n_dense,
- * n_fields and max_ids (-EINVAL otherwise). */
+ * for a read error, a corrupt gzip stream or a file of the shard gone since records_open. After an
+ * error b->n records read before it are in b, and a later call goes on after the bad line (or file).
+ * b must have been made for this reader's n_dense, n_fields and max_ids (-EINVAL otherwise). */
 int records_next(struct records_reader *r, struct records_batch *b, char *err, size_t errlen);
 
 uint64_t records_bad_lines(const struct records_reader *r); /* skipped so far */
