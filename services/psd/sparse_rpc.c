@@ -151,9 +151,10 @@ static int take_ids(struct psd *p, const ProtobufCBinaryData *b, const char *fie
         uint32_t n_ps = p->cfg->cluster.n_ps;
         for (size_t i = 0; i < k; i++)
                 if (sparse_shard_of(v[i], n_ps) != p->shard) {
+                        int r = errf(err, errlen, -EINVAL, "%s[%zu]: id %" PRIu64 " belongs to ps:%u, not ps:%u", field,
+                                     i, v[i], sparse_shard_of(v[i], n_ps), p->shard);
                         free(v);
-                        return errf(err, errlen, -EINVAL, "%s[%zu]: id %" PRIu64 " belongs to ps:%u, not ps:%u", field,
-                                    i, v[i], sparse_shard_of(v[i], n_ps), p->shard);
+                        return r;
                 }
         *ids = v;
         *n = k;
