@@ -22,14 +22,14 @@
 
 int sparse_tables_new(struct psd *p) {
         const struct model_spec *m = &p->cfg->model;
+        if (!m->n_embeddings)
+                return 0;   /* no series either: a dense job's scrape stays as it was */
         p->m_sparse_ids = metric_counter("psfleet_ps_sparse_ids_total", "Ids received by SparseExchange (pushed "
                                          "and pulled).", NULL, NULL);
         p->m_sparse_in = metric_counter("psfleet_ps_sparse_bytes_total", "Payload bytes of SparseExchange: ids, "
                                         "gradients in, rows out.", "direction", "in");
         p->m_sparse_out = metric_counter("psfleet_ps_sparse_bytes_total", "Payload bytes of SparseExchange: ids, "
                                          "gradients in, rows out.", "direction", "out");
-        if (!m->n_embeddings)
-                return 0;
         p->tables = calloc(m->n_embeddings, sizeof(*p->tables));
         if (!p->tables)
                 return log_error_errno(-ENOMEM, "cannot set up the embedding tables");

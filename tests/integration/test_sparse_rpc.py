@@ -30,7 +30,8 @@ def test():
              "layers": [{"type": "dense", "units": 4}, {"type": "relu"}, {"type": "dense", "units": 1}]}
     job, spec = h.make_job(wd, n_ps=2, n_workers=1, model=model, base=base,
                            training={"sparse_optimizer": "adagrad", "learning_rate": 0.1})
-    ps = [h.daemon(wd, "psd", job, i) for i in range(2)]
+    metrics = "127.0.0.1:%d" % h.free_ports(1)[0]
+    ps = [h.daemon(wd, "psd", job, i, env={"PSFLEET_METRICS_LISTEN": metrics} if i == 0 else None) for i in range(2)]
     for i, p in enumerate(ps):
         h.wait_healthy(spec["cluster"]["ps"][i], p)
 
@@ -141,6 +142,25 @@ def test():
     assert len(rep.tensors) == 1 and list(rep.tensors[0].shape) == [3, DIM], rep.tensors
     st = status(0)
     assert (st.tables[0].bytes_in - in0, st.tables[0].bytes_out - out0) == (3 * 8, 3 * DIM * 4), st.tables[0]
+
+    # the same counts in ps:0's metrics; the rows' gauge follows within the main loop's tick
+    import re
+    import urllib.request
+
+    def scrape():
+        with urllib.request.urlopen("http://%s/metrics" % metrics, timeout=5) as f:
+            text = f.read().decode()
+        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(psfleet_ps_sparse_\S+) (\S+)$", text, re.M)}
+
+    st = status(0)
+    ids = sum(t.ids_in for t in st.tables)
+    want = {'psfleet_ps_sparse_ids_total': ids,
+            'psfleet_ps_sparse_bytes_total{direction="in"}': sum(t.bytes_in for t in st.tables),
+            'psfleet_ps_sparse_bytes_total{direction="out"}': sum(t.bytes_out for t in st.tables),
+            'psfleet_ps_sparse_rows{table="cat"}': st.tables[0].rows,
+            'psfleet_ps_sparse_rows{table="site"}': st.tables[1].rows}
+    h.wait_for("ps:0's sparse metrics equal to its status", lambda: scrape() == want, 10, ps)
+    assert ids > 0 and st.tables[1].rows == 0, st
     for c in chans:
         c.close()
     for p in ps:
