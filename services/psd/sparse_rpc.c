@@ -210,13 +210,18 @@ static int put_rows(struct wire_out *o, const char *name, float *buf, size_t n, 
                                buf);
 }
 
+static void out_of_memory(struct psd *p, struct rpc_call *call) {
+        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+}
+
+/* Ends the call with o's message (freed), or with out of memory when r < 0 or it cannot be built. */
 static void reply_out(struct psd *p, struct rpc_call *call, struct wire_out *o, int r) {
         grpc_byte_buffer *bb;
         if (r >= 0)
                 r = wire_out_finish(o, &bb);
         wire_out_free(o);
         if (r < 0)
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                out_of_memory(p, call);
         else
                 rpc_call_reply(call, bb);
 }
@@ -287,16 +292,17 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
 
         Psfleet__V1__SparseExchangeReplyHeader rh = PSFLEET__V1__SPARSE_EXCHANGE_REPLY_HEADER__INIT;
         rh.incarnation = p->incarnation;
-        struct wire_out *o;
-        if (wire_out_new(&o) < 0)
-                goto oom;
-        wire_out_header(o, &rh.base);
-        r = n_pull ? put_rows(o, "rows", rows, n_pull, dim) : 0;
-        rows = NULL;
+        struct wire_out *o = NULL;
+        if ((r = wire_out_new(&o)) >= 0)
+                r = wire_out_header(o, &rh.base);
+        if (r >= 0 && n_pull) {
+                r = put_rows(o, "rows", rows, n_pull, dim);   /* lent: freed once sent, or now on failure */
+                rows = NULL;
+        }
         reply_out(p, call, o, r);
         goto out;
 oom:
-        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+        out_of_memory(p, call);
         goto out;
 reject:
         reject(p, call, r, err);
@@ -364,7 +370,7 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         reply_out(p, call, o, r);
         goto out;
 oom:
-        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+        out_of_memory(p, call);
         goto out;
 reject:
         reject(p, call, r, err);
@@ -407,7 +413,7 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
         /* rows, then the slots slot-major, as sparse_table_import reads them */
         vals = malloc(n * dim * (1 + pt->n_slots) * sizeof(float) + sizeof(float));
         if (!vals) {
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                out_of_memory(p, call);
                 goto out;
         }
         for (unsigned s = 0; s <= pt->n_slots && n && r >= 0; s++)
@@ -417,7 +423,7 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
         if (h->clear)
                 sparse_table_clear(pt->t);
         if (n && sparse_table_import(pt->t, ids, n, vals, pt->n_slots ? vals + n * dim : NULL, h->global_step) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                out_of_memory(p, call);
                 goto out;
         }
         Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;
