@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "authz.h"
 #include "log.h"
 #include "metrics.h"
 #include "optim.h"
@@ -255,6 +256,11 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
             (r = take_ids(p, &h->push_ids, "push_ids", &push, &n_push, err, sizeof(err))) < 0 ||
             (r = take_ids(p, &h->pull_ids, "pull_ids", &pull, &n_pull, err, sizeof(err))) < 0)
                 goto reject;
+        /* the chief evaluates: it may read rows, never change or add any */
+        if (rpc_call_identity(call)->role == PEER_CHIEF && (n_push || h->create)) {
+                r = errf(err, sizeof(err), -EACCES, "the chief may only look rows up (create false, no push_ids)");
+                goto reject;
+        }
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);
         if ((n_push > n_pull ? n_push : n_pull) * dim > SPARSE_MAX_FLOATS) {
