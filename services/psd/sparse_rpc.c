@@ -20,6 +20,7 @@
 #include "psd-internal.h"
 
 #define EXPORT_PAGE_ROWS 65536u
+#define EXPORT_HOLD_US 30000000u   /* eviction waits this long after a SparseExport page */
 
 int sparse_tables_new(struct psd *p) {
         const struct model_spec *m = &p->cfg->model;
@@ -64,11 +65,13 @@ void sparse_tables_clear(struct psd *p) {
 }
 
 void sparse_tables_tick(struct psd *p) {
-        uint64_t now = atomic_load(&p->sparse_step);
+        uint64_t now = atomic_load(&p->sparse_step), exported = atomic_load(&p->export_us);
+        /* a row evicted and made again during a checkpoint's walk would be in it twice */
+        bool walking = exported && mono_us() - exported < EXPORT_HOLD_US;
         for (uint32_t e = 0; e < p->n_tables; e++) {
                 struct psd_table *pt = &p->tables[e];
                 uint64_t after = pt->spec->evict_after_steps;
-                if (after && now > after) {
+                if (after && now > after && !walking) {
                         size_t n = sparse_table_evict(pt->t, now, after);
                         if (n) {
                                 atomic_fetch_add(&pt->evicted, n);
@@ -350,6 +353,7 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         slots = malloc(max * dim * (pt->n_slots ? pt->n_slots : 1) * sizeof(float));
         if (!ids || !vals || !slots)
                 goto oom;
+        atomic_store(&p->export_us, mono_us());
         uint64_t cursor = h->cursor;
         size_t n = sparse_table_export(pt->t, &cursor, max, ids, vals, pt->n_slots ? slots : NULL);
 
