@@ -59,6 +59,11 @@ static void test_new_invalid(void **state)
         assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
         o = ok, o.initial_accumulator = -0.1;
         assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o = ok, o.optimizer = SPARSE_ADAGRAD;   /* an accumulator starting at 0 needs an epsilon */
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o.epsilon = 1e-7;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        t = sparse_table_free(t);
         o = ok, o.ftrl_lr_power = 0.5;
         assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
         o = ok, o.ftrl_l1 = -1;
@@ -372,6 +377,15 @@ static void test_evict(void **state)
         assert_int_equal(sparse_table_rows(t), 0);
         uint64_t cur = 0;
         assert_int_equal(sparse_table_export(t, &cur, N, ids, w, NULL), 0);
+        /* steps are kept in 32 bits: the last one below saturation still ages, a saturated one never */
+        uint64_t late[2] = {1, 2};
+        assert_int_equal(sparse_table_push(t, late, 1, g, 1.0f, UINT32_MAX - 3), 0);
+        assert_int_equal(sparse_table_push(t, late + 1, 1, g, 1.0f, (uint64_t)1 << 40), 0);
+        assert_int_equal(sparse_table_evict(t, (uint64_t)1 << 41, 1), 1);
+        assert_int_equal(sparse_table_rows(t), 1);
+        assert_int_equal(sparse_table_export(t, &(uint64_t){0}, 2, ids, w, NULL), 1);
+        assert_int_equal(ids[0], 2);
+        assert_int_equal(sparse_table_evict(t, 100, 1), 0);
         sparse_table_free(t);
 }
 

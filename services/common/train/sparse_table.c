@@ -18,26 +18,25 @@
 #define CHUNK_BYTES_MAX (1u << 20)   /* chunks double up to about this size, then stay there */
 #define INDEX_MIN 16u
 #define INIT_SALT 0x5bd1e9955bd1e995ULL
-/* A row number is stored as row + 1 (0: an empty index slot), and a stripe's index of 2^31 slots
- * holds at most 3/4 of that. */
-#define ROWS_MAX (UINT32_MAX / 2u)
+/* A row number is stored as row + 1 (0: an empty index slot); a stripe's index stops at 2^31 slots,
+ * filled at most 3/4. */
+#define ROWS_MAX (3u << 29)
 
-/* One allocation: ids[cap], touch[cap], then vals[cap][row_floats] at a 64-byte boundary. Untouched
- * tails are never written, so a fresh chunk costs no resident memory until its rows are used. */
-struct chunk {
-        uint64_t *ids;     /* the row's id; a free row's next free row + 1 */
-        uint32_t *touch;   /* last touched step + 1, saturating; 0: a free row */
-        float *vals;       /* (cap, dim * (1 + slots)): the row, then each slot */
-};
-
+/* A chunk is an array of records, each 12 + 4 * row_floats bytes: the id (8 bytes, unaligned: read with
+ * memcpy; a free row's next free row + 1), the last touched step + 1 (uint32, saturating; 0: a free
+ * row), then the row's dim floats and each slot's. The key beside its row costs one cache miss less
+ * than a separate array. Untouched tails are never written, so a fresh chunk holds no resident memory
+ * until its rows are used. */
 struct stripe {
         pthread_mutex_t lock;
-        uint32_t *index;   /* (cap) row + 1 or 0; linear probing, deletions shift back */
+        /* (cap) row + 1 or 0; linear probing, deletions shift back. index and cap are also read
+         * without the lock, atomically, to prefetch: a stale pair only prefetches a useless line. */
+        uint32_t *index;
         uint32_t cap;      /* index slots: 0 or a power of two */
         uint32_t live;     /* rows in the index */
         uint32_t used;     /* rows handed out, live or free: the next new row number */
         uint32_t free_head; /* row + 1 of the first free row, 0: none */
-        struct chunk *chunks;
+        char **chunks;
         uint32_t n_chunks, chunks_cap;
         size_t bytes;      /* index, chunk table and chunks */
 } __attribute__((aligned(64)));
@@ -46,7 +45,8 @@ struct sparse_table {
         struct sparse_table_opts o;
         unsigned n_slots;
         size_t row_floats;             /* dim * (1 + n_slots) */
-        unsigned geo_k;                /* chunks 0..geo_k double in size; later ones are max_rows */
+        size_t rec_bytes;              /* a record: id, touch, row_floats floats */
+        unsigned geo_k;                /* chunks 0..geo_k double in size; later ones hold 2^max_shift */
         unsigned max_shift;            /* log2(rows of a full chunk) */
         uint64_t geo_rows;             /* rows in chunks 0..geo_k */
         struct stripe stripes[N_STRIPES];
@@ -94,10 +94,7 @@ static inline uint64_t stripe_hash(uint64_t id)
 
 uint32_t sparse_shard_of(uint64_t id, uint32_t n_shards)
 {
-        uint64_t z = id + 0x9e3779b97f4a7c15ULL;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        z ^= z >> 31;
+        uint64_t z = rng_splitmix64(&id);
         /* multiply-shift: the bias is at most n_shards / 2^32 */
         return (uint32_t)(((z >> 32) * (uint64_t)n_shards) >> 32);
 }
@@ -125,8 +122,9 @@ static uint64_t rows_in_chunks(const struct sparse_table *t, uint32_t n)
         return t->geo_rows + ((uint64_t)(n - t->geo_k - 1) << t->max_shift);
 }
 
-static inline float *row_vals(const struct sparse_table *t, const struct stripe *s, uint32_t r, uint64_t **id,
-                              uint32_t **touch)
+#define REC_VALS 12   /* a record's floats start here, after id (8) and touch (4) */
+
+static inline char *rec_at(const struct sparse_table *t, const struct stripe *s, uint32_t r)
 {
         uint64_t k, off;
         if (r < t->geo_rows) {
@@ -138,41 +136,48 @@ static inline float *row_vals(const struct sparse_table *t, const struct stripe 
                 off = x & (((uint64_t)1 << t->max_shift) - 1);
         }
         assert(k < s->n_chunks);
-        const struct chunk *c = &s->chunks[k];
-        if (id)
-                *id = &c->ids[off];
-        if (touch)
-                *touch = &c->touch[off];
-        return c->vals + off * t->row_floats;
+        return s->chunks[k] + off * t->rec_bytes;
 }
 
-static size_t chunk_alloc_bytes(const struct sparse_table *t, uint64_t rows, size_t *vals_at)
+static inline uint64_t rec_id(const char *rec)
 {
-        size_t head = (size_t)rows * (sizeof(uint64_t) + sizeof(uint32_t));
-        *vals_at = (head + 63) & ~(size_t)63;
-        size_t total = *vals_at + (size_t)rows * t->row_floats * sizeof(float);
-        return (total + 63) & ~(size_t)63;
+        uint64_t id;
+        memcpy(&id, rec, sizeof(id));
+        return id;
+}
+
+static inline void rec_set_id(char *rec, uint64_t id)
+{
+        memcpy(rec, &id, sizeof(id));
+}
+
+static inline uint32_t *rec_touch(char *rec)
+{
+        return (uint32_t *)(void *)(rec + 8);
+}
+
+static inline float *rec_vals(char *rec)
+{
+        return (float *)(void *)(rec + REC_VALS);
 }
 
 static int add_chunk(const struct sparse_table *t, struct stripe *s)
 {
         if (s->n_chunks == s->chunks_cap) {
+                /* the table of chunk pointers moves; the chunks never do */
                 uint32_t ncap = s->chunks_cap ? 2 * s->chunks_cap : 8;
-                struct chunk *nc = realloc(s->chunks, ncap * sizeof(*nc));
+                char **nc = realloc(s->chunks, ncap * sizeof(*nc));
                 if (!nc)
                         return -ENOMEM;
                 s->bytes += (ncap - s->chunks_cap) * sizeof(*nc);
                 s->chunks = nc;
                 s->chunks_cap = ncap;
         }
-        uint64_t rows = chunk_rows(t, s->n_chunks);
-        size_t vals_at, bytes = chunk_alloc_bytes(t, rows, &vals_at);
+        size_t bytes = (chunk_rows(t, s->n_chunks) * t->rec_bytes + 63) & ~(size_t)63;
         char *mem = aligned_alloc(64, bytes);
         if (!mem)
                 return -ENOMEM;
-        s->chunks[s->n_chunks++] = (struct chunk){.ids = (uint64_t *)mem,
-                                                  .touch = (uint32_t *)(mem + rows * sizeof(uint64_t)),
-                                                  .vals = (float *)(mem + vals_at)};
+        s->chunks[s->n_chunks++] = mem;
         s->bytes += bytes;
         return 0;
 }
@@ -194,9 +199,7 @@ static uint32_t index_find(const struct sparse_table *t, const struct stripe *s,
                 uint32_t e = s->index[pos];
                 if (!e)
                         return pos;
-                uint64_t *rid;
-                row_vals(t, s, e - 1, &rid, NULL);
-                if (*rid == id) {
+                if (rec_id(rec_at(t, s, e - 1)) == id) {
                         *found = true;
                         return pos;
                 }
@@ -214,17 +217,15 @@ static int index_grow(const struct sparse_table *t, struct stripe *s, uint32_t n
                 uint32_t e = s->index[i];
                 if (!e)
                         continue;
-                uint64_t *rid;
-                row_vals(t, s, e - 1, &rid, NULL);
-                uint32_t pos = (uint32_t)stripe_hash(*rid) & mask;
+                uint32_t pos = (uint32_t)stripe_hash(rec_id(rec_at(t, s, e - 1))) & mask;
                 while (ni[pos])
                         pos = (pos + 1) & mask;
                 ni[pos] = e;
         }
         free(s->index);
         s->bytes = s->bytes - (size_t)s->cap * sizeof(uint32_t) + (size_t)ncap * sizeof(uint32_t);
-        s->index = ni;
-        s->cap = ncap;
+        __atomic_store_n(&s->index, ni, __ATOMIC_RELEASE);
+        __atomic_store_n(&s->cap, ncap, __ATOMIC_RELEASE);
         return 0;
 }
 
@@ -242,11 +243,9 @@ static int64_t row_new(const struct sparse_table *t, struct stripe *s, uint64_t 
                 pos = index_find(t, s, id, h, &found);
         }
         uint32_t r;
-        uint64_t *rid;
         if (s->free_head) {
                 r = s->free_head - 1;
-                row_vals(t, s, r, &rid, NULL);
-                s->free_head = (uint32_t)*rid;
+                s->free_head = (uint32_t)rec_id(rec_at(t, s, r));
         } else {
                 if (s->used == rows_in_chunks(t, s->n_chunks)) {
                         int rc = add_chunk(t, s);
@@ -254,9 +253,8 @@ static int64_t row_new(const struct sparse_table *t, struct stripe *s, uint64_t 
                                 return rc;
                 }
                 r = s->used++;
-                row_vals(t, s, r, &rid, NULL);
         }
-        *rid = id;
+        rec_set_id(rec_at(t, s, r), id);
         s->index[pos] = r + 1;
         s->live++;
         return r;
@@ -268,9 +266,7 @@ static void index_remove(const struct sparse_table *t, struct stripe *s, uint32_
         uint32_t mask = s->cap - 1;
         uint32_t hole = pos;
         for (uint32_t i = (pos + 1) & mask; s->index[i]; i = (i + 1) & mask) {
-                uint64_t *rid;
-                row_vals(t, s, s->index[i] - 1, &rid, NULL);
-                uint32_t home = (uint32_t)stripe_hash(*rid) & mask;
+                uint32_t home = (uint32_t)stripe_hash(rec_id(rec_at(t, s, s->index[i] - 1))) & mask;
                 /* the entry at i may fill the hole unless its home lies cyclically in (hole, i] */
                 bool stays = hole <= i ? (home > hole && home <= i) : (home > hole || home <= i);
                 if (!stays) {
@@ -302,6 +298,9 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
             !(o->initial_accumulator >= 0 && isfinite(o->initial_accumulator)) ||
             !(o->epsilon >= 0 && isfinite(o->epsilon)))
                 return -EINVAL;
+        /* TF's Adagrad wants a positive start: 0 / sqrt(0) is NaN for a row's first zero gradient */
+        if (o->optimizer == SPARSE_ADAGRAD && o->initial_accumulator == 0 && o->epsilon == 0)
+                return -EINVAL;
         if (o->optimizer == SPARSE_FTRL &&
             !(o->ftrl_l1 >= 0 && o->ftrl_l2 >= 0 && o->ftrl_beta >= 0 && o->ftrl_lr_power <= 0 &&
               isfinite(o->ftrl_l1) && isfinite(o->ftrl_l2) && isfinite(o->ftrl_beta) && isfinite(o->ftrl_lr_power)))
@@ -313,9 +312,9 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
         t->o = *o;
         t->n_slots = sparse_optimizer_n_slots(o->optimizer);
         t->row_floats = (size_t)o->dim * (1 + t->n_slots);
-        size_t row_bytes = t->row_floats * sizeof(float) + sizeof(uint64_t) + sizeof(uint32_t);
+        t->rec_bytes = REC_VALS + t->row_floats * sizeof(float);
         unsigned max_shift = FIRST_CHUNK_SHIFT;
-        while (((size_t)2 << max_shift) * row_bytes <= CHUNK_BYTES_MAX)
+        while (((size_t)2 << max_shift) * t->rec_bytes <= CHUNK_BYTES_MAX)
                 max_shift++;
         t->max_shift = max_shift;
         t->geo_k = max_shift - FIRST_CHUNK_SHIFT;
@@ -329,12 +328,13 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
 static void stripe_release(struct stripe *s)
 {
         for (uint32_t k = 0; k < s->n_chunks; k++)
-                free(s->chunks[k].ids);
+                free(s->chunks[k]);
         free(s->chunks);
         free(s->index);
         s->chunks = NULL;
-        s->index = NULL;
-        s->n_chunks = s->chunks_cap = s->cap = s->live = s->used = s->free_head = 0;
+        __atomic_store_n(&s->index, NULL, __ATOMIC_RELEASE);
+        __atomic_store_n(&s->cap, 0, __ATOMIC_RELEASE);
+        s->n_chunks = s->chunks_cap = s->live = s->used = s->free_head = 0;
         s->bytes = 0;
 }
 
@@ -378,11 +378,32 @@ void sparse_table_init_row(const struct sparse_table *t, uint64_t id, float *row
         }
 }
 
-/* The row of id locked in its stripe, made (initialized) when missing and create. Returns its values
- * with the stripe locked, NULL with it unlocked when missing and !create; *err: -ENOMEM. */
-static float *row_locked(struct sparse_table *t, uint64_t id, bool create, uint64_t step, struct stripe **sp,
-                         int *err)
+/* A batch's ids hit random rows: while one is looked up, the index slot of one some places ahead is
+ * fetched. index and cap are read without the lock; a stale pair costs only a wasted prefetch. */
+#define PREFETCH_AHEAD 8
+
+static inline void prefetch_index(const struct sparse_table *t, const uint64_t *ids, size_t i, size_t n)
 {
+        if (i + PREFETCH_AHEAD >= n)
+                return;
+        uint64_t h = stripe_hash(ids[i + PREFETCH_AHEAD]);
+        const struct stripe *s = &t->stripes[stripe_of(h)];
+        uint32_t *index = __atomic_load_n(&s->index, __ATOMIC_ACQUIRE);
+        uint32_t cap = __atomic_load_n(&s->cap, __ATOMIC_ACQUIRE);
+        if (index && cap)
+                __builtin_prefetch(&index[(uint32_t)h & (cap - 1)]);
+}
+
+enum lookup { FIND, CREATE, CREATE_BLANK /* the caller writes the row and slots */ };
+
+/* The record of ids[i] (of a batch of n) with its stripe locked (*sp), made when missing unless FIND;
+ * its last touch becomes step. NULL when missing under FIND, with nothing locked; NULL and *err -ENOMEM
+ * when out of memory. */
+static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, size_t n, enum lookup how,
+                        uint64_t step, struct stripe **sp, int *err)
+{
+        prefetch_index(t, ids, i, n);
+        uint64_t id = ids[i];
         uint64_t h = stripe_hash(id);
         struct stripe *s = &t->stripes[stripe_of(h)];
         *sp = s;
@@ -390,23 +411,24 @@ static float *row_locked(struct sparse_table *t, uint64_t id, bool create, uint6
         pthread_mutex_lock(&s->lock);
         bool found;
         uint32_t pos = index_find(t, s, id, h, &found);
-        float *row;
-        uint32_t *touch;
+        char *rec;
         if (found) {
-                row = row_vals(t, s, s->index[pos] - 1, NULL, &touch);
+                rec = rec_at(t, s, s->index[pos] - 1);
         } else {
-                int64_t r = create ? row_new(t, s, id, h, pos) : -ENOENT;
+                int64_t r = how == FIND ? -ENOENT : row_new(t, s, id, h, pos);
                 if (r < 0) {
                         pthread_mutex_unlock(&s->lock);
                         *err = r == -ENOENT ? 0 : (int)r;
                         return NULL;
                 }
-                row = row_vals(t, s, (uint32_t)r, NULL, &touch);
-                sparse_table_init_row(t, id, row);
-                slots_init(t, row);
+                rec = rec_at(t, s, (uint32_t)r);
+                if (how == CREATE) {
+                        sparse_table_init_row(t, id, rec_vals(rec));
+                        slots_init(t, rec_vals(rec));
+                }
         }
-        *touch = touch_of(step);
-        return row;
+        *rec_touch(rec) = touch_of(step);
+        return rec;
 }
 
 int sparse_table_pull(struct sparse_table *t, const uint64_t *ids, size_t n, float *rows, bool create,
@@ -417,14 +439,14 @@ int sparse_table_pull(struct sparse_table *t, const uint64_t *ids, size_t n, flo
                 struct stripe *s;
                 int err;
                 float *out = rows + i * dim;
-                const float *row = row_locked(t, ids[i], create, step, &s, &err);
+                char *rec = rec_locked(t, ids, i, n, create ? CREATE : FIND, step, &s, &err);
                 if (err < 0)
                         return err;
-                if (!row) {
+                if (!rec) {
                         sparse_table_init_row(t, ids[i], out);
                         continue;
                 }
-                memcpy(out, row, dim * sizeof(float));
+                memcpy(out, rec_vals(rec), dim * sizeof(float));
                 pthread_mutex_unlock(&s->lock);
         }
         return 0;
@@ -438,9 +460,10 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
         for (size_t i = 0; i < n; i++) {
                 struct stripe *s;
                 int err;
-                float *w = row_locked(t, ids[i], true, step, &s, &err);
-                if (!w)
+                char *rec = rec_locked(t, ids, i, n, CREATE, step, &s, &err);
+                if (!rec)
                         return err;
+                float *w = rec_vals(rec);
                 const float *gi = g + i * dim;
                 switch (o->optimizer) {
                 case SPARSE_SGD:
@@ -492,18 +515,18 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
                 struct stripe *s = &t->stripes[si];
                 pthread_mutex_lock(&s->lock);
                 for (uint32_t r = 0; r < s->used; r++) {
-                        uint64_t *rid;
-                        uint32_t *touch;
-                        row_vals(t, s, r, &rid, &touch);
+                        char *rec = rec_at(t, s, r);
+                        uint32_t touch = *rec_touch(rec);
                         /* a saturated touch (step >= 2^32 - 2) is of unknown age: kept */
-                        if (*touch == 0 || *touch == UINT32_MAX || (uint64_t)(*touch - 1) >= before)
+                        if (touch == 0 || touch == UINT32_MAX || (uint64_t)(touch - 1) >= before)
                                 continue;
                         bool found;
-                        uint32_t pos = index_find(t, s, *rid, stripe_hash(*rid), &found);
+                        uint64_t id = rec_id(rec);
+                        uint32_t pos = index_find(t, s, id, stripe_hash(id), &found);
                         assert(found);
                         index_remove(t, s, pos);
-                        *touch = 0;
-                        *rid = s->free_head;
+                        *rec_touch(rec) = 0;
+                        rec_set_id(rec, s->free_head);
                         s->free_head = r + 1;
                         evicted++;
                 }
@@ -523,12 +546,11 @@ size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max,
                 struct stripe *s = &t->stripes[si];
                 pthread_mutex_lock(&s->lock);
                 for (; r < s->used && n < max; r++) {
-                        uint64_t *rid;
-                        uint32_t *touch;
-                        const float *row = row_vals(t, s, r, &rid, &touch);
-                        if (!*touch)
+                        char *rec = rec_at(t, s, r);
+                        if (!*rec_touch(rec))
                                 continue;
-                        ids[n] = *rid;
+                        const float *row = rec_vals(rec);
+                        ids[n] = rec_id(rec);
                         memcpy(values + n * dim, row, dim * sizeof(float));
                         for (unsigned sl = 0; slots && sl < t->n_slots; sl++)
                                 memcpy(slots + (sl * max + n) * dim, row + (size_t)(1 + sl) * dim,
@@ -551,18 +573,12 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
 {
         uint32_t dim = t->o.dim;
         for (size_t i = 0; i < n; i++) {
-                uint64_t h = stripe_hash(ids[i]);
-                struct stripe *s = &t->stripes[stripe_of(h)];
-                pthread_mutex_lock(&s->lock);
-                bool found;
-                uint32_t pos = index_find(t, s, ids[i], h, &found);
-                int64_t r = found ? (int64_t)s->index[pos] - 1 : row_new(t, s, ids[i], h, pos);
-                if (r < 0) {
-                        pthread_mutex_unlock(&s->lock);
-                        return (int)r;
-                }
-                uint32_t *touch;
-                float *row = row_vals(t, s, (uint32_t)r, NULL, &touch);
+                struct stripe *s;
+                int err;
+                char *rec = rec_locked(t, ids, i, n, CREATE_BLANK, step, &s, &err);
+                if (!rec)
+                        return err;
+                float *row = rec_vals(rec);
                 memcpy(row, values + i * dim, dim * sizeof(float));
                 if (slots) {
                         for (unsigned sl = 0; sl < t->n_slots; sl++)
@@ -571,7 +587,6 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
                 } else {
                         slots_init(t, row);
                 }
-                *touch = touch_of(step);
                 pthread_mutex_unlock(&s->lock);
         }
         return 0;

@@ -20,7 +20,7 @@ struct sparse_table_opts {
         enum sparse_optimizer optimizer;
         double init_stddev;           /* rows start truncated-normal (2 sigma) with this stddev; 0: zeros */
         uint64_t seed;                /* with the id, the only input of a row's initial value */
-        double initial_accumulator;   /* adagrad: the accumulator's start; ftrl: n's start */
+        double initial_accumulator;   /* adagrad: the accumulator's start (> 0 unless epsilon > 0); ftrl: n's start */
         double epsilon;               /* adagrad: added to sqrt(accumulator), as the dense path's training.epsilon
                                        * (optim_adagrad); 0 is TF 1.x's AdagradOptimizer */
         double ftrl_l1, ftrl_l2, ftrl_beta, ftrl_lr_power; /* ftrl (TensorFlow's FtrlOptimizer) */
@@ -60,13 +60,15 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
 size_t sparse_table_rows(const struct sparse_table *t);   /* stored rows */
 size_t sparse_table_bytes(const struct sparse_table *t);  /* memory held, all of it */
 
-/* Removes rows last touched before now - after (after > 0). Returns how many. */
+/* Removes rows last touched before now - after (after > 0). Returns how many. Steps are kept in 32 bits:
+ * a row last touched at step 2^32 - 2 or later is never evicted. */
 size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after);
 
 /* Walks the stored rows in pages: start with *cursor = 0; each call writes up to max rows (ids,
  * values (max x dim), and with slots non-NULL the slots, slot-major: slots[s * max * dim + i * dim +
  * j]) and advances *cursor; returns the rows written, 0 at the end. Rows made during the walk may be
- * missed, none is given twice, and each row is read under its lock. */
+ * missed, none is given twice, and each row is read under its lock. (An id evicted and made again
+ * during the walk is a new row: it may come twice. Checkpoints walk with eviction held off.) */
 size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids, float *values,
                            float *slots);
 
