@@ -1,7 +1,7 @@
 /* model: finite-difference gradient checks for every layer type and the loss, a hand-computed forward,
  * initializer determinism, batch bounds, the forward/backward callbacks, and row-blocked kernels
  * (also on a pretend device backend: the CPU ops with host_memory off, so uploads and downloads are
- * real copies). */
+ * real copies); the logistic and mse heads, their outputs and the input gradient by finite differences. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -460,6 +460,199 @@ static void test_describe(void **state)
         model_free(m);
 }
 
+static struct backend *fake_device(void);
+
+/* ---- heads, outputs and the input gradient ---- */
+
+/* Labels as the head takes them: class indices, 0/1 with a soft one, or reals. */
+static void head_labels(struct rng *r, enum model_head head, uint32_t C, float *y, uint32_t B)
+{
+        for (uint32_t b = 0; b < B; b++)
+                y[b] = head == HEAD_SOFTMAX  ? (float)rng_below(r, C)
+                       : head == HEAD_MSE    ? rng_uniform_f(r, -2.0f, 2.0f)
+                       : b == 1              ? 0.3f
+                                             : (float)rng_below(r, 2);
+}
+
+/* Central differences of the loss of model_forward_f, against the parameters' gradient and (with the
+ * input gradient on) against dx, on the CPU and on the pretend device. */
+static void gradcheck_f(struct backend *b, const struct model_spec *spec, uint32_t B, float h, float atol, float rtol)
+{
+        struct model *m;
+        assert_int_equal(model_new(spec, b, B, &m), 0);
+        assert_int_equal(model_init_params(m, 5), 0);
+        assert_int_equal(model_set_input_grad(m, true), 0);
+        uint32_t D = model_input_size(m);
+        float *x = malloc(sizeof(float) * B * D), y[16], loss, lp, lm;
+        struct rng r;
+        rng_init(&r, 3, 1);
+        for (size_t i = 0; i < (size_t)B * D; i++)   /* away from a relu's kink on the raw input */
+                x[i] = rng_uniform_f(&r, 0.1f, 1.0f) * (rng_below(&r, 2) ? 1.0f : -1.0f);
+        head_labels(&r, spec->head, model_n_classes(m), y, B);
+        float *p = model_params(m);
+        for (size_t i = 0; i < model_n_params(m); i++)
+                if (p[i] == 0.0f)
+                        p[i] = rng_uniform_f(&r, -0.1f, 0.1f);
+        assert_int_equal(model_params_sync(m), 0);
+        assert_null(model_input_grad(m));
+        assert_int_equal(model_forward_f(m, x, y, B, &loss, NULL), 0);
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        size_t n = model_n_params(m), bad = 0;
+        float *g = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * B * D);
+        memcpy(g, model_grads(m), sizeof(float) * n);
+        assert_non_null(model_input_grad(m));
+        memcpy(dx, model_input_grad(m), sizeof(float) * B * D);
+        for (size_t i = 0; i < n + (size_t)B * D; i++) {
+                float *v = i < n ? &p[i] : &x[i - n], keep = *v;
+                *v = keep + h;
+                assert_int_equal(model_params_sync(m), 0);
+                assert_int_equal(model_forward_f(m, x, y, B, &lp, NULL), 0);
+                *v = keep - h;
+                assert_int_equal(model_params_sync(m), 0);
+                assert_int_equal(model_forward_f(m, x, y, B, &lm, NULL), 0);
+                *v = keep;
+                double num = ((double)lp - (double)lm) / (2.0 * h), an = i < n ? g[i] : dx[i - n];
+                if (fabs(num - an) > atol + rtol * fabs(num) && ++bad < 5)
+                        print_message("%s %zu: analytic %g numeric %g\n", i < n ? "param" : "x", i < n ? i : i - n,
+                                      an, num);
+        }
+        assert_true(bad <= (n + (size_t)B * D) / 200);
+        assert_int_equal(model_params_sync(m), 0);
+        free(g);
+        free(dx);
+        free(x);
+        model_free(m);
+}
+
+static void test_grad_heads(void **state)
+{
+        struct model_spec lg = {.input = {1, 1, 5}, .n_layers = 3, .head = HEAD_LOGISTIC,
+                                .layers = {L(LAYER_DENSE, 4), L(LAYER_RELU, 0), L(LAYER_DENSE, 1)}};
+        struct model_spec ms = {.input = {1, 1, 5}, .n_layers = 3, .head = HEAD_MSE,
+                                .layers = {L(LAYER_DENSE, 4), L(LAYER_TANH, 0), L(LAYER_DENSE, 1)}};
+        /* the input gradient through layers before the first with parameters: relu on the raw input */
+        struct model_spec sm = {.input = {1, 1, 6}, .n_layers = 4,
+                                .layers = {L(LAYER_RELU, 0), L(LAYER_DENSE, 5), L(LAYER_RELU, 0), L(LAYER_DENSE, 3)}};
+        struct model_spec cv = {.input = {2, 4, 4}, .n_layers = 4, .head = HEAD_LOGISTIC,
+                                .layers = {conv(2, 3), L(LAYER_MAXPOOL2D, 2), L(LAYER_FLATTEN, 0), L(LAYER_DENSE, 1)}};
+        for (int d = 0; d < 2; d++) {
+                struct backend *b = d ? fake_device() : be;
+                gradcheck_f(b, &lg, 6, 1e-3f, 2e-4f, 5e-3f);
+                gradcheck_f(b, &ms, 6, 1e-3f, 2e-4f, 5e-3f);
+                gradcheck_f(b, &sm, 4, 1e-3f, 2e-4f, 5e-3f);
+                gradcheck_f(b, &cv, 3, 1e-3f, 2e-4f, 5e-3f);
+        }
+}
+
+/* One dense unit, weights (1, -1), bias 0: z = x0 - x1, known losses, outputs and counts. */
+static void test_heads_known(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 2}, .n_layers = 1, .head = HEAD_LOGISTIC, .layers = {L(LAYER_DENSE, 1)}};
+        float x[8] = {1, 1, 100, 0, 0, 100, 2, 0}, y[4] = {1, 0, 0, 1}, loss;
+        uint32_t correct;
+        struct model *m;
+        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(model_n_classes(m), 1);
+        model_params(m)[0] = 1, model_params(m)[1] = -1;
+        assert_null(model_outputs(m));
+        assert_int_equal(model_forward_f(m, x, y, 4, &loss, &correct), 0);
+        /* z = 0, 100, -100, 2: log 2, 100 (no overflow), ~0, log(1 + e^-2) */
+        double want = (log(2.0) + 100.0 + log1p(exp(-100.0)) + log1p(exp(-2.0))) / 4;
+        assert_float_equal(loss, want, 1e-5);
+        const float *o = model_outputs(m);
+        assert_non_null(o);
+        assert_float_equal(o[0], 0.5, 1e-7);
+        assert_float_equal(o[1], 1.0, 1e-7);
+        assert_float_equal(o[2], 0.0, 1e-7);
+        assert_float_equal(o[3], 1 / (1 + exp(-2.0)), 1e-6);
+        assert_int_equal(correct, 2); /* p > 0.5: no, yes, no, yes against 1, 0, 0, 1 */
+        y[0] = 1.5f;
+        assert_int_equal(model_forward_f(m, x, y, 4, &loss, NULL), -EINVAL);
+        y[0] = NAN;
+        assert_int_equal(model_forward_f(m, x, y, 4, &loss, NULL), -EINVAL);
+        uint8_t y8[4] = {1, 0, 0, 1};
+        assert_int_equal(model_forward(m, x, y8, 4, &loss, NULL), 0); /* class labels as 0/1 */
+        assert_float_equal(loss, want, 1e-5);
+        y8[2] = 2;
+        assert_int_equal(model_forward(m, x, y8, 4, &loss, NULL), -EINVAL);
+        model_free(m);
+
+        s.head = HEAD_MSE;
+        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        model_params(m)[0] = 1, model_params(m)[1] = -1;
+        float t[4] = {1, 99, -100, -1};   /* errors -1, 1, 0, 3 */
+        correct = 7;
+        assert_int_equal(model_forward_f(m, x, t, 4, &loss, &correct), 0);
+        assert_float_equal(loss, (1 + 1 + 0 + 9) / 4.0, 1e-5);
+        assert_int_equal(correct, 0);
+        o = model_outputs(m);
+        assert_float_equal(o[1], 100, 1e-5);
+        assert_float_equal(o[3], 2, 1e-6);
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        /* d loss / d bias = 2 * mean error = 1.5 */
+        assert_float_equal(model_grads(m)[2], 1.5, 1e-6);
+        assert_null(model_input_grad(m)); /* not asked for */
+        t[0] = INFINITY;
+        assert_int_equal(model_forward_f(m, x, t, 4, &loss, NULL), -EINVAL);
+        model_free(m);
+
+        /* softmax with float labels: whole class indices only; outputs are the probabilities */
+        struct model_spec c = {.input = {1, 1, 2}, .n_layers = 1, .layers = {L(LAYER_DENSE, 3)}};
+        assert_int_equal(model_new(&c, be, 4, &m), 0);
+        float k[4] = {0, 2, 1, 2};
+        assert_int_equal(model_forward_f(m, x, k, 4, &loss, NULL), 0);
+        assert_float_equal(loss, log(3.0), 1e-6); /* zero weights */
+        assert_float_equal(model_outputs(m)[5], 1 / 3.0, 1e-6);
+        k[1] = 1.5f;
+        assert_int_equal(model_forward_f(m, x, k, 4, &loss, NULL), -EINVAL);
+        k[1] = 3;
+        assert_int_equal(model_forward_f(m, x, k, 4, &loss, NULL), -EINVAL);
+        assert_int_equal(model_forward_f(m, x, NULL, 4, &loss, NULL), -EINVAL);
+        model_free(m);
+}
+
+/* A backend without the single-output heads' ops (as the CUDA one) refuses those heads only. */
+static void test_head_unsupported(void **state)
+{
+        static struct backend_ops ops;
+        struct backend nb;
+        struct model *m = NULL;
+        struct model_spec s = {.input = {1, 1, 3}, .n_layers = 1, .head = HEAD_LOGISTIC, .layers = {L(LAYER_DENSE, 1)}};
+        ops = *be->ops;
+        ops.logistic_xent_fwd = NULL;
+        ops.mse_bwd = NULL;
+        nb = (struct backend){.ops = &ops, .ctx = be->ctx};
+        assert_int_equal(model_new(&s, &nb, 4, &m), -EOPNOTSUPP);
+        s.head = HEAD_MSE;
+        assert_int_equal(model_new(&s, &nb, 4, &m), -EOPNOTSUPP);
+        assert_null(m);
+        s.head = HEAD_SOFTMAX;
+        assert_int_equal(model_new(&s, &nb, 4, &m), -EINVAL); /* one output is no softmax */
+        s.layers[0].units = 2;
+        assert_int_equal(model_new(&s, &nb, 4, &m), 0);
+        model_free(m);
+        s.head = HEAD_LOGISTIC; /* a single-output head has exactly one output */
+        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL);
+}
+
+/* With embeddings the model reads the widened flat input (model_spec_dense_input). */
+static void test_embedding_input(void **state)
+{
+        struct model_spec s = {.input = {1, 1, 3}, .n_layers = 1, .head = HEAD_LOGISTIC, .layers = {L(LAYER_DENSE, 1)},
+                               .n_embeddings = 2};
+        s.emb[0] = (struct embedding_spec){.name = "a", .dim = 4, .n_fields = 2, .fields = {0, 1}};
+        s.emb[1] = (struct embedding_spec){.name = "b", .dim = 2, .n_fields = 1, .fields = {1}};
+        struct model *m;
+        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(model_input_size(m), 3 + 8 + 2);
+        assert_int_equal(model_var(m, 0)->rows, 13);
+        model_free(m);
+        s.input[2] = 0; /* no dense features at all (LIBSVM) */
+        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(model_input_size(m), 10);
+        model_free(m);
+}
+
 /* ---- row blocks ---- */
 
 /* The CPU ops as if on a device: separate buffers, real upload/download copies. */
@@ -798,6 +991,10 @@ int main(void)
                 cmocka_unit_test(test_callbacks),
                 cmocka_unit_test(test_evaluate_chunks),
                 cmocka_unit_test(test_describe),
+                cmocka_unit_test(test_grad_heads),
+                cmocka_unit_test(test_heads_known),
+                cmocka_unit_test(test_head_unsupported),
+                cmocka_unit_test(test_embedding_input),
                 cmocka_unit_test(test_grad_blocked),
                 cmocka_unit_test(test_blocked_matches_unblocked),
                 cmocka_unit_test(test_block_callbacks),

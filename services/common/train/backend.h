@@ -78,6 +78,22 @@ struct backend_ops {
                              uint32_t C, uint32_t H, uint32_t W, uint32_t p);
         int (*maxpool2d_bwd)(struct backend *be, const void *x, const void *dy, void *dx, uint32_t B,
                              uint32_t C, uint32_t H, uint32_t W, uint32_t p);
+
+        /* The single-output heads (model.head), with float labels. A backend may leave them NULL:
+         * model_new then refuses those heads (-EOPNOTSUPP). Kept last, so that a table initialized in
+         * order without them (the CUDA backend's) still compiles. */
+        /* probs = sigmoid(logits); *loss_ret = mean over B of the sigmoid cross-entropy, computed as
+         * max(z, 0) - z y + log1p(exp(-|z|)) (host); *correct_ret (nullable) = #{b : (p > 0.5) == y}. */
+        int (*logistic_xent_fwd)(struct backend *be, const void *logits /* (B) */, const void *labels /* (B) */,
+                                 uint32_t B, void *probs /* (B) */, float *loss_ret, uint32_t *correct_ret);
+        /* dlogits = (probs - labels) / B; probs and dlogits may alias. */
+        int (*logistic_xent_bwd)(struct backend *be, const void *probs, const void *labels, uint32_t B,
+                                 void *dlogits);
+        /* *loss_ret = mean over B of (pred - label)^2 (host), as tf.losses.mean_squared_error. */
+        int (*mse_fwd)(struct backend *be, const void *pred /* (B) */, const void *labels /* (B) */, uint32_t B,
+                       float *loss_ret);
+        /* dpred = 2 (pred - labels) / B; pred and dpred may alias. */
+        int (*mse_bwd)(struct backend *be, const void *pred, const void *labels, uint32_t B, void *dpred);
 };
 
 struct backend {

@@ -135,6 +135,40 @@ static uint32_t correct_count_k(const float *scores, const uint8_t *labels, uint
         return correct;
 }
 
+/* The logistic head on one output per example. */
+static void logistic_xent_fwd_k(const float *z, const float *y, uint32_t B, float *probs, float *loss_ret,
+                                uint32_t *correct_ret)
+{
+        double loss = 0.0;
+        uint32_t correct = 0;
+        for (uint32_t b = 0; b < B; b++) {
+                /* exp of -|z| only: no overflow whatever the logit, and log1p keeps the small losses */
+                double e = exp(-fabs((double)z[b]));
+                loss += (z[b] > 0 ? (double)z[b] : 0.0) - (double)z[b] * y[b] + log1p(e);
+                probs[b] = (float)(z[b] >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e));
+                correct += (probs[b] > 0.5f) == (y[b] > 0.5f);
+        }
+        *loss_ret = (float)(loss / B);
+        if (correct_ret)
+                *correct_ret = correct;
+}
+
+/* d = (a - y) * scale: the logistic head's gradient (a: probabilities, scale 1/B) and the MSE's (a:
+ * predictions, scale 2/B). */
+static void diff_scale_k(const float *a, const float *y, uint32_t B, float scale, float *d)
+{
+        for (uint32_t b = 0; b < B; b++)
+                d[b] = (a[b] - y[b]) * scale;
+}
+
+static void mse_fwd_k(const float *pred, const float *y, uint32_t B, float *loss_ret)
+{
+        double loss = 0.0;
+        for (uint32_t b = 0; b < B; b++)
+                loss += ((double)pred[b] - y[b]) * ((double)pred[b] - y[b]);
+        *loss_ret = (float)(loss / B);
+}
+
 /* Convolution as im2col + one sgemm per chunk of G examples. The chunk's columns sit side by side:
  * col (C*k*k, G*H*W), col[(c, ky, kx), j*H*W + y*W + x] = img_j[c, y + ky - pad, x + kx - pad] (0
  * outside), pad = (k - 1) / 2 (TF's "same": an even kernel gets the extra row/column after). With
@@ -591,6 +625,32 @@ static int cpu_maxpool2d_bwd(struct backend *be, const void *x, const void *dy, 
         return 0;
 }
 
+static int cpu_logistic_xent_fwd(struct backend *be, const void *logits, const void *labels, uint32_t B, void *probs,
+                                 float *loss_ret, uint32_t *correct_ret)
+{
+        logistic_xent_fwd_k(logits, labels, B, probs, loss_ret, correct_ret);
+        return 0;
+}
+
+static int cpu_logistic_xent_bwd(struct backend *be, const void *probs, const void *labels, uint32_t B,
+                                 void *dlogits)
+{
+        diff_scale_k(probs, labels, B, 1.0f / (float)B, dlogits);
+        return 0;
+}
+
+static int cpu_mse_fwd(struct backend *be, const void *pred, const void *labels, uint32_t B, float *loss_ret)
+{
+        mse_fwd_k(pred, labels, B, loss_ret);
+        return 0;
+}
+
+static int cpu_mse_bwd(struct backend *be, const void *pred, const void *labels, uint32_t B, void *dpred)
+{
+        diff_scale_k(pred, labels, B, 2.0f / (float)B, dpred);
+        return 0;
+}
+
 static const struct backend_ops cpu_ops = {
         .name = "cpu",
         .host_memory = true,
@@ -617,6 +677,10 @@ static const struct backend_ops cpu_ops = {
         .conv2d_bwd = cpu_conv2d_bwd,
         .maxpool2d_fwd = cpu_maxpool2d_fwd,
         .maxpool2d_bwd = cpu_maxpool2d_bwd,
+        .logistic_xent_fwd = cpu_logistic_xent_fwd,
+        .logistic_xent_bwd = cpu_logistic_xent_bwd,
+        .mse_fwd = cpu_mse_fwd,
+        .mse_bwd = cpu_mse_bwd,
 };
 
 int backend_cpu_new(unsigned threads, struct backend **ret)

@@ -24,8 +24,10 @@ struct ctr *ctr_free(struct ctr *c); /* NULL-safe; returns NULL */
 
 uint32_t ctr_width(const struct ctr *c);  /* floats per example of x: model_spec_dense_input */
 
-/* The ids of b, per table, unique (first-seen order). Returns 0, or -EINVAL with err naming the record
- * when b does not fit the spec (a field index the data does not have: config validation prevents it). */
+/* The ids of b, per table, unique (first-seen order: record by record, each table's fields in its
+ * order). Returns 0, or -EINVAL (every table then empty) when b does not fit: more than max_batch
+ * records or more ids than max_ids each, dense features other than the spec's input, a field index the
+ * data does not have (config validation prevents these). */
 int ctr_gather(struct ctr *c, const struct records_batch *b);
 uint32_t ctr_n_unique(const struct ctr *c, uint32_t e);
 const uint64_t *ctr_unique(const struct ctr *c, uint32_t e);

@@ -2,7 +2,8 @@
  * Activation buffers are allocated once for max_batch. Elementwise activations run in place when the
  * buffer they read is one whose producer's backward doesn't need it (dense, conv2d, maxpool2d
  * outputs), so a dense+relu pair costs one buffer. Backward ping-pongs between two gradient buffers
- * and stops at the first layer with parameters (the input gradient is never needed).
+ * and stops at the first layer with parameters, unless the input gradient is asked for
+ * (model_set_input_grad: a sparse front turns it into embedding rows' gradients).
  *
  * A dense kernel may be split into row blocks (model_set_var_blocks) so a worker can overlap a large
  * variable's transfer with compute. Every path runs the same arithmetic for the same blocks, whichever
@@ -42,6 +43,7 @@ struct model {
         struct layer layers[MODEL_MAX_LAYERS];
         uint32_t in_n, classes;
         int first_param_layer;   /* -1: no parameters */
+        enum model_head head;
 
         uint32_t n_vars;
         struct model_var vars[MAX_VARS];
@@ -61,8 +63,15 @@ struct model {
         bool ext_host;           /* the host blocks are the caller's (model_use_host_blocks) */
 
         float *x_dev;            /* (max_batch, in_n) device copy of the input; NULL on host backends */
-        uint8_t *labels;         /* (max_batch) device */
+        uint8_t *labels;         /* (max_batch) device: softmax's class indices */
+        float *yf;               /* (max_batch) device: the single-output heads' labels */
+        float *lab_host;         /* (max_batch) host: labels converted for the head (softmax: as uint8) */
         float *probs;            /* (max_batch, classes) */
+        const float *outputs;    /* the last forward's outputs (device): probs, or mse's predictions */
+        float *out_host;         /* (max_batch, classes) host copy of them; device backends only */
+        bool want_dx;            /* backward computes the input gradient */
+        const float *dx;         /* the last backward's input gradient (device), or NULL */
+        float *dx_host;          /* (max_batch, in_n) host copy of it; device backends only */
         float *gbuf[2];          /* (max_batch, max_n) gradient ping-pong */
         float *col;              /* conv im2col workspace, or NULL */
 
@@ -171,7 +180,10 @@ static int plan(struct model *m, const struct model_spec *spec)
         }
         m->n_vars = (uint32_t)nv;
         uint64_t c = spec->input[0], h = spec->input[1], w = spec->input[2];
+        if (spec->n_embeddings)  /* the dense features and the pooled rows, flat (model_spec.h) */
+                c = 1, h = 1, w = model_spec_dense_input(spec);
         m->in_n = (uint32_t)(c * h * w);
+        m->head = spec->head;
         m->n_layers = spec->n_layers;
         m->first_param_layer = -1;
         /* Which kind of layer produced the buffer the next layer reads (through aliases). */
@@ -231,6 +243,12 @@ int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_ba
         int r = plan(m, spec);
         if (r < 0)
                 goto fail;
+        const struct backend_ops *op = be->ops;
+        if ((m->head == HEAD_LOGISTIC && (!op->logistic_xent_fwd || !op->logistic_xent_bwd)) ||
+            (m->head == HEAD_MSE && (!op->mse_fwd || !op->mse_bwd))) {
+                r = -EOPNOTSUPP;
+                goto fail;
+        }
 
         r = -ENOMEM;
         size_t max_n = m->in_n, col_floats = 0;
@@ -250,10 +268,13 @@ int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_ba
         m->params = backend_alloc(be, sizeof(float) * (m->n_params ? m->n_params : 1));
         m->grads = backend_alloc(be, sizeof(float) * (m->n_params ? m->n_params : 1));
         m->labels = backend_alloc(be, max_batch);
+        m->yf = backend_alloc(be, sizeof(float) * max_batch);
+        m->lab_host = malloc(sizeof(float) * max_batch);
         m->probs = backend_alloc(be, sizeof(float) * max_batch * m->classes);
         m->gbuf[0] = backend_alloc(be, sizeof(float) * max_batch * max_n);
         m->gbuf[1] = backend_alloc(be, sizeof(float) * max_batch * max_n);
-        if (!m->params || !m->grads || !m->labels || !m->probs || !m->gbuf[0] || !m->gbuf[1])
+        if (!m->params || !m->grads || !m->labels || !m->yf || !m->lab_host || !m->probs ||
+            !m->gbuf[0] || !m->gbuf[1])
                 goto fail;
         if (col_floats && !(m->col = backend_alloc(be, sizeof(float) * col_floats)))
                 goto fail;
@@ -264,7 +285,8 @@ int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_ba
                 m->params_host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
                 m->grads_host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
                 m->x_dev = backend_alloc(be, sizeof(float) * max_batch * m->in_n);
-                if (!m->params_host || !m->grads_host || !m->x_dev)
+                m->out_host = malloc(sizeof(float) * max_batch * m->classes);
+                if (!m->params_host || !m->grads_host || !m->x_dev || !m->out_host)
                         goto fail;
         }
         *ret = m;
@@ -291,6 +313,10 @@ struct model *model_free(struct model *m)
         }
         backend_buf_free(be, m->x_dev);
         backend_buf_free(be, m->labels);
+        backend_buf_free(be, m->yf);
+        free(m->lab_host);
+        free(m->out_host);
+        free(m->dx_host);
         backend_buf_free(be, m->probs);
         backend_buf_free(be, m->gbuf[0]);
         backend_buf_free(be, m->gbuf[1]);
@@ -515,19 +541,70 @@ static int after_block(struct model *m, const struct hooks *h, uint32_t v, uint3
         return h->block(h->ud, v, b);
 }
 
-static int forward(struct model *m, const float *x, const uint8_t *labels, uint32_t B, float *loss_ret,
-                   uint32_t *correct_ret, const struct hooks *h)
+/* The batch's labels as the head reads them, uploaded: class indices for softmax (a float label must be
+ * one), floats for the single-output heads (logistic: in [0, 1]). One of l8, lf is set. */
+static int put_labels(struct model *m, const uint8_t *l8, const float *lf, uint32_t B)
+{
+        if (m->head == HEAD_SOFTMAX) {
+                uint8_t *c = (uint8_t *)m->lab_host;
+                for (uint32_t b = 0; !l8 && b < B; b++) {
+                        if (!(lf[b] >= 0 && lf[b] < (float)m->classes && lf[b] == floorf(lf[b])))
+                                return -EINVAL;
+                        c[b] = (uint8_t)lf[b];
+                }
+                l8 = l8 ? l8 : c;
+                for (uint32_t b = 0; b < B; b++)
+                        if (l8[b] >= m->classes)
+                                return -EINVAL;
+                return backend_upload(m->be, m->labels, l8, B);
+        }
+        for (uint32_t b = 0; !lf && b < B; b++)
+                m->lab_host[b] = l8[b];
+        lf = lf ? lf : m->lab_host;
+        for (uint32_t b = 0; b < B; b++)
+                if (!isfinite(lf[b]) || (m->head == HEAD_LOGISTIC && !(lf[b] >= 0 && lf[b] <= 1)))
+                        return -EINVAL;
+        return backend_upload(m->be, m->yf, lf, sizeof(float) * B);
+}
+
+/* The head's loss over the last layer's output `in`; sets the pass's outputs. */
+static int head_fwd(struct model *m, const float *in, uint32_t B, float *loss, uint32_t *correct_ret)
+{
+        struct backend *be = m->be;
+        const struct backend_ops *op = be->ops;
+        int r;
+        m->outputs = m->head == HEAD_MSE ? in : m->probs;
+        if (m->head == HEAD_LOGISTIC)
+                return op->logistic_xent_fwd(be, in, m->yf, B, m->probs, loss, correct_ret);
+        if (m->head == HEAD_MSE && correct_ret)
+                *correct_ret = 0;   /* "correct" means nothing for a regression */
+        if (m->head == HEAD_MSE)
+                return op->mse_fwd(be, in, m->yf, B, loss);
+        if ((r = op->softmax_xent_fwd(be, in, m->labels, B, m->classes, m->probs, loss)) < 0)
+                return r;
+        return correct_ret ? op->correct_count(be, in, m->labels, B, m->classes, correct_ret) : 0;
+}
+
+static int head_bwd(struct model *m, uint32_t B, float *dy)
+{
+        struct backend *be = m->be;
+        const struct backend_ops *op = be->ops;
+        return m->head == HEAD_LOGISTIC ? op->logistic_xent_bwd(be, m->probs, m->yf, B, dy)
+               : m->head == HEAD_MSE    ? op->mse_bwd(be, m->outputs, m->yf, B, dy)
+                                        : op->softmax_xent_bwd(be, m->probs, m->labels, B, m->classes, dy);
+}
+
+static int forward(struct model *m, const float *x, const uint8_t *labels, const float *yf, uint32_t B,
+                   float *loss_ret, uint32_t *correct_ret, const struct hooks *h)
 {
         struct backend *be = m->be;
         const struct backend_ops *op = be->ops;
         int r;
         m->B = 0;
-        if (B == 0 || B > m->max_batch || !x || !labels)
+        m->dx = NULL;
+        if (B == 0 || B > m->max_batch || !x || (!labels && !yf))
                 return -EINVAL;
-        for (uint32_t b = 0; b < B; b++)
-                if (labels[b] >= m->classes)
-                        return -EINVAL;
-        if ((r = backend_upload(be, m->labels, labels, B)) < 0)
+        if ((r = put_labels(m, labels, yf, B)) < 0)
                 return r;
         if (m->host) {
                 m->input = x;
@@ -595,9 +672,7 @@ static int forward(struct model *m, const float *x, const uint8_t *labels, uint3
                 in = out;
         }
         float loss;
-        if ((r = op->softmax_xent_fwd(be, in, m->labels, B, m->classes, m->probs, &loss)) < 0)
-                return r;
-        if (correct_ret && (r = op->correct_count(be, in, m->labels, B, m->classes, correct_ret)) < 0)
+        if ((r = head_fwd(m, in, B, &loss, correct_ret)) < 0)
                 return r;
         m->B = B;
         if (loss_ret)
@@ -609,14 +684,51 @@ int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels,
                          float *loss_ret, uint32_t *correct_ret, model_layer_cb before_layer, void *ud)
 {
         struct hooks h = {.layer = before_layer, .ud = ud};
-        return forward(m, x, labels, B, loss_ret, correct_ret, &h);
+        return forward(m, x, labels, NULL, B, loss_ret, correct_ret, &h);
 }
 
 int model_forward_blocks(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
                          float *loss_ret, uint32_t *correct_ret, model_block_cb before, void *ud)
 {
         struct hooks h = {.block = before, .ud = ud};
-        return forward(m, x, labels, B, loss_ret, correct_ret, &h);
+        return forward(m, x, labels, NULL, B, loss_ret, correct_ret, &h);
+}
+
+int model_forward_f_blocks(struct model *m, const float *x, const float *y, uint32_t B, float *loss_ret,
+                           uint32_t *correct_ret, model_block_cb before, void *ud)
+{
+        struct hooks h = {.block = before, .ud = ud};
+        return y ? forward(m, x, NULL, y, B, loss_ret, correct_ret, &h) : -EINVAL;
+}
+
+int model_forward_f(struct model *m, const float *x, const float *y, uint32_t B, float *loss_ret,
+                    uint32_t *correct_ret)
+{
+        return model_forward_f_blocks(m, x, y, B, loss_ret, correct_ret, NULL, NULL);
+}
+
+const float *model_outputs(struct model *m)
+{
+        if (m->B == 0)
+                return NULL;
+        if (m->host)
+                return m->outputs;
+        if (backend_download(m->be, m->out_host, m->outputs, sizeof(float) * m->B * m->classes) < 0)
+                return NULL;
+        return m->out_host;
+}
+
+int model_set_input_grad(struct model *m, bool on)
+{
+        if (on && !m->host && !m->dx_host && !(m->dx_host = malloc(sizeof(float) * m->max_batch * m->in_n)))
+                return -ENOMEM;
+        m->want_dx = on;
+        return 0;
+}
+
+const float *model_input_grad(const struct model *m)
+{
+        return !m->dx ? NULL : m->host ? m->dx : m->dx_host;
 }
 
 int model_forward(struct model *m, const float *x, const uint8_t *labels, uint32_t B, float *loss_ret,
@@ -631,18 +743,19 @@ static int backward(struct model *m, const struct hooks *h)
         const struct backend_ops *op = be->ops;
         uint32_t B = m->B;
         int r;
+        m->dx = NULL;
         if (B == 0)
                 return -EINVAL;
         if (m->first_param_layer < 0)
                 return 0;
         int cur = 0;
-        if ((r = op->softmax_xent_bwd(be, m->probs, m->labels, B, m->classes, m->gbuf[cur])) < 0)
+        if ((r = head_bwd(m, B, m->gbuf[cur])) < 0)
                 return r;
-        for (int i = (int)m->n_layers - 1; i >= m->first_param_layer; i--) {
+        for (int i = (int)m->n_layers - 1; i >= (m->want_dx ? 0 : m->first_param_layer); i--) {
                 struct layer *L = &m->layers[i];
                 const float *in = i == 0 ? m->input : m->layers[i - 1].out;
                 float *dy = m->gbuf[cur], *dx = m->gbuf[cur ^ 1];
-                bool need_dx = i > m->first_param_layer;
+                bool need_dx = i > m->first_param_layer || m->want_dx;
                 size_t n = (size_t)B * L->out_n;
                 switch (L->spec.type) {
                 case LAYER_DENSE: {
@@ -710,6 +823,11 @@ static int backward(struct model *m, const struct hooks *h)
                                 return r;
                 }
         }
+        if (m->want_dx) {
+                if (!m->host && (r = backend_download(be, m->dx_host, m->gbuf[cur], sizeof(float) * B * m->in_n)) < 0)
+                        return r;
+                m->dx = m->gbuf[cur];
+        }
         return 0;
 }
 
@@ -750,19 +868,11 @@ int model_evaluate(struct model *m, const float *x, const uint8_t *y, uint32_t n
         return 0;
 }
 
-static const char *layer_type_name(enum layer_type t)
-{
-        switch (t) {
-        case LAYER_DENSE: return "dense";
-        case LAYER_RELU: return "relu";
-        case LAYER_TANH: return "tanh";
-        case LAYER_SIGMOID: return "sigmoid";
-        case LAYER_CONV2D: return "conv2d";
-        case LAYER_MAXPOOL2D: return "maxpool2d";
-        case LAYER_FLATTEN: return "flatten";
-        }
-        return "?";
-}
+static const char *const layer_type_names[] = {
+        [LAYER_DENSE] = "dense",   [LAYER_RELU] = "relu",           [LAYER_TANH] = "tanh",
+        [LAYER_SIGMOID] = "sigmoid", [LAYER_CONV2D] = "conv2d", [LAYER_MAXPOOL2D] = "maxpool2d",
+        [LAYER_FLATTEN] = "flatten",
+};
 
 void model_describe(const struct model *m, FILE *f)
 {
@@ -770,7 +880,7 @@ void model_describe(const struct model *m, FILE *f)
         for (uint32_t i = 0; i < m->n_layers; i++) {
                 const struct layer *L = &m->layers[i];
                 size_t np = 0;
-                fprintf(f, "%2u %-9s -> (%u, %u, %u)", i, layer_type_name(L->spec.type), L->oc, L->oh, L->ow);
+                fprintf(f, "%2u %-9s -> (%u, %u, %u)", i, layer_type_names[L->spec.type], L->oc, L->oh, L->ow);
                 for (uint32_t v = L->first_var; v < L->first_var + L->n_vars; v++) {
                         const struct model_var *var = &m->vars[v];
                         fprintf(f, "%s %s (%u, %u)", v == L->first_var ? "" : ",", var->name, var->rows,
@@ -781,6 +891,9 @@ void model_describe(const struct model *m, FILE *f)
                         fprintf(f, "  %zu params", np);
                 fputc('\n', f);
         }
-        fprintf(f, "softmax cross-entropy over %u classes; %zu parameters (%zu bytes)\n", m->classes,
-                m->n_params, m->n_params * sizeof(float));
+        static const char *const heads[] = {[HEAD_SOFTMAX] = "softmax cross-entropy over %u classes",
+                                            [HEAD_LOGISTIC] = "sigmoid cross-entropy over %u output",
+                                            [HEAD_MSE] = "mean squared error over %u output"};
+        fprintf(f, heads[m->head], m->classes);
+        fprintf(f, "; %zu parameters (%zu bytes)\n", m->n_params, m->n_params * sizeof(float));
 }

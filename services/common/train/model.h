@@ -4,7 +4,11 @@
  * variables are views (offset, rows, cols) into them, in layer order, kernel before bias, so the
  * variables of one layer are also one contiguous range. Names: "dense<i>/kernel" (in, units),
  * "dense<i>/bias" (units), "conv<i>/kernel" (filters, C*k*k), "conv<i>/bias" (filters), i counting
- * layers of that type from 0. The loss is softmax cross-entropy over the last layer's outputs.
+ * layers of that type from 0. The loss over the last layer's outputs is spec->head's: softmax
+ * cross-entropy (C >= 2 classes, integer labels), logistic (one output, sigmoid cross-entropy, labels 0
+ * or 1) or mse (one output, the mean over the batch of (prediction - label)^2, as TensorFlow's
+ * tf.losses.mean_squared_error: the gradient is 2 (z - y) / B). With embeddings the input is the flat
+ * model_spec_dense_input(spec) floats the sparse front (ctr.h) makes.
  *
  * Host and device: model_params()/model_grads() return host blocks. On a host-memory backend (CPU)
  * they are the live buffers. On a device backend the model uploads a layer's parameters from the host
@@ -14,6 +18,7 @@
  *
  * Not thread-safe: one thread drives a model at a time (the callbacks run on that thread). */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,7 +41,8 @@ typedef int (*model_layer_cb)(void *ud, uint32_t first_var, uint32_t n_vars);
 
 /* Builds the model and allocates everything for batches up to max_batch (forward and backward never
  * allocate). Parameters start at zero: call model_init_params or load them. -EINVAL for a spec that
- * doesn't make sense (with no detail: config validation owns the messages), -ENOMEM. */
+ * doesn't make sense (with no detail: config validation owns the messages), -EOPNOTSUPP for a head
+ * whose ops the backend lacks (the CUDA backend has softmax only), -ENOMEM. */
 int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_batch, struct model **ret);
 struct model *model_free(struct model *m); /* NULL-safe; returns NULL */
 
@@ -45,8 +51,8 @@ const struct model_var *model_var(const struct model *m, uint32_t i); /* i < mod
 int model_find_var(const struct model *m, const char *name);          /* index, or -ENOENT */
 size_t model_n_params(const struct model *m);                         /* floats in each block */
 uint32_t model_max_batch(const struct model *m);
-uint32_t model_input_size(const struct model *m);                     /* C*H*W */
-uint32_t model_n_classes(const struct model *m);
+uint32_t model_input_size(const struct model *m);                     /* C*H*W, or the widened flat input */
+uint32_t model_n_classes(const struct model *m);                      /* outputs: 1 for logistic and mse */
 
 float *model_params(struct model *m); /* (n_params) host block */
 float *model_grads(struct model *m);  /* (n_params) host block, written by model_backward */
@@ -71,14 +77,33 @@ int model_params_check(struct model *m, char *why, size_t len);
  * each variable drawn from an rng seeded by (seed, variable index); biases zero. Deterministic. */
 int model_init_params(struct model *m, uint64_t seed);
 
-/* Forward pass over B <= max_batch examples; keeps what backward needs. *loss_ret: mean
- * cross-entropy; *correct_ret (nullable): examples whose argmax matches the label. -EINVAL if B is 0
- * or > max_batch or a label >= the number of classes. */
+/* Forward pass over B <= max_batch examples; keeps what backward needs. *loss_ret: the head's mean
+ * loss; *correct_ret (nullable): examples whose argmax matches the label (logistic: whose p > 0.5 is
+ * the label's y > 0.5; mse: 0). -EINVAL if B is 0 or > max_batch or a label the head cannot take
+ * (softmax: >= the number of classes; logistic: outside [0, 1]). */
 int model_forward(struct model *m, const float *x /* (B, C*H*W) */, const uint8_t *labels /* (B) */,
                   uint32_t B, float *loss_ret, uint32_t *correct_ret);
 /* As model_forward; before_layer (nullable) is called before a layer with parameters reads them. */
 int model_forward_hooked(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
                          float *loss_ret, uint32_t *correct_ret, model_layer_cb before_layer, void *ud);
+/* As model_forward with float labels, as record files have them: softmax takes only whole class
+ * indices, logistic values in [0, 1], mse any finite value (-EINVAL otherwise). */
+int model_forward_f(struct model *m, const float *x, const float *y /* (B) */, uint32_t B, float *loss_ret,
+                    uint32_t *correct_ret);
+
+/* The last forward's outputs, host, (B, n_classes): softmax probabilities, the logistic head's sigmoid
+ * probabilities, or the mse head's predictions (for AUC, log loss, RMSE). Owned by the model, valid
+ * until the next forward; NULL without a forward (model_evaluate leaves none) or when a device's
+ * download fails. */
+const float *model_outputs(struct model *m);
+
+/* Whether backward also computes the gradient of the mean loss by the input x (off at first; -ENOMEM).
+ * Layers before the first one with parameters are then run backward too. */
+int model_set_input_grad(struct model *m, bool on);
+/* That gradient, host, (B, input_size), of the last backward; owned by the model, valid until the next
+ * forward or backward; NULL when not computed. */
+const float *model_input_grad(const struct model *m);
+
 /* Gradients of the mean loss of the last forward into the gradient block (overwritten). cb
  * (nullable) is called as soon as each layer's parameter gradients are final, last layer first.
  * -EINVAL without a preceding forward. */
@@ -111,6 +136,9 @@ typedef int (*model_block_cb)(void *ud, uint32_t var, uint32_t block);
  * the layer. */
 int model_forward_blocks(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
                          float *loss_ret, uint32_t *correct_ret, model_block_cb before, void *ud);
+/* The same with float labels (model_forward_f). */
+int model_forward_f_blocks(struct model *m, const float *x, const float *y, uint32_t B, float *loss_ret,
+                           uint32_t *correct_ret, model_block_cb before, void *ud);
 /* As model_backward, but after (nullable) is called as soon as each (var, block)'s gradient is final
  * (downloaded to the host block first on a device backend), exactly once each. Layers last to first;
  * inside a layer the bias FIRST, then the kernel blocks in order (dense: the input gradient first,
@@ -119,7 +147,8 @@ int model_forward_blocks(struct model *m, const float *x, const uint8_t *labels,
  * them (with fresh values from a ps, say) and the rest of the pass is unchanged. */
 int model_backward_blocks(struct model *m, model_block_cb after, void *ud);
 
-/* Mean loss and accuracy over n examples, in max_batch chunks (clobbers the forward state). */
+/* Mean loss and accuracy over n examples, in max_batch chunks (clobbers the forward state). Labels as
+ * model_forward's, for any head. */
 int model_evaluate(struct model *m, const float *x, const uint8_t *y, uint32_t n, float *loss_ret,
                    float *accuracy_ret);
 

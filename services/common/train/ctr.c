@@ -1,0 +1,233 @@
+/* The sparse front of a model with embeddings (ctr.h): a batch's unique ids per table, found with an
+ * open-addressing map sized per batch inside buffers allocated once, so a step allocates nothing and
+ * touches memory in proportion to the ids it uses, not to the worst case it was sized for. */
+#include "ctr.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct table {
+        struct embedding_spec e;
+        uint32_t x_off;          /* floats into a row of x of this table's first field slice */
+        uint32_t n_uniq;
+        uint64_t *uniq;          /* (cap) */
+        float *rows, *grads;     /* (cap, dim) */
+        uint32_t *occ;           /* (cap) each occurrence's unique index, in gather order */
+        uint64_t *hkey;          /* (hcap) the map: hval 0 empty, else the unique index + 1 */
+        uint32_t *hval;
+};
+
+struct ctr {
+        uint32_t n_dense, width, max_batch, max_ids, n_tables;
+        size_t cap, hcap;        /* occurrences (and so unique ids) per table; map slots */
+        struct table t[MODEL_MAX_EMBEDDINGS];
+};
+
+static uint64_t mix(uint64_t x)
+{
+        x ^= x >> 30;
+        x *= UINT64_C(0xbf58476d1ce4e5b9);
+        x ^= x >> 27;
+        x *= UINT64_C(0x94d049bb133111eb);
+        return x ^ (x >> 31);
+}
+
+int ctr_new(const struct model_spec *spec, uint32_t max_batch, uint32_t max_ids, struct ctr **ret)
+{
+        if (!spec || spec->n_embeddings == 0 || spec->n_embeddings > MODEL_MAX_EMBEDDINGS || max_batch == 0 ||
+            max_ids == 0 || spec->input[0] != 1 || spec->input[1] != 1)
+                return -EINVAL;
+        /* a table's occurrences in a batch: each record has at most max_ids ids, all fields together */
+        size_t cap = (size_t)max_batch * max_ids, hcap = 16;
+        if (cap > (SIZE_MAX >> 8) / 1024 || cap >= UINT32_MAX / 2)
+                return -EINVAL;
+        while (hcap < 2 * cap)
+                hcap <<= 1;
+        struct ctr *c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        *c = (struct ctr){.n_dense = spec->input[2], .width = model_spec_dense_input(spec), .max_batch = max_batch,
+                          .max_ids = max_ids, .n_tables = spec->n_embeddings, .cap = cap, .hcap = hcap};
+        uint32_t off = c->n_dense;
+        for (uint32_t i = 0; i < c->n_tables; i++) {
+                struct table *t = &c->t[i];
+                t->e = spec->emb[i];
+                if (t->e.dim == 0 || t->e.n_fields == 0 || t->e.n_fields > MODEL_MAX_FIELDS) {
+                        ctr_free(c);
+                        return -EINVAL;
+                }
+                t->x_off = off;
+                off += t->e.n_fields * t->e.dim;
+                /* malloc, not calloc: the map is cleared per batch only as far as that batch uses it */
+                t->uniq = malloc(sizeof(uint64_t) * cap);
+                t->occ = malloc(sizeof(uint32_t) * cap);
+                t->rows = malloc(sizeof(float) * cap * t->e.dim);
+                t->grads = malloc(sizeof(float) * cap * t->e.dim);
+                t->hkey = malloc(sizeof(uint64_t) * hcap);
+                t->hval = malloc(sizeof(uint32_t) * hcap);
+                if (!t->uniq || !t->occ || !t->rows || !t->grads || !t->hkey || !t->hval) {
+                        ctr_free(c);
+                        return -ENOMEM;
+                }
+        }
+        *ret = c;
+        return 0;
+}
+
+struct ctr *ctr_free(struct ctr *c)
+{
+        if (!c)
+                return NULL;
+        for (uint32_t i = 0; i < c->n_tables; i++) {
+                struct table *t = &c->t[i];
+                free(t->uniq);
+                free(t->occ);
+                free(t->rows);
+                free(t->grads);
+                free(t->hkey);
+                free(t->hval);
+        }
+        free(c);
+        return NULL;
+}
+
+uint32_t ctr_width(const struct ctr *c)
+{
+        return c->width;
+}
+
+/* Ids [lo, hi) of record r's field f in b. */
+static void field_span(const struct records_batch *b, uint32_t r, uint32_t f, uint32_t *lo, uint32_t *hi)
+{
+        *lo = b->off[(size_t)r * b->n_fields + f];
+        *hi = b->off[(size_t)r * b->n_fields + f + 1];
+}
+
+static int gather_table(struct ctr *c, struct table *t, const struct records_batch *b)
+{
+        size_t n_occ = 0, hcap = 16;
+        uint32_t lo, hi;
+
+        for (uint32_t r = 0; r < b->n; r++)
+                for (uint32_t j = 0; j < t->e.n_fields; j++) {
+                        field_span(b, r, t->e.fields[j], &lo, &hi);
+                        if (hi < lo)
+                                return -EINVAL;
+                        n_occ += hi - lo;
+                }
+        if (n_occ > c->cap)
+                return -EINVAL;
+        while (hcap < 2 * n_occ)
+                hcap <<= 1;
+        memset(t->hval, 0, sizeof(uint32_t) * hcap);
+        size_t mask = hcap - 1, o = 0;
+        t->n_uniq = 0;
+        for (uint32_t r = 0; r < b->n; r++)
+                for (uint32_t j = 0; j < t->e.n_fields; j++) {
+                        field_span(b, r, t->e.fields[j], &lo, &hi);
+                        for (uint32_t k = lo; k < hi; k++) {
+                                uint64_t id = t->e.vocab ? b->ids[k] % t->e.vocab : b->ids[k];
+                                size_t s = mix(id) & mask;
+                                while (t->hval[s] && t->hkey[s] != id)
+                                        s = (s + 1) & mask;
+                                if (!t->hval[s]) {
+                                        t->hkey[s] = id;
+                                        t->uniq[t->n_uniq] = id;
+                                        t->hval[s] = ++t->n_uniq;
+                                }
+                                t->occ[o++] = t->hval[s] - 1;
+                        }
+                }
+        return 0;
+}
+
+int ctr_gather(struct ctr *c, const struct records_batch *b)
+{
+        int r;
+
+        if (!b || b->n > c->max_batch || b->n_dense != c->n_dense || b->max_ids > c->max_ids)
+                return -EINVAL;
+        for (uint32_t i = 0; i < c->n_tables; i++) {
+                for (uint32_t j = 0; j < c->t[i].e.n_fields; j++)
+                        if (c->t[i].e.fields[j] >= b->n_fields)
+                                return -EINVAL;
+        }
+        for (uint32_t i = 0; i < c->n_tables; i++)
+                if ((r = gather_table(c, &c->t[i], b)) < 0) {
+                        for (uint32_t k = 0; k < c->n_tables; k++)
+                                c->t[k].n_uniq = 0;
+                        return r;
+                }
+        return 0;
+}
+
+uint32_t ctr_n_unique(const struct ctr *c, uint32_t e)
+{
+        return e < c->n_tables ? c->t[e].n_uniq : 0;
+}
+
+const uint64_t *ctr_unique(const struct ctr *c, uint32_t e)
+{
+        return e < c->n_tables ? c->t[e].uniq : NULL;
+}
+
+float *ctr_rows(struct ctr *c, uint32_t e)
+{
+        return e < c->n_tables ? c->t[e].rows : NULL;
+}
+
+const float *ctr_grads(const struct ctr *c, uint32_t e)
+{
+        return e < c->n_tables ? c->t[e].grads : NULL;
+}
+
+/* An occurrence's pooling weight: its value (sum), or 1 / the field's ids (mean). */
+static float weight(const struct table *t, const struct records_batch *b, uint32_t k, uint32_t n)
+{
+        return t->e.pooling == POOL_MEAN ? 1.0f / (float)n : b->val[k];
+}
+
+void ctr_input(struct ctr *c, const struct records_batch *b, float *x)
+{
+        for (uint32_t r = 0; r < b->n; r++)
+                memcpy(x + (size_t)r * c->width, b->dense + (size_t)r * c->n_dense, sizeof(float) * c->n_dense);
+        for (uint32_t i = 0; i < c->n_tables; i++) {
+                const struct table *t = &c->t[i];
+                uint32_t dim = t->e.dim, lo, hi;
+                size_t o = 0;
+                for (uint32_t r = 0; r < b->n; r++)
+                        for (uint32_t j = 0; j < t->e.n_fields; j++) {
+                                float *s = x + (size_t)r * c->width + t->x_off + (size_t)j * dim;
+                                memset(s, 0, sizeof(float) * dim);
+                                field_span(b, r, t->e.fields[j], &lo, &hi);
+                                for (uint32_t k = lo; k < hi; k++) {
+                                        const float *row = t->rows + (size_t)t->occ[o++] * dim;
+                                        float w = weight(t, b, k, hi - lo);
+                                        for (uint32_t d = 0; d < dim; d++)
+                                                s[d] += w * row[d];
+                                }
+                        }
+        }
+}
+
+void ctr_row_grads(struct ctr *c, const struct records_batch *b, const float *dx)
+{
+        for (uint32_t i = 0; i < c->n_tables; i++) {
+                struct table *t = &c->t[i];
+                uint32_t dim = t->e.dim, lo, hi;
+                size_t o = 0;
+                memset(t->grads, 0, sizeof(float) * t->n_uniq * dim);
+                for (uint32_t r = 0; r < b->n; r++)
+                        for (uint32_t j = 0; j < t->e.n_fields; j++) {
+                                const float *g = dx + (size_t)r * c->width + t->x_off + (size_t)j * dim;
+                                field_span(b, r, t->e.fields[j], &lo, &hi);
+                                for (uint32_t k = lo; k < hi; k++) {
+                                        float *row = t->grads + (size_t)t->occ[o++] * dim;
+                                        float w = weight(t, b, k, hi - lo);
+                                        for (uint32_t d = 0; d < dim; d++)
+                                                row[d] += w * g[d];
+                                }
+                        }
+        }
+}
