@@ -20,7 +20,7 @@
 #include "psd-internal.h"
 
 #define EXPORT_PAGE_ROWS 65536u
-#define EXPORT_HOLD_US 30000000u   /* eviction waits this long after a SparseExport page */
+#define EXPORT_HOLD_US 30000000u   /* a walk abandoned half-way holds eviction off this long */
 
 int sparse_tables_new(struct psd *p) {
         const struct model_spec *m = &p->cfg->model;
@@ -353,9 +353,9 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         slots = malloc(max * dim * (pt->n_slots ? pt->n_slots : 1) * sizeof(float));
         if (!ids || !vals || !slots)
                 goto oom;
-        atomic_store(&p->export_us, mono_us());
         uint64_t cursor = h->cursor;
         size_t n = sparse_table_export(pt->t, &cursor, max, ids, vals, pt->n_slots ? slots : NULL);
+        atomic_store(&p->export_us, n ? mono_us() : 0);
 
         Psfleet__V1__SparseExportReplyHeader rh = PSFLEET__V1__SPARSE_EXPORT_REPLY_HEADER__INIT;
         const char *slot_names[SPARSE_MAX_SLOTS];

@@ -26,7 +26,7 @@ def test():
     base["data"] = {"dir": wd.path, "format": "criteo", "train_files": ["train.tsv"], "test_files": ["test.tsv"]}
     model = {"input": [13], "seed": 3, "head": "logistic",
              "embeddings": [{"name": "cat", "fields": "all", "dim": DIM},
-                            {"name": "site", "fields": [0, 1], "dim": 4}],
+                            {"name": "site", "fields": [0, 1], "dim": 4, "evict_after_steps": 10}],
              "layers": [{"type": "dense", "units": 4}, {"type": "relu"}, {"type": "dense", "units": 1}]}
     job, spec = h.make_job(wd, n_ps=2, n_workers=1, model=model, base=base,
                            training={"sparse_optimizer": "adagrad", "learning_rate": 0.1})
@@ -52,18 +52,29 @@ def test():
     chans = [h.channel(a) for a in spec["cluster"]["ps"]]
     stubs = [s.ps_pb2_grpc.ParameterServerStub(c) for c in chans]
 
-    def export(k, table=0):
-        hdr = s.ps_pb2.SparseExportHeader(caller=caller, table=table, max_rows=100000)
+    def export(k, table=0, cursor=0):
+        hdr = s.ps_pb2.SparseExportHeader(caller=caller, table=table, max_rows=100000, cursor=cursor)
         return stubs[k].SparseExport(s.ps_pb2.SparseExportRequest(header=hdr), timeout=10)
+
+    def export_all(k):
+        """A whole walk (eviction waits for the walk's end): the pages' ids and tensors."""
+        pages, cursor = [], 0
+        while True:
+            r = export(k, cursor=cursor)
+            pages.append((r.header.ids, [(t.name, list(t.shape), t.data) for t in r.tensors]))
+            if r.header.done:
+                return pages
+            cursor = r.header.next_cursor
 
     def status(k):
         return stubs[k].GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=5)
 
     # each shard's own ids, from its export
-    mine = [list(struct.unpack("<%dQ" % (len(export(k).header.ids) // 8), export(k).header.ids)) for k in range(2)]
+    mine = [list(struct.unpack("<%dQ" % (sum(len(p[0]) for p in export_all(k)) // 8),
+                               b"".join(p[0] for p in export_all(k)))) for k in range(2)]
     assert mine[0] and mine[1], [len(m) for m in mine]
     inc0 = status(0).incarnation
-    before = export(0)
+    before = export_all(0)
     rejected0 = status(0).rejected
 
     def exchange(push=(), pull=(), tensors=None, table=0, inc=0, who=caller, push_bytes=None, pull_bytes=None):
@@ -131,9 +142,7 @@ def test():
         raise AssertionError("%s: accepted" % what)
     st = status(0)
     assert st.rejected == rejected0 + len(cases), (st.rejected, rejected0, len(cases))
-    after = export(0)
-    assert after.header.ids == before.header.ids and list(after.tensors) == list(before.tensors), \
-        "a refused call changed the table"
+    assert export_all(0) == before, "a refused call changed the table"
     assert st.tables[0].rows == len(mine[0]) and st.tables[0].name == "cat", st.tables[0]
 
     # a good exchange still goes through: pull-only counts 8 bytes per id in, 4 * dim per row out
@@ -142,6 +151,19 @@ def test():
     assert len(rep.tensors) == 1 and list(rep.tensors[0].shape) == [3, DIM], rep.tensors
     st = status(0)
     assert (st.tables[0].bytes_in - in0, st.tables[0].bytes_out - out0) == (3 * 8, 3 * DIM * 4), st.tables[0]
+
+    # eviction: rows of "site" untouched for 10 of the steps the workers report go, within a tick
+    def exchange_at(step, pull):
+        hdr = s.ps_pb2.SparseExchangeHeader(caller=caller, worker=0, table=1, global_step=step, create=True,
+                                            pull_ids=packed(pull))
+        return stubs[0].SparseExchange(s.ps_pb2.SparseExchangeRequest(header=hdr), timeout=10)
+
+    exchange_at(1, mine[0][:2])
+    exchange_at(5, mine[0][2:3])
+    assert status(0).tables[1].rows == 3
+    exchange_at(14, mine[0][3:4])   # 14 - 10: the rows of step 1 are due, the one of step 5 not yet
+    h.wait_for("the rows of step 1 evicted", lambda: status(0).tables[1].evicted == 2, 10, ps)
+    assert status(0).tables[1].rows == 2, status(0).tables[1]
 
     # the same counts in ps:0's metrics; the rows' gauge follows within the main loop's tick
     import re
@@ -160,7 +182,7 @@ def test():
             'psfleet_ps_sparse_rows{table="cat"}': st.tables[0].rows,
             'psfleet_ps_sparse_rows{table="site"}': st.tables[1].rows}
     h.wait_for("ps:0's sparse metrics equal to its status", lambda: scrape() == want, 10, ps)
-    assert ids > 0 and st.tables[1].rows == 0, st
+    assert ids > 0 and st.tables[1].rows == 2, st
     for c in chans:
         c.close()
     for p in ps:
