@@ -52,6 +52,8 @@ struct psd {
         struct psd_table *tables;
         uint32_t n_tables;
         atomic_uint_fast64_t sparse_step;   /* the newest global_step a worker's exchange reported */
+        atomic_uint_fast64_t export_us;     /* mono_us of a SparseExport page with more to come (0: the walk
+                                             * ended): eviction waits for its end, or 30 s */
         struct metric *m_sparse_ids, *m_sparse_in, *m_sparse_out;
 };
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "authz.h"
 #include "log.h"
 #include "metrics.h"
 #include "optim.h"
@@ -19,17 +20,18 @@
 #include "psd-internal.h"
 
 #define EXPORT_PAGE_ROWS 65536u
+#define EXPORT_HOLD_US 30000000u   /* a walk abandoned half-way holds eviction off this long */
 
 int sparse_tables_new(struct psd *p) {
         const struct model_spec *m = &p->cfg->model;
+        if (!m->n_embeddings)
+                return 0;   /* no series either: a dense job's scrape stays as it was */
         p->m_sparse_ids = metric_counter("psfleet_ps_sparse_ids_total", "Ids received by SparseExchange (pushed "
                                          "and pulled).", NULL, NULL);
         p->m_sparse_in = metric_counter("psfleet_ps_sparse_bytes_total", "Payload bytes of SparseExchange: ids, "
                                         "gradients in, rows out.", "direction", "in");
         p->m_sparse_out = metric_counter("psfleet_ps_sparse_bytes_total", "Payload bytes of SparseExchange: ids, "
                                          "gradients in, rows out.", "direction", "out");
-        if (!m->n_embeddings)
-                return 0;
         p->tables = calloc(m->n_embeddings, sizeof(*p->tables));
         if (!p->tables)
                 return log_error_errno(-ENOMEM, "cannot set up the embedding tables");
@@ -63,11 +65,13 @@ void sparse_tables_clear(struct psd *p) {
 }
 
 void sparse_tables_tick(struct psd *p) {
-        uint64_t now = atomic_load(&p->sparse_step);
+        uint64_t now = atomic_load(&p->sparse_step), exported = atomic_load(&p->export_us);
+        /* a row evicted and made again during a checkpoint's walk would be in it twice */
+        bool walking = exported && mono_us() - exported < EXPORT_HOLD_US;
         for (uint32_t e = 0; e < p->n_tables; e++) {
                 struct psd_table *pt = &p->tables[e];
                 uint64_t after = pt->spec->evict_after_steps;
-                if (after && now > after) {
+                if (after && now > after && !walking) {
                         size_t n = sparse_table_evict(pt->t, now, after);
                         if (n) {
                                 atomic_fetch_add(&pt->evicted, n);
@@ -151,9 +155,10 @@ static int take_ids(struct psd *p, const ProtobufCBinaryData *b, const char *fie
         uint32_t n_ps = p->cfg->cluster.n_ps;
         for (size_t i = 0; i < k; i++)
                 if (sparse_shard_of(v[i], n_ps) != p->shard) {
+                        int r = errf(err, errlen, -EINVAL, "%s[%zu]: id %" PRIu64 " belongs to ps:%u, not ps:%u", field,
+                                     i, v[i], sparse_shard_of(v[i], n_ps), p->shard);
                         free(v);
-                        return errf(err, errlen, -EINVAL, "%s[%zu]: id %" PRIu64 " belongs to ps:%u, not ps:%u", field,
-                                    i, v[i], sparse_shard_of(v[i], n_ps), p->shard);
+                        return r;
                 }
         *ids = v;
         *n = k;
@@ -209,13 +214,18 @@ static int put_rows(struct wire_out *o, const char *name, float *buf, size_t n, 
                                buf);
 }
 
+static void out_of_memory(struct psd *p, struct rpc_call *call) {
+        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+}
+
+/* Ends the call with o's message (freed), or with out of memory when r < 0 or it cannot be built. */
 static void reply_out(struct psd *p, struct rpc_call *call, struct wire_out *o, int r) {
         grpc_byte_buffer *bb;
         if (r >= 0)
                 r = wire_out_finish(o, &bb);
         wire_out_free(o);
         if (r < 0)
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                out_of_memory(p, call);
         else
                 rpc_call_reply(call, bb);
 }
@@ -249,6 +259,11 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
             (r = take_ids(p, &h->push_ids, "push_ids", &push, &n_push, err, sizeof(err))) < 0 ||
             (r = take_ids(p, &h->pull_ids, "pull_ids", &pull, &n_pull, err, sizeof(err))) < 0)
                 goto reject;
+        /* the chief evaluates: it may read rows, never change or add any */
+        if (rpc_call_identity(call)->role == PEER_CHIEF && (n_push || h->create)) {
+                r = errf(err, sizeof(err), -EACCES, "the chief may only look rows up (create false, no push_ids)");
+                goto reject;
+        }
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);
         if ((n_push > n_pull ? n_push : n_pull) * dim > SPARSE_MAX_FLOATS) {
@@ -286,16 +301,17 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
 
         Psfleet__V1__SparseExchangeReplyHeader rh = PSFLEET__V1__SPARSE_EXCHANGE_REPLY_HEADER__INIT;
         rh.incarnation = p->incarnation;
-        struct wire_out *o;
-        if (wire_out_new(&o) < 0)
-                goto oom;
-        wire_out_header(o, &rh.base);
-        r = n_pull ? put_rows(o, "rows", rows, n_pull, dim) : 0;
-        rows = NULL;
+        struct wire_out *o = NULL;
+        if ((r = wire_out_new(&o)) >= 0)
+                r = wire_out_header(o, &rh.base);
+        if (r >= 0 && n_pull) {
+                r = put_rows(o, "rows", rows, n_pull, dim);   /* lent: freed once sent, or now on failure */
+                rows = NULL;
+        }
         reply_out(p, call, o, r);
         goto out;
 oom:
-        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+        out_of_memory(p, call);
         goto out;
 reject:
         reject(p, call, r, err);
@@ -339,6 +355,7 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
                 goto oom;
         uint64_t cursor = h->cursor;
         size_t n = sparse_table_export(pt->t, &cursor, max, ids, vals, pt->n_slots ? slots : NULL);
+        atomic_store(&p->export_us, n ? mono_us() : 0);
 
         Psfleet__V1__SparseExportReplyHeader rh = PSFLEET__V1__SPARSE_EXPORT_REPLY_HEADER__INIT;
         const char *slot_names[SPARSE_MAX_SLOTS];
@@ -363,7 +380,7 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         reply_out(p, call, o, r);
         goto out;
 oom:
-        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+        out_of_memory(p, call);
         goto out;
 reject:
         reject(p, call, r, err);
@@ -406,7 +423,7 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
         /* rows, then the slots slot-major, as sparse_table_import reads them */
         vals = malloc(n * dim * (1 + pt->n_slots) * sizeof(float) + sizeof(float));
         if (!vals) {
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                out_of_memory(p, call);
                 goto out;
         }
         for (unsigned s = 0; s <= pt->n_slots && n && r >= 0; s++)
@@ -416,7 +433,7 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
         if (h->clear)
                 sparse_table_clear(pt->t);
         if (n && sparse_table_import(pt->t, ids, n, vals, pt->n_slots ? vals + n * dim : NULL, h->global_step) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                out_of_memory(p, call);
                 goto out;
         }
         Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;

@@ -78,6 +78,8 @@ def test():
     doc = open(os.path.join(h.SOURCE_DIR, "docs", "operations.md")).read()
     section = doc.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(psfleet_\w+)` \|", section, re.M))
+    # the embedding tables' series exist in jobs that have tables (integration.sparse_rpc checks them)
+    documented -= {m for m in documented if m.startswith("psfleet_ps_sparse_")}
     assert served == documented, ("served, not documented", served - documented,
                                   "documented, not served", documented - served)
 

@@ -315,9 +315,87 @@ static void test_keep_corrupt(void **state) {
         assert_int_equal(chief_ckpt_reconcile(f->s), 0);   /* nothing more to do */
 }
 
+/* A store of the fixture's job with one embedding table "cat" of dim, kept by optimizer so (and its
+ * checkpoints in their own directory). */
+static struct chief_ckpt *table_store(struct fx *f, struct model_spec *spec, uint32_t dim, enum sparse_optimizer so) {
+        *spec = f->job.cfg->model;
+        spec->n_embeddings = 1;
+        memset(&spec->emb[0], 0, sizeof(spec->emb[0]));
+        snprintf(spec->emb[0].name, sizeof(spec->emb[0].name), "cat");
+        spec->emb[0].dim = dim;
+        char d[160], err[256];
+        snprintf(d, sizeof(d), "%s/tables", dir);
+        struct chief_ckpt_config cc = {.dir = d, .L = f->job.L, .model = spec, .sparse_optimizer = so, .job = "t",
+                                       .fingerprint = 0x1234, .keep = 2, .keep_corrupt = 3};
+        struct chief_ckpt *s;
+        assert_int_equal(chief_ckpt_new(f->db, &cc, &s, err, sizeof(err)), 0);
+        return s;
+}
+
+/* Embedding tables: written beside the variables as emb/<name>/ids (U64), emb/<name> and its slots,
+ * read back equal; a store whose table differs in dim or slots, or that has no table, refuses the file
+ * naming the tensor, and leaves its tables untouched. */
+static void test_tables(void **state) {
+        struct fx *f = *state;
+        struct model_spec spec, spec4, spec_ftrl;
+        struct chief_ckpt *s = table_store(f, &spec, 3, SPARSE_ADAGRAD);
+        uint64_t ids[5] = {9, 1ull << 40, 3, 77, UINT64_MAX};
+        float vals[15], acc[15];
+        for (int i = 0; i < 15; i++) {
+                vals[i] = 0.5f * (float)i - 2;
+                acc[i] = 0.1f + (float)i;
+        }
+        struct ps_sparse_rows t = {.n = 5, .dim = 3, .n_slots = 1, .ids = ids, .values = vals, .slots = {acc}};
+        struct chief_db_checkpoint stats = {.eval_accuracy = -1, .eval_loss = -1}, row;
+        char err[600];
+        fill(f, 1);
+        snprintf(stats.trigger, sizeof(stats.trigger), "steps");
+        assert_int_equal(chief_ckpt_save_tables(s, f->p, f->slots, &t, 10, &stats, &row, err, sizeof(err)), 0);
+
+        struct ps_sparse_rows got[MODEL_MAX_EMBEDDINGS] = {0};
+        bool sl;
+        struct chief_db_checkpoint back;
+        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(back.global_step, 10);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_int_equal(got[0].n, 5);
+        assert_int_equal(got[0].dim, 3);
+        assert_int_equal(got[0].n_slots, 1);
+        assert_memory_equal(got[0].ids, ids, sizeof(ids));
+        assert_memory_equal(got[0].values, vals, sizeof(vals));
+        assert_memory_equal(got[0].slots[0], acc, sizeof(acc));
+        ps_sparse_rows_clear(&got[0]);
+        chief_ckpt_free(s);
+
+        /* another dim: the rows' tensor named */
+        s = table_store(f, &spec4, 4, SPARSE_ADAGRAD);
+        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "tensor \"emb/cat\" is not F32 [5, 4]"));
+        assert_null(got[0].ids);
+        chief_ckpt_free(s);
+        /* another sparse optimizer: the slot it does not keep named */
+        s = table_store(f, &spec_ftrl, 3, SPARSE_FTRL);
+        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "emb/cat/accumulator"));
+        chief_ckpt_free(s);
+        /* a model without tables: the ids named */
+        s = table_store(f, &spec, 3, SPARSE_ADAGRAD);
+        spec.n_embeddings = 0;
+        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "emb/cat"));
+        chief_ckpt_free(s);
+        /* and the file is still the checkpoint of a model that has the table */
+        spec.n_embeddings = 1;
+        s = table_store(f, &spec, 3, SPARSE_ADAGRAD);
+        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        ps_sparse_rows_clear(&got[0]);
+        chief_ckpt_free(s);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_save_rotate_load, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_tables, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_same_step_replaced, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_different_model_refused, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_other_optimizer, setup, teardown),

@@ -19,7 +19,9 @@
 #include "log.h"
 #include "model.h"
 #include "ps_client.h"
+#include "rng.h"
 #include "rpc.h"
+#include "sparse_table.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 
@@ -292,9 +294,55 @@ static void test_overlap(void **state) {
         free(g1), free(g2);
 }
 
+/* ps_client_sparse's split: every id once, each shard's run holding exactly its ids (sparse_shard_of),
+ * in the caller's order within the run (so the rows go back where they came from). */
+static void test_sparse_split(void **state) {
+        (void)state;
+        enum { N = 5000 };
+        uint64_t *ids = malloc(N * sizeof(*ids));
+        size_t *order = malloc(N * sizeof(*order)), first[9];
+        bool *seen = malloc(N);
+        assert_non_null(ids);
+        assert_non_null(order);
+        assert_non_null(seen);
+        struct rng r;
+        rng_init(&r, 5, 0);
+        for (size_t i = 0; i < N; i++)
+                ids[i] = i % 3 ? rng_next(&r) : i;   /* small ids too, as hashing leaves them */
+        for (uint32_t n_shards = 1; n_shards <= 8; n_shards++) {
+                ps_client_sparse_split(ids, N, n_shards, order, first);
+                assert_int_equal(first[0], 0);
+                assert_int_equal(first[n_shards], N);
+                memset(seen, 0, N);
+                size_t per[8] = {0};
+                for (size_t i = 0; i < N; i++)
+                        per[sparse_shard_of(ids[i], n_shards)]++;
+                for (uint32_t s = 0; s < n_shards; s++) {
+                        assert_int_equal(first[s + 1] - first[s], per[s]);
+                        for (size_t k = first[s]; k < first[s + 1]; k++) {
+                                assert_true(order[k] < N);
+                                assert_false(seen[order[k]]);
+                                seen[order[k]] = true;
+                                assert_int_equal(sparse_shard_of(ids[order[k]], n_shards), s);
+                                if (k > first[s])
+                                        assert_true(order[k] > order[k - 1]);
+                        }
+                }
+                /* the ids spread over every shard */
+                for (uint32_t s = 0; s < n_shards; s++)
+                        assert_true(per[s] > N / n_shards / 2);
+        }
+        ps_client_sparse_split(ids, 0, 3, order, first);
+        assert_int_equal(first[3], 0);
+        free(ids);
+        free(order);
+        free(seen);
+}
+
 int main(void) {
         rpc_global_init();
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_sparse_split),
                 cmocka_unit_test_setup_teardown(test_push_and_wait, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_shard_down, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_shared_memory_refused, setup, teardown),
