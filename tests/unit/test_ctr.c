@@ -103,9 +103,13 @@ static void test_gather_unique_order(void **state)
         static const uint64_t want_b[] = {100, 101, 102};
         assert_int_equal(ctr_n_unique(c, 1), 3);
         assert_memory_equal(ctr_unique(c, 1), want_b, sizeof(want_b));
-        /* a second batch reuses everything: only its own ids */
+        /* table b's buffers start at one id per record (4) and grew for this batch's 5; a second
+         * batch reuses everything: only its own ids, in the same memory */
+        const float *rows_b = ctr_rows(c, 1), *grads_b = ctr_grads(c, 1);
         b->n = 1;
         assert_int_equal(ctr_gather(c, b), 0);
+        assert_ptr_equal(ctr_rows(c, 1), rows_b);
+        assert_ptr_equal(ctr_grads(c, 1), grads_b);
         static const uint64_t want_a1[] = {7, 9};
         assert_int_equal(ctr_n_unique(c, 0), 2);
         assert_memory_equal(ctr_unique(c, 0), want_a1, sizeof(want_a1));

@@ -1,6 +1,7 @@
 /* The sparse front of a model with embeddings (ctr.h): a batch's unique ids per table, found with an
- * open-addressing map sized per batch inside buffers allocated once, so a step allocates nothing and
- * touches memory in proportion to the ids it uses, not to the worst case it was sized for. */
+ * open-addressing map sized per batch inside buffers that are reused, so a step allocates nothing and
+ * touches memory in proportion to the ids it uses. The buffers start at one id per field per record
+ * (Criteo's records) and grow only when a batch holds more, up to the max_ids bound. */
 #include "ctr.h"
 
 #include <errno.h>
@@ -11,16 +12,17 @@ struct table {
         struct embedding_spec e;
         uint32_t x_off;          /* floats into a row of x of this table's first field slice */
         uint32_t n_uniq;
-        uint64_t *uniq;          /* (cap) */
-        float *rows, *grads;     /* (cap, dim) */
-        uint32_t *occ;           /* (cap) each occurrence's unique index, in gather order */
-        uint64_t *hkey;          /* (hcap) the map: hval 0 empty, else the unique index + 1 */
+        size_t have, hhave;      /* occurrences (and so unique ids) the buffers hold; map slots */
+        uint64_t *uniq;          /* (have) */
+        float *rows, *grads;     /* (have, dim) */
+        uint32_t *occ;           /* (have) each occurrence's unique index, in gather order */
+        uint64_t *hkey;          /* (hhave) the map: hval 0 empty, else the unique index + 1 */
         uint32_t *hval;
 };
 
 struct ctr {
         uint32_t n_dense, width, max_batch, max_ids, n_tables;
-        size_t cap, hcap;        /* occurrences (and so unique ids) per table; map slots */
+        size_t cap;              /* the most occurrences (and so unique ids) of a table in a batch */
         struct table t[MODEL_MAX_EMBEDDINGS];
 };
 
@@ -33,22 +35,55 @@ static uint64_t mix(uint64_t x)
         return x ^ (x >> 31);
 }
 
+/* Room for n occurrences and a map of twice as many slots (a power of two). Buffers already grown stay
+ * valid when another fails. 0 or -ENOMEM. */
+static int grow(struct table *t, size_t n)
+{
+        size_t h = 16;
+        void *p;
+        while (h < 2 * n)
+                h <<= 1;
+        if (n > t->have) {
+                if (!(p = realloc(t->uniq, sizeof(uint64_t) * n)))
+                        return -ENOMEM;
+                t->uniq = p;
+                if (!(p = realloc(t->occ, sizeof(uint32_t) * n)))
+                        return -ENOMEM;
+                t->occ = p;
+                if (!(p = realloc(t->rows, sizeof(float) * n * t->e.dim)))
+                        return -ENOMEM;
+                t->rows = p;
+                if (!(p = realloc(t->grads, sizeof(float) * n * t->e.dim)))
+                        return -ENOMEM;
+                t->grads = p;
+                t->have = n;
+        }
+        if (h > t->hhave) {
+                if (!(p = realloc(t->hkey, sizeof(uint64_t) * h)))
+                        return -ENOMEM;
+                t->hkey = p;
+                if (!(p = realloc(t->hval, sizeof(uint32_t) * h)))
+                        return -ENOMEM;
+                t->hval = p;
+                t->hhave = h;
+        }
+        return 0;
+}
+
 int ctr_new(const struct model_spec *spec, uint32_t max_batch, uint32_t max_ids, struct ctr **ret)
 {
         if (!spec || spec->n_embeddings == 0 || spec->n_embeddings > MODEL_MAX_EMBEDDINGS || max_batch == 0 ||
             max_ids == 0 || spec->input[0] != 1 || spec->input[1] != 1)
                 return -EINVAL;
         /* a table's occurrences in a batch: each record has at most max_ids ids, all fields together */
-        size_t cap = (size_t)max_batch * max_ids, hcap = 16;
-        if (cap > (SIZE_MAX >> 8) / 1024 || cap >= UINT32_MAX / 2)
+        size_t cap = (size_t)max_batch * max_ids;
+        if (cap >= UINT32_MAX / 4)
                 return -EINVAL;
-        while (hcap < 2 * cap)
-                hcap <<= 1;
         struct ctr *c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
         *c = (struct ctr){.n_dense = spec->input[2], .width = model_spec_dense_input(spec), .max_batch = max_batch,
-                          .max_ids = max_ids, .n_tables = spec->n_embeddings, .cap = cap, .hcap = hcap};
+                          .max_ids = max_ids, .n_tables = spec->n_embeddings, .cap = cap};
         uint32_t off = c->n_dense;
         for (uint32_t i = 0; i < c->n_tables; i++) {
                 struct table *t = &c->t[i];
@@ -59,14 +94,8 @@ int ctr_new(const struct model_spec *spec, uint32_t max_batch, uint32_t max_ids,
                 }
                 t->x_off = off;
                 off += t->e.n_fields * t->e.dim;
-                /* malloc, not calloc: the map is cleared per batch only as far as that batch uses it */
-                t->uniq = malloc(sizeof(uint64_t) * cap);
-                t->occ = malloc(sizeof(uint32_t) * cap);
-                t->rows = malloc(sizeof(float) * cap * t->e.dim);
-                t->grads = malloc(sizeof(float) * cap * t->e.dim);
-                t->hkey = malloc(sizeof(uint64_t) * hcap);
-                t->hval = malloc(sizeof(uint32_t) * hcap);
-                if (!t->uniq || !t->occ || !t->rows || !t->grads || !t->hkey || !t->hval) {
+                size_t first = (size_t)max_batch * t->e.n_fields;
+                if (grow(t, first < cap ? first : cap) < 0) {
                         ctr_free(c);
                         return -ENOMEM;
                 }
@@ -108,6 +137,7 @@ static int gather_table(struct ctr *c, struct table *t, const struct records_bat
 {
         size_t n_occ = 0, hcap = 16;
         uint32_t lo, hi;
+        int err;
 
         for (uint32_t r = 0; r < b->n; r++)
                 for (uint32_t j = 0; j < t->e.n_fields; j++) {
@@ -118,6 +148,9 @@ static int gather_table(struct ctr *c, struct table *t, const struct records_bat
                 }
         if (n_occ > c->cap)
                 return -EINVAL;
+        /* a batch past the high-water mark grows the buffers for good: later ones reuse them */
+        if (n_occ > t->have && (err = grow(t, n_occ < c->cap / 2 ? 2 * n_occ : c->cap)) < 0)
+                return err;
         while (hcap < 2 * n_occ)
                 hcap <<= 1;
         memset(t->hval, 0, sizeof(uint32_t) * hcap);

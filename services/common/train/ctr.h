@@ -27,7 +27,9 @@ uint32_t ctr_width(const struct ctr *c);  /* floats per example of x: model_spec
 /* The ids of b, per table, unique (first-seen order: record by record, each table's fields in its
  * order). Returns 0, or -EINVAL (every table then empty) when b does not fit: more than max_batch
  * records or more ids than max_ids each, dense features other than the spec's input, a field index the
- * data does not have (config validation prevents these). */
+ * data does not have (config validation prevents these); -ENOMEM when a batch with more ids than any
+ * before cannot grow the buffers (they start at one id per field per record). Earlier pointers from
+ * ctr_unique, ctr_rows and ctr_grads are then stale: ask again after each gather. */
 int ctr_gather(struct ctr *c, const struct records_batch *b);
 uint32_t ctr_n_unique(const struct ctr *c, uint32_t e);
 const uint64_t *ctr_unique(const struct ctr *c, uint32_t e);
