@@ -138,6 +138,8 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 log_info("No checkpoint to restore from in %s: initializing the variables", chief_ckpt_dir(c->ckpts));
                 chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_NONE, .why = why});
                 r = model_init_params(c->model, cfg->model.seed);
+                if (r >= 0)   /* tables emptied (a shard may hold rows of an earlier run), then the variables */
+                        r = chief_import_tables(c, NULL, NULL, 0, err, sizeof(err));
                 if (r >= 0)
                         r = ps_client_assign(c->pc, NULL, model_params(c->model), NULL, 0, err, sizeof(err));
                 if (r < 0) {

@@ -296,6 +296,18 @@ static void shard_list(const struct chief *c, const bool *which, char *buf, size
                         chief_strfmt(buf + strlen(buf), len - strlen(buf), "%sps:%u", buf[0] ? ", " : "", s);
 }
 
+int chief_import_tables(struct chief *c, const bool *which, const struct ps_sparse_rows *tables, uint64_t gs,
+                        char *err, size_t errlen) {
+        const struct job_config *cfg = c->cfg;
+        int r = 0;
+        for (uint32_t e = 0; e < cfg->model.n_embeddings && r >= 0; e++) {
+                struct ps_sparse_rows none = {.dim = cfg->model.emb[e].dim,
+                                              .n_slots = sparse_optimizer_n_slots(cfg->training.sparse_optimizer)};
+                r = ps_client_sparse_import(c->pc, which, e, tables ? &tables[e] : &none, gs, err, errlen);
+        }
+        return r;
+}
+
 /* Restores the shards in which[] from the newest usable checkpoint. Returns 1 (restored), 0 (no
  * usable checkpoint: nothing done), -EINVAL (the checkpoints hold a different model: fatal) or
  * another -errno (assigning failed: retry); why says what happened. */
@@ -317,11 +329,12 @@ int chief_restore_shards(struct chief *c, const bool *which, char *why, size_t l
         chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_FOUND, .shards = shards, .where = row.path,
                                              .step = row.global_step});
         notify_status("restoring %s from %s", shards, row.path);
-        /* the dense variables first: an Assign empties the shard's tables, which are imported next */
-        r = ps_client_assign(c->pc, which, model_params(c->model), slots_loaded ? c->slots : NULL, row.global_step, err,
-                          sizeof(err));
-        for (uint32_t e = 0; e < c->cfg->model.n_embeddings && r >= 0; e++)
-                r = ps_client_sparse_import(c->pc, which, e, &tables[e], row.global_step, err, sizeof(err));
+        /* the tables first (each shard's emptied, then filled): the Assign that follows makes the shard
+         * initialized, so no worker sees a restored shard's rows before they are back */
+        r = chief_import_tables(c, which, tables, row.global_step, err, sizeof(err));
+        if (r >= 0)
+                r = ps_client_assign(c->pc, which, model_params(c->model), slots_loaded ? c->slots : NULL,
+                                     row.global_step, err, sizeof(err));
         for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++)
                 ps_sparse_rows_clear(&tables[e]);
         if (r < 0) {

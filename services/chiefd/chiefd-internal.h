@@ -250,6 +250,12 @@ void chief_serve_saves(struct chief *c);
  * usable checkpoint: nothing done), -EINVAL (the checkpoints hold a different model: fatal) or
  * another -errno (assigning failed: retry); why says what happened. */
 int chief_restore_shards(struct chief *c, const bool *which, char *why, size_t len);
+/* The shards in which[] (NULL: all) get every embedding table as tables[e] holds it (each shard its own
+ * ids), or empty when tables is NULL (a fresh start); before the Assign that makes a shard initialized.
+ * 0, or -errno with why in err. */
+struct ps_sparse_rows;
+int chief_import_tables(struct chief *c, const bool *which, const struct ps_sparse_rows *tables, uint64_t gs,
+                        char *err, size_t errlen);
 
 /* ---- chief_metrics.c: the series a scrape shows (base/metrics.h) ---- */
 

@@ -106,7 +106,6 @@ uint64_t count_push(struct psd *p, bool count_step, size_t bytes, size_t bytes_o
 /* sparse_rpc.c: the embedding tables' RPCs (docs/sparse.md) */
 int sparse_tables_new(struct psd *p);            /* 0, or -errno (logged) */
 void sparse_tables_free(struct psd *p);
-void sparse_tables_clear(struct psd *p);         /* an Assign: the tables start afresh (a restore imports) */
 void sparse_tables_tick(struct psd *p);          /* the main loop: eviction, the rows' gauges */
 size_t sparse_max_request(const struct psd *p);  /* the largest legal sparse request, in bytes */
 /* Fills st->tables (0, or -ENOMEM); sparse_status_done frees what it allocated. */

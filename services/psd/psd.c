@@ -367,8 +367,6 @@ static void on_assign(struct rpc_call *call, void *ud) {
                 r = shard_assign(p->s, in, h->with_slots, h->global_step, err, sizeof(err));
         if (r == 0 && p->agg)
                 agg_reset(p->agg, h->global_step);   /* the step starts over from the values assigned */
-        if (r == 0)
-                sparse_tables_clear(p);   /* a fresh start or a restore: the chief imports the tables next */
         if (r < 0) {
                 reject(p, call, r, err);
         } else {

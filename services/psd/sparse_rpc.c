@@ -59,11 +59,6 @@ void sparse_tables_free(struct psd *p) {
         p->n_tables = 0;
 }
 
-void sparse_tables_clear(struct psd *p) {
-        for (uint32_t e = 0; e < p->n_tables; e++)
-                sparse_table_clear(p->tables[e].t);
-}
-
 void sparse_tables_tick(struct psd *p) {
         uint64_t now = atomic_load(&p->sparse_step), exported = atomic_load(&p->export_us);
         /* a row evicted and made again during a checkpoint's walk would be in it twice */

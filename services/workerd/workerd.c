@@ -485,11 +485,12 @@ again:
                 }
                 push_step_begin(w->pu, w->local_step);
                 r = forward(w, &loss);
-                if (r >= 0 && !push_failed(w->pu))
+                bool backward_ran = r >= 0 && !push_failed(w->pu);
+                if (backward_ran)
                         r = backward(w);
                 if (r < 0)
                         return log_error_errno(r, "step %llu failed", (unsigned long long)w->local_step);
-                if (w->sp)
+                if (w->sp && backward_ran)   /* a failed push skips backward: no row gradients either */
                         sparse_step_backward_done(w->sp, w->m);
                 if (push_step_end(w->pu, err, sizeof(err)) < 0) {
                         /* A model gone wrong computes gradients that are not finite, which the shards
