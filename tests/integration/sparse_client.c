@@ -3,7 +3,8 @@
  * options (so the initializer depends on (seed, table, id) alone, whatever the shard); a lookup that
  * creates nothing; a push whose rows equal the same push applied here; payload bytes exactly 8 per id
  * and 4 * dim per row, in the client's count and the shards' status; an export and an import that
- * give back every row with its optimizer slots, after an Assign emptied the tables.
+ * give back every row with its optimizer slots, after an empty import emptied the tables (an Assign
+ * leaves them: the chief imports before it assigns).
  *
  * Usage: sparse_client JOB.json   (the job's shards up and not yet assigned; the job has at least
  * one embedding table and two shards; prints "ok" and exits 0, or says what failed and exits 1) */
@@ -157,14 +158,19 @@ int main(int argc, char **argv) {
                       PRIu64 " out; %" PRIu64 " and %" PRIu64 " expected", n, in - in0, out - out0, want_in, want_out);
         }
 
-        /* export, empty (an Assign), import: every row and slot back, each on its shard */
+        /* export, an Assign (tables kept), an empty import (tables emptied), the import: every row and
+         * slot back, each on its shard */
         struct ps_sparse_rows a, b;
         CHECK(ps_client_sparse_export(pc, e, &a, err, sizeof(err)) == 0, "export: %s", err);
         CHECK(a.n == N_IDS && a.dim == dim && a.n_slots == sparse_optimizer_n_slots(tc->sparse_optimizer),
               "export: %zu rows of dim %u with %u slots", a.n, a.dim, a.n_slots);
         CHECK(ps_client_assign(pc, NULL, zeros, NULL, 0, err, sizeof(err)) == 0, "assign: %s", err);
         table_status(e, &rows, &in, &out);
-        CHECK(rows == 0, "%" PRIu64 " rows left after an Assign", rows);
+        CHECK(rows == N_IDS, "%" PRIu64 " rows after an Assign, %d before: it must leave the tables", rows, N_IDS);
+        struct ps_sparse_rows none = {.dim = dim, .n_slots = a.n_slots};
+        CHECK(ps_client_sparse_import(pc, NULL, e, &none, 5, err, sizeof(err)) == 0, "empty import: %s", err);
+        table_status(e, &rows, &in, &out);
+        CHECK(rows == 0, "%" PRIu64 " rows left after an empty import", rows);
         CHECK(ps_client_sparse_import(pc, NULL, e, &a, 5, err, sizeof(err)) == 0, "import: %s", err);
         table_status(e, &rows, &in, &out);
         CHECK(rows == N_IDS, "%" PRIu64 " rows after the import of %d", rows, N_IDS);
