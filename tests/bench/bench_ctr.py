@@ -4,7 +4,7 @@
 1 ps + 1 worker and 2 ps + 2 workers (and 1 ps + 2 workers, the accuracy check), next to the PyTorch
 anchor (tests/bench/torch_ctr.py, Debian's python3-torch) on the same model, batch and rows; the
 planted model's own AUC on the test rows is the ceiling. With --streaming SIZE_GB it writes one large
-file instead and trains one worker on it, reporting the worker's peak RSS.
+file instead and trains 1 ps + 1 worker over all of it once, reporting the worker's peak RSS.
 
 Prints one JSON line per measurement. Usage:
   tests/bench/bench_ctr.py [--build build] [--rows 1000000] [--test-rows 100000] [--epochs 1]
@@ -112,14 +112,14 @@ def main():
     B = job["training"]["batch_size"]
     try:
         if a.streaming:
-            rows = int(a.streaming * 1e9 / 150)   # ~150 bytes a row, uncompressed
+            rows = int(a.streaming * 1e9 / 250)   # ~250 bytes a row, uncompressed
             train = os.path.join(data, "train.tsv")
             test = os.path.join(data, "test.tsv.gz")
             if not os.path.exists(train):
                 run([psfleet, "gen-data", "--rows", str(rows), "--out", train, "--test-rows", "20000",
                      "--test-out", test, "--seed", "7"])
             size = os.path.getsize(train)
-            steps = min(rows // B, 4000)
+            steps = rows // B   # one pass over the whole file
             jf = job_file(tmp, data, 1, 1, steps, "ctr-stream")
             j = json.load(open(jf))
             j["data"]["train_files"] = ["train.tsv"]
