@@ -280,8 +280,7 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
         uint64_t step = h->global_step, seen = atomic_load(&p->sparse_step);
         while (step > seen && !atomic_compare_exchange_weak(&p->sparse_step, &seen, step))
                 ;
-        const struct training_config *tc = &p->cfg->training;
-        float lr = (float)(tc->sparse_learning_rate > 0 ? tc->sparse_learning_rate : optim_learning_rate(tc, step));
+        float lr = sparse_learning_rate(p->cfg, step);
         if ((n_push && sparse_table_push(pt->t, push, n_push, g, lr, step) < 0) ||
             (n_pull && sparse_table_pull(pt->t, pull, n_pull, rows, h->create, step) < 0))
                 goto oom;

@@ -16,12 +16,6 @@
 #include "sparse_opts.h"
 #include "util.h"
 
-float ctr_sparse_lr(const struct job_config *cfg, uint64_t global_step) {
-        if (cfg->training.sparse_learning_rate > 0)
-                return (float)cfg->training.sparse_learning_rate;
-        return (float)optim_learning_rate(&cfg->training, global_step);
-}
-
 static enum records_format records_format_of(enum data_format f) {
         return f == DATA_LIBSVM ? RECORDS_LIBSVM : f == DATA_CRITEO ? RECORDS_CRITEO : RECORDS_CSV;
 }
@@ -251,7 +245,7 @@ int trainer_ctr(const struct job_config *cfg, FILE *loss_log, const char *params
                         goto out;
                 }
                 ctr_row_grads(s->c, s->b, model_input_grad(m));
-                float lr = ctr_sparse_lr(cfg, step);
+                float lr = sparse_learning_rate(cfg, step);
                 for (uint32_t e = 0; e < lt.n && r >= 0; e++)
                         r = sparse_table_push(lt.t[e], ctr_unique(s->c, e), ctr_n_unique(s->c, e), ctr_grads(s->c, e),
                                               lr, step);

@@ -1,5 +1,5 @@
 /* Training and evaluating a model with embeddings (docs/sparse.md) in the pieces every node shares:
- * the job's record files opened as a worker's shard, the learning rate of the rows, the evaluation over
+ * the job's record files opened as a worker's shard, the evaluation over
  * the test files (AUC, log loss, RMSE) given a way to look rows up, and the standalone trainer. */
 #pragma once
 #include <stdbool.h>
@@ -12,10 +12,6 @@
 #include "records.h"
 #include "sparse_table.h"
 #include "trainer.h"
-
-/* The learning rate of the rows at global_step: training.sparse_learning_rate, or the dense one's
- * schedule when that is 0. */
-float ctr_sparse_lr(const struct job_config *cfg, uint64_t global_step);
 
 /* Opens the job's training (test false) or test files as shard k of W (records.h); loop: epochs. 0, or
  * -errno with err naming the file (-EBADMSG: the data are at fault, exit 65). */

@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "optim.h"
 #include "rng.h"
 
 uint64_t sparse_table_seed(uint64_t model_seed, uint32_t e) {
@@ -25,4 +26,9 @@ void sparse_table_opts_from_config(const struct job_config *cfg, uint32_t e, str
         o->ftrl_l2 = t->ftrl_l2;
         o->ftrl_beta = t->ftrl_beta;
         o->ftrl_lr_power = t->ftrl_lr_power;
+}
+
+float sparse_learning_rate(const struct job_config *cfg, uint64_t global_step) {
+        const struct training_config *t = &cfg->training;
+        return (float)(t->sparse_learning_rate > 0 ? t->sparse_learning_rate : optim_learning_rate(t, global_step));
 }

@@ -17,3 +17,7 @@ uint64_t sparse_table_seed(uint64_t model_seed, uint32_t e);
 /* Table e (< cfg->model.n_embeddings) of the job: its dim, init_stddev, the training.sparse_optimizer
  * and its keys, and sparse_table_seed. */
 void sparse_table_opts_from_config(const struct job_config *cfg, uint32_t e, struct sparse_table_opts *o);
+
+/* The rows' learning rate at global_step: training.sparse_learning_rate, or the dense one's schedule
+ * (optim_learning_rate) when that is 0. */
+float sparse_learning_rate(const struct job_config *cfg, uint64_t global_step);
