@@ -1,6 +1,7 @@
 /* Training and evaluating a model with embeddings (docs/sparse.md) in the pieces every node shares:
- * the job's record files opened as a worker's shard, the evaluation over
- * the test files (AUC, log loss, RMSE) given a way to look rows up, and the standalone trainer. */
+ * the job's record files opened as a worker's shard, a batch on its way into the dense layers, the
+ * evaluation over the test files (AUC, log loss, RMSE) given a way to look rows up, and the standalone
+ * trainer. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
