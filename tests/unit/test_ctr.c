@@ -316,7 +316,12 @@ static void test_errors(void **state)
         struct model_spec s = two_tables();
         struct ctr *c = NULL;
         struct model_spec none = s;
-        none.n_embeddings = 0;
+        none.n_embeddings = 0;   /* records of dense features only (CSV): no tables, x is the features */
+        assert_int_equal(ctr_new(&none, 4, 4, &c), 0);
+        assert_int_equal(ctr_width(c), none.input[2]);
+        assert_int_equal(ctr_n_unique(c, 0), 0);
+        c = ctr_free(c);
+        none.input[1] = 2;       /* not flat */
         assert_int_equal(ctr_new(&none, 4, 4, &c), -EINVAL);
         assert_int_equal(ctr_new(&s, 0, 4, &c), -EINVAL);
         assert_int_equal(ctr_new(&s, 4, 0, &c), -EINVAL);

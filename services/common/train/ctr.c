@@ -72,7 +72,7 @@ static int grow(struct table *t, size_t n)
 
 int ctr_new(const struct model_spec *spec, uint32_t max_batch, uint32_t max_ids, struct ctr **ret)
 {
-        if (!spec || spec->n_embeddings == 0 || spec->n_embeddings > MODEL_MAX_EMBEDDINGS || max_batch == 0 ||
+        if (!spec || spec->n_embeddings > MODEL_MAX_EMBEDDINGS || max_batch == 0 ||
             max_ids == 0 || spec->input[0] != 1 || spec->input[1] != 1)
                 return -EINVAL;
         /* a table's occurrences in a batch: each record has at most max_ids ids, all fields together */
