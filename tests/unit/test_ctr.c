@@ -19,29 +19,14 @@
 #include "model.h"
 #include "rng.h"
 
-/* An empty batch with room for cap records, as records_batch_new makes it (filled by put_field). */
+/* An empty batch with room for cap records (filled by put_field), its labels and features zero. */
 static struct records_batch *batch_new(uint32_t cap, uint32_t n_dense, uint32_t n_fields, uint32_t max_ids)
 {
-        struct records_batch *b = calloc(1, sizeof(*b));
-        assert_non_null(b);
-        *b = (struct records_batch){.cap = cap, .n_dense = n_dense, .n_fields = n_fields, .max_ids = max_ids};
-        b->label = calloc(cap, sizeof(float));
-        b->dense = calloc((size_t)cap * n_dense + 1, sizeof(float));
-        b->off = calloc((size_t)cap * n_fields + 1, sizeof(uint32_t));
-        b->ids = calloc((size_t)cap * max_ids, sizeof(uint64_t));
-        b->val = calloc((size_t)cap * max_ids, sizeof(float));
-        assert_true(b->label && b->dense && b->off && b->ids && b->val);
+        struct records_batch *b = NULL;
+        assert_int_equal(records_batch_new(cap, n_dense, n_fields, max_ids, &b), 0);
+        memset(b->label, 0, cap * sizeof(float));
+        memset(b->dense, 0, (size_t)cap * n_dense * sizeof(float));
         return b;
-}
-
-static void batch_free(struct records_batch *b)
-{
-        free(b->label);
-        free(b->dense);
-        free(b->off);
-        free(b->ids);
-        free(b->val);
-        free(b);
 }
 
 /* Appends the batch's next (record, field): n ids with their values (NULL: all 1). */
@@ -119,7 +104,7 @@ static void test_gather_unique_order(void **state)
         assert_int_equal(ctr_gather(c, b), 0);
         assert_int_equal(ctr_n_unique(c, 0), 0);
         ctr_free(c);
-        batch_free(b);
+        records_batch_free(b);
 }
 
 static void test_vocab_hashing(void **state)
@@ -142,7 +127,7 @@ static void test_vocab_hashing(void **state)
         assert_int_equal(ctr_n_unique(c, 1), 1); /* vocab 0: as it is */
         assert_true(ctr_unique(c, 1)[0] == UINT64_MAX);
         ctr_free(c);
-        batch_free(b);
+        records_batch_free(b);
 }
 
 /* Row u of table e holds e * 100 + u * 10 + d. */
@@ -188,7 +173,7 @@ static void test_pooling(void **state)
         assert_float_equal(x[6], 2 * 100 + 3 * 110, 1e-4);
         assert_float_equal(x[9 * 2 + 6], 110 + 120 + 100, 1e-4);
         ctr_free(c);
-        batch_free(b);
+        records_batch_free(b);
 }
 
 /* A random batch: n records, each field 0..3 ids out of a few, random values. */
@@ -253,7 +238,7 @@ static void test_row_grads_bruteforce(void **state)
         }
         free(dx);
         ctr_free(c);
-        batch_free(b);
+        records_batch_free(b);
 }
 
 /* The loss as a function of the rows: finite differences against ctr_row_grads(model_input_grad). */
@@ -308,7 +293,7 @@ static void test_end_to_end_gradient(void **state)
         ctr_free(c);
         model_free(m);
         backend_free(be);
-        batch_free(b);
+        records_batch_free(b);
 }
 
 static void test_errors(void **state)
@@ -341,7 +326,7 @@ static void test_errors(void **state)
         assert_int_equal(ctr_new(&s, 4, 4, &c), 0);
         assert_int_equal(ctr_gather(c, b), -EINVAL);
         ctr_free(c);
-        batch_free(b);
+        records_batch_free(b);
 }
 
 int main(void)
