@@ -481,6 +481,7 @@ again:
                         log_warning("step %llu: %s; re-reading the parameters", (unsigned long long)w->local_step, err);
                         if ((r = pull_all(w)) < 0)
                                 return r;
+                        ps_client_link_shards(w->pc);
                         continue;
                 }
                 push_step_begin(w->pu, w->local_step);
