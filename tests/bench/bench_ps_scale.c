@@ -6,7 +6,10 @@
  *          pushes/s, p50/p99 push latency, psd CPU per push, psd RSS at each window's end and its peak.
  *          Closed loop (each worker pushes again as soon as it is answered: the latency is mostly the
  *          queue of the others), or with --rate paced at that many pushes/s in all (open loop: the
- *          latency is psd's and the transport's, as for workers that compute between pushes).
+ *          latency is psd's and the transport's, as for workers that compute between pushes), or with
+ *          --think-ms sleeping that long after each answer. Beside each window, a probe's median time
+ *          for a fixed piece of work (the machine's speed then: the host is shared) and p99 over it.
+ *          --pin puts psd on a CPU of its own; --latencies FILE writes every push and probe.
  *   load:  with `--shards` psd (default 4), the bytes and apply time each shard received for the demo
  *          model and for a model with one very large variable: the ratio max/min between shards.
  *
@@ -16,6 +19,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -45,6 +49,11 @@ static const char *psd_path = PSFLEET_BINARY_DIR "/services/psd/psd";
 static const char *wire_dtype = "float32";   /* rpc.wire_dtype of the simulated workers */
 static double rate;   /* --rate: pushes/s of all workers together, each worker on its own schedule; 0: as fast as
                        * answers come (closed loop: the latency is then mostly the queue of the others) */
+static double think_ms;   /* --think-ms: each worker computes this long (a sleep) after each answer, as a workerd
+                           * does between its pushes: closed loop with think time, no catch-up bursts */
+static bool pin;          /* --pin: psd on the last CPU, the simulated workers on the others (psd on a core of its
+                           * own, as on a node of its own) */
+static const char *latencies_path;   /* --latencies FILE: every push's start and latency, for analysis */
 static char workdir[] = "/tmp/psfleet-bench-scale-XXXXXX";
 
 /* The demo's MLP (examples/fmnist-mlp.json), or one very large variable beside small ones. */
@@ -63,9 +72,24 @@ struct job {
         struct job_layout *L;
         pid_t psd[64];
         uint32_t n_shards, n_workers;
+        unsigned id;
 };
 
 static int free_port(void);
+
+/* --pin: the calling thread (and what it forks or execs) on the last CPU when `server`, else on the others. */
+static void pin_to_cpus(bool server) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        if (n < 2)
+                return;
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (long c = 0; c < n; c++)
+                if ((c == n - 1) == server)
+                        CPU_SET((int)c, &set);
+        if (sched_setaffinity(0, sizeof(set), &set) < 0)
+                fprintf(stderr, "bench_ps_scale: sched_setaffinity: %s\n", strerror(errno));
+}
 
 /* A job with n_shards ps on loopback and n_workers workers (addresses only: the workers are threads
  * here), gRPC only. */
@@ -85,13 +109,15 @@ static int job_write(struct job *j, uint32_t n_shards, uint32_t n_workers, const
                 free(cluster);
                 cluster = c;
         }
-        char *json = strdup_printf("{\"job\": \"bench-scale\", \"cluster\": {%s]}, \"model\": {%s},"
+        static unsigned n_jobs;   /* each job its own name: psd's socket and state are by job name */
+        j->id = n_jobs++;
+        char *json = strdup_printf("{\"job\": \"bench-scale-%u\", \"cluster\": {%s]}, \"model\": {%s},"
                                    "\"data\": {\"dir\": \"/nonexistent\"}, \"training\": {\"optimizer\": \"momentum\","
                                    "\"momentum\": 0.9, \"learning_rate\": 0.001, \"batch_size\": 64},"
-                                   "\"rpc\": {\"shared_memory\": false, \"wire_dtype\": \"%s\"}}\n", cluster, model,
+                                   "\"rpc\": {\"shared_memory\": false, \"wire_dtype\": \"%s\"}}\n", j->id, cluster, model,
                                    wire_dtype);
         free(cluster);
-        snprintf(j->path, sizeof(j->path), "%s/job-%u-%u.json", workdir, n_shards, n_workers);
+        snprintf(j->path, sizeof(j->path), "%s/job%u-%u-%u.json", workdir, j->id, n_shards, n_workers);
         FILE *f = fopen(j->path, "w");
         if (!f || fputs(json, f) < 0 || fclose(f) != 0) {
                 free(json);
@@ -119,12 +145,14 @@ static int free_port(void) {
 static pid_t psd_start(const struct job *j, uint32_t shard) {
         char idx[16], state[512];
         snprintf(idx, sizeof(idx), "%u", shard);
-        snprintf(state, sizeof(state), "%s/state-%u", workdir, shard);
+        snprintf(state, sizeof(state), "%s/state%u-%u", workdir, j->id, shard);
         mkdir(state, 0700);
         pid_t pid = fork();
         if (pid == 0) {
+                if (pin)
+                        pin_to_cpus(true);
                 char log[600];
-                snprintf(log, sizeof(log), "%s/psd-%u.log", workdir, shard);
+                snprintf(log, sizeof(log), "%s/psd%u-%u.log", workdir, j->id, shard);
                 if (!freopen(log, "a", stderr))
                         _exit(127);
                 execl(psd_path, psd_path, "--job", j->path, "--task-index", idx, "--state-dir", state, (char *)NULL);
@@ -160,8 +188,8 @@ static int job_start(struct job *j, struct ps_client **chief_ret) {
                 while ((r = ps_client_probe(pc, s, 1000, &st, err, sizeof(err))) < 0 && now_us() < end)
                         usleep(50000);
                 if (r < 0) {
-                        fprintf(stderr, "bench_ps_scale: psd %u does not answer: %s (log: %s/psd-%u.log)\n", s, err,
-                                workdir, s);
+                        fprintf(stderr, "bench_ps_scale: psd %u does not answer: %s (log: %s/psd%u-%u.log)\n", s, err,
+                                workdir, j->id, s);
                         ps_client_free(pc);
                         return r;
                 }
@@ -195,7 +223,9 @@ struct run {
         _Atomic uint64_t taken;         /* pushes started (a ticket each) */
         _Atomic uint64_t done;
         _Atomic int failed;
+        _Atomic uint64_t epoch_us;      /* set by the main thread once every worker is started: the schedules' start */
         float *lat_ms;                  /* (target) latency of push k (its ticket), ms */
+        uint64_t *start_us;             /* (target) when push k started */
 };
 
 struct worker {
@@ -206,7 +236,8 @@ struct worker {
 
 static void *worker_main(void *arg) {
         struct worker *w = arg;
-        struct job *j = w->run->j;
+        struct run *run = w->run;
+        struct job *j = run->j;
         struct ps_client *pc = NULL;
         struct ps_group *groups = calloc(j->n_shards, sizeof(*groups));
         float *params = calloc(j->L->n_params, sizeof(float)), *grads = malloc(j->L->n_params * sizeof(float));
@@ -222,19 +253,27 @@ static void *worker_main(void *arg) {
                 groups[s] = (struct ps_group){s, j->L->shard_count[s], j->L->shard_parts + j->L->shard_first[s]};
         if (ps_client_link(pc, w->index, j->n_shards, groups, params, grads, NULL, NULL) < 0)
                 goto fail;
+        uint64_t epoch;
+        while (!(epoch = atomic_load(&run->epoch_us)))
+                usleep(1000);
         /* paced: worker i pushes every n_workers / rate seconds, its first push offset by its index, as
-         * workers that compute between pushes do; a push that comes late starts at once */
+         * workers that compute between pushes do; a push that comes late starts at once. With a think
+         * time instead, each worker sleeps that long after each answer. */
         double period_us = rate > 0 ? 1e6 * j->n_workers / rate : 0;
-        uint64_t next = now_us() + (uint64_t)(period_us * w->index / (j->n_workers ? j->n_workers : 1));
+        uint64_t next = epoch + (uint64_t)(period_us * w->index / (j->n_workers ? j->n_workers : 1));
+        if (think_ms > 0)   /* the workers' first pushes spread over one think time */
+                usleep((useconds_t)(think_ms * 1e3 * w->index / (j->n_workers ? j->n_workers : 1)));
         for (uint64_t step = 1;; step++) {
+                if (think_ms > 0 && step > 1)
+                        usleep((useconds_t)(think_ms * 1e3));
                 if (period_us > 0) {
                         uint64_t now = now_us();
                         if (now < next)
                                 usleep((useconds_t)(next - now));
                         next += (uint64_t)period_us;
                 }
-                uint64_t ticket = atomic_fetch_add(&w->run->taken, 1);
-                if (ticket >= w->run->target || atomic_load(&w->run->failed))
+                uint64_t ticket = atomic_fetch_add(&run->taken, 1);
+                if (ticket >= run->target || atomic_load(&run->failed))
                         break;
                 uint64_t t0 = now_us();
                 for (uint32_t s = 0; s < j->n_shards; s++)
@@ -244,14 +283,15 @@ static void *worker_main(void *arg) {
                                 fprintf(stderr, "bench_ps_scale: worker %u: %s\n", w->index, err);
                                 goto fail;
                         }
-                w->run->lat_ms[ticket] = (float)((now_us() - t0) / 1e3);
-                atomic_fetch_add(&w->run->done, 1);
+                run->lat_ms[ticket] = (float)((now_us() - t0) / 1e3);
+                run->start_us[ticket] = t0;
+                atomic_fetch_add(&run->done, 1);
         }
         ps_client_free(pc);
         free(groups), free(params), free(grads);
         return NULL;
 fail:
-        atomic_store(&w->run->failed, 1);
+        atomic_store(&run->failed, 1);
         ps_client_free(pc);
         free(groups), free(params), free(grads);
         return NULL;
@@ -307,6 +347,19 @@ static void peak_reset(pid_t pid) {
         }
 }
 
+/* The machine's CPU time stolen by its hypervisor (the steal column of /proc/stat), in clock ticks: on a
+ * shared host the same work takes longer while it grows. */
+static double machine_steal_s(void) {
+        FILE *f = fopen("/proc/stat", "r");
+        unsigned long long v[8] = {0};
+        if (!f)
+                return 0;
+        int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                       &v[6], &v[7]);
+        fclose(f);
+        return n == 8 ? (double)v[7] / (double)sysconf(_SC_CLK_TCK) : 0;
+}
+
 static int cmp_float(const void *a, const void *b) {
         float x = *(const float *)a, y = *(const float *)b;
         return (x > y) - (x < y);
@@ -320,83 +373,204 @@ static double quantile(float *v, size_t n, double q) {
         return v[k ? k - 1 : 0];
 }
 
-/* One psd, n_workers simulated workers, `pushes` pushes: a JSON line per window and one in all. */
+/* ---- how fast the machine is meanwhile ---- */
+
+/* The same host runs other machines' work too, and the same push takes longer while they are busy: a
+ * side-by-side probe times a fixed piece of work like a push's (copy 4 MiB, then add it up as floats)
+ * every 50 ms, so that each window's latency can be set against how fast the machine was then. */
+#define PROBE_FLOATS (1u << 20)
+
+struct probe {
+        pthread_t thread;
+        _Atomic int stop;
+        size_t n, cap;
+        uint64_t *at_us;
+        float *ms;
+};
+
+static void *probe_main(void *arg) {
+        struct probe *pr = arg;
+        float *a = malloc(PROBE_FLOATS * sizeof(float)), *b = malloc(PROBE_FLOATS * sizeof(float));
+        volatile float sink = 0;
+        for (size_t i = 0; a && b && i < PROBE_FLOATS; i++)
+                a[i] = (float)(i & 1023), b[i] = 0;
+        while (a && b && !atomic_load(&pr->stop)) {
+                uint64_t t0 = now_us();
+                memcpy(b, a, PROBE_FLOATS * sizeof(float));
+                float sum = 0;
+                for (size_t i = 0; i < PROBE_FLOATS; i++)
+                        sum += b[i] * 0.5f;
+                sink += sum;
+                uint64_t t1 = now_us();
+                if (pr->n == pr->cap) {
+                        size_t cap = pr->cap ? 2 * pr->cap : 4096;
+                        uint64_t *at = realloc(pr->at_us, cap * sizeof(*at));
+                        if (at)
+                                pr->at_us = at;
+                        float *ms = at ? realloc(pr->ms, cap * sizeof(*ms)) : NULL;
+                        if (!ms)
+                                break;
+                        pr->ms = ms, pr->cap = cap;
+                }
+                pr->at_us[pr->n] = t0, pr->ms[pr->n++] = (float)((t1 - t0) / 1e3);
+                usleep(50000);
+        }
+        (void)sink;
+        free(a), free(b);
+        return NULL;
+}
+
+/* The median probe time in [t0, t1), ms; 0 when none. */
+static double probe_median(const struct probe *pr, uint64_t t0, uint64_t t1) {
+        float *v = malloc((pr->n ? pr->n : 1) * sizeof(float));
+        size_t m = 0;
+        for (size_t i = 0; v && i < pr->n; i++)
+                if (pr->at_us[i] >= t0 && pr->at_us[i] < t1)
+                        v[m++] = pr->ms[i];
+        double r = v ? quantile(v, m, 0.5) : 0;
+        free(v);
+        return r;
+}
+
+/* The largest distance of v[0..n) from their mean, in % of the mean. */
+static double spread_pct(const double *v, size_t n) {
+        double mean = 0, d = 0;
+        for (size_t i = 0; i < n; i++)
+                mean += v[i] / (double)n;
+        for (size_t i = 0; i < n && mean > 0; i++)
+                d = fabs(v[i] / mean - 1) > d ? fabs(v[i] / mean - 1) : d;
+        return 100 * d;
+}
+
+/* One psd, n_workers simulated workers, `pushes` pushes: a JSON line per window and one in all. Beside
+ * each window's p99, the probe's median then and their ratio (p99 in units of how fast the machine was). */
 static int scale(uint32_t n_workers, uint64_t pushes) {
         struct job j = {0};
         struct ps_client *chief = NULL;
+        struct probe pr = {0};
+        bool probing = false;
         int r = job_write(&j, 1, n_workers, models[0]);
         if (r < 0 || (r = job_start(&j, &chief)) < 0) {
                 job_stop(&j);
                 return r;
         }
-        struct run run = {.j = &j, .target = pushes, .lat_ms = calloc(pushes, sizeof(float))};
+        struct run run = {.j = &j, .target = pushes, .lat_ms = calloc(pushes, sizeof(float)),
+                          .start_us = calloc(pushes, sizeof(uint64_t))};
         struct worker *ws = calloc(n_workers, sizeof(*ws));
-        if (!run.lat_ms || !ws) {
-                free(run.lat_ms), free(ws);
-                ps_client_free(chief);
-                job_stop(&j);
-                return -ENOMEM;
+        uint32_t started = 0;
+        if (!run.lat_ms || !run.start_us || !ws) {
+                r = -ENOMEM;
+                goto out;
         }
         pid_t psd = j.psd[0];
+        if (pin)   /* this thread and the workers it starts, off psd's CPU */
+                pin_to_cpus(false);
         double cpu0 = proc_cpu_s(psd), rss0 = proc_rss_mb(psd);
-        uint64_t t0 = now_us();
-        for (uint32_t w = 0; w < n_workers; w++) {
-                ws[w] = (struct worker){&run, w, 0};
-                pthread_create(&ws[w].thread, NULL, worker_main, &ws[w]);
+        for (; started < n_workers; started++) {
+                ws[started] = (struct worker){&run, started, 0};
+                if (pthread_create(&ws[started].thread, NULL, worker_main, &ws[started]) != 0) {
+                        r = -EAGAIN;
+                        goto out;
+                }
         }
+        probing = pthread_create(&pr.thread, NULL, probe_main, &pr) == 0;
+        uint64_t t0 = now_us(), win_t[WINDOWS + 1] = {t0};
+        atomic_store(&run.epoch_us, t0);
         /* windows: each tenth of the pushes, psd's RSS and CPU and the window's latencies */
-        uint64_t window = pushes / WINDOWS ? pushes / WINDOWS : 1, prev_done = 0, prev_t = t0;
-        double prev_cpu = cpu0, peak_min = INFINITY, peak_max = 0;
+        uint64_t win_len = pushes / WINDOWS ? pushes / WINDOWS : 1, prev_done = 0;
+        double prev_cpu = cpu0, peak_min = INFINITY, peak_max = 0, prev_steal = machine_steal_s(), peaks[WINDOWS] = {0};
         peak_reset(psd);
         for (unsigned k = 1; k <= WINDOWS && !atomic_load(&run.failed); k++) {
-                uint64_t mark = k == WINDOWS ? pushes : k * window;
+                uint64_t mark = k == WINDOWS ? pushes : k * win_len;
                 while (atomic_load(&run.done) < mark && !atomic_load(&run.failed))
                         usleep(2000);
-                uint64_t done = atomic_load(&run.done), t = now_us();
-                double cpu = proc_cpu_s(psd), peak = proc_mem_mb(psd, "VmHWM");
+                uint64_t done = atomic_load(&run.done), t = win_t[k] = now_us();
+                double cpu = proc_cpu_s(psd), peak = proc_mem_mb(psd, "VmHWM"), steal = machine_steal_s();
                 peak_reset(psd);
                 if (k > 1)   /* the first window grows to the steady state */
                         peak_min = peak < peak_min ? peak : peak_min, peak_max = peak > peak_max ? peak : peak_max;
-                /* latencies of the tickets of this window (all done: a ticket below `mark` may still be
-                 * in flight, so the window's own range is read after the next mark, or at the end) */
+                peaks[k - 1] = peak;
+                double secs = (double)(t - win_t[k - 1]) / 1e6;
                 printf("{\"bench\": \"ps_scale_window\", \"workers\": %u, \"window\": %u, \"pushes\": %llu, "
                        "\"pushes_per_s\": %.1f, \"psd_cpu_ms_per_push\": %.3f, \"psd_rss_mb\": %.1f, "
-                       "\"psd_rss_peak_mb\": %.1f}\n",
-                       n_workers, k, (unsigned long long)done, (double)(done - prev_done) / ((t - prev_t) / 1e6),
+                       "\"psd_rss_peak_mb\": %.1f, \"machine_steal_pct\": %.2f}\n",
+                       n_workers, k, (unsigned long long)done, (double)(done - prev_done) / secs,
                        (cpu - prev_cpu) * 1e3 / (double)(done - prev_done ? done - prev_done : 1), proc_rss_mb(psd),
-                       peak);
+                       peak, 100.0 * (steal - prev_steal) / secs / (double)sysconf(_SC_NPROCESSORS_ONLN));
                 fflush(stdout);
-                prev_done = done, prev_t = t, prev_cpu = cpu;
+                prev_done = done, prev_cpu = cpu, prev_steal = steal;
         }
-        for (uint32_t w = 0; w < n_workers; w++)
-                pthread_join(ws[w].thread, NULL);
+        for (; started > 0; started--)
+                pthread_join(ws[started - 1].thread, NULL);
+        atomic_store(&pr.stop, 1);
+        if (probing)
+                pthread_join(pr.thread, NULL);
+        probing = false;
         uint64_t t1 = now_us(), done = atomic_load(&run.done);
         double cpu1 = proc_cpu_s(psd), rss1 = proc_rss_mb(psd);
-        /* per window of tickets: p99 (the flatness check), then over all */
-        double p99_first = 0, p99_min = INFINITY, p99_max = 0;
+        if (latencies_path && done == pushes) {
+                FILE *f = fopen(latencies_path, "w");
+                if (!f)
+                        fprintf(stderr, "bench_ps_scale: %s: %s\n", latencies_path, strerror(errno));
+                for (uint64_t k = 0; f && k < done; k++)
+                        fprintf(f, "push %llu %.3f %.3f\n", (unsigned long long)k, (run.start_us[k] - t0) / 1e3,
+                                run.lat_ms[k]);
+                for (size_t k = 0; f && k < pr.n; k++)
+                        fprintf(f, "probe %zu %.3f %.3f\n", k, ((double)pr.at_us[k] - (double)t0) / 1e3, pr.ms[k]);
+                if (f && fclose(f) != 0)
+                        fprintf(stderr, "bench_ps_scale: %s: %s\n", latencies_path, strerror(errno));
+        }
+        /* per window of tickets: p99 (the flatness check), then over all; the first window warms up
+         * (connections, allocations) and is left out of the ranges */
+        double p99_first = 0, p99_min = INFINITY, p99_max = 0, q_min = INFINITY, q_max = 0;
+        double p99s[WINDOWS] = {0}, qs[WINDOWS] = {0};
         for (unsigned k = 0; k < WINDOWS && done == pushes; k++) {
-                uint64_t a = k * window, b = k == WINDOWS - 1 ? pushes : a + window;
-                double p = quantile(run.lat_ms + a, b - a, 0.99);
+                uint64_t a = k * win_len, b = k == WINDOWS - 1 ? pushes : a + win_len;
+                double p50 = quantile(run.lat_ms + a, b - a, 0.5), p99 = quantile(run.lat_ms + a, b - a, 0.99);
+                double probe = probe_median(&pr, win_t[k], win_t[k + 1]), q = probe > 0 ? p99 / probe : 0;
                 printf("{\"bench\": \"ps_scale_latency_window\", \"workers\": %u, \"window\": %u, \"p50_ms\": %.3f, "
-                       "\"p99_ms\": %.3f}\n", n_workers, k + 1, quantile(run.lat_ms + a, b - a, 0.5), p);
-                if (k == 0)
-                        p99_first = p;
-                else   /* the first window warms up (connections, allocations): left out of the range */
-                        p99_min = p < p99_min ? p : p99_min, p99_max = p > p99_max ? p : p99_max;
+                       "\"p99_ms\": %.3f, \"probe_ms\": %.3f, \"p99_over_probe\": %.3f}\n",
+                       n_workers, k + 1, p50, p99, probe, q);
+                p99s[k] = p99, qs[k] = q;
+                if (k == 0) {
+                        p99_first = p99;
+                        continue;
+                }
+                p99_min = p99 < p99_min ? p99 : p99_min, p99_max = p99 > p99_max ? p99 : p99_max;
+                q_min = q < q_min ? q : q_min, q_max = q > q_max ? q : q_max;
         }
         double p50 = quantile(run.lat_ms, done, 0.5), p99 = quantile(run.lat_ms, done, 0.99);
-        printf("{\"bench\": \"ps_scale\", \"wire_dtype\": \"%s\", \"rate\": %.0f, \"workers\": %u, \"pushes\": %llu, \"push_bytes\": %zu, "
+        /* flatness: how far the windows after the first stray from their mean, in % */
+        printf("{\"bench\": \"ps_scale_flatness\", \"workers\": %u, \"pushes\": %llu, \"windows\": \"2-%d\", "
+               "\"p99_spread_pct\": %.1f, \"p99_over_probe_spread_pct\": %.1f, \"psd_rss_peak_spread_pct\": %.1f}\n",
+               n_workers, (unsigned long long)done, WINDOWS, spread_pct(p99s + 1, WINDOWS - 1),
+               spread_pct(qs + 1, WINDOWS - 1), spread_pct(peaks + 1, WINDOWS - 1));
+        printf("{\"bench\": \"ps_scale\", \"wire_dtype\": \"%s\", \"rate\": %.0f, \"think_ms\": %.1f, \"pinned\": %s, "
+               "\"workers\": %u, \"pushes\": %llu, \"push_bytes\": %zu, "
                "\"pushes_per_s\": %.1f, \"p50_ms\": %.3f, \"p99_ms\": %.3f, \"psd_cpu_ms_per_push\": %.3f, "
                "\"psd_rss_mb_start\": %.1f, \"psd_rss_mb_end\": %.1f, \"p99_ms_first_window\": %.3f, "
-               "\"p99_ms_windows_min\": %.3f, \"p99_ms_windows_max\": %.3f, \"psd_rss_peak_mb_windows_min\": %.1f, "
+               "\"p99_ms_windows_min\": %.3f, \"p99_ms_windows_max\": %.3f, \"p99_over_probe_windows_min\": %.3f, "
+               "\"p99_over_probe_windows_max\": %.3f, \"psd_rss_peak_mb_windows_min\": %.1f, "
                "\"psd_rss_peak_mb_windows_max\": %.1f, \"failed\": %s}\n",
-               wire_dtype, rate, n_workers, (unsigned long long)done,
-               j.L->n_params * (strcmp(wire_dtype, "bfloat16") == 0 ? 2 : sizeof(float)), (double)done / ((t1 - t0) / 1e6), p50, p99, (cpu1 - cpu0) * 1e3 / (double)(done ? done : 1), rss0,
-               rss1, p99_first, isinf(p99_min) ? 0 : p99_min, p99_max, isinf(peak_min) ? 0 : peak_min, peak_max,
-               atomic_load(&run.failed) ? "true" : "false");
+               wire_dtype, rate, think_ms, pin ? "true" : "false", n_workers, (unsigned long long)done,
+               j.L->n_params * (strcmp(wire_dtype, "bfloat16") == 0 ? 2 : sizeof(float)),
+               (double)done / ((t1 - t0) / 1e6), p50, p99, (cpu1 - cpu0) * 1e3 / (double)(done ? done : 1), rss0, rss1,
+               p99_first, isinf(p99_min) ? 0 : p99_min, p99_max, isinf(q_min) ? 0 : q_min, q_max,
+               isinf(peak_min) ? 0 : peak_min, peak_max, atomic_load(&run.failed) ? "true" : "false");
         fflush(stdout);
         r = atomic_load(&run.failed) ? -EIO : 0;
-        free(run.lat_ms), free(ws);
+out:
+        if (r < 0) {   /* workers started before a failure: let them go */
+                atomic_store(&run.failed, 1);
+                atomic_store(&run.epoch_us, 1);
+        }
+        for (; started > 0; started--)
+                pthread_join(ws[started - 1].thread, NULL);
+        atomic_store(&pr.stop, 1);
+        if (probing)
+                pthread_join(pr.thread, NULL);
+        free(pr.at_us), free(pr.ms);
+        free(run.lat_ms), free(run.start_us), free(ws);
         ps_client_free(chief);
         job_stop(&j);
         return r;
@@ -411,14 +585,17 @@ static int load(uint32_t n_shards, unsigned model, uint64_t pushes) {
                 job_stop(&j);
                 return r;
         }
-        struct run run = {.j = &j, .target = pushes, .lat_ms = calloc(pushes, sizeof(float))};
+        struct run run = {.j = &j, .target = pushes, .lat_ms = calloc(pushes, sizeof(float)),
+                          .start_us = calloc(pushes, sizeof(uint64_t)), .epoch_us = 1};
         struct worker w = {&run, 0, 0};
-        if (!run.lat_ms) {
+        if (!run.lat_ms || !run.start_us) {
+                free(run.lat_ms), free(run.start_us);
                 ps_client_free(chief);
                 job_stop(&j);
                 return -ENOMEM;
         }
         worker_main(&w);
+        free(run.start_us);
         uint64_t in_min = UINT64_MAX, in_max = 0, ap_min = UINT64_MAX, ap_max = 0, held_min = UINT64_MAX, held_max = 0;
         char per_shard[1024] = "";
         size_t off = 0;
@@ -468,8 +645,11 @@ static int load(uint32_t n_shards, unsigned model, uint64_t pushes) {
 static void usage(FILE *f) {
         fprintf(f, "usage: bench_ps_scale [--workers 1,8,64,256] [--pushes N] [--shards S] [--load-pushes N]\n"
                    "                      [--no-load] [--no-scale] [--psd PATH] [--wire-dtype float32|bfloat16]\n"
-                   "                      [--rate PUSHES_PER_S]\n"
+                   "                      [--rate PUSHES_PER_S] [--think-ms MS] [--pin] [--latencies FILE]\n"
+
                    "One psd over gRPC against simulated workers (threads, real-sized pushes of the demo model),\n"
+                   "closed loop, paced (--rate: pushes/s in all) or with a think time after each answer;\n"
+                   "--pin: psd on the last CPU, the workers on the others; --latencies: every push and probe.\n"
                    "and the load between S shards for the demo model and for one with a very large variable.\n");
 }
 
@@ -479,7 +659,8 @@ int main(int argc, char **argv) {
                 {"shards", required_argument, NULL, 's'}, {"load-pushes", required_argument, NULL, 'l'},
                 {"no-load", no_argument, NULL, 'L'}, {"no-scale", no_argument, NULL, 'S'},
                 {"psd", required_argument, NULL, 'p'}, {"wire-dtype", required_argument, NULL, 'd'},
-                {"rate", required_argument, NULL, 'r'},
+                {"rate", required_argument, NULL, 'r'}, {"think-ms", required_argument, NULL, 't'},
+                {"pin", no_argument, NULL, 'P'}, {"latencies", required_argument, NULL, 'D'},
                 {"help", no_argument, NULL, 'h'}, {},
         };
         char workers_list[256] = "1,8,64,256";
@@ -511,6 +692,15 @@ int main(int argc, char **argv) {
                         rate = (double)v;
                         break;
                 }
+                case 't': {
+                        uint64_t v;
+                        if (parse_u64(optarg, 1, 60000, &v) < 0)
+                                return usage(stderr), 64;
+                        think_ms = (double)v;
+                        break;
+                }
+                case 'P': pin = true; break;
+                case 'D': latencies_path = optarg; break;
                 case 'd':
                         if (strcmp(optarg, "float32") != 0 && strcmp(optarg, "bfloat16") != 0)
                                 return usage(stderr), 64;

@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """Draws bench_ps_scale's JSON lines: push latency (p50, p99) and pushes/s against the number of
-workers, and, for the longest run, p99 latency and psd's RSS per tenth of its pushes.
+workers, and, for the longest run, per tenth of its pushes: p99 latency (in ms, and over the probe's
+time, i.e. in units of how fast the machine was then) and psd's peak RSS, each with a band of ±10 %
+around its mean over tenths 2-10.
 Usage: plot_ps_scale.py OUT.png RUN.jsonl [RUN.jsonl ...]   (needs matplotlib)"""
 import json
 import sys
@@ -22,7 +24,7 @@ def main():
     lat = [r for r in rows if r["bench"] == "ps_scale_latency_window" and r["workers"] == longest["workers"]][-10:]
     win = [r for r in rows if r["bench"] == "ps_scale_window" and r["workers"] == longest["workers"]][-10:]
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4))
     ws = sorted(scale)
     a.plot(ws, [scale[w]["p50_ms"] for w in ws], "o-", label="p50 push latency")
     a.plot(ws, [scale[w]["p99_ms"] for w in ws], "s-", label="p99 push latency")
@@ -40,19 +42,31 @@ def main():
     a.set_title("push latency and throughput against workers")
 
     k = [r["window"] for r in lat]
-    b.plot(k, [r["p99_ms"] for r in lat], "s-", label="p99 push latency (ms)")
+
+    def band(ax, xs, ys, color):
+        mean = sum(ys[1:]) / len(ys[1:])
+        ax.fill_between([xs[1], xs[-1]], [mean * 0.9] * 2, [mean * 1.1] * 2, color=color, alpha=0.12)
+
+    p99 = [r["p99_ms"] for r in lat]
+    b.plot(k, p99, "s-", color="C1", label="p99 push latency (ms)")
+    band(b, k, p99, "C1")
+    if all(r.get("probe_ms") for r in lat):
+        q = [r["p99_over_probe"] for r in lat]
+        b.plot(k, q, "d-", color="C2", label="p99 / probe (machine speed)")
+        band(b, k, q, "C2")
     b.set_xlabel("tenth of %d pushes, %d workers%s" % (longest["pushes"], longest["workers"],
                  ", paced at %d pushes/s" % longest["rate"] if longest.get("rate") else ""))
-    b.set_ylabel("ms")
     b.set_ylim(bottom=0)
-    b2 = b.twinx()
-    b2.plot([r["window"] for r in win], [r.get("psd_rss_peak_mb", r["psd_rss_mb"]) for r in win], "o--", color="gray",
-            label="psd peak RSS (MB)")
-    b2.set_ylabel("MB")
-    b2.set_ylim(bottom=0)
-    lines = b.get_legend_handles_labels()[0] + b2.get_legend_handles_labels()[0]
-    b.legend(lines, [l.get_label() for l in lines], loc="lower right", fontsize=8)
-    b.set_title("over the run: flat or not")
+    b.legend(loc="lower right", fontsize=8)
+    b.set_title("p99 over the run (bands: ±10 % of the mean of 2-10)")
+
+    peak = [r.get("psd_rss_peak_mb", r["psd_rss_mb"]) for r in win]
+    c.plot([r["window"] for r in win], peak, "o-", color="gray", label="psd peak RSS (MB)")
+    band(c, [r["window"] for r in win], peak, "gray")
+    c.set_ylim(bottom=0)
+    c.set_xlabel("tenth of the same run")
+    c.legend(loc="lower right", fontsize=8)
+    c.set_title("psd's memory over the run")
     fig.tight_layout()
     fig.savefig(sys.argv[1], dpi=90)
 
