@@ -259,16 +259,6 @@ static void sync_push(struct psd *p, struct rpc_call *call, const Psfleet__V1__P
                 rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
                 return;
         }
-        /* one worker's gradient stands in for another's in the sum: only the worker itself may send it */
-        if (!authz_peer_is(rpc_call_identity(call), PEER_WORKER, h->worker)) {
-                char err[200];
-                snprintf(err, sizeof(err), "Push as worker:%u from %s, which is not worker/%u", h->worker,
-                         rpc_call_identity(call)->name, h->worker);
-                reject(p, call, -EACCES, err);
-                free(hc);
-                free(g);
-                return;
-        }
         shard_wire_read(in, parts, scale, g);
         metric_add(p->m_in, grpc_byte_buffer_length(in->bb));
         count_push(p, false, total * es, h->want_values ? total * es : 0, t0);
@@ -302,6 +292,14 @@ static void on_push(struct rpc_call *call, void *ud) {
         if ((r = receive(p, call, &psfleet__v1__push_header__descriptor, &in, &hm, err, sizeof(err))) < 0)
                 goto reject;
         const Psfleet__V1__PushHeader *h = (const Psfleet__V1__PushHeader *)hm;
+        /* a push speaks for the worker its header names: in sync mode its gradient stands in that worker's
+         * place in the sum, under ssp it moves that worker's clock. Only the worker itself may send it. */
+        if (!authz_peer_is(rpc_call_identity(call), PEER_WORKER, h->worker)) {
+                snprintf(err, sizeof(err), "Push as worker:%u from %s, which is not worker/%u", h->worker,
+                         rpc_call_identity(call)->name, h->worker);
+                r = -EACCES;
+                goto reject;
+        }
 
         /* validate: everything before anything is applied, so a bad push changes nothing */
         if (!atomic_load(&p->s->initialized)) {

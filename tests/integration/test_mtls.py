@@ -5,7 +5,7 @@ A chief and a ps (no workers: the variables stay still) under security.mode mtls
   are refused by the handshake; a client that expects another task than the server is refuses it;
 - a viewer gets GetStatus but PERMISSION_DENIED on Push, Assign, ParameterServer.Stop,
   Supervisor.Stop and SaveCheckpoint; a worker gets PERMISSION_DENIED on Assign and both Stops;
-  worker 1 cannot Report as worker 0; every refusal is one line in the daemon's log naming the peer;
+  worker 1 cannot Report as worker 0, worker 0 cannot Push as worker 1; every refusal is one line in the daemon's log naming the peer;
 - from an authorized worker, a Push of NaN and one of 1e30 (over training.max_gradient_norm) are
   rejected and a Pull before and after shows the parameters unchanged;
 - a 512 MiB request gets RESOURCE_EXHAUSTED and psd's resident memory comes back under its baseline
@@ -122,6 +122,10 @@ def probes(wd, job, spec, tls_dir, other_dir):
                                                        timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "NaN")
     expect_code("worker Push of 1e30", lambda: wps.Push(push_req([tensor("dense3/bias", 1, 10, [1e30] * 10)]),
                                                         timeout=5), grpc.StatusCode.INVALID_ARGUMENT)
+    # a push speaks for the worker its header names (its place in a sync step, its clock under ssp)
+    expect_code("worker 0 pushing as worker 1",
+                lambda: wps.Push(push_req([tensor("dense3/bias", 1, 10, [0.5] * 10)], worker=1), timeout=5),
+                DENIED, "Push as worker:1 from worker/0, which is not worker/1")
     after, gs1 = h.pull_shard(wps, fp)
     assert after == before and gs1 == gs0, "a refused push changed the shard"
     model_bytes = sum(len(v) for v in before.values())   # values and the optimizer's slot

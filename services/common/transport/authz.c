@@ -15,7 +15,7 @@
 #define WRK "/psfleet.v1.Worker/"
 
 static const struct authz_rule rules[] = {
-        {PS "Push", AUTHZ_WORKER, NULL},
+        {PS "Push", AUTHZ_WORKER, "only as itself: the worker the header names is the certificate's"},
         {PS "AttachSharedMemory", AUTHZ_WORKER,
          "only for the worker the certificate names, over psd's unix socket on the same host"},
         {PS "Pull", AUTHZ_WORKER | AUTHZ_CHIEF, NULL},
