@@ -15,7 +15,7 @@
 #include "util.h"
 
 /* 3: the job's reason and state_since_us, the losses table, paths relative to the directory. */
-#define CHIEF_DB_SCHEMA_VERSION 3
+#define CHIEF_DB_SCHEMA_VERSION 4
 
 struct chief_db {
         sqlite3 *h;
@@ -95,7 +95,10 @@ static const char schema[] =
         "  test_loss REAL NOT NULL,"
         "  wall_s REAL NOT NULL,"
         "  reason TEXT NOT NULL DEFAULT '',"
-        "  state_since_us INTEGER NOT NULL DEFAULT 0);"
+        "  state_since_us INTEGER NOT NULL DEFAULT 0,"
+        /* Version 4. The final evaluation's AUC (model.head logistic) and RMSE (mse); -1: none. */
+        "  test_auc REAL NOT NULL DEFAULT -1,"
+        "  test_rmse REAL NOT NULL DEFAULT -1);"
         /* Version 3. One row per shard restored from a checkpoint behind the job's step. */
         "CREATE TABLE IF NOT EXISTS losses ("
         "  id INTEGER PRIMARY KEY,"
@@ -150,15 +153,25 @@ static int read_user_version(struct chief_db *db, int *v) {
         return rc == SQLITE_ROW ? 0 : db_errno(db->h, rc);
 }
 
-/* Before version 3, paths were absolute: those under the directory become relative to it. */
+/* Adds a column to the job's row; one that exists already (an interrupted migration) is no error. */
+static int add_job_column(struct chief_db *db, const char *column) {
+        char q[200];
+        snprintf(q, sizeof(q), "ALTER TABLE job ADD COLUMN %s;", column);
+        int r = exec_sql(db, q);
+        return r == -EINVAL ? 0 : r;
+}
+
+/* Before version 3, the job's row had no reason and paths were absolute: those under the directory
+ * become relative to it. Before version 4, the row had no AUC or RMSE. */
 static int migrate(struct chief_db *db, int from) {
+        static const char *const added[][2] = {
+                {"reason TEXT NOT NULL DEFAULT ''", "3"}, {"state_since_us INTEGER NOT NULL DEFAULT 0", "3"},
+                {"test_auc REAL NOT NULL DEFAULT -1", "4"}, {"test_rmse REAL NOT NULL DEFAULT -1", "4"},
+        };
         int r = 0;
-        if (from > 0 && from < 3) {
-                r = exec_sql(db, "ALTER TABLE job ADD COLUMN reason TEXT NOT NULL DEFAULT '';"
-                                 "ALTER TABLE job ADD COLUMN state_since_us INTEGER NOT NULL DEFAULT 0;");
-                if (r == -EINVAL)
-                        r = 0;  /* the columns exist: an interrupted migration */
-        }
+        for (size_t i = 0; i < sizeof(added) / sizeof(added[0]) && r >= 0; i++)
+                if (from > 0 && from < atoi(added[i][1]))
+                        r = add_job_column(db, added[i][0]);
         sqlite3_stmt *st = NULL;
         int rc = sqlite3_prepare_v2(db->h, "UPDATE checkpoints SET path = substr(path, ?1) WHERE substr(path, 1, ?2) = ?3",
                                     -1, &st, NULL);
@@ -347,6 +360,8 @@ static void bind_job(sqlite3_stmt *st, const void *ud) {
         sqlite3_bind_double(st, 9, j->wall_s);
         sqlite3_bind_text(st, 10, j->reason, -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(st, 11, (sqlite3_int64)j->state_since_us);
+        sqlite3_bind_double(st, 12, j->test_auc);
+        sqlite3_bind_double(st, 13, j->test_rmse);
 }
 
 static int durable_begin(struct chief_db *db);
@@ -364,8 +379,8 @@ static int exec_durable(struct chief_db *db, const char *sql, bind_fn *bind, con
 int chief_db_save_job(struct chief_db *db, const struct chief_db_job *j) {
         return exec_durable(db,
                             "INSERT OR REPLACE INTO job (id, fingerprint, state, global_step, max_steps, started_us,"
-                            " updated_us, test_accuracy, test_loss, wall_s, reason, state_since_us)"
-                            " VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            " updated_us, test_accuracy, test_loss, wall_s, reason, state_since_us, test_auc, test_rmse)"
+                            " VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             bind_job, j);
 }
 
@@ -430,6 +445,8 @@ static void read_job(sqlite3_stmt *st, void *ud) {
                 .test_loss = (float)sqlite3_column_double(st, 7),
                 .wall_s = (float)sqlite3_column_double(st, 8),
                 .state_since_us = (uint64_t)sqlite3_column_int64(st, 10),
+                .test_auc = (float)sqlite3_column_double(st, 11),
+                .test_rmse = (float)sqlite3_column_double(st, 12),
         };
         const char *reason = (const char *)sqlite3_column_text(st, 9);
         snprintf(((struct chief_db_job *)ud)->reason, sizeof(((struct chief_db_job *)ud)->reason), "%s",
@@ -439,7 +456,7 @@ static void read_job(sqlite3_stmt *st, void *ud) {
 int chief_db_load_job(struct chief_db *db, struct chief_db_job *ret) {
         return exec_one(db,
                         "SELECT fingerprint, state, global_step, max_steps, started_us, updated_us,"
-                        " test_accuracy, test_loss, wall_s, reason, state_since_us FROM job WHERE id = 1",
+                        " test_accuracy, test_loss, wall_s, reason, state_since_us, test_auc, test_rmse FROM job WHERE id = 1",
                         NULL, NULL, read_job, ret);
 }
 

@@ -18,6 +18,8 @@ struct chief_db_job {
         uint64_t updated_us;
         float test_accuracy;    /* -1 until evaluated */
         float test_loss;
+        float test_auc;         /* model.head logistic, else -1 */
+        float test_rmse;        /* model.head mse, else -1 */
         float wall_s;
         uint64_t state_since_us; /* wall clock µs when the job entered state */
         char reason[512];       /* why it is in state; "" when nothing to say */

@@ -179,6 +179,8 @@ void chief_save_job_locked(struct chief *c) {
                 .updated_us = now_us(),
                 .test_accuracy = c->test_accuracy,
                 .test_loss = c->test_loss,
+                .test_auc = c->test_auc,
+                .test_rmse = c->test_rmse,
                 .wall_s = c->wall_s,
                 .state_since_us = c->state_since_us,
         };

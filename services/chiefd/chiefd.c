@@ -146,6 +146,8 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                         c->global_step = c->end_step = prev.global_step;
                         c->test_accuracy = prev.test_accuracy;
                         c->test_loss = prev.test_loss;
+                        c->test_auc = prev.test_auc;
+                        c->test_rmse = prev.test_rmse;
                         c->wall_s = prev.wall_s;
                         c->state_since_us = prev.state_since_us ? prev.state_since_us : prev.updated_us;
                         log_notice("The job is %s%s%s: not training it again (psfleet restart trains it again)",

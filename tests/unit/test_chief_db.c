@@ -70,8 +70,8 @@ static void test_state_sticky(void **state) {
         struct fx *f = *state;
         struct chief_db *db;
         struct chief_db_job j = {.fingerprint = 0xfeedfacecafebeefULL, .state = 7, .global_step = 1234, .max_steps = 5000,
-                                 .started_us = 11, .updated_us = 22, .test_accuracy = -1, .test_loss = -1,
-                                 .state_since_us = 33};
+                                 .started_us = 11, .updated_us = 22, .test_accuracy = -1, .test_loss = 0.25f,
+                                 .test_auc = 0.75f, .test_rmse = -1, .state_since_us = 33};
         snprintf(j.reason, sizeof(j.reason), "ps:0 not reachable for 600 s: UNAVAILABLE");
         assert_int_equal(chief_db_open(f->path, &db), 0);
         assert_int_equal(chief_db_load_job(db, &(struct chief_db_job){0}), -ENOENT);
@@ -86,6 +86,7 @@ static void test_state_sticky(void **state) {
         assert_int_equal(got.global_step, 1234);
         assert_int_equal(got.state_since_us, 33);
         assert_string_equal(got.reason, j.reason);
+        assert_true(got.test_loss == 0.25f && got.test_auc == 0.75f && got.test_rmse == -1);
         /* replaced, not appended */
         j.state = 8;
         j.reason[0] = 0;
@@ -214,7 +215,7 @@ static void test_readonly(void **state) {
 }
 
 /* A version-2 database (absolute paths, no reason): opened, its rows under the directory become
- * relative, the job row gains an empty reason. */
+ * relative, the job row gains an empty reason and no AUC or RMSE (-1). */
 static void test_migration(void **state) {
         struct fx *f = *state;
         sqlite3 *h;
@@ -241,6 +242,7 @@ static void test_migration(void **state) {
         assert_int_equal(chief_db_load_job(db, &j), 0);
         assert_int_equal(j.state, 6);
         assert_string_equal(j.reason, "");
+        assert_true(j.test_accuracy == 0.5f && j.test_auc == -1 && j.test_rmse == -1);   /* version 4's columns */
         chief_db_close(db);
         stored_path(f->path, 5, stored, sizeof(stored));
         assert_string_equal(stored, "checkpoints/ckpt-0000000005.safetensors");
