@@ -160,6 +160,30 @@ static int take_ids(struct psd *p, const ProtobufCBinaryData *b, const char *fie
         return 0;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return (x > y) - (x < y);
+}
+
+/* A push names each row once: a repeated id would have its gradient applied twice (and the optimizer's
+ * accumulator moved twice) in one step. 0, or -EINVAL naming the first id given twice. */
+static int check_unique(const uint64_t *ids, size_t n, const char *field, char *err, size_t errlen) {
+        if (n < 2)
+                return 0;
+        uint64_t *v = malloc(n * sizeof(*v));
+        if (!v)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        memcpy(v, ids, n * sizeof(*v));
+        qsort(v, n, sizeof(*v), cmp_u64);
+        int r = 0;
+        for (size_t i = 1; i < n && r == 0; i++)
+                if (v[i] == v[i - 1])
+                        r = errf(err, errlen, -EINVAL, "%s: id %" PRIu64 " is given more than once (each row once "
+                                 "per push, its gradients summed)", field, v[i]);
+        free(v);
+        return r;
+}
+
 /* Tensor `name` of in, float32 (n, dim), every value finite, into dst (n * dim floats). */
 static int take_rows(const struct wire_in *in, const char *name, size_t n, uint32_t dim, float *dst, char *err,
                      size_t errlen) {
@@ -252,6 +276,7 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
         }
         if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
             (r = take_ids(p, &h->push_ids, "push_ids", &push, &n_push, err, sizeof(err))) < 0 ||
+            (r = check_unique(push, n_push, "push_ids", err, sizeof(err))) < 0 ||
             (r = take_ids(p, &h->pull_ids, "pull_ids", &pull, &n_pull, err, sizeof(err))) < 0)
                 goto reject;
         /* the chief evaluates: it may read rows, never change or add any */

@@ -99,6 +99,8 @@ def test():
         ("another shard's push", lambda: exchange(push=b), INVALID, "push_ids[0]: id %d belongs to ps:1" % b[0]),
         ("too many ids", lambda: exchange(pull_bytes=b"\0" * (8 * ((1 << 20) + 1))), INVALID,
          "pull_ids: 1048577 ids, more than the 1048576 one message may carry"),
+        ("repeated push id", lambda: exchange(push=a + a[:1]), INVALID,
+         "push_ids: id %d is given more than once" % a[0]),
         ("grads missing", lambda: exchange(push=a, tensors=[]), INVALID, 'tensor "grads" is missing'),
         ("grads shape", lambda: exchange(push=a, tensors=[rows("grads", 3, DIM + 1)]), INVALID,
          'tensor "grads": shape (3, 9), (3, 8) expected'),
