@@ -587,6 +587,101 @@ static void test_loop_epochs(void **state)
         records_close(r);
 }
 
+/* Reads every record of r, in batches of 7, into order (labels); checks each record's ids travel with it. */
+static uint32_t read_labels(struct records_reader *r, uint32_t *order, uint32_t cap)
+{
+        struct records_batch *b = batch_for(r, 7, 64);
+        uint32_t n = 0;
+        int k;
+        while ((k = records_next(r, b, err, sizeof(err))) > 0)
+                for (int i = 0; i < k; i++) {
+                        uint32_t label = (uint32_t)b->label[i];
+                        assert_true(n < cap);
+                        order[n++] = label;
+                        assert_int_equal(b->off[i + 1] - b->off[i], label % 5);
+                        for (uint32_t j = b->off[i]; j < b->off[i + 1]; j++) {
+                                assert_true(b->ids[j] == (uint64_t)label * 8 + (j - b->off[i]));
+                                assert_true(b->val[j] == (float)(j - b->off[i] + 1));
+                        }
+                }
+        assert_int_equal(k, 0);
+        records_batch_free(b);
+        return n;
+}
+
+/* data.shuffle_buffer: every record once per pass, each with its own ids, none given before it could
+ * have been read (at most the buffer's size ahead), the same order for the same seed, and across the
+ * files' boundary and the epochs' when looping. */
+static void test_shuffle(void **state)
+{
+        (void)state;
+        enum { N = 1000, BUF = 64 };
+        char *text = malloc(N * 64);
+        size_t len = 0;
+        for (uint32_t i = 0; i < N; i++) {
+                len += (size_t)snprintf(text + len, 64, "%u", i);
+                for (uint32_t k = 0; k < i % 5; k++)
+                        len += (size_t)snprintf(text + len, 64, " %u:%u", i * 8 + k, k + 1);
+                text[len++] = '\n';
+        }
+        /* two files: the first half of the lines, then the rest */
+        size_t cut = 0;
+        for (uint32_t nl = 0; cut < len && nl < N / 2; cut++)
+                nl += text[cut] == '\n';
+        const char *files[] = {put("s1.svm", text, cut, false), put("s2.svm.gz", text + cut, len - cut, true)};
+        free(text);
+        uint32_t order[2 * N], again[2 * N];
+        struct records_opts o = opts(RECORDS_LIBSVM, files, 2);
+        o.shuffle = BUF, o.seed = 7;
+        struct records_reader *r = open_ok(&o);
+        assert_int_equal(read_labels(r, order, 2 * N), N);
+        records_close(r);
+        uint8_t seen[N] = {0};
+        uint32_t moved = 0;
+        for (uint32_t p = 0; p < N; p++) {
+                assert_true(order[p] < N);
+                assert_int_equal(seen[order[p]]++, 0);
+                assert_true(order[p] < p + BUF);   /* read at most the buffer ahead of what was given */
+                moved += order[p] != p;
+        }
+        assert_true(moved > N * 9 / 10);
+        /* the same seed, the same order; another seed, another */
+        r = open_ok(&o);
+        assert_int_equal(read_labels(r, again, 2 * N), N);
+        records_close(r);
+        assert_memory_equal(order, again, N * sizeof(*order));
+        o.seed = 8;
+        r = open_ok(&o);
+        assert_int_equal(read_labels(r, again, 2 * N), N);
+        records_close(r);
+        assert_true(memcmp(order, again, N * sizeof(*order)) != 0);
+        /* a buffer of 1 (or 0): the files' order */
+        o.shuffle = 1;
+        r = open_ok(&o);
+        assert_int_equal(read_labels(r, order, 2 * N), N);
+        records_close(r);
+        for (uint32_t p = 0; p < N; p++)
+                assert_int_equal(order[p], p);
+        /* looping: two passes' worth holds every record twice, the buffer mixing across the epochs */
+        o.shuffle = BUF, o.loop = true;
+        r = open_ok(&o);
+        struct records_batch *b = batch_for(r, 8, 64);
+        uint8_t times[N] = {0};
+        for (uint32_t got = 0; got < 2 * N;) {
+                int k = records_next(r, b, err, sizeof(err));
+                assert_int_equal(k, 8);
+                for (int i = 0; i < k && got < 2 * N; i++, got++)
+                        times[(uint32_t)b->label[i]]++;
+        }
+        uint32_t twice = 0;
+        for (uint32_t i = 0; i < N; i++)
+                twice += times[i] == 2;
+        assert_true(twice > N * 9 / 10);   /* the last BUF read may still wait in the buffer */
+        assert_int_equal(records_epoch(r), 2);
+        records_batch_free(b);
+        records_close(r);
+}
+
 static size_t heap_in_use(void)
 {
         struct mallinfo2 mi = mallinfo2();
@@ -647,6 +742,7 @@ int main(void)
                 cmocka_unit_test(test_file_gone),
                 cmocka_unit_test(test_long_line),
                 cmocka_unit_test(test_corrupt_gzip),
+                cmocka_unit_test(test_shuffle),
                 cmocka_unit_test(test_shard_by_file),
                 cmocka_unit_test(test_shard_by_line),
                 cmocka_unit_test(test_loop_epochs),

@@ -74,6 +74,7 @@ struct data_config {
         enum bad_lines_action bad_lines;
         uint32_t max_ids_per_example;
         uint32_t csv_features;      /* csv: features per line; 0: the first line's count */
+        uint32_t shuffle_buffer;    /* record formats: training records drawn from this many; 0: in order */
 };
 
 struct supervisor_config {

@@ -173,6 +173,10 @@ const struct config_key cfg_keys[] = {
                "counted and skipped (skip)."),
         K_U32("data.max_ids_per_example", data.max_ids_per_example, 1024, 1, 1048576,
               "Record formats: the most ids one record may hold, all fields together (a longer line is bad)."),
+        K_U32("data.shuffle_buffer", data.shuffle_buffer, 0, 0, 10000000,
+              "Record formats: training records are drawn at random from a buffer of this many read ahead (as "
+              "TensorFlow's Dataset.shuffle; the draws seeded by training.seed and the worker), which mixes "
+              "files sorted by time or label; 0: in file order. It holds that many records in memory."),
         K_U32("data.csv_features", data.csv_features, 0, 0, 1048576,
               "csv: dense features per line (then model.input must be [that]); 0: the first line's count."),
         K_STR("data.train_images", data.train_images, "train-images-idx3-ubyte.gz", "Training images, in data.dir."),

@@ -44,6 +44,8 @@ int ctr_records_open(const struct job_config *cfg, bool test, uint32_t k, uint32
                         .max_ids = d->max_ids_per_example,
                         .skip_bad = d->bad_lines == BAD_LINES_SKIP,
                         .loop = loop,
+                        .shuffle = test ? 0 : d->shuffle_buffer,   /* evaluation reads in order */
+                        .seed = cfg->training.seed,
                 };
                 r = records_open(&o, ret, err, errlen);
         }

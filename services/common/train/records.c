@@ -1,5 +1,6 @@
 /* The streaming readers of records.h: zlib reads gzip'd and plain files alike; a read buffer and one
- * line buffer (capped at RECORDS_MAX_LINE) are all the memory a reader holds besides the caller's batch. */
+ * line buffer (capped at RECORDS_MAX_LINE) are all the memory a reader holds besides the caller's batch,
+ * and the shuffle buffer's records when there is one (data.shuffle_buffer). */
 #include "records.h"
 
 #include <errno.h>
@@ -40,7 +41,31 @@ struct records_reader {
 
         uint64_t bad, read, epoch, read_in_epoch;
         struct records_batch *probe; /* one record, for records_open's check of the first */
+        struct pool *pool;      /* o.shuffle > 1: the records waiting to be drawn at random */
 };
+
+/* The shuffle buffer (data.shuffle_buffer), as TensorFlow's Dataset.shuffle: records read ahead into
+ * up to `cap` slots; each record given is drawn uniformly from the slots, and its slot takes the next
+ * record read. A slot keeps its own id arrays (grown to the longest record it held), so the pool costs
+ * what its records hold, not cap times data.max_ids_per_example. */
+struct pool_slot {
+        float label;
+        uint32_t n_ids, cap_ids;
+        uint64_t *ids;
+        float *val;
+};
+
+struct pool {
+        uint32_t n, cap;
+        struct pool_slot *slot;         /* (cap) */
+        float *dense;                   /* (cap, n_dense) */
+        uint32_t *cnt;                  /* (cap, n_fields): ids per field */
+        struct records_batch *one;      /* a record as read */
+        struct rng g;
+};
+
+static int pool_new(const struct records_reader *r, struct pool **ret);
+static struct pool *pool_free(struct pool *p);
 
 const char *records_format_name(enum records_format f)
 {
@@ -580,6 +605,10 @@ int records_open(const struct records_opts *o, struct records_reader **ret, char
         }
         if ((e = check_first(r, err, errlen)) < 0)
                 goto fail;
+        if (o->shuffle > 1 && (e = pool_new(r, &r->pool)) < 0) {
+                errf(err, errlen, e, "data.shuffle_buffer: out of memory for %u records", o->shuffle);
+                goto fail;
+        }
         *ret = r;
         return 0;
 fail_oom:
@@ -600,6 +629,7 @@ struct records_reader *records_close(struct records_reader *r)
                 free(r->rbuf);
                 free(r->line);
                 records_batch_free(r->probe);
+                pool_free(r->pool);
                 free(r);
         }
         return NULL;
@@ -615,11 +645,129 @@ uint32_t records_n_fields(const struct records_reader *r)
         return r->n_fields;
 }
 
+static struct pool *pool_free(struct pool *p)
+{
+        if (p) {
+                for (uint32_t i = 0; p->slot && i < p->cap; i++) {
+                        free(p->slot[i].ids);
+                        free(p->slot[i].val);
+                }
+                free(p->slot);
+                free(p->dense);
+                free(p->cnt);
+                records_batch_free(p->one);
+                free(p);
+        }
+        return NULL;
+}
+
+static int pool_new(const struct records_reader *r, struct pool **ret)
+{
+        struct pool *p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        p->cap = r->o.shuffle;
+        p->slot = calloc(p->cap, sizeof(*p->slot));
+        p->dense = malloc(((size_t)p->cap * r->n_dense + 1) * sizeof(float));
+        p->cnt = malloc(((size_t)p->cap * r->n_fields + 1) * sizeof(uint32_t));
+        if (!p->slot || !p->dense || !p->cnt || records_batch_new(1, r->n_dense, r->n_fields, r->o.max_ids, &p->one) < 0) {
+                pool_free(p);
+                return -ENOMEM;
+        }
+        rng_init(&p->g, r->o.seed, r->o.worker);
+        *ret = p;
+        return 0;
+}
+
+/* The record in p->one into slot i. */
+static int pool_put(struct pool *p, const struct records_reader *r, uint32_t i)
+{
+        const struct records_batch *one = p->one;
+        struct pool_slot *sl = &p->slot[i];
+        uint32_t n = one->off[r->n_fields];
+        if (n > sl->cap_ids) {
+                uint64_t *ids = realloc(sl->ids, n * sizeof(*ids));
+                if (ids)
+                        sl->ids = ids;
+                float *val = ids ? realloc(sl->val, n * sizeof(*val)) : NULL;
+                if (!val)
+                        return -ENOMEM;
+                sl->val = val;
+                sl->cap_ids = n;
+        }
+        sl->label = one->label[0];
+        sl->n_ids = n;
+        memcpy(sl->ids, one->ids, n * sizeof(*sl->ids));
+        memcpy(sl->val, one->val, n * sizeof(*sl->val));
+        memcpy(p->dense + (size_t)i * r->n_dense, one->dense, r->n_dense * sizeof(float));
+        for (uint32_t f = 0; f < r->n_fields; f++)
+                p->cnt[(size_t)i * r->n_fields + f] = one->off[f + 1] - one->off[f];
+        return 0;
+}
+
+/* Slot i as record b->n of b (which has room: b->n < b->cap, and max_ids per record). */
+static void pool_give(const struct pool *p, const struct records_reader *r, uint32_t i, struct records_batch *b)
+{
+        const struct pool_slot *sl = &p->slot[i];
+        uint32_t k = b->n, at = b->off[(size_t)k * r->n_fields];
+        b->label[k] = sl->label;
+        memcpy(b->dense + (size_t)k * r->n_dense, p->dense + (size_t)i * r->n_dense, r->n_dense * sizeof(float));
+        memcpy(b->ids + at, sl->ids, sl->n_ids * sizeof(*sl->ids));
+        memcpy(b->val + at, sl->val, sl->n_ids * sizeof(*sl->val));
+        for (uint32_t f = 0; f < r->n_fields; f++) {
+                at += p->cnt[(size_t)i * r->n_fields + f];
+                b->off[(size_t)k * r->n_fields + f + 1] = at;
+        }
+        b->n++;
+}
+
+static int read_batch(struct records_reader *r, struct records_batch *b, char *err, size_t errlen);
+
+/* Fills b from the pool, topping it up from the files before each draw. */
+static int pool_next(struct records_reader *r, struct records_batch *b, char *err, size_t errlen)
+{
+        struct pool *p = r->pool;
+        b->n = 0;
+        b->off[0] = 0;
+        while (b->n < b->cap) {
+                while (p->n < p->cap && !r->done) {
+                        int e = read_batch(r, p->one, err, errlen);
+                        if (e < 0)
+                                return e;
+                        if (e == 0)
+                                break;
+                        if (pool_put(p, r, p->n) < 0)
+                                return errf(err, errlen, -ENOMEM, "data.shuffle_buffer: out of memory for %u records",
+                                            p->cap);
+                        p->n++;
+                }
+                if (p->n == 0)
+                        break;
+                uint32_t i = rng_below(&p->g, p->n);
+                pool_give(p, r, i, b);
+                /* the last slot moves into the one drawn (its arrays swapped, not copied) */
+                struct pool_slot t = p->slot[i];
+                p->slot[i] = p->slot[--p->n];
+                p->slot[p->n] = t;
+                memmove(p->dense + (size_t)i * r->n_dense, p->dense + (size_t)p->n * r->n_dense,
+                        r->n_dense * sizeof(float));
+                memmove(p->cnt + (size_t)i * r->n_fields, p->cnt + (size_t)p->n * r->n_fields,
+                        r->n_fields * sizeof(uint32_t));
+        }
+        return (int)b->n;
+}
+
 int records_next(struct records_reader *r, struct records_batch *b, char *err, size_t errlen)
 {
         if (b->n_dense != r->n_dense || b->n_fields != r->n_fields || b->max_ids != r->o.max_ids)
                 return errf(err, errlen, -EINVAL, "a batch of %u dense, %u fields, %u ids for a reader of %u, %u, %u",
                             b->n_dense, b->n_fields, b->max_ids, r->n_dense, r->n_fields, r->o.max_ids);
+        return r->pool ? pool_next(r, b, err, errlen) : read_batch(r, b, err, errlen);
+}
+
+/* Up to b->cap records from the files, in their order. */
+static int read_batch(struct records_reader *r, struct records_batch *b, char *err, size_t errlen)
+{
         b->n = 0;
         b->off[0] = 0;
         while (b->n < b->cap && !r->done) {

@@ -44,6 +44,9 @@ struct records_opts {
         uint32_t max_ids;           /* per record, all fields together; a longer LIBSVM line is bad */
         bool skip_bad;              /* data.bad_lines "skip": count and skip a bad line, else fail */
         bool loop;                  /* at the end of the shard, start it again (the next epoch) */
+        uint32_t shuffle;           /* > 1: records drawn at random from a buffer of this many read ahead
+                                       (data.shuffle_buffer; across epochs when looping); 0 or 1: in order */
+        uint64_t seed;              /* the draws' seed (with worker as the stream) */
 };
 
 /* A batch of records in arrays the batch owns (records_batch_new), sized for `cap` records.
@@ -86,5 +89,7 @@ uint32_t records_n_fields(const struct records_reader *r);
 int records_next(struct records_reader *r, struct records_batch *b, char *err, size_t errlen);
 
 uint64_t records_bad_lines(const struct records_reader *r); /* skipped so far */
-uint64_t records_read(const struct records_reader *r);      /* records given so far, all epochs */
+uint64_t records_read(const struct records_reader *r);      /* records read so far, all epochs (with a
+                                                               shuffle buffer, up to its size ahead of
+                                                               those given) */
 uint64_t records_epoch(const struct records_reader *r);     /* 0 during the first pass */
