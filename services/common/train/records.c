@@ -697,9 +697,12 @@ static int pool_put(struct pool *p, const struct records_reader *r, uint32_t i)
         }
         sl->label = one->label[0];
         sl->n_ids = n;
-        memcpy(sl->ids, one->ids, n * sizeof(*sl->ids));
-        memcpy(sl->val, one->val, n * sizeof(*sl->val));
-        memcpy(p->dense + (size_t)i * r->n_dense, one->dense, r->n_dense * sizeof(float));
+        if (n) {   /* a record without ids has no arrays yet (memcpy takes no NULL, even for 0 bytes) */
+                memcpy(sl->ids, one->ids, n * sizeof(*sl->ids));
+                memcpy(sl->val, one->val, n * sizeof(*sl->val));
+        }
+        if (r->n_dense)
+                memcpy(p->dense + (size_t)i * r->n_dense, one->dense, r->n_dense * sizeof(float));
         for (uint32_t f = 0; f < r->n_fields; f++)
                 p->cnt[(size_t)i * r->n_fields + f] = one->off[f + 1] - one->off[f];
         return 0;
@@ -711,9 +714,13 @@ static void pool_give(const struct pool *p, const struct records_reader *r, uint
         const struct pool_slot *sl = &p->slot[i];
         uint32_t k = b->n, at = b->off[(size_t)k * r->n_fields];
         b->label[k] = sl->label;
-        memcpy(b->dense + (size_t)k * r->n_dense, p->dense + (size_t)i * r->n_dense, r->n_dense * sizeof(float));
-        memcpy(b->ids + at, sl->ids, sl->n_ids * sizeof(*sl->ids));
-        memcpy(b->val + at, sl->val, sl->n_ids * sizeof(*sl->val));
+        if (r->n_dense)
+                memcpy(b->dense + (size_t)k * r->n_dense, p->dense + (size_t)i * r->n_dense,
+                       r->n_dense * sizeof(float));
+        if (sl->n_ids) {
+                memcpy(b->ids + at, sl->ids, sl->n_ids * sizeof(*sl->ids));
+                memcpy(b->val + at, sl->val, sl->n_ids * sizeof(*sl->val));
+        }
         for (uint32_t f = 0; f < r->n_fields; f++) {
                 at += p->cnt[(size_t)i * r->n_fields + f];
                 b->off[(size_t)k * r->n_fields + f + 1] = at;
@@ -749,8 +756,9 @@ static int pool_next(struct records_reader *r, struct records_batch *b, char *er
                 struct pool_slot t = p->slot[i];
                 p->slot[i] = p->slot[--p->n];
                 p->slot[p->n] = t;
-                memmove(p->dense + (size_t)i * r->n_dense, p->dense + (size_t)p->n * r->n_dense,
-                        r->n_dense * sizeof(float));
+                if (r->n_dense)
+                        memmove(p->dense + (size_t)i * r->n_dense, p->dense + (size_t)p->n * r->n_dense,
+                                r->n_dense * sizeof(float));
                 memmove(p->cnt + (size_t)i * r->n_fields, p->cnt + (size_t)p->n * r->n_fields,
                         r->n_fields * sizeof(uint32_t));
         }
