@@ -33,6 +33,7 @@
 #include "job.h"
 #include "rpc.h"
 #include "trainer.h"
+#include "tls.h"
 #include "util.h"
 #include "wire.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -782,9 +783,9 @@ static void announce(struct local *L) {
         else if (r < 0)
                 cli_error("warning: cannot record the job for `--job %s` (%s); use --address %s", j.name,
                           strerror(-r), j.chief);
-        fprintf(stderr, "psfleet: job %s: chief at %s, state in %s%s; `psfleet status %s %s` finds it\n", j.name,
-                j.chief, L->state_dir, L->keep_state ? "" : " (removed at the end)", r < 0 ? "--address" : "--job",
-                r < 0 ? j.chief : j.name);
+        fprintf(stderr, "psfleet: job %s: chief at %s%s, state in %s%s; `psfleet status %s %s` finds it\n", j.name,
+                j.chief, tls_job_uses_mtls(L->cfg) ? " (mutual TLS)" : "", L->state_dir,
+                L->keep_state ? "" : " (removed at the end)", r < 0 ? "--address" : "--job", r < 0 ? j.chief : j.name);
         free(source);
 }
 

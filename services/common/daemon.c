@@ -68,8 +68,10 @@ static int daemon_security(const struct daemon_args *a, const char *ident, enum 
                 return -EINVAL;
         }
         r = rpc_secure(tls);
-        if (tls)
-                log_info("%s: mutual TLS as %s of job %s", ident, task, a->cfg->name);
+        if (tls) {
+                log_setup(ident, a->cfg->name, a->task_name);   /* the line below under the daemon's own name */
+                log_info("mutual TLS as %s of job %s", task, a->cfg->name);
+        }
         rpc_tls_free(tls);
         return r;
 }

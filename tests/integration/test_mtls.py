@@ -205,7 +205,8 @@ def test():
     assert rc == 0, "exit %s:\n%s" % (rc, p.stderr()[-3000:])
     r = h.result_line(p)
     h.log("demo under mTLS:", r)
-    assert "mutual TLS as ps-0 of job %s" % JOB in p.stderr(), p.stderr()[-2000:]
+    assert "psfleet: job %s: chief at 127.0.0.1:" % JOB in p.stderr(), p.stderr()[-2000:]
+    assert " (mutual TLS), state in " in p.stderr(), p.stderr()[-2000:]
     assert r["test_accuracy"] >= 0.88, r
 
 

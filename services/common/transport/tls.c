@@ -162,6 +162,12 @@ out:
         return r;
 }
 
+bool tls_job_uses_mtls(const struct job_config *c) {
+        char remote[300];
+        return c->security.mode == SECURITY_MTLS ||
+               (c->security.mode == SECURITY_AUTO && tls_remote_endpoint(c, remote, sizeof(remote)));
+}
+
 int tls_from_config(const struct job_config *c, const char *task, struct rpc_tls **ret, char *err, size_t errlen) {
         const struct security_config *sc = &c->security;
         char remote[300];

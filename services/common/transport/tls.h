@@ -16,6 +16,9 @@ bool tls_remote_endpoint(const struct job_config *c, char *buf, size_t len);
 
 /* "127.0.0.1:7001", "[::1]:7001", "localhost:7001". */
 bool tls_addr_is_loopback(const char *addr);
+/* True when the job's daemons speak mutual TLS: security.mode mtls, or auto with an endpoint beyond
+ * loopback. */
+bool tls_job_uses_mtls(const struct job_config *c);
 
 /* pattern with {job} and {task} replaced. -ENAMETOOLONG, -EINVAL for another {...}. */
 int tls_expand_path(const char *pattern, const char *job, const char *task, char *buf, size_t len);
