@@ -115,13 +115,7 @@ static void seeds(const char *dir) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-        if (!chief.ch) {
-                setup();
-                if (getenv("FUZZ_CHIEF_SEED")) {
-                        seeds(getenv("FUZZ_CHIEF_SEED"));
-                        exit(0);
-                }
-        }
+        fuzz_daemon_first(&chief, setup, "FUZZ_CHIEF_SEED", seeds);
         int m = fuzz_daemon_method(&data, &size, M_CHOICES, M_STOP);
         if (m < 0)
                 return 0;

@@ -165,6 +165,24 @@ static inline void fuzz_bytes_of(grpc_byte_buffer *bb, uint8_t **p, size_t *n) {
         grpc_byte_buffer_destroy(bb);
 }
 
+/* The harness's own call of method with request q, which must succeed: its reply parsed, with its
+ * header (of desc) unpacked into *hm. */
+static inline struct wire_in *fuzz_daemon_request(struct fuzz_daemon *d, const char *method, const ProtobufCMessage *q,
+                                                  const ProtobufCMessageDescriptor *desc, ProtobufCMessage **hm) {
+        uint8_t *p;
+        size_t n;
+        fuzz_bytes_of(wire_pack(q), &p, &n);
+        grpc_byte_buffer *reply = NULL;
+        int r = fuzz_daemon_call(d, method, p, n, &reply);
+        free(p);
+        FUZZ_CHECK(r == 0, "the harness's %s failed (%d)", method, r);
+        struct wire_in *in;
+        char err[256];
+        FUZZ_CHECK(wire_in_parse(reply, &in, err, sizeof(err)) == 0, "a %s reply does not parse: %s", method, err);
+        FUZZ_CHECK(wire_in_header(in, desc, hm) == 0, "a %s reply's header", method);
+        return in;
+}
+
 /* A seed: the method's selector byte, then the request. */
 static inline void fuzz_write_seed(const char *dir, const char *name, uint8_t sel, const uint8_t *p, size_t n) {
         char path[512];
@@ -172,6 +190,20 @@ static inline void fuzz_write_seed(const char *dir, const char *name, uint8_t se
         FILE *f = fopen(path, "w");
         if (!f || fwrite(&sel, 1, 1, f) != 1 || (n && fwrite(p, 1, n, f) != n) || fclose(f) != 0)
                 abort();
+}
+
+/* At the harness's first input: setup() (which starts the daemon), then, when the environment
+ * variable seed_env names a directory, the seed corpus written there by seeds() and the process ended. */
+static inline void fuzz_daemon_first(const struct fuzz_daemon *d, void (*setup)(void), const char *seed_env,
+                                     void (*seeds)(const char *dir)) {
+        if (d->ch)
+                return;
+        setup();
+        const char *dir = getenv(seed_env);
+        if (dir) {
+                seeds(dir);
+                exit(0);
+        }
 }
 
 /* The method an input picks with its first byte (taken off data): 0xff is stop, else one of the

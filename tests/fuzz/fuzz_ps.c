@@ -93,18 +93,9 @@ static void pull(struct state *st) {
         h.with_slots = true;
         Psfleet__V1__PullRequest q = PSFLEET__V1__PULL_REQUEST__INIT;
         q.header = &h;
-        uint8_t *p;
-        size_t n;
-        fuzz_bytes_of(packed(&q.base), &p, &n);
-        grpc_byte_buffer *reply = NULL;
-        int r = call(M_PULL, p, n, &reply);
-        free(p);
-        FUZZ_CHECK(r == 0, "the harness's Pull failed (%d)", r);
-        struct wire_in *in;
-        char err[256];
         ProtobufCMessage *hm = NULL;
-        FUZZ_CHECK(wire_in_parse(reply, &in, err, sizeof(err)) == 0, "a Pull reply does not parse: %s", err);
-        FUZZ_CHECK(wire_in_header(in, &psfleet__v1__pull_reply_header__descriptor, &hm) == 0, "Pull reply header");
+        struct wire_in *in = fuzz_daemon_request(&psd, methods[M_PULL], &q.base, &psfleet__v1__pull_reply_header__descriptor,
+                                                 &hm);
         st->global_step = ((Psfleet__V1__PullReplyHeader *)hm)->global_step;
         protobuf_c_message_free_unpacked(hm, NULL);
         size_t total = 0;
@@ -384,13 +375,7 @@ static void check_assigned(const uint8_t *data, size_t size, const struct state 
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-        if (!psd.ch) {
-                setup();
-                if (getenv("FUZZ_PS_SEED")) {
-                        seeds(getenv("FUZZ_PS_SEED"));
-                        exit(0);
-                }
-        }
+        fuzz_daemon_first(&psd, setup, "FUZZ_PS_SEED", seeds);
         int m = fuzz_daemon_method(&data, &size, M_CHOICES, M_STOP);
         if (m < 0)
                 return 0;

@@ -226,6 +226,16 @@ static void test_unknown_fields_skipped(void **state) {
         assert_int_equal(wire_in_parse(bb, &in, NULL, 0), 0);
         assert_int_equal(in->n_tensors, 0);
         wire_in_free(in);
+        /* a tensor without a name field (dtype float32, shape [0], no data): its name is "", not NULL */
+        const uint8_t nameless[] = {0x12, 0x05, 0x10, 0x01, 0x1a, 0x01, 0x00};
+        s = grpc_slice_from_copied_buffer((const char *)nameless, sizeof(nameless));
+        bb = grpc_raw_byte_buffer_create(&s, 1);
+        grpc_slice_unref(s);
+        assert_int_equal(wire_in_parse(bb, &in, NULL, 0), 0);
+        assert_int_equal(in->n_tensors, 1);
+        assert_non_null(in->tensors[0].name);
+        assert_string_equal(in->tensors[0].name, "");
+        wire_in_free(in);
         /* an absent message is an empty one */
         assert_int_equal(wire_in_parse(NULL, &in, NULL, 0), 0);
         ProtobufCMessage *hm;

@@ -392,6 +392,8 @@ static int parse_tensor(struct cur *c, size_t end, struct wire_tensor *t, char *
                 return fail(err, errlen, "tensor \"%s\": %zu data bytes do not match shape (%llu elements of %zu bytes)",
                             nm, t->nbytes, (unsigned long long)el, es);
         t->elements = el;
+        if (!t->name && !(t->name = strdup("")))   /* no name field: proto3's empty string, never NULL */
+                return -ENOMEM;
         return 0;
 }
 

@@ -68,7 +68,7 @@ struct wire_seg {
 /* One received tensor: its metadata, and where its bytes lie in the received slices (possibly split
  * across several, never aligned for certain). Valid as long as the wire_in it came from. */
 struct wire_tensor {
-        char *name;
+        char *name;             /* never NULL: "" when the message has none */
         uint32_t dtype;
         unsigned ndims;
         uint64_t shape[WIRE_MAX_DIMS];
