@@ -166,7 +166,8 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 /* A push names each row once: a repeated id would have its gradient applied twice (and the optimizer's
- * accumulator moved twice) in one step. 0, or -EINVAL naming the first id given twice. */
+ * accumulator moved twice) in one step; an import once too (a checkpoint never holds a row twice, and
+ * which of two would stand is no contract). 0, or -EINVAL naming the first id given twice. */
 static int check_unique(const uint64_t *ids, size_t n, const char *field, char *err, size_t errlen) {
         if (n < 2)
                 return 0;
@@ -179,7 +180,7 @@ static int check_unique(const uint64_t *ids, size_t n, const char *field, char *
         for (size_t i = 1; i < n && r == 0; i++)
                 if (v[i] == v[i - 1])
                         r = errf(err, errlen, -EINVAL, "%s: id %" PRIu64 " is given more than once (each row once "
-                                 "per push, its gradients summed)", field, v[i]);
+                                 "per message)", field, v[i]);
         free(v);
         return r;
 }
@@ -424,7 +425,8 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
                 goto reject;
         const Psfleet__V1__SparseImportHeader *h = (const Psfleet__V1__SparseImportHeader *)hm;
         if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
-            (r = take_ids(p, &h->ids, "ids", &ids, &n, err, sizeof(err))) < 0)
+            (r = take_ids(p, &h->ids, "ids", &ids, &n, err, sizeof(err))) < 0 ||
+            (r = check_unique(ids, n, "ids", err, sizeof(err))) < 0)
                 goto reject;
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);

@@ -8,8 +8,8 @@
  * - an accepted SparseExchange was legal by the harness's own reading (table 0, at most 2^20 ids of
  *   8 bytes each, push_ids each once, tensor "grads" float32 (n_push, 4) and finite when there are
  *   any, nothing else) and changed or created only rows it named;
- * - an accepted SparseImport was legal too (its "rows" float32 (n, 4), finite) and the rows it named
- *   now hold what it carried; with clear, they are the whole table.
+ * - an accepted SparseImport was legal too (ids each once, its "rows" float32 (n, 4), finite) and the
+ *   rows it named now hold what it carried; with clear, they are the whole table.
  *
  * FUZZ_SPARSE_SEED=DIR writes the seed corpus (legal calls of each method) into DIR and exits. */
 #include <math.h>
@@ -429,9 +429,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 FUZZ_CHECK(h->table == 0, "psd took an import into table %u", h->table);
                 for (size_t i = 0; i < q.n_ids; i++) {
                         const float *row = row_of(&now, q.ids[i]);
-                        /* an id given twice: its last row stands */
-                        bool last = !named(q.ids + i + 1, q.n_ids - i - 1, q.ids[i]);
-                        FUZZ_CHECK(row && (!last || memcmp(row, q.rows + i * DIM, DIM * sizeof(float)) == 0),
+                        FUZZ_CHECK(!named(q.ids + i + 1, q.n_ids - i - 1, q.ids[i]), "psd took an import naming row "
+                                   "%llu twice", (unsigned long long)q.ids[i]);
+                        FUZZ_CHECK(row && memcmp(row, q.rows + i * DIM, DIM * sizeof(float)) == 0,
                                    "after an accepted SparseImport, row %llu is not what it carried",
                                    (unsigned long long)q.ids[i]);
                 }

@@ -128,6 +128,8 @@ def test():
          'tensor "rows": shape (3, 4), (3, 8) expected'),
         ("import another shard's id", lambda: imp(b, [rows("rows", 1), rows("accumulator", 1)]), INVALID,
          "ids[0]: id %d belongs to ps:1" % b[0]),
+        ("import repeated id", lambda: imp(a + a[:1], [rows("rows", 4), rows("accumulator", 4)]), INVALID,
+         "ids: id %d is given more than once" % a[0]),
         ("import NaN", lambda: imp(a, [rows("rows", 3), rows("accumulator", 3, vals=[nan] * 24)]), INVALID,
          'tensor "accumulator": row 0 holds NaN'),
         ("import unknown tensor", lambda: imp(a, [rows("rows", 3), rows("accumulator", 3), rows("linear", 3)]),
