@@ -323,28 +323,6 @@ static bool table_tensor(const struct chief_ckpt *s, const char *name) {
         return false;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-        return (x > y) - (x < y);
-}
-
-/* Table `table`'s n ids (unaligned, as the file holds them) each once: 0, -EBADMSG naming one given
- * twice (psfleet never writes one twice: the file is corrupt, and the previous checkpoint is tried), or
- * -ENOMEM. */
-static int ids_unique(const void *ids, uint64_t n, const char *table, char *err, size_t errlen) {
-        uint64_t *v = malloc(n * sizeof(uint64_t) + 1);
-        if (!v)
-                return errf(err, errlen, -ENOMEM, "out of memory for table %s (%" PRIu64 " rows)", table, n);
-        memcpy(v, ids, n * sizeof(uint64_t));
-        qsort(v, n, sizeof(uint64_t), cmp_u64);
-        int r = 0;
-        for (uint64_t i = 1; i < n && r == 0; i++)
-                if (v[i] == v[i - 1])
-                        r = errf(err, errlen, -EBADMSG, "tensor \"emb/%s/ids\" holds id %" PRIu64 " twice", table, v[i]);
-        free(v);
-        return r;
-}
-
 /* Checks table e's tensors in ck (ids U64 [n], each once; values and each slot F32 [n, dim]) and, with
  * out, copies them there (malloc'd). -EINVAL naming the tensor (another model), -EBADMSG (an id twice),
  * or -ENOMEM. */
@@ -377,9 +355,16 @@ static int load_table(const struct chief_ckpt *s, const struct ckpt *ck, uint32_
                         return errf(err, errlen, -EINVAL, "tensor \"%s\" is not F32 [%" PRIu64 ", %u] (its table's "
                                     "ids and dim)", name, n, es->dim);
         }
-        int r = ids_unique(data[0], n, es->name, err, errlen);   /* psd refuses a restore that names a row twice */
-        if (r < 0 || !out)
-                return r;
+        /* each id once: psfleet never writes one twice, so the file is corrupt (the previous checkpoint is
+         * tried), and psd would refuse to import it */
+        uint64_t dup;
+        int r = u64_find_repeat(data[0], n, &dup);
+        if (r < 0)
+                return errf(err, errlen, r, "out of memory for table %s (%" PRIu64 " rows)", es->name, n);
+        if (r)
+                return errf(err, errlen, -EBADMSG, "tensor \"emb/%s/ids\" holds id %" PRIu64 " twice", es->name, dup);
+        if (!out)
+                return 0;
         *out = (struct ps_sparse_rows){.n = n, .dim = es->dim, .n_slots = ns};
         out->ids = malloc(n * sizeof(uint64_t) + 1);
         out->values = malloc(n * es->dim * sizeof(float) + 1);

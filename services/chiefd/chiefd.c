@@ -321,7 +321,6 @@ static int run(int argc, char **argv) {
                 return r == 1 ? EXIT_SUCCESS : r;
         }
         struct job_config *cfg = args.cfg;
-        log_setup("chiefd", cfg->name, args.task_name);
 
         rpc_global_init();
         if ((r = chief_new(cfg, args.state_dir, &c)) < 0)

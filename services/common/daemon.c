@@ -68,10 +68,8 @@ static int daemon_security(const struct daemon_args *a, const char *ident, enum 
                 return -EINVAL;
         }
         r = rpc_secure(tls);
-        if (tls) {
-                log_setup(ident, a->cfg->name, a->task_name);   /* the line below under the daemon's own name */
+        if (tls)
                 log_info("mutual TLS as %s of job %s", task, a->cfg->name);
-        }
         rpc_tls_free(tls);
         return r;
 }
@@ -195,6 +193,7 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
         }
         rpc_configure(&a.cfg->rpc);
         a.task_name = strdup_printf("%s:%u", role_name(role), a.task.index);
+        log_setup(ident, a.cfg->name, a.task_name);   /* from here on, lines under the daemon's own name */
         if (!a.state_dir) {
                 const char *sd = getenv("STATE_DIRECTORY");
                 /* systemd may pass several, colon-separated: the first is ours */

@@ -33,8 +33,9 @@ struct daemon_args {
         char *loss_log;         /* --loss-log FILE (workerd): "global_step loss" per step */
 };
 
-/* Parses the command line of daemon `ident` with role `role`. Returns 0 to run, 1 when --help was
- * printed (exit 0), or CONFIG_EX_CONFIG after printing the reason (exit 78, nothing started). */
+/* Parses the command line of daemon `ident` with role `role`, and sets the log up under the daemon's
+ * name, job and task (log_setup) once the task is known. Returns 0 to run, 1 when --help was printed
+ * (exit 0), or CONFIG_EX_CONFIG after printing the reason (exit 78, nothing started). */
 int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, struct daemon_args *ret);
 void daemon_args_done(struct daemon_args *a);
 

@@ -679,7 +679,6 @@ static int run(int argc, char **argv) {
         int r = daemon_args_parse(argc, argv, "psd", ROLE_PS, &p.args);
         if (r != 0)
                 return r == 1 ? 0 : r;
-        log_setup("psd", p.args.cfg->name, p.args.task_name);
         rpc_global_init();
         int ret = DAEMON_EX_FAILURE;
         if ((r = psd_build(&p)) < 0 || (r = attach_socket_open(&p)) < 0) {

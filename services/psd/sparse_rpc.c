@@ -160,29 +160,16 @@ static int take_ids(struct psd *p, const ProtobufCBinaryData *b, const char *fie
         return 0;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-        return (x > y) - (x < y);
-}
-
 /* A push names each row once: a repeated id would have its gradient applied twice (and the optimizer's
  * accumulator moved twice) in one step; an import once too (a checkpoint never holds a row twice, and
  * which of two would stand is no contract). 0, or -EINVAL naming the first id given twice. */
 static int check_unique(const uint64_t *ids, size_t n, const char *field, char *err, size_t errlen) {
-        if (n < 2)
-                return 0;
-        uint64_t *v = malloc(n * sizeof(*v));
-        if (!v)
-                return errf(err, errlen, -ENOMEM, "out of memory");
-        memcpy(v, ids, n * sizeof(*v));
-        qsort(v, n, sizeof(*v), cmp_u64);
-        int r = 0;
-        for (size_t i = 1; i < n && r == 0; i++)
-                if (v[i] == v[i - 1])
-                        r = errf(err, errlen, -EINVAL, "%s: id %" PRIu64 " is given more than once (each row once "
-                                 "per message)", field, v[i]);
-        free(v);
-        return r;
+        uint64_t dup;
+        int r = u64_find_repeat(ids, n, &dup);
+        if (r < 0)
+                return errf(err, errlen, r, "out of memory");
+        return r ? errf(err, errlen, -EINVAL, "%s: id %" PRIu64 " is given more than once (each row once per "
+                        "message)", field, dup) : 0;
 }
 
 /* Tensor `name` of in, float32 (n, dim), every value finite, into dst (n * dim floats). */

@@ -683,7 +683,6 @@ static int run(int argc, char **argv) {
         w.cfg = w.args.cfg;
         w.index = w.args.task.index;
         w.n_workers = w.cfg->cluster.n_worker;
-        log_setup("workerd", w.cfg->name, w.args.task_name);
         w.slow_step_ms = test_hook_slow_step_ms();
         rpc_global_init();
         snprintf(w.state, sizeof(w.state), "starting");

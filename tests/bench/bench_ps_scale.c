@@ -432,6 +432,13 @@ static double probe_median(const struct probe *pr, uint64_t t0, uint64_t t1) {
         return r;
 }
 
+/* The least and the largest of v[0..n), n > 0. */
+static void range_of(const double *v, size_t n, double *min, double *max) {
+        *min = *max = v[0];
+        for (size_t i = 1; i < n; i++)
+                *min = v[i] < *min ? v[i] : *min, *max = v[i] > *max ? v[i] : *max;
+}
+
 /* The largest distance of v[0..n) from their mean, in % of the mean. */
 static double spread_pct(const double *v, size_t n) {
         double mean = 0, d = 0;
@@ -478,7 +485,7 @@ static int scale(uint32_t n_workers, uint64_t pushes) {
         atomic_store(&run.epoch_us, t0);
         /* windows: each tenth of the pushes, psd's RSS and CPU and the window's latencies */
         uint64_t win_len = pushes / WINDOWS ? pushes / WINDOWS : 1, prev_done = 0;
-        double prev_cpu = cpu0, peak_min = INFINITY, peak_max = 0, prev_steal = machine_steal_s(), peaks[WINDOWS] = {0};
+        double prev_cpu = cpu0, prev_steal = machine_steal_s(), peaks[WINDOWS] = {0};
         peak_reset(psd);
         for (unsigned k = 1; k <= WINDOWS && !atomic_load(&run.failed); k++) {
                 uint64_t mark = k == WINDOWS ? pushes : k * win_len;
@@ -487,8 +494,6 @@ static int scale(uint32_t n_workers, uint64_t pushes) {
                 uint64_t done = atomic_load(&run.done), t = win_t[k] = now_us();
                 double cpu = proc_cpu_s(psd), peak = proc_mem_mb(psd, "VmHWM"), steal = machine_steal_s();
                 peak_reset(psd);
-                if (k > 1)   /* the first window grows to the steady state */
-                        peak_min = peak < peak_min ? peak : peak_min, peak_max = peak > peak_max ? peak : peak_max;
                 peaks[k - 1] = peak;
                 double secs = (double)(t - win_t[k - 1]) / 1e6;
                 printf("{\"bench\": \"ps_scale_window\", \"workers\": %u, \"window\": %u, \"pushes\": %llu, "
@@ -522,7 +527,6 @@ static int scale(uint32_t n_workers, uint64_t pushes) {
         }
         /* per window of tickets: p99 (the flatness check), then over all; the first window warms up
          * (connections, allocations) and is left out of the ranges */
-        double p99_first = 0, p99_min = INFINITY, p99_max = 0, q_min = INFINITY, q_max = 0;
         double p99s[WINDOWS] = {0}, qs[WINDOWS] = {0};
         for (unsigned k = 0; k < WINDOWS && done == pushes; k++) {
                 uint64_t a = k * win_len, b = k == WINDOWS - 1 ? pushes : a + win_len;
@@ -532,13 +536,12 @@ static int scale(uint32_t n_workers, uint64_t pushes) {
                        "\"p99_ms\": %.3f, \"probe_ms\": %.3f, \"p99_over_probe\": %.3f}\n",
                        n_workers, k + 1, p50, p99, probe, q);
                 p99s[k] = p99, qs[k] = q;
-                if (k == 0) {
-                        p99_first = p99;
-                        continue;
-                }
-                p99_min = p99 < p99_min ? p99 : p99_min, p99_max = p99 > p99_max ? p99 : p99_max;
-                q_min = q < q_min ? q : q_min, q_max = q > q_max ? q : q_max;
         }
+        /* the ranges over windows 2..10 (the first grows to the steady state) */
+        double p99_min, p99_max, q_min, q_max, peak_min, peak_max;
+        range_of(p99s + 1, WINDOWS - 1, &p99_min, &p99_max);
+        range_of(qs + 1, WINDOWS - 1, &q_min, &q_max);
+        range_of(peaks + 1, WINDOWS - 1, &peak_min, &peak_max);
         double p50 = quantile(run.lat_ms, done, 0.5), p99 = quantile(run.lat_ms, done, 0.99);
         /* flatness: how far the windows after the first stray from their mean, in % */
         printf("{\"bench\": \"ps_scale_flatness\", \"workers\": %u, \"pushes\": %llu, \"windows\": \"2-%d\", "
@@ -555,8 +558,7 @@ static int scale(uint32_t n_workers, uint64_t pushes) {
                wire_dtype, rate, think_ms, pin ? "true" : "false", n_workers, (unsigned long long)done,
                j.L->n_params * (strcmp(wire_dtype, "bfloat16") == 0 ? 2 : sizeof(float)),
                (double)done / ((t1 - t0) / 1e6), p50, p99, (cpu1 - cpu0) * 1e3 / (double)(done ? done : 1), rss0, rss1,
-               p99_first, isinf(p99_min) ? 0 : p99_min, p99_max, isinf(q_min) ? 0 : q_min, q_max,
-               isinf(peak_min) ? 0 : peak_min, peak_max, atomic_load(&run.failed) ? "true" : "false");
+               p99s[0], p99_min, p99_max, q_min, q_max, peak_min, peak_max, atomic_load(&run.failed) ? "true" : "false");
         fflush(stdout);
         r = atomic_load(&run.failed) ? -EIO : 0;
 out:

@@ -200,13 +200,17 @@ def test():
 
     # ---- the demo, whole, under mutual TLS
     demo, _ = h.make_job(wd, name="demo.json", n_ps=1, n_workers=2, base=base)
-    p = h.psfleet_local(wd, demo, ["--quiet"])
+    # --quiet keeps the progress display off; the children still log at info, so that each daemon's own
+    # "mutual TLS as" line shows that it really runs under TLS
+    p = h.psfleet_local(wd, demo, ["--quiet"], env={"PSFLEET_LOG_LEVEL": "info"})
     rc = p.wait(300)
     assert rc == 0, "exit %s:\n%s" % (rc, p.stderr()[-3000:])
     r = h.result_line(p)
     h.log("demo under mTLS:", r)
     assert "psfleet: job %s: chief at 127.0.0.1:" % JOB in p.stderr(), p.stderr()[-2000:]
     assert " (mutual TLS), state in " in p.stderr(), p.stderr()[-2000:]
+    for task in ("chief", "ps-0", "worker-0", "worker-1"):
+        assert "mutual TLS as %s of job %s" % (task, JOB) in p.stderr(), (task, p.stderr()[-2000:])
     assert r["test_accuracy"] >= 0.88, r
 
 

@@ -294,10 +294,29 @@ static void test_split_host_port(void **state) {
         assert_string_equal(host, "a-host-name-ok-");
 }
 
+/* u64_find_repeat: the value given twice, at any alignment, the input left as it was. */
+static void test_u64_find_repeat(void **state) {
+        (void)state;
+        uint64_t v[] = {9, UINT64_MAX, 3, 0, 77}, dup = 1;
+        assert_int_equal(u64_find_repeat(v, 5, &dup), 0);
+        assert_int_equal(u64_find_repeat(v, 0, &dup), 0);
+        assert_int_equal(dup, 1);
+        v[4] = UINT64_MAX;
+        assert_int_equal(u64_find_repeat(v, 5, &dup), 1);
+        assert_true(dup == UINT64_MAX);
+        assert_true(v[0] == 9 && v[1] == UINT64_MAX && v[2] == 3 && v[4] == UINT64_MAX);   /* not sorted in place */
+        unsigned char raw[1 + 3 * sizeof(uint64_t)];   /* unaligned, as a file's tensor may be */
+        uint64_t w[3] = {5, 6, 5};
+        memcpy(raw + 1, w, sizeof(w));
+        assert_int_equal(u64_find_repeat(raw + 1, 3, &dup), 1);
+        assert_true(dup == 5);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_clocks),
                 cmocka_unit_test(test_parse_u64),
+                cmocka_unit_test(test_u64_find_repeat),
                 cmocka_unit_test(test_strdup_printf),
                 cmocka_unit_test(test_mkdir_p),
                 cmocka_unit_test(test_files),

@@ -73,6 +73,29 @@ int grow_array(void **arr, size_t *cap, size_t need, size_t elem, size_t first) 
         return 0;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return (x > y) - (x < y);
+}
+
+int u64_find_repeat(const void *v, size_t n, uint64_t *dup) {
+        if (n < 2)
+                return 0;
+        uint64_t *s = malloc(n * sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        memcpy(s, v, n * sizeof(*s));
+        qsort(s, n, sizeof(*s), cmp_u64);
+        int r = 0;
+        for (size_t i = 1; i < n && !r; i++)
+                if (s[i] == s[i - 1]) {
+                        *dup = s[i];
+                        r = 1;
+                }
+        free(s);
+        return r;
+}
+
 int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *ret) {
         uint64_t v = 0;
 

@@ -33,6 +33,10 @@ void backoff_reset(struct backoff *b);
  * doubling from `first`: 0, or -ENOMEM with *arr and *cap unchanged (the caller still frees *arr). */
 int grow_array(void **arr, size_t *cap, size_t need, size_t elem, size_t first);
 
+/* Whether the n 64-bit values at v (any alignment) hold one twice: 1 with it in *dup, 0 when each is
+ * there once, -ENOMEM. v is left as it is (a sorted copy is searched). */
+int u64_find_repeat(const void *v, size_t n, uint64_t *dup);
+
 /* Parses the whole of s as an unsigned decimal number (no sign, no spaces, no trailing text) into
  * *ret. Returns 0; -EINVAL if s is NULL, empty or not all digits; -ERANGE if the value overflows or
  * lies outside [min, max]. *ret is written only on success. */
