@@ -233,6 +233,29 @@ static void test_journal_fallback(void **state) {
 }
 
 /* A burst per window, the rest counted and said once the next window opens. */
+/* A peer's string reaches a log line capped and escaped: no control byte, no unbounded length. */
+static void test_peer_str(void **state) {
+        (void)state;
+        char buf[LOG_PEER_BUF], lng[300];
+
+        assert_string_equal(log_peer_str("worker:1", buf, sizeof(buf)), "worker:1");
+        assert_string_equal(log_peer_str(NULL, buf, sizeof(buf)), "(none)");
+        assert_string_equal(log_peer_str("a\nb\\c\x1b", buf, sizeof(buf)), "a\\x0ab\\x5cc\\x1b");
+        memset(lng, 'w', sizeof(lng) - 1);
+        lng[sizeof(lng) - 1] = 0;
+        log_peer_str(lng, buf, sizeof(buf));
+        assert_int_equal(strspn(buf, "w"), LOG_PEER_MAX);
+        assert_string_equal(buf + LOG_PEER_MAX, "...(299 bytes)");
+        /* a small buffer cuts before an escape it cannot hold whole, says so as far as it fits, and stays terminated */
+        char small[6];
+        assert_string_equal(log_peer_str("ab\x01" "cd", small, sizeof(small)), "ab...");
+        memset(lng, 0x01, 100);
+        lng[100] = 0;
+        log_peer_str(lng, buf, sizeof(buf));
+        assert_true(strlen(buf) < sizeof(buf));
+        assert_null(strchr(buf, 0x01));
+}
+
 static void test_ratelimit(void **state) {
         (void)state;
         struct log_ratelimit rl = LOG_RATELIMIT_INIT(200000u, 3);
@@ -258,6 +281,7 @@ int main(void) {
                 cmocka_unit_test(test_threads),
                 cmocka_unit_test(test_journal_fallback),
                 cmocka_unit_test(test_ratelimit),
+                cmocka_unit_test(test_peer_str),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,6 +79,32 @@ void log_setup(const char *ident, const char *job, const char *task) {
                 log_max_level = p;
 }
 
+const char *log_peer_str(const char *s, char *buf, size_t len) {
+        size_t o = 0, i = 0, n;
+
+        if (!len)
+                return buf;
+        if (!s) {
+                snprintf(buf, len, "(none)");
+                return buf;
+        }
+        n = strlen(s);
+        for (; i < n && i < LOG_PEER_MAX; i++) {
+                unsigned char ch = (unsigned char)s[i];
+                int w = ch >= 0x20 && ch < 0x7f && ch != '\\' ? 1 : 4;
+                if (o + (size_t)w + 1 > len)
+                        break;
+                if (w == 1)
+                        buf[o++] = (char)ch;
+                else
+                        o += (size_t)snprintf(buf + o, len - o, "\\x%02x", ch);
+        }
+        buf[o] = 0;
+        if (i < n)
+                snprintf(buf + o, len - o, "...(%zu bytes)", n);
+        return buf;
+}
+
 void log_set_max_level(int prio) {
         if (prio < LOG_EMERG)
                 prio = LOG_EMERG;

@@ -54,6 +54,15 @@ int log_internal(int prio, int err, uint64_t step, const char *file, int line, c
 #define log_debug_step(step, ...)   log_full(LOG_DEBUG, 0, (step), __VA_ARGS__)
 #define log_warning_step(step, ...) log_full(LOG_WARNING, 0, (step), __VA_ARGS__)
 
+/* What a peer sent (a task name, a variable's name, a reason) made fit for one log line: at most
+ * LOG_PEER_MAX characters of it, every byte outside printable ASCII and every backslash written as
+ * \xNN, and, when it was longer, "...(N bytes)" after the cut. NULL reads as "(none)". Writes into buf
+ * (len >= 2 * LOG_PEER_MAX fits any input whole up to the cut) and returns buf, so it can stand as a
+ * printf argument. Thread-safe. */
+#define LOG_PEER_MAX 64
+#define LOG_PEER_BUF (4 * LOG_PEER_MAX + 32)
+const char *log_peer_str(const char *s, char *buf, size_t len);
+
 /* Rate limiting for lines a peer can cause (refused calls, rejected pushes, failed handshakes): at most
  * `burst` lines per window of `window_us`; the rest are counted, and the first line of the next window
  * says how many were left out. Thread-safe. */
