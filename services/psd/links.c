@@ -1,7 +1,7 @@
-/* psd's workers on this host: their pushes through a shared-memory segment (a thread per worker runs
- * receive → validate → apply → reply, as on_push does for gRPC), and the attach that links them: the
- * segment's descriptor over psd's unix socket, tied to the authenticated worker's AttachSharedMemory
- * call (shmlink.h). */
+/* psd's workers on this host: the links their pushes come through (a shared-memory segment, and a
+ * thread per worker that hands each push to the pipeline, psd_push.c), and the attach that makes one:
+ * the segment's descriptor over psd's unix socket, tied to the authenticated worker's
+ * AttachSharedMemory call (shmlink.h). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,94 +15,7 @@
 #include "psd-internal.h"
 #include "util.h"
 
-/* ---- Pushes through shared memory: receive → validate → apply → reply, per link ---- */
-
-/* The step of a held push is applied (or it timed out, or was dropped): its values into the segment,
- * and the answer. Runs on whichever thread completed the step. */
-static void link_release(struct agg_waiter *w, int status, uint64_t step, const char *msg) {
-        struct link_held *lh = (struct link_held *)w;
-        struct link *k = lh->k;
-        if (status == 0)
-                shard_block_read(k->p->s, w->idx, w->n, shmlink_params(k->l));
-        shmlink_reply(k->l, lh->g, lh->seq, status, k->p->ssp ? atomic_load(&k->p->s->global_step) : step, msg);
-}
-
-/* training.mode sync: the checked gradients in scratch go to the step; the push is answered when the
- * step is applied, now when they are stale (with the values they missed), or refused. */
-static void sync_link_push(struct link *k, const struct shmlink_push *push, size_t floats, uint64_t t0) {
-        struct psd *p = k->p;
-        uint32_t gi = push->index, g = k->groups[gi];
-        struct link_held *lh = &k->held[gi];
-        agg_cancel(p->agg, &lh->w);   /* a push the worker gave up on: it pushes a group again only then */
-        lh->k = k;
-        lh->g = g;
-        lh->seq = push->seq;
-        lh->w = (struct agg_waiter){.worker = k->worker, .version = push->local_step, .n = k->count[gi],
-                                    .idx = k->parts + k->first[gi], .owner = k, .release = link_release};
-        metric_add(p->m_in, floats * sizeof(float));
-        metric_add(p->m_out, floats * sizeof(float));
-        count_push(p, false, floats * sizeof(float), floats * sizeof(float), t0);
-        uint64_t step;
-        enum agg_verdict v = agg_push(p->agg, &lh->w, k->scratch, p->cfg->rpc.deadline_ms * 1000u, &step);
-        if (v == AGG_STALE) {
-                shard_block_read(p->s, lh->w.idx, lh->w.n, shmlink_params(k->l));
-                shmlink_reply(k->l, g, push->seq, 0, step, NULL);
-        } else if (v == AGG_REFUSED) {
-                char err[300];
-                snprintf(err, sizeof(err), "push of %s computed from step %llu, but ps:%u is at step %llu: pull again",
-                         k->name, (unsigned long long)push->local_step, p->shard, (unsigned long long)step);
-                note_reject(p, err);
-                shmlink_reply(k->l, g, push->seq, -EAGAIN, 0, err);
-        }
-}
-
-static void serve_link_push(struct link *k, const struct shmlink_push *push) {
-        struct psd *p = k->p;
-        uint32_t gi = push->index, g = k->groups[gi];
-        uint64_t t0 = mono_us();
-        char err[600];
-        if (!atomic_load(&p->s->initialized)) {
-                snprintf(err, sizeof(err), "ps:%u is not initialized yet (waiting for the chief)", p->shard);
-                shmlink_reply(k->l, g, push->seq, -EAGAIN, 0, err);
-                return;
-        }
-        /* receive and validate: copied out of the segment first, so the values checked are the values
-         * applied whatever the other process does meanwhile; nothing applied unless all are finite */
-        const uint32_t *parts = k->parts + k->first[gi];
-        if (shard_block_check(p->s, shmlink_grads(k->l), parts, k->count[gi], k->scratch, k->name, err, sizeof(err)) < 0) {
-                note_reject(p, err);
-                shmlink_reply(k->l, g, push->seq, -EINVAL, 0, err);
-                return;
-        }
-        if (p->agg) {
-                size_t floats = 0;
-                for (uint32_t i = 0; i < k->count[gi]; i++)
-                        floats += p->s->parts[parts[i]].a.n;
-                sync_link_push(k, push, floats, t0);
-                return;
-        }
-        /* apply, and reply: the fresh values go where the worker's forward reads them */
-        uint64_t t_apply = mono_us();
-        shard_block_apply(p->s, parts, k->count[gi], k->scratch, shmlink_params(k->l));
-        metric_observe_us(p->m_apply, mono_us() - t_apply);
-        size_t floats = 0;
-        for (uint32_t i = 0; i < k->count[gi]; i++)
-                floats += p->s->parts[parts[i]].a.n;
-        metric_add(p->m_in, floats * sizeof(float));
-        metric_add(p->m_out, floats * sizeof(float));
-        uint64_t gs = count_push(p, push->count_step, floats * sizeof(float), floats * sizeof(float), t0);
-        if (p->ssp && push->count_step) {
-                /* ssp: a worker too far ahead gets its answer when the slowest is near enough */
-                struct link_held *lh = &k->held[gi];
-                ssp_forget(p->ssp, k);   /* an answer held before: the worker gave up on it */
-                *lh = (struct link_held){.k = k, .g = g, .seq = push->seq};
-                lh->w = (struct agg_waiter){.worker = k->worker, .n = k->count[gi], .idx = parts, .owner = k,
-                                            .release = link_release};
-                if (ssp_arrive(p->ssp, &lh->w, push->local_step, p->cfg->rpc.deadline_ms * 1000u))
-                        return;
-        }
-        shmlink_reply(k->l, g, push->seq, 0, gs, NULL);
-}
+/* ---- a link's thread: each push the worker makes goes to the pipeline (psd_push.c) ---- */
 
 static void *link_main(void *arg) {
         struct link *k = arg;
@@ -111,7 +24,7 @@ static void *link_main(void *arg) {
                 struct shmlink_push push;
                 int r = shmlink_next(k->l, k->groups, k->n_groups, k->last, LINK_SPIN_US, 1000, &k->stop, &push);
                 if (r > 0) {
-                        serve_link_push(k, &push);
+                        psd_push_link(k, &push);
                 } else if (r < 0) {
                         if (!atomic_load(&k->stop))
                                 why = "the worker ended it";
@@ -140,7 +53,6 @@ static struct link *link_free(struct link *k) {
                 ssp_forget(k->p->ssp, k);
         shmlink_free(k->l);
         free(k->held);
-        free(k->groups);
         free(k->parts);
         free(k->scratch);
         free(k);
@@ -190,14 +102,16 @@ static int link_groups(struct psd *p, struct link *k, const Psfleet__V1__AttachS
         bool *seen = calloc(n_plan + 1, sizeof(bool));
         bool *gseen = calloc(shmlink_n_groups(k->l) + 1, sizeof(bool));
         k->n_groups = n;
-        k->groups = calloc(4 * ((size_t)n + 1), sizeof(uint32_t));
+        /* the held records, then the groups' four arrays: one allocation, as they live as long */
+        k->held = calloc(1, ((size_t)n + 1) * (sizeof(*k->held) + 4 * sizeof(uint32_t)));
         k->parts = calloc(p->s->n_parts + 1, sizeof(uint32_t));   /* each part once: no more */
         int r = -ENOMEM;
         size_t largest = 1;
-        if (!seen || !gseen || !k->groups || !k->parts) {
+        if (!seen || !gseen || !k->held || !k->parts) {
                 errf(err, errlen, r, "out of memory");
                 goto out;
         }
+        k->groups = (uint32_t *)(k->held + n + 1);
         k->last = k->groups + n + 1;
         k->first = k->last + n + 1;
         k->count = k->first + n + 1;
@@ -227,7 +141,7 @@ static int link_groups(struct psd *p, struct link *k, const Psfleet__V1__AttachS
                 k->count[i] = at - k->first[i];
                 largest = floats > largest ? floats : largest;
         }
-        if (!(k->scratch = malloc(largest * sizeof(float))) || !(k->held = calloc(n + 1, sizeof(*k->held)))) {
+        if (!(k->scratch = malloc(largest * sizeof(float)))) {
                 r = errf(err, errlen, -ENOMEM, "out of memory");
                 goto out;
         }
@@ -245,15 +159,15 @@ static bool attach_caller_ok(struct rpc_call *call, uint32_t worker) {
 
 /* A refusal the socket's listener made (another user, no descriptor, ...): counted and logged. */
 static void on_attach_refused(void *ud, const char *why) {
-        note_reject(ud, why);
+        psd_note_reject(ud, why);
 }
 
 /* Step 2 of an attach (shmlink.h): the descriptor the worker sent on our socket with this nonce, from
  * the process the call names, becomes a link to the worker the caller is. Every refusal is counted:
  * a worker that found our socket is on this host, and its attach should not fail. */
-void on_attach(struct rpc_call *call, void *ud) {
+void links_on_attach(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
-        char err[800], why[600];
+        char err[800], why[600], who[LOG_PEER_BUF];
         ProtobufCMessage *m = NULL;
         struct link *k = NULL;
         int r, fd = -1;
@@ -262,7 +176,7 @@ void on_attach(struct rpc_call *call, void *ud) {
                 goto reject;
         }
         const Psfleet__V1__AttachSharedMemoryRequest *q = (const Psfleet__V1__AttachSharedMemoryRequest *)m;
-        if ((r = check_caller(p, q->caller, err, sizeof(err))) < 0)
+        if ((r = psd_check_caller(p, q->caller, err, sizeof(err))) < 0)
                 goto reject;
         if (q->nonce.len != SHMLINK_NONCE) {
                 r = -EINVAL;
@@ -272,7 +186,7 @@ void on_attach(struct rpc_call *call, void *ud) {
         if (!attach_caller_ok(call, q->worker)) {
                 r = -EACCES;
                 snprintf(err, sizeof(err), "AttachSharedMemory for worker:%u from %s, which is not worker/%u",
-                         q->worker, rpc_call_identity(call)->name, q->worker);
+                         q->worker, log_peer_str(rpc_call_identity(call)->name, who, sizeof(who)), q->worker);
                 goto reject;
         }
         if (!p->attach) {
@@ -338,7 +252,7 @@ void on_attach(struct rpc_call *call, void *ud) {
         rpc_call_reply_msg(call, &rep.base);
         goto out;
 reject:
-        reject(p, call, r, err);
+        psd_reject(p, call, r, err);
 out:
         if (fd >= 0)
                 close(fd);   /* mapped, or refused */
@@ -349,7 +263,7 @@ out:
 
 /* The attach socket, RUNTIME_DIR/JOB-ps-N.sock. Without one psd still runs, and workers push through
  * gRPC; only a live psd of the same name there is fatal (as an address in use). */
-int attach_socket_open(struct psd *p) {
+int links_socket_open(struct psd *p) {
         char path[256], err[600];
         int r = shmlink_socket_path(p->cfg->rpc.runtime_dir, p->cfg->name, p->shard, path, sizeof(path), err, sizeof(err));
         if (r == 0)

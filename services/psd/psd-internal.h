@@ -1,5 +1,8 @@
-/* What psd.c (run() and the RPC handlers) and links.c (workers pushing through shared memory) share:
- * the daemon's state and the steps every push takes (receive, check the caller, count, reject). */
+/* What psd's files share: the daemon's state, and each file's calls. They stack without a cycle:
+ * psd.c (run(), the handlers' table, Assign, Pull, status, Stop) calls links.c (the shared-memory links
+ * and their attach), psd_push.c (the push pipeline, both transports), sparse_rpc.c (the embedding
+ * tables) and psd_call.c (the steps every call takes); links.c calls psd_push.c and psd_call.c; the
+ * others call psd_call.c; psd_call.c calls none of them. */
 #pragma once
 #include <pthread.h>
 #include <stdatomic.h>
@@ -74,34 +77,75 @@ struct link {
         uint32_t worker;
         char name[24];           /* "worker:<i>", for messages */
         uint32_t n_groups;
-        uint32_t *groups;        /* (n_groups) the groups' records in the segment; owns the next three */
+        uint32_t *groups;        /* (n_groups) the groups' records in the segment */
         uint32_t *last;          /* (n_groups) the push of each served last */
         uint32_t *first, *count; /* (n_groups) each group's parts: parts[first, first + count) */
         uint32_t *parts;         /* indices into the shard's parts, a group's adjacent */
         float *scratch;          /* (largest group) the gradients, copied out of the segment */
-        struct link_held *held;  /* (n_groups) sync: each group's push held for the step */
+        struct link_held *held;  /* (n_groups) each group's push held (sync, ssp); owns groups, last, first
+                                  * and count, which follow it in one allocation */
         pthread_t thread;
         bool started;
         atomic_bool stop, ended;
         struct link *next;
 };
 
-/* A worker's shared-memory push held by the sync step (agg.h): one per group, as a group has one push
- * in flight at most. */
-struct link_held {
+/* A push held by the sync step or by ssp (agg.h), whichever way it came: answered through its
+ * transport's table when released (psd_push.c). */
+struct psd_push_ops;
+struct psd_held {
         struct agg_waiter w;     /* first: the release callback gets it */
+        const struct psd_push_ops *ops;
+        struct psd *p;
+};
+
+/* A worker's shared-memory push held: one per group, as a group has one push in flight at most. */
+struct link_held {
+        struct psd_held hd;      /* first */
         struct link *k;
         uint32_t g;              /* the group's record in the segment */
         uint32_t seq;
 };
 
-/* psd.c */
-void note_reject(struct psd *p, const char *msg);
-int check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t errlen);
-int receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageDescriptor *d, struct wire_in **in,
-            ProtobufCMessage **header, char *err, size_t errlen);
-void reject(struct psd *p, struct rpc_call *call, int r, const char *err);
-uint64_t count_push(struct psd *p, bool count_step, size_t bytes, size_t bytes_out, uint64_t t0);
+/* psd_call.c: the steps every call takes */
+
+/* A refused call counted, remembered for the status (last_error) and logged, rate-limited. */
+void psd_note_reject(struct psd *p, const char *msg);
+/* Whether caller c (nullable) names this job's fingerprint: 0, or -EPERM with err saying so. */
+int psd_check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t errlen);
+/* A received message of a header and tensors; psd_request_done frees both (NULL-safe fields). */
+struct psd_request {
+        struct wire_in *in;
+        ProtobufCMessage *hm;
+};
+/* The call's payload taken, its header (descriptor d) unpacked and the caller it names (the header's
+ * field "caller", in every request that carries tensors) checked. 0, or -errno with err saying why;
+ * q holds what was read either way. */
+int psd_receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageDescriptor *d, struct psd_request *q,
+                char *err, size_t errlen);
+void psd_request_done(struct psd_request *q);
+/* A refused call: psd_note_reject, and the call failed with err. */
+void psd_reject(struct psd *p, struct rpc_call *call, int r, const char *err);
+/* The one gate of a shard the chief has not assigned yet: 0, or -EAGAIN with err saying so (not the
+ * caller's fault: not counted). psd_ready_or_refuse fails the call with it and returns false. */
+int psd_ready(struct psd *p, char *err, size_t errlen);
+bool psd_ready_or_refuse(struct psd *p, struct rpc_call *call);
+void psd_out_of_memory(struct psd *p, struct rpc_call *call);   /* fails the call: "ps:N: out of memory" */
+/* shard 0 counts the step of a push that says so; every shard counts the push, its bytes (of
+ * gradients in, of values back, as they travelled: float32 or bfloat16) and the time since t0 (mono_us
+ * at receive). Returns global_step as shard 0 holds it (0 elsewhere). */
+uint64_t psd_count_push(struct psd *p, bool count_step, size_t bytes, size_t bytes_out, uint64_t t0);
+/* A reply's values in one buffer lent to gRPC (refs: one per tensor slice, one for the builder),
+ * freed when the last reference is released (psd_lent_release, a wire_out release callback). */
+struct psd_lent {
+        atomic_int refs;
+        float data[];
+};
+void psd_lent_release(void *ud);
+
+/* psd_push.c: a push, gate → check → async, sync or ssp → apply → count → reply */
+void psd_on_push(struct rpc_call *call, void *ud);                      /* gRPC Push */
+void psd_push_link(struct link *k, const struct shmlink_push *push);   /* a push in k's segment */
 
 /* sparse_rpc.c: the embedding tables' RPCs (docs/sparse.md) */
 int sparse_tables_new(struct psd *p);            /* 0, or -errno (logged) */
@@ -119,5 +163,5 @@ void on_sparse_import(struct rpc_call *call, void *ud);
 struct link *links_take(struct psd *p, uint32_t worker);
 void links_free(struct link *k);
 uint32_t links_count(struct psd *p);
-void on_attach(struct rpc_call *call, void *ud);
-int attach_socket_open(struct psd *p);
+void links_on_attach(struct rpc_call *call, void *ud);   /* gRPC AttachSharedMemory */
+int links_socket_open(struct psd *p);   /* the attach socket; 0 without one, -EADDRINUSE fatal (logged) */

@@ -1,12 +1,11 @@
 /* psd: one parameter-server shard. Its variables (shard.c) are the job's parts placed on it, with
  * their optimizer slots; it applies gradients as they arrive (async) and replies with fresh values.
- * Shard 0 owns global_step. Starts uninitialized; the chief assigns it. This file is run() and the
- * RPC handlers; shard.c validates and applies; links.c serves workers that push through shared memory.
+ * Shard 0 owns global_step. Starts uninitialized; the chief assigns it. This file is run(), the
+ * handlers' table and the chief's calls (Assign, Pull, status, Stop); shard.c validates and applies.
  *
- * Data flow of a push, top to bottom in on_push(): receive → validate → apply → reply. A worker on
- * this host may instead push through shared memory (shmlink.h): a thread per such worker runs the
- * same steps in serve_link_push() (links.c), reading the gradients from the worker's segment and writing the
- * fresh values back into it. */
+ * Data flow of a push, top to bottom in psd_push.c: receive → validate → apply → reply, one pipeline
+ * for a gRPC Push and for a worker on this host that pushes through shared memory (shmlink.h; links.c
+ * runs a thread per such worker, whose pushes go to the same pipeline). */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -58,326 +57,29 @@ static void psd_metrics(struct psd *p) {
         p->m_links = metric_gauge("psfleet_ps_shm_links", "Workers pushing through shared memory.", "shard", shard);
 }
 
-void note_reject(struct psd *p, const char *msg) {
-        atomic_fetch_add(&p->rejected, 1);
-        metric_add(p->m_rejected, 1);
-        pthread_mutex_lock(&p->err_mu);
-        snprintf(p->last_error, sizeof(p->last_error), "%s", msg);
-        pthread_mutex_unlock(&p->err_mu);
-        /* an authorized but broken (or hostile) worker may send thousands: a few lines, and a count */
-        static struct log_ratelimit rl = LOG_RATELIMIT_INIT(10000000u, 20);
-        if (log_ratelimit_ok(&rl, "rejections"))
-                log_warning("rejected: %s", msg);
-}
-
-/* The caller's fingerprint is not ours: the refusal says only that it differs (the job's fingerprint
- * is what a caller must know, so it is never handed out); both values go to psd's journal. */
-int check_caller(struct psd *p, const Psfleet__V1__Caller *c, char *err, size_t errlen) {
-        uint64_t fp = c ? c->fingerprint : 0;
-        if (fp != p->L->fingerprint) {
-                const char *who = c && c->task && *c->task ? c->task : "the caller";
-                log_warning("%s's job fingerprint %016llx differs from ps:%u's %016llx", who, (unsigned long long)fp,
-                            p->shard, (unsigned long long)p->L->fingerprint);
-                snprintf(err, errlen,
-                         "the job fingerprint of %s differs from ps:%u's: the job files differ "
-                         "(the chief names the difference when the worker joins)",
-                         who, p->shard);
-                return -EPERM;
-        }
-        return 0;
-}
-
-/* A reply's values live in one buffer lent to gRPC, freed when the last tensor slice is released. */
-struct lent {
-        atomic_int refs;
-        float data[];
-};
-
-static void lent_release(void *ud) {
-        struct lent *l = ud;
-        if (atomic_fetch_sub(&l->refs, 1) == 1)
-                free(l);
-}
-
-/* receive: a message of a header and tensors, its header unpacked and the caller it names (the
- * header's field "caller", in every request that carries tensors) checked. 0, or -errno with err
- * saying why. */
-int receive(struct psd *p, struct rpc_call *call, const ProtobufCMessageDescriptor *d, struct wire_in **in,
-            ProtobufCMessage **hm, char *err, size_t errlen) {
-        int r;
-        if ((r = wire_in_parse(rpc_call_take_payload(call), in, err, errlen)) < 0)
-                return r;
-        if ((r = wire_in_header(*in, d, hm)) < 0)
-                return errf(err, errlen, r, "%s does not parse", d->short_name);
-        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, "caller");
-        return check_caller(p, f ? *(const Psfleet__V1__Caller *const *)((const char *)*hm + f->offset) : NULL, err,
-                            errlen);
-}
-
-/* A refused call: counted, remembered for the status, logged, and failed with err. */
-void reject(struct psd *p, struct rpc_call *call, int r, const char *err) {
-        note_reject(p, err);
-        rpc_call_fail_errno(call, r, "%s", err);
-}
-
-/* shard 0 counts the step of a push that says so; every shard counts the push, its bytes (of gradients
- * in, of values back, as they travelled: float32 or bfloat16) and the time since t0 (mono_us at receive) */
-uint64_t count_push(struct psd *p, bool count_step, size_t bytes, size_t bytes_out, uint64_t t0) {
-        uint64_t gs = 0;
-        if (p->shard == 0)
-                gs = count_step ? atomic_fetch_add(&p->s->global_step, 1) + 1 : atomic_load(&p->s->global_step);
-        atomic_fetch_add(&p->pushes, 1);
-        atomic_fetch_add(&p->bytes_in, bytes);
-        atomic_fetch_add(&p->bytes_out, bytes_out);
-        atomic_fetch_add(&p->apply_us, mono_us() - t0);
-        metric_add(p->m_pushes, 1);
-        metric_set(p->m_step, (double)gs);
-        /* the last steps: a worker held now would wait for one that has stopped */
-        if (p->ssp && gs + 1 >= p->cfg->training.max_steps)
-                ssp_finish(p->ssp);
-        return gs;
-}
-
-/* ---- Push: receive → validate → apply → reply ---- */
-
-/* Answers a push with global_step gs and vals (owned): the fresh values of parts[0..n) one after the
- * other, lent to gRPC without another copy. */
-static void reply_values(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n,
-                         struct lent *vals, uint64_t gs, uint32_t dtype) {
-        Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
-        rh.global_step = gs;
-        rh.incarnation = p->incarnation;
-        struct wire_out *o;
-        grpc_byte_buffer *bb;
-        if (wire_out_new(&o) < 0) {
-                free(vals);
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
-                return;
-        }
-        wire_out_header(o, &rh.base);
-        atomic_init(&vals->refs, 1);
-        for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++) {
-                uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
-                atomic_fetch_add(&vals->refs, 1);
-                wire_out_tensor_f32(o, parts[i]->name, dtype, shape, 2, parts[i]->row_begin, vals->data + at,
-                                    parts[i]->a.n, lent_release, vals);
-        }
-        int r = wire_out_finish(o, &bb);
-        wire_out_free(o);
-        lent_release(vals);
-        if (r < 0) {
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
-                return;
-        }
-        metric_add(p->m_out, grpc_byte_buffer_length(bb));
-        rpc_call_reply(call, bb);
-}
-
-/* As reply_values, reading the parts' values now (a sync step's push, answered when it is applied). */
-static void reply_parts(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n, uint64_t gs,
-                        uint32_t dtype) {
-        size_t total = 0;
-        for (size_t i = 0; i < n; i++)
-                total += parts[i]->a.n;
-        struct lent *vals = malloc(sizeof(*vals) + total * sizeof(float));
-        if (!vals) {
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
-                return;
-        }
-        for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++)
-                shard_read(p->s, (uint32_t)(parts[i] - p->s->parts), 0, vals->data + at);
-        reply_values(p, call, parts, n, vals, gs, dtype);
-}
-
-/* A gRPC push held by the sync step (agg.h) until its parts are applied. */
-struct held_call {
-        struct agg_waiter w;      /* first: the release callback gets it */
-        struct psd *p;
-        struct rpc_call *call;
-        uint32_t n_values;        /* parts to answer with values (0: none wanted) */
-        uint32_t dtype;           /* of the push, and so of the answer's values */
-        struct shard_part **parts;
-        uint32_t *idx;
-};
-
-static void held_release(struct agg_waiter *w, int status, uint64_t step, const char *msg) {
-        struct held_call *hc = (struct held_call *)w;
-        if (status == 0)   /* ssp answers with global_step, as async does */
-                reply_parts(hc->p, hc->call, hc->parts, hc->n_values,
-                            hc->p->ssp ? atomic_load(&hc->p->s->global_step) : step, hc->dtype);
-        else
-                rpc_call_fail_errno(hc->call, status, "ps:%u: %s", hc->p->shard, msg);
-        free(hc);
-}
-
-/* A held call for a push of parts[0..n) from the worker h names; NULL when out of memory. */
-static struct held_call *held_new(struct psd *p, struct rpc_call *call, const Psfleet__V1__PushHeader *h,
-                                  struct shard_part *const *parts, size_t n, uint32_t dtype) {
-        struct held_call *hc = calloc(1, sizeof(*hc) + n * (sizeof(struct shard_part *) + sizeof(uint32_t)));
-        if (!hc)
-                return NULL;
-        hc->p = p;
-        hc->call = call;
-        hc->parts = (struct shard_part **)(hc + 1);
-        hc->idx = (uint32_t *)(hc->parts + n);
-        hc->n_values = h->want_values ? (uint32_t)n : 0;
-        hc->dtype = dtype;
-        for (size_t i = 0; i < n; i++) {
-                hc->parts[i] = parts[i];
-                hc->idx[i] = (uint32_t)(parts[i] - p->s->parts);
-        }
-        hc->w = (struct agg_waiter){.worker = h->worker, .version = h->local_step, .n = (uint32_t)n, .idx = hc->idx,
-                                    .release = held_release};
-        return hc;
-}
-
-/* training.mode ssp, shard 0: a worker's counting push, applied; true when its answer is held because
- * the worker is too far ahead (ssp.h), false to answer now. */
-static bool ssp_hold(struct psd *p, struct rpc_call *call, const Psfleet__V1__PushHeader *h,
-                     struct shard_part *const *parts, size_t n, uint32_t dtype) {
-        struct held_call *hc = held_new(p, call, h, parts, n, dtype);
-        if (!hc)
-                return false;
-        if (ssp_arrive(p->ssp, &hc->w, h->local_step, p->cfg->rpc.deadline_ms * 1000u))
-                return true;
-        free(hc);
-        return false;
-}
-
-/* training.mode sync: the checked gradients go to the step (agg_push); the call is answered when the
- * step is applied, at once when the gradients are stale (with the values they missed), or refused. */
-static void sync_push(struct psd *p, struct rpc_call *call, const Psfleet__V1__PushHeader *h, const struct wire_in *in,
-                      struct shard_part **parts, size_t total, float scale, uint64_t t0) {
-        size_t n = in->n_tensors;
-        uint32_t dtype = n ? in->tensors[0].dtype : WIRE_DTYPE_FLOAT32;
-        size_t es = wire_dtype_size(dtype);
-        struct held_call *hc = held_new(p, call, h, parts, n, dtype);
-        float *g = malloc((total + 1) * sizeof(float));
-        if (!hc || !g) {
-                free(hc);
-                free(g);
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
-                return;
-        }
-        shard_wire_read(in, parts, scale, g);
-        metric_add(p->m_in, grpc_byte_buffer_length(in->bb));
-        count_push(p, false, total * es, h->want_values ? total * es : 0, t0);
-        uint64_t step;
-        enum agg_verdict v = agg_push(p->agg, &hc->w, g, p->cfg->rpc.deadline_ms * 1000u, &step);
-        free(g);
-        if (v == AGG_HELD)
-                return;   /* hc is the step's until released */
-        if (v == AGG_STALE) {
-                reply_parts(p, call, hc->parts, hc->n_values, step, dtype);
-        } else {
-                char err[300];
-                snprintf(err, sizeof(err), "push of worker:%u computed from step %llu, but ps:%u is at step %llu: pull "
-                         "again", h->worker, (unsigned long long)h->local_step, p->shard, (unsigned long long)step);
-                reject(p, call, -EAGAIN, err);
-        }
-        free(hc);
-}
-
-static void on_push(struct rpc_call *call, void *ud) {
-        struct psd *p = ud;
-        char err[600];
-        struct wire_in *in = NULL;
-        ProtobufCMessage *hm = NULL;
-        struct shard_part **parts = NULL;
-        struct lent *vals = NULL;
-        uint64_t t0 = mono_us();
-        int r;
-
-        /* receive */
-        if ((r = receive(p, call, &psfleet__v1__push_header__descriptor, &in, &hm, err, sizeof(err))) < 0)
-                goto reject;
-        const Psfleet__V1__PushHeader *h = (const Psfleet__V1__PushHeader *)hm;
-        /* a push speaks for the worker its header names: in sync mode its gradient stands in that worker's
-         * place in the sum, under ssp it moves that worker's clock. Only the worker itself may send it. */
-        if (!authz_peer_is(rpc_call_identity(call), PEER_WORKER, h->worker)) {
-                snprintf(err, sizeof(err), "Push as worker:%u from %s, which is not worker/%u", h->worker,
-                         rpc_call_identity(call)->name, h->worker);
-                r = -EACCES;
-                goto reject;
-        }
-
-        /* validate: everything before anything is applied, so a bad push changes nothing */
-        if (!atomic_load(&p->s->initialized)) {
-                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "ps:%u is not initialized yet (waiting for the chief)",
-                              p->shard);
-                goto out;
-        }
-        size_t total;
-        float scale;
-        parts = calloc(in->n_tensors ? in->n_tensors : 1, sizeof(*parts));
-        if (!parts)
-                goto oom;
-        /* names, shapes, each part once, and (streamed out of gRPC's slices) all finite, within the norm */
-        if ((r = shard_wire_check(p->s, in, h->caller->task, parts, &total, &scale, err, sizeof(err))) < 0)
-                goto reject;
-        if (p->agg) {
-                sync_push(p, call, h, in, parts, total, scale, t0);
-                goto out;
-        }
-        vals = malloc(sizeof(*vals) + (h->want_values ? total : 0) * sizeof(float));
-        if (!vals)
-                goto oom;
-
-        /* apply */
-        metric_add(p->m_in, grpc_byte_buffer_length(in->bb));
-        uint64_t t_apply = mono_us();
-        shard_wire_apply(p->s, in, parts, scale, h->want_values ? vals->data : NULL);
-        metric_observe_us(p->m_apply, mono_us() - t_apply);
-        uint32_t dtype = in->n_tensors ? in->tensors[0].dtype : WIRE_DTYPE_FLOAT32;   /* a worker pushes one */
-        size_t es = wire_dtype_size(dtype);
-        uint64_t gs = count_push(p, h->count_step, total * es, h->want_values ? total * es : 0, t0);
-        if (p->ssp && h->count_step && ssp_hold(p, call, h, parts, in->n_tensors, dtype))
-                goto out;   /* answered when the slowest worker is near enough */
-
-        /* reply: the fresh values, lent without another copy (in the format the gradients came in) */
-        reply_values(p, call, parts, h->want_values ? in->n_tensors : 0, vals, gs, dtype);
-        vals = NULL;
-        goto out;
-
-oom:
-        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
-        goto out;
-reject:
-        reject(p, call, r, err);
-out:
-        free(vals);
-        free(parts);
-        if (hm)
-                protobuf_c_message_free_unpacked(hm, NULL);
-        wire_in_free(in);
-}
-
 /* ---- Assign: the chief initializes or restores the shard ---- */
 
 static void on_assign(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
-        char err[600];
-        struct wire_in *in = NULL;
-        ProtobufCMessage *hm = NULL;
-        int r = receive(p, call, &psfleet__v1__assign_header__descriptor, &in, &hm, err, sizeof(err));
-        const Psfleet__V1__AssignHeader *h = (const Psfleet__V1__AssignHeader *)hm;
+        char err[600], who[LOG_PEER_BUF];
+        struct psd_request q = {0};
+        int r = psd_receive(p, call, &psfleet__v1__assign_header__descriptor, &q, err, sizeof(err));
+        const Psfleet__V1__AssignHeader *h = (const Psfleet__V1__AssignHeader *)q.hm;
         if (r == 0)
-                r = shard_assign(p->s, in, h->with_slots, h->global_step, err, sizeof(err));
+                r = shard_assign(p->s, q.in, h->with_slots, h->global_step, err, sizeof(err));
         if (r == 0 && p->agg)
                 agg_reset(p->agg, h->global_step);   /* the step starts over from the values assigned */
         if (r < 0) {
-                reject(p, call, r, err);
+                psd_reject(p, call, r, err);
         } else {
                 log_info_step(h->global_step, "assigned by %s: %u variable part(s)%s at global_step %llu",
-                              h->caller->task, p->s->n_parts, h->with_slots ? " with optimizer slots" : "",
-                              (unsigned long long)h->global_step);
+                              log_peer_str(h->caller->task, who, sizeof(who)), p->s->n_parts,
+                              h->with_slots ? " with optimizer slots" : "", (unsigned long long)h->global_step);
                 Psfleet__V1__AssignReply rep = PSFLEET__V1__ASSIGN_REPLY__INIT;
                 rep.incarnation = p->incarnation;
                 rpc_call_reply_msg(call, &rep.base);
         }
-        if (hm)
-                protobuf_c_message_free_unpacked(hm, NULL);
-        wire_in_free(in);
+        psd_request_done(&q);
 }
 
 /* ---- Pull ---- */
@@ -394,18 +96,16 @@ static void on_pull(struct rpc_call *call, void *ud) {
         const Psfleet__V1__PullRequest *q = (const Psfleet__V1__PullRequest *)m;
         static const Psfleet__V1__PullHeader empty = PSFLEET__V1__PULL_HEADER__INIT;
         const Psfleet__V1__PullHeader *h = q->header ? q->header : &empty;
-        if ((r = check_caller(p, h->caller, err, sizeof(err))) < 0)
+        if ((r = psd_check_caller(p, h->caller, err, sizeof(err))) < 0)
                 goto reject;
-        if (!atomic_load(&p->s->initialized)) {
-                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "ps:%u is not initialized yet (waiting for the chief)", p->shard);
+        if (!psd_ready_or_refuse(p, call))
                 goto out;
-        }
         unsigned ns = h->with_slots ? p->s->n_slots : 0;
-        struct lent *vals = malloc(sizeof(*vals) + p->s->n_floats * (1 + ns) * sizeof(float));
+        struct psd_lent *vals = malloc(sizeof(*vals) + p->s->n_floats * (1 + ns) * sizeof(float));
         struct wire_out *o;
         if (!vals || wire_out_new(&o) < 0) {
                 free(vals);
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                psd_out_of_memory(p, call);
                 goto out;
         }
         atomic_init(&vals->refs, 1);
@@ -427,7 +127,7 @@ static void on_pull(struct rpc_call *call, void *ud) {
                                  s ? optim_slot_name(p->cfg->training.optimizer, s - 1) : "");
                         atomic_fetch_add(&vals->refs, 1);
                         wire_out_tensor(o, name, WIRE_DTYPE_FLOAT32, shape, 2, pt->row_begin, vals->data + at,
-                                        pt->a.n * sizeof(float), lent_release, vals);
+                                        pt->a.n * sizeof(float), psd_lent_release, vals);
                         at += pt->a.n;
                 }
         }
@@ -437,11 +137,11 @@ static void on_pull(struct rpc_call *call, void *ud) {
         wire_out_header(o, &rh.base);
         wire_out_finish(o, &bb);
         wire_out_free(o);
-        lent_release(vals);
+        psd_lent_release(vals);
         rpc_call_reply(call, bb);
         goto out;
 reject:
-        reject(p, call, r, err);
+        psd_reject(p, call, r, err);
 out:
         if (m)
                 protobuf_c_message_free_unpacked(m, NULL);
@@ -469,7 +169,7 @@ static void on_status(struct rpc_call *call, void *ud) {
         st.last_error = last;
         st.shared_memory_links = links_count(p);
         if (sparse_status(p, &st) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
+                psd_out_of_memory(p, call);
                 return;
         }
         Psfleet__V1__WaitingFor wf = PSFLEET__V1__WAITING_FOR__INIT;
@@ -539,7 +239,8 @@ static void on_stop(struct rpc_call *call, void *ud) {
         ProtobufCMessage *m = NULL;
         if (wire_unpack(rpc_call_payload(call), &psfleet__v1__stop_request__descriptor, &m) == 0) {
                 const char *why = ((Psfleet__V1__StopRequest *)m)->reason;
-                log_info("stop requested: %s", why && *why ? why : "(no reason given)");
+                char buf[LOG_PEER_BUF];
+                log_info("stop requested: %s", why && *why ? log_peer_str(why, buf, sizeof(buf)) : "(no reason given)");
                 protobuf_c_message_free_unpacked(m, NULL);
         }
         Psfleet__V1__StopReply rep = PSFLEET__V1__STOP_REPLY__INIT;
@@ -681,18 +382,18 @@ static int run(int argc, char **argv) {
                 return r == 1 ? 0 : r;
         rpc_global_init();
         int ret = DAEMON_EX_FAILURE;
-        if ((r = psd_build(&p)) < 0 || (r = attach_socket_open(&p)) < 0) {
+        if ((r = psd_build(&p)) < 0 || (r = links_socket_open(&p)) < 0) {
                 ret = daemon_exit_code(r);
                 goto out;
         }
 
         static const char *const services[] = {"psfleet.v1.ParameterServer", NULL};
         struct rpc_method methods[] = {
-                {"/psfleet.v1.ParameterServer/Push", on_push, &p},
+                {"/psfleet.v1.ParameterServer/Push", psd_on_push, &p},
                 {"/psfleet.v1.ParameterServer/Assign", on_assign, &p},
                 {"/psfleet.v1.ParameterServer/Pull", on_pull, &p},
                 {"/psfleet.v1.ParameterServer/GetShardStatus", on_status, &p},
-                {"/psfleet.v1.ParameterServer/AttachSharedMemory", on_attach, &p},
+                {"/psfleet.v1.ParameterServer/AttachSharedMemory", links_on_attach, &p},
                 {"/psfleet.v1.ParameterServer/Stop", on_stop, &p},
                 {"/psfleet.v1.ParameterServer/SparseExchange", on_sparse_exchange, &p},
                 {"/psfleet.v1.ParameterServer/SparseExport", on_sparse_export, &p},

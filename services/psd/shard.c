@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "optim.h"
 #include "util.h"
 
@@ -89,12 +90,12 @@ int shard_plan_part(const struct shard *s, uint32_t plan_index) {
 
 int shard_match(struct shard *s, const struct wire_tensor *t, bool allow_slot, struct shard_part **part_ret,
                 int *slot_ret, char *err, size_t errlen) {
-        char name[300];
+        char name[300], pn[LOG_PEER_BUF];   /* pn: the name as a message shows it (log_peer_str) */
         snprintf(name, sizeof(name), "%s", t->name ? t->name : "");
         int slot = -1;
         struct shard_part *q = shard_find(s, name, t->row_offset);
         if (!q && allow_slot) {
-                char *sl = strrchr(name, '/');
+                char *sl = strrchr(name, '/'), sn[LOG_PEER_BUF];
                 if (sl) {
                         *sl = 0;
                         q = shard_find(s, name, t->row_offset);
@@ -103,24 +104,27 @@ int shard_match(struct shard *s, const struct wire_tensor *t, bool allow_slot, s
                                         slot = (int)j;
                         if (q && slot < 0)
                                 return errf(err, errlen, -EINVAL, "tensor \"%s\": optimizer %s has no slot \"%s\"",
-                                            t->name, optim_name(s->t->optimizer), sl + 1);
+                                            log_peer_str(t->name, pn, sizeof(pn)), optim_name(s->t->optimizer),
+                                            log_peer_str(sl + 1, sn, sizeof(sn)));
                 }
         }
         if (!q)
                 return errf(err, errlen, -EINVAL, "tensor \"%s\" rows from %llu: no such variable on ps:%u",
-                            t->name ? t->name : "", (unsigned long long)t->row_offset, s->index);
+                            log_peer_str(t->name ? t->name : "", pn, sizeof(pn)), (unsigned long long)t->row_offset,
+                            s->index);
         /* a push's gradients may come as bfloat16 (rpc.wire_dtype), read widened; an Assign's values are
          * the model itself: float32 only */
         if (t->dtype != WIRE_DTYPE_FLOAT32 && (allow_slot || t->dtype != WIRE_DTYPE_BFLOAT16))
-                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 (%u)%s", t->name,
-                            t->dtype, WIRE_DTYPE_FLOAT32, allow_slot ? "" : " or bfloat16 (3)");
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 (%u)%s",
+                            log_peer_str(t->name ? t->name : "", pn, sizeof(pn)), t->dtype, WIRE_DTYPE_FLOAT32,
+                            allow_slot ? "" : " or bfloat16 (3)");
         if (t->ndims != 2 || t->shape[0] != q->rows || t->shape[1] != q->cols) {
                 char shape[128] = "";
                 for (unsigned i = 0, at = 0; i < t->ndims && at < sizeof(shape) - 24; i++)
                         at += (unsigned)snprintf(shape + at, sizeof(shape) - at, "%s%llu", i ? ", " : "",
                                                  (unsigned long long)t->shape[i]);
-                return errf(err, errlen, -EINVAL, "tensor \"%s\": shape (%s), expected (%u, %u)", t->name, shape,
-                            q->rows, q->cols);
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": shape (%s), expected (%u, %u)",
+                            log_peer_str(t->name ? t->name : "", pn, sizeof(pn)), shape, q->rows, q->cols);
         }
         *part_ret = q;
         *slot_ret = slot;
@@ -135,8 +139,9 @@ static void read_wire(void *ud, float *buf, size_t k) {
 
 /* The norm's verdict for a push that has passed every other check; counts a clipped one. */
 static int norm_verdict(struct shard *s, double sumsq, const char *from, float *scale_ret, char *err, size_t errlen) {
-        char who[96];
-        snprintf(who, sizeof(who), "%s to ps:%u", from, s->index);
+        char who[96] = "", fb[LOG_PEER_BUF];
+        if (s->t->max_gradient_norm > 0)   /* only a norm over the limit names the sender */
+                snprintf(who, sizeof(who), "%s to ps:%u", log_peer_str(from, fb, sizeof(fb)), s->index);
         int r = apply_norm_limit(s->t, sumsq, who, scale_ret, err, errlen);
         if (r > 0)
                 atomic_fetch_add(&s->clipped, 1);
@@ -146,6 +151,7 @@ static int norm_verdict(struct shard *s, double sumsq, const char *from, float *
 int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from, struct shard_part **parts,
                      size_t *floats_ret, float *scale_ret, char *err, size_t errlen) {
         size_t total = 0;
+        char pn[LOG_PEER_BUF], fb[LOG_PEER_BUF];   /* the tensor's name and the sender as a message shows them */
         for (size_t i = 0; i < in->n_tensors; i++) {
                 int slot, r;
                 if ((r = shard_match(s, &in->tensors[i], false, &parts[i], &slot, err, errlen)) < 0)
@@ -153,7 +159,7 @@ int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from
                 for (size_t j = 0; j < i; j++)
                         if (parts[j] == parts[i])
                                 return errf(err, errlen, -EINVAL, "tensor \"%s\" appears twice in one push",
-                                            in->tensors[i].name);
+                                            log_peer_str(in->tensors[i].name, pn, sizeof(pn)));
                 total += parts[i]->a.n;
         }
         double sumsq = 0;
@@ -163,7 +169,8 @@ int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from
                 wire_reader_init(&rd, &in->tensors[i]);
                 if (!apply_check_read(parts[i]->a.n, read_wire, &rd, norm))
                         return errf(err, errlen, -EINVAL, "gradient \"%s\" from %s contains NaN or Inf; nothing applied",
-                                    in->tensors[i].name, from);
+                                    log_peer_str(in->tensors[i].name, pn, sizeof(pn)),
+                                    log_peer_str(from, fb, sizeof(fb)));
         }
         *floats_ret = total;
         return norm_verdict(s, sumsq, from, scale_ret, err, errlen);

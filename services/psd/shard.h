@@ -1,7 +1,8 @@
 /* A ps shard's variables: its parts of the job's variables and their optimizer slots in one
  * contiguous block, checked and applied here whichever way a push came (a gRPC message's tensors, or
- * a worker's shared-memory segment), assigned by the chief and read for pulls. No RPC: psd.c receives
- * and replies, this file validates and applies, so it is unit tested alone (tests/unit/test_shard.c).
+ * a worker's shared-memory segment), assigned by the chief and read for pulls. No RPC: psd_push.c
+ * receives and replies, this file validates and applies, so it is unit tested alone
+ * (tests/unit/test_shard.c).
  *
  * Thread-safe: each part has its own lock; a push locks its parts one at a time, an assign all of
  * them. The layout and cfg must outlive the shard. */

@@ -204,8 +204,10 @@ static int check_names(const struct wire_in *in, const char *const *names, size_
                 size_t k = 0;
                 while (k < n && strcmp(in->tensors[i].name, names[k]) != 0)
                         k++;
+                char buf[LOG_PEER_BUF];
                 if (k == n)
-                        return errf(err, errlen, -EINVAL, "tensor \"%s\" is not expected here", in->tensors[i].name);
+                        return errf(err, errlen, -EINVAL, "tensor \"%s\" is not expected here",
+                                    log_peer_str(in->tensors[i].name, buf, sizeof(buf)));
         }
         return 0;
 }
@@ -221,10 +223,6 @@ static int put_rows(struct wire_out *o, const char *name, float *buf, size_t n, 
                                buf);
 }
 
-static void out_of_memory(struct psd *p, struct rpc_call *call) {
-        rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "ps:%u: out of memory", p->shard);
-}
-
 /* Ends the call with o's message (freed), or with out of memory when r < 0 or it cannot be built. */
 static void reply_out(struct psd *p, struct rpc_call *call, struct wire_out *o, int r) {
         grpc_byte_buffer *bb;
@@ -232,7 +230,7 @@ static void reply_out(struct psd *p, struct rpc_call *call, struct wire_out *o, 
                 r = wire_out_finish(o, &bb);
         wire_out_free(o);
         if (r < 0)
-                out_of_memory(p, call);
+                psd_out_of_memory(p, call);
         else
                 rpc_call_reply(call, bb);
 }
@@ -242,20 +240,16 @@ static void reply_out(struct psd *p, struct rpc_call *call, struct wire_out *o, 
 void on_sparse_exchange(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
         char err[600];
-        struct wire_in *in = NULL;
-        ProtobufCMessage *hm = NULL;
+        struct psd_request q = {0};
         uint64_t *push = NULL, *pull = NULL;
         float *g = NULL, *rows = NULL;
         size_t n_push = 0, n_pull = 0;
         int r;
-        if ((r = receive(p, call, &psfleet__v1__sparse_exchange_header__descriptor, &in, &hm, err, sizeof(err))) < 0)
+        if ((r = psd_receive(p, call, &psfleet__v1__sparse_exchange_header__descriptor, &q, err, sizeof(err))) < 0)
                 goto reject;
-        const Psfleet__V1__SparseExchangeHeader *h = (const Psfleet__V1__SparseExchangeHeader *)hm;
-        if (!atomic_load(&p->s->initialized)) {
-                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "ps:%u is not initialized yet (waiting for the chief)",
-                              p->shard);
+        const Psfleet__V1__SparseExchangeHeader *h = (const Psfleet__V1__SparseExchangeHeader *)q.hm;
+        if (!psd_ready_or_refuse(p, call))
                 goto out;
-        }
         if (h->incarnation && h->incarnation != p->incarnation) {
                 snprintf(err, sizeof(err), "incarnation: %" PRIu64 ", but ps:%u is now %" PRIu64 " (it restarted): "
                          "pull again", h->incarnation, p->shard, p->incarnation);
@@ -280,13 +274,13 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
                 goto reject;
         }
         static const char *const names[] = {"grads"};
-        if ((r = check_names(in, names, n_push ? 1 : 0, err, sizeof(err))) < 0)
+        if ((r = check_names(q.in, names, n_push ? 1 : 0, err, sizeof(err))) < 0)
                 goto reject;
         g = malloc(n_push * dim * sizeof(float) + sizeof(float));
         rows = malloc(n_pull * dim * sizeof(float) + sizeof(float));
         if (!g || !rows)
                 goto oom;
-        if (n_push && (r = take_rows(in, "grads", n_push, dim, g, err, sizeof(err))) < 0)
+        if (n_push && (r = take_rows(q.in, "grads", n_push, dim, g, err, sizeof(err))) < 0)
                 goto reject;
 
         /* the step the worker saw: the rows' last touch, the learning rate's schedule, eviction's clock */
@@ -318,18 +312,16 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
         reply_out(p, call, o, r);
         goto out;
 oom:
-        out_of_memory(p, call);
+        psd_out_of_memory(p, call);
         goto out;
 reject:
-        reject(p, call, r, err);
+        psd_reject(p, call, r, err);
 out:
         free(push);
         free(pull);
         free(g);
         free(rows);
-        if (hm)
-                protobuf_c_message_free_unpacked(hm, NULL);
-        wire_in_free(in);
+        psd_request_done(&q);
 }
 
 /* ---- SparseExport and SparseImport: the chief's checkpoints ---- */
@@ -348,7 +340,7 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         static const Psfleet__V1__SparseExportHeader empty = PSFLEET__V1__SPARSE_EXPORT_HEADER__INIT;
         const Psfleet__V1__SparseExportRequest *q = (const Psfleet__V1__SparseExportRequest *)m;
         const Psfleet__V1__SparseExportHeader *h = q->header ? q->header : &empty;
-        if ((r = check_caller(p, h->caller, err, sizeof(err))) < 0 || (r = check_table(p, h->table, err, sizeof(err))) < 0)
+        if ((r = psd_check_caller(p, h->caller, err, sizeof(err))) < 0 || (r = check_table(p, h->table, err, sizeof(err))) < 0)
                 goto reject;
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);
@@ -387,10 +379,10 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         reply_out(p, call, o, r);
         goto out;
 oom:
-        out_of_memory(p, call);
+        psd_out_of_memory(p, call);
         goto out;
 reject:
-        reject(p, call, r, err);
+        psd_reject(p, call, r, err);
 out:
         free(ids);
         free(vals);
@@ -402,15 +394,14 @@ out:
 void on_sparse_import(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
         char err[600];
-        struct wire_in *in = NULL;
-        ProtobufCMessage *hm = NULL;
+        struct psd_request q = {0};
         uint64_t *ids = NULL;
         float *vals = NULL;
         size_t n = 0;
         int r;
-        if ((r = receive(p, call, &psfleet__v1__sparse_import_header__descriptor, &in, &hm, err, sizeof(err))) < 0)
+        if ((r = psd_receive(p, call, &psfleet__v1__sparse_import_header__descriptor, &q, err, sizeof(err))) < 0)
                 goto reject;
-        const Psfleet__V1__SparseImportHeader *h = (const Psfleet__V1__SparseImportHeader *)hm;
+        const Psfleet__V1__SparseImportHeader *h = (const Psfleet__V1__SparseImportHeader *)q.hm;
         if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
             (r = take_ids(p, &h->ids, "ids", &ids, &n, err, sizeof(err))) < 0 ||
             (r = check_unique(ids, n, "ids", err, sizeof(err))) < 0)
@@ -426,22 +417,22 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
         const char *names[1 + SPARSE_MAX_SLOTS] = {"rows"};
         for (unsigned s = 0; s < pt->n_slots; s++)
                 names[1 + s] = sparse_optimizer_slot_name(so, s);
-        if ((r = check_names(in, names, n ? 1 + pt->n_slots : 0, err, sizeof(err))) < 0)
+        if ((r = check_names(q.in, names, n ? 1 + pt->n_slots : 0, err, sizeof(err))) < 0)
                 goto reject;
         /* rows, then the slots slot-major, as sparse_table_import reads them */
         vals = malloc(n * dim * (1 + pt->n_slots) * sizeof(float) + sizeof(float));
         if (!vals) {
-                out_of_memory(p, call);
+                psd_out_of_memory(p, call);
                 goto out;
         }
         for (unsigned s = 0; s <= pt->n_slots && n && r >= 0; s++)
-                r = take_rows(in, names[s], n, dim, vals + (size_t)s * n * dim, err, sizeof(err));
+                r = take_rows(q.in, names[s], n, dim, vals + (size_t)s * n * dim, err, sizeof(err));
         if (r < 0)
                 goto reject;
         if (h->clear)
                 sparse_table_clear(pt->t);
         if (n && sparse_table_import(pt->t, ids, n, vals, pt->n_slots ? vals + n * dim : NULL, h->global_step) < 0) {
-                out_of_memory(p, call);
+                psd_out_of_memory(p, call);
                 goto out;
         }
         Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;
@@ -450,11 +441,9 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
         rpc_call_reply_msg(call, &rep.base);
         goto out;
 reject:
-        reject(p, call, r, err);
+        psd_reject(p, call, r, err);
 out:
         free(ids);
         free(vals);
-        if (hm)
-                protobuf_c_message_free_unpacked(hm, NULL);
-        wire_in_free(in);
+        psd_request_done(&q);
 }

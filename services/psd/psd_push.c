@@ -1,0 +1,421 @@
+/* A push, whichever way it came, through one pipeline, top to bottom in psd_push_serve(): the gate
+ * (assigned yet?) → check (everything before anything is applied, so a bad push changes nothing) →
+ * the mode (sync: to the step; async and ssp: apply now) → apply → count → reply. What differs
+ * between the two transports is a table of steps (struct psd_push_ops), one per transport, both here:
+ * a gRPC Push, whose gradients stream out of the message's slices and whose fresh values are lent to
+ * the reply without another copy; and a worker's shared-memory push, whose gradients are read out of
+ * its segment and whose fresh values are written straight back into it (links.c serves the link). */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "authz.h"
+#include "log.h"
+#include "metrics.h"
+#include "util.h"
+#include "wire.h"
+
+#include "psd-internal.h"
+
+/* One push in flight: what the pipeline reads, filled by the transport's adapter and its check. */
+struct psd_push {
+        const struct psd_push_ops *ops;
+        uint32_t worker;          /* whose push: the authenticated caller's, or the link's worker */
+        uint64_t local_step;      /* the step its gradients were computed from */
+        bool count_step;          /* shard 0 counts a step for it */
+        uint64_t t0;              /* mono_us at receive */
+        /* check fills these */
+        size_t bytes, bytes_back;       /* of gradients in and values back, as they travel (psd_count_push) */
+        size_t metric_in, metric_out;   /* what the byte counters count now (gRPC counts its reply's when built) */
+};
+
+/* A transport's steps. Every push ends in exactly one of reply, fail, or (held) answer. */
+struct psd_push_ops {
+        /* The gradients checked whole (u's bytes filled): 0, or -errno with err; -ENOMEM is ours (not
+         * counted as a rejection), any other the sender's. */
+        int (*check)(struct psd_push *u, char *err, size_t errlen);
+        /* async, ssp: the checked gradients applied; the fresh values where reply sends them from */
+        void (*apply)(struct psd_push *u);
+        /* sync: the checked gradients, one part after the other (agg_push); NULL when out of memory */
+        const float *(*gradients)(struct psd_push *u);
+        /* A held record for u (its waiter's worker, version, parts and owner filled); NULL when out of
+         * memory. drop: it was not held after all. */
+        struct psd_held *(*hold)(struct psd_push *u);
+        void (*drop)(struct psd_held *hd);
+        /* answered now: status ok with global_step gs and the values apply wrote; or refused with msg */
+        void (*reply)(struct psd_push *u, uint64_t gs);
+        void (*fail)(struct psd_push *u, int r, const char *msg);
+        /* a held push let go (status 0: the values read now) or ended (-ETIMEDOUT, -ECANCELED: msg) */
+        void (*answer)(struct psd_held *hd, int status, uint64_t gs, const char *msg);
+};
+
+/* ---- the pipeline ---- */
+
+/* A held push released by the step or by ssp, on whichever thread let it go: ssp answers with
+ * global_step, as async does; the sync step with the step its parts reached. */
+static void held_release(struct agg_waiter *w, int status, uint64_t step, const char *msg) {
+        struct psd_held *hd = (struct psd_held *)w;
+        hd->ops->answer(hd, status, hd->p->ssp ? atomic_load(&hd->p->s->global_step) : step, msg);
+}
+
+static void held_init(struct psd *p, const struct psd_push *u, struct psd_held *hd) {
+        hd->w.release = held_release;
+        hd->ops = u->ops;
+        hd->p = p;
+}
+
+static void count_bytes(struct psd *p, const struct psd_push *u) {
+        metric_add(p->m_in, u->metric_in);
+        if (u->metric_out)
+                metric_add(p->m_out, u->metric_out);
+}
+
+/* training.mode sync: the checked gradients go to the step (agg_push); the push is answered when the
+ * step is applied, at once when they are stale (with the values they missed), or refused. */
+static void push_sync(struct psd *p, struct psd_push *u) {
+        const struct psd_push_ops *ops = u->ops;
+        struct psd_held *hd = ops->hold(u);
+        const float *g = hd ? ops->gradients(u) : NULL;
+        char err[300];
+        if (!g) {
+                if (hd)
+                        ops->drop(hd);
+                snprintf(err, sizeof(err), "ps:%u: out of memory", p->shard);
+                ops->fail(u, -ENOMEM, err);
+                return;
+        }
+        held_init(p, u, hd);
+        count_bytes(p, u);
+        psd_count_push(p, false, u->bytes, u->bytes_back, u->t0);
+        uint64_t step;
+        enum agg_verdict v = agg_push(p->agg, &hd->w, g, p->cfg->rpc.deadline_ms * 1000u, &step);
+        if (v == AGG_HELD)
+                return;   /* the step's until released */
+        if (v == AGG_STALE) {
+                held_release(&hd->w, 0, step, NULL);
+                return;
+        }
+        snprintf(err, sizeof(err), "push of worker:%u computed from step %llu, but ps:%u is at step %llu: pull again",
+                 u->worker, (unsigned long long)u->local_step, p->shard, (unsigned long long)step);
+        psd_note_reject(p, err);
+        ops->fail(u, -EAGAIN, err);
+        ops->drop(hd);
+}
+
+/* training.mode ssp, shard 0: a worker's counting push, applied; true when its answer is held because
+ * the worker is too far ahead (ssp.h), false to answer now (also when out of memory for the hold). */
+static bool push_ssp_held(struct psd *p, struct psd_push *u) {
+        struct psd_held *hd = u->ops->hold(u);
+        if (!hd)
+                return false;
+        held_init(p, u, hd);
+        if (ssp_arrive(p->ssp, &hd->w, u->local_step, p->cfg->rpc.deadline_ms * 1000u))
+                return true;
+        u->ops->drop(hd);
+        return false;
+}
+
+static void psd_push_serve(struct psd *p, struct psd_push *u) {
+        const struct psd_push_ops *ops = u->ops;
+        char err[600];
+        int r;
+        if ((r = psd_ready(p, err, sizeof(err))) < 0) {
+                ops->fail(u, r, err);
+                return;
+        }
+        if ((r = ops->check(u, err, sizeof(err))) < 0) {
+                if (r != -ENOMEM)
+                        psd_note_reject(p, err);
+                ops->fail(u, r, err);
+                return;
+        }
+        if (p->agg) {
+                push_sync(p, u);
+                return;
+        }
+        count_bytes(p, u);
+        uint64_t t_apply = mono_us();
+        ops->apply(u);
+        metric_observe_us(p->m_apply, mono_us() - t_apply);
+        uint64_t gs = psd_count_push(p, u->count_step, u->bytes, u->bytes_back, u->t0);
+        if (p->ssp && u->count_step && push_ssp_held(p, u))
+                return;   /* answered when the slowest worker is near enough */
+        ops->reply(u, gs);
+}
+
+/* ---- gRPC: the message's tensors in, the fresh values lent to the reply ---- */
+
+struct grpc_push {
+        struct psd_push u;        /* first */
+        struct psd *p;
+        struct rpc_call *call;
+        struct psd_request q;
+        const Psfleet__V1__PushHeader *h;
+        struct shard_part **parts;   /* (n_tensors) each tensor's part */
+        size_t total;                /* floats of them all */
+        float scale;                 /* 1, or the clip's */
+        uint32_t dtype;              /* the gradients' (a worker pushes one), the reply's too */
+        struct psd_lent *vals;       /* async, ssp: the fresh values (room for total when wanted) */
+        float *grads;                /* sync: the gradients, read out of the slices */
+};
+
+/* A held gRPC push: its call and parts; freed when answered or dropped. */
+struct held_call {
+        struct psd_held hd;       /* first */
+        struct rpc_call *call;
+        uint32_t n_values;        /* parts whose values the reply carries: all, or none */
+        uint32_t dtype;
+        struct shard_part **parts;   /* (n) */
+        uint32_t *idx;               /* (n) */
+};
+
+/* Answers a push with global_step gs and vals (owned): the fresh values of parts[0..n) one after the
+ * other, lent to gRPC without another copy. */
+static void reply_values(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n,
+                         struct psd_lent *vals, uint64_t gs, uint32_t dtype) {
+        Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
+        rh.global_step = gs;
+        rh.incarnation = p->incarnation;
+        struct wire_out *o;
+        grpc_byte_buffer *bb;
+        if (wire_out_new(&o) < 0) {
+                free(vals);
+                psd_out_of_memory(p, call);
+                return;
+        }
+        wire_out_header(o, &rh.base);
+        atomic_init(&vals->refs, 1);
+        for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++) {
+                uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
+                atomic_fetch_add(&vals->refs, 1);
+                wire_out_tensor_f32(o, parts[i]->name, dtype, shape, 2, parts[i]->row_begin, vals->data + at,
+                                    parts[i]->a.n, psd_lent_release, vals);
+        }
+        int r = wire_out_finish(o, &bb);
+        wire_out_free(o);
+        psd_lent_release(vals);
+        if (r < 0) {
+                psd_out_of_memory(p, call);
+                return;
+        }
+        metric_add(p->m_out, grpc_byte_buffer_length(bb));
+        rpc_call_reply(call, bb);
+}
+
+/* As reply_values, reading the parts' values now (a held push, answered when let go). */
+static void reply_parts(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n, uint64_t gs,
+                        uint32_t dtype) {
+        size_t total = 0;
+        for (size_t i = 0; i < n; i++)
+                total += parts[i]->a.n;
+        struct psd_lent *vals = malloc(sizeof(*vals) + total * sizeof(float));
+        if (!vals) {
+                psd_out_of_memory(p, call);
+                return;
+        }
+        for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++)
+                shard_read(p->s, (uint32_t)(parts[i] - p->s->parts), 0, vals->data + at);
+        reply_values(p, call, parts, n, vals, gs, dtype);
+}
+
+/* names, shapes, each part once, and (streamed out of gRPC's slices) all finite, within the norm */
+static int grpc_check(struct psd_push *u, char *err, size_t errlen) {
+        struct grpc_push *gp = (struct grpc_push *)u;
+        struct psd *p = gp->p;
+        const struct wire_in *in = gp->q.in;
+        int r;
+        if (!(gp->parts = calloc(in->n_tensors ? in->n_tensors : 1, sizeof(*gp->parts))))
+                return errf(err, errlen, -ENOMEM, "ps:%u: out of memory", p->shard);
+        if ((r = shard_wire_check(p->s, in, gp->h->caller->task, gp->parts, &gp->total, &gp->scale, err, errlen)) < 0)
+                return r;
+        gp->dtype = in->n_tensors ? in->tensors[0].dtype : WIRE_DTYPE_FLOAT32;
+        u->bytes = gp->total * wire_dtype_size(gp->dtype);
+        u->bytes_back = gp->h->want_values ? u->bytes : 0;
+        u->metric_in = grpc_byte_buffer_length(in->bb);
+        if (!p->agg && !(gp->vals = malloc(sizeof(*gp->vals) + (gp->h->want_values ? gp->total : 0) * sizeof(float))))
+                return errf(err, errlen, -ENOMEM, "ps:%u: out of memory", p->shard);
+        return 0;
+}
+
+static void grpc_apply(struct psd_push *u) {
+        struct grpc_push *gp = (struct grpc_push *)u;
+        shard_wire_apply(gp->p->s, gp->q.in, gp->parts, gp->scale, gp->h->want_values ? gp->vals->data : NULL);
+}
+
+static const float *grpc_gradients(struct psd_push *u) {
+        struct grpc_push *gp = (struct grpc_push *)u;
+        if ((gp->grads = malloc((gp->total + 1) * sizeof(float))))
+                shard_wire_read(gp->q.in, gp->parts, gp->scale, gp->grads);
+        return gp->grads;
+}
+
+static struct psd_held *grpc_hold(struct psd_push *u) {
+        struct grpc_push *gp = (struct grpc_push *)u;
+        size_t n = gp->q.in->n_tensors;
+        struct held_call *hc = calloc(1, sizeof(*hc) + n * (sizeof(struct shard_part *) + sizeof(uint32_t)));
+        if (!hc)
+                return NULL;
+        hc->call = gp->call;
+        hc->parts = (struct shard_part **)(hc + 1);
+        hc->idx = (uint32_t *)(hc->parts + n);
+        hc->n_values = gp->h->want_values ? (uint32_t)n : 0;
+        hc->dtype = gp->dtype;
+        for (size_t i = 0; i < n; i++) {
+                hc->parts[i] = gp->parts[i];
+                hc->idx[i] = (uint32_t)(gp->parts[i] - gp->p->s->parts);
+        }
+        hc->hd.w = (struct agg_waiter){.worker = u->worker, .version = u->local_step, .n = (uint32_t)n, .idx = hc->idx};
+        return &hc->hd;
+}
+
+static void grpc_drop(struct psd_held *hd) {
+        free(hd);
+}
+
+/* reply: the fresh values, lent without another copy (in the format the gradients came in) */
+static void grpc_reply(struct psd_push *u, uint64_t gs) {
+        struct grpc_push *gp = (struct grpc_push *)u;
+        reply_values(gp->p, gp->call, gp->parts, gp->h->want_values ? gp->q.in->n_tensors : 0, gp->vals, gs, gp->dtype);
+        gp->vals = NULL;
+}
+
+static void grpc_fail(struct psd_push *u, int r, const char *msg) {
+        rpc_call_fail_errno(((struct grpc_push *)u)->call, r, "%s", msg);
+}
+
+static void grpc_answer(struct psd_held *hd, int status, uint64_t gs, const char *msg) {
+        struct held_call *hc = (struct held_call *)hd;
+        if (status == 0)
+                reply_parts(hd->p, hc->call, hc->parts, hc->n_values, gs, hc->dtype);
+        else
+                rpc_call_fail_errno(hc->call, status, "ps:%u: %s", hd->p->shard, msg);
+        free(hc);
+}
+
+static const struct psd_push_ops grpc_ops = {
+        .check = grpc_check, .apply = grpc_apply, .gradients = grpc_gradients, .hold = grpc_hold,
+        .drop = grpc_drop, .reply = grpc_reply, .fail = grpc_fail, .answer = grpc_answer,
+};
+
+/* gRPC Push: received, its sender checked, then the pipeline. */
+void psd_on_push(struct rpc_call *call, void *ud) {
+        struct psd *p = ud;
+        struct grpc_push gp = {.u = {.ops = &grpc_ops, .t0 = mono_us()}, .p = p, .call = call};
+        char err[600], who[LOG_PEER_BUF];
+        int r;
+        if ((r = psd_receive(p, call, &psfleet__v1__push_header__descriptor, &gp.q, err, sizeof(err))) < 0)
+                goto reject;
+        const Psfleet__V1__PushHeader *h = gp.h = (const Psfleet__V1__PushHeader *)gp.q.hm;
+        /* a push speaks for the worker its header names: in sync mode its gradient stands in that worker's
+         * place in the sum, under ssp it moves that worker's clock. Only the worker itself may send it. */
+        if (!authz_peer_is(rpc_call_identity(call), PEER_WORKER, h->worker)) {
+                snprintf(err, sizeof(err), "Push as worker:%u from %s, which is not worker/%u", h->worker,
+                         log_peer_str(rpc_call_identity(call)->name, who, sizeof(who)), h->worker);
+                r = -EACCES;
+                goto reject;
+        }
+        gp.u.worker = h->worker;
+        gp.u.local_step = h->local_step;
+        gp.u.count_step = h->count_step;
+        psd_push_serve(p, &gp.u);
+        goto out;
+reject:
+        psd_reject(p, call, r, err);
+out:
+        free(gp.vals);
+        free(gp.grads);
+        free(gp.parts);
+        psd_request_done(&gp.q);
+}
+
+/* ---- shared memory: the gradients in the worker's segment, the fresh values written back into it ---- */
+
+struct link_push {
+        struct psd_push u;        /* first */
+        struct link *k;
+        uint32_t gi, g, seq;      /* the group: its index in k's, its record in the segment; the push's seq */
+        const uint32_t *parts;    /* (n) indices into the shard's parts */
+        uint32_t n;
+};
+
+/* copied out of the segment first, so the values checked are the values applied whatever the other
+ * process does meanwhile; nothing applied unless all are finite */
+static int link_check(struct psd_push *u, char *err, size_t errlen) {
+        struct link_push *lp = (struct link_push *)u;
+        struct link *k = lp->k;
+        struct psd *p = k->p;
+        int r = shard_block_check(p->s, shmlink_grads(k->l), lp->parts, lp->n, k->scratch, k->name, err, errlen);
+        if (r < 0)
+                return r;
+        size_t floats = 0;
+        for (uint32_t i = 0; i < lp->n; i++)
+                floats += p->s->parts[lp->parts[i]].a.n;
+        u->bytes = u->bytes_back = u->metric_in = u->metric_out = floats * sizeof(float);
+        return 0;
+}
+
+/* the fresh values go where the worker's forward reads them */
+static void link_apply(struct psd_push *u) {
+        struct link_push *lp = (struct link_push *)u;
+        shard_block_apply(lp->k->p->s, lp->parts, lp->n, lp->k->scratch, shmlink_params(lp->k->l));
+}
+
+static const float *link_gradients(struct psd_push *u) {
+        return ((struct link_push *)u)->k->scratch;
+}
+
+/* The group's one record: a push held before, which the worker gave up on (it pushes a group again
+ * only then), is dropped first. */
+static struct psd_held *link_hold(struct psd_push *u) {
+        struct link_push *lp = (struct link_push *)u;
+        struct link *k = lp->k;
+        struct link_held *lh = &k->held[lp->gi];
+        if (k->p->agg)
+                agg_cancel(k->p->agg, &lh->hd.w);
+        if (k->p->ssp)
+                ssp_forget(k->p->ssp, k);
+        *lh = (struct link_held){.k = k, .g = lp->g, .seq = lp->seq};
+        lh->hd.w = (struct agg_waiter){.worker = k->worker, .version = u->local_step, .n = lp->n, .idx = lp->parts,
+                                       .owner = k};
+        return &lh->hd;
+}
+
+static void link_drop(struct psd_held *hd) {
+        (void)hd;   /* the group's record, in the link */
+}
+
+static void link_reply(struct psd_push *u, uint64_t gs) {
+        struct link_push *lp = (struct link_push *)u;
+        shmlink_reply(lp->k->l, lp->g, lp->seq, 0, gs, NULL);
+}
+
+static void link_fail(struct psd_push *u, int r, const char *msg) {
+        struct link_push *lp = (struct link_push *)u;
+        shmlink_reply(lp->k->l, lp->g, lp->seq, r, 0, msg);
+}
+
+static void link_answer(struct psd_held *hd, int status, uint64_t gs, const char *msg) {
+        struct link_held *lh = (struct link_held *)hd;
+        struct link *k = lh->k;
+        if (status == 0)
+                shard_block_read(hd->p->s, hd->w.idx, hd->w.n, shmlink_params(k->l));
+        shmlink_reply(k->l, lh->g, lh->seq, status, gs, msg);
+}
+
+static const struct psd_push_ops link_ops = {
+        .check = link_check, .apply = link_apply, .gradients = link_gradients, .hold = link_hold,
+        .drop = link_drop, .reply = link_reply, .fail = link_fail, .answer = link_answer,
+};
+
+/* A push in k's segment (its link's thread): the pipeline. */
+void psd_push_link(struct link *k, const struct shmlink_push *push) {
+        uint32_t gi = push->index;
+        struct link_push lp = {
+                .u = {.ops = &link_ops, .worker = k->worker, .local_step = push->local_step,
+                      .count_step = push->count_step, .t0 = mono_us()},
+                .k = k, .gi = gi, .g = k->groups[gi], .seq = push->seq, .parts = k->parts + k->first[gi],
+                .n = k->count[gi],
+        };
+        psd_push_serve(k->p, &lp.u);
+}
