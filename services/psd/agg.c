@@ -22,7 +22,7 @@ struct agg {
         size_t *off;              /* (n_parts) each part's offset in the shard's block */
         bool *have;               /* (n_parts * W) worker w's gradient of part k is here for step[k] */
         uint32_t *got;            /* (n_parts) how many */
-        uint64_t *step;           /* (n_parts) each part's step: the updates applied */
+        uint64_t *step;           /* (n_parts) each part's step: the updates applied; owns the arrays above */
         uint64_t shard_step;      /* the least of step[] */
         uint64_t stale, steps;
         struct agg_waiter *head;  /* held pushes, oldest first */
@@ -34,21 +34,23 @@ int agg_new(struct shard *s, uint32_t n_workers, uint32_t n_aggregate, struct ag
         struct agg *a = calloc(1, sizeof(*a));
         if (!a)
                 return -ENOMEM;
+        /* the arrays in one allocation, as they live as long as a: the widest first, so each is aligned */
+        size_t P = s->n_parts + 1, n_grads = (size_t)n_workers * s->n_floats + 1, n_acc = s->n_floats + 1;
+        a->step = calloc(1, P * (sizeof(uint64_t) + sizeof(size_t) + sizeof(uint32_t) + n_workers * sizeof(bool)) +
+                                    (n_grads + n_acc) * sizeof(float));
+        if (!a->step) {
+                free(a);
+                return -ENOMEM;
+        }
+        a->off = (size_t *)(a->step + P);
+        a->grads = (float *)(a->off + P);
+        a->acc = a->grads + n_grads;
+        a->got = (uint32_t *)(a->acc + n_acc);
+        a->have = (bool *)(a->got + P);
         a->s = s;
         a->W = n_workers;
         a->N = n_aggregate;
         pthread_mutex_init(&a->mu, NULL);
-        size_t P = s->n_parts + 1;
-        a->grads = malloc(((size_t)n_workers * s->n_floats + 1) * sizeof(float));
-        a->acc = malloc((s->n_floats + 1) * sizeof(float));
-        a->off = calloc(P, sizeof(size_t));
-        a->have = calloc(P * n_workers, sizeof(bool));
-        a->got = calloc(P, sizeof(uint32_t));
-        a->step = calloc(P, sizeof(uint64_t));
-        if (!a->grads || !a->acc || !a->off || !a->have || !a->got || !a->step) {
-                agg_free(a);
-                return -ENOMEM;
-        }
         for (uint32_t k = 0; k < s->n_parts; k++)
                 a->off[k] = (size_t)(s->parts[k].a.w - s->block);
         *ret = a;
@@ -59,12 +61,7 @@ struct agg *agg_free(struct agg *a) {
         if (!a)
                 return NULL;
         pthread_mutex_destroy(&a->mu);
-        free(a->grads);
-        free(a->acc);
-        free(a->off);
-        free(a->have);
-        free(a->got);
-        free(a->step);
+        free(a->step);   /* and the other arrays */
         free(a);
         return NULL;
 }

@@ -1,7 +1,7 @@
 /* A ps shard's synchronous step (training.mode sync): the gradients of N workers per part, computed from
  * the part's current step, summed in worker order, applied once as their mean, and the pushes held
  * until then. No RPC: a held push is a waiter whose release callback answers it (a gRPC call, or a
- * worker's shared-memory group), so this is unit tested alone (tests/unit/test_shard.c).
+ * worker's shared-memory group), so this is unit tested alone (tests/unit/test_agg.c).
  *
  * Each part keeps its own step and counts its own gradients, as TensorFlow's per-variable accumulators
  * do; the shard's step is the step every part has reached (docs/architecture.md, "Synchronous and

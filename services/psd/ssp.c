@@ -16,8 +16,7 @@ struct ssp {
         uint32_t W, s;
         uint64_t live_us;
         pthread_mutex_t mu;        /* over everything below */
-        uint64_t *clock;           /* (W) steps finished, on the common scale */
-        int64_t *offset;           /* (W) local step + 1 - clock */
+        uint64_t *clock;           /* (W) steps finished, on the common scale; owns the next two */
         uint64_t *last_us;         /* (W) wall clock of the last counting push; 0: never */
         uint64_t *raw;             /* (W) its local step + 1 */
         uint64_t max_ahead;
@@ -29,18 +28,18 @@ int ssp_new(uint32_t n_workers, uint32_t staleness, uint64_t live_us, struct ssp
         struct ssp *s = calloc(1, sizeof(*s));
         if (!s)
                 return -ENOMEM;
+        /* the per-worker arrays in one allocation, as they live as long as s */
+        size_t W = (size_t)n_workers + 1;
+        if (!(s->clock = calloc(3 * W, sizeof(uint64_t)))) {
+                free(s);
+                return -ENOMEM;
+        }
+        s->last_us = s->clock + W;
+        s->raw = s->last_us + W;
         s->W = n_workers;
         s->s = staleness;
         s->live_us = live_us;
         pthread_mutex_init(&s->mu, NULL);
-        s->clock = calloc(n_workers + 1, sizeof(uint64_t));
-        s->offset = calloc(n_workers + 1, sizeof(int64_t));
-        s->last_us = calloc(n_workers + 1, sizeof(uint64_t));
-        s->raw = calloc(n_workers + 1, sizeof(uint64_t));
-        if (!s->clock || !s->offset || !s->last_us || !s->raw) {
-                ssp_free(s);
-                return -ENOMEM;
-        }
         *ret = s;
         return 0;
 }
@@ -49,10 +48,7 @@ struct ssp *ssp_free(struct ssp *s) {
         if (!s)
                 return NULL;
         pthread_mutex_destroy(&s->mu);
-        free(s->clock);
-        free(s->offset);
-        free(s->last_us);
-        free(s->raw);
+        free(s->clock);   /* and the other arrays */
         free(s);
         return NULL;
 }

@@ -3,7 +3,7 @@
  * than training.staleness steps ahead of the slowest live worker. The gradients are applied at once,
  * as in async; only the worker's next step waits (its forward needs the answer). No RPC: a held push
  * is an agg_waiter (agg.h) answered through its release callback; unit tested alone
- * (tests/unit/test_shard.c). Thread-safe (one lock). */
+ * (tests/unit/test_ssp.c). Thread-safe (one lock). */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>

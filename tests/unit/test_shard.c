@@ -1,10 +1,8 @@
 /* A ps shard without RPC: the same gradients through psd's gRPC path (a wire-encoded push, built as
  * the ps client builds one), its shared-memory path (gradients where a worker's segment has them) and
  * the standalone trainer's apply give bit-equal parameters, for every optimizer; a push with any bad
- * tensor (NaN, wrong shape, unknown variable, given twice) changes nothing. The sync step (agg.c):
- * N gradients summed in worker order whatever their order of arrival, stale and ahead pushes, a push
- * sent again, deadlines and the reason status shows. The ssp clocks (ssp.c): held at the bound, let go
- * when the slowest moves, a late or restarted worker joining at the slowest clock. */
+ * tensor (NaN, wrong shape, unknown variable, given twice) changes nothing. The sync step is
+ * test_agg.c's, the ssp clocks test_ssp.c's. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -16,69 +14,22 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "agg.h"
 #include "config.h"
 #include "job.h"
 #include "optim.h"
 #include "rng.h"
 #include "shard.h"
-#include "ssp.h"
 #include "trainer.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 
+#include "shard_fixture.h"
+
 #define N_PS 2
 #define STEPS 6
 
-/* dense0/kernel is (300, 40): 48,000 bytes, split at 40,000 into rows 0..250 (10,000 floats, more
- * than one bounce buffer) and 250..300 */
-static struct job_config *job(const char *training) {
-        static const char fmt[] =
-                "{\"job\": \"t\", \"training\": {%s}, \"ps\": {\"split_bytes\": 40000},"
-                " \"model\": {\"input\": [300], \"layers\": [{\"type\": \"dense\", \"units\": 40}, {\"type\": \"relu\"}, {\"type\": \"dense\", \"units\": 10}]},"
-                " \"cluster\": {\"chief\": [\"127.0.0.1:1\"], \"ps\": [\"127.0.0.1:2\", \"127.0.0.1:3\"], \"worker\": [\"127.0.0.1:4\"]}}";
-        char json[2048], err[512];
-        snprintf(json, sizeof(json), fmt, training);
-        struct job_config *cfg;
-        if (config_load_string(json, "test.json", &cfg, err, sizeof(err)) < 0)
-                fail_msg("%s", err);
-        return cfg;
-}
-
-/* The parts of shard s of a block, as the ps client's add_part sends them (suffix: a slot's name), in
- * dtype (float32 or bfloat16). */
-static struct wire_in *shard_message_as(const struct job_layout *L, uint32_t s, const float *block, const char *suffix,
-                                        uint32_t dtype) {
-        struct wire_out *o;
-        assert_int_equal(wire_out_new(&o), 0);
-        Psfleet__V1__PushHeader h = PSFLEET__V1__PUSH_HEADER__INIT;
-        assert_int_equal(wire_out_header(o, &h.base), 0);
-        for (uint32_t k = 0; k < L->shard_count[s]; k++) {
-                const struct placement_part *pp = &L->plan->parts[L->shard_parts[L->shard_first[s] + k]];
-                const struct job_var *v = &L->vars[pp->var];
-                char name[300];
-                snprintf(name, sizeof(name), "%s%s%s", v->name, suffix ? "/" : "", suffix ? suffix : "");
-                uint64_t shape[2] = {pp->row_end - pp->row_begin, v->cols};
-                const float *data = block + v->offset + (size_t)pp->row_begin * v->cols;
-                assert_int_equal(wire_out_tensor_f32(o, name, dtype, shape, 2, pp->row_begin, data,
-                                                     (size_t)shape[0] * shape[1], NULL, NULL),
-                                 0);
-        }
-        grpc_byte_buffer *bb;
-        assert_int_equal(wire_out_finish(o, &bb), 0);
-        wire_out_free(o);
-        struct wire_in *in;
-        char err[256];
-        assert_int_equal(wire_in_parse(bb, &in, err, sizeof(err)), 0);
-        return in;
-}
-
-static struct wire_in *shard_message(const struct job_layout *L, uint32_t s, const float *block, const char *suffix) {
-        return shard_message_as(L, s, block, suffix, WIRE_DTYPE_FLOAT32);
-}
-
-/* on_push's order: everything checked, then applied; -EINVAL and nothing applied otherwise. */
+/* psd_push.c's order for a gRPC push: everything checked, then applied; -EINVAL and nothing applied otherwise. */
 static int push_wire(struct shard *s, const struct wire_in *in, float *values, char *err, size_t errlen) {
         struct shard_part **parts = calloc(in->n_tensors + 1, sizeof(*parts));
         size_t floats;
@@ -90,7 +41,7 @@ static int push_wire(struct shard *s, const struct wire_in *in, float *values, c
         return r;
 }
 
-/* serve_link_push's order, with all of the shard's parts as one group. */
+/* psd_push.c's order for a shared-memory push, with all of the shard's parts as one group. */
 static int push_block(struct shard *s, const float *grads, float *values, char *err, size_t errlen) {
         uint32_t *idx = calloc(s->n_parts + 1, sizeof(*idx));
         float *scratch = malloc((s->n_floats + 1) * sizeof(float));
@@ -102,23 +53,6 @@ static int push_block(struct shard *s, const float *grads, float *values, char *
         free(idx);
         free(scratch);
         return r;
-}
-
-static struct shard *assigned_shard(const struct job_config *cfg, const struct job_layout *L, uint32_t index,
-                                    const float *params) {
-        struct shard *s;
-        char err[256];
-        assert_int_equal(shard_new(cfg, L, index, &s, err, sizeof(err)), 0);
-        struct wire_in *in = shard_message(L, index, params, NULL);
-        assert_int_equal(shard_assign(s, in, false, 0, err, sizeof(err)), 0);
-        wire_in_free(in);
-        assert_true(atomic_load(&s->initialized));
-        return s;
-}
-
-static void random_block(struct rng *g, float *x, size_t n, float scale) {
-        for (size_t i = 0; i < n; i++)
-                x[i] = (float)rng_normal(g) * scale;
 }
 
 /* Every part of shards a and b, values and slots, bit-equal; the values also to the trainer's. */
@@ -492,185 +426,6 @@ static void test_assign_incomplete(void **state) {
         unchanged(f);
 }
 
-/* ---- the sync step ---- */
-
-struct rec {
-        struct agg_waiter w;
-        int released, status;
-        uint64_t step;
-        char msg[400];
-};
-
-static void rec_release(struct agg_waiter *w, int status, uint64_t step, const char *msg) {
-        struct rec *r = (struct rec *)w;
-        r->released++;
-        r->status = status;
-        r->step = step;
-        snprintf(r->msg, sizeof(r->msg), "%s", msg ? msg : "");
-}
-
-static void rec_init(struct rec *r, uint32_t worker, uint64_t version, const uint32_t *idx, uint32_t n) {
-        memset(r, 0, sizeof(*r));
-        r->w = (struct agg_waiter){.worker = worker, .version = version, .n = n, .idx = idx, .release = rec_release};
-}
-
-static void test_sync_step(void **state) {
-        struct job_config *cfg = job("\"optimizer\": \"momentum\", \"nesterov\": true");
-        struct job_layout *L;
-        assert_int_equal(job_layout_new(cfg, &L), 0);
-        size_t np = L->n_params;
-        float *params = malloc(np * sizeof(float)), *ref = malloc(np * sizeof(float));
-        struct rng g;
-        rng_init(&g, 11, 0);
-        random_block(&g, params, np, 0.1f);
-        struct shard *a = assigned_shard(cfg, L, 0, params), *b = assigned_shard(cfg, L, 0, params);
-        size_t nf = a->n_floats;
-        uint32_t n = a->n_parts, idx[16];
-        assert_true(n <= 16);
-        for (uint32_t k = 0; k < n; k++)
-                idx[k] = k;
-        float *gw[3], *sum = malloc(nf * sizeof(float));
-        for (int w = 0; w < 3; w++) {
-                gw[w] = malloc(nf * sizeof(float));
-                random_block(&g, gw[w], nf, 1.0f);
-        }
-        struct agg *ag;
-        assert_int_equal(agg_new(a, 3, 4, &ag), -EINVAL);   /* N over the workers */
-        assert_int_equal(agg_new(a, 3, 2, &ag), 0);
-        agg_reset(ag, 0);
-        struct rec r0, r1, r2, again;
-        uint64_t step;
-
-        /* worker 1 first, then worker 0: the sum is still g0 + g1, applied once as their mean */
-        rec_init(&r1, 1, 0, idx, n);
-        assert_int_equal(agg_push(ag, &r1.w, gw[1], 1000000, &step), AGG_HELD);
-        assert_int_equal(r1.released, 0);
-        struct agg_status st;
-        agg_status_get(ag, &st);
-        assert_int_equal(st.waiting, 1);
-        assert_string_equal(st.peer, "worker:0");
-        assert_non_null(strstr(st.reason, "1 of 2 gradients (worker:1); waiting for 1 more, from worker:0, worker:2"));
-        rec_init(&r0, 0, 0, idx, n);
-        assert_int_equal(agg_push(ag, &r0.w, gw[0], 1000000, &step), AGG_HELD);
-        assert_int_equal(step, 1);
-        assert_true(r0.released == 1 && r1.released == 1 && r0.status == 0 && r0.step == 1 && r1.step == 1);
-        for (size_t i = 0; i < nf; i++)
-                sum[i] = gw[0][i] + gw[1][i];
-        apply_scale(sum, nf, 0.5f);
-        for (uint32_t k = 0; k < n; k++) {
-                pthread_mutex_lock(&b->parts[k].mu);
-                apply_gradient(b->t, &b->parts[k].a, sum + (b->parts[k].a.w - b->block));
-                pthread_mutex_unlock(&b->parts[k].mu);
-        }
-        assert_memory_equal(a->block, b->block, nf * (1 + a->n_slots) * sizeof(float));
-        assert_int_equal(atomic_load(&a->global_step), 1);
-
-        /* the backup's gradient of step 0 comes too late: dropped, counted, answered with step 1 */
-        rec_init(&r2, 2, 0, idx, n);
-        assert_int_equal(agg_push(ag, &r2.w, gw[2], 1000000, &step), AGG_STALE);
-        assert_int_equal(step, 1);
-        assert_int_equal(r2.released, 0);
-        /* a step not reached yet (the shard was restored meanwhile): refused */
-        rec_init(&r2, 2, 7, idx, n);
-        assert_int_equal(agg_push(ag, &r2.w, gw[2], 1000000, &step), AGG_REFUSED);
-        /* worker 0 pushes step 1, gives up, pushes again: the first is cancelled, counted once */
-        rec_init(&r0, 0, 1, idx, n);
-        assert_int_equal(agg_push(ag, &r0.w, gw[0], 1000000, &step), AGG_HELD);
-        rec_init(&again, 0, 1, idx, n);
-        assert_int_equal(agg_push(ag, &again.w, gw[1], 1000000, &step), AGG_HELD);
-        assert_true(r0.released == 1 && r0.status == -ECANCELED);
-        assert_int_equal(again.released, 0);
-        agg_status_get(ag, &st);
-        assert_int_equal(st.step, 1);
-        assert_int_equal(st.stale, 1);
-        assert_int_equal(st.have, 1);
-        assert_int_equal(st.waiting, 1);
-        /* nobody else comes: the deadline answers it, saying for whom it waited */
-        assert_int_equal(agg_expire(ag, now_us()), 0);
-        assert_int_equal(agg_expire(ag, UINT64_MAX), 1);
-        assert_true(again.released == 1 && again.status == -ETIMEDOUT);
-        assert_non_null(strstr(again.msg, "sync step 1 of "));
-        assert_non_null(strstr(again.msg, "waiting for 1 more, from worker:1, worker:2"));
-        /* the gradient of the push that timed out still counts: worker 1's completes step 1 */
-        rec_init(&r1, 1, 1, idx, n);
-        assert_int_equal(agg_push(ag, &r1.w, gw[1], 1000000, &step), AGG_HELD);
-        assert_true(r1.released == 1 && r1.status == 0 && r1.step == 2);
-        /* a link that goes away takes its held pushes with it, unanswered */
-        rec_init(&r2, 2, 2, idx, n);
-        r2.w.owner = &r2;
-        assert_int_equal(agg_push(ag, &r2.w, gw[2], 1000000, &step), AGG_HELD);
-        agg_forget(ag, &r2);
-        agg_status_get(ag, &st);
-        assert_int_equal(st.waiting, 0);
-        assert_int_equal(r2.released, 0);
-        /* assigned again: everything held or gathered is gone, the step is the assigned one */
-        agg_reset(ag, 40);
-        agg_status_get(ag, &st);
-        assert_true(st.step == 40 && st.have == 0);
-        agg_free(ag);
-        for (int w = 0; w < 3; w++)
-                free(gw[w]);
-        free(sum);
-        free(params);
-        free(ref);
-        shard_free(a);
-        shard_free(b);
-        job_layout_free(L);
-        config_free(cfg);
-}
-
-static void test_ssp_clocks(void **state) {
-        struct ssp *sp;
-        struct rec a, b;
-        struct ssp_clock clk[2];
-        uint64_t ahead;
-        int peer;
-        char why[300];
-        assert_int_equal(ssp_new(2, 1, 10000000u, &sp), 0);
-        rec_init(&a, 0, 0, NULL, 0);
-        rec_init(&b, 1, 0, NULL, 0);
-        /* worker 0 alone: nobody to wait for */
-        assert_false(ssp_arrive(sp, &a.w, 0, 1000000));
-        assert_false(ssp_arrive(sp, &a.w, 1, 1000000));
-        /* worker 1 comes late: it joins at the slowest clock, not 2 steps behind */
-        assert_false(ssp_arrive(sp, &b.w, 0, 1000000));
-        assert_int_equal(ssp_table(sp, clk, &ahead, why, sizeof(why), &peer), 2);
-        assert_true(clk[0].clock == 2 && clk[1].clock == 2 && clk[0].live && clk[1].live);
-        /* s = 1: one step ahead goes, two are held until worker 1 moves */
-        assert_false(ssp_arrive(sp, &a.w, 2, 1000000));
-        assert_true(ssp_arrive(sp, &a.w, 3, 1000000));
-        assert_int_equal(ssp_table(sp, clk, &ahead, why, sizeof(why), &peer), 2);
-        assert_true(clk[0].waiting && !clk[1].waiting && peer == 1 && ahead == 1);
-        assert_non_null(strstr(why, "worker:0 is 2 steps ahead of worker:1"));
-        assert_false(ssp_arrive(sp, &b.w, 1, 1000000));
-        assert_true(a.released == 1 && a.status == 0);
-        /* a deadline ends a wait with the reason */
-        rec_init(&a, 0, 0, NULL, 0);
-        assert_true(ssp_arrive(sp, &a.w, 4, 0));
-        ssp_tick(sp, now_us());
-        assert_true(a.released == 1 && a.status == -ETIMEDOUT);
-        assert_non_null(strstr(a.msg, "ahead of worker:1"));
-        /* a held link that goes away is dropped unanswered; a worker gone stops holding others back */
-        rec_init(&a, 0, 0, NULL, 0);
-        a.w.owner = &a;
-        assert_true(ssp_arrive(sp, &a.w, 5, 1000000));
-        ssp_forget(sp, &a);
-        assert_int_equal(a.released, 0);
-        rec_init(&a, 0, 0, NULL, 0);
-        assert_true(ssp_arrive(sp, &a.w, 6, 100000000));
-        ssp_tick(sp, now_us() + 20000000u);
-        assert_true(a.released == 1 && a.status == 0);
-        /* worker 1 restarted (its local steps start over): it joins at the slowest clock again */
-        assert_false(ssp_arrive(sp, &b.w, 0, 1000000));
-        ssp_table(sp, clk, &ahead, NULL, 0, &peer);
-        assert_int_equal(clk[1].clock, 3);
-        /* the job's last steps: nobody waits any more */
-        rec_init(&a, 0, 0, NULL, 0);
-        ssp_finish(sp);
-        assert_false(ssp_arrive(sp, &a.w, 20, 1000000));
-        ssp_free(sp);
-}
-
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_sgd_decay),
@@ -683,8 +438,6 @@ int main(void) {
                 cmocka_unit_test(test_norm_reject),
                 cmocka_unit_test(test_norm_clip),
                 cmocka_unit_test(test_assign_incomplete),
-                cmocka_unit_test(test_sync_step),
-                cmocka_unit_test(test_ssp_clocks),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
