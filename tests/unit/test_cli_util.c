@@ -447,7 +447,7 @@ static void test_local_jobs(void **state) {
         assert_non_null(strstr(got, "--job nosuchjob: no such job file, no running `psfleet local` job of that name"));
         free(got);
         unsetenv("PSFLEET_CONFIG_DIR");
-        assert_int_equal(scratch_tree_remove(dir), 0);
+        assert_int_equal(rm_tree(dir), 0);
         unsetenv("XDG_RUNTIME_DIR");
         free(jobs);
         free(named);

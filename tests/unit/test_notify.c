@@ -53,7 +53,7 @@ static void test_notify(void **state) {
         assert_int_equal(recv(fd, (char[8]) { 0 }, 8, MSG_DONTWAIT), -1);
 
         close(fd);
-        assert_int_equal(scratch_tree_remove(scratch_dir), 0);
+        assert_int_equal(rm_tree(scratch_dir), 0);
 }
 
 static void test_watchdog_usec(void **state) {

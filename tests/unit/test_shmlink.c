@@ -327,7 +327,7 @@ static char *runtime_dir(char *tmp, size_t len, char *path, size_t plen) {
 }
 
 static void cleanup(const char *tmp) {
-        assert_int_equal(scratch_tree_remove(tmp), 0);
+        assert_int_equal(rm_tree(tmp), 0);
 }
 
 static void test_socket_path(void **state) {
