@@ -250,6 +250,8 @@ def main(test):
         test()
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 1
+        if isinstance(e.code, str):   # sys.exit("why"): said, as Python itself would
+            sys.stderr.write(e.code + "\n")
     except BaseException:
         import traceback
         traceback.print_exc()
