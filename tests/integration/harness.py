@@ -50,10 +50,16 @@ def skip(why):
     sys.exit(SKIP)
 
 
-def require(*names):
+def require_built(*names):
+    """Skips unless each of the binaries (BIN's names) is built."""
     for n in names:
         if not os.access(BIN[n], os.X_OK):
             skip("%s not built (%s)" % (n, BIN[n]))
+
+
+def require(*names):
+    """require_built, and Fashion-MNIST installed."""
+    require_built(*names)
     if not os.path.isdir(DATA_DIR):
         skip("Fashion-MNIST not installed in " + DATA_DIR)
 
@@ -472,3 +478,13 @@ def result_line(proc):
     lines = [l for l in proc.stdout().splitlines() if l.strip()]
     assert len(lines) == 1, "expected one JSON line on stdout, got %r" % lines
     return json.loads(lines[0])
+
+
+def local_result(wd, job, args=(), name="local", timeout=600):
+    """Runs `psfleet local JOB ARGS --quiet` to its end, which must be exit 0; its JSON result line."""
+    p = psfleet_local(wd, job, list(args) + ["--quiet"], name=name)
+    rc = p.wait(timeout)
+    assert rc == 0, "%s: exit %s:\n%s" % (name, rc, p.stderr()[-4000:])
+    r = result_line(p)
+    log(name, r)
+    return r
