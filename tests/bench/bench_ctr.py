@@ -15,6 +15,8 @@ import argparse, json, os, shutil, subprocess, sys, tempfile, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
+import harness as h  # noqa: E402  free ports, and every process this run started ended at exit (h.main)
 MODES = {"standalone": (0, 1), "1ps+1worker": (1, 1), "1ps+2workers": (1, 2), "2ps+2workers": (2, 2)}
 
 
@@ -34,20 +36,9 @@ def gen(psfleet, data, rows, test_rows, seed=7):
     return train, test, json.load(open(test + ".meta.json"))
 
 
-def free_ports(n):
-    import socket
-    ss = [socket.socket() for _ in range(n)]
-    for s in ss:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in ss]
-    for s in ss:
-        s.close()
-    return ports
-
-
 def job_file(tmp, data, n_ps, n_workers, steps, name):
     job = json.load(open(os.path.join(ROOT, "examples", "ctr-widedeep.json")))
-    p = free_ports(1 + max(n_ps, 1) + n_workers)
+    p = h.free_ports(1 + max(n_ps, 1) + n_workers)
     job["job"] = name
     job["cluster"] = {"chief": ["127.0.0.1:%d" % p[0]], "ps": ["127.0.0.1:%d" % q for q in p[1:1 + max(n_ps, 1)]],
                       "worker": ["127.0.0.1:%d" % q for q in p[1 + max(n_ps, 1):]]}
@@ -77,7 +68,7 @@ def peak_rss_of(pid_root, name, stop, out):
 
 def local(psfleet, job, standalone, tmp, watch=None):
     cmd = [psfleet, "local", job, "--quiet"] + (["--standalone"] if standalone else [])
-    env = dict(os.environ, TMPDIR=tmp)
+    env = dict(os.environ, TMPDIR=tmp, PSFLEET_TEST_TAG=h.TAG)   # the daemons it starts too: h.main ends what is left
     stop, rss = threading.Event(), {}
     if watch:
         th = threading.Thread(target=peak_rss_of, args=(0, watch, stop, rss), daemon=True)
@@ -155,4 +146,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    h.main(main)

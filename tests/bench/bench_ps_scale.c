@@ -38,6 +38,9 @@
 #include "util.h"
 #include "psfleet/v1/ps.pb-c.h"
 
+#include "../lib/daemons.h"
+#include "../lib/rm_tree.h"
+
 #ifndef PSFLEET_BINARY_DIR
 #define PSFLEET_BINARY_DIR "."
 #endif
@@ -75,8 +78,6 @@ struct job {
         unsigned id;
 };
 
-static int free_port(void);
-
 /* --pin: the calling thread (and what it forks or execs) on the last CPU when `server`, else on the others. */
 static void pin_to_cpus(bool server) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -91,12 +92,18 @@ static void pin_to_cpus(bool server) {
                 fprintf(stderr, "bench_ps_scale: sched_setaffinity: %s\n", strerror(errno));
 }
 
-/* A job with n_shards ps on loopback and n_workers workers (addresses only: the workers are threads
- * here), gRPC only. */
+/* A job with n_shards ps on free loopback ports and n_workers workers (addresses only: the workers
+ * are threads here), gRPC only. */
 static int job_write(struct job *j, uint32_t n_shards, uint32_t n_workers, const char *model) {
-        char *cluster = strdup_printf("\"chief\": [\"127.0.0.1:%d\"], \"ps\": [", free_port());
+        int ports[1 + sizeof(j->psd) / sizeof(j->psd[0])];   /* the chief's (never listened on), the shards' */
+        int r = n_shards < sizeof(ports) / sizeof(ports[0]) ? daemons_free_ports(ports, 1 + n_shards) : -EINVAL;
+        if (r < 0) {
+                fprintf(stderr, "bench_ps_scale: %u free ports: %s\n", 1 + n_shards, strerror(-r));
+                return r;
+        }
+        char *cluster = strdup_printf("\"chief\": [\"127.0.0.1:%d\"], \"ps\": [", ports[0]);
         for (uint32_t s = 0; s < n_shards; s++) {
-                char *c = strdup_printf("%s%s\"127.0.0.1:%d\"", cluster, s ? ", " : "", free_port());
+                char *c = strdup_printf("%s%s\"127.0.0.1:%d\"", cluster, s ? ", " : "", ports[1 + s]);
                 free(cluster);
                 cluster = c;
         }
@@ -125,7 +132,7 @@ static int job_write(struct job *j, uint32_t n_shards, uint32_t n_workers, const
         }
         free(json);
         char err[512];
-        int r = config_load(j->path, &j->cfg, err, sizeof(err));
+        r = config_load(j->path, &j->cfg, err, sizeof(err));
         if (r < 0 || (r = job_layout_new(j->cfg, &j->L)) < 0) {
                 fprintf(stderr, "bench_ps_scale: %s: %s\n", j->path, r < 0 ? err : strerror(-r));
                 return r;
@@ -135,65 +142,71 @@ static int job_write(struct job *j, uint32_t n_shards, uint32_t n_workers, const
         return 0;
 }
 
-static int free_port(void) {
-        static int next;
-        if (!next)
-                next = 20000 + (int)(getpid() % 20000);
-        return next++;
+/* In psd's child before its exec: --pin puts it on the last CPU. */
+static void psd_child_setup(void) {
+        if (pin)
+                pin_to_cpus(true);
 }
 
+/* Shard `shard` of j as a process of its own, its output in workdir/psdJOB-SHARD.log. */
 static pid_t psd_start(const struct job *j, uint32_t shard) {
-        char idx[16], state[512];
+        char idx[16], state[512], log[600];
         snprintf(idx, sizeof(idx), "%u", shard);
         snprintf(state, sizeof(state), "%s/state%u-%u", workdir, j->id, shard);
+        snprintf(log, sizeof(log), "%s/psd%u-%u.log", workdir, j->id, shard);
         mkdir(state, 0700);
-        pid_t pid = fork();
-        if (pid == 0) {
-                if (pin)
-                        pin_to_cpus(true);
-                char log[600];
-                snprintf(log, sizeof(log), "%s/psd%u-%u.log", workdir, j->id, shard);
-                if (!freopen(log, "a", stderr))
-                        _exit(127);
-                execl(psd_path, psd_path, "--job", j->path, "--task-index", idx, "--state-dir", state, (char *)NULL);
-                _exit(127);
-        }
-        return pid;
+        char *argv[] = {(char *)psd_path, "--job", (char *)j->path, "--task-index", idx, "--state-dir", state, NULL};
+        return daemons_spawn(argv, log, psd_child_setup);
 }
 
 static void job_stop(struct job *j) {
-        for (uint32_t s = 0; s < j->n_shards; s++)
-                if (j->psd[s] > 0) {
-                        kill(j->psd[s], SIGTERM);
-                        waitpid(j->psd[s], NULL, 0);
-                        j->psd[s] = 0;
-                }
+        for (uint32_t s = 0; s < j->n_shards; s++) {
+                daemons_stop(j->psd[s], 30000);
+                j->psd[s] = 0;
+        }
         j->L = job_layout_free(j->L);
         j->cfg = config_free(j->cfg);
 }
 
+struct shard_probe {
+        struct ps_client *pc;
+        uint32_t shard;
+};
+
+/* daemons_wait_healthy's question: whether the shard answers its status call. */
+static int shard_answers(void *arg, char *why, size_t len) {
+        const struct shard_probe *p = arg;
+        void *st = NULL;
+        int r = ps_client_probe(p->pc, p->shard, 1000, &st, why, len);
+        if (r == 0)
+                psfleet__v1__shard_status__free_unpacked(st, NULL);
+        return r;
+}
+
 /* Starts the shards and plays the chief: waits for each to answer, then assigns the initial values. */
 static int job_start(struct job *j, struct ps_client **chief_ret) {
-        for (uint32_t s = 0; s < j->n_shards; s++)
-                if ((j->psd[s] = psd_start(j, s)) < 0)
-                        return -errno;
+        for (uint32_t s = 0; s < j->n_shards; s++) {
+                pid_t pid = psd_start(j, s);
+                if (pid < 0)
+                        return pid;
+                j->psd[s] = pid;
+        }
         struct ps_client *pc;
         char err[512];
         int r = ps_client_new(j->cfg, j->L, "chief:0", &pc);
         if (r < 0)
                 return r;
         for (uint32_t s = 0; s < j->n_shards; s++) {
-                uint64_t end = now_us() + 30000000ull;
-                void *st = NULL;
-                while ((r = ps_client_probe(pc, s, 1000, &st, err, sizeof(err))) < 0 && now_us() < end)
-                        usleep(50000);
+                struct shard_probe p = {pc, s};
+                r = daemons_wait_healthy(j->psd[s], shard_answers, &p, 30000, 50, err, sizeof(err));
                 if (r < 0) {
-                        fprintf(stderr, "bench_ps_scale: psd %u does not answer: %s (log: %s/psd%u-%u.log)\n", s, err,
-                                workdir, j->id, s);
+                        if (r == -ECHILD)
+                                j->psd[s] = 0;   /* reaped */
+                        fprintf(stderr, "bench_ps_scale: psd %u %s (log: %s/psd%u-%u.log)\n", s, err, workdir, j->id,
+                                s);
                         ps_client_free(pc);
                         return r;
                 }
-                psfleet__v1__shard_status__free_unpacked(st, NULL);
         }
         float *params = calloc(j->L->n_params, sizeof(float));
         if (!params) {
@@ -733,9 +746,7 @@ int main(int argc, char **argv) {
         }
         for (unsigned m = 0; do_load && r >= 0 && m < 2; m++)
                 r = load((uint32_t)shards, m, load_pushes);
-        char cmd[300];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", workdir);
-        if (r >= 0 && system(cmd) != 0)
+        if (r >= 0 && rm_tree(workdir) < 0)
                 fprintf(stderr, "bench_ps_scale: could not remove %s\n", workdir);
         if (r < 0)
                 fprintf(stderr, "bench_ps_scale: failed (%s); psd logs in %s\n", strerror(-r), workdir);

@@ -12,6 +12,8 @@
 
 #include <grpc/byte_buffer_reader.h>
 
+#include "../lib/daemons.h"
+#include "../lib/rm_tree.h"
 #include "fuzz_util.h"
 #include "rpc.h"
 #include "wire.h"
@@ -23,6 +25,7 @@ struct fuzz_daemon {
         char *argv[16];
         int argc;
         char addr[32];            /* where it listens */
+        int port;
         char dir[64];             /* its state directory, the job file's too */
         char job_path[128];
         pthread_t thread;
@@ -39,16 +42,6 @@ static void *fuzz_daemon_thread(void *arg) {
         return NULL;
 }
 
-static inline uint16_t fuzz_free_port(void) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t len = sizeof(a);
-        if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || getsockname(fd, (struct sockaddr *)&a, &len) < 0)
-                abort();
-        close(fd);
-        return ntohs(a.sin_port);
-}
-
 static struct fuzz_daemon *fuzz_daemon_running;
 
 static int fuzz_daemon_call(struct fuzz_daemon *d, const char *method, const uint8_t *data, size_t size,
@@ -56,13 +49,15 @@ static int fuzz_daemon_call(struct fuzz_daemon *d, const char *method, const uin
 
 /* At exit (libFuzzer's, after its runs): the daemon stopped and its main returned, so that what it
  * holds is freed before LeakSanitizer looks (registered after LeakSanitizer's own check, it runs
- * first). */
+ * first); then its state directory removed. */
 static void fuzz_daemon_exit(void) {
         struct fuzz_daemon *d = fuzz_daemon_running;
         if (!d || !d->ch)
                 return;
-        if (fuzz_daemon_call(d, d->stop, NULL, 0, NULL) == 0)
+        if (fuzz_daemon_call(d, d->stop, NULL, 0, NULL) == 0) {
                 pthread_join(d->thread, NULL);
+                rm_tree(d->dir);
+        }
         d->ch = rpc_channel_free(d->ch);
 }
 
@@ -77,7 +72,9 @@ static inline void fuzz_daemon_init(struct fuzz_daemon *d, const char *json, con
         FILE *f = fopen(d->job_path, "w");
         if (!f || fputs(json, f) < 0 || fclose(f) != 0)
                 abort();
-        snprintf(d->addr, sizeof(d->addr), "127.0.0.1:%u", fuzz_free_port());
+        if ((d->port = daemons_free_port()) < 0)
+                abort();
+        snprintf(d->addr, sizeof(d->addr), "127.0.0.1:%d", d->port);
         const char *a[] = {d->name, "--job", d->job_path, "--state-dir", d->dir, "--listen", d->addr};
         d->argc = 0;
         for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++)
@@ -93,15 +90,13 @@ static inline void fuzz_daemon_init(struct fuzz_daemon *d, const char *json, con
         atexit(fuzz_daemon_exit);
 }
 
-/* Whether something listens on d's port. */
-static inline bool fuzz_daemon_listens(const struct fuzz_daemon *d) {
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        a.sin_port = htons((uint16_t)atoi(strrchr(d->addr, ':') + 1));
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-        if (fd >= 0)
-                close(fd);
-        return ok;
+/* daemons_wait_healthy's question: whether something listens on d's port. */
+static inline int fuzz_daemon_listens(void *arg, char *why, size_t len) {
+        const struct fuzz_daemon *d = arg;
+        if (daemons_listens(d->port))
+                return 0;
+        snprintf(why, len, "nothing listens on %s", d->addr);
+        return -ECONNREFUSED;
 }
 
 /* Starts the daemon, waits (30 s at most) until it listens, and makes a fresh channel to it: gRPC
@@ -113,12 +108,10 @@ static inline void fuzz_daemon_start(struct fuzz_daemon *d) {
         grpc_init();
         if (pthread_create(&d->thread, NULL, fuzz_daemon_thread, d) != 0)
                 abort();
-        for (int i = 0; !fuzz_daemon_listens(d); i++) {
-                if (i == 6000) {
-                        fprintf(stderr, "fuzz: %s does not listen on %s after 30 s\n", d->name, d->addr);
-                        abort();
-                }
-                usleep(5000);
+        char why[300];
+        if (daemons_wait_healthy(0, fuzz_daemon_listens, d, 30000, 5, why, sizeof(why)) < 0) {
+                fprintf(stderr, "fuzz: %s %s\n", d->name, why);
+                abort();
         }
         rpc_channel_free(d->ch);
         if (rpc_channel_new(d->addr, d->name, &d->ch) < 0)

@@ -50,10 +50,16 @@ def skip(why):
     sys.exit(SKIP)
 
 
-def require(*names):
+def require_built(*names):
+    """Skips unless each of the binaries (BIN's names) is built."""
     for n in names:
         if not os.access(BIN[n], os.X_OK):
             skip("%s not built (%s)" % (n, BIN[n]))
+
+
+def require(*names):
+    """require_built, and Fashion-MNIST installed."""
+    require_built(*names)
     if not os.path.isdir(DATA_DIR):
         skip("Fashion-MNIST not installed in " + DATA_DIR)
 
@@ -250,6 +256,8 @@ def main(test):
         test()
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 1
+        if isinstance(e.code, str):   # sys.exit("why"): said, as Python itself would
+            sys.stderr.write(e.code + "\n")
     except BaseException:
         import traceback
         traceback.print_exc()
@@ -470,3 +478,13 @@ def result_line(proc):
     lines = [l for l in proc.stdout().splitlines() if l.strip()]
     assert len(lines) == 1, "expected one JSON line on stdout, got %r" % lines
     return json.loads(lines[0])
+
+
+def local_result(wd, job, args=(), name="local", timeout=600):
+    """Runs `psfleet local JOB ARGS --quiet` to its end, which must be exit 0; its JSON result line."""
+    p = psfleet_local(wd, job, list(args) + ["--quiet"], name=name)
+    rc = p.wait(timeout)
+    assert rc == 0, "%s: exit %s:\n%s" % (name, rc, p.stderr()[-4000:])
+    r = result_line(p)
+    log(name, r)
+    return r

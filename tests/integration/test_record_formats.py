@@ -16,17 +16,11 @@ def gen(wd, fmt, name):
 
 
 def run(wd, job):
-    p = h.psfleet_local(wd, job, ["--quiet"], name=os.path.basename(job))
-    assert p.wait(120) == 0, p.stderr()[-3000:]
-    r = h.result_line(p)
-    h.log(os.path.basename(job), r)
-    return r
+    return h.local_result(wd, job, name=os.path.basename(job), timeout=120)
 
 
 def test():
-    for b in ("psd", "workerd", "chiefd", "psfleet"):
-        if not os.access(h.BIN[b], os.X_OK):
-            h.skip("%s not built" % b)
+    h.require_built("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
     csv, svm = gen(wd, "csv", "csv"), gen(wd, "libsvm", "svm")
     job, _ = h.make_job(wd, "csv.json", n_ps=1, n_workers=1, base={

@@ -31,19 +31,8 @@ def job_for(wd, name, n_ps, n_workers, data_dir, steps):
     return path
 
 
-def run(wd, job, args=(), name="local"):
-    p = h.psfleet_local(wd, job, list(args) + ["--quiet"], name=name)
-    rc = p.wait(600)
-    assert rc == 0, "exit %s:\n%s" % (rc, p.stderr()[-4000:])
-    r = h.result_line(p)
-    h.log(name, r)
-    return r
-
-
 def test():
-    for b in ("psd", "workerd", "chiefd", "psfleet"):
-        if not os.access(h.BIN[b], os.X_OK):
-            h.skip("%s not built" % b)
+    h.require_built("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
     data = wd.file("data")
     os.makedirs(data)
@@ -51,8 +40,8 @@ def test():
     planted = meta["planted_auc"]
     h.log("planted AUC on the test rows: %.4f" % planted)
     steps = TRAIN_ROWS // 256   # one pass over the data, both workers together
-    one = run(wd, job_for(wd, "ctr-1ps", 1, 2, data, steps), name="1ps-2w")
-    two = run(wd, job_for(wd, "ctr-2ps", 2, 2, data, steps), name="2ps-2w")
+    one = h.local_result(wd, job_for(wd, "ctr-1ps", 1, 2, data, steps), name="1ps-2w")
+    two = h.local_result(wd, job_for(wd, "ctr-2ps", 2, 2, data, steps), name="2ps-2w")
     for r in (one, two):
         assert r["global_step"] >= steps, r
         assert r["test_auc"] >= planted - 0.02, (r, planted)

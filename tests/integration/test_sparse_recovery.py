@@ -33,9 +33,7 @@ def maybe(f):
 def test():
     pyenv.ensure()
     from tensorboard.backend.event_processing import event_accumulator
-    for b in ("psd", "workerd", "chiefd", "psfleet"):
-        if not os.access(h.BIN[b], os.X_OK):
-            h.skip("%s not built" % b)
+    h.require_built("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
     data = wd.file("data")
     os.makedirs(data)

@@ -1,21 +1,24 @@
 /* A scratch directory for one test program's files: made by the group's setup, removed with all it
- * holds by its teardown. Include after cmocka.h; `name` in the template tells whose it was. */
+ * holds by its teardown (rm_tree: nftw, no shell). Include after cmocka.h; `name` in the template
+ * tells whose it was. */
 #pragma once
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../lib/rm_tree.h"
+
 static char scratch_dir[256];
 
+/* Makes /tmp/psfleet-test-NAME-XXXXXX (0700) into scratch_dir; 0, or -1 with errno set. */
 static inline int scratch_dir_make(const char *name)
 {
         snprintf(scratch_dir, sizeof(scratch_dir), "/tmp/psfleet-test-%s-XXXXXX", name);
         return mkdtemp(scratch_dir) ? 0 : -1;
 }
 
+/* A cmocka group teardown: removes scratch_dir with all it holds; 0, or -1. */
 static inline int scratch_dir_remove(void **state)
 {
         (void)state;
-        char cmd[300];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", scratch_dir);
-        return system(cmd);
+        return rm_tree(scratch_dir) == 0 ? 0 : -1;
 }

@@ -14,6 +14,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "scratch_dir.h"
+
 #include "cli_json.h"
 #include "cli_jobref.h"
 #include "cli_opt.h"
@@ -349,9 +351,9 @@ static long dead_pid(void) {
 }
 
 static void test_local_jobs(void **state) {
-        char tmpl[] = "/tmp/test-cli-jobref-XXXXXX", *dir = mkdtemp(tmpl), *path = example(), *rec = NULL;
+        assert_int_equal(scratch_dir_make("cli-jobref"), 0);
+        char *dir = scratch_dir, *path = example(), *rec = NULL;
         char *src = realpath(path, NULL), *got = NULL, *local_dir, *cfgdir;
-        assert_non_null(dir);
         assert_non_null(src);
         setenv("XDG_RUNTIME_DIR", dir, 1);
         unsetenv("TF_CONFIG");
@@ -445,15 +447,8 @@ static void test_local_jobs(void **state) {
         assert_non_null(strstr(got, "--job nosuchjob: no such job file, no running `psfleet local` job of that name"));
         free(got);
         unsetenv("PSFLEET_CONFIG_DIR");
-        unlink(named);
-        rmdir(jobs);
-        rmdir(cfgdir);
-        rmdir(local_dir);
-        char *psf = strdup_printf("%s/psfleet", dir);
-        rmdir(psf);
-        rmdir(dir);
+        assert_int_equal(rm_tree(dir), 0);
         unsetenv("XDG_RUNTIME_DIR");
-        free(psf);
         free(jobs);
         free(named);
         free(cfgdir);

@@ -11,11 +11,12 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "scratch_dir.h"
+
 #include "config.h"
 #include "util.h"
 
-static char tmpdir[] = "/tmp/test_config.XXXXXX";
-static char xpath[sizeof(tmpdir) + 16]; /* tmpdir/x.json, the file malformed cases are written to */
+static char xpath[sizeof(scratch_dir) + 16]; /* scratch_dir/x.json, the file malformed cases are written to */
 
 /* Test JSON is written with single quotes for readability; this turns them into double quotes. */
 static char *dq(const char *s) {
@@ -96,23 +97,21 @@ static const char *full_json =
         "}\n";
 
 static int setup(void **state) {
-        if (!mkdtemp(tmpdir))
+        if (scratch_dir_make("config") < 0)
                 return -1;
-        snprintf(xpath, sizeof(xpath), "%s/x.json", tmpdir);
+        snprintf(xpath, sizeof(xpath), "%s/x.json", scratch_dir);
         return 0;
 }
 
 static int teardown(void **state) {
-        char cmd[sizeof(tmpdir) + 16];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-        return system(cmd) == 0 ? 0 : -1;
+        return scratch_dir_remove(state);
 }
 
 static void test_full_file(void **state) {
-        char path[sizeof(tmpdir) + 32];
+        char path[sizeof(scratch_dir) + 32];
         struct job_config *c;
 
-        snprintf(path, sizeof(path), "%s/full.json", tmpdir);
+        snprintf(path, sizeof(path), "%s/full.json", scratch_dir);
         c = load_ok(path, full_json);
         assert_string_equal(c->path, path);
         assert_string_equal(c->name, "fmnist");
@@ -199,10 +198,10 @@ static void test_full_file(void **state) {
 }
 
 static void test_defaults(void **state) {
-        char path[sizeof(tmpdir) + 32];
+        char path[sizeof(scratch_dir) + 32];
         struct job_config *c;
 
-        snprintf(path, sizeof(path), "%s/mnist-small.json", tmpdir);
+        snprintf(path, sizeof(path), "%s/mnist-small.json", scratch_dir);
         c = load_ok(path, "{" BASE "}");
         assert_string_equal(c->name, "mnist-small");
         assert_int_equal(c->model.input[0], 1);
@@ -582,16 +581,16 @@ static void test_bad_files(void **state) {
 
 static void test_file_errors(void **state) {
         struct job_config *c = NULL;
-        char err[512], want[512], path[sizeof(tmpdir) + 32];
+        char err[512], want[512], path[sizeof(scratch_dir) + 32];
 
-        snprintf(path, sizeof(path), "%s/nope.json", tmpdir);
+        snprintf(path, sizeof(path), "%s/nope.json", scratch_dir);
         assert_int_equal(config_load(path, &c, err, sizeof(err)), -ENOENT);
         snprintf(want, sizeof(want), "%s: cannot open: No such file or directory", path);
         assert_string_equal(err, want);
         assert_null(c);
 
-        assert_int_equal(config_load(tmpdir, &c, err, sizeof(err)), -EISDIR);
-        snprintf(want, sizeof(want), "%s: cannot open: Is a directory", tmpdir);
+        assert_int_equal(config_load(scratch_dir, &c, err, sizeof(err)), -EISDIR);
+        snprintf(want, sizeof(want), "%s: cannot open: Is a directory", scratch_dir);
         assert_string_equal(err, want);
 
         /* A string without "job" takes its name from the origin; an unusable origin is an error. */

@@ -12,6 +12,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "scratch_dir.h"
+
 #include "notify.h"
 
 static void expect_datagram(int fd, const char *want) {
@@ -24,12 +26,11 @@ static void expect_datagram(int fd, const char *want) {
 }
 
 static void test_notify(void **state) {
-        char dir[] = "/tmp/test_notify.XXXXXX";
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         int fd;
 
-        assert_non_null(mkdtemp(dir));
-        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", dir);
+        assert_int_equal(scratch_dir_make("notify"), 0);
+        assert_true(snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", scratch_dir) < (int)sizeof(sa.sun_path));
         fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         assert_true(fd >= 0);
         assert_int_equal(bind(fd, (struct sockaddr *) &sa, sizeof(sa)), 0);
@@ -52,8 +53,7 @@ static void test_notify(void **state) {
         assert_int_equal(recv(fd, (char[8]) { 0 }, 8, MSG_DONTWAIT), -1);
 
         close(fd);
-        unlink(sa.sun_path);
-        rmdir(dir);
+        assert_int_equal(rm_tree(scratch_dir), 0);
 }
 
 static void test_watchdog_usec(void **state) {

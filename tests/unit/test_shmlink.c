@@ -24,6 +24,8 @@
 
 #include <cmocka.h>
 
+#include "scratch_dir.h"
+
 #include "shmlink.h"
 #include "util.h"
 
@@ -313,9 +315,10 @@ static void refused(void *ud, const char *why) {
 
 /* A fresh runtime directory (not made yet) under a temporary one, and the socket path in it. */
 static char *runtime_dir(char *tmp, size_t len, char *path, size_t plen) {
-        snprintf(tmp, len, "/tmp/shmlink-XXXXXX");
-        if (!mkdtemp(tmp))
+        if (scratch_dir_make("shmlink") < 0)
                 fail_msg("mkdtemp: %s", strerror(errno));
+        if ((size_t)snprintf(tmp, len, "%s", scratch_dir) >= len)
+                fail_msg("%s: too long", scratch_dir);
         char dir[200], err[300];
         snprintf(dir, sizeof(dir), "%s/run", tmp);
         if (shmlink_socket_path(dir, JOB, 2, path, plen, err, sizeof(err)) < 0)
@@ -324,10 +327,7 @@ static char *runtime_dir(char *tmp, size_t len, char *path, size_t plen) {
 }
 
 static void cleanup(const char *tmp) {
-        char dir[200];
-        snprintf(dir, sizeof(dir), "%s/run", tmp);
-        rmdir(dir);
-        rmdir(tmp);
+        assert_int_equal(rm_tree(tmp), 0);
 }
 
 static void test_socket_path(void **state) {

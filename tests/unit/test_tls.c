@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
+
+#include "scratch_dir.h"
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
@@ -23,11 +25,9 @@
 #include "util.h"
 #include "x509.h"
 
-static char dir[] = "/tmp/test_tls.XXXXXX";
-
 /* A CA for job `job` in DIR/NAME/ and certificates of the given tasks. */
 static void make_certs(const char *name, const char *job, const char *const *tasks) {
-        char *d = strdup_printf("%s/%s", dir, name), *p, *k, err[512];
+        char *d = strdup_printf("%s/%s", scratch_dir, name), *p, *k, err[512];
         assert_int_equal(mkdir(d, 0755), 0);
         struct x509_cred *ca, *leaf;
         struct x509_subject cs = {.cn = "psfleet CA", .o = "psfleet", .ou = job};
@@ -57,7 +57,7 @@ static void make_certs(const char *name, const char *job, const char *const *tas
 
 static int setup(void **state) {
         (void)state;
-        assert_non_null(mkdtemp(dir));
+        assert_int_equal(scratch_dir_make("tls"), 0);
         static const char *const tasks[] = {"chief", "ps-0", "worker-0", "worker-1", "viewer", NULL};
         make_certs("j", "j", tasks);
         static const char *const strangers[] = {"worker-0", NULL};
@@ -67,10 +67,7 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-        (void)state;
-        char *cmd = strdup_printf("rm -rf %s", dir);
-        assert_int_equal(system(cmd), 0);
-        free(cmd);
+        assert_int_equal(scratch_dir_remove(state), 0);
         return 0;
 }
 
@@ -89,7 +86,7 @@ static struct job_config *job(const char *host, const char *security) {
 
 static char *files(const char *ca_dir, const char *mode) {
         return strdup_printf("{\"mode\": \"%s\", \"ca\": \"%s/%s/ca.crt\", \"cert\": \"%s/{job}/{task}.crt\", "
-                             "\"key\": \"%s/{job}/{task}.key\"}", mode, dir, ca_dir, dir, dir);
+                             "\"key\": \"%s/{job}/{task}.key\"}", mode, scratch_dir, ca_dir, scratch_dir, scratch_dir);
 }
 
 static void test_paths(void **state) {
@@ -153,7 +150,7 @@ static void test_modes(void **state) {
         free(sec);
 
         /* a certificate of another task under this task's name */
-        char *cmd = strdup_printf("cp %s/j/ps-0.crt %s/j/ps-9.crt && cp %s/j/ps-0.key %s/j/ps-9.key", dir, dir, dir, dir);
+        char *cmd = strdup_printf("cp %s/j/ps-0.crt %s/j/ps-9.crt && cp %s/j/ps-0.key %s/j/ps-9.key", scratch_dir, scratch_dir, scratch_dir, scratch_dir);
         assert_int_equal(system(cmd), 0);
         free(cmd);
         sec = files("j", "mtls");
@@ -163,7 +160,7 @@ static void test_modes(void **state) {
         config_free(c);
         free(sec);
         /* a key that is not the certificate's */
-        cmd = strdup_printf("cp %s/j/worker-1.key %s/j/ps-9.key", dir, dir);
+        cmd = strdup_printf("cp %s/j/worker-1.key %s/j/ps-9.key", scratch_dir, scratch_dir);
         assert_int_equal(system(cmd), 0);
         free(cmd);
         sec = files("j", "mtls");
@@ -207,8 +204,8 @@ static struct rpc_tls *creds(const char *ca_dir, const char *task) {
  * server can refuse it). */
 static struct rpc_tls *stranger_creds(void) {
         struct rpc_tls *t = calloc(1, sizeof(*t));
-        char *ca = strdup_printf("%s/j/ca.crt", dir), *crt = strdup_printf("%s/other/worker-0.crt", dir),
-             *key = strdup_printf("%s/other/worker-0.key", dir);
+        char *ca = strdup_printf("%s/j/ca.crt", scratch_dir), *crt = strdup_printf("%s/other/worker-0.crt", scratch_dir),
+             *key = strdup_printf("%s/other/worker-0.key", scratch_dir);
         assert_int_equal(read_file(ca, 1 << 20, &t->ca_pem, NULL), 0);
         assert_int_equal(read_file(crt, 1 << 20, &t->cert_pem, NULL), 0);
         assert_int_equal(read_file(key, 1 << 20, &t->key_pem, NULL), 0);

@@ -13,19 +13,12 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "scratch_dir.h"
+
 #include "util.h"
 
-static char tmpdir[] = "/tmp/test_util.XXXXXX";
-
 static int setup(void **state) {
-        return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-        char *cmd = strdup_printf("rm -rf %s", tmpdir);
-        int r = system(cmd);
-        free(cmd);
-        return r == 0 ? 0 : -1;
+        return scratch_dir_make("util");
 }
 
 static void test_clocks(void **state) {
@@ -80,17 +73,17 @@ static void test_strdup_printf(void **state) {
 }
 
 static void test_mkdir_p(void **state) {
-        char *p = strdup_printf("%s/a/b//c", tmpdir), *f;
+        char *p = strdup_printf("%s/a/b//c", scratch_dir), *f;
         struct stat st;
 
         assert_int_equal(mkdir_p(p, 0755), 0);
         assert_int_equal(stat(p, &st), 0);
         assert_true(S_ISDIR(st.st_mode));
         assert_int_equal(mkdir_p(p, 0755), 0); /* exists: fine */
-        f = strdup_printf("%s/file", tmpdir);
+        f = strdup_printf("%s/file", scratch_dir);
         assert_int_equal(write_file_atomic(f, "x", 1), 0);
         free(p);
-        p = strdup_printf("%s/file/sub", tmpdir);
+        p = strdup_printf("%s/file/sub", scratch_dir);
         assert_int_equal(mkdir_p(p, 0755), -ENOTDIR);
         assert_int_equal(mkdir_p(f, 0755), -ENOTDIR);
         assert_int_equal(mkdir_p("", 0755), -EINVAL);
@@ -99,7 +92,7 @@ static void test_mkdir_p(void **state) {
 }
 
 static void test_files(void **state) {
-        char *p = strdup_printf("%s/data.bin", tmpdir), *data = NULL;
+        char *p = strdup_printf("%s/data.bin", scratch_dir), *data = NULL;
         char big[100000];
         size_t len = 0;
         DIR *d;
@@ -122,7 +115,7 @@ static void test_files(void **state) {
         free(data);
         assert_int_equal(stat(p, &st), 0);
         assert_int_equal(st.st_mode & 0044, 0044 & ~0); /* readable by others unless umask says no */
-        d = opendir(tmpdir);
+        d = opendir(scratch_dir);
         while ((de = readdir(d)))
                 assert_null(strstr(de->d_name, ".tmp"));
         closedir(d);
@@ -138,7 +131,7 @@ static void test_files(void **state) {
         data = NULL;
 
         free(p);
-        p = strdup_printf("%s/missing/x", tmpdir);
+        p = strdup_printf("%s/missing/x", scratch_dir);
         assert_int_equal(read_file(p, 100, &data, &len), -ENOENT);
         assert_int_equal(write_file_atomic(p, "x", 1), -ENOENT);
         assert_null(data);
@@ -174,7 +167,7 @@ static const char *content(const char *path) {
 }
 
 static void test_atomic_file(void **state) {
-        char *p = strdup_printf("%s/af.txt", tmpdir), *named = strdup_printf("%s/.af.txt.tmp", tmpdir);
+        char *p = strdup_printf("%s/af.txt", scratch_dir), *named = strdup_printf("%s/.af.txt.tmp", scratch_dir);
         struct atomic_file *af = NULL;
         struct stat st;
         bool renamed = false;
@@ -229,7 +222,7 @@ static void test_atomic_file(void **state) {
         assert_int_equal(access(named, F_OK), -1);
 
         /* Errors: nothing created, *ret untouched. */
-        char *missing = strdup_printf("%s/missing/x", tmpdir);
+        char *missing = strdup_printf("%s/missing/x", scratch_dir);
         af = NULL;
         assert_int_equal(atomic_file_open(missing, NULL, 0644, &af), -ENOENT);
         assert_int_equal(atomic_file_open("", NULL, 0644, &af), -EINVAL);
@@ -238,7 +231,7 @@ static void test_atomic_file(void **state) {
         free(missing);
 
         /* A rename that fails (path is a directory that is not empty): the temp file goes, path stays. */
-        char *dir = strdup_printf("%s/adir", tmpdir), *inside = strdup_printf("%s/adir/f", tmpdir);
+        char *dir = strdup_printf("%s/adir", scratch_dir), *inside = strdup_printf("%s/adir/f", scratch_dir);
         assert_int_equal(mkdir_p(dir, 0755), 0);
         assert_int_equal(write_file_atomic(inside, "kept", 4), 0);
         assert_int_equal(atomic_file_open(dir, named, 0644, &af), 0);
@@ -325,5 +318,5 @@ int main(void) {
                 cmocka_unit_test(test_atomic_file),
                 cmocka_unit_test(test_split_host_port),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
 }

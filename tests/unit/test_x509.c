@@ -1,7 +1,6 @@
 /* Tests of x509.c: a CA and its leaves, checked from their PEM files with libcrypto as a TLS peer
  * would check them; file modes; loading a CA to issue more; errors that name the file. */
 #include <errno.h>
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -15,6 +14,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "scratch_dir.h"
+
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
@@ -23,23 +24,14 @@
 #include "util.h"
 #include "x509.h"
 
-static char tmpdir[] = "/tmp/test_x509.XXXXXX";
 static char err[1024];
 
 static int setup(void **state) {
-        return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static int remove_entry(const char *p, const struct stat *st, int type, struct FTW *ftw) {
-        return remove(p);
-}
-
-static int teardown(void **state) {
-        return nftw(tmpdir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+        return scratch_dir_make("x509");
 }
 
 static char *path(const char *name) {
-        char *p = strdup_printf("%s/%s", tmpdir, name);
+        char *p = strdup_printf("%s/%s", scratch_dir, name);
         assert_non_null(p);
         return p;
 }
@@ -55,7 +47,7 @@ static struct x509_cred *make_ca(uint32_t days) {
 
 /* Saves c as NAME.crt (0644) and NAME.key (mode kmode, our group). */
 static void save(const struct x509_cred *c, const char *name, mode_t kmode) {
-        char *crt = strdup_printf("%s/%s.crt", tmpdir, name), *key = strdup_printf("%s/%s.key", tmpdir, name);
+        char *crt = strdup_printf("%s/%s.crt", scratch_dir, name), *key = strdup_printf("%s/%s.key", scratch_dir, name);
         struct x509_file fc = {crt, 0644, (gid_t)-1}, fk = {key, kmode, getegid()};
         assert_int_equal(x509_cred_save(c, &fc, &fk, err, sizeof(err)), 0);
         free(crt);
@@ -338,5 +330,5 @@ int main(void) {
                 cmocka_unit_test(test_leaf_within_ca),
                 cmocka_unit_test(test_errors),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
 }
