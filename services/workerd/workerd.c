@@ -51,7 +51,7 @@ struct worker {
         struct pusher *pu;        /* the step's pushes and waits */
         struct rpc_channel *chief;
         struct dataset *train;
-        struct shard_iter *it;      /* data.format idx; else sp */
+        struct data_iter *it;      /* data.format idx; else sp */
         struct sparse_step *sp;     /* a model with embeddings: its records, rows and row gradients */
         float *x;                 /* (B, D) */
         uint8_t *y;               /* (B) */
@@ -460,7 +460,7 @@ static int train(struct worker *w) {
         set_state(w, "training");
         log_info_step(w->global_step, "training from global_step %llu to %llu on shard %u of %u (%u examples)",
                       (unsigned long long)w->global_step, (unsigned long long)t->max_steps, w->index, w->n_workers,
-                      w->it ? shard_size(w->it) : 0);
+                      w->it ? data_iter_size(w->it) : 0);
         w->win_t = mono_us();
         uint64_t gs = w->global_step, prev = gs;
         /* sync: a push counted as heading for global_step may be dropped as stale (another worker's
@@ -473,7 +473,7 @@ again:
                 metric_set(w->m_stale, gs > prev + 1 ? (double)(gs - prev - 1) : 0);
                 prev = gs;
                 if (!w->sp) {
-                        shard_next_batch(w->it, t->batch_size, w->x, w->y);
+                        data_iter_next_batch(w->it, t->batch_size, w->x, w->y);
                 } else if ((r = sparse_step_fetch(w->sp, err, sizeof(err))) == -EBADMSG) {
                         return log_error_errno(r, "cannot read the training data: %s", err);
                 } else if (r < 0) {
@@ -616,7 +616,7 @@ static int build(struct worker *w) {
                 log_error("the training data do not fit the model: %s", err);
                 return r;
         }
-        if ((r = shard_iter_new(w->train, w->index, w->n_workers, cfg->training.seed, &w->it)) < 0)
+        if ((r = data_iter_new(w->train, w->index, w->n_workers, cfg->training.seed, &w->it)) < 0)
                 return log_error_errno(r, "cannot shard the data");
         if ((r = job_layout_new(cfg, &w->L)) < 0 || (r = ps_client_new(cfg, w->L, w->args.task_name, &w->pc)) < 0)
                 return log_error_errno(r, "cannot set up the ps clients");
@@ -649,7 +649,7 @@ static void done(struct worker *w) {
         rpc_server_free(w->server);
         pusher_free(w->pu);   /* waits for the pushes in flight, which read the model's gradients */
         rpc_channel_free(w->chief);
-        shard_iter_free(w->it);
+        data_iter_free(w->it);
         sparse_step_free(w->sp);
         dataset_free(w->train);
         if (w->rep) {
@@ -725,7 +725,7 @@ static int run(int argc, char **argv) {
                 uint64_t skip = w.global_step / w.n_workers * w.cfg->training.batch_size;
                 char err[1024];
                 if (w.it) {
-                        shard_skip(w.it, skip);
+                        data_iter_skip(w.it, skip);
                 } else if ((r = sparse_step_skip(w.sp, skip, err, sizeof(err))) < 0) {
                         log_error("cannot read the training data: %s", err);
                         ret = daemon_exit_code(r);
@@ -733,7 +733,7 @@ static int run(int argc, char **argv) {
                 }
                 log_info_step(w.global_step, "resuming at global_step %llu: skipped %llu examples of this shard (epoch %llu)",
                               (unsigned long long)w.global_step, (unsigned long long)skip,
-                              (unsigned long long)(w.it ? shard_epoch(w.it) : 0));
+                              (unsigned long long)(w.it ? data_iter_epoch(w.it) : 0));
         }
         if (w.global_step >= w.cfg->training.max_steps) {
                 log_info("the job is already at global_step %llu of %llu: nothing to do",
