@@ -30,6 +30,7 @@
 #include "model.h"
 #include "notify.h"
 #include "push.h"
+#include "replicas.h"
 #include "rpc.h"
 #include "sparse_step.h"
 #include "trainer.h"
@@ -41,11 +42,10 @@ struct worker {
         struct daemon_args args;
         const struct job_config *cfg;
         uint32_t index, n_workers;
-        struct backend *be;
-        struct model *m;          /* the model; with several local GPUs, replica 0 of rep */
-        struct device_replicas *rep; /* several local GPUs: the batch split across them, gradients summed */
-        struct backend *bes[DEVICE_MAX_GPUS];
+        struct backend *bes[DEVICE_MAX_GPUS]; /* one, or one per local GPU */
         uint32_t n_bes;
+        struct replicas *rep;     /* the model on each backend: with several, the batch split across them */
+        struct model *m;          /* replica 0: the variables pulls write and pushes read */
         struct job_layout *L;
         struct ps_client *pc;
         struct pusher *pu;        /* the step's pushes and waits */
@@ -188,7 +188,7 @@ static void on_status(struct rpc_call *call, void *ud) {
         }
         st.worker = w->index;
         st.state = state;
-        st.backend = (char *)backend_name(w->be);
+        st.backend = (char *)backend_name(w->bes[0]);
         rpc_call_reply_msg(call, &st.base);
 }
 
@@ -308,7 +308,7 @@ static int pull_all(struct worker *w) {
                         metric_observe_us(w->m_pull, mono_us() - t0);
                         set_waiting(w, NULL, 0, 0, NULL, NULL);
                         w->global_step = gs;
-                        return w->rep ? device_replicas_params_sync(w->rep) : model_params_sync(w->m);
+                        return replicas_params_sync(w->rep);
                 }
                 ps_peer(err, peer, sizeof(peer));
                 snprintf(why, sizeof(why), "waiting: cannot read the parameters: %s", err);
@@ -371,13 +371,11 @@ static int forward(struct worker *w, float *loss) {
         uint32_t B = w->cfg->training.batch_size;
         if (w->sp)
                 return sparse_step_forward(w->sp, w->m, loss, push_await, w->pu);
-        return w->rep ? device_replicas_forward_blocks(w->rep, w->x, w->y, B, loss, NULL, push_await, w->pu)
-                      : model_forward_blocks(w->m, w->x, w->y, B, loss, NULL, push_await, w->pu);
+        return replicas_forward_blocks(w->rep, w->x, w->y, B, loss, NULL, push_await, w->pu);
 }
 
 static int backward(struct worker *w) {
-        return w->rep ? device_replicas_backward_blocks(w->rep, push_ready, w->pu)
-                      : model_backward_blocks(w->m, push_ready, w->pu);
+        return replicas_backward_blocks(w->rep, push_ready, w->pu);
 }
 
 /* "nan", "inf", "-inf": a loss that is not finite, as the chief words it. */
@@ -446,7 +444,7 @@ static bool sync_unfinished(struct worker *w) {
         char err[600];
         uint64_t gs;
         if (ps_client_pull(w->pc, model_params(w->m), NULL, &gs, err, sizeof(err)) < 0 ||
-            (w->rep ? device_replicas_params_sync(w->rep) : model_params_sync(w->m)) < 0)
+            replicas_params_sync(w->rep) < 0)
                 return false;
         update_global_step(w, NULL);
         return gs < w->cfg->training.max_steps;
@@ -574,18 +572,16 @@ static int build(struct worker *w) {
                 if (fell == DEVICE_FELL_BACK)
                         log_notice("%s", msg);
                 if (r < 0 ||
-                    (r = device_replicas_new(w->bes, w->n_bes, &cfg->model, cfg->training.batch_size, &w->rep, msg,
-                                             sizeof(msg))) < 0) {
+                    (r = replicas_new(w->bes, w->n_bes, &cfg->model, cfg->training.batch_size, &w->rep, msg,
+                                      sizeof(msg))) < 0) {
                         w->config_error = r == -EINVAL || r == -ENODEV || r == -ENOMEM;
                         return log_error_errno(r, "device: %s", msg);
                 }
-                w->be = w->bes[0];
-                w->m = device_replicas_model(w->rep);
                 if (fell != DEVICE_FELL_BACK)
                         log_info("device: %u replicas, the batch of %u split across them: %s", w->n_bes,
                                  cfg->training.batch_size, msg);
         } else {
-                r = device_backend_new(&cfg->device, cfg->training.threads, &w->be, msg, sizeof(msg));
+                r = device_backend_new(&cfg->device, cfg->training.threads, &w->bes[0], msg, sizeof(msg));
                 if (r < 0) {
                         w->config_error = true;
                         return log_error_errno(r, "device: %s", msg);
@@ -594,15 +590,17 @@ static int build(struct worker *w) {
                         log_notice("%s", msg);
                 else
                         log_info("device: %s", msg);
-                if ((r = device_model_new(w->be, &cfg->model, cfg->training.batch_size, &w->m, msg, sizeof(msg))) < 0) {
+                w->n_bes = 1;
+                if ((r = replicas_new(w->bes, 1, &cfg->model, cfg->training.batch_size, &w->rep, msg, sizeof(msg))) < 0) {
                         /* a memory cap too small for the model, or a head the device cannot compute: fix the options */
                         w->config_error = r == -ENOMEM || r == -EOPNOTSUPP;
                         return log_error_errno(r, "cannot build the model: %s", msg);
                 }
         }
+        w->m = replicas_model(w->rep);
         if (device_log_placement(&cfg->device)) {
                 char lines[8192];
-                device_placement(w->be, w->m, lines, sizeof(lines));
+                device_placement(w->bes[0], w->m, lines, sizeof(lines));
                 for (char *save = NULL, *l = strtok_r(lines, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
                         log_info("placement: %s", l);
         }
@@ -634,7 +632,7 @@ static int build_rest(struct worker *w) {
         int r;
         if ((r = rpc_channel_new(cfg->cluster.chief[0].addr, "chief:0", &w->chief)) < 0)
                 return log_error_errno(r, "cannot set up the chief's channel");
-        if ((r = pusher_new(cfg, w->L, w->m, w->rep, w->pc, w->index, &w->pu)) < 0)
+        if ((r = pusher_new(cfg, w->L, w->rep, w->pc, w->index, &w->pu)) < 0)
                 return log_error_errno(r, "cannot lay out the pushes");
         if (w->args.loss_log) {
                 w->loss_log = fopen(w->args.loss_log, "we");
@@ -652,14 +650,9 @@ static void done(struct worker *w) {
         data_iter_free(w->it);
         sparse_step_free(w->sp);
         dataset_free(w->train);
-        if (w->rep) {
-                device_replicas_free(w->rep);
-                for (uint32_t i = 0; i < w->n_bes; i++)
-                        backend_free(w->bes[i]);
-        } else {
-                model_free(w->m);
-                backend_free(w->be);
-        }
+        replicas_free(w->rep);
+        for (uint32_t i = 0; i < w->n_bes; i++)
+                backend_free(w->bes[i]);
         ps_client_free(w->pc);   /* after the model, whose blocks its shared memory may hold */
         job_layout_free(w->L);
         free(w->x);
