@@ -41,14 +41,15 @@ static inline int batch_forward(struct batch_source *bs, struct replicas *rep, f
 }
 
 /* Backward has run on the batch (m: replica 0, its gradients final): what the source keeps of them
- * for its next exchange (the rows' gradients of a model with embeddings; nothing for a dense one). */
+ * for its next exchange (the rows' gradients of a model with embeddings). NULL in ops: nothing. */
 static inline void batch_backward_done(struct batch_source *bs, struct model *m) {
-        bs->ops->backward_done(bs, m);
+        if (bs->ops->backward_done)
+                bs->ops->backward_done(bs, m);
 }
 
-/* The end of training: pushes what the source still keeps. 0 or -errno with err. */
+/* The end of training: pushes what the source still keeps (NULL in ops: nothing). 0 or -errno with err. */
 static inline int batch_flush(struct batch_source *bs, char *err, size_t errlen) {
-        return bs->ops->flush(bs, err, errlen);
+        return bs->ops->flush ? bs->ops->flush(bs, err, errlen) : 0;
 }
 
 /* A resumed job: moves on by this many examples, as if batches had read them. 0 or -errno with err. */

@@ -36,15 +36,6 @@ static int dense_forward(struct batch_source *bs, struct replicas *rep, float *l
         return replicas_forward_blocks(rep, s->x, s->y, s->B, loss, NULL, before, ud);
 }
 
-static void dense_backward_done(struct batch_source *bs, struct model *m) {
-        (void)bs, (void)m;
-}
-
-static int dense_flush(struct batch_source *bs, char *err, size_t errlen) {
-        (void)bs, (void)err, (void)errlen;
-        return 0;
-}
-
 static int dense_skip(struct batch_source *bs, uint64_t examples, char *err, size_t errlen) {
         (void)err, (void)errlen;
         data_iter_skip(of(bs)->it, examples);
@@ -62,8 +53,7 @@ static uint64_t dense_epoch(const struct batch_source *bs) {
 static const struct batch_ops dense_ops = {
         .next = dense_next,
         .forward = dense_forward,
-        .backward_done = dense_backward_done,
-        .flush = dense_flush,
+        /* no backward_done, no flush: only the dense variables are pushed, by the pusher */
         .skip = dense_skip,
         .examples = dense_examples,
         .epoch = dense_epoch,

@@ -1,6 +1,6 @@
 /* A dense job's batches (data.format idx): worker k of W reads its shard of the dataset (data.h),
  * batch_size examples a step, into buffers the model reads in place. Nothing is pushed besides the
- * dense variables (push.h), so backward_done and flush have nothing to do. */
+ * dense variables (push.h), so it has no backward_done and no flush. */
 #pragma once
 #include <stdint.h>
 
