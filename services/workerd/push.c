@@ -115,28 +115,9 @@ static int move_model(void *m, float *params, float *grads) {
         return model_use_host_blocks(m, params, grads);
 }
 
-/* The replicas compute in the blocks replica 0 was given. */
-static int replicas_blocks(struct device_replicas *rep, const struct job_layout *L, struct model *m) {
-        for (uint32_t v = 0; v < L->n_vars; v++) {
-                const uint32_t *rows;
-                uint32_t nb = model_var_blocks(m, v, &rows);
-                if (nb <= 1)
-                        continue;
-                /* a copy: setting the blocks again on replica 0 frees the model's own array */
-                uint32_t *copy = malloc(nb * sizeof(uint32_t));
-                if (!copy)
-                        return -ENOMEM;
-                memcpy(copy, rows, nb * sizeof(uint32_t));
-                int r = device_replicas_set_var_blocks(rep, v, nb, copy);
-                free(copy);
-                if (r < 0)
-                        return r;
-        }
-        return 0;
-}
-
-int pusher_new(const struct job_config *cfg, const struct job_layout *L, struct model *m, struct device_replicas *rep,
-               struct ps_client *pc, uint32_t worker, struct pusher **ret) {
+int pusher_new(const struct job_config *cfg, const struct job_layout *L, struct replicas *rep, struct ps_client *pc,
+               uint32_t worker, struct pusher **ret) {
+        struct model *m = replicas_model(rep);
         struct pusher *pu = calloc(1, sizeof(*pu));
         bool *blocked = calloc(L->n_vars + 1, sizeof(bool));
         int r = -ENOMEM;
@@ -144,7 +125,7 @@ int pusher_new(const struct job_config *cfg, const struct job_layout *L, struct 
                 goto fail;
         pu->pc = pc;
         pu->overlap = cfg->training.overlap_push;
-        if ((r = job_model_blocks(L, m, blocked)) < 0 || (rep && (r = replicas_blocks(rep, L, m)) < 0) ||
+        if ((r = job_model_blocks(L, m, blocked)) < 0 || (r = replicas_follow_blocks(rep)) < 0 ||
             (r = push_plan_new(L, blocked, &pu->plan)) < 0)
                 goto fail;
         uint32_t nb = 0;
@@ -155,7 +136,7 @@ int pusher_new(const struct job_config *cfg, const struct job_layout *L, struct 
         ps_client_move_fn move = NULL;
         if (!cfg->rpc.shared_memory)
                 log_info("rpc.shared_memory is off: pushing through gRPC only");
-        else if (rep)
+        else if (replicas_count(rep) > 1)
                 log_info("pushing through gRPC only: shared memory is not used with several local GPUs");
         else
                 move = move_model;

@@ -8,10 +8,10 @@
 #include <stdint.h>
 
 #include "config.h"
-#include "device.h"
 #include "job.h"
 #include "model.h"
 #include "ps_client.h"
+#include "replicas.h"
 
 /* ---- the plan: how parts group into pushes (pure; unit tested) ----
  *
@@ -45,12 +45,12 @@ void push_plan_restart(struct push_plan *pl);
 
 struct pusher;
 
-/* Lays out the pushes of a model m (with several local GPUs, replica 0 of rep, else rep NULL) whose
- * variables L describes, makes the model compute in the same row blocks, and sets up the ps client's
- * pushes (shared memory where cfg allows it and there is one GPU at most). pc and the model stay the
+/* Lays out the pushes of the model rep trains (replica 0's variables and host blocks), whose
+ * variables L describes, makes every replica compute in the same row blocks, and sets up the ps
+ * client's pushes (shared memory where cfg allows it and there is one replica). pc and rep stay the
  * caller's and must outlive the pusher. Returns 0 or -errno. */
-int pusher_new(const struct job_config *cfg, const struct job_layout *L, struct model *m, struct device_replicas *rep,
-               struct ps_client *pc, uint32_t worker, struct pusher **ret);
+int pusher_new(const struct job_config *cfg, const struct job_layout *L, struct replicas *rep, struct ps_client *pc,
+               uint32_t worker, struct pusher **ret);
 /* Waits for the pushes in flight, then frees. NULL-safe; returns NULL. */
 struct pusher *pusher_free(struct pusher *pu);
 

@@ -11,6 +11,7 @@
 #include "util.h"
 
 struct sparse_step {
+        struct batch_source src;
         const struct job_config *cfg;
         struct ps_client *pc;
         struct records_reader *rd;
@@ -22,9 +23,12 @@ struct sparse_step {
         uint32_t n_pend[MODEL_MAX_EMBEDDINGS];
 };
 
-struct sparse_step *sparse_step_free(struct sparse_step *s) {
-        if (!s)
-                return NULL;
+static struct sparse_step *of(struct batch_source *bs) {
+        return (struct sparse_step *)bs;
+}
+
+static void sparse_free(struct batch_source *bs) {
+        struct sparse_step *s = of(bs);
         for (uint32_t e = 0; e < s->n_tables; e++) {
                 free(s->pend_ids[e]);
                 free(s->pend_grads[e]);
@@ -32,43 +36,10 @@ struct sparse_step *sparse_step_free(struct sparse_step *s) {
         ctr_step_free(s->cs);
         records_close(s->rd);
         free(s);
-        return NULL;
 }
 
-int sparse_step_new(const struct job_config *cfg, uint32_t index, uint32_t W, struct ps_client *pc,
-                    struct sparse_step **ret, char *err, size_t errlen) {
-        struct sparse_step *s = calloc(1, sizeof(*s));
-        uint32_t B = cfg->training.batch_size;
-        size_t max_unique = (size_t)B * cfg->data.max_ids_per_example;
-        int r;
-
-        if (!s)
-                return errf(err, errlen, -ENOMEM, "out of memory");
-        s->cfg = cfg;
-        s->pc = pc;
-        s->n_tables = cfg->model.n_embeddings;
-        if ((r = ctr_records_open(cfg, false, index, W, true, &s->rd, err, errlen)) < 0)
-                goto fail;
-        if ((r = ctr_step_new(cfg, s->rd, B, &s->cs)) < 0) {
-                errf(err, errlen, r, "cannot set up the batch: %s", strerror(-r));
-                goto fail;
-        }
-        for (uint32_t e = 0; e < s->n_tables; e++) {
-                s->pend_ids[e] = malloc(max_unique * sizeof(uint64_t));
-                s->pend_grads[e] = malloc(max_unique * cfg->model.emb[e].dim * sizeof(float));
-                if (!s->pend_ids[e] || !s->pend_grads[e]) {
-                        r = errf(err, errlen, -ENOMEM, "out of memory");
-                        goto fail;
-                }
-        }
-        *ret = s;
-        return 0;
-fail:
-        sparse_step_free(s);
-        return r;
-}
-
-int sparse_step_skip(struct sparse_step *s, uint64_t records, char *err, size_t errlen) {
+static int sparse_skip(struct batch_source *bs, uint64_t records, char *err, size_t errlen) {
+        struct sparse_step *s = of(bs);
         while (records > 0) {
                 int r = records_next(s->rd, s->cs->b, err, errlen);
                 if (r < 0)
@@ -83,7 +54,8 @@ static void drop_pending(struct sparse_step *s) {
                 s->n_pend[e] = 0;
 }
 
-int sparse_step_fetch(struct sparse_step *s, char *err, size_t errlen) {
+static int sparse_next(struct batch_source *bs, char *err, size_t errlen) {
+        struct sparse_step *s = of(bs);
         struct ctr *c = s->cs->c;
         int r = records_next(s->rd, s->cs->b, err, errlen);
 
@@ -103,11 +75,14 @@ int sparse_step_fetch(struct sparse_step *s, char *err, size_t errlen) {
         return 0;
 }
 
-int sparse_step_forward(struct sparse_step *s, struct model *m, float *loss, model_block_cb before, void *ud) {
-        return ctr_step_forward(s->cfg, s->cs, m, loss, NULL, before, ud);
+static int sparse_forward(struct batch_source *bs, struct replicas *rep, float *loss, model_block_cb before,
+                          void *ud) {
+        struct sparse_step *s = of(bs);
+        return ctr_step_forward(s->cfg, s->cs, replicas_model(rep), loss, NULL, before, ud);
 }
 
-void sparse_step_backward_done(struct sparse_step *s, struct model *m) {
+static void sparse_backward_done(struct batch_source *bs, struct model *m) {
+        struct sparse_step *s = of(bs);
         struct ctr *c = s->cs->c;
 
         ctr_row_grads(c, s->cs->b, model_input_grad(m));
@@ -119,7 +94,8 @@ void sparse_step_backward_done(struct sparse_step *s, struct model *m) {
         }
 }
 
-int sparse_step_flush(struct sparse_step *s, char *err, size_t errlen) {
+static int sparse_flush(struct batch_source *bs, char *err, size_t errlen) {
+        struct sparse_step *s = of(bs);
         for (uint32_t e = 0; e < s->n_tables; e++) {
                 if (!s->n_pend[e])
                         continue;
@@ -132,6 +108,46 @@ int sparse_step_flush(struct sparse_step *s, char *err, size_t errlen) {
         return 0;
 }
 
-uint64_t sparse_step_bad_lines(const struct sparse_step *s) {
-        return records_bad_lines(s->rd);
+static const struct batch_ops sparse_ops = {
+        .next = sparse_next,
+        .forward = sparse_forward,
+        .backward_done = sparse_backward_done,
+        .flush = sparse_flush,
+        .skip = sparse_skip,
+        /* no examples, no epoch: the record files are read as they come, with no count ahead */
+        .free = sparse_free,
+};
+
+int sparse_step_new(const struct job_config *cfg, uint32_t index, uint32_t W, struct ps_client *pc,
+                    struct batch_source **ret, char *err, size_t errlen) {
+        struct sparse_step *s = calloc(1, sizeof(*s));
+        uint32_t B = cfg->training.batch_size;
+        size_t max_unique = (size_t)B * cfg->data.max_ids_per_example;
+        int r;
+
+        if (!s)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        s->src.ops = &sparse_ops;
+        s->cfg = cfg;
+        s->pc = pc;
+        s->n_tables = cfg->model.n_embeddings;
+        if ((r = ctr_records_open(cfg, false, index, W, true, &s->rd, err, errlen)) < 0)
+                goto fail;
+        if ((r = ctr_step_new(cfg, s->rd, B, &s->cs)) < 0) {
+                errf(err, errlen, r, "cannot set up the batch: %s", strerror(-r));
+                goto fail;
+        }
+        for (uint32_t e = 0; e < s->n_tables; e++) {
+                s->pend_ids[e] = malloc(max_unique * sizeof(uint64_t));
+                s->pend_grads[e] = malloc(max_unique * cfg->model.emb[e].dim * sizeof(float));
+                if (!s->pend_ids[e] || !s->pend_grads[e]) {
+                        r = errf(err, errlen, -ENOMEM, "out of memory");
+                        goto fail;
+                }
+        }
+        *ret = &s->src;
+        return 0;
+fail:
+        sparse_free(&s->src);
+        return r;
 }

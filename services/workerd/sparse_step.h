@@ -7,34 +7,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batch.h"
 #include "config.h"
 #include "model.h"
 #include "ps_client.h"
 
-struct sparse_step;
-
-/* Worker index of W: its shard of data.train_files, read in epochs. 0, or -errno with err naming the
+/* Worker index of W: its shard of data.train_files, read in epochs, as a batch source (batch.h):
+ *   next           the next batch and its rows: the previous step's row gradients pushed and this
+ *                  batch's rows pulled, one exchange per table. 0; -EBADMSG (a bad record: err says
+ *                  FILE:LINE); or another -errno from the ps shards (then the previous step's row
+ *                  gradients are dropped: async training loses that step's sparse update, as a refused
+ *                  push loses a dense one);
+ *   forward        the batch's rows pooled into the dense layers' input, forward on replica 0;
+ *   backward_done  the rows' gradients (from the model's input gradient) kept for the next exchange;
+ *   flush          the row gradients still kept pushed (the end of training);
+ *   skip           moves on by this many records of the shard (a resumed job).
+ * The model must compute its input gradient (model_set_input_grad). 0, or -errno with err naming the
  * file (-EBADMSG: the data are at fault). */
 int sparse_step_new(const struct job_config *cfg, uint32_t index, uint32_t W, struct ps_client *pc,
-                    struct sparse_step **ret, char *err, size_t errlen);
-struct sparse_step *sparse_step_free(struct sparse_step *s); /* NULL-safe; returns NULL */
-
-/* Moves on by this many records of the shard (a resumed job). 0 or -errno with err. */
-int sparse_step_skip(struct sparse_step *s, uint64_t records, char *err, size_t errlen);
-
-/* The next batch and its rows: the previous step's row gradients pushed and this batch's rows pulled,
- * one exchange per table. 0; -EBADMSG (a bad record: err says FILE:LINE); or another -errno from the
- * ps shards (then the previous step's row gradients are dropped: async training loses that step's
- * sparse update, as a refused push loses a dense one). */
-int sparse_step_fetch(struct sparse_step *s, char *err, size_t errlen);
-
-/* Forward on the batch fetched (before, ud: model_forward_blocks'). */
-int sparse_step_forward(struct sparse_step *s, struct model *m, float *loss, model_block_cb before, void *ud);
-
-/* After backward: the rows' gradients (from the model's input gradient) kept for the next fetch. */
-void sparse_step_backward_done(struct sparse_step *s, struct model *m);
-
-/* Pushes the row gradients still kept (the end of training). 0 or -errno with err. */
-int sparse_step_flush(struct sparse_step *s, char *err, size_t errlen);
-
-uint64_t sparse_step_bad_lines(const struct sparse_step *s); /* skipped under data.bad_lines: skip */
+                    struct batch_source **ret, char *err, size_t errlen);

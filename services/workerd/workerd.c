@@ -1,11 +1,13 @@
 /* workerd: one training worker. Reads its own shard of the data, computes gradients, pushes them to the
  * ps shards and trains on the fresh values their replies carry.
  *
- * The step loop, in train(), reads top to bottom: batch → forward (waiting for each block's fresh
- * values) → backward (pushing each block's gradients as soon as they are final) → end of step →
- * report. Communication overlaps compute; which gradients travel together, and when to push and to
- * wait, is push.c's; how a push travels (gRPC, or shared memory to a psd on this host) is the ps
- * client's (ps_client.h). */
+ * The step loop, in train() and step(), reads top to bottom and is the same for every job: batch →
+ * forward (waiting for each block's fresh values) → backward (pushing each block's gradients as soon
+ * as they are final) → end of step → report; a lost shard is recovered from in one place. Where the
+ * batches come from, dense or with embeddings, is the batch source's (batch.h); one model or one per
+ * local GPU, the replicas' (replicas.h). Communication overlaps compute; which gradients travel
+ * together, and when to push and to wait, is push.c's; how a push travels (gRPC, or shared memory to a
+ * psd on this host) is the ps client's (ps_client.h). */
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
@@ -23,6 +25,7 @@
 #include "daemon.h"
 #include "device.h"
 #include "data.h"
+#include "dense_step.h"
 #include "job.h"
 #include "ps_client.h"
 #include "log.h"
@@ -30,6 +33,7 @@
 #include "model.h"
 #include "notify.h"
 #include "push.h"
+#include "replicas.h"
 #include "rpc.h"
 #include "sparse_step.h"
 #include "trainer.h"
@@ -41,20 +45,16 @@ struct worker {
         struct daemon_args args;
         const struct job_config *cfg;
         uint32_t index, n_workers;
-        struct backend *be;
-        struct model *m;          /* the model; with several local GPUs, replica 0 of rep */
-        struct device_replicas *rep; /* several local GPUs: the batch split across them, gradients summed */
-        struct backend *bes[DEVICE_MAX_GPUS];
+        struct backend *bes[DEVICE_MAX_GPUS]; /* one, or one per local GPU */
         uint32_t n_bes;
+        struct replicas *rep;     /* the model on each backend: with several, the batch split across them */
+        struct model *m;          /* replica 0: the variables pulls write and pushes read */
         struct job_layout *L;
         struct ps_client *pc;
         struct pusher *pu;        /* the step's pushes and waits */
         struct rpc_channel *chief;
-        struct dataset *train;
-        struct shard_iter *it;      /* data.format idx; else sp */
-        struct sparse_step *sp;     /* a model with embeddings: its records, rows and row gradients */
-        float *x;                 /* (B, D) */
-        uint8_t *y;               /* (B) */
+        struct dataset *train;      /* data.format idx: the dataset src reads its shard of */
+        struct batch_source *src;   /* the batches: dense_step.h, or sparse_step.h for a model with embeddings */
         FILE *loss_log;
         int sfd;                  /* signalfd */
 
@@ -188,7 +188,7 @@ static void on_status(struct rpc_call *call, void *ud) {
         }
         st.worker = w->index;
         st.state = state;
-        st.backend = (char *)backend_name(w->be);
+        st.backend = (char *)backend_name(w->bes[0]);
         rpc_call_reply_msg(call, &st.base);
 }
 
@@ -308,7 +308,7 @@ static int pull_all(struct worker *w) {
                         metric_observe_us(w->m_pull, mono_us() - t0);
                         set_waiting(w, NULL, 0, 0, NULL, NULL);
                         w->global_step = gs;
-                        return w->rep ? device_replicas_params_sync(w->rep) : model_params_sync(w->m);
+                        return replicas_params_sync(w->rep);
                 }
                 ps_peer(err, peer, sizeof(peer));
                 snprintf(why, sizeof(why), "waiting: cannot read the parameters: %s", err);
@@ -363,21 +363,6 @@ static uint64_t update_global_step(struct worker *w, uint32_t *counting_ret) {
         w->global_step = gs;
         pthread_mutex_unlock(&w->st_mu);
         return gs;
-}
-
-/* Forward and backward on the model, or split over several local GPUs; the pusher's callbacks wait
- * for a block's fresh values before forward reads it, and push gradients as soon as they are final. */
-static int forward(struct worker *w, float *loss) {
-        uint32_t B = w->cfg->training.batch_size;
-        if (w->sp)
-                return sparse_step_forward(w->sp, w->m, loss, push_await, w->pu);
-        return w->rep ? device_replicas_forward_blocks(w->rep, w->x, w->y, B, loss, NULL, push_await, w->pu)
-                      : model_forward_blocks(w->m, w->x, w->y, B, loss, NULL, push_await, w->pu);
-}
-
-static int backward(struct worker *w) {
-        return w->rep ? device_replicas_backward_blocks(w->rep, push_ready, w->pu)
-                      : model_backward_blocks(w->m, push_ready, w->pu);
 }
 
 /* "nan", "inf", "-inf": a loss that is not finite, as the chief words it. */
@@ -446,10 +431,62 @@ static bool sync_unfinished(struct worker *w) {
         char err[600];
         uint64_t gs;
         if (ps_client_pull(w->pc, model_params(w->m), NULL, &gs, err, sizeof(err)) < 0 ||
-            (w->rep ? device_replicas_params_sync(w->rep) : model_params_sync(w->m)) < 0)
+            replicas_params_sync(w->rep) < 0)
                 return false;
         update_global_step(w, NULL);
         return gs < w->cfg->training.max_steps;
+}
+
+/* What a step came to: STEP_DONE, its pushes answered and the step counted; STEP_LOST, a shard was
+ * lost or restarted (why in err): re-read the parameters and carry on; STEP_STOP, its pushes were
+ * refused and the chief, told so, says stop. */
+enum { STEP_DONE, STEP_LOST, STEP_STOP };
+
+/* A step's pushes failed. A model gone wrong computes gradients that are not finite, which the shards
+ * refuse: no step completes, so say so here (once a second) instead of retrying in silence; the
+ * chief's answer is to stop. Returns whether it did. */
+static bool report_refused(struct worker *w, float loss) {
+        if (isfinite(loss) || mono_us() - w->last_refused_report < 1000000)
+                return false;
+        w->last_refused_report = mono_us();
+        pthread_mutex_lock(&w->st_mu);
+        w->last_loss = loss;
+        pthread_mutex_unlock(&w->st_mu);
+        report_progress(w, loss);
+        return atomic_load(&w->stop);
+}
+
+/* One step: the batch → forward (the pusher's push_await waits for each block's fresh values before
+ * forward reads it) → backward (push_ready pushes each block's gradients as soon as they are final)
+ * → the step's pushes answered. Returns STEP_*, or -errno (logged) when training cannot go on. */
+static int step(struct worker *w, float *loss, char *err, size_t errlen) {
+        int r = batch_next(w->src, err, errlen);
+        if (r == -EBADMSG)
+                return log_error_errno(r, "cannot read the training data: %s", err);
+        if (r < 0)
+                return STEP_LOST;
+        push_step_begin(w->pu, w->local_step);
+        r = batch_forward(w->src, w->rep, loss, push_await, w->pu);
+        bool backward_ran = r >= 0 && !push_failed(w->pu);
+        if (backward_ran)
+                r = replicas_backward_blocks(w->rep, push_ready, w->pu);
+        if (r < 0)
+                return log_error_errno(r, "step %llu failed", (unsigned long long)w->local_step);
+        if (backward_ran)   /* a failed push skips backward: nothing for the source to keep either */
+                batch_backward_done(w->src, w->m);
+        if (push_step_end(w->pu, err, errlen) < 0)
+                return report_refused(w, *loss) ? STEP_STOP : STEP_LOST;
+        return STEP_DONE;
+}
+
+/* A shard was lost or restarted (err says which): wait for it, re-read the values, link again. */
+static int recover(struct worker *w, const char *err) {
+        log_warning("step %llu: %s; re-reading the parameters", (unsigned long long)w->local_step, err);
+        int r = pull_all(w);
+        if (r < 0)
+                return r;
+        ps_client_link_shards(w->pc);
+        return 0;
 }
 
 static int train(struct worker *w) {
@@ -460,7 +497,7 @@ static int train(struct worker *w) {
         set_state(w, "training");
         log_info_step(w->global_step, "training from global_step %llu to %llu on shard %u of %u (%u examples)",
                       (unsigned long long)w->global_step, (unsigned long long)t->max_steps, w->index, w->n_workers,
-                      w->it ? shard_size(w->it) : 0);
+                      batch_examples(w->src));
         w->win_t = mono_us();
         uint64_t gs = w->global_step, prev = gs;
         /* sync: a push counted as heading for global_step may be dropped as stale (another worker's
@@ -472,45 +509,13 @@ again:
                 metric_set(w->m_step, (double)gs);
                 metric_set(w->m_stale, gs > prev + 1 ? (double)(gs - prev - 1) : 0);
                 prev = gs;
-                if (!w->sp) {
-                        shard_next_batch(w->it, t->batch_size, w->x, w->y);
-                } else if ((r = sparse_step_fetch(w->sp, err, sizeof(err))) == -EBADMSG) {
-                        return log_error_errno(r, "cannot read the training data: %s", err);
-                } else if (r < 0) {
-                        /* a shard lost or restarted: as a failed push, below */
-                        log_warning("step %llu: %s; re-reading the parameters", (unsigned long long)w->local_step, err);
-                        if ((r = pull_all(w)) < 0)
+                if ((r = step(w, &loss, err, sizeof(err))) < 0)
+                        return r;
+                if (r == STEP_STOP)
+                        break;
+                if (r == STEP_LOST) {
+                        if ((r = recover(w, err)) < 0)
                                 return r;
-                        ps_client_link_shards(w->pc);
-                        continue;
-                }
-                push_step_begin(w->pu, w->local_step);
-                r = forward(w, &loss);
-                bool backward_ran = r >= 0 && !push_failed(w->pu);
-                if (backward_ran)
-                        r = backward(w);
-                if (r < 0)
-                        return log_error_errno(r, "step %llu failed", (unsigned long long)w->local_step);
-                if (w->sp && backward_ran)   /* a failed push skips backward: no row gradients either */
-                        sparse_step_backward_done(w->sp, w->m);
-                if (push_step_end(w->pu, err, sizeof(err)) < 0) {
-                        /* A model gone wrong computes gradients that are not finite, which the shards
-                         * refuse: no step completes, so say so here (once a second) instead of retrying
-                         * in silence; the chief's answer is to stop. */
-                        if (!isfinite(loss) && mono_us() - w->last_refused_report >= 1000000) {
-                                w->last_refused_report = mono_us();
-                                pthread_mutex_lock(&w->st_mu);
-                                w->last_loss = loss;
-                                pthread_mutex_unlock(&w->st_mu);
-                                report_progress(w, loss);
-                                if (atomic_load(&w->stop))
-                                        break;
-                        }
-                        /* a shard was lost or restarted: wait for it, re-read the values, carry on */
-                        log_warning("step %llu: %s; re-reading the parameters", (unsigned long long)w->local_step, err);
-                        if ((r = pull_all(w)) < 0)
-                                return r;
-                        ps_client_link_shards(w->pc);
                         continue;
                 }
                 step_done(w, loss);
@@ -519,7 +524,7 @@ again:
         }
         /* the last pushes' values are the job's; apply them so status and logs agree */
         push_finish(w->pu);
-        if (w->sp && (r = sparse_step_flush(w->sp, err, sizeof(err))) < 0)
+        if ((r = batch_flush(w->src, err, sizeof(err))) < 0)
                 log_warning("the last step's embedding gradients were not applied: %s", err);
         update_global_step(w, NULL);
         if (t->mode == MODE_SYNC && !signalled(w) && sync_unfinished(w))
@@ -539,7 +544,7 @@ static int build_sparse(struct worker *w) {
                 return log_error_errno(r, "cannot build the model");
         if ((r = job_layout_new(w->cfg, &w->L)) < 0 || (r = ps_client_new(w->cfg, w->L, w->args.task_name, &w->pc)) < 0)
                 return log_error_errno(r, "cannot set up the ps clients");
-        if ((r = sparse_step_new(w->cfg, w->index, w->n_workers, w->pc, &w->sp, err, sizeof(err))) < 0) {
+        if ((r = sparse_step_new(w->cfg, w->index, w->n_workers, w->pc, &w->src, err, sizeof(err))) < 0) {
                 /* one line naming the file and why; -EBADMSG, bad data, exits 65 */
                 log_error("cannot read the training data: %s", err);
                 return r;
@@ -574,18 +579,16 @@ static int build(struct worker *w) {
                 if (fell == DEVICE_FELL_BACK)
                         log_notice("%s", msg);
                 if (r < 0 ||
-                    (r = device_replicas_new(w->bes, w->n_bes, &cfg->model, cfg->training.batch_size, &w->rep, msg,
-                                             sizeof(msg))) < 0) {
+                    (r = replicas_new(w->bes, w->n_bes, &cfg->model, cfg->training.batch_size, &w->rep, msg,
+                                      sizeof(msg))) < 0) {
                         w->config_error = r == -EINVAL || r == -ENODEV || r == -ENOMEM;
                         return log_error_errno(r, "device: %s", msg);
                 }
-                w->be = w->bes[0];
-                w->m = device_replicas_model(w->rep);
                 if (fell != DEVICE_FELL_BACK)
                         log_info("device: %u replicas, the batch of %u split across them: %s", w->n_bes,
                                  cfg->training.batch_size, msg);
         } else {
-                r = device_backend_new(&cfg->device, cfg->training.threads, &w->be, msg, sizeof(msg));
+                r = device_backend_new(&cfg->device, cfg->training.threads, &w->bes[0], msg, sizeof(msg));
                 if (r < 0) {
                         w->config_error = true;
                         return log_error_errno(r, "device: %s", msg);
@@ -594,15 +597,17 @@ static int build(struct worker *w) {
                         log_notice("%s", msg);
                 else
                         log_info("device: %s", msg);
-                if ((r = device_model_new(w->be, &cfg->model, cfg->training.batch_size, &w->m, msg, sizeof(msg))) < 0) {
+                w->n_bes = 1;
+                if ((r = replicas_new(w->bes, 1, &cfg->model, cfg->training.batch_size, &w->rep, msg, sizeof(msg))) < 0) {
                         /* a memory cap too small for the model, or a head the device cannot compute: fix the options */
                         w->config_error = r == -ENOMEM || r == -EOPNOTSUPP;
                         return log_error_errno(r, "cannot build the model: %s", msg);
                 }
         }
+        w->m = replicas_model(w->rep);
         if (device_log_placement(&cfg->device)) {
                 char lines[8192];
-                device_placement(w->be, w->m, lines, sizeof(lines));
+                device_placement(w->bes[0], w->m, lines, sizeof(lines));
                 for (char *save = NULL, *l = strtok_r(lines, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
                         log_info("placement: %s", l);
         }
@@ -616,14 +621,11 @@ static int build(struct worker *w) {
                 log_error("the training data do not fit the model: %s", err);
                 return r;
         }
-        if ((r = shard_iter_new(w->train, w->index, w->n_workers, cfg->training.seed, &w->it)) < 0)
+        if ((r = dense_step_new(w->train, w->index, w->n_workers, cfg->training.seed, cfg->training.batch_size,
+                                &w->src)) < 0)
                 return log_error_errno(r, "cannot shard the data");
         if ((r = job_layout_new(cfg, &w->L)) < 0 || (r = ps_client_new(cfg, w->L, w->args.task_name, &w->pc)) < 0)
                 return log_error_errno(r, "cannot set up the ps clients");
-        w->x = malloc((size_t)cfg->training.batch_size * w->train->dim * sizeof(float));
-        w->y = malloc(cfg->training.batch_size);
-        if (!w->x || !w->y)
-                return log_error_errno(ENOMEM, "out of memory");
         return build_rest(w);
 }
 
@@ -634,7 +636,7 @@ static int build_rest(struct worker *w) {
         int r;
         if ((r = rpc_channel_new(cfg->cluster.chief[0].addr, "chief:0", &w->chief)) < 0)
                 return log_error_errno(r, "cannot set up the chief's channel");
-        if ((r = pusher_new(cfg, w->L, w->m, w->rep, w->pc, w->index, &w->pu)) < 0)
+        if ((r = pusher_new(cfg, w->L, w->rep, w->pc, w->index, &w->pu)) < 0)
                 return log_error_errno(r, "cannot lay out the pushes");
         if (w->args.loss_log) {
                 w->loss_log = fopen(w->args.loss_log, "we");
@@ -649,21 +651,13 @@ static void done(struct worker *w) {
         rpc_server_free(w->server);
         pusher_free(w->pu);   /* waits for the pushes in flight, which read the model's gradients */
         rpc_channel_free(w->chief);
-        shard_iter_free(w->it);
-        sparse_step_free(w->sp);
+        batch_free(w->src);
         dataset_free(w->train);
-        if (w->rep) {
-                device_replicas_free(w->rep);
-                for (uint32_t i = 0; i < w->n_bes; i++)
-                        backend_free(w->bes[i]);
-        } else {
-                model_free(w->m);
-                backend_free(w->be);
-        }
+        replicas_free(w->rep);
+        for (uint32_t i = 0; i < w->n_bes; i++)
+                backend_free(w->bes[i]);
         ps_client_free(w->pc);   /* after the model, whose blocks its shared memory may hold */
         job_layout_free(w->L);
-        free(w->x);
-        free(w->y);
         if (w->loss_log)
                 fclose(w->loss_log);
         daemon_args_done(&w->args);
@@ -724,16 +718,14 @@ static int run(int argc, char **argv) {
                 /* a resumed job: carry on in the data where this worker's share of the steps left it */
                 uint64_t skip = w.global_step / w.n_workers * w.cfg->training.batch_size;
                 char err[1024];
-                if (w.it) {
-                        shard_skip(w.it, skip);
-                } else if ((r = sparse_step_skip(w.sp, skip, err, sizeof(err))) < 0) {
+                if ((r = batch_skip(w.src, skip, err, sizeof(err))) < 0) {
                         log_error("cannot read the training data: %s", err);
                         ret = daemon_exit_code(r);
                         goto out;
                 }
                 log_info_step(w.global_step, "resuming at global_step %llu: skipped %llu examples of this shard (epoch %llu)",
                               (unsigned long long)w.global_step, (unsigned long long)skip,
-                              (unsigned long long)(w.it ? shard_epoch(w.it) : 0));
+                              (unsigned long long)batch_epoch(w.src));
         }
         if (w.global_step >= w.cfg->training.max_steps) {
                 log_info("the job is already at global_step %llu of %llu: nothing to do",

@@ -209,15 +209,15 @@ static void test_shards(void **state)
         struct dataset *d = make_dataset(n);
         int seen[100] = {0};
         for (uint32_t k = 0; k < W; k++) {
-                struct shard_iter *it;
-                assert_int_equal(shard_iter_new(d, k, W, 42, &it), 0);
-                uint32_t sz = shard_size(it);
+                struct data_iter *it;
+                assert_int_equal(data_iter_new(d, k, W, 42, &it), 0);
+                uint32_t sz = data_iter_size(it);
                 assert_int_equal(sz, k == 0 ? 34 : 33);
                 float x[2 * 34];
                 uint8_t y[34];
-                shard_next_batch(it, sz, x, y);
-                assert_int_equal(shard_epoch(it), 0);
-                assert_int_equal(shard_examples_seen(it), sz);
+                data_iter_next_batch(it, sz, x, y);
+                assert_int_equal(data_iter_epoch(it), 0);
+                assert_int_equal(data_iter_examples_seen(it), sz);
                 for (uint32_t b = 0; b < sz; b++) {
                         uint32_t i = (uint32_t)x[2 * b];
                         assert_int_equal(i % W, k);
@@ -225,81 +225,81 @@ static void test_shards(void **state)
                         assert_int_equal(y[b], i % 10);
                         seen[i]++;
                 }
-                shard_iter_free(it);
+                data_iter_free(it);
         }
         for (uint32_t i = 0; i < n; i++)
                 assert_int_equal(seen[i], 1); /* disjoint and covering */
         dataset_free(d);
 }
 
-static void test_shard_epochs(void **state)
+static void test_data_iter_epochs(void **state)
 {
         struct dataset *d = make_dataset(50);
-        struct shard_iter *a, *b, *c;
-        assert_int_equal(shard_iter_new(d, 1, 2, 7, &a), 0);
-        assert_int_equal(shard_iter_new(d, 1, 2, 7, &b), 0);
-        assert_int_equal(shard_iter_new(d, 1, 2, 8, &c), 0);
+        struct data_iter *a, *b, *c;
+        assert_int_equal(data_iter_new(d, 1, 2, 7, &a), 0);
+        assert_int_equal(data_iter_new(d, 1, 2, 7, &b), 0);
+        assert_int_equal(data_iter_new(d, 1, 2, 8, &c), 0);
         uint32_t e0[25], e1[25], other[25];
         for (uint32_t i = 0; i < 25; i++) {
-                e0[i] = shard_index_at(a, i);
-                assert_int_equal(shard_index_at(b, i), e0[i]);
-                other[i] = shard_index_at(c, i);
+                e0[i] = data_iter_index_at(a, i);
+                assert_int_equal(data_iter_index_at(b, i), e0[i]);
+                other[i] = data_iter_index_at(c, i);
         }
         assert_memory_not_equal(e0, other, sizeof(e0));
         /* batches of 10 wrap into epoch 1 (reshuffled) at example 25 */
         float x[20];
         uint8_t y[10];
-        shard_next_batch(a, 10, x, y);
-        shard_next_batch(a, 10, x, y);
-        shard_next_batch(a, 10, x, y);
-        assert_int_equal(shard_epoch(a), 1);
-        assert_int_equal(shard_examples_seen(a), 30);
+        data_iter_next_batch(a, 10, x, y);
+        data_iter_next_batch(a, 10, x, y);
+        data_iter_next_batch(a, 10, x, y);
+        assert_int_equal(data_iter_epoch(a), 1);
+        assert_int_equal(data_iter_examples_seen(a), 30);
         assert_int_equal((uint32_t)x[2 * 4], e0[24]);
         for (uint32_t i = 0; i < 25; i++)
-                e1[i] = shard_index_at(a, i);
+                e1[i] = data_iter_index_at(a, i);
         assert_int_equal((uint32_t)x[2 * 5], e1[0]);
         assert_memory_not_equal(e0, e1, sizeof(e0));
         /* a fresh iterator with the same seed replays the same epochs */
         for (int i = 0; i < 3; i++)
-                shard_next_batch(b, 10, x, y);
+                data_iter_next_batch(b, 10, x, y);
         for (uint32_t i = 0; i < 25; i++)
-                assert_int_equal(shard_index_at(b, i), e1[i]);
+                assert_int_equal(data_iter_index_at(b, i), e1[i]);
 
-        struct shard_iter *bad = NULL;
-        assert_int_equal(shard_iter_new(d, 2, 2, 7, &bad), -EINVAL);
-        assert_int_equal(shard_iter_new(d, 0, 0, 7, &bad), -EINVAL);
-        assert_int_equal(shard_iter_new(d, 50, 60, 7, &bad), -EINVAL); /* empty shard */
+        struct data_iter *bad = NULL;
+        assert_int_equal(data_iter_new(d, 2, 2, 7, &bad), -EINVAL);
+        assert_int_equal(data_iter_new(d, 0, 0, 7, &bad), -EINVAL);
+        assert_int_equal(data_iter_new(d, 50, 60, 7, &bad), -EINVAL); /* empty shard */
         assert_null(bad);
-        shard_iter_free(a);
-        shard_iter_free(b);
-        shard_iter_free(c);
+        data_iter_free(a);
+        data_iter_free(b);
+        data_iter_free(c);
         dataset_free(d);
 }
 
 /* Skipping n examples lands where reading them would have, across epoch boundaries too. */
-static void test_shard_skip(void **state)
+static void test_data_iter_skip(void **state)
 {
         (void)state;
         struct dataset *d = make_dataset(50);
         uint64_t skips[] = {0, 3, 16, 17, 40, 123};
         for (size_t s = 0; s < sizeof(skips) / sizeof(skips[0]); s++) {
-                struct shard_iter *a, *b;
-                assert_int_equal(shard_iter_new(d, 1, 3, 9, &a), 0);
-                assert_int_equal(shard_iter_new(d, 1, 3, 9, &b), 0);
+                struct data_iter *a, *b;
+                assert_int_equal(data_iter_new(d, 1, 3, 9, &a), 0);
+                assert_int_equal(data_iter_new(d, 1, 3, 9, &b), 0);
                 float xa[4 * 2], xb[4 * 2];   /* (B, dim) */
                 uint8_t ya[4], yb[4];
                 for (uint64_t i = 0; i < skips[s]; i++)
-                        shard_next_batch(a, 1, xa, ya);
-                shard_skip(b, skips[s]);
-                assert_int_equal(shard_examples_seen(a), shard_examples_seen(b));
+                        data_iter_next_batch(a, 1, xa, ya);
+                data_iter_skip(b, skips[s]);
+                assert_int_equal(data_iter_examples_seen(a), data_iter_examples_seen(b));
                 for (int i = 0; i < 20; i++) {
-                        shard_next_batch(a, 4, xa, ya);
-                        shard_next_batch(b, 4, xb, yb);
+                        data_iter_next_batch(a, 4, xa, ya);
+                        data_iter_next_batch(b, 4, xb, yb);
                         assert_memory_equal(ya, yb, 4);
                         assert_memory_equal(xa, xb, sizeof(xa));
                 }
-                shard_iter_free(a);
-                shard_iter_free(b);
+                data_iter_free(a);
+                data_iter_free(b);
         }
         dataset_free(d);
 }
@@ -341,7 +341,7 @@ int main(void)
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_idx_roundtrip), cmocka_unit_test(test_idx_errors),
                 cmocka_unit_test(test_dataset),       cmocka_unit_test(test_shards),
-                cmocka_unit_test(test_shard_epochs),  cmocka_unit_test(test_shard_skip),
+                cmocka_unit_test(test_data_iter_epochs),  cmocka_unit_test(test_data_iter_skip),
                 cmocka_unit_test(test_fashion_mnist),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

@@ -19,6 +19,7 @@
 #include "config.h"
 #include "device.h"
 #include "model.h"
+#include "replicas.h"
 
 static const char *const vars[] = { "PSFLEET_DEVICE", "PSFLEET_GPU_MEMORY_FRACTION", "PSFLEET_ALLOW_GROWTH",
                                     "PSFLEET_LOG_DEVICE_PLACEMENT", "PSFLEET_ALLOW_SOFT_PLACEMENT",
@@ -290,21 +291,21 @@ static void test_replicas(void **state)
         const uint32_t B = 7, D = 2 * 6 * 6;
         struct backend *b1, *bes[3];
         struct model *m1;
-        struct device_replicas *rs;
+        struct replicas *rs;
         char msg[256];
         assert_int_equal(backend_cpu_new(1, &b1), 0);
         for (int i = 0; i < 3; i++)
                 assert_int_equal(backend_cpu_new(1, &bes[i]), 0);
         assert_int_equal(model_new(&spec, b1, B, &m1), 0);
-        assert_int_equal(device_replicas_new(bes, 3, &spec, B, &rs, msg, sizeof(msg)), 0);
-        assert_int_equal(device_replicas_count(rs), 3);
-        struct model *m0 = device_replicas_model(rs);
+        assert_int_equal(replicas_new(bes, 3, &spec, B, &rs, msg, sizeof(msg)), 0);
+        assert_int_equal(replicas_count(rs), 3);
+        struct model *m0 = replicas_model(rs);
         assert_int_equal(model_max_batch(m0), 3); /* ceil(7 / 3) */
         const uint32_t rows[] = { 0, 5, 11 };     /* dense0/kernel (27, 9) in three blocks */
         int dv = model_find_var(m1, "dense0/kernel");
         assert_true(dv >= 0);
         assert_int_equal(model_set_var_blocks(m1, (uint32_t)dv, 3, rows), 0);
-        assert_int_equal(device_replicas_set_var_blocks(rs, (uint32_t)dv, 3, rows), 0);
+        assert_int_equal(replicas_set_var_blocks(rs, (uint32_t)dv, 3, rows), 0);
 
         size_t np = model_n_params(m1);
         float *server = malloc(sizeof(float) * np), *want = malloc(sizeof(float) * np);
@@ -329,7 +330,7 @@ static void test_replicas(void **state)
 
                 /* three replicas of 3, 2 and 2 examples */
                 struct trace tr = { .server = server, .params = model_params(m0), .m = m0, .fail_at = -1 };
-                assert_int_equal(device_replicas_forward_blocks(rs, x, y, B, &lr, &cr, trace_before, &tr), 0);
+                assert_int_equal(replicas_forward_blocks(rs, x, y, B, &lr, &cr, trace_before, &tr), 0);
                 assert_int_equal(tr.n, t1.n);
                 assert_memory_equal(tr.var, t1.var, sizeof(uint32_t) * t1.n);
                 assert_memory_equal(tr.block, t1.block, sizeof(uint32_t) * t1.n);
@@ -337,7 +338,7 @@ static void test_replicas(void **state)
                 assert_true(fabs(lr - l1) <= 1e-5 * fabs(l1));
                 assert_int_equal(cr, c1);
                 struct trace ar = { .m = m0, .want_grads = want, .grads = model_grads(m0), .fail_at = -1 };
-                assert_int_equal(device_replicas_backward_blocks(rs, trace_after, &ar), 0);
+                assert_int_equal(replicas_backward_blocks(rs, trace_after, &ar), 0);
                 assert_int_equal(ar.n, a1.n);
                 assert_memory_equal(ar.var, a1.var, sizeof(uint32_t) * a1.n);
                 assert_memory_equal(ar.block, a1.block, sizeof(uint32_t) * a1.n);
@@ -350,27 +351,88 @@ static void test_replicas(void **state)
         /* a batch smaller than the replicas: one example runs on replica 0 alone */
         struct trace t = { .server = server, .params = model_params(m0), .m = m0, .fail_at = -1 };
         float l;
-        assert_int_equal(device_replicas_forward_blocks(rs, x, y, 1, &l, NULL, trace_before, &t), 0);
-        assert_int_equal(device_replicas_backward_blocks(rs, NULL, NULL), 0);
+        assert_int_equal(replicas_forward_blocks(rs, x, y, 1, &l, NULL, trace_before, &t), 0);
+        assert_int_equal(replicas_backward_blocks(rs, NULL, NULL), 0);
         /* a failing callback stops every replica and comes back; the next pass works */
         struct trace tf = { .server = server, .params = model_params(m0), .m = m0, .fail_at = 2 };
-        assert_int_equal(device_replicas_forward_blocks(rs, x, y, B, &l, NULL, trace_before, &tf), 7);
+        assert_int_equal(replicas_forward_blocks(rs, x, y, B, &l, NULL, trace_before, &tf), 7);
         t.n = 0;
-        assert_int_equal(device_replicas_forward_blocks(rs, x, y, B, &l, NULL, trace_before, &t), 0);
+        assert_int_equal(replicas_forward_blocks(rs, x, y, B, &l, NULL, trace_before, &t), 0);
         /* bounds */
-        assert_int_equal(device_replicas_forward_blocks(rs, x, y, 10, &l, NULL, NULL, NULL), -EINVAL);
-        assert_int_equal(device_replicas_forward_blocks(rs, x, y, 0, &l, NULL, NULL, NULL), -EINVAL);
+        assert_int_equal(replicas_forward_blocks(rs, x, y, 10, &l, NULL, NULL, NULL), -EINVAL);
+        assert_int_equal(replicas_forward_blocks(rs, x, y, 0, &l, NULL, NULL, NULL), -EINVAL);
         /* params_sync: replica 0's host values reach every replica */
         memcpy(model_params(m0), server, sizeof(float) * np);
-        assert_int_equal(device_replicas_params_sync(rs), 0);
-        assert_int_equal(device_replicas_forward_blocks(rs, x, y, B, &l, NULL, NULL, NULL), 0);
+        assert_int_equal(replicas_params_sync(rs), 0);
+        assert_int_equal(replicas_forward_blocks(rs, x, y, B, &l, NULL, NULL, NULL), 0);
 
-        device_replicas_free(rs);
+        replicas_free(rs);
         model_free(m1);
         for (int i = 0; i < 3; i++)
                 backend_free(bes[i]);
         backend_free(b1);
         free(server), free(want), free(x);
+}
+
+/* One backend: the replicas are that backend's model, bit for bit, with the same callbacks in order. */
+static void test_replicas_one(void **state)
+{
+        struct model_spec spec = { .input = { 1, 4, 4 }, .n_layers = 4 };
+        spec.layers[0] = (struct layer_spec){ .type = LAYER_FLATTEN };
+        spec.layers[1] = (struct layer_spec){ .type = LAYER_DENSE, .units = 6 };
+        spec.layers[2] = (struct layer_spec){ .type = LAYER_RELU };
+        spec.layers[3] = (struct layer_spec){ .type = LAYER_DENSE, .units = 3 };
+        const uint32_t B = 5, D = 16;
+        struct backend *b1, *b2;
+        struct model *m1;
+        struct replicas *rs;
+        char msg[256];
+        assert_int_equal(backend_cpu_new(1, &b1), 0);
+        assert_int_equal(backend_cpu_new(1, &b2), 0);
+        assert_int_equal(model_new(&spec, b1, B, &m1), 0);
+        assert_int_equal(replicas_new(&b2, 1, &spec, B, &rs, msg, sizeof(msg)), 0);
+        assert_int_equal(replicas_count(rs), 1);
+        struct model *m0 = replicas_model(rs);
+        assert_int_equal(model_max_batch(m0), B);
+        const uint32_t rows[] = { 0, 7 }; /* dense0/kernel (16, 6) in two blocks */
+        int dv = model_find_var(m1, "dense0/kernel");
+        assert_true(dv >= 0);
+        assert_int_equal(model_set_var_blocks(m1, (uint32_t)dv, 2, rows), 0);
+        assert_int_equal(model_set_var_blocks(m0, (uint32_t)dv, 2, rows), 0);
+        assert_int_equal(replicas_follow_blocks(rs), 0);
+
+        size_t np = model_n_params(m1);
+        float *server = malloc(sizeof(float) * np), x[5 * 16];
+        assert_int_equal(model_init_params(m1, 3), 0);
+        memcpy(server, model_params(m1), sizeof(float) * np);
+        uint8_t y[5] = { 0, 1, 2, 1, 0 };
+        for (size_t i = 0; i < (size_t)B * D; i++)
+                x[i] = (float)((i * 13) % 29) / 29.0f - 0.4f;
+        struct trace t1 = { .server = server, .params = model_params(m1), .m = m1, .fail_at = -1 };
+        struct trace tr = { .server = server, .params = model_params(m0), .m = m0, .fail_at = -1 };
+        float l1, lr;
+        uint32_t c1, cr;
+        assert_int_equal(model_forward_blocks(m1, x, y, B, &l1, &c1, trace_before, &t1), 0);
+        assert_int_equal(replicas_forward_blocks(rs, x, y, B, &lr, &cr, trace_before, &tr), 0);
+        assert_memory_equal(&lr, &l1, sizeof(float));
+        assert_int_equal(cr, c1);
+        assert_int_equal(tr.n, t1.n);
+        assert_memory_equal(tr.var, t1.var, sizeof(uint32_t) * t1.n);
+        assert_memory_equal(tr.block, t1.block, sizeof(uint32_t) * t1.n);
+        struct trace a1 = { .m = m1, .fail_at = -1 }, ar = { .m = m0, .fail_at = -1 };
+        assert_int_equal(model_backward_blocks(m1, trace_after, &a1), 0);
+        assert_int_equal(replicas_backward_blocks(rs, trace_after, &ar), 0);
+        assert_int_equal(ar.n, a1.n);
+        assert_memory_equal(ar.var, a1.var, sizeof(uint32_t) * a1.n);
+        assert_memory_equal(ar.block, a1.block, sizeof(uint32_t) * a1.n);
+        assert_memory_equal(model_grads(m0), model_grads(m1), sizeof(float) * np);
+        assert_int_equal(replicas_params_sync(rs), 0);
+
+        replicas_free(rs);
+        model_free(m1);
+        backend_free(b1);
+        backend_free(b2);
+        free(server);
 }
 
 #ifndef PSFLEET_TEST_DEVICE_CUDA
@@ -406,6 +468,7 @@ int main(void)
                 cmocka_unit_test_setup_teardown(test_bad_values, clean_env, clean_env),
                 cmocka_unit_test_setup_teardown(test_model_and_placement, clean_env, clean_env),
                 cmocka_unit_test_setup_teardown(test_replicas, clean_env, clean_env),
+                cmocka_unit_test_setup_teardown(test_replicas_one, clean_env, clean_env),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -269,7 +269,7 @@ uint8_t dataset_max_label(const struct dataset *d)
         return m;
 }
 
-struct shard_iter {
+struct data_iter {
         const struct dataset *d;
         uint32_t k, W;
         uint64_t seed;
@@ -280,7 +280,7 @@ struct shard_iter {
         uint64_t seen;
 };
 
-static void shard_shuffle(struct shard_iter *it)
+static void iter_shuffle(struct data_iter *it)
 {
         for (uint32_t i = 0; i < it->n; i++)
                 it->order[i] = it->k + i * it->W;
@@ -290,11 +290,11 @@ static void shard_shuffle(struct shard_iter *it)
         it->pos = 0;
 }
 
-int shard_iter_new(const struct dataset *d, uint32_t k, uint32_t W, uint64_t seed, struct shard_iter **ret)
+int data_iter_new(const struct dataset *d, uint32_t k, uint32_t W, uint64_t seed, struct data_iter **ret)
 {
         if (!d || W == 0 || k >= W || k >= d->n)
                 return -EINVAL;
-        struct shard_iter *it = calloc(1, sizeof(*it));
+        struct data_iter *it = calloc(1, sizeof(*it));
         if (!it)
                 return -ENOMEM;
         it->d = d;
@@ -307,12 +307,12 @@ int shard_iter_new(const struct dataset *d, uint32_t k, uint32_t W, uint64_t see
                 free(it);
                 return -ENOMEM;
         }
-        shard_shuffle(it);
+        iter_shuffle(it);
         *ret = it;
         return 0;
 }
 
-struct shard_iter *shard_iter_free(struct shard_iter *it)
+struct data_iter *data_iter_free(struct data_iter *it)
 {
         if (it) {
                 free(it->order);
@@ -321,13 +321,13 @@ struct shard_iter *shard_iter_free(struct shard_iter *it)
         return NULL;
 }
 
-void shard_next_batch(struct shard_iter *it, uint32_t B, float *x, uint8_t *y)
+void data_iter_next_batch(struct data_iter *it, uint32_t B, float *x, uint8_t *y)
 {
         const struct dataset *d = it->d;
         for (uint32_t b = 0; b < B; b++) {
                 if (it->pos == it->n) {
                         it->epoch++;
-                        shard_shuffle(it);
+                        iter_shuffle(it);
                 }
                 uint32_t i = it->order[it->pos++];
                 memcpy(x + (size_t)b * d->dim, d->x + (size_t)i * d->dim, sizeof(float) * d->dim);
@@ -336,14 +336,14 @@ void shard_next_batch(struct shard_iter *it, uint32_t B, float *x, uint8_t *y)
         it->seen += B;
 }
 
-void shard_skip(struct shard_iter *it, uint64_t examples)
+void data_iter_skip(struct data_iter *it, uint64_t examples)
 {
         /* whole epochs are skipped by count: each epoch's order depends only on (seed, k, epoch) */
         uint64_t left = it->n - it->pos;
         if (examples >= left && it->n > 0) {
                 uint64_t rest = examples - left, epochs = rest / it->n;
                 it->epoch += 1 + epochs;
-                shard_shuffle(it);
+                iter_shuffle(it);
                 it->pos = (uint32_t)(rest % it->n);
         } else {
                 it->pos += (uint32_t)examples;
@@ -351,22 +351,22 @@ void shard_skip(struct shard_iter *it, uint64_t examples)
         it->seen += examples;
 }
 
-uint64_t shard_epoch(const struct shard_iter *it)
+uint64_t data_iter_epoch(const struct data_iter *it)
 {
         return it->epoch;
 }
 
-uint64_t shard_examples_seen(const struct shard_iter *it)
+uint64_t data_iter_examples_seen(const struct data_iter *it)
 {
         return it->seen;
 }
 
-uint32_t shard_size(const struct shard_iter *it)
+uint32_t data_iter_size(const struct data_iter *it)
 {
         return it->n;
 }
 
-uint32_t shard_index_at(const struct shard_iter *it, uint32_t pos)
+uint32_t data_iter_index_at(const struct data_iter *it, uint32_t pos)
 {
         return pos < it->n ? it->order[pos] : UINT32_MAX;
 }

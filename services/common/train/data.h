@@ -1,6 +1,6 @@
 /* Training data: IDX files (gzip'd or plain), a dataset of images and labels, and each worker's shard
  * of it. Loading is not thread-safe per call site only in the sense that err is written; a loaded
- * dataset is read-only and may be shared between threads. A shard_iter belongs to one thread. */
+ * dataset is read-only and may be shared between threads. A data_iter belongs to one thread. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -45,17 +45,17 @@ uint8_t dataset_max_label(const struct dataset *d);
 
 /* Worker k of W reads the examples whose index is k (mod W), in an order reshuffled every epoch by
  * Fisher–Yates from an rng seeded with (seed, k, epoch). The dataset must outlive the iterator. */
-struct shard_iter;
+struct data_iter;
 /* -EINVAL if W == 0, k >= W, or shard k would be empty. */
-int shard_iter_new(const struct dataset *d, uint32_t k, uint32_t W, uint64_t seed, struct shard_iter **ret);
-struct shard_iter *shard_iter_free(struct shard_iter *it); /* NULL-safe; returns NULL */
+int data_iter_new(const struct dataset *d, uint32_t k, uint32_t W, uint64_t seed, struct data_iter **ret);
+struct data_iter *data_iter_free(struct data_iter *it); /* NULL-safe; returns NULL */
 /* Copies the next B examples into x (B, dim) and y (B), continuing into the next epoch (reshuffled)
  * when this one runs out. */
-void shard_next_batch(struct shard_iter *it, uint32_t B, float *x, uint8_t *y);
-/* Moves on by this many examples, as if shard_next_batch had read them (without copying). */
-void shard_skip(struct shard_iter *it, uint64_t examples);
-uint64_t shard_epoch(const struct shard_iter *it);         /* 0 for the first pass */
-uint64_t shard_examples_seen(const struct shard_iter *it); /* in total, all epochs */
-uint32_t shard_size(const struct shard_iter *it);          /* examples in this shard */
+void data_iter_next_batch(struct data_iter *it, uint32_t B, float *x, uint8_t *y);
+/* Moves on by this many examples, as if data_iter_next_batch had read them (without copying). */
+void data_iter_skip(struct data_iter *it, uint64_t examples);
+uint64_t data_iter_epoch(const struct data_iter *it);         /* 0 for the first pass */
+uint64_t data_iter_examples_seen(const struct data_iter *it); /* in total, all epochs */
+uint32_t data_iter_size(const struct data_iter *it);          /* examples in this shard */
 /* The dataset index of the example at `pos` of the current epoch's order (for tests). */
-uint32_t shard_index_at(const struct shard_iter *it, uint32_t pos);
+uint32_t data_iter_index_at(const struct data_iter *it, uint32_t pos);

@@ -85,49 +85,12 @@ bool device_log_placement(const struct device_config *dc);
  * number of lines. */
 int device_placement(const struct backend *be, const struct model *m, char *buf, size_t len);
 
-/* ---- several GPUs in one worker: data-parallel replicas ----
- *
- * device_backends_new is device_backend_new for a list of GPUs ("gpu:0,1", or "auto" with several
- * visible): one CUDA backend per GPU, in the listed order, *n_ret of them (1 for cpu and for a single
- * GPU). device_backend_new itself refuses a list (-EOPNOTSUPP), so that nobody gets one GPU of several
- * by accident; with "auto" it takes the first GPU and says so.
- *
- * A device_replicas object runs one model per backend. A batch of B examples is split into n
- * contiguous shards (sizes differ by at most one); every replica runs forward and backward on its
- * shard in its own thread, replica 0 on the caller's thread; the gradients are combined into replica
- * 0's host gradient block as the gradient of the mean loss over the whole batch, sum_i (B_i / B) g_i,
- * so the caller sees one model with one set of gradients and pushes once per step. Parameters flow
- * the other way: the caller writes replica 0's host parameter block (in its before callback, as with
- * one model), and every other replica copies each block from there before it reads it.
- *
- * Callbacks run on the caller's thread, in the order model_forward_blocks / model_backward_blocks
- * give, once per (var, block): before is called before any replica reads that block; after is
- * called when every replica's gradient of that block is final and summed. The sum is on the host
- * (each replica downloads its gradients, as a single model does); see docs/gpu.md. One thread drives
- * a device_replicas at a time. */
-struct device_replicas;
-
+/* device_backend_new for a list of GPUs ("gpu:0,1", or "auto" with several visible): one CUDA
+ * backend per GPU, in the listed order, *n_ret of them (1 for cpu and for a single GPU), for the
+ * replicas of replicas.h. device_backend_new itself refuses a list (-EOPNOTSUPP), so that nobody gets
+ * one GPU of several by accident; with "auto" it takes the first GPU and says so. */
 int device_backends_new(const struct device_config *dc, unsigned cpu_threads, struct backend **ret /* [DEVICE_MAX_GPUS] */,
                         uint32_t *n_ret, char *msg, size_t msglen);
-
-/* Builds n models (device_model_new on each backend, max_batch split as the batches will be) and
- * their n - 1 threads. The backends are borrowed: free them after device_replicas_free. Returns 0
- * or -errno with one line in msg. */
-int device_replicas_new(struct backend *const *bes, uint32_t n, const struct model_spec *spec, uint32_t max_batch,
-                        struct device_replicas **ret, char *msg, size_t msglen);
-struct device_replicas *device_replicas_free(struct device_replicas *r); /* NULL-safe; returns NULL */
-uint32_t device_replicas_count(const struct device_replicas *r);
-/* Replica 0: variables, sizes, and the host parameter and gradient blocks the caller reads and writes. */
-struct model *device_replicas_model(struct device_replicas *r);
-/* model_set_var_blocks on every replica. */
-int device_replicas_set_var_blocks(struct device_replicas *r, uint32_t var, uint32_t n_blocks, const uint32_t *row_begin);
-/* As model_forward_blocks over the whole batch: *loss_ret the mean over B, *correct_ret the sum. */
-int device_replicas_forward_blocks(struct device_replicas *r, const float *x, const uint8_t *labels, uint32_t B,
-                                   float *loss_ret, uint32_t *correct_ret, model_block_cb before, void *ud);
-/* As model_backward_blocks: replica 0's gradient block gets the whole batch's gradient. */
-int device_replicas_backward_blocks(struct device_replicas *r, model_block_cb after, void *ud);
-/* Replica 0's host parameters to every replica's device. */
-int device_replicas_params_sync(struct device_replicas *r);
 
 /* ---- implemented by the CUDA backend (psfleet_cuda); NULL here when it is not linked ----
  * The CUDA backend defines PSFLEET_CUDA_IMPL before including this header, so that its definitions

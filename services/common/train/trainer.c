@@ -116,7 +116,7 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, const char 
         struct backend *be = NULL;
         struct model *m = NULL;
         struct dataset *train = NULL, *test = NULL;
-        struct shard_iter **it = NULL;
+        struct data_iter **it = NULL;
         /* sync: one step is every worker's batch, each from its own shard of the data, their gradients
          * summed in worker order and scaled by 1 / W, as a ps shard aggregates them (agg.c) */
         uint32_t W = cfg->training.mode == MODE_SYNC ? cfg->cluster.n_worker : 1, B = t->batch_size * W;
@@ -160,7 +160,7 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, const char 
         }
         r = model_init_params(m, cfg->model.seed);
         for (uint32_t k = 0; k < W && r >= 0; k++)
-                r = shard_iter_new(train, k, W, t->seed, &it[k]);
+                r = data_iter_new(train, k, W, t->seed, &it[k]);
         if (r < 0) {
                 snprintf(err, errlen, "cannot initialize: %s", strerror(-r));
                 goto out;
@@ -183,7 +183,7 @@ int trainer_standalone(const struct job_config *cfg, FILE *loss_log, const char 
                 float loss = 0;
                 for (uint32_t k = 0; k < W; k++) {
                         float l;
-                        shard_next_batch(it[k], t->batch_size, x, y);
+                        data_iter_next_batch(it[k], t->batch_size, x, y);
                         if ((r = model_forward(m, x, y, t->batch_size, &l, NULL)) < 0 ||
                             (r = model_backward(m, NULL, NULL)) < 0) {
                                 snprintf(err, errlen, "step %llu: %s", (unsigned long long)step, strerror(-r));
@@ -232,7 +232,7 @@ out:
         free(sum);
         trainer_apply_free(ap);
         for (uint32_t k = 0; it && k < W; k++)
-                shard_iter_free(it[k]);
+                data_iter_free(it[k]);
         free(it);
         job_layout_free(L);
         dataset_free(train);
