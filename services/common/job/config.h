@@ -115,6 +115,12 @@ struct metrics_config {
         char *listen;           /* "HOST:PORT" of /metrics; empty: off */
 };
 
+/* Per node: what the daemon's log holds (base/log.h). */
+struct log_config {
+        char *level;            /* "debug", "info", ... (log_level_from_string) */
+        bool time;              /* stderr lines start with the local time */
+};
+
 struct device_config {
         char *device;           /* "auto", "cpu", "gpu:N", "gpu:0,1" */
         double gpu_memory_fraction;
@@ -138,6 +144,7 @@ struct job_config {
         struct device_config device;
         struct security_config security;
         struct metrics_config metrics;
+        struct log_config log;
 };
 
 struct task {
