@@ -63,6 +63,9 @@ struct training_config {
 };
 
 enum data_format { DATA_IDX, DATA_LIBSVM, DATA_CRITEO, DATA_CSV };
+/* A criteo record: 13 dense features and 26 categorical fields (train/records.h reads them). */
+#define DATA_CRITEO_DENSE 13
+#define DATA_CRITEO_FIELDS 26
 enum bad_lines_action { BAD_LINES_ERROR, BAD_LINES_SKIP };
 
 struct data_config {
