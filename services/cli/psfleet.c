@@ -5,6 +5,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "rpc.h"
 
 static const struct command {
         const char *name;
@@ -42,7 +43,7 @@ static void usage(FILE *f) {
                 fprintf(f, "  %s\n", commands[i].help);
         fprintf(f, "\n"
                    "`psfleet COMMAND --help` describes each command.\n"
-                   "Exit status: 0 success, 1 failure, 2 bad usage, 78 bad job file.\n");
+                   "Exit status: 0 success, 1 failure, 2 bad usage, 78 bad job file or environment value.\n");
 }
 
 int main(int argc, char **argv) {
@@ -59,9 +60,18 @@ int main(int argc, char **argv) {
                 printf("psfleet %s\n", PSFLEET_VERSION);
                 return 0;
         }
-        for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-                if (strcmp(cmd, commands[i].name) == 0)
-                        return commands[i].run(argc - 1, argv + 1);
+        for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+                if (strcmp(cmd, commands[i].name) != 0)
+                        continue;
+                /* this node's rpc.* overrides (PSFLEET_RPC_*), for every command's channels: a bad one
+                 * is a config error before anything starts, as in the daemons */
+                char err[512];
+                if (rpc_configure_env(err, sizeof(err)) < 0) {
+                        cli_error("%s", err);
+                        return CONFIG_EX_CONFIG;
+                }
+                return commands[i].run(argc - 1, argv + 1);
+        }
         fprintf(stderr, "psfleet: unknown command \"%s\"\n\n", cmd);
         usage(stderr);
         return CLI_EX_USAGE;

@@ -74,6 +74,20 @@ static int daemon_security(const struct daemon_args *a, const char *ident, enum 
         return r;
 }
 
+int daemon_log_config(struct job_config *c, char *err, size_t errlen) {
+        struct job_config defaults = {0};
+        struct job_config *t = c ? c : &defaults;
+        int r = c ? 0 : config_section_defaults(&defaults, "log");
+        if (r < 0)
+                snprintf(err, errlen, "out of memory");
+        else if ((r = config_apply_env(t, "log", err, errlen)) >= 0) {
+                log_set_max_level(log_level_from_string(t->log.level));
+                log_set_time(t->log.time);
+        }
+        free(defaults.log.level);
+        return r;
+}
+
 int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, struct daemon_args *ret) {
         static const struct option opts[] = {
                 {"job", required_argument, NULL, 'j'},
@@ -89,6 +103,12 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
         char err[1024];
         struct daemon_args a = {0};
         int c;
+        /* The log's level and timestamps first, from the environment, so that a bad value stops the daemon
+         * before anything else; the job file's log.* keys join them once it is loaded. */
+        if (daemon_log_config(NULL, err, sizeof(err)) < 0) {
+                fprintf(stderr, "%s: %s\n", ident, err);
+                return CONFIG_EX_CONFIG;
+        }
         optind = 1;
         while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0)
                 switch (c) {
@@ -185,9 +205,10 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                         goto bad;
                 }
         }
-        /* This node's overrides of the rpc.* keys, then every channel of the process uses them. */
+        /* This node's overrides of the rpc.* keys, then every channel of the process uses them; the
+         * job's log.* keys with their overrides. */
         if (config_apply_env(a.cfg, "rpc", err, sizeof(err)) < 0 ||
-            config_apply_env(a.cfg, "metrics", err, sizeof(err)) < 0) {
+            config_apply_env(a.cfg, "metrics", err, sizeof(err)) < 0 || daemon_log_config(a.cfg, err, sizeof(err)) < 0) {
                 fprintf(stderr, "%s: %s\n", ident, err);
                 goto bad;
         }

@@ -33,9 +33,17 @@ struct daemon_args {
         char *loss_log;         /* --loss-log FILE (workerd): "global_step loss" per step */
 };
 
-/* Parses the command line of daemon `ident` with role `role`, and sets the log up under the daemon's
- * name, job and task (log_setup) once the task is known. Returns 0 to run, 1 when --help was printed
- * (exit 0), or CONFIG_EX_CONFIG after printing the reason (exit 78, nothing started). */
+/* The log.* keys for this process (log_set_max_level, log_set_time): c's (a loaded job) or, with c NULL,
+ * the keys' defaults; with their environment overrides (PSFLEET_LOG_LEVEL, PSFLEET_LOG_TIME) either way,
+ * which are also applied to c. Returns 0, or -EINVAL with "VARIABLE: \"value\" is not ..." in err and
+ * the log left as it was (-ENOMEM). */
+int daemon_log_config(struct job_config *c, char *err, size_t errlen);
+
+/* Parses the command line of daemon `ident` with role `role`, and sets the log up: its level and
+ * timestamps from the environment first (daemon_log_config: a bad value is a config error), then from
+ * the job, and under the daemon's name, job and task (log_setup) once the task is known. Returns 0 to
+ * run, 1 when --help was printed (exit 0), or CONFIG_EX_CONFIG after printing the reason (exit 78,
+ * nothing started). */
 int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, struct daemon_args *ret);
 void daemon_args_done(struct daemon_args *a);
 

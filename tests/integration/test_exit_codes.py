@@ -177,6 +177,34 @@ def test():
     assert any(("worker:0 exited with status 65: a data error" in l or
                 "chief:0 exited with status 65: a data error" in l) for l in lines), lines
 
+    # 78: a bad environment value of a key (log.*, rpc.*), one line naming the variable, before anything
+    # starts; and psfleet's own commands refuse a bad rpc.* one the same way
+    job, spec = h.make_job(wd, "env.json", training={"max_steps": 10})
+    for var, value in (("PSFLEET_LOG_LEVEL", "loud"), ("PSFLEET_LOG_TIME", "sometimes"),
+                       ("PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS", "0")):
+        for kind, idx in (("psd", 0), ("workerd", 0), ("chiefd", None)):
+            rc, errors = run_env(wd, kind, job, idx, {var: value})
+            assert rc == EX_CONFIG, (kind, var, rc)
+            assert len(errors) == 1 and ('%s: "%s"' % (var, value)) in errors[0], (kind, var, errors)
+    p = h.Proc(wd, "psfleet-env", [h.BIN["psfleet"], "status", "--address", "127.0.0.1:1"],
+               {"PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS": "fast"})
+    rc = p.wait(60)
+    assert rc == EX_CONFIG, rc
+    assert 'psfleet: PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS: "fast"' in p.stderr(), p.stderr()
+
+
+def run_env(wd, kind, job, index, env):
+    """run() with `env` added to the daemon's environment."""
+    argv = [h.BIN[kind], "--job", job, "--state-dir", wd.file("state-env")]
+    if index is not None:
+        argv += ["--task-index", str(index)]
+    _runs[0] += 1
+    p = h.Proc(wd, "%s-%d" % (kind, _runs[0]), argv, env)
+    rc = p.wait(60)
+    errors = [l for l in p.stderr().splitlines() if " error: " in l or l.startswith(kind + ": ")]
+    h.log("%s exited %d: %s" % (kind, rc, errors))
+    return rc, errors
+
 
 if __name__ == "__main__":
     h.main(test)

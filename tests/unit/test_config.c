@@ -1160,6 +1160,36 @@ static void test_docs_current(void **state) {
         free(path);
 }
 
+/* The log.* keys: per node (out of the canonical form), from the job file or the environment, a bad
+ * variable an error that names it. */
+static void test_log_keys(void **state) {
+        struct job_config *c = load_ok(xpath, "{" BASE "}"), *d;
+        char err[256] = "";
+
+        assert_string_equal(c->log.level, "info");
+        assert_false(c->log.time);
+        setenv("PSFLEET_LOG_LEVEL", "DEBUG", 1);
+        setenv("PSFLEET_LOG_TIME", "1", 1);
+        assert_int_equal(config_apply_env(c, "log", err, sizeof(err)), 0);
+        assert_string_equal(c->log.level, "DEBUG");
+        assert_true(c->log.time);
+        unsetenv("PSFLEET_LOG_LEVEL");
+        unsetenv("PSFLEET_LOG_TIME");
+        env_error(c, "PSFLEET_LOG_LEVEL", "bogus", "PSFLEET_LOG_LEVEL: \"bogus\" is not a log level");
+        env_error(c, "PSFLEET_LOG_TIME", "2", "PSFLEET_LOG_TIME: \"2\" is not 0, 1, true or false");
+
+        d = load_ok(xpath, "{" BASE ", 'log': {'level': 'warning', 'time': true}}");
+        assert_string_equal(d->log.level, "warning");
+        assert_true(d->log.time);
+        assert_true(config_fingerprint(c) == config_fingerprint(d));
+        config_free(d);
+        write_json(xpath, "{" BASE ", 'log': {'level': 'loud'}}");
+        d = NULL;
+        assert_int_equal(config_load(xpath, &d, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "log.level: \"loud\" is not a log level"));
+        config_free(c);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_full_file),
@@ -1176,6 +1206,7 @@ int main(void) {
                 cmocka_unit_test(test_print_keys),
                 cmocka_unit_test(test_env_overrides),
                 cmocka_unit_test(test_docs_current),
+                cmocka_unit_test(test_log_keys),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "daemon.h"
 #include "log.h"
 #include "util.h"
 
@@ -110,7 +111,10 @@ static void test_levels(void **state) {
         assert_string_equal(out, "psd[ps:0] warning: kept\npsd[ps:0] error: kept too\n");
         free(out);
 
+        /* the level from the environment, through the key table (log.level) */
+        char err[256] = "";
         setenv("PSFLEET_LOG_LEVEL", "debug", 1);
+        assert_int_equal(daemon_log_config(NULL, err, sizeof(err)), 0);
         log_setup("psd", "j", "ps:0");
         assert_int_equal(log_get_max_level(), LOG_DEBUG);
         capture_start();
@@ -120,10 +124,13 @@ static void test_levels(void **state) {
         free(out);
 
         setenv("PSFLEET_LOG_LEVEL", "error", 1);
-        log_setup("psd", "j", "ps:0");
+        assert_int_equal(daemon_log_config(NULL, err, sizeof(err)), 0);
         assert_int_equal(log_get_max_level(), LOG_ERR);
         setenv("PSFLEET_LOG_LEVEL", "bogus", 1);
-        log_setup("psd", "j", "ps:0"); /* ignored: keeps the level */
+        /* refused, naming the variable, and the level stays */
+        assert_int_equal(daemon_log_config(NULL, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "PSFLEET_LOG_LEVEL: \"bogus\""));
+        log_setup("psd", "j", "ps:0");
         assert_int_equal(log_get_max_level(), LOG_ERR);
 
         assert_int_equal(log_level_from_string("warning"), LOG_WARNING);
@@ -142,6 +149,7 @@ static void test_timestamps(void **state) {
 
         setup_env();
         setenv("PSFLEET_LOG_TIME", "1", 1);
+        assert_int_equal(daemon_log_config(NULL, NULL, 0), 0);
         log_setup("chiefd", "j", "chief:0");
         log_set_max_level(LOG_INFO);
         capture_start();
@@ -155,6 +163,7 @@ static void test_timestamps(void **state) {
         regfree(&re);
         free(out);
         unsetenv("PSFLEET_LOG_TIME");
+        log_set_time(false);
 }
 
 static void test_long_message(void **state) {

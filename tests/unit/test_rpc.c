@@ -748,6 +748,21 @@ static void test_reply_survives_shutdown(void **state) {
         }
 }
 
+/* A bad rpc.* override is an error naming the variable, at start-up (rpc_configure_env) and for a
+ * channel of a program that configured nothing, never a silent default. Runs before any channel. */
+static void test_env_refused(void **state) {
+        struct rpc_channel *ch = NULL;
+        char err[256] = "";
+
+        setenv("PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS", "soon", 1);
+        assert_int_equal(rpc_configure_env(err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS: \"soon\" is not an integer"));
+        assert_int_equal(rpc_channel_new("127.0.0.1:1", "ps:0", &ch), -EINVAL);
+        assert_null(ch);
+        unsetenv("PSFLEET_RPC_MAX_RECONNECT_BACKOFF_MS");
+        assert_int_equal(rpc_configure_env(err, sizeof(err)), 0);
+}
+
 static void test_errno_mapping(void **state) {
         (void)state;
         int errs[] = {EINVAL, ETIMEDOUT, ENOENT, EEXIST, EACCES, ENOMEM, EPERM, ECONNABORTED, ERANGE,
@@ -761,6 +776,7 @@ static void test_errno_mapping(void **state) {
 int main(void) {
         rpc_global_init();
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_env_refused),
                 cmocka_unit_test(test_errno_mapping),
                 cmocka_unit_test_setup_teardown(test_unary_echo, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_empty_message, setup, teardown),

@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <systemd/sd-journal.h>
 
-/* Set once from main() by log_setup(); read by every thread afterwards. */
+/* Set once from main() (log_setup, log_set_max_level, log_set_time); read by every thread afterwards. */
 static char log_ident[64] = "psfleet";
 static char log_job[128];
 static char log_task[64];
@@ -61,9 +61,6 @@ static void copy_str(char *dst, size_t size, const char *src) {
 }
 
 void log_setup(const char *ident, const char *job, const char *task) {
-        const char *e;
-        int p;
-
         copy_str(log_ident, sizeof(log_ident), ident ? ident : "psfleet");
         copy_str(log_job, sizeof(log_job), job);
         copy_str(log_task, sizeof(log_task), task);
@@ -72,11 +69,10 @@ void log_setup(const char *ident, const char *job, const char *task) {
          * sets INVOCATION_ID), so INVOCATION_ID alone only counts when the journal is there. */
         log_to_journal = stderr_is_journal() ||
                          (getenv("INVOCATION_ID") && access("/run/systemd/journal/socket", W_OK) == 0);
-        e = getenv("PSFLEET_LOG_TIME");
-        log_time = e && strcmp(e, "1") == 0;
-        p = log_level_from_string(getenv("PSFLEET_LOG_LEVEL"));
-        if (p >= 0)
-                log_max_level = p;
+}
+
+void log_set_time(bool on) {
+        log_time = on;
 }
 
 const char *log_peer_str(const char *s, char *buf, size_t len) {

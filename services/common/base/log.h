@@ -11,11 +11,15 @@
 #define LOG_STEP_NONE UINT64_MAX
 
 /* Sets the identifier (e.g. "workerd"), job name and task (e.g. "worker:1"); any may be NULL.
- * The strings are copied. Also reads PSFLEET_LOG_LEVEL (debug|info|notice|warning|error) and
- * PSFLEET_LOG_TIME=1, and decides between journal and stderr: journal when JOURNAL_STREAM matches
- * stderr's device:inode, or when INVOCATION_ID is set and /run/systemd/journal/socket exists.
- * Before log_setup() messages go to stderr as "psfleet". */
+ * The strings are copied. Also decides between journal and stderr: journal when JOURNAL_STREAM
+ * matches stderr's device:inode, or when INVOCATION_ID is set and /run/systemd/journal/socket exists.
+ * Before log_setup() messages go to stderr as "psfleet". The level and the timestamps are the log.*
+ * keys' (PSFLEET_LOG_LEVEL, PSFLEET_LOG_TIME), which the daemons read through the key table and set
+ * with log_set_max_level() and log_set_time() (common/daemon.c). */
 void log_setup(const char *ident, const char *job, const char *task);
+
+/* Lines on stderr start with the local time to the microsecond (on) or not (off, the default). */
+void log_set_time(bool on);
 
 /* Messages with a priority numerically above prio (less important) are dropped. Default LOG_INFO. */
 void log_set_max_level(int prio);

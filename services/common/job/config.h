@@ -63,6 +63,9 @@ struct training_config {
 };
 
 enum data_format { DATA_IDX, DATA_LIBSVM, DATA_CRITEO, DATA_CSV };
+/* A criteo record: 13 dense features and 26 categorical fields (train/records.h reads them). */
+#define DATA_CRITEO_DENSE 13
+#define DATA_CRITEO_FIELDS 26
 enum bad_lines_action { BAD_LINES_ERROR, BAD_LINES_SKIP };
 
 struct data_config {
@@ -115,6 +118,12 @@ struct metrics_config {
         char *listen;           /* "HOST:PORT" of /metrics; empty: off */
 };
 
+/* Per node: what the daemon's log holds (base/log.h). */
+struct log_config {
+        char *level;            /* "debug", "info", ... (log_level_from_string) */
+        bool time;              /* stderr lines start with the local time */
+};
+
 struct device_config {
         char *device;           /* "auto", "cpu", "gpu:N", "gpu:0,1" */
         double gpu_memory_fraction;
@@ -138,6 +147,7 @@ struct job_config {
         struct device_config device;
         struct security_config security;
         struct metrics_config metrics;
+        struct log_config log;
 };
 
 struct task {

@@ -1,7 +1,8 @@
 /* What the config files share and nobody else sees: the key table's shape, the helpers that write
  * messages, and the parsers one file uses from another. config_keys.c holds the table (data),
- * config.c parses and validates a job file, config_cluster.c the cluster, tasks and TF_CONFIG,
- * config_canonical.c the canonical form every node compares. */
+ * config.c parses and validates a job file by the table, config_model.c its model section,
+ * config_sparse.c the sparse and record-data keys, config_cluster.c the cluster, tasks and TF_CONFIG,
+ * config_env.c the environment, config_canonical.c the canonical form every node compares. */
 #pragma once
 #include <jansson.h>
 #include <stdbool.h>
@@ -94,6 +95,19 @@ int cfg_load_json(const struct ctx *x, const char *buf, size_t len, json_t **ret
 /* The training.mode keys against each other and the cluster's n_worker workers: 0, or -EINVAL naming
  * the key. */
 int cfg_check_training(const struct ctx *x, const struct training_config *t, uint32_t n_worker);
+
+/* A key's field in c, and setting it (strings copied: -ENOMEM) or to the key's default. */
+void *cfg_field(struct job_config *c, const struct config_key *k);
+void cfg_set_int(struct job_config *c, const struct config_key *k, int64_t v);
+int cfg_set_string(struct job_config *c, const struct config_key *k, const char *s);
+int cfg_set_enum(struct job_config *c, const struct config_key *k, int v);
+int cfg_set_default(struct job_config *c, const struct config_key *k);
+/* A section object whose keys are all in the table, into c; the special keys are skipped (the caller
+ * parses them). */
+int cfg_parse_section(const struct ctx *x, struct job_config *c, const char *section, const json_t *obj);
+
+/* config_model.c: the model section (after data.format is known). */
+int cfg_parse_model(const struct ctx *x, struct job_config *c, const json_t *obj);
 
 /* config_cluster.c */
 bool cfg_host_char_ok(char ch);

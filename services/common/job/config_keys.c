@@ -16,6 +16,7 @@
 #include "config_internal.h"
 #include "util.h"
 #include "device_spec.h"
+#include "log.h"
 
 /* Each K_ macro takes, after the meaning, optional fields such as .env = "PSFLEET_..." (an override). */
 #define FIELD(f) .offset = offsetof(struct job_config, f), .size = sizeof(((struct job_config *) 0)->f)
@@ -77,6 +78,15 @@ static int check_metrics_listen(const char *s, char *why, size_t whylen)
                 return -EINVAL;
         }
         return 0;
+}
+
+/* log.level: a level log_level_from_string knows. */
+static int check_log_level(const char *s, char *why, size_t whylen)
+{
+        if (log_level_from_string(s) >= 0)
+                return 0;
+        snprintf(why, whylen, "is not a log level (debug, info, notice, warning, error)");
+        return -EINVAL;
 }
 
 /* supervisor.checkpoint_dir, supervisor.summary_dir: chiefd resolves a relative path under
@@ -329,6 +339,14 @@ const struct config_key cfg_keys[] = {
         K_BOOL("device.cuda_tf32", device.cuda_tf32, false,
                "Let cuBLAS and cuDNN use TF32 tensor cores (faster, about 3 decimal digits).",
                .env = "PSFLEET_CUDA_TF32"),
+
+        K_STR("log.level", log.level, "info",
+              "The least important messages the daemon logs: debug, info, notice, warning or error (also warn, "
+              "err, crit, alert, emerg; any case). Each node decides for itself.",
+              .check = check_log_level, .env = "PSFLEET_LOG_LEVEL"),
+        K_BOOL("log.time", log.time, false,
+               "Lines on stderr start with the local time to the microsecond (the journal keeps its own). Each "
+               "node decides for itself.", .env = "PSFLEET_LOG_TIME"),
 };
 
 const struct config_env_setting cfg_env_settings[] = {
@@ -346,7 +364,7 @@ const struct config_env_setting cfg_env_settings[] = {
 };
 const size_t cfg_n_env_settings = ELEMENTSOF(cfg_env_settings);
 
-const char *const cfg_sections[] = { "cluster", "model", "data", "training", "supervisor", "ps", "rpc", "device", "security", "metrics" };
+const char *const cfg_sections[] = { "cluster", "model", "data", "training", "supervisor", "ps", "rpc", "device", "security", "metrics", "log" };
 const size_t cfg_n_keys = ELEMENTSOF(cfg_keys);
 const size_t cfg_n_sections = ELEMENTSOF(cfg_sections);
 
@@ -384,6 +402,7 @@ static void key_docs(const struct config_key *k, char *type, char *def, char *ra
                 snprintf(def, len, "\"%s\"", k->sdef);
                 snprintf(range, len, k->check == check_device       ? "auto, cpu, gpu:N, gpu:N,M,..."
                                      : k->check == check_state_path ? "non-empty; relative: no \"..\" out of STATE_DIR/JOB/"
+                                     : k->check == check_log_level  ? "debug, info, notice, warning, error"
                                                                     : "non-empty");
                 break;
         case KT_ENUM:

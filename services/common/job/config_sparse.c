@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "config_internal.h"
-#include "records.h"
 #include "util.h"
 
 static const char *format_name(enum data_format f) {
@@ -20,7 +19,7 @@ static const char *format_name(enum data_format f) {
 
 /* The sparse fields and dense features a record of format f has (records.h); idx has none of either. */
 static uint32_t format_fields(enum data_format f) {
-        return f == DATA_CRITEO ? RECORDS_CRITEO_FIELDS : f == DATA_LIBSVM ? 1 : 0;
+        return f == DATA_CRITEO ? DATA_CRITEO_FIELDS : f == DATA_LIBSVM ? 1 : 0;
 }
 
 /* ---- data.train_files, data.test_files ------------------------------------------------------ */
@@ -280,7 +279,7 @@ int cfg_check_record_input(const struct ctx *x, const struct job_config *c) {
         if (m->input[0] != 1 || m->input[1] != 1)
                 return cfg_failf(x, "model.input", "must be [N] with data.format %s (N: the dense features of a record)",
                                  format_name(f));
-        want = f == DATA_CRITEO ? RECORDS_CRITEO_DENSE : f == DATA_LIBSVM ? 0 : c->data.csv_features;
+        want = f == DATA_CRITEO ? DATA_CRITEO_DENSE : f == DATA_LIBSVM ? 0 : c->data.csv_features;
         if ((f != DATA_CSV || want) && n != want)
                 return cfg_failf(x, "model.input", "[%u], but a record of data.format %s has %u dense features%s", n,
                                  format_name(f), want, f == DATA_CSV ? " (data.csv_features)" : "");

@@ -7,9 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "optim.h"
+#include "optim_slots.h"
 #include "util.h"
-#include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
 #include "psfleet/v1/supervisor.pb-c.h"
 
@@ -82,46 +81,6 @@ int job_layout_find(const struct job_layout *L, const char *name) {
                 if (strcmp(L->vars[i].name, name) == 0)
                         return (int)i;
         return -ENOENT;
-}
-
-int job_layout_copy_in(const struct job_layout *L, const void *tensor, float *params, float *const *slots,
-                       char *err, size_t errlen) {
-        const struct wire_tensor *t = tensor;
-        char name[256];
-        snprintf(name, sizeof(name), "%s", t->name ? t->name : "");
-        int slot = -1;
-        int v = job_layout_find(L, name);
-        if (v < 0) {
-                char *sl = strrchr(name, '/');
-                if (sl) {
-                        *sl = 0;
-                        v = job_layout_find(L, name);
-                        for (unsigned s = 0; v >= 0 && s < L->n_slots; s++)
-                                if (strcmp(sl + 1, optim_slot_name(L->optimizer, s)) == 0)
-                                        slot = (int)s;
-                        if (v >= 0 && slot < 0)
-                                return errf(err, errlen, -EINVAL, "tensor \"%s\": no slot \"%s\" for optimizer %s",
-                                            t->name, sl + 1, optim_name(L->optimizer));
-                }
-        }
-        if (v < 0)
-                return errf(err, errlen, -EINVAL, "tensor \"%s\": no such variable", t->name ? t->name : "");
-        const struct job_var *jv = &L->vars[v];
-        if (t->dtype != WIRE_DTYPE_FLOAT32 && t->dtype != WIRE_DTYPE_BFLOAT16)
-                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 or bfloat16", t->name,
-                            t->dtype);
-        if (t->ndims != 2 || t->shape[1] != jv->cols || t->row_offset >= jv->rows ||
-            t->shape[0] > jv->rows - t->row_offset || t->shape[0] == 0)
-                return errf(err, errlen, -EINVAL,
-                            "tensor \"%s\": shape (%llu, %llu) at row %llu does not fit variable (%u, %u)", t->name,
-                            (unsigned long long)(t->ndims > 0 ? t->shape[0] : 0),
-                            (unsigned long long)(t->ndims > 1 ? t->shape[1] : 0), (unsigned long long)t->row_offset,
-                            jv->rows, jv->cols);
-        float *block = slot < 0 ? params : (slots ? slots[slot] : NULL);
-        if (!block)
-                return 0;   /* slots not wanted */
-        wire_tensor_copy_f32(t, block + jv->offset + t->row_offset * jv->cols);
-        return 0;
 }
 
 const char *job_state_name(int state) {

@@ -38,11 +38,5 @@ struct job_layout *job_layout_free(struct job_layout *L);
 /* Variable index by name, or -ENOENT. */
 int job_layout_find(const struct job_layout *L, const char *name);
 
-/* A received tensor named "<var>" or "<var>/<slot>" at rows [row_offset, row_offset + shape[0]) is
- * checked against the layout and copied into params (or slots[s]). -EINVAL with a message naming the
- * tensor for any mismatch. */
-int job_layout_copy_in(const struct job_layout *L, const void *tensor /* struct wire_tensor */, float *params,
-                       float *const *slots, char *err, size_t errlen);
-
 /* A psfleet.v1.JobState value as a word ("training"), for logs, status lines and the CLI. */
 const char *job_state_name(int state);

@@ -4,43 +4,9 @@
 #include <assert.h>
 #include <math.h>
 
-unsigned optim_n_slots(enum optimizer_kind kind)
-{
-        switch (kind) {
-        case OPT_SGD: return 0;
-        case OPT_MOMENTUM: return 1;
-        case OPT_ADAM: return 2;
-        case OPT_ADAGRAD: return 1;
-        }
-        return 0;
-}
-
-const char *optim_slot_name(enum optimizer_kind kind, unsigned slot)
-{
-        if (slot >= optim_n_slots(kind))
-                return NULL;
-        switch (kind) {
-        case OPT_MOMENTUM: return "momentum";
-        case OPT_ADAM: return slot == 0 ? "m" : "v";
-        case OPT_ADAGRAD: return "accumulator";
-        default: return NULL;
-        }
-}
-
 float optim_slot_init(const struct training_config *t, unsigned slot)
 {
         return t->optimizer == OPT_ADAGRAD && slot == 0 ? (float)t->initial_accumulator : 0.0f;
-}
-
-const char *optim_name(enum optimizer_kind kind)
-{
-        switch (kind) {
-        case OPT_SGD: return "sgd";
-        case OPT_MOMENTUM: return "momentum";
-        case OPT_ADAM: return "adam";
-        case OPT_ADAGRAD: return "adagrad";
-        }
-        return "?";
 }
 
 double optim_learning_rate(const struct training_config *t, uint64_t global_step)

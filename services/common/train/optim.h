@@ -7,17 +7,10 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "optim_slots.h"  /* OPTIM_MAX_SLOTS, optim_n_slots, optim_slot_name, optim_name */
 
-#define OPTIM_MAX_SLOTS 2
-
-/* Number of per-parameter slots the optimizer keeps (0..OPTIM_MAX_SLOTS). */
-unsigned optim_n_slots(enum optimizer_kind kind);
-/* Slot names as checkpoints store them: "momentum"; "m", "v"; "accumulator". NULL if out of range. */
-const char *optim_slot_name(enum optimizer_kind kind, unsigned slot);
 /* Initial value of a slot (adagrad: initial_accumulator; otherwise 0). */
 float optim_slot_init(const struct training_config *t, unsigned slot);
-/* "sgd", "momentum", "adam", "adagrad" */
-const char *optim_name(enum optimizer_kind kind);
 
 /* Learning rate at global_step: constant, or lr * rate^(step / decay_steps) (floored when staircase;
  * decay_steps == 0 means constant). */

@@ -18,10 +18,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
+
 enum records_format { RECORDS_LIBSVM, RECORDS_CRITEO, RECORDS_CSV };
 
-#define RECORDS_CRITEO_DENSE 13
-#define RECORDS_CRITEO_FIELDS 26
+#define RECORDS_CRITEO_DENSE DATA_CRITEO_DENSE   /* 13, the job's (config.h) */
+#define RECORDS_CRITEO_FIELDS DATA_CRITEO_FIELDS /* 26 */
 
 /* "libsvm", "criteo", "csv" */
 const char *records_format_name(enum records_format f);

@@ -210,7 +210,7 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
                         protobuf_c_message_free_unpacked(hm, NULL);
                 }
                 for (size_t i = 0; i < in->n_tensors && r >= 0; i++) {
-                        r = job_layout_copy_in(L, &in->tensors[i], params, slots, e2, sizeof(e2));
+                        r = wire_tensor_copy_in(&in->tensors[i], L, params, slots, e2, sizeof(e2));
                         if (r < 0)
                                 errf(err, errlen, r, "ps:%u: Pull reply: %s", s, e2);
                 }
@@ -329,7 +329,7 @@ static int push_reply(struct ps_client *pc, struct rpc_result *res, struct wire_
         *global_step_ret = ((Psfleet__V1__PushReplyHeader *)hm)->global_step;
         protobuf_c_message_free_unpacked(hm, NULL);
         for (size_t i = 0; i < in->n_tensors && r >= 0; i++) {
-                r = job_layout_copy_in(pc->L, &in->tensors[i], NULL, NULL, e2, sizeof(e2));
+                r = wire_tensor_copy_in(&in->tensors[i], pc->L, NULL, NULL, e2, sizeof(e2));
                 if (r < 0)
                         errf(err, errlen, r, "Push reply: %s", e2);
         }
@@ -578,7 +578,7 @@ static int grpc_settle(struct ps_client *pc, struct flight *f, struct wire_in **
 
 static void copy_in(struct ps_client *pc, struct wire_in *in) {
         for (size_t t = 0; in && t < in->n_tensors; t++)
-                job_layout_copy_in(pc->L, &in->tensors[t], pc->params, NULL, NULL, 0);   /* checked on arrival */
+                wire_tensor_copy_in(&in->tensors[t], pc->L, pc->params, NULL, NULL, 0);   /* checked on arrival */
         wire_in_free(in);
 }
 

@@ -12,6 +12,7 @@
 
 /* A deadline ms from now on gRPC's monotonic clock. */
 gpr_timespec rpc_deadline_in(uint64_t ms);
-/* The channels' reconnect options: rpc_configure()'s, else the defaults with their environment
- * overrides. Thread-safe. */
-struct rpc_config rpc_channel_options(void);
+/* The channels' reconnect options into *ret: rpc_configure()'s, else (rpc_configure_env) the defaults
+ * with their environment overrides. Returns 0, or -EINVAL when an override is bad (-ENOMEM).
+ * Thread-safe. */
+int rpc_channel_options(struct rpc_config *ret);

@@ -170,7 +170,8 @@ const char *rpc_status_name(grpc_status_code code) {
 }
 
 /* The channels' reconnect backoff: the job's rpc.* keys (rpc_configure), or in a program without a
- * job (the CLI, tests) their defaults, with the environment overrides either way (config_apply_env). */
+ * job (the CLI, tests) their defaults (rpc_configure_env), with the environment overrides either way
+ * (config_apply_env). */
 static struct {
         pthread_mutex_t mu;
         bool set;
@@ -185,24 +186,30 @@ void rpc_configure(const struct rpc_config *rc) {
         pthread_mutex_unlock(&chan_opts.mu);
 }
 
-struct rpc_config rpc_channel_options(void) {
+int rpc_configure_env(char *err, size_t errlen) {
+        struct job_config tmp = {0};
+        int r = config_section_defaults(&tmp, "rpc");
+        if (r < 0) {
+                if (err && errlen)
+                        snprintf(err, errlen, "out of memory");
+        } else if ((r = config_apply_env(&tmp, "rpc", err, errlen)) >= 0)
+                rpc_configure(&tmp.rpc);
+        free(tmp.rpc.runtime_dir);
+        return r;
+}
+
+int rpc_channel_options(struct rpc_config *ret) {
         pthread_mutex_lock(&chan_opts.mu);
-        if (!chan_opts.set) {
-                struct job_config tmp = {0};
-                char err[256];
-                config_section_defaults(&tmp, "rpc");
-                if (config_apply_env(&tmp, "rpc", err, sizeof(err)) < 0) {
-                        log_warning("%s: ignored, the defaults apply", err);
-                        config_section_defaults(&tmp, "rpc");
-                }
-                free(tmp.rpc.runtime_dir);
-                tmp.rpc.runtime_dir = NULL;
-                chan_opts.rc = tmp.rpc;
-                chan_opts.set = true;
-        }
-        struct rpc_config rc = chan_opts.rc;
+        bool set = chan_opts.set;
         pthread_mutex_unlock(&chan_opts.mu);
-        return rc;
+        /* a program that set nothing: its environment, checked here if it was not at start-up */
+        int r = set ? 0 : rpc_configure_env(NULL, 0);
+        if (r < 0)
+                return r;
+        pthread_mutex_lock(&chan_opts.mu);
+        *ret = chan_opts.rc;
+        pthread_mutex_unlock(&chan_opts.mu);
+        return 0;
 }
 
 gpr_timespec rpc_deadline_in(uint64_t ms) {

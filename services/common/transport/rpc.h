@@ -129,9 +129,16 @@ struct rpc_channel;
 
 struct rpc_config;
 /* The job's rpc.* keys (reconnect backoff) for every channel made after this call; a program that
- * never calls it gets the keys' defaults with their environment overrides (docs/configuration.md).
+ * never calls it gets the keys' defaults with their environment overrides (docs/configuration.md,
+ * rpc_configure_env).
  * The daemons call it once the job is loaded (daemon.c). */
 void rpc_configure(const struct rpc_config *rc);
+/* For a program without a job (the CLI): the rpc.* keys' defaults with this node's environment
+ * overrides (PSFLEET_RPC_*), for every channel made after. Returns 0, or -EINVAL with
+ * "VARIABLE: \"value\" is not ..." in err (err may be NULL), nothing changed, and the caller exits
+ * with CONFIG_EX_CONFIG; -ENOMEM. A channel made before any configure call runs this itself and fails
+ * with its error. */
+int rpc_configure_env(char *err, size_t errlen);
 
 /* A channel to `target` ("host:port"). `name` ("ps:0") appears in error messages. */
 int rpc_channel_new(const char *target, const char *name, struct rpc_channel **ret);

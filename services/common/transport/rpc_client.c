@@ -60,8 +60,11 @@ static int channel_tls(const struct rpc_tls *tls, const char *name, char *server
 int rpc_channel_new_tls(const char *target, const char *name, const struct rpc_tls *tls, struct rpc_channel **ret) {
         rpc_global_init();
         char server_name[256];
-        grpc_channel_credentials *creds;
-        int r = tls ? channel_tls(tls, name, server_name, sizeof(server_name), &creds) : 0;
+        grpc_channel_credentials *creds = NULL;
+        struct rpc_config rc;
+        int r = rpc_channel_options(&rc);
+        if (r >= 0 && tls)
+                r = channel_tls(tls, name, server_name, sizeof(server_name), &creds);
         if (r < 0)
                 return r;
         if (!tls)
@@ -74,7 +77,6 @@ int rpc_channel_new_tls(const char *target, const char *name, const struct rpc_t
         c->target = strdup(target);
         c->name = strdup(name ? name : target);
         pthread_mutex_init(&c->mu, NULL);
-        struct rpc_config rc = rpc_channel_options();
         grpc_arg args[] = {
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = -1},
                 {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},

@@ -119,6 +119,13 @@ void wire_reader_read(struct wire_reader *r, void *dst, size_t n);
 void wire_reader_read_f32(struct wire_reader *r, float *dst, size_t n);
 void wire_tensor_copy_f32(const struct wire_tensor *t, float *dst);
 
+/* A received tensor named "<var>" or "<var>/<slot>" at rows [row_offset, row_offset + shape[0]) is
+ * checked against the job's layout (job.h) and copied into params (or slots[s]; NULL: checked only).
+ * -EINVAL with a message naming the tensor for any mismatch. */
+struct job_layout;
+int wire_tensor_copy_in(const struct wire_tensor *t, const struct job_layout *L, float *params, float *const *slots,
+                        char *err, size_t errlen);
+
 /* bfloat16 <-> float32 for n values: to bfloat16 rounds to nearest, ties to even (NaN stays NaN, a
  * value past bfloat16's largest becomes Inf); from bfloat16 is exact. */
 void wire_bf16_from_f32(uint16_t *dst, const float *src, size_t n);
