@@ -14,6 +14,7 @@
 #include "util.h"
 
 #include "shard_fixture.h"
+#include "unit.h"
 
 static void test_sync_step(void **state) {
         struct job_config *cfg = job("\"optimizer\": \"momentum\", \"nesterov\": true");
@@ -120,9 +121,5 @@ static void test_sync_step(void **state) {
         config_free(cfg);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_sync_step),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_sync_step))

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "authz.h"
 #include "util.h"
 
@@ -176,13 +178,9 @@ static void test_docs_current(void **state) {
         free(path);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_tasks),
-                cmocka_unit_test(test_peers),
-                cmocka_unit_test(test_roles),
-                cmocka_unit_test(test_table_covers_protos),
-                cmocka_unit_test(test_docs_current),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_tasks),
+        cmocka_unit_test(test_peers),
+        cmocka_unit_test(test_roles),
+        cmocka_unit_test(test_table_covers_protos),
+        cmocka_unit_test(test_docs_current))

@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "backend.h"
 #include "rng.h"
 
@@ -337,13 +339,8 @@ static void test_maxpool2d(void **state)
         free(x), free(dy), free(got), free(g);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_buffers),      cmocka_unit_test(test_gemm),
-                cmocka_unit_test(test_bias),         cmocka_unit_test(test_activations),
-                cmocka_unit_test(test_softmax_xent), cmocka_unit_test(test_correct_ties),
-                cmocka_unit_test(test_conv2d),       cmocka_unit_test(test_maxpool2d),
-        };
-        return cmocka_run_group_tests(tests, setup, teardown);
-}
+UNIT_TEST_MAIN(setup, teardown,
+        cmocka_unit_test(test_buffers),      cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_bias),         cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_softmax_xent), cmocka_unit_test(test_correct_ties),
+        cmocka_unit_test(test_conv2d),       cmocka_unit_test(test_maxpool2d))

@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "binmetrics.h"
 #include "rng.h"
 
@@ -132,13 +134,8 @@ static void test_auc_large(void **state)
         binmetrics_free(m);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_auc_random_with_ties),
-                cmocka_unit_test(test_auc_edges),
-                cmocka_unit_test(test_logloss_rmse),
-                cmocka_unit_test(test_auc_large),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_auc_random_with_ties),
+        cmocka_unit_test(test_auc_edges),
+        cmocka_unit_test(test_logloss_rmse),
+        cmocka_unit_test(test_auc_large))

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "cli_top.h"
 
 /* cmocka has no float comparison: |a - b| <= eps */
@@ -125,14 +127,10 @@ static void test_silent(void **state) {
         assert_int_equal(none[1].straggler, TOP_OK);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_rate),
-                cmocka_unit_test(test_worker_rate),
-                cmocka_unit_test(test_median),
-                cmocka_unit_test(test_slow),
-                cmocka_unit_test(test_not_judged),
-                cmocka_unit_test(test_silent),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_rate),
+        cmocka_unit_test(test_worker_rate),
+        cmocka_unit_test(test_median),
+        cmocka_unit_test(test_slow),
+        cmocka_unit_test(test_not_judged),
+        cmocka_unit_test(test_silent))

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "scratch_dir.h"
+#include "unit.h"
 
 #include "cli_json.h"
 #include "cli_jobref.h"
@@ -529,20 +530,16 @@ static void test_status_json(void **state) {
         free(buf);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test_teardown(test_parse_number, uncapture),
-                cmocka_unit_test_teardown(test_format_duration, uncapture),
-                cmocka_unit_test_teardown(test_args_values, uncapture),
-                cmocka_unit_test_teardown(test_args_help, uncapture),
-                cmocka_unit_test_teardown(test_args_bad, uncapture),
-                cmocka_unit_test_teardown(test_error, uncapture),
-                cmocka_unit_test_teardown(test_load_job, uncapture),
-                cmocka_unit_test_teardown(test_chief_address, uncapture),
-                cmocka_unit_test_teardown(test_local_jobs, uncapture),
-                cmocka_unit_test_teardown(test_progress_lines, uncapture),
-                cmocka_unit_test_teardown(test_progress_bar, uncapture),
-                cmocka_unit_test_teardown(test_status_json, uncapture),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test_teardown(test_parse_number, uncapture),
+        cmocka_unit_test_teardown(test_format_duration, uncapture),
+        cmocka_unit_test_teardown(test_args_values, uncapture),
+        cmocka_unit_test_teardown(test_args_help, uncapture),
+        cmocka_unit_test_teardown(test_args_bad, uncapture),
+        cmocka_unit_test_teardown(test_error, uncapture),
+        cmocka_unit_test_teardown(test_load_job, uncapture),
+        cmocka_unit_test_teardown(test_chief_address, uncapture),
+        cmocka_unit_test_teardown(test_local_jobs, uncapture),
+        cmocka_unit_test_teardown(test_progress_lines, uncapture),
+        cmocka_unit_test_teardown(test_progress_bar, uncapture),
+        cmocka_unit_test_teardown(test_status_json, uncapture))

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "scratch_dir.h"
+#include "unit.h"
 
 #include "config.h"
 #include "util.h"
@@ -1190,23 +1191,19 @@ static void test_log_keys(void **state) {
         config_free(c);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_full_file),
-                cmocka_unit_test(test_defaults),
-                cmocka_unit_test(test_bad_files),
-                cmocka_unit_test(test_file_errors),
-                cmocka_unit_test(test_task),
-                cmocka_unit_test(test_tf_config),
-                cmocka_unit_test(test_state_paths),
-                cmocka_unit_test(test_canonical),
-                cmocka_unit_test(test_sparse_keys),
-                cmocka_unit_test(test_fingerprint_stable),
-                cmocka_unit_test(test_instance),
-                cmocka_unit_test(test_print_keys),
-                cmocka_unit_test(test_env_overrides),
-                cmocka_unit_test(test_docs_current),
-                cmocka_unit_test(test_log_keys),
-        };
-        return cmocka_run_group_tests(tests, setup, teardown);
-}
+UNIT_TEST_MAIN(setup, teardown,
+        cmocka_unit_test(test_full_file),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_file_errors),
+        cmocka_unit_test(test_task),
+        cmocka_unit_test(test_tf_config),
+        cmocka_unit_test(test_state_paths),
+        cmocka_unit_test(test_canonical),
+        cmocka_unit_test(test_sparse_keys),
+        cmocka_unit_test(test_fingerprint_stable),
+        cmocka_unit_test(test_instance),
+        cmocka_unit_test(test_print_keys),
+        cmocka_unit_test(test_env_overrides),
+        cmocka_unit_test(test_docs_current),
+        cmocka_unit_test(test_log_keys))

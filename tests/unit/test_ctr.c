@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "backend.h"
 #include "ctr.h"
 #include "model.h"
@@ -329,15 +331,10 @@ static void test_errors(void **state)
         records_batch_free(b);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_gather_unique_order),
-                cmocka_unit_test(test_vocab_hashing),
-                cmocka_unit_test(test_pooling),
-                cmocka_unit_test(test_row_grads_bruteforce),
-                cmocka_unit_test(test_end_to_end_gradient),
-                cmocka_unit_test(test_errors),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_gather_unique_order),
+        cmocka_unit_test(test_vocab_hashing),
+        cmocka_unit_test(test_pooling),
+        cmocka_unit_test(test_row_grads_bruteforce),
+        cmocka_unit_test(test_end_to_end_gradient),
+        cmocka_unit_test(test_errors))

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "scratch_dir.h"
+#include "unit.h"
 
 #include "config.h"
 #include "ctr_train.h"
@@ -176,12 +177,8 @@ static void test_other_heads(void **state) {
         config_free(c);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_records_open),
-                cmocka_unit_test(test_evaluate_zero_model),
-                cmocka_unit_test(test_standalone_deterministic_and_learns),
-                cmocka_unit_test(test_other_heads),
-        };
-        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
-}
+UNIT_TEST_MAIN(setup, scratch_dir_remove,
+        cmocka_unit_test(test_records_open),
+        cmocka_unit_test(test_evaluate_zero_model),
+        cmocka_unit_test(test_standalone_deterministic_and_learns),
+        cmocka_unit_test(test_other_heads))

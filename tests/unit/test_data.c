@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "data.h"
 
 static char dir[256];
@@ -336,13 +338,8 @@ static void test_fashion_mnist(void **state)
         dataset_free(d);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_idx_roundtrip), cmocka_unit_test(test_idx_errors),
-                cmocka_unit_test(test_dataset),       cmocka_unit_test(test_shards),
-                cmocka_unit_test(test_data_iter_epochs),  cmocka_unit_test(test_data_iter_skip),
-                cmocka_unit_test(test_fashion_mnist),
-        };
-        return cmocka_run_group_tests(tests, setup, teardown);
-}
+UNIT_TEST_MAIN(setup, teardown,
+        cmocka_unit_test(test_idx_roundtrip), cmocka_unit_test(test_idx_errors),
+        cmocka_unit_test(test_dataset),       cmocka_unit_test(test_shards),
+        cmocka_unit_test(test_data_iter_epochs),  cmocka_unit_test(test_data_iter_skip),
+        cmocka_unit_test(test_fashion_mnist))

@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "backend.h"
 #include "config.h"
 #include "device.h"
@@ -451,24 +453,20 @@ static void test_plugin_missing(void **state)
         backend_free(be);
         unsetenv("PSFLEET_CUDA_PLUGIN");
 }
+#define TEST_PLUGIN_MISSING cmocka_unit_test(test_plugin_missing),
+#else
+#define TEST_PLUGIN_MISSING /* the CUDA build of this program has the plugin */
 #endif
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-#ifndef PSFLEET_TEST_DEVICE_CUDA
-                cmocka_unit_test(test_plugin_missing),
-#endif
-                cmocka_unit_test_setup_teardown(test_cpu, clean_env, clean_env),
-                cmocka_unit_test_setup_teardown(test_auto_falls_back, clean_env, clean_env),
-                cmocka_unit_test_setup_teardown(test_auto_real, clean_env, clean_env),
-                cmocka_unit_test_setup_teardown(test_explicit_gpu_fails, clean_env, clean_env),
-                cmocka_unit_test_setup_teardown(test_explicit_gpu_soft, clean_env, clean_env),
-                cmocka_unit_test_setup_teardown(test_env_overrides, clean_env, clean_env),
-                cmocka_unit_test_setup_teardown(test_bad_values, clean_env, clean_env),
-                cmocka_unit_test_setup_teardown(test_model_and_placement, clean_env, clean_env),
-                cmocka_unit_test_setup_teardown(test_replicas, clean_env, clean_env),
-                cmocka_unit_test_setup_teardown(test_replicas_one, clean_env, clean_env),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        TEST_PLUGIN_MISSING
+        cmocka_unit_test_setup_teardown(test_cpu, clean_env, clean_env),
+        cmocka_unit_test_setup_teardown(test_auto_falls_back, clean_env, clean_env),
+        cmocka_unit_test_setup_teardown(test_auto_real, clean_env, clean_env),
+        cmocka_unit_test_setup_teardown(test_explicit_gpu_fails, clean_env, clean_env),
+        cmocka_unit_test_setup_teardown(test_explicit_gpu_soft, clean_env, clean_env),
+        cmocka_unit_test_setup_teardown(test_env_overrides, clean_env, clean_env),
+        cmocka_unit_test_setup_teardown(test_bad_values, clean_env, clean_env),
+        cmocka_unit_test_setup_teardown(test_model_and_placement, clean_env, clean_env),
+        cmocka_unit_test_setup_teardown(test_replicas, clean_env, clean_env),
+        cmocka_unit_test_setup_teardown(test_replicas_one, clean_env, clean_env))

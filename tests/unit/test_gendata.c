@@ -20,6 +20,7 @@
 #include "gendata.h"
 #include "records.h"
 #include "scratch_dir.h"
+#include "unit.h"
 #include "util.h"
 
 static char err[512];
@@ -286,14 +287,9 @@ static void test_tokens_and_errors(void **state)
         gendata_free(NULL);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_deterministic),
-                cmocka_unit_test(test_criteo_reads_back),
-                cmocka_unit_test(test_libsvm_reads_back),
-                cmocka_unit_test(test_csv_reads_back),
-                cmocka_unit_test(test_tokens_and_errors),
-        };
-        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
-}
+UNIT_TEST_MAIN(setup, scratch_dir_remove,
+        cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_criteo_reads_back),
+        cmocka_unit_test(test_libsvm_reads_back),
+        cmocka_unit_test(test_csv_reads_back),
+        cmocka_unit_test(test_tokens_and_errors))

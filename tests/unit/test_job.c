@@ -11,6 +11,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "backend.h"
 #include "config.h"
 #include "job.h"
@@ -147,12 +149,8 @@ static void test_bad_specs(void **state) {
         backend_free(be);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_mlp),
-                cmocka_unit_test(test_cnn),
-                cmocka_unit_test(test_mlp_three_shards),
-                cmocka_unit_test(test_bad_specs),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_mlp),
+        cmocka_unit_test(test_cnn),
+        cmocka_unit_test(test_mlp_three_shards),
+        cmocka_unit_test(test_bad_specs))

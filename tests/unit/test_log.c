@@ -14,6 +14,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "daemon.h"
 #include "log.h"
 #include "util.h"
@@ -281,16 +283,12 @@ static void test_ratelimit(void **state) {
         free(out);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_format),
-                cmocka_unit_test(test_levels),
-                cmocka_unit_test(test_timestamps),
-                cmocka_unit_test(test_long_message),
-                cmocka_unit_test(test_threads),
-                cmocka_unit_test(test_journal_fallback),
-                cmocka_unit_test(test_ratelimit),
-                cmocka_unit_test(test_peer_str),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_format),
+        cmocka_unit_test(test_levels),
+        cmocka_unit_test(test_timestamps),
+        cmocka_unit_test(test_long_message),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_journal_fallback),
+        cmocka_unit_test(test_ratelimit),
+        cmocka_unit_test(test_peer_str))

@@ -17,6 +17,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "metrics.h"
 #include "metrics_http.h"
 
@@ -195,12 +197,8 @@ static void test_http(void **state) {
         assert_int_equal(metrics_http_check("localhost:9400", err, sizeof(err)), 0);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test_teardown(test_exposition, teardown),
-                cmocka_unit_test_teardown(test_registration, teardown),
-                cmocka_unit_test_teardown(test_threads, teardown),
-                cmocka_unit_test_teardown(test_http, teardown),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test_teardown(test_exposition, teardown),
+        cmocka_unit_test_teardown(test_registration, teardown),
+        cmocka_unit_test_teardown(test_threads, teardown),
+        cmocka_unit_test_teardown(test_http, teardown))

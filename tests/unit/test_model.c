@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "backend.h"
 #include "model.h"
 #include "rng.h"
@@ -974,35 +976,30 @@ static void test_block_bad_specs(void **state)
         model_free(m);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_grad_dense_loss),
-                cmocka_unit_test(test_grad_dense_activations),
-                cmocka_unit_test(test_grad_chained_activations),
-                cmocka_unit_test(test_grad_conv_pool),
-                cmocka_unit_test(test_grad_conv_even_kernel_pool_first),
-                cmocka_unit_test(test_forward_known),
-                cmocka_unit_test(test_blown_up),
-                cmocka_unit_test(test_init_deterministic),
-                cmocka_unit_test(test_batch_bounds),
-                cmocka_unit_test(test_bad_specs),
-                cmocka_unit_test(test_input_untouched),
-                cmocka_unit_test(test_callbacks),
-                cmocka_unit_test(test_evaluate_chunks),
-                cmocka_unit_test(test_describe),
-                cmocka_unit_test(test_grad_heads),
-                cmocka_unit_test(test_heads_known),
-                cmocka_unit_test(test_head_unsupported),
-                cmocka_unit_test(test_embedding_input),
-                cmocka_unit_test(test_grad_blocked),
-                cmocka_unit_test(test_blocked_matches_unblocked),
-                cmocka_unit_test(test_block_callbacks),
-                cmocka_unit_test(test_block_callbacks_device),
-                cmocka_unit_test(test_block_callbacks_stop),
-                cmocka_unit_test(test_use_host_blocks),
-                cmocka_unit_test(test_use_host_blocks_device),
-                cmocka_unit_test(test_block_bad_specs),
-        };
-        return cmocka_run_group_tests(tests, setup, teardown);
-}
+UNIT_TEST_MAIN(setup, teardown,
+        cmocka_unit_test(test_grad_dense_loss),
+        cmocka_unit_test(test_grad_dense_activations),
+        cmocka_unit_test(test_grad_chained_activations),
+        cmocka_unit_test(test_grad_conv_pool),
+        cmocka_unit_test(test_grad_conv_even_kernel_pool_first),
+        cmocka_unit_test(test_forward_known),
+        cmocka_unit_test(test_blown_up),
+        cmocka_unit_test(test_init_deterministic),
+        cmocka_unit_test(test_batch_bounds),
+        cmocka_unit_test(test_bad_specs),
+        cmocka_unit_test(test_input_untouched),
+        cmocka_unit_test(test_callbacks),
+        cmocka_unit_test(test_evaluate_chunks),
+        cmocka_unit_test(test_describe),
+        cmocka_unit_test(test_grad_heads),
+        cmocka_unit_test(test_heads_known),
+        cmocka_unit_test(test_head_unsupported),
+        cmocka_unit_test(test_embedding_input),
+        cmocka_unit_test(test_grad_blocked),
+        cmocka_unit_test(test_blocked_matches_unblocked),
+        cmocka_unit_test(test_block_callbacks),
+        cmocka_unit_test(test_block_callbacks_device),
+        cmocka_unit_test(test_block_callbacks_stop),
+        cmocka_unit_test(test_use_host_blocks),
+        cmocka_unit_test(test_use_host_blocks_device),
+        cmocka_unit_test(test_block_bad_specs))

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "scratch_dir.h"
+#include "unit.h"
 
 #include "notify.h"
 
@@ -72,10 +73,6 @@ static void test_watchdog_usec(void **state) {
         unsetenv("WATCHDOG_PID");
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_notify),
-                cmocka_unit_test(test_watchdog_usec),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_notify),
+        cmocka_unit_test(test_watchdog_usec))

@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "apply.h"
 #include "optim.h"
 
@@ -307,15 +309,10 @@ static void test_norm(void **state)
         assert_float_equal(h[2], 2.0, 0);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_sgd),      cmocka_unit_test(test_momentum),
-                cmocka_unit_test(test_adam),     cmocka_unit_test(test_adagrad),
-                cmocka_unit_test(test_ftrl),
-                cmocka_unit_test(test_learning_rate), cmocka_unit_test(test_all_finite),
-                cmocka_unit_test(test_names),        cmocka_unit_test(test_apply),
-                cmocka_unit_test(test_norm),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_sgd),      cmocka_unit_test(test_momentum),
+        cmocka_unit_test(test_adam),     cmocka_unit_test(test_adagrad),
+        cmocka_unit_test(test_ftrl),
+        cmocka_unit_test(test_learning_rate), cmocka_unit_test(test_all_finite),
+        cmocka_unit_test(test_names),        cmocka_unit_test(test_apply),
+        cmocka_unit_test(test_norm))

@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "placement.h"
 
 /* The MLP 784-256-128-64-10 in float32. */
@@ -154,13 +156,8 @@ static void test_errors_and_print(void **state)
         placement_free(p);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_one_shard),    cmocka_unit_test(test_greedy_no_split),
-                cmocka_unit_test(test_split_balances), cmocka_unit_test(test_split_limits),
-                cmocka_unit_test(test_ties),         cmocka_unit_test(test_deterministic),
-                cmocka_unit_test(test_errors_and_print),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_one_shard),    cmocka_unit_test(test_greedy_no_split),
+        cmocka_unit_test(test_split_balances), cmocka_unit_test(test_split_limits),
+        cmocka_unit_test(test_ties),         cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_errors_and_print))

@@ -11,6 +11,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "placement.h"
 #include "push.h"
 
@@ -154,10 +156,6 @@ static void test_one_shard(void **state) {
         assert_null(push_plan_free(NULL));
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_blocked_over_two_shards), cmocka_unit_test(test_split_not_blocked),
-                cmocka_unit_test(test_one_shard),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_blocked_over_two_shards), cmocka_unit_test(test_split_not_blocked),
+        cmocka_unit_test(test_one_shard))

@@ -20,6 +20,7 @@
 
 #include "records.h"
 #include "scratch_dir.h"
+#include "unit.h"
 #include "rng.h"
 
 static char err[512];
@@ -728,25 +729,20 @@ static void test_bounded_memory(void **state)
         free(text);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_hash),
-                cmocka_unit_test(test_criteo_plain),
-                cmocka_unit_test(test_criteo_gzip),
-                cmocka_unit_test(test_bad_lines_named),
-                cmocka_unit_test(test_libsvm),
-                cmocka_unit_test(test_csv_header_and_count),
-                cmocka_unit_test(test_open_errors),
-                cmocka_unit_test(test_skip_bad),
-                cmocka_unit_test(test_file_gone),
-                cmocka_unit_test(test_long_line),
-                cmocka_unit_test(test_corrupt_gzip),
-                cmocka_unit_test(test_shuffle),
-                cmocka_unit_test(test_shard_by_file),
-                cmocka_unit_test(test_shard_by_line),
-                cmocka_unit_test(test_loop_epochs),
-                cmocka_unit_test(test_bounded_memory),
-        };
-        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
-}
+UNIT_TEST_MAIN(setup, scratch_dir_remove,
+        cmocka_unit_test(test_hash),
+        cmocka_unit_test(test_criteo_plain),
+        cmocka_unit_test(test_criteo_gzip),
+        cmocka_unit_test(test_bad_lines_named),
+        cmocka_unit_test(test_libsvm),
+        cmocka_unit_test(test_csv_header_and_count),
+        cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_skip_bad),
+        cmocka_unit_test(test_file_gone),
+        cmocka_unit_test(test_long_line),
+        cmocka_unit_test(test_corrupt_gzip),
+        cmocka_unit_test(test_shuffle),
+        cmocka_unit_test(test_shard_by_file),
+        cmocka_unit_test(test_shard_by_line),
+        cmocka_unit_test(test_loop_epochs),
+        cmocka_unit_test(test_bounded_memory))

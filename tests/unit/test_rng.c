@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "rng.h"
 
 static void test_splitmix_reference(void **state)
@@ -113,12 +115,7 @@ static void test_shuffle(void **state)
         rng_shuffle_u32(&r1, a, 1);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_splitmix_reference), cmocka_unit_test(test_deterministic),
-                cmocka_unit_test(test_golden),             cmocka_unit_test(test_uniform_normal),
-                cmocka_unit_test(test_below),              cmocka_unit_test(test_shuffle),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_splitmix_reference), cmocka_unit_test(test_deterministic),
+        cmocka_unit_test(test_golden),             cmocka_unit_test(test_uniform_normal),
+        cmocka_unit_test(test_below),              cmocka_unit_test(test_shuffle))

@@ -25,6 +25,7 @@
 #include "psfleet/v1/ps.pb-c.h"
 
 #include "shard_fixture.h"
+#include "unit.h"
 
 #define N_PS 2
 #define STEPS 6
@@ -426,18 +427,14 @@ static void test_assign_incomplete(void **state) {
         unchanged(f);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_sgd_decay),
-                cmocka_unit_test(test_bf16_push),
-                cmocka_unit_test(test_momentum_nesterov),
-                cmocka_unit_test(test_adam),
-                cmocka_unit_test(test_adagrad),
-                cmocka_unit_test(test_nan),
-                cmocka_unit_test(test_refused),
-                cmocka_unit_test(test_norm_reject),
-                cmocka_unit_test(test_norm_clip),
-                cmocka_unit_test(test_assign_incomplete),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_sgd_decay),
+        cmocka_unit_test(test_bf16_push),
+        cmocka_unit_test(test_momentum_nesterov),
+        cmocka_unit_test(test_adam),
+        cmocka_unit_test(test_adagrad),
+        cmocka_unit_test(test_nan),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_norm_reject),
+        cmocka_unit_test(test_norm_clip),
+        cmocka_unit_test(test_assign_incomplete))

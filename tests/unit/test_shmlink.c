@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "scratch_dir.h"
+#include "unit.h"
 
 #include "shmlink.h"
 #include "util.h"
@@ -545,18 +546,14 @@ static void test_socket_process(void **state) {
         cleanup(tmp);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_open_checks),
-                cmocka_unit_test(test_create_bad),
-                cmocka_unit_test(test_pushes),
-                cmocka_unit_test(test_mark_skips_old_pushes),
-                cmocka_unit_test(test_deadline),
-                cmocka_unit_test(test_peer_process),
-                cmocka_unit_test(test_socket_path),
-                cmocka_unit_test(test_socket_attach),
-                cmocka_unit_test(test_socket_other_uid),
-                cmocka_unit_test(test_socket_process),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_open_checks),
+        cmocka_unit_test(test_create_bad),
+        cmocka_unit_test(test_pushes),
+        cmocka_unit_test(test_mark_skips_old_pushes),
+        cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_peer_process),
+        cmocka_unit_test(test_socket_path),
+        cmocka_unit_test(test_socket_attach),
+        cmocka_unit_test(test_socket_other_uid),
+        cmocka_unit_test(test_socket_process))

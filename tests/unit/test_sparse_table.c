@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "optim.h"
 #include "rng.h"
 #include "sparse_table.h"
@@ -556,16 +558,11 @@ static void test_bytes(void **state)
         sparse_table_free(t);
 }
 
-int main(void)
-{
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_names),         cmocka_unit_test(test_new_invalid),
-                cmocka_unit_test(test_init),          cmocka_unit_test(test_pull_create),
-                cmocka_unit_test(test_push_sgd),      cmocka_unit_test(test_push_adagrad),
-                cmocka_unit_test(test_push_ftrl),     cmocka_unit_test(test_export_import),
-                cmocka_unit_test(test_evict),         cmocka_unit_test(test_clear),
-                cmocka_unit_test(test_growth),        cmocka_unit_test(test_threads),
-                cmocka_unit_test(test_shard_of),      cmocka_unit_test(test_bytes),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_names),         cmocka_unit_test(test_new_invalid),
+        cmocka_unit_test(test_init),          cmocka_unit_test(test_pull_create),
+        cmocka_unit_test(test_push_sgd),      cmocka_unit_test(test_push_adagrad),
+        cmocka_unit_test(test_push_ftrl),     cmocka_unit_test(test_export_import),
+        cmocka_unit_test(test_evict),         cmocka_unit_test(test_clear),
+        cmocka_unit_test(test_growth),        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_shard_of),      cmocka_unit_test(test_bytes))

@@ -13,6 +13,7 @@
 #include "util.h"
 
 #include "shard_fixture.h"
+#include "unit.h"
 
 static void test_ssp_clocks(void **state) {
         struct ssp *sp;
@@ -66,9 +67,5 @@ static void test_ssp_clocks(void **state) {
         ssp_free(sp);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_ssp_clocks),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_ssp_clocks))

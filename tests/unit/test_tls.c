@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "scratch_dir.h"
+#include "unit.h"
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
@@ -308,11 +309,7 @@ static void test_calls(void **state) {
         rpc_tls_free(stranger);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_paths),
-                cmocka_unit_test(test_modes),
-                cmocka_unit_test(test_calls),
-        };
-        return cmocka_run_group_tests(tests, setup, teardown);
-}
+UNIT_TEST_MAIN(setup, teardown,
+        cmocka_unit_test(test_paths),
+        cmocka_unit_test(test_modes),
+        cmocka_unit_test(test_calls))

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "scratch_dir.h"
+#include "unit.h"
 
 #include "util.h"
 
@@ -305,18 +306,14 @@ static void test_u64_find_repeat(void **state) {
         assert_true(dup == 5);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_clocks),
-                cmocka_unit_test(test_parse_u64),
-                cmocka_unit_test(test_u64_find_repeat),
-                cmocka_unit_test(test_strdup_printf),
-                cmocka_unit_test(test_mkdir_p),
-                cmocka_unit_test(test_files),
-                cmocka_unit_test(test_backoff),
-                cmocka_unit_test(test_grow_array),
-                cmocka_unit_test(test_atomic_file),
-                cmocka_unit_test(test_split_host_port),
-        };
-        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
-}
+UNIT_TEST_MAIN(setup, scratch_dir_remove,
+        cmocka_unit_test(test_clocks),
+        cmocka_unit_test(test_parse_u64),
+        cmocka_unit_test(test_u64_find_repeat),
+        cmocka_unit_test(test_strdup_printf),
+        cmocka_unit_test(test_mkdir_p),
+        cmocka_unit_test(test_files),
+        cmocka_unit_test(test_backoff),
+        cmocka_unit_test(test_grow_array),
+        cmocka_unit_test(test_atomic_file),
+        cmocka_unit_test(test_split_host_port))

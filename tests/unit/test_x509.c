@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "scratch_dir.h"
+#include "unit.h"
 
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -322,13 +323,9 @@ static void test_errors(void **state) {
         x509_cred_free(ca);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_ca_and_leaf),
-                cmocka_unit_test(test_other_ca),
-                cmocka_unit_test(test_load_and_issue_more),
-                cmocka_unit_test(test_leaf_within_ca),
-                cmocka_unit_test(test_errors),
-        };
-        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
-}
+UNIT_TEST_MAIN(setup, scratch_dir_remove,
+        cmocka_unit_test(test_ca_and_leaf),
+        cmocka_unit_test(test_other_ca),
+        cmocka_unit_test(test_load_and_issue_more),
+        cmocka_unit_test(test_leaf_within_ca),
+        cmocka_unit_test(test_errors))
