@@ -108,6 +108,90 @@ static int teardown(void **state) {
         return scratch_dir_remove(state);
 }
 
+/* The settings test_full_file and test_defaults both check, field by field, against the values each
+ * expects: the idx data files, training, supervisor, ps, rpc and device. */
+static void assert_settings(const struct job_config *c, const struct job_config *want) {
+        const struct training_config *t = &c->training, *wt = &want->training;
+        const struct supervisor_config *s = &c->supervisor, *ws = &want->supervisor;
+
+        assert_string_equal(c->data.dir, want->data.dir);
+        assert_string_equal(c->data.train_images, want->data.train_images);
+        assert_string_equal(c->data.train_labels, want->data.train_labels);
+        assert_string_equal(c->data.test_images, want->data.test_images);
+        assert_string_equal(c->data.test_labels, want->data.test_labels);
+
+        assert_int_equal(t->batch_size, wt->batch_size);
+        assert_int_equal(t->optimizer, wt->optimizer);
+        assert_true(t->learning_rate == wt->learning_rate);
+        assert_true(t->momentum == wt->momentum);
+        assert_int_equal(t->nesterov, wt->nesterov);
+        assert_true(t->beta1 == wt->beta1);
+        assert_true(t->beta2 == wt->beta2);
+        assert_true(t->epsilon == wt->epsilon);
+        assert_true(t->initial_accumulator == wt->initial_accumulator);
+        assert_int_equal(t->lr_schedule, wt->lr_schedule);
+        assert_true(t->lr_decay_rate == wt->lr_decay_rate);
+        assert_int_equal(t->lr_decay_steps, wt->lr_decay_steps);
+        assert_int_equal(t->lr_staircase, wt->lr_staircase);
+        assert_int_equal(t->max_steps, wt->max_steps);
+        assert_int_equal(t->report_every_steps, wt->report_every_steps);
+        assert_int_equal(t->threads, wt->threads);
+        assert_int_equal(t->seed, wt->seed);
+
+        assert_string_equal(s->checkpoint_dir, ws->checkpoint_dir);
+        assert_string_equal(s->summary_dir, ws->summary_dir);
+        assert_int_equal(s->save_checkpoint_steps, ws->save_checkpoint_steps);
+        assert_int_equal(s->save_checkpoint_secs, ws->save_checkpoint_secs);
+        assert_int_equal(s->keep_checkpoints, ws->keep_checkpoints);
+        assert_int_equal(s->save_summaries_secs, ws->save_summaries_secs);
+        assert_int_equal(s->eval_every_steps, ws->eval_every_steps);
+        assert_int_equal(s->ready_timeout_secs, ws->ready_timeout_secs);
+        assert_int_equal(c->ps.split_bytes, want->ps.split_bytes);
+        assert_int_equal(c->rpc.deadline_ms, want->rpc.deadline_ms);
+        assert_int_equal(c->rpc.shared_memory, want->rpc.shared_memory);
+        assert_string_equal(c->device.device, want->device.device);
+        assert_true(c->device.gpu_memory_fraction == want->device.gpu_memory_fraction);
+        assert_int_equal(c->device.allow_growth, want->device.allow_growth);
+        assert_int_equal(c->device.log_device_placement, want->device.log_device_placement);
+}
+
+/* full_json's settings. */
+static const struct job_config full_settings = {
+        .data = { .dir = "/data", .train_images = "a.gz", .train_labels = "b.gz", .test_images = "c.gz",
+                  .test_labels = "d.gz" },
+        .training = { .batch_size = 128, .optimizer = OPT_ADAM, .learning_rate = 0.001, .momentum = 0.5,
+                      .nesterov = true, .beta1 = 0.8, .beta2 = 0.99, .epsilon = 1e-8, .initial_accumulator = 0.2,
+                      .lr_schedule = LR_EXPONENTIAL, .lr_decay_rate = 0.5, .lr_decay_steps = 100,
+                      .lr_staircase = true, .max_steps = 5000, .report_every_steps = 10, .threads = 4,
+                      .seed = 42 },
+        .supervisor = { .checkpoint_dir = "ck", .summary_dir = "sum", .save_checkpoint_steps = 100,
+                        .save_checkpoint_secs = 0, .keep_checkpoints = 3, .save_summaries_secs = 5,
+                        .eval_every_steps = 1000, .ready_timeout_secs = 60 },
+        .ps = { .split_bytes = 8192 },
+        .rpc = { .deadline_ms = 5000, .shared_memory = false },
+        .device = { .device = "gpu:0,1", .gpu_memory_fraction = 0.5, .allow_growth = true,
+                    .log_device_placement = true },
+};
+
+/* The defaults of the same settings, when a file leaves them out. */
+static const struct job_config default_settings = {
+        .data = { .dir = "/usr/share/datasets/fashion-mnist", .train_images = "train-images-idx3-ubyte.gz",
+                  .train_labels = "train-labels-idx1-ubyte.gz", .test_images = "t10k-images-idx3-ubyte.gz",
+                  .test_labels = "t10k-labels-idx1-ubyte.gz" },
+        .training = { .batch_size = 64, .optimizer = OPT_MOMENTUM, .learning_rate = 0.01, .momentum = 0.9,
+                      .nesterov = false, .beta1 = 0.9, .beta2 = 0.999, .epsilon = 1e-7,
+                      .initial_accumulator = 0.1, .lr_schedule = LR_CONSTANT, .lr_decay_rate = 0.96,
+                      .lr_decay_steps = 1000, .lr_staircase = false, .max_steps = 1000,
+                      .report_every_steps = 50, .threads = 1, .seed = 1 },
+        .supervisor = { .checkpoint_dir = "checkpoints", .summary_dir = "summaries", .save_checkpoint_steps = 0,
+                        .save_checkpoint_secs = 600, .keep_checkpoints = 5, .save_summaries_secs = 10,
+                        .eval_every_steps = 0, .ready_timeout_secs = 600 },
+        .ps = { .split_bytes = 262144 },
+        .rpc = { .deadline_ms = 30000, .shared_memory = true },
+        .device = { .device = "auto", .gpu_memory_fraction = 1.0, .allow_growth = false,
+                    .log_device_placement = false },
+};
+
 static void test_full_file(void **state) {
         char path[sizeof(scratch_dir) + 32];
         struct job_config *c;
@@ -147,45 +231,7 @@ static void test_full_file(void **state) {
         assert_int_equal(c->model.layers[7].units, 10);
         assert_int_equal(c->model.layers[7].init, INIT_ZEROS);
 
-        assert_string_equal(c->data.dir, "/data");
-        assert_string_equal(c->data.train_images, "a.gz");
-        assert_string_equal(c->data.train_labels, "b.gz");
-        assert_string_equal(c->data.test_images, "c.gz");
-        assert_string_equal(c->data.test_labels, "d.gz");
-
-        assert_int_equal(c->training.batch_size, 128);
-        assert_int_equal(c->training.optimizer, OPT_ADAM);
-        assert_true(c->training.learning_rate == 0.001);
-        assert_true(c->training.momentum == 0.5);
-        assert_true(c->training.nesterov);
-        assert_true(c->training.beta1 == 0.8);
-        assert_true(c->training.beta2 == 0.99);
-        assert_true(c->training.epsilon == 1e-8);
-        assert_true(c->training.initial_accumulator == 0.2);
-        assert_int_equal(c->training.lr_schedule, LR_EXPONENTIAL);
-        assert_true(c->training.lr_decay_rate == 0.5);
-        assert_int_equal(c->training.lr_decay_steps, 100);
-        assert_true(c->training.lr_staircase);
-        assert_int_equal(c->training.max_steps, 5000);
-        assert_int_equal(c->training.report_every_steps, 10);
-        assert_int_equal(c->training.threads, 4);
-        assert_int_equal(c->training.seed, 42);
-
-        assert_string_equal(c->supervisor.checkpoint_dir, "ck");
-        assert_string_equal(c->supervisor.summary_dir, "sum");
-        assert_int_equal(c->supervisor.save_checkpoint_steps, 100);
-        assert_int_equal(c->supervisor.save_checkpoint_secs, 0);
-        assert_int_equal(c->supervisor.keep_checkpoints, 3);
-        assert_int_equal(c->supervisor.save_summaries_secs, 5);
-        assert_int_equal(c->supervisor.eval_every_steps, 1000);
-        assert_int_equal(c->supervisor.ready_timeout_secs, 60);
-        assert_int_equal(c->ps.split_bytes, 8192);
-        assert_int_equal(c->rpc.deadline_ms, 5000);
-        assert_false(c->rpc.shared_memory);
-        assert_string_equal(c->device.device, "gpu:0,1");
-        assert_true(c->device.gpu_memory_fraction == 0.5);
-        assert_true(c->device.allow_growth);
-        assert_true(c->device.log_device_placement);
+        assert_settings(c, &full_settings);
 
         assert_string_equal(role_name(ROLE_CHIEF), "chief");
         assert_string_equal(role_name(ROLE_PS), "ps");
@@ -211,43 +257,7 @@ static void test_defaults(void **state) {
         assert_int_equal(c->model.seed, 1);
         assert_int_equal(c->model.n_layers, 1);
         assert_int_equal(c->model.layers[0].init, INIT_DEFAULT);
-        assert_string_equal(c->data.dir, "/usr/share/datasets/fashion-mnist");
-        assert_string_equal(c->data.train_images, "train-images-idx3-ubyte.gz");
-        assert_string_equal(c->data.train_labels, "train-labels-idx1-ubyte.gz");
-        assert_string_equal(c->data.test_images, "t10k-images-idx3-ubyte.gz");
-        assert_string_equal(c->data.test_labels, "t10k-labels-idx1-ubyte.gz");
-        assert_int_equal(c->training.batch_size, 64);
-        assert_int_equal(c->training.optimizer, OPT_MOMENTUM);
-        assert_true(c->training.learning_rate == 0.01);
-        assert_true(c->training.momentum == 0.9);
-        assert_false(c->training.nesterov);
-        assert_true(c->training.beta1 == 0.9);
-        assert_true(c->training.beta2 == 0.999);
-        assert_true(c->training.epsilon == 1e-7);
-        assert_true(c->training.initial_accumulator == 0.1);
-        assert_int_equal(c->training.lr_schedule, LR_CONSTANT);
-        assert_true(c->training.lr_decay_rate == 0.96);
-        assert_int_equal(c->training.lr_decay_steps, 1000);
-        assert_false(c->training.lr_staircase);
-        assert_int_equal(c->training.max_steps, 1000);
-        assert_int_equal(c->training.report_every_steps, 50);
-        assert_int_equal(c->training.threads, 1);
-        assert_int_equal(c->training.seed, 1);
-        assert_string_equal(c->supervisor.checkpoint_dir, "checkpoints");
-        assert_string_equal(c->supervisor.summary_dir, "summaries");
-        assert_int_equal(c->supervisor.save_checkpoint_steps, 0);
-        assert_int_equal(c->supervisor.save_checkpoint_secs, 600);
-        assert_int_equal(c->supervisor.keep_checkpoints, 5);
-        assert_int_equal(c->supervisor.save_summaries_secs, 10);
-        assert_int_equal(c->supervisor.eval_every_steps, 0);
-        assert_int_equal(c->supervisor.ready_timeout_secs, 600);
-        assert_int_equal(c->ps.split_bytes, 262144);
-        assert_int_equal(c->rpc.deadline_ms, 30000);
-        assert_true(c->rpc.shared_memory);
-        assert_string_equal(c->device.device, "auto");
-        assert_true(c->device.gpu_memory_fraction == 1.0);
-        assert_false(c->device.allow_growth);
-        assert_false(c->device.log_device_placement);
+        assert_settings(c, &default_settings);
         config_free(c);
 
         /* Integers are accepted where numbers are expected; "master" is the chief. */
