@@ -9,18 +9,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-pkgdir=$(cd "${1:?usage: chaos_systemd.sh PACKAGE_DIR [options]}" && pwd)
-shift
-cache=${PSFLEET_TEST_CACHE:-/var/cache/psfleet-test}
-data=/usr/share/datasets/fashion-mnist
-CT_T0=$(date +%s.%N)
 . "$here/container.sh"
 
-fail() { ct_log "FAIL: $*"; exit 1; }
-
-ct_psfleet_prereqs chaos_systemd "$data" "$pkgdir" || exit $?
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-chaos.XXXXXX")
+ct_psfleet_test chaos_systemd chaos "${1:?usage: chaos_systemd.sh PACKAGE_DIR [options]}" || exit $?
+shift
 name=pfchaos-$$
 cleanup() {
         local rc=$?

@@ -13,6 +13,8 @@
 #   ct_psfleet_rootfs CACHE PKGDIR DATA                         its tarball and options, without a boot
 #   ct_install LOG DEB...                                       apt install inside
 #   ct_wait_for SECONDS WHAT COMMAND...                         poll COMMAND until it succeeds, or fail
+#   ct_psfleet_test WHO TAG PKGDIR                              a psfleet system test's start: pkgdir, cache,
+#                                                               data, ct_psfleet_prereqs, debs, work
 #   ct_finish RC WORKDIR WHAT                                   ct_teardown, WORKDIR removed (kept after a
 #                                                               failure with PSFLEET_TEST_KEEP=1), a last line
 # ct_teardown is safe to call twice and from an EXIT trap, whatever state ct_boot reached.
@@ -27,6 +29,9 @@ CT_INIT_PID=
 ct_log() { printf '%s [%6.1fs] %s\n' "$(date +%H:%M:%S)" "$(ct_elapsed)" "$*" >&2; }
 ct_elapsed() { awk -v s="${CT_T0:-0}" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f", n - s }'; }
 CT_T0=${CT_T0:-$(date +%s.%N)}
+# A psfleet system test's failure and its steps, in its log.
+fail() { ct_log "FAIL: $*"; exit 1; }
+step() { ct_log "--- $*"; }
 
 # The cgroup the container lives in: its own, so that teardown can remove everything nspawn made.
 # The hosts have a hybrid v1/v2 layout (v2 at /sys/fs/cgroup/unified); a pure v2 host has it at the top.
@@ -127,6 +132,20 @@ ct_psfleet_prereqs() {
                 [ -n "$f" ] || { ct_log "no $p .deb in $pkgdir"; return 1; }
                 CT_DEBS+=("/mnt/pkgs/$(basename "$f")")
         done
+}
+
+# The start of a psfleet system test WHO: sets pkgdir (PKGDIR made absolute), cache (PSFLEET_TEST_CACHE,
+# default /var/cache/psfleet-test), data (the fashion-mnist dataset), checks ct_psfleet_prereqs (its
+# status is this function's: 77 to skip), sets debs (CT_DEBS) and makes work, a new directory
+# psfleet-TAG.XXXXXX under TMPDIR.
+ct_psfleet_test() {
+        local who=$1 tag=$2
+        pkgdir=$(cd "$3" && pwd) || return 1
+        cache=${PSFLEET_TEST_CACHE:-/var/cache/psfleet-test}
+        data=/usr/share/datasets/fashion-mnist
+        ct_psfleet_prereqs "$who" "$data" "$pkgdir" || return $?
+        debs=("${CT_DEBS[@]}")
+        work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-$tag.XXXXXX") || return 1
 }
 
 # ct_boot from the cached rootfs (rootfs.sh builds it when missing), with the packages on /mnt/pkgs,

@@ -8,20 +8,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-pkgdir=$(cd "${1:?usage: exit_codes_test.sh PACKAGE_DIR}" && pwd)
-cache=${PSFLEET_TEST_CACHE:-/var/cache/psfleet-test}
-data=/usr/share/datasets/fashion-mnist
-job=exitcodes
-CT_T0=$(date +%s.%N)
 . "$here/container.sh"
 
-fail() { ct_log "FAIL: $*"; exit 1; }
-step() { ct_log "--- $*"; }
-
-ct_psfleet_prereqs exit_codes_test "$data" "$pkgdir" || exit $?
-debs=("${CT_DEBS[@]}")
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-exitcodes.XXXXXX")
+ct_psfleet_test exit_codes_test exitcodes "${1:?usage: exit_codes_test.sh PACKAGE_DIR}" || exit $?
+job=exitcodes
 name=psfleet-x$$
 holder=
 cleanup() {

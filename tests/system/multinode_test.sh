@@ -30,9 +30,6 @@ data=/usr/share/datasets/fashion-mnist
 CT_T0=$(date +%s.%N)
 . "$here/container.sh"
 
-fail() { ct_log "FAIL: $*"; exit 1; }
-step() { ct_log "--- $*"; }
-
 ct_psfleet_prereqs multinode_test "$data" "$pkgdir" || exit $?
 command -v ip >/dev/null || fail "ip is missing (Debian package iproute2)"
 command -v dpkg-deb >/dev/null || fail "dpkg-deb is missing"

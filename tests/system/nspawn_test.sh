@@ -12,20 +12,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-pkgdir=$(cd "${1:?usage: nspawn_test.sh PACKAGE_DIR}" && pwd)
-cache=${PSFLEET_TEST_CACHE:-/var/cache/psfleet-test}
-data=/usr/share/datasets/fashion-mnist
-job=systest
-CT_T0=$(date +%s.%N)
 . "$here/container.sh"
 
-fail() { ct_log "FAIL: $*"; exit 1; }
-step() { ct_log "--- $*"; }
-
-ct_psfleet_prereqs nspawn_test "$data" "$pkgdir" || exit $?
-debs=("${CT_DEBS[@]}")
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-systest.XXXXXX")
+ct_psfleet_test nspawn_test systest "${1:?usage: nspawn_test.sh PACKAGE_DIR}" || exit $?
+job=systest
 name=psfleet-$$
 dump_logs() {
         [ -n "$CT_INIT_PID" ] || return 0
