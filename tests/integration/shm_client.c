@@ -26,15 +26,8 @@
 #include "rpc.h"
 #include "shmlink.h"
 
-#define CHECK(cond, ...)                                          \
-        do {                                                      \
-                if (!(cond)) {                                    \
-                        fprintf(stderr, "shm_client: FAIL: ");    \
-                        fprintf(stderr, __VA_ARGS__);             \
-                        fprintf(stderr, "\n");                    \
-                        exit(1);                                  \
-                }                                                 \
-        } while (0)
+#define CLIENT_NAME "shm_client"
+#include "client_check.h"
 
 /* A process of another user in the socket's group (as a member of the psfleet group would be) may
  * connect, and psd refuses it (SO_PEERCRED). Only root can become another user. */

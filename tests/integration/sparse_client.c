@@ -24,15 +24,8 @@
 #include "sparse_table.h"
 #include "psfleet/v1/ps.pb-c.h"
 
-#define CHECK(cond, ...)                                          \
-        do {                                                      \
-                if (!(cond)) {                                    \
-                        fprintf(stderr, "sparse_client: FAIL: "); \
-                        fprintf(stderr, __VA_ARGS__);             \
-                        fprintf(stderr, "\n");                    \
-                        exit(1);                                  \
-                }                                                 \
-        } while (0)
+#define CLIENT_NAME "sparse_client"
+#include "client_check.h"
 
 #define N_IDS 1000
 
