@@ -657,6 +657,15 @@ static int load(uint32_t n_shards, unsigned model, uint64_t pushes) {
         return r;
 }
 
+/* --rate and --think-ms: a whole number in [1, max], as the double it is used as. 0, or -EINVAL. */
+static int parse_whole(const char *s, uint64_t max, double *ret) {
+        uint64_t v;
+        if (parse_u64(s, 1, max, &v) < 0)
+                return -EINVAL;
+        *ret = (double)v;
+        return 0;
+}
+
 static void usage(FILE *f) {
         fprintf(f, "usage: bench_ps_scale [--workers 1,8,64,256] [--pushes N] [--shards S] [--load-pushes N]\n"
                    "                      [--no-load] [--no-scale] [--psd PATH] [--wire-dtype float32|bfloat16]\n"
@@ -682,48 +691,30 @@ int main(int argc, char **argv) {
         uint64_t pushes = 20000, load_pushes = 200, shards = 4;
         bool do_load = true, do_scale = true;
         int c;
-        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, "", opts, NULL)) >= 0) {
+                bool bad = false;
                 switch (c) {
                 case 'w': snprintf(workers_list, sizeof(workers_list), "%s", optarg); break;
-                case 'n':
-                        if (parse_u64(optarg, 10, 100000000, &pushes) < 0)
-                                return usage(stderr), 64;
-                        break;
-                case 's':
-                        if (parse_u64(optarg, 2, 64, &shards) < 0)
-                                return usage(stderr), 64;
-                        break;
-                case 'l':
-                        if (parse_u64(optarg, 1, 1000000, &load_pushes) < 0)
-                                return usage(stderr), 64;
-                        break;
+                case 'n': bad = parse_u64(optarg, 10, 100000000, &pushes) < 0; break;
+                case 's': bad = parse_u64(optarg, 2, 64, &shards) < 0; break;
+                case 'l': bad = parse_u64(optarg, 1, 1000000, &load_pushes) < 0; break;
                 case 'L': do_load = false; break;
                 case 'S': do_scale = false; break;
                 case 'p': psd_path = optarg; break;
-                case 'r': {
-                        uint64_t v;
-                        if (parse_u64(optarg, 1, 1000000, &v) < 0)
-                                return usage(stderr), 64;
-                        rate = (double)v;
-                        break;
-                }
-                case 't': {
-                        uint64_t v;
-                        if (parse_u64(optarg, 1, 60000, &v) < 0)
-                                return usage(stderr), 64;
-                        think_ms = (double)v;
-                        break;
-                }
+                case 'r': bad = parse_whole(optarg, 1000000, &rate) < 0; break;
+                case 't': bad = parse_whole(optarg, 60000, &think_ms) < 0; break;
                 case 'P': pin = true; break;
                 case 'D': latencies_path = optarg; break;
                 case 'd':
-                        if (strcmp(optarg, "float32") != 0 && strcmp(optarg, "bfloat16") != 0)
-                                return usage(stderr), 64;
+                        bad = strcmp(optarg, "float32") != 0 && strcmp(optarg, "bfloat16") != 0;
                         wire_dtype = optarg;
                         break;
                 case 'h': usage(stdout); return 0;
                 default: usage(stderr); return 64;
                 }
+                if (bad)
+                        return usage(stderr), 64;
+        }
         if (access(psd_path, X_OK) != 0) {
                 fprintf(stderr, "bench_ps_scale: %s: %s (build psd, or --psd PATH)\n", psd_path, strerror(errno));
                 return 69;
