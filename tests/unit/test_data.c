@@ -92,55 +92,48 @@ static void test_idx_roundtrip(void **state)
         }
 }
 
-static void test_idx_errors(void **state)
+/* idx_load(p) fails with r, says "p: what", and returns no idx. */
+static void assert_idx_error(const char *p, int r, const char *what)
 {
         char err[512], want[512];
         struct idx *x = NULL;
+
+        assert_int_equal(idx_load(p, &x, err, sizeof(err)), r);
+        snprintf(want, sizeof(want), "%s: %s", p, what);
+        assert_string_equal(err, want);
+        assert_null(x);
+}
+
+static void test_idx_errors(void **state)
+{
         const uint32_t dims[3] = {1000, 28, 28};
 
-        const char *p = write_idx("magic.gz", true, 0x903, dims, 3, 10, 0);
-        assert_int_equal(idx_load(p, &x, err, sizeof(err)), -EBADMSG);
-        snprintf(want, sizeof(want), "%s: offset 0: bad magic 0x00000903 (expected 0x0000080x)", p);
-        assert_string_equal(err, want);
+        assert_idx_error(write_idx("magic.gz", true, 0x903, dims, 3, 10, 0), -EBADMSG,
+                         "offset 0: bad magic 0x00000903 (expected 0x0000080x)");
 
-        p = write_idx("trunc.gz", true, 0x803, dims, 3, 1000, 0);
-        assert_int_equal(idx_load(p, &x, err, sizeof(err)), -EBADMSG);
-        snprintf(want, sizeof(want), "%s: offset 16: truncated: expected 784000 bytes of data, file ends after 1000", p);
-        assert_string_equal(err, want);
+        assert_idx_error(write_idx("trunc.gz", true, 0x803, dims, 3, 1000, 0), -EBADMSG,
+                         "offset 16: truncated: expected 784000 bytes of data, file ends after 1000");
 
-        p = write_idx("trunc.raw", false, 0x803, dims, 3, 1000, 0);
-        assert_int_equal(idx_load(p, &x, err, sizeof(err)), -EBADMSG);
-        snprintf(want, sizeof(want), "%s: offset 16: truncated: expected 784000 bytes of data, file ends after 1000", p);
-        assert_string_equal(err, want);
+        assert_idx_error(write_idx("trunc.raw", false, 0x803, dims, 3, 1000, 0), -EBADMSG,
+                         "offset 16: truncated: expected 784000 bytes of data, file ends after 1000");
 
-        p = write_idx("hdr.gz", true, 0x803, dims, 3, 0, 11);
-        assert_int_equal(idx_load(p, &x, err, sizeof(err)), -EBADMSG);
-        snprintf(want, sizeof(want), "%s: offset 4: truncated header: expected 12 bytes of dimensions, file ends after 7", p);
-        assert_string_equal(err, want);
+        assert_idx_error(write_idx("hdr.gz", true, 0x803, dims, 3, 0, 11), -EBADMSG,
+                         "offset 4: truncated header: expected 12 bytes of dimensions, file ends after 7");
 
-        p = write_idx("magic-short.raw", false, 0x803, dims, 3, 0, 2);
-        assert_int_equal(idx_load(p, &x, err, sizeof(err)), -EBADMSG);
-        snprintf(want, sizeof(want), "%s: offset 0: truncated header: expected 4 bytes of magic, file ends after 2", p);
-        assert_string_equal(err, want);
+        assert_idx_error(write_idx("magic-short.raw", false, 0x803, dims, 3, 0, 2), -EBADMSG,
+                         "offset 0: truncated header: expected 4 bytes of magic, file ends after 2");
 
         const uint32_t huge[3] = {100000, 100000, 100000};
-        p = write_idx("huge.gz", true, 0x803, huge, 3, 0, 0);
-        assert_int_equal(idx_load(p, &x, err, sizeof(err)), -EFBIG);
-        snprintf(want, sizeof(want), "%s: offset 4: dimensions 100000x100000x100000 too large (limit 4294967296 bytes)", p);
-        assert_string_equal(err, want);
+        assert_idx_error(write_idx("huge.gz", true, 0x803, huge, 3, 0, 0), -EFBIG,
+                         "offset 4: dimensions 100000x100000x100000 too large (limit 4294967296 bytes)");
 
         const uint32_t small[1] = {4};
-        p = write_idx("trailing.raw", false, 0x801, small, 1, 5, 0);
-        assert_int_equal(idx_load(p, &x, err, sizeof(err)), -EBADMSG);
-        snprintf(want, sizeof(want), "%s: offset 12: trailing bytes after 4 bytes of data", p);
-        assert_string_equal(err, want);
+        assert_idx_error(write_idx("trailing.raw", false, 0x801, small, 1, 5, 0), -EBADMSG,
+                         "offset 12: trailing bytes after 4 bytes of data");
 
         char missing[320];
         snprintf(missing, sizeof(missing), "%s/nope.gz", dir);
-        assert_int_equal(idx_load(missing, &x, err, sizeof(err)), -ENOENT);
-        snprintf(want, sizeof(want), "%s: No such file or directory", missing);
-        assert_string_equal(err, want);
-        assert_null(x);
+        assert_idx_error(missing, -ENOENT, "No such file or directory");
 }
 
 static void test_dataset(void **state)
