@@ -244,6 +244,17 @@ static int call(const char *addr, const char *name, struct rpc_tls *t, const cha
         return e;
 }
 
+/* call() must fail with status and, unless msg is NULL, a message holding msg. */
+static void call_fails(const char *addr, const char *name, struct rpc_tls *t, const char *method, size_t payload,
+                       grpc_status_code status, const char *msg) {
+        struct rpc_result r;
+        assert_true(call(addr, name, t, method, payload, &r) < 0);
+        assert_int_equal(r.status, status);
+        if (msg)
+                assert_non_null(strstr(r.message, msg));
+        rpc_result_clear(&r);
+}
+
 #define STATUS "/psfleet.v1.ParameterServer/GetShardStatus"
 #define ASSIGN "/psfleet.v1.ParameterServer/Assign"
 
@@ -273,33 +284,21 @@ static void test_calls(void **state) {
         rpc_result_clear(&r);
 
         /* the table refuses what a role may not do */
-        assert_true(call(addr, "ps:0", viewer, ASSIGN, 0, &r) < 0);
-        assert_int_equal(r.status, GRPC_STATUS_PERMISSION_DENIED);
-        assert_non_null(strstr(r.message, "viewer may not call ParameterServer/Assign: chief only"));
-        rpc_result_clear(&r);
-        assert_true(call(addr, "ps:0", worker, ASSIGN, 0, &r) < 0);
-        assert_int_equal(r.status, GRPC_STATUS_PERMISSION_DENIED);
-        rpc_result_clear(&r);
+        call_fails(addr, "ps:0", viewer, ASSIGN, 0, GRPC_STATUS_PERMISSION_DENIED,
+                   "viewer may not call ParameterServer/Assign: chief only");
+        call_fails(addr, "ps:0", worker, ASSIGN, 0, GRPC_STATUS_PERMISSION_DENIED, NULL);
 
         /* strangers, plain TCP, and a client that expects another server fail the handshake */
-        assert_true(call(addr, "ps:0", stranger, STATUS, 0, &r) < 0);
-        assert_int_equal(r.status, GRPC_STATUS_UNAVAILABLE);
-        rpc_result_clear(&r);
-        assert_true(call(addr, "ps:0", NULL, STATUS, 0, &r) < 0);
-        assert_int_equal(r.status, GRPC_STATUS_UNAVAILABLE);
-        rpc_result_clear(&r);
-        assert_true(call(addr, "ps:1", worker, STATUS, 0, &r) < 0);
-        assert_int_equal(r.status, GRPC_STATUS_UNAVAILABLE);
-        rpc_result_clear(&r);
+        call_fails(addr, "ps:0", stranger, STATUS, 0, GRPC_STATUS_UNAVAILABLE, NULL);
+        call_fails(addr, "ps:0", NULL, STATUS, 0, GRPC_STATUS_UNAVAILABLE, NULL);
+        call_fails(addr, "ps:1", worker, STATUS, 0, GRPC_STATUS_UNAVAILABLE, NULL);
         struct rpc_channel *ch;
         assert_int_equal(rpc_channel_new_tls(addr, "bench", worker, &ch), -EINVAL);   /* names no task */
 
         /* a request over the server's limit */
         assert_int_equal(call(addr, "ps:0", worker, STATUS, 512 << 10, &r), 0);
         rpc_result_clear(&r);
-        assert_true(call(addr, "ps:0", worker, STATUS, 2 << 20, &r) < 0);
-        assert_int_equal(r.status, GRPC_STATUS_RESOURCE_EXHAUSTED);
-        rpc_result_clear(&r);
+        call_fails(addr, "ps:0", worker, STATUS, 2 << 20, GRPC_STATUS_RESOURCE_EXHAUSTED, NULL);
 
         rpc_server_free(s);
         rpc_tls_free(server);
