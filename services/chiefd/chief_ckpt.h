@@ -33,8 +33,6 @@ struct chief_ckpt_config {
         uint64_t fingerprint;
         uint32_t keep;                  /* supervisor.keep_checkpoints */
         uint32_t keep_corrupt;          /* supervisor.keep_corrupt: .corrupt files kept, the newest */
-        uint64_t test_hook_delay_ms;    /* test hook (PSFLEET_TEST_CHECKPOINT_DELAY_MS): sleep before the
-                                         * rename and again before the row is committed; 0: off */
 };
 
 /* Returns 0 and *ret, or -errno with err saying why (the directory cannot be created). */

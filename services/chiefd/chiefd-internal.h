@@ -83,7 +83,6 @@ struct chief {
         struct summary_writer *sw;        /* thread-safe; NULL when summaries are off or failed */
         float *slots[OPTIM_MAX_SLOTS];    /* (n_params) each: a snapshot's optimizer slots (main thread) */
         unsigned n_slots;
-        uint64_t test_hook_delay_ms;      /* test hook PSFLEET_TEST_CHECKPOINT_DELAY_MS, 0: off */
 
         /* Main thread only. */
         bool force_restore;               /* after Restart: every shard restored (or initialized) anew */

@@ -16,6 +16,7 @@
 #include "ctr_train.h"
 #include "backend.h"
 #include "chiefd-internal.h"
+#include "ckpt.h"
 #include "config.h"
 #include "daemon.h"
 #include "data.h"
@@ -28,26 +29,22 @@
 #include "trainer.h"
 #include "util.h"
 
-/* A test hook, not a setting: slows every checkpoint write down so that an integration test can kill
- * chiefd mid-write (tests/integration/test_checkpoint_crash.py). Read here and nowhere else. */
-#define TEST_HOOK_CHECKPOINT_DELAY_ENV "PSFLEET_TEST_CHECKPOINT_DELAY_MS"
-
-/* The checkpoint delay the test hook asks for, in ms; 0 when unset (always, outside tests). */
-static uint64_t test_hook_checkpoint_delay_ms(void) {
-        const char *v = getenv(TEST_HOOK_CHECKPOINT_DELAY_ENV);
-        uint64_t ms = 0;
-        if (!v || !*v)
-                return 0;
-        if (parse_u64(v, 0, 600000, &ms) < 0) {
-                log_warning("Test hook %s=\"%s\" is not a number of milliseconds (0..600000); ignoring it",
-                            TEST_HOOK_CHECKPOINT_DELAY_ENV, v);
-                return 0;
+/* The test hook supervisor.test_checkpoint_delay_ms (PSFLEET_TEST_CHECKPOINT_DELAY_MS, through the key
+ * table like every PSFLEET_* variable): slows every checkpoint write down so that an integration test
+ * can kill chiefd mid-write (tests/integration/test_checkpoint_crash.py). A bad value is a
+ * configuration error naming the variable. Returns 0 or -EINVAL, logged. */
+static int test_hook_setup(struct job_config *cfg) {
+        char err[512];
+        if (config_apply_env(cfg, "supervisor", err, sizeof(err)) < 0) {
+                log_error("%s", err);
+                return -EINVAL;
         }
+        uint64_t ms = cfg->supervisor.test_checkpoint_delay_ms;
         if (ms)
-                log_warning("Test hook %s=%" PRIu64 ": every checkpoint write sleeps %" PRIu64
-                            " ms before its rename and again before its record", TEST_HOOK_CHECKPOINT_DELAY_ENV, ms,
-                            ms);
-        return ms;
+                log_warning("Test hook PSFLEET_TEST_CHECKPOINT_DELAY_MS=%" PRIu64 ": every checkpoint write sleeps %"
+                            PRIu64 " ms before its rename and again before its record", ms, ms);
+        ckpt_set_test_delay(ms);
+        return 0;
 }
 
 static struct chief *chief_free(struct chief *c) {
@@ -112,8 +109,6 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         }
         for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
                 chief_strfmt(c->ps[s].state, sizeof(c->ps[s].state), "not contacted yet");
-
-        c->test_hook_delay_ms = test_hook_checkpoint_delay_ms();
 
         /* The record. */
         char *dir = strdup_printf("%s/%s", state_root, cfg->name);
@@ -213,7 +208,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                                        .sparse_optimizer = cfg->training.sparse_optimizer, .job = cfg->name,
                                        .fingerprint = c->fingerprint,
                                        .keep = cfg->supervisor.keep_checkpoints,
-                                       .keep_corrupt = cfg->supervisor.keep_corrupt, .test_hook_delay_ms = c->test_hook_delay_ms};
+                                       .keep_corrupt = cfg->supervisor.keep_corrupt};
         r = chief_ckpt_new(c->db, &cc, &c->ckpts, err, sizeof(err));
         free(ckpt_dir);
         if (r < 0) {
@@ -321,6 +316,11 @@ static int run(int argc, char **argv) {
                 return r == 1 ? EXIT_SUCCESS : r;
         }
         struct job_config *cfg = args.cfg;
+        if (test_hook_setup(cfg) < 0) {
+                close(sfd);
+                daemon_args_done(&args);
+                return DAEMON_EX_CONFIG;
+        }
 
         rpc_global_init();
         if ((r = chief_new(cfg, args.state_dir, &c)) < 0)
