@@ -78,7 +78,8 @@ static void h_join(struct rpc_call *call, void *ud) {
                         chief_strfmt(reason, sizeof(reason),
                                  "job fingerprint %016" PRIx64 " differs from the chief's %016" PRIx64,
                                  q->fingerprint, c->fingerprint);
-                log_warning("Refusing %s: %s", task, reason);
+                char tb[LOG_PEER_BUF];
+                log_warning("Refusing %s: %s", log_peer_str(task, tb, sizeof(tb)), reason);
                 rep.refused = true;
                 rep.reason = reason;
                 pthread_mutex_lock(&c->lock);
@@ -101,8 +102,10 @@ static void h_join(struct rpc_call *call, void *ud) {
                 wi->joined = true;
                 if (!wi->reported)
                         chief_strfmt(wi->state, sizeof(wi->state), "%s", rep.ready ? "joined" : "waiting to join");
+                char tb[LOG_PEER_BUF];
                 if (first && rep.ready)
-                        log_info("%s joined at global_step %" PRIu64, task, c->global_step);
+                        log_info("%s joined at global_step %" PRIu64, log_peer_str(task, tb, sizeof(tb)),
+                                 c->global_step);
         }
         pthread_mutex_unlock(&c->lock);
         rep.reason = reason;
@@ -206,8 +209,10 @@ static void h_stop(struct rpc_call *call, void *ud) {
                 return;
         const Psfleet__V1__StopRequest *q = (const Psfleet__V1__StopRequest *)m;
         char *peer = rpc_call_peer(call);
+        char rb[LOG_PEER_BUF];
         log_info("Stop requested by %s%s%s%s", peer ? peer : "a client", q->reason && *q->reason ? " (" : "",
-                 q->reason && *q->reason ? q->reason : "", q->reason && *q->reason ? ")" : "");
+                 q->reason && *q->reason ? log_peer_str(q->reason, rb, sizeof(rb)) : "",
+                 q->reason && *q->reason ? ")" : "");
         free(peer);
         pthread_mutex_lock(&c->lock);
         c->stop_requested = true;
@@ -236,8 +241,9 @@ static void h_restart(struct rpc_call *call, void *ud) {
         }
         pthread_mutex_unlock(&c->lock);
         if (ok) {
+                char wb[LOG_PEER_BUF];
                 log_info("Restart requested by %s%s%s", peer ? peer : "a client", why && *why ? ": " : "",
-                         why && *why ? why : "");
+                         why && *why ? log_peer_str(why, wb, sizeof(wb)) : "");
                 chief_wake(c);
                 Psfleet__V1__RestartReply rep = PSFLEET__V1__RESTART_REPLY__INIT;
                 rpc_call_reply_msg(call, &rep.base);
@@ -316,8 +322,9 @@ static void h_save_ckpt(struct rpc_call *call, void *ud) {
         }
         pthread_mutex_unlock(&c->lock);
         if (queue) {
+                char wb[LOG_PEER_BUF];
                 log_info("Checkpoint requested by %s%s%s%s", peer ? peer : "a client", why && *why ? " (" : "",
-                         why && *why ? why : "", why && *why ? ")" : "");
+                         why && *why ? log_peer_str(why, wb, sizeof(wb)) : "", why && *why ? ")" : "");
                 chief_wake(c);
         }
         free(peer);
