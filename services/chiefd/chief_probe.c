@@ -71,8 +71,8 @@ uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t
                 char e[512];
                 int r = ps_client_probe(c->pc, s, PROBE_TIMEOUT_MS, (void **)&m, e, sizeof(e));
                 uint64_t t = mono_us();
-                pthread_mutex_lock(&c->lock);
-                struct ps_info *pi = &c->ps[s];
+                pthread_mutex_lock(&c->st.lock);
+                struct ps_info *pi = &c->st.ps[s];
                 if (r < 0) {
                         pi->reachable = false;
                         if (!pi->lost_since_mono)
@@ -103,7 +103,7 @@ uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t
                         n_in += st->initialized;
                         protobuf_c_message_free_unpacked(m, NULL);
                 }
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_unlock(&c->st.lock);
         }
         *n_init = n_in;
         return n_ok;
@@ -118,9 +118,9 @@ uint32_t chief_probe_workers(struct chief *c, int64_t *first_busy) {
         uint32_t busy = 0;
         *first_busy = -1;
         for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++) {
-                pthread_mutex_lock(&c->lock);
-                bool fin = c->workers[w].finished;
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_lock(&c->st.lock);
+                bool fin = c->st.workers[w].finished;
+                pthread_mutex_unlock(&c->st.lock);
                 if (fin)
                         continue;
                 Psfleet__V1__WorkerStatusRequest q = PSFLEET__V1__WORKER_STATUS_REQUEST__INIT;
@@ -128,8 +128,8 @@ uint32_t chief_probe_workers(struct chief *c, int64_t *first_busy) {
                 char e[512];
                 int r = probe_call(c->worker_ch[w], M_WORKER_STATUS, &q.base, &psfleet__v1__worker_status__descriptor,
                                    WORKER_TIMEOUT_MS, &m, e, sizeof(e));
-                pthread_mutex_lock(&c->lock);
-                struct worker_info *wi = &c->workers[w];
+                pthread_mutex_lock(&c->st.lock);
+                struct worker_info *wi = &c->st.workers[w];
                 if (r < 0) {
                         /* Gone (exited, or never started): nothing more will come from it. */
                         wi->finished = r != -ETIMEDOUT;
@@ -143,7 +143,7 @@ uint32_t chief_probe_workers(struct chief *c, int64_t *first_busy) {
                         protobuf_c_message_free_unpacked(m, NULL);
                 }
                 fin = wi->finished;
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_unlock(&c->st.lock);
                 if (!fin && busy++ == 0)
                         *first_busy = w;
         }

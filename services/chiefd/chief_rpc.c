@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "chiefd-internal.h"
+#include "chief_metrics.h"
 #include "authz.h"
 #include "config.h"
 #include "job.h"
@@ -82,22 +83,22 @@ static void h_join(struct rpc_call *call, void *ud) {
                 log_warning("Refusing %s: %s", log_peer_str(task, tb, sizeof(tb)), reason);
                 rep.refused = true;
                 rep.reason = reason;
-                pthread_mutex_lock(&c->lock);
-                rep.state = c->js.state;
-                rep.global_step = c->global_step;
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_lock(&c->st.lock);
+                rep.state = c->st.js.state;
+                rep.global_step = c->st.global_step;
+                pthread_mutex_unlock(&c->st.lock);
                 rpc_call_reply_msg(call, &rep.base);
                 protobuf_c_message_free_unpacked(m, NULL);
                 return;
         }
 
         int64_t w = worker_index(c, q->task);
-        pthread_mutex_lock(&c->lock);
-        rep.state = c->js.state;
-        rep.global_step = c->global_step;
-        rep.ready = chief_state_may_join(&c->js, c->stop_requested, c->global_step, reason, sizeof(reason));
+        pthread_mutex_lock(&c->st.lock);
+        rep.state = c->st.js.state;
+        rep.global_step = c->st.global_step;
+        rep.ready = chief_state_may_join(&c->st.js, c->st.stop_requested, c->st.global_step, reason, sizeof(reason));
         if (w >= 0) {
-                struct worker_info *wi = &c->workers[w];
+                struct worker_info *wi = &c->st.workers[w];
                 bool first = !wi->joined;
                 wi->joined = true;
                 if (!wi->reported)
@@ -105,9 +106,9 @@ static void h_join(struct rpc_call *call, void *ud) {
                 char tb[LOG_PEER_BUF];
                 if (first && rep.ready)
                         log_info("%s joined at global_step %" PRIu64, log_peer_str(task, tb, sizeof(tb)),
-                                 c->global_step);
+                                 c->st.global_step);
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         rep.reason = reason;
         rpc_call_reply_msg(call, &rep.base);
         protobuf_c_message_free_unpacked(m, NULL);
@@ -147,16 +148,16 @@ static void h_report(struct rpc_call *call, void *ud) {
         uint64_t t = now_us();
         Psfleet__V1__ReportReply rep = PSFLEET__V1__REPORT_REPLY__INIT;
 
-        pthread_mutex_lock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
         char why[CHIEF_REASON_MAX];
-        int admit = chief_report_admit_locked(c, q->worker, q->global_step, q->loss, st, why, sizeof(why));
+        int admit = chief_report_admit_locked(&c->st, q->worker, q->global_step, q->loss, st, why, sizeof(why));
         if (admit < 0) {
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_unlock(&c->st.lock);
                 report_refused(call, why);
                 protobuf_c_message_free_unpacked(m, NULL);
                 return;
         }
-        struct worker_info *wi = &c->workers[q->worker];
+        struct worker_info *wi = &c->st.workers[q->worker];
         wi->joined = wi->reported = wi->step_known = true;
         wi->local_step = q->local_step;
         wi->global_step = q->global_step;
@@ -171,10 +172,10 @@ static void h_report(struct rpc_call *call, void *ud) {
                 wi->finished = true;
         /* global_step is ps:0's alone (chief_loop.c polls it): a worker's word never moves it, nor ends
          * the job */
-        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_WORKER_REPORT, .step = q->local_step});
-        rep.stop = chief_state_workers_stop(&c->js, c->stop_requested, c->global_step, c->cfg->training.max_steps);
+        chief_event_locked(&c->st, &(struct chief_event){.kind = CHIEF_EV_WORKER_REPORT, .step = q->local_step});
+        rep.stop = chief_state_workers_stop(&c->st.js, c->st.stop_requested, c->st.global_step, c->cfg->training.max_steps);
         rep.max_steps = c->cfg->training.max_steps;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         if (admit > 0)
                 chief_wake(c);   /* the main loop fails the job */
 
@@ -188,7 +189,7 @@ static void h_report(struct rpc_call *call, void *ud) {
 }
 
 static void h_status(struct rpc_call *call, void *ud) {
-        grpc_byte_buffer *bb = chief_status_pack(ud);
+        grpc_byte_buffer *bb = chief_status_pack(&((struct chief *)ud)->st);
         if (!bb)
                 rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         else
@@ -214,9 +215,9 @@ static void h_stop(struct rpc_call *call, void *ud) {
                  q->reason && *q->reason ? log_peer_str(q->reason, rb, sizeof(rb)) : "",
                  q->reason && *q->reason ? ")" : "");
         free(peer);
-        pthread_mutex_lock(&c->lock);
-        c->stop_requested = true;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        c->st.stop_requested = true;
+        pthread_mutex_unlock(&c->st.lock);
         chief_wake(c);
         Psfleet__V1__StopReply rep = PSFLEET__V1__STOP_REPLY__INIT;
         rpc_call_reply_msg(call, &rep.base);
@@ -231,15 +232,15 @@ static void h_restart(struct rpc_call *call, void *ud) {
                 return;
         const char *why = ((const Psfleet__V1__RestartRequest *)m)->reason;
         char *peer = rpc_call_peer(call);
-        pthread_mutex_lock(&c->lock);
-        bool ok = chief_state_ended(&c->js) && !c->stop_requested;
-        Psfleet__V1__JobState st = c->js.state;
+        pthread_mutex_lock(&c->st.lock);
+        bool ok = chief_state_ended(&c->st.js) && !c->st.stop_requested;
+        Psfleet__V1__JobState st = c->st.js.state;
         if (ok) {
-                c->restart_requested = true;
-                chief_strfmt(c->restart_reason, sizeof(c->restart_reason), "asked by %s%s%s", peer ? peer : "a client",
+                c->st.restart_requested = true;
+                chief_strfmt(c->st.restart_reason, sizeof(c->st.restart_reason), "asked by %s%s%s", peer ? peer : "a client",
                              why && *why ? ": " : "", why && *why ? why : "");
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         if (ok) {
                 char wb[LOG_PEER_BUF];
                 log_info("Restart requested by %s%s%s", peer ? peer : "a client", why && *why ? ": " : "",
@@ -293,34 +294,34 @@ static void h_save_ckpt(struct rpc_call *call, void *ud) {
                 return;
         const char *why = ((const Psfleet__V1__SaveCheckpointRequest *)m)->reason;
         char *peer = rpc_call_peer(call);
-        pthread_mutex_lock(&c->lock);
-        Psfleet__V1__JobState st = c->js.state;
+        pthread_mutex_lock(&c->st.lock);
+        Psfleet__V1__JobState st = c->st.js.state;
         bool queue = false;
-        if (c->saves_closed) {
+        if (c->st.saves_closed) {
                 rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "chiefd is stopping");
         } else if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE) {
-                if (c->have_ckpt)
+                if (c->st.have_ckpt)
                         rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION,
                                       "the job is done; its final checkpoint is \"%s\" (global_step %" PRIu64 ")",
-                                      c->last_ckpt.path, c->last_ckpt.global_step);
+                                      c->st.last_ckpt.path, c->st.last_ckpt.global_step);
                 else
                         rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "the job is done");
         } else if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED) {
-                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "the job failed: %s", c->js.reason);
-        } else if (!c->js.ready_once) {
+                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "the job failed: %s", c->st.js.reason);
+        } else if (!c->st.js.ready_once) {
                 rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "the job is not ready yet (%s: %s)", job_state_name(st),
-                              c->js.reason);
+                              c->st.js.reason);
         } else {
-                struct rpc_call **a = realloc(c->save_calls, (c->n_save_calls + 1) * sizeof(*a));
+                struct rpc_call **a = realloc(c->st.save_calls, (c->st.n_save_calls + 1) * sizeof(*a));
                 if (!a) {
                         rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
                 } else {
-                        a[c->n_save_calls++] = call;
-                        c->save_calls = a;
+                        a[c->st.n_save_calls++] = call;
+                        c->st.save_calls = a;
                         queue = true;
                 }
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         if (queue) {
                 char wb[LOG_PEER_BUF];
                 log_info("Checkpoint requested by %s%s%s%s", peer ? peer : "a client", why && *why ? " (" : "",
@@ -333,12 +334,12 @@ static void h_save_ckpt(struct rpc_call *call, void *ud) {
 
 /* Answers every queued SaveCheckpoint: with row, or with the error r/err. Main thread. */
 void chief_answer_saves(struct chief *c, int r, const struct chief_db_checkpoint *row, bool existing, const char *err) {
-        pthread_mutex_lock(&c->lock);
-        struct rpc_call **calls = c->save_calls;
-        size_t n = c->n_save_calls;
-        c->save_calls = NULL;
-        c->n_save_calls = 0;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        struct rpc_call **calls = c->st.save_calls;
+        size_t n = c->st.n_save_calls;
+        c->st.save_calls = NULL;
+        c->st.n_save_calls = 0;
+        pthread_mutex_unlock(&c->st.lock);
         Psfleet__V1__Checkpoint ck;
         Psfleet__V1__SaveCheckpointReply rep = PSFLEET__V1__SAVE_CHECKPOINT_REPLY__INIT;
         if (r >= 0) {
@@ -355,9 +356,9 @@ void chief_answer_saves(struct chief *c, int r, const struct chief_db_checkpoint
 }
 
 bool chief_saves_pending(struct chief *c) {
-        pthread_mutex_lock(&c->lock);
-        bool r = c->n_save_calls > 0;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        bool r = c->st.n_save_calls > 0;
+        pthread_mutex_unlock(&c->st.lock);
         return r;
 }
 
@@ -379,7 +380,7 @@ static void h_delete_ckpt(struct rpc_call *call, void *ud) {
         log_info("Deleted the checkpoint of global_step %" PRIu64 " (\"%s\"), as %s asked", step, row.path,
                  peer ? peer : "a client");
         free(peer);
-        chief_refresh_ckpt_info(c);
+        chief_refresh_ckpt_info(&c->st);
         Psfleet__V1__Checkpoint ck;
         chief_checkpoint_msg(&row, &ck);
         Psfleet__V1__DeleteCheckpointReply rep = PSFLEET__V1__DELETE_CHECKPOINT_REPLY__INIT;

@@ -8,6 +8,7 @@
 
 #include "ctr_train.h"
 #include "chiefd-internal.h"
+#include "chief_metrics.h"
 #include "data.h"
 #include "log.h"
 #include "model.h"
@@ -59,16 +60,16 @@ void chief_maybe_write_summaries(struct chief *c) {
                 return;
         }
         size_t n = 0;
-        pthread_mutex_lock(&c->lock);
-        uint64_t gs = c->global_step;
-        double sps = chief_steps_per_s_locked(c);
-        float loss = chief_loss_locked(c);
+        pthread_mutex_lock(&c->st.lock);
+        uint64_t gs = c->st.global_step;
+        double sps = chief_steps_per_s_locked(&c->st);
+        float loss = chief_loss_locked(&c->st);
         for (uint32_t w = 0; w < W; w++)
-                if (c->workers[w].reported && isfinite(c->workers[w].loss)) {
+                if (c->st.workers[w].reported && isfinite(c->st.workers[w].loss)) {
                         chief_strfmt(tags[w], sizeof(tags[w]), "loss/worker_%u", w);
-                        v[n++] = (struct summary_scalar){tags[w], c->workers[w].loss};
+                        v[n++] = (struct summary_scalar){tags[w], c->st.workers[w].loss};
                 }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         if (isfinite(loss))
                 v[n++] = (struct summary_scalar){"loss", loss};
         v[n++] = (struct summary_scalar){"global_step/sec", (float)sps};
@@ -84,10 +85,10 @@ int chief_pull(struct chief *c, bool with_slots, uint64_t *gs_ret, char *err, si
         int r = ps_client_pull(c->pc, model_params(c->model), with_slots && c->n_slots ? c->slots : NULL, gs_ret, err,
                                errlen);
         if (r >= 0) {
-                pthread_mutex_lock(&c->lock);
-                if (*gs_ret > c->global_step)
-                        c->global_step = *gs_ret;
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_lock(&c->st.lock);
+                if (*gs_ret > c->st.global_step)
+                        c->st.global_step = *gs_ret;
+                pthread_mutex_unlock(&c->st.lock);
         }
         return r;
 }
@@ -138,14 +139,14 @@ int chief_evaluate(struct chief *c, uint64_t gs, char *err, size_t errlen) {
         r = chief_db_add_evaluation(c->db, now_us(), gs, (uint32_t)n_test, loss, acc);
         if (r < 0)
                 log_warning_errno(r, "Cannot record the evaluation in the database, continuing");
-        pthread_mutex_lock(&c->lock);
-        c->have_eval = true;
-        c->eval_step = gs;
-        c->eval_accuracy = acc;
-        c->eval_loss = loss;
-        c->eval_auc = ev.auc;
-        c->eval_rmse = ev.rmse;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        c->st.have_eval = true;
+        c->st.eval_step = gs;
+        c->st.eval_accuracy = acc;
+        c->st.eval_loss = loss;
+        c->st.eval_auc = ev.auc;
+        c->st.eval_rmse = ev.rmse;
+        pthread_mutex_unlock(&c->st.lock);
         c->last_eval_step = gs;
         if (c->cfg->model.head == HEAD_LOGISTIC) {
                 const struct summary_scalar v[] = {{"eval/auc", (float)ev.auc}, {"eval/logloss", (float)ev.logloss},
@@ -166,9 +167,9 @@ int chief_evaluate(struct chief *c, uint64_t gs, char *err, size_t errlen) {
         }
         return 0;
 diverged:
-        pthread_mutex_lock(&c->lock);
-        chief_note_diverged_locked(c, "the evaluation", what, gs);
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        chief_note_diverged_locked(&c->st, "the evaluation", what, gs);
+        pthread_mutex_unlock(&c->st.lock);
         chief_strfmt(err, errlen, "the evaluation at global_step %" PRIu64 " found %s", gs, what);
         return -EDOM;
 }
@@ -190,14 +191,14 @@ static int export_tables(struct chief *c, struct ps_sparse_rows *tables, char *e
 int chief_save(struct chief *c, uint64_t gs, bool with_slots, const char *trigger, struct chief_db_checkpoint *ret,
                 bool *existing, char *err, size_t errlen) {
         struct chief_db_checkpoint stats = {0};
-        pthread_mutex_lock(&c->lock);
-        bool same = c->have_ckpt && c->last_ckpt.global_step == gs;
-        struct chief_db_checkpoint prev = c->last_ckpt;
-        stats.loss = chief_loss_locked(c);
-        stats.eval_step = c->have_eval ? c->eval_step : 0;
-        stats.eval_accuracy = c->have_eval ? c->eval_accuracy : -1;
-        stats.eval_loss = c->have_eval ? c->eval_loss : -1;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        bool same = c->st.have_ckpt && c->st.last_ckpt.global_step == gs;
+        struct chief_db_checkpoint prev = c->st.last_ckpt;
+        stats.loss = chief_loss_locked(&c->st);
+        stats.eval_step = c->st.have_eval ? c->st.eval_step : 0;
+        stats.eval_accuracy = c->st.have_eval ? c->st.eval_accuracy : -1;
+        stats.eval_loss = c->st.have_eval ? c->st.eval_loss : -1;
+        pthread_mutex_unlock(&c->st.lock);
         chief_strfmt(stats.trigger, sizeof(stats.trigger), "%s", trigger);
         if (existing)
                 *existing = false;
@@ -221,14 +222,14 @@ int chief_save(struct chief *c, uint64_t gs, bool with_slots, const char *trigge
         for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++)
                 ps_sparse_rows_clear(&tables[e]);
         chief_metrics_checkpoint(r, mono_us() - t0, &row);
-        pthread_mutex_lock(&c->lock);
-        chief_strfmt(c->last_ckpt_error, sizeof(c->last_ckpt_error), "%s", r < 0 ? err : "");
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        chief_strfmt(c->st.last_ckpt_error, sizeof(c->st.last_ckpt_error), "%s", r < 0 ? err : "");
+        pthread_mutex_unlock(&c->st.lock);
         if (r < 0)
                 return r;
         c->last_save_step = gs;
         c->last_save_mono = mono_us();
-        chief_refresh_ckpt_info(c);
+        chief_refresh_ckpt_info(&c->st);
         chief_session_log(c, gs, SUMMARY_SESSION_CHECKPOINT, row.path, NULL);
         log_info_step(gs, "Saved checkpoint \"%s\" at global_step %" PRIu64 " (%s): %" PRIu64 " bytes, %s", row.path, gs,
                       trigger, row.bytes, row.checksum);
@@ -244,9 +245,9 @@ void chief_maybe_snapshot(struct chief *c) {
         uint64_t t = mono_us();
         if (t < c->next_snapshot_try)
                 return;
-        pthread_mutex_lock(&c->lock);
-        uint64_t gs = c->global_step;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        uint64_t gs = c->st.global_step;
+        pthread_mutex_unlock(&c->st.lock);
         bool by_steps = sv->save_checkpoint_steps && gs >= c->last_save_step + sv->save_checkpoint_steps;
         bool by_secs = sv->save_checkpoint_secs && t - c->last_save_mono >= sv->save_checkpoint_secs * 1000000ULL;
         bool eval = sv->eval_every_steps && gs >= c->last_eval_step + sv->eval_every_steps;
@@ -316,17 +317,17 @@ int chief_restore_shards(struct chief *c, const bool *which, char *why, size_t l
         struct chief_db_checkpoint row;
         bool slots_loaded = false;
         shard_list(c, which, shards, sizeof(shards));
-        chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_LOOKING, .shards = shards,
+        chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_LOOKING, .shards = shards,
                                              .where = chief_ckpt_dir(c->ckpts)});
         struct ps_sparse_rows tables[MODEL_MAX_EMBEDDINGS] = {0};
         int r = chief_ckpt_load_latest_tables(c->ckpts, model_params(c->model), c->n_slots ? c->slots : NULL,
                                               &slots_loaded, tables, &row, err, sizeof(err));
-        chief_refresh_ckpt_info(c);
+        chief_refresh_ckpt_info(&c->st);
         if (r <= 0) {
                 chief_strfmt(why, len, "%s", r == 0 ? "no usable checkpoint" : err);
                 return r;
         }
-        chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_FOUND, .shards = shards, .where = row.path,
+        chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_FOUND, .shards = shards, .where = row.path,
                                              .step = row.global_step});
         notify_status("restoring %s from %s", shards, row.path);
         /* the tables first (each shard's emptied, then filled): the Assign that follows makes the shard
@@ -343,17 +344,17 @@ int chief_restore_shards(struct chief *c, const bool *which, char *why, size_t l
         }
         log_info_step(row.global_step, "Restored %s from checkpoint \"%s\" at global_step %" PRIu64 "%s", shards,
                       row.path, row.global_step, slots_loaded ? ", with the optimizer's slots" : "");
-        pthread_mutex_lock(&c->lock);
-        chief_forget_report_steps_locked(c);
-        c->restored_step = row.global_step;
-        chief_strfmt(c->restored_from, sizeof(c->restored_from), "%s", row.path);
+        pthread_mutex_lock(&c->st.lock);
+        chief_forget_report_steps_locked(&c->st);
+        c->st.restored_step = row.global_step;
+        chief_strfmt(c->st.restored_from, sizeof(c->st.restored_from), "%s", row.path);
         if (which[0]) {
                 /* global_step goes back to the checkpoint's: the rates start over. */
-                c->global_step = row.global_step;
-                c->n_samples = 0;
-                c->sample_next = 0;
+                c->st.global_step = row.global_step;
+                c->st.n_samples = 0;
+                c->st.sample_next = 0;
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         if (which[0]) {
                 c->last_save_step = row.global_step;
                 c->last_eval_step = row.global_step;

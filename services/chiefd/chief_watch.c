@@ -44,7 +44,7 @@ void chief_watch_handler(struct rpc_call *call, void *ud) {
         if (!closed) {
                 w->next = c->new_watchers;
                 c->new_watchers = w;
-                pthread_cond_signal(&c->watch_cond);
+                pthread_cond_signal(&c->st.changed);
         }
         pthread_mutex_unlock(&c->watch_mu);
         if (closed) {
@@ -57,20 +57,20 @@ void chief_watch_handler(struct rpc_call *call, void *ud) {
 static uint64_t status_key(struct chief *c, bool *final) {
         uint64_t h = 1469598103934665603ull;
 #define MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
-        pthread_mutex_lock(&c->lock);
-        MIX(c->js.state);
-        MIX(c->global_step);
-        MIX(c->have_ckpt ? c->last_ckpt.global_step + 1 : 0);
-        MIX(c->have_ckpt ? c->last_ckpt.time_us : 0);
-        MIX(c->n_ckpts);
-        MIX(c->have_eval ? c->eval_step + 1 : 0);
-        MIX(c->n_losses);
-        MIX(c->wait.on ? c->wait.since_us : 0);
-        MIX(c->last_ckpt_error[0]);
-        for (const char *p = c->js.reason; *p; p++)
+        pthread_mutex_lock(&c->st.lock);
+        MIX(c->st.js.state);
+        MIX(c->st.global_step);
+        MIX(c->st.have_ckpt ? c->st.last_ckpt.global_step + 1 : 0);
+        MIX(c->st.have_ckpt ? c->st.last_ckpt.time_us : 0);
+        MIX(c->st.n_ckpts);
+        MIX(c->st.have_eval ? c->st.eval_step + 1 : 0);
+        MIX(c->st.n_losses);
+        MIX(c->st.wait.on ? c->st.wait.since_us : 0);
+        MIX(c->st.last_ckpt_error[0]);
+        for (const char *p = c->st.js.reason; *p; p++)
                 MIX((unsigned char)*p);
-        *final = chief_state_final(&c->js);
-        pthread_mutex_unlock(&c->lock);
+        *final = chief_state_final(&c->st.js);
+        pthread_mutex_unlock(&c->st.lock);
 #undef MIX
         return h;
 }
@@ -90,7 +90,7 @@ static struct watcher *watch_serve(struct chief *c, struct watcher *list) {
                 } else if (!w->sent || (key != w->key && t - w->last_sent_mono >= w->min_interval_us) ||
                            t - w->last_sent_mono >= w->heartbeat_us || final) {
                         if (!bb)
-                                bb = chief_status_pack(c);
+                                bb = chief_status_pack(&c->st);
                         int r = bb ? rpc_call_send(w->call, grpc_byte_buffer_copy(bb), WATCH_SEND_TIMEOUT_MS) : -ENOMEM;
                         if (r < 0) {
                                 rpc_call_finish(w->call, r == -ETIMEDOUT ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED,
@@ -138,10 +138,10 @@ static void *watch_main(void *arg) {
                 if (c->watch_closed || c->new_watchers)
                         continue;
                 if (!active) {
-                        pthread_cond_wait(&c->watch_cond, &c->watch_mu);
+                        pthread_cond_wait(&c->st.changed, &c->watch_mu);
                 } else {
                         struct timespec until = realtime_in_ms(WATCH_TICK_MS);
-                        pthread_cond_timedwait(&c->watch_cond, &c->watch_mu, &until);
+                        pthread_cond_timedwait(&c->st.changed, &c->watch_mu, &until);
                 }
         }
         pthread_mutex_unlock(&c->watch_mu);
@@ -167,7 +167,7 @@ int chief_watch_start(struct chief *c) {
 void chief_watch_stop(struct chief *c) {
         pthread_mutex_lock(&c->watch_mu);
         c->watch_closed = true;
-        pthread_cond_signal(&c->watch_cond);
+        pthread_cond_signal(&c->st.changed);
         pthread_mutex_unlock(&c->watch_mu);
         if (c->watch_started) {
                 pthread_join(c->watch_thread, NULL);

@@ -16,6 +16,7 @@
 #include "ctr_train.h"
 #include "backend.h"
 #include "chiefd-internal.h"
+#include "chief_metrics.h"
 #include "ckpt.h"
 #include "config.h"
 #include "daemon.h"
@@ -64,17 +65,12 @@ static struct chief *chief_free(struct chief *c) {
         chief_ckpt_free(c->ckpts);
         for (unsigned k = 0; k < OPTIM_MAX_SLOTS; k++)
                 free(c->slots[k]);
-        free(c->save_calls);
         pthread_mutex_destroy(&c->watch_mu);
-        pthread_cond_destroy(&c->watch_cond);
         chief_db_close(c->db);
         if (c->wake_fd >= 0)
                 close(c->wake_fd);
-        free(c->workers);
-        free(c->ps);
-        free(c->losses);
+        chief_status_done(&c->st);
         free(c->canonical);
-        pthread_mutex_destroy(&c->lock);
         free(c);
         return NULL;
 }
@@ -86,29 +82,23 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         int r;
         if (!c)
                 return log_error_errno(-ENOMEM, "Cannot allocate the chief");
-        pthread_mutex_init(&c->lock, NULL);
+        chief_status_init(&c->st);
         pthread_mutex_init(&c->watch_mu, NULL);
-        pthread_cond_init(&c->watch_cond, NULL);
         c->wake_fd = -1;
         c->cfg = cfg;
-        chief_state_init(&c->js);
-        chief_metrics_init(c);
-        c->state_since_us = now_us();
-        c->test_accuracy = -1;
-        c->test_auc = c->test_rmse = -1;
-        c->test_loss = -1;
-        c->started_us = now_us();
+        c->st.cfg = cfg;
+        chief_metrics_init(cfg->cluster.n_worker);
         c->canonical = config_canonical_json(cfg);
-        c->fingerprint = config_fingerprint(cfg);
-        c->workers = calloc(cfg->cluster.n_worker, sizeof(*c->workers));
-        c->ps = calloc(cfg->cluster.n_ps, sizeof(*c->ps));
+        c->fingerprint = c->st.fingerprint = config_fingerprint(cfg);
+        c->st.workers = calloc(cfg->cluster.n_worker, sizeof(*c->st.workers));
+        c->st.ps = calloc(cfg->cluster.n_ps, sizeof(*c->st.ps));
         c->worker_ch = calloc(cfg->cluster.n_worker, sizeof(*c->worker_ch));
-        if (!c->canonical || !c->workers || !c->ps || !c->worker_ch) {
+        if (!c->canonical || !c->st.workers || !c->st.ps || !c->worker_ch) {
                 r = log_error_errno(-ENOMEM, "Cannot allocate the chief");
                 goto fail;
         }
         for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
-                chief_strfmt(c->ps[s].state, sizeof(c->ps[s].state), "not contacted yet");
+                chief_strfmt(c->st.ps[s].state, sizeof(c->st.ps[s].state), "not contacted yet");
 
         /* The record. */
         char *dir = strdup_printf("%s/%s", state_root, cfg->name);
@@ -133,28 +123,28 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         bool same_job = r >= 0 && prev.fingerprint == c->fingerprint;
         if (same_job) {
                 /* A restart of the same job: it keeps its start time, its losses, and an ended state. */
-                c->started_us = prev.started_us;
+                c->st.started_us = prev.started_us;
                 log_info("Database \"%s\": the job was last %s at global_step %" PRIu64 "%s%s", db_path,
                          job_state_name(prev.state), prev.global_step, prev.reason[0] ? ": " : "", prev.reason);
-                chief_state_from_record(&c->js, prev.state, prev.reason);
-                if (chief_state_final(&c->js)) {
-                        c->global_step = c->end_step = prev.global_step;
-                        c->test_accuracy = prev.test_accuracy;
-                        c->test_loss = prev.test_loss;
-                        c->test_auc = prev.test_auc;
-                        c->test_rmse = prev.test_rmse;
-                        c->wall_s = prev.wall_s;
-                        c->state_since_us = prev.state_since_us ? prev.state_since_us : prev.updated_us;
+                chief_state_from_record(&c->st.js, prev.state, prev.reason);
+                if (chief_state_final(&c->st.js)) {
+                        c->st.global_step = c->st.end_step = prev.global_step;
+                        c->st.test_accuracy = prev.test_accuracy;
+                        c->st.test_loss = prev.test_loss;
+                        c->st.test_auc = prev.test_auc;
+                        c->st.test_rmse = prev.test_rmse;
+                        c->st.wall_s = prev.wall_s;
+                        c->st.state_since_us = prev.state_since_us ? prev.state_since_us : prev.updated_us;
                         log_notice("The job is %s%s%s: not training it again (psfleet restart trains it again)",
                                    job_state_name(prev.state), prev.reason[0] ? ": " : "", prev.reason);
                 }
                 struct chief_db_loss *losses = NULL;
                 size_t n_losses = 0;
                 if (chief_db_list_losses(c->db, &losses, &n_losses) >= 0) {
-                        c->losses = losses;
-                        c->n_losses = n_losses;
+                        c->st.losses = losses;
+                        c->st.n_losses = n_losses;
                         for (size_t i = 0; i < n_losses; i++)
-                                c->steps_lost += losses[i].steps_lost;
+                                c->st.steps_lost += losses[i].steps_lost;
                 }
         } else if (r >= 0) {
                 log_notice("Database \"%s\" holds a job with another fingerprint (%016" PRIx64 "): starting afresh",
@@ -166,7 +156,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 struct chief_db_progress p;
                 char st[128];
                 if (same_job && chief_db_last_progress(c->db, w, &p, st, sizeof(st)) >= 0) {
-                        struct worker_info *wi = &c->workers[w];
+                        struct worker_info *wi = &c->st.workers[w];
                         wi->local_step = p.local_step;
                         wi->global_step = p.global_step;
                         wi->loss = p.loss;
@@ -210,6 +200,9 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                                        .keep = cfg->supervisor.keep_checkpoints,
                                        .keep_corrupt = cfg->supervisor.keep_corrupt};
         r = chief_ckpt_new(c->db, &cc, &c->ckpts, err, sizeof(err));
+        c->st.db = c->db;
+        c->st.ckpts = c->ckpts;
+        c->st.summary_dir = c->summary_dir;
         free(ckpt_dir);
         if (r < 0) {
                 log_error_errno(r, "%s", err);
@@ -221,12 +214,12 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                                 chief_ckpt_dir(c->ckpts));
                 goto fail;
         }
-        chief_refresh_ckpt_info(c);
-        if (c->have_ckpt)
+        chief_refresh_ckpt_info(&c->st);
+        if (c->st.have_ckpt)
                 log_info("Checkpoints in \"%s\": %u, the newest at global_step %" PRIu64, chief_ckpt_dir(c->ckpts),
-                         c->n_ckpts, c->last_ckpt.global_step);
-        if (chief_db_last_evaluation(c->db, &c->eval_step, &c->eval_loss, &c->eval_accuracy) >= 0)
-                c->have_eval = true;
+                         c->st.n_ckpts, c->st.last_ckpt.global_step);
+        if (chief_db_last_evaluation(c->db, &c->st.eval_step, &c->st.eval_loss, &c->st.eval_accuracy) >= 0)
+                c->st.have_eval = true;
         c->n_slots = optim_n_slots(cfg->training.optimizer);
         for (unsigned k = 0; k < c->n_slots; k++)
                 if (!(c->slots[k] = calloc(model_n_params(c->model) ? model_n_params(c->model) : 1, sizeof(float)))) {
@@ -290,9 +283,9 @@ fail:
 
 /* Before the server shuts down: ends every stream and queued call, and refuses new ones. */
 static void close_streams(struct chief *c) {
-        pthread_mutex_lock(&c->lock);
-        c->saves_closed = true;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        c->st.saves_closed = true;
+        pthread_mutex_unlock(&c->st.lock);
         chief_answer_saves(c, -ESHUTDOWN, NULL, false, "chiefd is stopping");
         chief_watch_stop(c);
 }
@@ -339,10 +332,10 @@ static int run(int argc, char **argv) {
                  args.listen, cfg->name, c->fingerprint, cfg->cluster.n_ps, cfg->cluster.n_worker,
                  cfg->training.max_steps);
         notify_ready();
-        pthread_mutex_lock(&c->lock);
-        if (chief_state_final(&c->js))
-                notify_status("%s: %s", job_state_name(c->js.state), c->js.reason[0] ? c->js.reason : "the job has ended");
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        if (chief_state_final(&c->st.js))
+                notify_status("%s: %s", job_state_name(c->st.js.state), c->st.js.reason[0] ? c->st.js.reason : "the job has ended");
+        pthread_mutex_unlock(&c->st.lock);
         r = chief_supervise(c, sfd);
         notify_stopping();
         ret = r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
