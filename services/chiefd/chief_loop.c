@@ -43,7 +43,7 @@ static uint64_t next_poll_us(struct chief *c) {
         double rate = chief_steps_per_s_locked(&c->st);
         uint64_t gs = c->st.global_step;
         pthread_mutex_unlock(&c->st.lock);
-        uint64_t due = c->last_save_step + every;
+        uint64_t due = c->sv.last_save_step + every;
         if (rate <= 0)
                 return POLL_US;
         double us = gs >= due ? 0 : (double)(due - gs) / rate * 1e6;
@@ -56,7 +56,7 @@ static int fail_job(struct chief *c, const struct chief_event *ev) {
         chief_event_locked(&c->st, ev);
         chief_strfmt(why, sizeof(why), "%s", c->st.js.reason);
         pthread_mutex_unlock(&c->st.lock);
-        chief_answer_saves(c, -EPERM, NULL, false, why);
+        chief_answer_saves(&c->st, -EPERM, NULL, false, why);
         notify_status("failed: %s", why);
         log_error("Job failed: %s", why);
         return 0;
@@ -87,6 +87,51 @@ static bool fail_if_diverged(struct chief *c) {
         return fail;
 }
 
+/* Scheduled checkpoints (save_checkpoint_steps, save_checkpoint_secs) and evaluations
+ * (eval_every_steps), from one pull when both are due. A failure is logged and retried later. */
+static void maybe_snapshot(struct chief *c) {
+        const struct supervisor_config *sv = &c->cfg->supervisor;
+        uint64_t t = mono_us();
+        if (t < c->next_snapshot_try)
+                return;
+        pthread_mutex_lock(&c->st.lock);
+        uint64_t gs = c->st.global_step;
+        pthread_mutex_unlock(&c->st.lock);
+        bool by_steps = sv->save_checkpoint_steps && gs >= c->sv.last_save_step + sv->save_checkpoint_steps;
+        bool by_secs = sv->save_checkpoint_secs && t - c->sv.last_save_mono >= sv->save_checkpoint_secs * 1000000ULL;
+        bool eval = sv->eval_every_steps && gs >= c->ev.last_eval_step + sv->eval_every_steps;
+        if (!by_steps && !by_secs && !eval)
+                return;
+        char err[1024];
+        int r = chief_pull(&c->sv, by_steps || by_secs, &gs, err, sizeof(err));
+        if (r >= 0 && eval)
+                r = chief_evaluate(&c->ev, gs, err, sizeof(err));
+        if (r >= 0 && (by_steps || by_secs))
+                r = chief_save(&c->sv, gs, true, by_steps ? "steps" : "secs", NULL, NULL, err, sizeof(err));
+        if (r < 0) {
+                log_warning("Scheduled %s at global_step %" PRIu64 " failed: %s; retrying in %llu s",
+                            by_steps || by_secs ? "checkpoint" : "evaluation", gs, err, SNAPSHOT_RETRY_US / 1000000);
+                c->next_snapshot_try = t + SNAPSHOT_RETRY_US;
+        }
+}
+
+/* SaveCheckpoint calls that wait: one checkpoint now answers them all. */
+static void serve_saves(struct chief *c) {
+        if (!chief_saves_pending(&c->st))
+                return;
+        struct chief_db_checkpoint row;
+        bool existing = false;
+        char err[1024];
+        uint64_t gs = 0;
+        int r = chief_pull(&c->sv, true, &gs, err, sizeof(err));
+        if (r >= 0)
+                r = chief_save(&c->sv, gs, true, "request", &row, &existing, err, sizeof(err));
+        if (r < 0)
+                log_warning("Requested checkpoint failed: %s", err);
+        chief_answer_saves(&c->st, r, &row, existing, err);
+}
+
+
 /* Logs a wait reason when it changes, and every 30 s while it lasts. */
 static void log_wait(struct loop *lp, const char *what, const char *why) {
         uint64_t t = mono_us();
@@ -106,7 +151,7 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
 
         if (!lp->init_start)
                 lp->init_start = t;
-        uint32_t n_ok = chief_probe_shards(c, &n_init, why, sizeof(why));
+        uint32_t n_ok = chief_probe_shards(&c->st, c->pc, &n_init, why, sizeof(why));
         int r = 0;
         bool restored = false, restore_failed = false;
         bool force = c->force_restore;
@@ -120,7 +165,7 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
                         which[s] = force || n_init == 0 || !c->st.ps[s].initialized;
                 pthread_mutex_unlock(&c->st.lock);
-                r = chief_restore_shards(c, which, why, sizeof(why));
+                r = chief_restore_shards(&c->sv, which, why, sizeof(why));
                 free(which);
                 if (r == -EINVAL)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_MISMATCH, .why = why});
@@ -140,7 +185,7 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_NONE, .why = why});
                 r = model_init_params(c->model, cfg->model.seed);
                 if (r >= 0)   /* tables emptied (a shard may hold rows of an earlier run), then the variables */
-                        r = chief_import_tables(c, NULL, NULL, 0, err, sizeof(err));
+                        r = chief_import_tables(&c->sv, NULL, NULL, 0, err, sizeof(err));
                 if (r >= 0)
                         r = ps_client_assign(c->pc, NULL, model_params(c->model), NULL, 0, err, sizeof(err));
                 if (r < 0) {
@@ -154,7 +199,7 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                         chief_forget_report_steps_locked(&c->st);
                         pthread_mutex_unlock(&c->st.lock);
                         c->force_restore = false;
-                        chief_session_log(c, 0, SUMMARY_SESSION_START, NULL, "initialized");
+                        chief_session_log(&c->ev, 0, SUMMARY_SESSION_START, NULL, "initialized");
                 }
         }
         const char *peer = "ps";
@@ -173,9 +218,9 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 /* Every loss of a shard must be recoverable: with no checkpoint yet, the values the
                  * shards hold now (the initial ones, usually) become one before any worker starts. */
                 uint64_t gs = 0;
-                r = chief_pull(c, true, &gs, err, sizeof(err));
+                r = chief_pull(&c->sv, true, &gs, err, sizeof(err));
                 if (r >= 0)
-                        r = chief_save(c, gs, true, "init", NULL, NULL, err, sizeof(err));
+                        r = chief_save(&c->sv, gs, true, "init", NULL, NULL, err, sizeof(err));
                 if (r < 0) {
                         chief_strfmt(why, sizeof(why), "saving the checkpoint of global_step %" PRIu64 ": %s", gs, err);
                         peer = "checkpoint";
@@ -204,7 +249,7 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 /* The shards were assigned in this pass: the status shows them as they are now. */
                 uint32_t n_now;
                 char e[512];
-                chief_probe_shards(c, &n_now, e, sizeof(e));
+                chief_probe_shards(&c->st, c->pc, &n_now, e, sizeof(e));
         }
         pthread_mutex_lock(&c->st.lock);
         if (!restored && n_init == cfg->cluster.n_ps && c->st.ps[0].global_step > c->st.global_step)
@@ -217,12 +262,12 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
         lp->last_progress_log = c->st.ready_mono;
         chief_add_sample_locked(&c->st, c->st.ready_mono, gs);
         pthread_mutex_unlock(&c->st.lock);
-        c->last_save_step = gs;
-        c->last_save_mono = c->last_summary_mono = mono_us();
-        c->last_eval_step = gs;
+        c->sv.last_save_step = gs;
+        c->sv.last_save_mono = c->ev.last_summary_mono = mono_us();
+        c->ev.last_eval_step = gs;
         if (n_init == cfg->cluster.n_ps && !restored) {
                 log_info("Every ps shard is already initialized: carrying on at global_step %" PRIu64, gs);
-                chief_session_log(c, gs, SUMMARY_SESSION_START, NULL, "chiefd restarted");
+                chief_session_log(&c->ev, gs, SUMMARY_SESSION_START, NULL, "chiefd restarted");
         }
         log_info("Job ready at global_step %" PRIu64 " of %" PRIu64, gs, cfg->training.max_steps);
         notify_status("ready: global_step %" PRIu64 "/%" PRIu64 ", waiting for workers", gs, cfg->training.max_steps);
@@ -309,7 +354,7 @@ static int phase_poll(struct chief *c, struct loop *lp) {
         uint64_t timeout_us = cfg->supervisor.ready_timeout_secs * 1000000ULL;
         char why[512];
         uint32_t n_init;
-        chief_probe_shards(c, &n_init, why, sizeof(why));
+        chief_probe_shards(&c->st, c->pc, &n_init, why, sizeof(why));
         uint64_t t = mono_us();
 
         bool *which = calloc(cfg->cluster.n_ps, sizeof(bool)), *gone = calloc(cfg->cluster.n_ps, sizeof(bool));
@@ -361,7 +406,7 @@ static int phase_poll(struct chief *c, struct loop *lp) {
                                                     "restoring every shard from the newest checkpoint while the workers wait",
                                                     s, cfg->cluster.ps[s].addr, c->st.ps[s].incarnation);
                 }
-                int r = chief_restore_shards(c, which, why, sizeof(why));
+                int r = chief_restore_shards(&c->sv, which, why, sizeof(why));
                 free(which);
                 if (r > 0)
                         record_losses(c, gone, job_step);
@@ -420,11 +465,11 @@ static int phase_poll(struct chief *c, struct loop *lp) {
                 chief_wait_clear(&c->st);
                 chief_save_job(&c->st);
                 if (!max)
-                        chief_stop_workers(c);
+                        chief_stop_workers(c->cfg, c->worker_ch);
         } else {
                 notify_progress(c, lp);
-                chief_maybe_snapshot(c);
-                chief_maybe_write_summaries(c);
+                maybe_snapshot(c);
+                chief_maybe_write_summaries(&c->ev);
         }
         lp->next = t + next_poll_us(c);
         return 0;
@@ -437,10 +482,10 @@ static int finish_stopped(struct chief *c) {
         uint64_t gs = 0;
         chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_SAVING_FINAL});
         struct chief_db_checkpoint row;
-        int r = chief_pull(c, true, &gs, err, sizeof(err));
+        int r = chief_pull(&c->sv, true, &gs, err, sizeof(err));
         if (r >= 0)
-                r = chief_save(c, gs, true, "stop", &row, NULL, err, sizeof(err));
-        chief_answer_saves(c, r, &row, false, err);
+                r = chief_save(&c->sv, gs, true, "stop", &row, NULL, err, sizeof(err));
+        chief_answer_saves(&c->st, r, &row, false, err);
         pthread_mutex_lock(&c->st.lock);
         uint64_t resume = c->st.have_ckpt ? c->st.last_ckpt.global_step : 0;
         pthread_mutex_unlock(&c->st.lock);
@@ -453,7 +498,7 @@ static int finish_stopped(struct chief *c) {
         pthread_mutex_lock(&c->st.lock);
         chief_event_locked(&c->st, &(struct chief_event){.kind = CHIEF_EV_STOPPED, .step = r >= 0 ? gs : resume, .why = why});
         pthread_mutex_unlock(&c->st.lock);
-        chief_session_log(c, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "stopped");
+        chief_session_log(&c->ev, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "stopped");
         log_full(LOG_INFO, 0, gs, "Stopped at global_step %" PRIu64 "%s%s", r >= 0 ? gs : resume,
                  why[0] ? ": " : " after its final checkpoint", why);
         notify_status("stopped: step %" PRIu64, r >= 0 ? gs : resume);
@@ -470,21 +515,21 @@ static int finish(struct chief *c) {
         uint64_t gs = 0;
 
         chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_EVALUATING});
-        int r = chief_pull(c, true, &gs, err, sizeof(err));
+        int r = chief_pull(&c->sv, true, &gs, err, sizeof(err));
         if (r < 0)
                 return fail_jobf(c, "pulling the final parameters: %s", err);
-        r = chief_evaluate(c, gs, err, sizeof(err));
+        r = chief_evaluate(&c->ev, gs, err, sizeof(err));
         if (r < 0 && fail_if_diverged(c))
                 return 0;
         if (r < 0)
                 return fail_jobf(c, "%s", err);
         chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_SAVING_FINAL});
         struct chief_db_checkpoint row;
-        r = chief_save(c, gs, true, "end", &row, NULL, err, sizeof(err));
+        r = chief_save(&c->sv, gs, true, "end", &row, NULL, err, sizeof(err));
         if (r < 0)
                 /* The training is done and evaluated; a checkpoint that cannot be written does not undo that. */
                 log_error("Cannot save the final checkpoint: %s", err);
-        chief_answer_saves(c, r, &row, false, err);
+        chief_answer_saves(&c->st, r, &row, false, err);
 
         pthread_mutex_lock(&c->st.lock);
         c->st.test_accuracy = c->st.eval_accuracy;
@@ -497,7 +542,7 @@ static int finish(struct chief *c) {
         double eps = chief_steps_per_s_locked(&c->st) * (double)config_examples_per_step(cfg);
         pthread_mutex_unlock(&c->st.lock);
         chief_save_job(&c->st);
-        chief_session_log(c, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "done");
+        chief_session_log(&c->ev, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "done");
         log_full(LOG_INFO, 0, gs,
                  "Done at global_step %" PRIu64 ": test accuracy %.4f, test loss %.4f; %.1f s of training, "
                  "%.0f examples/s",
@@ -513,7 +558,7 @@ static int finish(struct chief *c) {
  * (after a stop). */
 static int phase_stopping(struct chief *c, struct loop *lp) {
         int64_t first_busy;
-        uint32_t busy = chief_probe_workers(c, &first_busy);
+        uint32_t busy = chief_probe_workers(&c->st, c->worker_ch, &first_busy);
         uint64_t t = mono_us();
         pthread_mutex_lock(&c->st.lock);
         bool max = c->st.global_step >= c->cfg->training.max_steps, stop = c->st.stop_requested;
@@ -526,7 +571,7 @@ static int phase_stopping(struct chief *c, struct loop *lp) {
                 log_warning("worker:%" PRIi64 " (and %u more) still training %llu s after the end; "
                             "telling them to stop and evaluating anyway",
                             first_busy, busy - 1, (stop ? STOP_FAST_US : STOP_WAIT_US) / 1000000);
-                chief_stop_workers(c);
+                chief_stop_workers(c->cfg, c->worker_ch);
         }
         lp->next = 0;
         return max ? finish(c) : finish_stopped(c);
@@ -638,7 +683,7 @@ int chief_supervise(struct chief *c, int sfd) {
                 pthread_mutex_unlock(&c->st.lock);
                 if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_READY || st == PSFLEET__V1__JOB_STATE__JOB_STATE_TRAINING ||
                     st == PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPING)
-                        chief_serve_saves(c);
+                        serve_saves(c);
                 /* A Stop that arrived after the end: the loop returns on the next pass. */
                 pthread_mutex_lock(&c->st.lock);
                 if (c->st.stop_requested && chief_state_ended(&c->st.js))

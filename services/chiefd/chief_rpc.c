@@ -10,6 +10,7 @@
 
 #include "chiefd-internal.h"
 #include "chief_metrics.h"
+#include "chief_watch.h"
 #include "authz.h"
 #include "config.h"
 #include "job.h"
@@ -312,14 +313,9 @@ static void h_save_ckpt(struct rpc_call *call, void *ud) {
                 rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "the job is not ready yet (%s: %s)", job_state_name(st),
                               c->st.js.reason);
         } else {
-                struct rpc_call **a = realloc(c->st.save_calls, (c->st.n_save_calls + 1) * sizeof(*a));
-                if (!a) {
+                queue = chief_saves_add_locked(&c->st, call) >= 0;
+                if (!queue)
                         rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-                } else {
-                        a[c->st.n_save_calls++] = call;
-                        c->st.save_calls = a;
-                        queue = true;
-                }
         }
         pthread_mutex_unlock(&c->st.lock);
         if (queue) {
@@ -330,36 +326,6 @@ static void h_save_ckpt(struct rpc_call *call, void *ud) {
         }
         free(peer);
         protobuf_c_message_free_unpacked(m, NULL);
-}
-
-/* Answers every queued SaveCheckpoint: with row, or with the error r/err. Main thread. */
-void chief_answer_saves(struct chief *c, int r, const struct chief_db_checkpoint *row, bool existing, const char *err) {
-        pthread_mutex_lock(&c->st.lock);
-        struct rpc_call **calls = c->st.save_calls;
-        size_t n = c->st.n_save_calls;
-        c->st.save_calls = NULL;
-        c->st.n_save_calls = 0;
-        pthread_mutex_unlock(&c->st.lock);
-        Psfleet__V1__Checkpoint ck;
-        Psfleet__V1__SaveCheckpointReply rep = PSFLEET__V1__SAVE_CHECKPOINT_REPLY__INIT;
-        if (r >= 0) {
-                chief_checkpoint_msg(row, &ck);
-                rep.checkpoint = &ck;
-                rep.existing = existing;
-        }
-        for (size_t i = 0; i < n; i++)
-                if (r < 0)
-                        rpc_call_fail_errno(calls[i], r, "%s", err);
-                else
-                        rpc_call_reply_msg(calls[i], &rep.base);
-        free(calls);
-}
-
-bool chief_saves_pending(struct chief *c) {
-        pthread_mutex_lock(&c->st.lock);
-        bool r = c->st.n_save_calls > 0;
-        pthread_mutex_unlock(&c->st.lock);
-        return r;
 }
 
 static void h_delete_ckpt(struct rpc_call *call, void *ud) {
@@ -388,6 +354,21 @@ static void h_delete_ckpt(struct rpc_call *call, void *ud) {
         rpc_call_reply_msg(call, &rep.base);
 }
 
+/* Watch: the stream goes to the watch thread (chief_watch.c). */
+static void h_watch(struct rpc_call *call, void *ud) {
+        struct chief *c = ud;
+        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__watch_request__descriptor);
+        if (!m)
+                return;
+        const Psfleet__V1__WatchRequest *q = (const Psfleet__V1__WatchRequest *)m;
+        int r = chief_watch_add(c->watch, call, q->min_interval_ms, q->heartbeat_ms);
+        protobuf_c_message_free_unpacked(m, NULL);
+        if (r == -ENOMEM)
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        else if (r < 0)
+                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "chiefd is stopping");
+}
+
 void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]) {
         const struct rpc_method all[CHIEF_RPC_N_METHODS] = {
                 {M_JOIN, h_join, c},
@@ -395,7 +376,7 @@ void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]
                 {M_STATUS, h_status, c},
                 {M_STOP, h_stop, c},
                 {M_RESTART, h_restart, c},
-                {M_WATCH, chief_watch_handler, c},
+                {M_WATCH, h_watch, c},
                 {M_LIST_CKPT, h_list_ckpts, c},
                 {M_SAVE_CKPT, h_save_ckpt, c},
                 {M_DELETE_CKPT, h_delete_ckpt, c},

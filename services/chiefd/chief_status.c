@@ -11,6 +11,7 @@
 #include "chief_metrics.h"
 #include "config.h"
 #include "log.h"
+#include "rpc.h"
 #include "util.h"
 #include "wire.h"
 
@@ -373,4 +374,42 @@ out:
         free(losses);
         free(lp);
         return bb;
+}
+
+int chief_saves_add_locked(struct chief_status *s, struct rpc_call *call) {
+        struct rpc_call **a = realloc(s->save_calls, (s->n_save_calls + 1) * sizeof(*a));
+        if (!a)
+                return -ENOMEM;
+        a[s->n_save_calls++] = call;
+        s->save_calls = a;
+        return 0;
+}
+
+void chief_answer_saves(struct chief_status *s, int r, const struct chief_db_checkpoint *row, bool existing, const char *err) {
+        pthread_mutex_lock(&s->lock);
+        struct rpc_call **calls = s->save_calls;
+        size_t n = s->n_save_calls;
+        s->save_calls = NULL;
+        s->n_save_calls = 0;
+        pthread_mutex_unlock(&s->lock);
+        Psfleet__V1__Checkpoint ck;
+        Psfleet__V1__SaveCheckpointReply rep = PSFLEET__V1__SAVE_CHECKPOINT_REPLY__INIT;
+        if (r >= 0) {
+                chief_checkpoint_msg(row, &ck);
+                rep.checkpoint = &ck;
+                rep.existing = existing;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (r < 0)
+                        rpc_call_fail_errno(calls[i], r, "%s", err);
+                else
+                        rpc_call_reply_msg(calls[i], &rep.base);
+        free(calls);
+}
+
+bool chief_saves_pending(struct chief_status *s) {
+        pthread_mutex_lock(&s->lock);
+        bool r = s->n_save_calls > 0;
+        pthread_mutex_unlock(&s->lock);
+        return r;
 }

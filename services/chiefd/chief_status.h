@@ -158,3 +158,12 @@ uint32_t chief_n_live_locked(const struct chief_status *s, uint64_t now);
 void chief_refresh_ckpt_info(struct chief_status *s);
 /* The job's status, packed (caller owns the buffer); NULL when out of memory. */
 grpc_byte_buffer *chief_status_pack(struct chief_status *s);
+
+/* SaveCheckpoint calls wait in the status for the main thread, which takes one checkpoint for all. */
+/* Queues call (lock held). 0, or -ENOMEM and the call is the caller's to fail. */
+int chief_saves_add_locked(struct chief_status *s, struct rpc_call *call);
+/* Whether SaveCheckpoint calls are waiting. */
+bool chief_saves_pending(struct chief_status *s);
+/* Answers every queued SaveCheckpoint: with row, or with the error r/err. Main thread. */
+void chief_answer_saves(struct chief_status *s, int r, const struct chief_db_checkpoint *row, bool existing,
+                        const char *err);

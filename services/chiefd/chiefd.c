@@ -60,12 +60,12 @@ static struct chief *chief_free(struct chief *c) {
         model_free(c->model);
         backend_free(c->be);
         dataset_free(c->test);
-        summary_writer_free(c->sw);
+        summary_writer_free(c->ev.sw);
         free(c->summary_dir);
         chief_ckpt_free(c->ckpts);
         for (unsigned k = 0; k < OPTIM_MAX_SLOTS; k++)
-                free(c->slots[k]);
-        pthread_mutex_destroy(&c->watch_mu);
+                free(c->sv.slots[k]);
+        chief_watch_free(c->watch);
         chief_db_close(c->db);
         if (c->wake_fd >= 0)
                 close(c->wake_fd);
@@ -83,7 +83,6 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         if (!c)
                 return log_error_errno(-ENOMEM, "Cannot allocate the chief");
         chief_status_init(&c->st);
-        pthread_mutex_init(&c->watch_mu, NULL);
         c->wake_fd = -1;
         c->cfg = cfg;
         c->st.cfg = cfg;
@@ -220,9 +219,9 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                          c->st.n_ckpts, c->st.last_ckpt.global_step);
         if (chief_db_last_evaluation(c->db, &c->st.eval_step, &c->st.eval_loss, &c->st.eval_accuracy) >= 0)
                 c->st.have_eval = true;
-        c->n_slots = optim_n_slots(cfg->training.optimizer);
-        for (unsigned k = 0; k < c->n_slots; k++)
-                if (!(c->slots[k] = calloc(model_n_params(c->model) ? model_n_params(c->model) : 1, sizeof(float)))) {
+        c->sv.n_slots = optim_n_slots(cfg->training.optimizer);
+        for (unsigned k = 0; k < c->sv.n_slots; k++)
+                if (!(c->sv.slots[k] = calloc(model_n_params(c->model) ? model_n_params(c->model) : 1, sizeof(float)))) {
                         r = log_error_errno(-ENOMEM, "Cannot allocate the optimizer's slots");
                         goto fail;
                 }
@@ -231,11 +230,11 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 if (gethostname(host, sizeof(host) - 1) < 0 || !host[0])
                         chief_strfmt(host, sizeof(host), "localhost");
                 host[sizeof(host) - 1] = 0;
-                r = summary_writer_new(c->summary_dir, now_us(), host, &c->sw);
+                r = summary_writer_new(c->summary_dir, now_us(), host, &c->ev.sw);
                 if (r < 0)
                         log_warning_errno(r, "Cannot create an event file in \"%s\"; no summaries", c->summary_dir);
                 else
-                        log_info("Summaries go to \"%s\"", summary_writer_path(c->sw));
+                        log_info("Summaries go to \"%s\"", summary_writer_path(c->ev.sw));
         }
 
         for (uint32_t w = 0; w < cfg->cluster.n_worker; w++) {
@@ -269,6 +268,16 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 goto fail;
         }
 
+        /* What the snapshots and the evaluations work with, each in its own struct. */
+        c->sv.cfg = c->ev.cfg = cfg;
+        c->sv.st = c->ev.st = &c->st;
+        c->sv.ckpts = c->ckpts;
+        c->sv.pc = c->ev.pc = c->pc;
+        c->sv.model = c->ev.model = c->model;
+        c->sv.ev = &c->ev;
+        c->ev.db = c->db;
+        c->ev.test = c->test;
+
         c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->wake_fd < 0) {
                 r = log_error_errno(errno, "eventfd() failed");
@@ -286,8 +295,8 @@ static void close_streams(struct chief *c) {
         pthread_mutex_lock(&c->st.lock);
         c->st.saves_closed = true;
         pthread_mutex_unlock(&c->st.lock);
-        chief_answer_saves(c, -ESHUTDOWN, NULL, false, "chiefd is stopping");
-        chief_watch_stop(c);
+        chief_answer_saves(&c->st, -ESHUTDOWN, NULL, false, "chiefd is stopping");
+        chief_watch_stop(c->watch);
 }
 
 static int run(int argc, char **argv) {
@@ -321,7 +330,7 @@ static int run(int argc, char **argv) {
 
         struct rpc_method methods[CHIEF_RPC_N_METHODS];
         chief_rpc_methods(c, methods);
-        r = chief_watch_start(c);
+        r = chief_watch_new(&c->st, &c->watch);
         if (r < 0) {
                 log_error_errno(r, "Cannot start the watch thread");
                 goto out;
