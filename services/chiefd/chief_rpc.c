@@ -31,13 +31,17 @@
 
 static const char *const health_services[] = {"psfleet.v1.Supervisor", NULL};
 
-ProtobufCMessage *chief_rpc_request(struct rpc_call *call, const ProtobufCMessageDescriptor *desc) {
+/* Every method with a request: unpacked here (a request that does not parse fails the call with
+ * INVALID_ARGUMENT), handed to the method's handler, freed when it returns. */
+static void dispatch(struct rpc_call *call, void *ud) {
+        const struct chief_handler *h = ud;
         ProtobufCMessage *m;
-        if (wire_unpack(rpc_call_payload(call), desc, &m) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s does not parse", desc->short_name);
-                return NULL;
+        if (wire_unpack(rpc_call_payload(call), h->desc, &m) < 0) {
+                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s does not parse", h->desc->short_name);
+                return;
         }
-        return m;
+        h->fn(h->c, call, m);
+        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 /* "worker:3" -> 3 when it names a worker of the cluster, else -1. */
@@ -50,11 +54,7 @@ static int64_t worker_index(const struct chief *c, const char *task) {
         return idx;
 }
 
-static void h_join(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__join_request__descriptor);
-        if (!m)
-                return;
+static void h_join(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         const Psfleet__V1__JoinRequest *q = (const Psfleet__V1__JoinRequest *)m;
         const char *task = q->task && *q->task ? q->task : "(unnamed task)";
         Psfleet__V1__JoinReply rep = PSFLEET__V1__JOIN_REPLY__INIT;
@@ -65,8 +65,7 @@ static void h_join(struct rpc_call *call, void *ud) {
         if (who->role != PEER_INSECURE &&
             (authz_parse_task(q->task, &role, &index) < 0 || !authz_peer_is(who, role, index))) {
                 rpc_call_refuse(call, "%s may not join as %s", who->name, task);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
 
         rep.max_steps = c->cfg->training.max_steps;
@@ -89,8 +88,7 @@ static void h_join(struct rpc_call *call, void *ud) {
                 rep.global_step = c->st.global_step;
                 pthread_mutex_unlock(&c->st.lock);
                 rpc_call_reply_msg(call, &rep.base);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
 
         int64_t w = worker_index(c, q->task);
@@ -112,7 +110,6 @@ static void h_join(struct rpc_call *call, void *ud) {
         pthread_mutex_unlock(&c->st.lock);
         rep.reason = reason;
         rpc_call_reply_msg(call, &rep.base);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 /* A Report that cannot be true: refused whole, and said in the journal (at most once a second: a
@@ -126,24 +123,18 @@ static void report_refused(struct rpc_call *call, const char *why) {
         rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s: refused", why);
 }
 
-static void h_report(struct rpc_call *call, void *ud) {
+static void h_report(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         static bool db_warned;  /* one warning per process, not one per report */
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__report_request__descriptor);
-        if (!m)
-                return;
         const Psfleet__V1__ReportRequest *q = (const Psfleet__V1__ReportRequest *)m;
         if (q->worker >= c->cfg->cluster.n_worker) {
                 rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "worker %u is not in the cluster (%u workers)",
                               q->worker, c->cfg->cluster.n_worker);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
         const struct peer *who = rpc_call_identity(call);
         if (!authz_peer_is(who, PEER_WORKER, q->worker)) {
                 rpc_call_refuse(call, "%s may not report as worker/%u", who->name, q->worker);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
         const char *st = q->state && *q->state ? q->state : "training";
         uint64_t t = now_us();
@@ -155,8 +146,7 @@ static void h_report(struct rpc_call *call, void *ud) {
         if (admit < 0) {
                 pthread_mutex_unlock(&c->st.lock);
                 report_refused(call, why);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
         struct worker_info *wi = &c->st.workers[q->worker];
         wi->joined = wi->reported = wi->step_known = true;
@@ -186,7 +176,6 @@ static void h_report(struct rpc_call *call, void *ud) {
         if (r < 0 && !__atomic_exchange_n(&db_warned, true, __ATOMIC_RELAXED))
                 log_warning_errno(r, "Cannot record progress in the database, continuing without it");
         rpc_call_reply_msg(call, &rep.base);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 static void h_status(struct rpc_call *call, void *ud) {
@@ -204,11 +193,7 @@ void chief_wake(struct chief *c) {
         }
 }
 
-static void h_stop(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__stop_request__descriptor);
-        if (!m)
-                return;
+static void h_stop(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         const Psfleet__V1__StopRequest *q = (const Psfleet__V1__StopRequest *)m;
         char *peer = rpc_call_peer(call);
         char rb[LOG_PEER_BUF];
@@ -222,15 +207,10 @@ static void h_stop(struct rpc_call *call, void *ud) {
         chief_wake(c);
         Psfleet__V1__StopReply rep = PSFLEET__V1__STOP_REPLY__INIT;
         rpc_call_reply_msg(call, &rep.base);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 /* Restart: trains an ended job (DONE, FAILED, STOPPED) again; the main loop does it. */
-static void h_restart(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__restart_request__descriptor);
-        if (!m)
-                return;
+static void h_restart(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         const char *why = ((const Psfleet__V1__RestartRequest *)m)->reason;
         char *peer = rpc_call_peer(call);
         pthread_mutex_lock(&c->st.lock);
@@ -255,7 +235,6 @@ static void h_restart(struct rpc_call *call, void *ud) {
                               job_state_name(st));
         }
         free(peer);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 static void h_list_ckpts(struct rpc_call *call, void *ud) {
@@ -288,11 +267,7 @@ static void h_list_ckpts(struct rpc_call *call, void *ud) {
         free(rows);
 }
 
-static void h_save_ckpt(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__save_checkpoint_request__descriptor);
-        if (!m)
-                return;
+static void h_save_ckpt(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         const char *why = ((const Psfleet__V1__SaveCheckpointRequest *)m)->reason;
         char *peer = rpc_call_peer(call);
         pthread_mutex_lock(&c->st.lock);
@@ -325,16 +300,10 @@ static void h_save_ckpt(struct rpc_call *call, void *ud) {
                 chief_wake(c);
         }
         free(peer);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
-static void h_delete_ckpt(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__delete_checkpoint_request__descriptor);
-        if (!m)
-                return;
+static void h_delete_ckpt(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         uint64_t step = ((const Psfleet__V1__DeleteCheckpointRequest *)m)->global_step;
-        protobuf_c_message_free_unpacked(m, NULL);
         struct chief_db_checkpoint row;
         char err[512];
         int r = chief_ckpt_delete(c->ckpts, step, &row, err, sizeof(err));
@@ -355,14 +324,9 @@ static void h_delete_ckpt(struct rpc_call *call, void *ud) {
 }
 
 /* Watch: the stream goes to the watch thread (chief_watch.c). */
-static void h_watch(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__watch_request__descriptor);
-        if (!m)
-                return;
+static void h_watch(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         const Psfleet__V1__WatchRequest *q = (const Psfleet__V1__WatchRequest *)m;
         int r = chief_watch_add(c->watch, call, q->min_interval_ms, q->heartbeat_ms);
-        protobuf_c_message_free_unpacked(m, NULL);
         if (r == -ENOMEM)
                 rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         else if (r < 0)
@@ -370,16 +334,26 @@ static void h_watch(struct rpc_call *call, void *ud) {
 }
 
 void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]) {
+        const struct chief_handler with_request[CHIEF_RPC_N_HANDLERS] = {
+                {c, &psfleet__v1__join_request__descriptor, h_join},
+                {c, &psfleet__v1__report_request__descriptor, h_report},
+                {c, &psfleet__v1__stop_request__descriptor, h_stop},
+                {c, &psfleet__v1__restart_request__descriptor, h_restart},
+                {c, &psfleet__v1__watch_request__descriptor, h_watch},
+                {c, &psfleet__v1__save_checkpoint_request__descriptor, h_save_ckpt},
+                {c, &psfleet__v1__delete_checkpoint_request__descriptor, h_delete_ckpt},
+        };
+        memcpy(c->handlers, with_request, sizeof(with_request));
         const struct rpc_method all[CHIEF_RPC_N_METHODS] = {
-                {M_JOIN, h_join, c},
-                {M_REPORT, h_report, c},
+                {M_JOIN, dispatch, &c->handlers[0]},
+                {M_REPORT, dispatch, &c->handlers[1]},
                 {M_STATUS, h_status, c},
-                {M_STOP, h_stop, c},
-                {M_RESTART, h_restart, c},
-                {M_WATCH, h_watch, c},
+                {M_STOP, dispatch, &c->handlers[2]},
+                {M_RESTART, dispatch, &c->handlers[3]},
+                {M_WATCH, dispatch, &c->handlers[4]},
                 {M_LIST_CKPT, h_list_ckpts, c},
-                {M_SAVE_CKPT, h_save_ckpt, c},
-                {M_DELETE_CKPT, h_delete_ckpt, c},
+                {M_SAVE_CKPT, dispatch, &c->handlers[5]},
+                {M_DELETE_CKPT, dispatch, &c->handlers[6]},
                 {RPC_HEALTH_CHECK, rpc_health_handler, (void *)health_services},
         };
         memcpy(m, all, sizeof(all));

@@ -40,6 +40,16 @@
 #define EVAL_BATCH 500
 #define SNAPSHOT_RETRY_US (5 * 1000000ULL)  /* after a failed scheduled checkpoint or evaluation */
 
+#define CHIEF_RPC_N_METHODS 10
+#define CHIEF_RPC_N_HANDLERS 7           /* the methods with a request, unpacked before their handler */
+struct chief;
+/* A method whose request chief_rpc.c unpacks (as desc) before calling fn; the request is freed after. */
+struct chief_handler {
+        struct chief *c;
+        const ProtobufCMessageDescriptor *desc;
+        void (*fn)(struct chief *c, struct rpc_call *call, const ProtobufCMessage *request);
+};
+
 struct chief {
         /* Set up by chief_new() before the server starts; read-only afterwards. */
         struct job_config *cfg;
@@ -63,18 +73,15 @@ struct chief {
         struct chief_eval ev;             /* evaluations and summaries (chief_eval.h) */
 
         struct chief_watch *watch;        /* the Watch streams' thread (chief_watch.h); thread-safe */
+        struct chief_handler handlers[CHIEF_RPC_N_HANDLERS];   /* the methods' user data (chief_rpc_methods) */
 
         struct chief_status st;           /* what the chief reports, with its lock (chief_status.h) */
 };
 
 /* ---- chief_rpc.c: the Supervisor service's handlers (server threads) ---- */
 
-#define CHIEF_RPC_N_METHODS 10
-/* Fills m with every method chiefd serves, each with c as its user data. */
+/* Fills m with every method chiefd serves, with c (or its entry in c->handlers) as user data. */
 void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]);
-/* The call's request, unpacked (free it with protobuf_c_message_free_unpacked); NULL when it does not
- * parse, and the call has then failed with INVALID_ARGUMENT. */
-ProtobufCMessage *chief_rpc_request(struct rpc_call *call, const ProtobufCMessageDescriptor *desc);
 /* Wakes the main loop (Stop, Restart, SaveCheckpoint). */
 void chief_wake(struct chief *c);
 
