@@ -9,6 +9,9 @@
  * optimizer, slots, time_us. Each embedding table of the model is "emb/<name>/ids" (U64 [n]), "emb/<name>"
  * (F32 [n, dim]) and "emb/<name>/<slot>" per slot of training.sparse_optimizer (docs/checkpoints.md).
  *
+ * The store between the two others: ckpt.c is the file format it writes and reads; chief_save.c
+ * fills it from the shards and restores them from it, and keeps the status in step.
+ *
  * Part of chiefd: logs the repairs it makes (the daemon's own log). Thread-safe: one lock serializes
  * saves, loads, deletions and repairs; listing reads SQLite only. */
 #pragma once

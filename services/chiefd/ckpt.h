@@ -5,7 +5,11 @@
  * strings. Any safetensors reader opens these files; chiefd reads them back here.
  *
  * Writes are durable and atomic: a reader sees the old file or the new one, never a part.
- * Thread-safe: no shared state. Little-endian hosts only (floats are written as they lie in memory). */
+ * Thread-safe: no shared state but the test delay, set once at start (ckpt_set_test_delay).
+ * Little-endian hosts only (floats are written as they lie in memory).
+ *
+ * The file format alone: which files a job keeps, and their rows, are chief_ckpt.c's (the store);
+ * what goes into them from the shards, and back, is chief_save.c's. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
