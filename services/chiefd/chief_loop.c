@@ -596,7 +596,9 @@ static void restart(struct chief *c, struct loop *lp) {
         struct backoff b = lp->backoff;
         *lp = (struct loop){.backoff = b};
         backoff_reset(&lp->backoff);
-        log_notice("Restart requested%s%s: training the job again from its newest checkpoint", why[0] ? ": " : "", why);
+        char wb[LOG_PEER_BUF];   /* why holds the caller's reason */
+        log_notice("Restart requested%s%s: training the job again from its newest checkpoint", why[0] ? ": " : "",
+                   why[0] ? log_peer_str(why, wb, sizeof(wb)) : "");
 }
 
 /* Runs the job until a signal, a Stop after the end, or a failure. Returns 0 (clean stop) or -errno. */
