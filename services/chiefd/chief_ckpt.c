@@ -31,15 +31,8 @@ struct chief_ckpt {
         enum sparse_optimizer sparse_optimizer;
         uint64_t fingerprint;
         uint32_t keep, keep_corrupt;
-        uint64_t test_hook_delay_ms;
         pthread_mutex_t mu;
 };
-
-static void sleep_ms(uint64_t ms) {
-        struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-                ;
-}
 
 int chief_ckpt_new(struct chief_db *db, const struct chief_ckpt_config *cfg, struct chief_ckpt **ret, char *err,
                    size_t errlen) {
@@ -59,7 +52,7 @@ int chief_ckpt_new(struct chief_db *db, const struct chief_ckpt_config *cfg, str
         }
         *s = (struct chief_ckpt){.db = db, .dir = abs, .job = job, .L = cfg->L, .model = cfg->model,
                                  .sparse_optimizer = cfg->sparse_optimizer, .fingerprint = cfg->fingerprint,
-                                 .keep = cfg->keep ? cfg->keep : 1, .keep_corrupt = cfg->keep_corrupt, .test_hook_delay_ms = cfg->test_hook_delay_ms};
+                                 .keep = cfg->keep ? cfg->keep : 1, .keep_corrupt = cfg->keep_corrupt};
         pthread_mutex_init(&s->mu, NULL);
         *ret = s;
         return 0;
@@ -260,11 +253,10 @@ int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *con
                 goto unlock;
         }
         struct ckpt_written w;
-        r = ckpt_write(path, t, n, meta, n_meta, s->test_hook_delay_ms, &w, err, errlen);
+        r = ckpt_write(path, t, n, meta, n_meta, &w, err, errlen);
         if (r < 0)
                 goto unlock;
-        if (s->test_hook_delay_ms)
-                sleep_ms(s->test_hook_delay_ms);   /* test hook: the file is in place, its row not yet */
+        ckpt_test_delay();   /* test hook: the file is in place, its row not yet */
         struct chief_db_checkpoint row = *stats;
         row.global_step = global_step;
         row.time_us = time_us;

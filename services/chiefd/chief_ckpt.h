@@ -9,6 +9,9 @@
  * optimizer, slots, time_us. Each embedding table of the model is "emb/<name>/ids" (U64 [n]), "emb/<name>"
  * (F32 [n, dim]) and "emb/<name>/<slot>" per slot of training.sparse_optimizer (docs/checkpoints.md).
  *
+ * The store between the two others: ckpt.c is the file format it writes and reads; chief_save.c
+ * fills it from the shards and restores them from it, and keeps the status in step.
+ *
  * Part of chiefd: logs the repairs it makes (the daemon's own log). Thread-safe: one lock serializes
  * saves, loads, deletions and repairs; listing reads SQLite only. */
 #pragma once
@@ -33,8 +36,6 @@ struct chief_ckpt_config {
         uint64_t fingerprint;
         uint32_t keep;                  /* supervisor.keep_checkpoints */
         uint32_t keep_corrupt;          /* supervisor.keep_corrupt: .corrupt files kept, the newest */
-        uint64_t test_hook_delay_ms;    /* test hook (PSFLEET_TEST_CHECKPOINT_DELAY_MS): sleep before the
-                                         * rename and again before the row is committed; 0: off */
 };
 
 /* Returns 0 and *ret, or -errno with err saying why (the directory cannot be created). */

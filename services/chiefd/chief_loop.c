@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "chiefd-internal.h"
+#include "chief_metrics.h"
 #include "log.h"
 #include "model.h"
 #include "notify.h"
@@ -38,11 +39,11 @@ static uint64_t next_poll_us(struct chief *c) {
         uint64_t every = c->cfg->supervisor.save_checkpoint_steps;
         if (!every)
                 return POLL_US;
-        pthread_mutex_lock(&c->lock);
-        double rate = chief_steps_per_s_locked(c);
-        uint64_t gs = c->global_step;
-        pthread_mutex_unlock(&c->lock);
-        uint64_t due = c->last_save_step + every;
+        pthread_mutex_lock(&c->st.lock);
+        double rate = chief_steps_per_s_locked(&c->st);
+        uint64_t gs = c->st.global_step;
+        pthread_mutex_unlock(&c->st.lock);
+        uint64_t due = c->sv.last_save_step + every;
         if (rate <= 0)
                 return POLL_US;
         double us = gs >= due ? 0 : (double)(due - gs) / rate * 1e6;
@@ -51,11 +52,11 @@ static uint64_t next_poll_us(struct chief *c) {
 
 static int fail_job(struct chief *c, const struct chief_event *ev) {
         char why[CHIEF_REASON_MAX];
-        pthread_mutex_lock(&c->lock);
-        chief_event_locked(c, ev);
-        chief_strfmt(why, sizeof(why), "%s", c->js.reason);
-        pthread_mutex_unlock(&c->lock);
-        chief_answer_saves(c, -EPERM, NULL, false, why);
+        pthread_mutex_lock(&c->st.lock);
+        chief_event_locked(&c->st, ev);
+        chief_strfmt(why, sizeof(why), "%s", c->st.js.reason);
+        pthread_mutex_unlock(&c->st.lock);
+        chief_answer_saves(&c->st, -EPERM, NULL, false, why);
         notify_status("failed: %s", why);
         log_error("Job failed: %s", why);
         return 0;
@@ -75,16 +76,61 @@ static int fail_jobf(struct chief *c, const char *fmt, ...) {
 /* A worker (or the chief's own evaluation) said the model went numerically wrong: the job fails with
  * that reason, whatever it was doing. Returns true when it did. */
 static bool fail_if_diverged(struct chief *c) {
-        pthread_mutex_lock(&c->lock);
-        struct chief_divergence d = c->diverged;
-        bool fail = d.on && !chief_state_ended(&c->js);
-        c->diverged.on = false;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        struct chief_divergence d = c->st.diverged;
+        bool fail = d.on && !chief_state_ended(&c->st.js);
+        c->st.diverged.on = false;
+        pthread_mutex_unlock(&c->st.lock);
         if (fail)
                 fail_job(c, &(struct chief_event){.kind = CHIEF_EV_DIVERGED, .where = d.task, .why = d.what,
                                                   .step = d.step});
         return fail;
 }
+
+/* Scheduled checkpoints (save_checkpoint_steps, save_checkpoint_secs) and evaluations
+ * (eval_every_steps), from one pull when both are due. A failure is logged and retried later. */
+static void maybe_snapshot(struct chief *c) {
+        const struct supervisor_config *sv = &c->cfg->supervisor;
+        uint64_t t = mono_us();
+        if (t < c->next_snapshot_try)
+                return;
+        pthread_mutex_lock(&c->st.lock);
+        uint64_t gs = c->st.global_step;
+        pthread_mutex_unlock(&c->st.lock);
+        bool by_steps = sv->save_checkpoint_steps && gs >= c->sv.last_save_step + sv->save_checkpoint_steps;
+        bool by_secs = sv->save_checkpoint_secs && t - c->sv.last_save_mono >= sv->save_checkpoint_secs * 1000000ULL;
+        bool eval = sv->eval_every_steps && gs >= c->ev.last_eval_step + sv->eval_every_steps;
+        if (!by_steps && !by_secs && !eval)
+                return;
+        char err[1024];
+        int r = chief_pull(&c->sv, by_steps || by_secs, &gs, err, sizeof(err));
+        if (r >= 0 && eval)
+                r = chief_evaluate(&c->ev, gs, err, sizeof(err));
+        if (r >= 0 && (by_steps || by_secs))
+                r = chief_save(&c->sv, gs, true, by_steps ? "steps" : "secs", NULL, NULL, err, sizeof(err));
+        if (r < 0) {
+                log_warning("Scheduled %s at global_step %" PRIu64 " failed: %s; retrying in %llu s",
+                            by_steps || by_secs ? "checkpoint" : "evaluation", gs, err, SNAPSHOT_RETRY_US / 1000000);
+                c->next_snapshot_try = t + SNAPSHOT_RETRY_US;
+        }
+}
+
+/* SaveCheckpoint calls that wait: one checkpoint now answers them all. */
+static void serve_saves(struct chief *c) {
+        if (!chief_saves_pending(&c->st))
+                return;
+        struct chief_db_checkpoint row;
+        bool existing = false;
+        char err[1024];
+        uint64_t gs = 0;
+        int r = chief_pull(&c->sv, true, &gs, err, sizeof(err));
+        if (r >= 0)
+                r = chief_save(&c->sv, gs, true, "request", &row, &existing, err, sizeof(err));
+        if (r < 0)
+                log_warning("Requested checkpoint failed: %s", err);
+        chief_answer_saves(&c->st, r, &row, existing, err);
+}
+
 
 /* Logs a wait reason when it changes, and every 30 s while it lasts. */
 static void log_wait(struct loop *lp, const char *what, const char *why) {
@@ -105,7 +151,7 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
 
         if (!lp->init_start)
                 lp->init_start = t;
-        uint32_t n_ok = chief_probe_shards(c, &n_init, why, sizeof(why));
+        uint32_t n_ok = chief_probe_shards(&c->st, c->pc, &n_init, why, sizeof(why));
         int r = 0;
         bool restored = false, restore_failed = false;
         bool force = c->force_restore;
@@ -115,16 +161,16 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 bool *which = calloc(cfg->cluster.n_ps, sizeof(bool));
                 if (!which)
                         return log_error_errno(-ENOMEM, "Out of memory");
-                pthread_mutex_lock(&c->lock);
+                pthread_mutex_lock(&c->st.lock);
                 for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
-                        which[s] = force || n_init == 0 || !c->ps[s].initialized;
-                pthread_mutex_unlock(&c->lock);
-                r = chief_restore_shards(c, which, why, sizeof(why));
+                        which[s] = force || n_init == 0 || !c->st.ps[s].initialized;
+                pthread_mutex_unlock(&c->st.lock);
+                r = chief_restore_shards(&c->sv, which, why, sizeof(why));
                 free(which);
                 if (r == -EINVAL)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_MISMATCH, .why = why});
                 if (r > 0) {
-                        chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_DONE});
+                        chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_DONE});
                         c->force_restore = false;
                 }
                 restored = r > 0;
@@ -136,10 +182,10 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                                     "to restore from, initializing all of them",
                                     n_init, n_ok);
                 log_info("No checkpoint to restore from in %s: initializing the variables", chief_ckpt_dir(c->ckpts));
-                chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_NONE, .why = why});
+                chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_NONE, .why = why});
                 r = model_init_params(c->model, cfg->model.seed);
                 if (r >= 0)   /* tables emptied (a shard may hold rows of an earlier run), then the variables */
-                        r = chief_import_tables(c, NULL, NULL, 0, err, sizeof(err));
+                        r = chief_import_tables(&c->sv, NULL, NULL, 0, err, sizeof(err));
                 if (r >= 0)
                         r = ps_client_assign(c->pc, NULL, model_params(c->model), NULL, 0, err, sizeof(err));
                 if (r < 0) {
@@ -148,49 +194,49 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                         log_info("Initialized %u ps shard%s with %zu parameters (seed %" PRIu64 ")",
                                  cfg->cluster.n_ps, cfg->cluster.n_ps == 1 ? "" : "s",
                                  model_n_params(c->model), cfg->model.seed);
-                        pthread_mutex_lock(&c->lock);
-                        c->global_step = 0;
-                        chief_forget_report_steps_locked(c);
-                        pthread_mutex_unlock(&c->lock);
+                        pthread_mutex_lock(&c->st.lock);
+                        c->st.global_step = 0;
+                        chief_forget_report_steps_locked(&c->st);
+                        pthread_mutex_unlock(&c->st.lock);
                         c->force_restore = false;
-                        chief_session_log(c, 0, SUMMARY_SESSION_START, NULL, "initialized");
+                        chief_session_log(&c->ev, 0, SUMMARY_SESSION_START, NULL, "initialized");
                 }
         }
         const char *peer = "ps";
         char ps_peer[32];
         for (uint32_t s = 0; s < cfg->cluster.n_ps && n_ok < cfg->cluster.n_ps; s++) {
-                pthread_mutex_lock(&c->lock);
-                bool up = c->ps[s].reachable;
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_lock(&c->st.lock);
+                bool up = c->st.ps[s].reachable;
+                pthread_mutex_unlock(&c->st.lock);
                 if (!up) {
                         chief_strfmt(ps_peer, sizeof(ps_peer), "ps:%u", s);
                         peer = ps_peer;
                         break;
                 }
         }
-        if (n_ok == cfg->cluster.n_ps && r >= 0 && !c->have_ckpt) {
+        if (n_ok == cfg->cluster.n_ps && r >= 0 && !c->st.have_ckpt) {
                 /* Every loss of a shard must be recoverable: with no checkpoint yet, the values the
                  * shards hold now (the initial ones, usually) become one before any worker starts. */
                 uint64_t gs = 0;
-                r = chief_pull(c, true, &gs, err, sizeof(err));
+                r = chief_pull(&c->sv, true, &gs, err, sizeof(err));
                 if (r >= 0)
-                        r = chief_save(c, gs, true, "init", NULL, NULL, err, sizeof(err));
+                        r = chief_save(&c->sv, gs, true, "init", NULL, NULL, err, sizeof(err));
                 if (r < 0) {
                         chief_strfmt(why, sizeof(why), "saving the checkpoint of global_step %" PRIu64 ": %s", gs, err);
                         peer = "checkpoint";
                 }
         }
         if (n_ok < cfg->cluster.n_ps || r < 0) {
-                pthread_mutex_lock(&c->lock);
-                chief_wait_set_locked(c, peer, now_us() - (t - lp->init_start), cfg->supervisor.ready_timeout_secs, why);
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_lock(&c->st.lock);
+                chief_wait_set_locked(&c->st, peer, now_us() - (t - lp->init_start), cfg->supervisor.ready_timeout_secs, why);
+                pthread_mutex_unlock(&c->st.lock);
                 if (t - lp->init_start > timeout_us && n_ok < cfg->cluster.n_ps)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_WAIT_TIMEOUT, .where = peer, .why = why,
                                                                  .timeout_s = cfg->supervisor.ready_timeout_secs});
                 if (t - lp->init_start > timeout_us)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_READY_TIMEOUT, .why = why,
                                                                  .timeout_s = cfg->supervisor.ready_timeout_secs});
-                chief_event(c, &(struct chief_event){.kind = restore_failed ? CHIEF_EV_RESTORE_FAILED
+                chief_event(&c->st, &(struct chief_event){.kind = restore_failed ? CHIEF_EV_RESTORE_FAILED
                                                                             : CHIEF_EV_SHARDS_WAITING,
                                                      .why = why});
                 notify_status("initializing: waiting for %s", why);
@@ -203,29 +249,29 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 /* The shards were assigned in this pass: the status shows them as they are now. */
                 uint32_t n_now;
                 char e[512];
-                chief_probe_shards(c, &n_now, e, sizeof(e));
+                chief_probe_shards(&c->st, c->pc, &n_now, e, sizeof(e));
         }
-        pthread_mutex_lock(&c->lock);
-        if (!restored && n_init == cfg->cluster.n_ps && c->ps[0].global_step > c->global_step)
-                c->global_step = c->ps[0].global_step;
-        uint64_t gs = c->global_step;
-        c->wait.on = false;
-        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_SHARDS_READY});
-        c->ready_mono = mono_us();
-        c->ready_step = gs;
-        lp->last_progress_log = c->ready_mono;
-        chief_add_sample_locked(c, c->ready_mono, gs);
-        pthread_mutex_unlock(&c->lock);
-        c->last_save_step = gs;
-        c->last_save_mono = c->last_summary_mono = mono_us();
-        c->last_eval_step = gs;
+        pthread_mutex_lock(&c->st.lock);
+        if (!restored && n_init == cfg->cluster.n_ps && c->st.ps[0].global_step > c->st.global_step)
+                c->st.global_step = c->st.ps[0].global_step;
+        uint64_t gs = c->st.global_step;
+        c->st.wait.on = false;
+        chief_event_locked(&c->st, &(struct chief_event){.kind = CHIEF_EV_SHARDS_READY});
+        c->st.ready_mono = mono_us();
+        c->st.ready_step = gs;
+        lp->last_progress_log = c->st.ready_mono;
+        chief_add_sample_locked(&c->st, c->st.ready_mono, gs);
+        pthread_mutex_unlock(&c->st.lock);
+        c->sv.last_save_step = gs;
+        c->sv.last_save_mono = c->ev.last_summary_mono = mono_us();
+        c->ev.last_eval_step = gs;
         if (n_init == cfg->cluster.n_ps && !restored) {
                 log_info("Every ps shard is already initialized: carrying on at global_step %" PRIu64, gs);
-                chief_session_log(c, gs, SUMMARY_SESSION_START, NULL, "chiefd restarted");
+                chief_session_log(&c->ev, gs, SUMMARY_SESSION_START, NULL, "chiefd restarted");
         }
         log_info("Job ready at global_step %" PRIu64 " of %" PRIu64, gs, cfg->training.max_steps);
         notify_status("ready: global_step %" PRIu64 "/%" PRIu64 ", waiting for workers", gs, cfg->training.max_steps);
-        chief_save_job(c);
+        chief_save_job(&c->st);
         lp->next = mono_us();
         return 0;
 }
@@ -235,11 +281,11 @@ static void notify_progress(struct chief *c, struct loop *lp) {
         if (t - lp->last_notify < NOTIFY_EVERY_US)
                 return;
         lp->last_notify = t;
-        pthread_mutex_lock(&c->lock);
-        uint64_t gs = c->global_step;
-        double eps = chief_steps_per_s_locked(c) * (double)config_examples_per_step(c->cfg);
-        float loss = chief_loss_locked(c);
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        uint64_t gs = c->st.global_step;
+        double eps = chief_steps_per_s_locked(&c->st) * (double)config_examples_per_step(c->cfg);
+        float loss = chief_loss_locked(&c->st);
+        pthread_mutex_unlock(&c->st.lock);
         notify_status("step %" PRIu64 "/%" PRIu64 ", loss %.3g, %.0f ex/s", gs, c->cfg->training.max_steps,
                       (double)loss, eps);
         if (t - lp->last_progress_log >= 60 * 1000000ULL) {
@@ -252,15 +298,15 @@ static void notify_progress(struct chief *c, struct loop *lp) {
 /* Every shard went back to the checkpoint of restored_step while the job was at job_step: one row and
  * one journal line per lost shard. */
 static void record_losses(struct chief *c, const bool *gone, uint64_t job_step) {
-        pthread_mutex_lock(&c->lock);
-        uint64_t S = c->restored_step;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        uint64_t S = c->st.restored_step;
+        pthread_mutex_unlock(&c->st.lock);
         for (uint32_t s = 0; s < c->cfg->cluster.n_ps; s++) {
                 if (!gone[s])
                         continue;
                 struct chief_db_loss l = {.time_us = now_us(), .shard = s, .restored_step = S, .job_step = job_step,
                                           .steps_lost = job_step > S ? job_step - S : 0};
-                chief_add_loss(c, &l);
+                chief_add_loss(&c->st, &l);
                 log_full(LOG_WARNING, 0, S,
                          "ps:%u lost its variables: every shard restored from the checkpoint of global_step %" PRIu64
                          "; %" PRIu64 " steps of updates lost (the job was at global_step %" PRIu64 ")",
@@ -274,27 +320,27 @@ static int check_workers(struct chief *c) {
         const struct job_config *cfg = c->cfg;
         uint64_t now = now_us(), since = 0;
         char why[CHIEF_REASON_MAX] = "";
-        pthread_mutex_lock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
         uint32_t n_live = 0;
         for (uint32_t w = 0; w < cfg->cluster.n_worker; w++) {
-                const struct worker_info *wi = &c->workers[w];
-                n_live += chief_worker_live_locked(c, w, now);
+                const struct worker_info *wi = &c->st.workers[w];
+                n_live += chief_worker_live_locked(&c->st, w, now);
                 if (wi->last_report_us > since)
                         since = wi->last_report_us + cfg->supervisor.worker_timeout_secs * 1000000ULL;
                 chief_strfmt(why + strlen(why), sizeof(why) - strlen(why), "%sworker:%u %s", w ? "; " : "", w,
                              wi->state[0] ? wi->state : "not joined");
         }
-        uint64_t ready_us = now - (mono_us() - c->ready_mono);
+        uint64_t ready_us = now - (mono_us() - c->st.ready_mono);
         if (since < ready_us)
                 since = ready_us;
         if (n_live || since > now) {
-                c->wait.on = false;
-                pthread_mutex_unlock(&c->lock);
+                c->st.wait.on = false;
+                pthread_mutex_unlock(&c->st.lock);
                 return 0;
         }
-        chief_wait_set_locked(c, "workers", since, cfg->supervisor.ready_timeout_secs, why);
-        bool past = now > c->wait.deadline_us;
-        pthread_mutex_unlock(&c->lock);
+        chief_wait_set_locked(&c->st, "workers", since, cfg->supervisor.ready_timeout_secs, why);
+        bool past = now > c->st.wait.deadline_us;
+        pthread_mutex_unlock(&c->st.lock);
         if (!past)
                 return 0;
         fail_job(c, &(struct chief_event){.kind = CHIEF_EV_WAIT_TIMEOUT, .where = "every worker", .why = why,
@@ -308,7 +354,7 @@ static int phase_poll(struct chief *c, struct loop *lp) {
         uint64_t timeout_us = cfg->supervisor.ready_timeout_secs * 1000000ULL;
         char why[512];
         uint32_t n_init;
-        chief_probe_shards(c, &n_init, why, sizeof(why));
+        chief_probe_shards(&c->st, c->pc, &n_init, why, sizeof(why));
         uint64_t t = mono_us();
 
         bool *which = calloc(cfg->cluster.n_ps, sizeof(bool)), *gone = calloc(cfg->cluster.n_ps, sizeof(bool));
@@ -318,20 +364,20 @@ static int phase_poll(struct chief *c, struct loop *lp) {
                 free(gone);
                 return log_error_errno(-ENOMEM, "Out of memory");
         }
-        pthread_mutex_lock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
         for (uint32_t s = 0; s < cfg->cluster.n_ps; s++) {
-                const struct ps_info *pi = &c->ps[s];
+                const struct ps_info *pi = &c->st.ps[s];
                 if (!pi->reachable && !waiting) {
                         char peer[32];
                         chief_strfmt(peer, sizeof(peer), "ps:%u", s);
-                        chief_wait_set_locked(c, peer, now_us() - (t - pi->lost_since_mono),
+                        chief_wait_set_locked(&c->st, peer, now_us() - (t - pi->lost_since_mono),
                                               cfg->supervisor.ready_timeout_secs, pi->state);
                         waiting = true;
                 }
                 if (!pi->reachable && t - pi->lost_since_mono > timeout_us) {
                         char st[sizeof(pi->state)];
                         chief_strfmt(st, sizeof(st), "%s", pi->state);
-                        pthread_mutex_unlock(&c->lock);
+                        pthread_mutex_unlock(&c->st.lock);
                         free(which);
                         free(gone);
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_SHARD_LOST, .shard = s,
@@ -342,9 +388,9 @@ static int phase_poll(struct chief *c, struct loop *lp) {
                 lost |= gone[s];
         }
         if (!waiting)
-                c->wait.on = false;
-        uint64_t job_step = c->global_step;
-        pthread_mutex_unlock(&c->lock);
+                c->st.wait.on = false;
+        uint64_t job_step = c->st.global_step;
+        pthread_mutex_unlock(&c->st.lock);
         if (lost) {
                 /* A psd restarted (new incarnation, uninitialized). Every shard goes back to the newest
                  * checkpoint, not only the lost one, as TensorFlow's Supervisor restores the whole model:
@@ -358,9 +404,9 @@ static int phase_poll(struct chief *c, struct loop *lp) {
                                 if (gone[s])
                                         log_warning("ps:%u (%s) restarted (incarnation %" PRIu64 ") without its variables: "
                                                     "restoring every shard from the newest checkpoint while the workers wait",
-                                                    s, cfg->cluster.ps[s].addr, c->ps[s].incarnation);
+                                                    s, cfg->cluster.ps[s].addr, c->st.ps[s].incarnation);
                 }
-                int r = chief_restore_shards(c, which, why, sizeof(why));
+                int r = chief_restore_shards(&c->sv, which, why, sizeof(why));
                 free(which);
                 if (r > 0)
                         record_losses(c, gone, job_step);
@@ -370,21 +416,21 @@ static int phase_poll(struct chief *c, struct loop *lp) {
                 if (r == 0)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_NONE, .why = why});
                 if (r < 0) {
-                        pthread_mutex_lock(&c->lock);
-                        chief_wait_set_locked(c, "ps", now_us() - (t - lp->restore_since),
+                        pthread_mutex_lock(&c->st.lock);
+                        chief_wait_set_locked(&c->st, "ps", now_us() - (t - lp->restore_since),
                                               cfg->supervisor.ready_timeout_secs, why);
-                        pthread_mutex_unlock(&c->lock);
+                        pthread_mutex_unlock(&c->st.lock);
                         if (t - lp->restore_since > timeout_us)
                                 return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_TIMEOUT, .why = why,
                                                                          .timeout_s = cfg->supervisor.ready_timeout_secs});
-                        chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_FAILED, .why = why});
+                        chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_FAILED, .why = why});
                         log_wait(lp, "Restore failed, retrying", why);
                         lp->next = t + BACKOFF_MAX_US;
                         return 0;
                 }
                 lp->restore_since = 0;
-                chief_wait_clear(c);
-                chief_event(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_DONE});
+                chief_wait_clear(&c->st);
+                chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_DONE});
                 lp->next = mono_us() + POLL_US;
                 return 0;
         }
@@ -392,23 +438,23 @@ static int phase_poll(struct chief *c, struct loop *lp) {
         free(gone);
         if (!waiting && check_workers(c) < 0)
                 return 0;
-        pthread_mutex_lock(&c->lock);
-        if (c->ps[0].reachable) {
+        pthread_mutex_lock(&c->st.lock);
+        if (c->st.ps[0].reachable) {
                 /* Shard 0 holds global_step: a worker's report from before a restore may not raise it. */
-                c->global_step = c->ps[0].global_step;
-                chief_note_progress_locked(c, t);
-                chief_add_sample_locked(c, t, c->global_step);
+                c->st.global_step = c->st.ps[0].global_step;
+                chief_note_progress_locked(&c->st, t);
+                chief_add_sample_locked(&c->st, t, c->st.global_step);
         }
-        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_POLLED, .why = why,
-                                                    .advanced = c->global_step > c->ready_step,
-                                                    .reachable = c->ps[0].reachable});
-        bool max = c->global_step >= cfg->training.max_steps, end = max || c->stop_requested;
-        uint64_t gs = c->global_step;
+        chief_event_locked(&c->st, &(struct chief_event){.kind = CHIEF_EV_POLLED, .why = why,
+                                                    .advanced = c->st.global_step > c->st.ready_step,
+                                                    .reachable = c->st.ps[0].reachable});
+        bool max = c->st.global_step >= cfg->training.max_steps, end = max || c->st.stop_requested;
+        uint64_t gs = c->st.global_step;
         if (end) {
-                chief_mark_end_locked(c);
-                chief_event_locked(c, &(struct chief_event){.kind = max ? CHIEF_EV_MAX_STEPS : CHIEF_EV_STOP_ASKED});
+                chief_mark_end_locked(&c->st);
+                chief_event_locked(&c->st, &(struct chief_event){.kind = max ? CHIEF_EV_MAX_STEPS : CHIEF_EV_STOP_ASKED});
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
 
         if (end) {
                 log_info("%s at global_step %" PRIu64 ": %s",
@@ -416,14 +462,14 @@ static int phase_poll(struct chief *c, struct loop *lp) {
                          max ? "waiting for the workers to finish" : "telling the workers to stop");
                 notify_status("stopping at step %" PRIu64 "/%" PRIu64, gs, cfg->training.max_steps);
                 lp->stop_begin = t;
-                chief_wait_clear(c);
-                chief_save_job(c);
+                chief_wait_clear(&c->st);
+                chief_save_job(&c->st);
                 if (!max)
-                        chief_stop_workers(c);
+                        chief_stop_workers(c->cfg, c->worker_ch);
         } else {
                 notify_progress(c, lp);
-                chief_maybe_snapshot(c);
-                chief_maybe_write_summaries(c);
+                maybe_snapshot(c);
+                chief_maybe_write_summaries(&c->ev);
         }
         lp->next = t + next_poll_us(c);
         return 0;
@@ -434,25 +480,25 @@ static int phase_poll(struct chief *c, struct loop *lp) {
 static int finish_stopped(struct chief *c) {
         char err[1024], why[1200] = "";
         uint64_t gs = 0;
-        chief_event(c, &(struct chief_event){.kind = CHIEF_EV_SAVING_FINAL});
+        chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_SAVING_FINAL});
         struct chief_db_checkpoint row;
-        int r = chief_pull(c, true, &gs, err, sizeof(err));
+        int r = chief_pull(&c->sv, true, &gs, err, sizeof(err));
         if (r >= 0)
-                r = chief_save(c, gs, true, "stop", &row, NULL, err, sizeof(err));
-        chief_answer_saves(c, r, &row, false, err);
-        pthread_mutex_lock(&c->lock);
-        uint64_t resume = c->have_ckpt ? c->last_ckpt.global_step : 0;
-        pthread_mutex_unlock(&c->lock);
+                r = chief_save(&c->sv, gs, true, "stop", &row, NULL, err, sizeof(err));
+        chief_answer_saves(&c->st, r, &row, false, err);
+        pthread_mutex_lock(&c->st.lock);
+        uint64_t resume = c->st.have_ckpt ? c->st.last_ckpt.global_step : 0;
+        pthread_mutex_unlock(&c->st.lock);
         if (r < 0) {
                 /* Nothing else can be done in the stop's time; say what a start will find. */
                 chief_strfmt(why, sizeof(why), "the final checkpoint failed (%s): a start resumes from global_step %" PRIu64,
                              err, resume);
                 log_error("Cannot save the final checkpoint: %s", err);
         }
-        pthread_mutex_lock(&c->lock);
-        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_STOPPED, .step = r >= 0 ? gs : resume, .why = why});
-        pthread_mutex_unlock(&c->lock);
-        chief_session_log(c, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "stopped");
+        pthread_mutex_lock(&c->st.lock);
+        chief_event_locked(&c->st, &(struct chief_event){.kind = CHIEF_EV_STOPPED, .step = r >= 0 ? gs : resume, .why = why});
+        pthread_mutex_unlock(&c->st.lock);
+        chief_session_log(&c->ev, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "stopped");
         log_full(LOG_INFO, 0, gs, "Stopped at global_step %" PRIu64 "%s%s", r >= 0 ? gs : resume,
                  why[0] ? ": " : " after its final checkpoint", why);
         notify_status("stopped: step %" PRIu64, r >= 0 ? gs : resume);
@@ -468,35 +514,35 @@ static int finish(struct chief *c) {
         char err[1024];
         uint64_t gs = 0;
 
-        chief_event(c, &(struct chief_event){.kind = CHIEF_EV_EVALUATING});
-        int r = chief_pull(c, true, &gs, err, sizeof(err));
+        chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_EVALUATING});
+        int r = chief_pull(&c->sv, true, &gs, err, sizeof(err));
         if (r < 0)
                 return fail_jobf(c, "pulling the final parameters: %s", err);
-        r = chief_evaluate(c, gs, err, sizeof(err));
+        r = chief_evaluate(&c->ev, gs, err, sizeof(err));
         if (r < 0 && fail_if_diverged(c))
                 return 0;
         if (r < 0)
                 return fail_jobf(c, "%s", err);
-        chief_event(c, &(struct chief_event){.kind = CHIEF_EV_SAVING_FINAL});
+        chief_event(&c->st, &(struct chief_event){.kind = CHIEF_EV_SAVING_FINAL});
         struct chief_db_checkpoint row;
-        r = chief_save(c, gs, true, "end", &row, NULL, err, sizeof(err));
+        r = chief_save(&c->sv, gs, true, "end", &row, NULL, err, sizeof(err));
         if (r < 0)
                 /* The training is done and evaluated; a checkpoint that cannot be written does not undo that. */
                 log_error("Cannot save the final checkpoint: %s", err);
-        chief_answer_saves(c, r, &row, false, err);
+        chief_answer_saves(&c->st, r, &row, false, err);
 
-        pthread_mutex_lock(&c->lock);
-        c->test_accuracy = c->eval_accuracy;
-        c->test_auc = c->cfg->model.head == HEAD_LOGISTIC && c->cfg->data.format != DATA_IDX ? (float)c->eval_auc : -1;
-        c->test_rmse = c->cfg->model.head == HEAD_MSE && c->cfg->data.format != DATA_IDX ? (float)c->eval_rmse : -1;
-        c->test_loss = c->eval_loss;
-        float acc = c->eval_accuracy, loss = c->eval_loss;
-        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_FINISHED});
-        float wall = c->wall_s;
-        double eps = chief_steps_per_s_locked(c) * (double)config_examples_per_step(cfg);
-        pthread_mutex_unlock(&c->lock);
-        chief_save_job(c);
-        chief_session_log(c, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "done");
+        pthread_mutex_lock(&c->st.lock);
+        c->st.test_accuracy = c->st.eval_accuracy;
+        c->st.test_auc = c->cfg->model.head == HEAD_LOGISTIC && c->cfg->data.format != DATA_IDX ? (float)c->st.eval_auc : -1;
+        c->st.test_rmse = c->cfg->model.head == HEAD_MSE && c->cfg->data.format != DATA_IDX ? (float)c->st.eval_rmse : -1;
+        c->st.test_loss = c->st.eval_loss;
+        float acc = c->st.eval_accuracy, loss = c->st.eval_loss;
+        chief_event_locked(&c->st, &(struct chief_event){.kind = CHIEF_EV_FINISHED});
+        float wall = c->st.wall_s;
+        double eps = chief_steps_per_s_locked(&c->st) * (double)config_examples_per_step(cfg);
+        pthread_mutex_unlock(&c->st.lock);
+        chief_save_job(&c->st);
+        chief_session_log(&c->ev, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "done");
         log_full(LOG_INFO, 0, gs,
                  "Done at global_step %" PRIu64 ": test accuracy %.4f, test loss %.4f; %.1f s of training, "
                  "%.0f examples/s",
@@ -512,11 +558,11 @@ static int finish(struct chief *c) {
  * (after a stop). */
 static int phase_stopping(struct chief *c, struct loop *lp) {
         int64_t first_busy;
-        uint32_t busy = chief_probe_workers(c, &first_busy);
+        uint32_t busy = chief_probe_workers(&c->st, c->worker_ch, &first_busy);
         uint64_t t = mono_us();
-        pthread_mutex_lock(&c->lock);
-        bool max = c->global_step >= c->cfg->training.max_steps, stop = c->stop_requested;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        bool max = c->st.global_step >= c->cfg->training.max_steps, stop = c->st.stop_requested;
+        pthread_mutex_unlock(&c->st.lock);
         if (busy && t - lp->stop_begin < (stop ? STOP_FAST_US : STOP_WAIT_US)) {
                 lp->next = t + POLL_US;
                 return 0;
@@ -525,7 +571,7 @@ static int phase_stopping(struct chief *c, struct loop *lp) {
                 log_warning("worker:%" PRIi64 " (and %u more) still training %llu s after the end; "
                             "telling them to stop and evaluating anyway",
                             first_busy, busy - 1, (stop ? STOP_FAST_US : STOP_WAIT_US) / 1000000);
-                chief_stop_workers(c);
+                chief_stop_workers(c->cfg, c->worker_ch);
         }
         lp->next = 0;
         return max ? finish(c) : finish_stopped(c);
@@ -533,24 +579,26 @@ static int phase_stopping(struct chief *c, struct loop *lp) {
 
 /* Restart: the ended job trains again, from its newest valid checkpoint (or the initial values). */
 static void restart(struct chief *c, struct loop *lp) {
-        pthread_mutex_lock(&c->lock);
-        char why[sizeof(c->restart_reason)];
-        chief_strfmt(why, sizeof(why), "%s", c->restart_reason);
-        c->restart_requested = false;
-        c->stop_requested = false;
-        c->end_mono = c->ready_mono = c->first_mono = 0;
-        c->wall_s = 0;
-        c->test_accuracy = c->test_loss = -1;
-        c->n_samples = c->sample_next = 0;
+        pthread_mutex_lock(&c->st.lock);
+        char why[sizeof(c->st.restart_reason)];
+        chief_strfmt(why, sizeof(why), "%s", c->st.restart_reason);
+        c->st.restart_requested = false;
+        c->st.stop_requested = false;
+        c->st.end_mono = c->st.ready_mono = c->st.first_mono = 0;
+        c->st.wall_s = 0;
+        c->st.test_accuracy = c->st.test_loss = -1;
+        c->st.n_samples = c->st.sample_next = 0;
         for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++)
-                c->workers[w].finished = false;
-        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_RESTART, .why = why});
-        pthread_mutex_unlock(&c->lock);
+                c->st.workers[w].finished = false;
+        chief_event_locked(&c->st, &(struct chief_event){.kind = CHIEF_EV_RESTART, .why = why});
+        pthread_mutex_unlock(&c->st.lock);
         c->force_restore = true;
         struct backoff b = lp->backoff;
         *lp = (struct loop){.backoff = b};
         backoff_reset(&lp->backoff);
-        log_notice("Restart requested%s%s: training the job again from its newest checkpoint", why[0] ? ": " : "", why);
+        char wb[LOG_PEER_BUF];   /* why holds the caller's reason */
+        log_notice("Restart requested%s%s: training the job again from its newest checkpoint", why[0] ? ": " : "",
+                   why[0] ? log_peer_str(why, wb, sizeof(wb)) : "");
 }
 
 /* Runs the job until a signal, a Stop after the end, or a failure. Returns 0 (clean stop) or -errno. */
@@ -578,12 +626,12 @@ int chief_supervise(struct chief *c, int sfd) {
                         struct signalfd_siginfo si;
                         const char *name = read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)
                                                    ? strsignal((int)si.ssi_signo) : "a signal";
-                        pthread_mutex_lock(&c->lock);
+                        pthread_mutex_lock(&c->st.lock);
                         /* While the job can train, a signal asks for the orderly stop; a second one, or
                          * one at any other time, ends chiefd now. */
-                        bool orderly = !lp.signalled && c->js.ready_once && !chief_state_ended(&c->js);
-                        c->stop_requested = true;
-                        pthread_mutex_unlock(&c->lock);
+                        bool orderly = !lp.signalled && c->st.js.ready_once && !chief_state_ended(&c->st.js);
+                        c->st.stop_requested = true;
+                        pthread_mutex_unlock(&c->st.lock);
                         if (!orderly) {
                                 log_info("Received %s, stopping", name);
                                 return 0;
@@ -603,9 +651,9 @@ int chief_supervise(struct chief *c, int sfd) {
                         continue;
 
                 fail_if_diverged(c);
-                pthread_mutex_lock(&c->lock);
-                enum chief_phase phase = chief_state_phase(&c->js, c->stop_requested);
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_lock(&c->st.lock);
+                enum chief_phase phase = chief_state_phase(&c->st.js, c->st.stop_requested);
+                pthread_mutex_unlock(&c->st.lock);
                 int r = 0;
                 switch (phase) {
                 case CHIEF_PHASE_INITIALIZE:
@@ -618,9 +666,9 @@ int chief_supervise(struct chief *c, int sfd) {
                         r = phase_stopping(c, &lp);
                         break;
                 case CHIEF_PHASE_IDLE:
-                        pthread_mutex_lock(&c->lock);
-                        bool again = c->restart_requested;
-                        pthread_mutex_unlock(&c->lock);
+                        pthread_mutex_lock(&c->st.lock);
+                        bool again = c->st.restart_requested;
+                        pthread_mutex_unlock(&c->st.lock);
                         if (again)
                                 restart(c, &lp);
                         lp.next = again ? 0 : UINT64_MAX;
@@ -630,17 +678,18 @@ int chief_supervise(struct chief *c, int sfd) {
                 }
                 if (r < 0)
                         return r;
-                pthread_mutex_lock(&c->lock);
-                Psfleet__V1__JobState st = c->js.state;
-                chief_metrics_tick_locked(c);
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_lock(&c->st.lock);
+                Psfleet__V1__JobState st = c->st.js.state;
+                chief_metrics_tick(st, c->st.global_step, chief_steps_per_s_locked(&c->st),
+                                   chief_n_live_locked(&c->st, now_us()));
+                pthread_mutex_unlock(&c->st.lock);
                 if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_READY || st == PSFLEET__V1__JOB_STATE__JOB_STATE_TRAINING ||
                     st == PSFLEET__V1__JOB_STATE__JOB_STATE_STOPPING)
-                        chief_serve_saves(c);
+                        serve_saves(c);
                 /* A Stop that arrived after the end: the loop returns on the next pass. */
-                pthread_mutex_lock(&c->lock);
-                if (c->stop_requested && chief_state_ended(&c->js))
+                pthread_mutex_lock(&c->st.lock);
+                if (c->st.stop_requested && chief_state_ended(&c->st.js))
                         lp.next = 0;
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_unlock(&c->st.lock);
         }
 }

@@ -2,10 +2,12 @@
  * checkpoints, and how long ago each worker reported. Set where the things happen; read by the
  * metrics server's thread without chiefd's lock. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "chiefd-internal.h"
+#include "chief_metrics.h"
+
 #include "metrics.h"
 #include "util.h"
 
@@ -19,7 +21,7 @@ static struct metric *m_state[ELEMENTSOF(state_names)], *m_step, *m_rate, *m_ckp
 static struct metric **m_report_age;   /* (n_worker) */
 static uint32_t n_report_age;
 
-void chief_metrics_init(struct chief *c) {
+void chief_metrics_init(uint32_t n_worker) {
         for (size_t s = 1; s < ELEMENTSOF(state_names); s++)
                 m_state[s] = metric_gauge("psfleet_chief_job_state", "1 for the job's current state, 0 for the others "
                                           "(psfleet status says the same).", "state", state_names[s]);
@@ -36,7 +38,7 @@ void chief_metrics_init(struct chief *c) {
         m_ckpt_failed = metric_counter("psfleet_chief_checkpoint_failures_total", "Checkpoints that could not be "
                                        "written.", NULL, NULL);
         metric_set(m_ckpt_time, NAN);
-        n_report_age = c->cfg->cluster.n_worker;
+        n_report_age = n_worker;
         m_report_age = calloc(n_report_age, sizeof(*m_report_age));
         for (uint32_t w = 0; m_report_age && w < n_report_age; w++) {
                 char i[16];
@@ -57,14 +59,10 @@ void chief_metrics_state(Psfleet__V1__JobState st) {
                 metric_set(m_state[s], (size_t)st == s);
 }
 
-void chief_metrics_tick_locked(struct chief *c) {
-        chief_metrics_state(c->js.state);   /* also the state found in the database at start */
-        metric_set(m_step, (double)c->global_step);
-        metric_set(m_rate, chief_steps_per_s_locked(c));
-        uint32_t live = 0;
-        uint64_t now = now_us();
-        for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++)
-                live += chief_worker_live_locked(c, w, now);
+void chief_metrics_tick(Psfleet__V1__JobState st, uint64_t global_step, double steps_per_s, uint32_t live) {
+        chief_metrics_state(st);   /* also the state found in the database at start */
+        metric_set(m_step, (double)global_step);
+        metric_set(m_rate, steps_per_s);
         metric_set(m_live, live);
 }
 

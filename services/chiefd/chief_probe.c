@@ -6,7 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chiefd-internal.h"
+#include "chief_probe.h"
+
+#include "chief_status.h"
+#include "config.h"
+#include "rpc.h"
 #include "ps_client.h"
 #include "util.h"
 #include "wire.h"
@@ -40,13 +44,13 @@ static int probe_call(struct rpc_channel *ch, const char *method, const Protobuf
 }
 
 /* training.mode sync: the shard's step and its dropped pushes, for its state line; else "". */
-static const char *sync_state(const struct chief *c, const Psfleet__V1__ShardStatus *st, char *buf, size_t len) {
-        if (c->cfg->training.mode == MODE_SYNC) {
+static const char *sync_state(const struct job_config *cfg, const Psfleet__V1__ShardStatus *st, char *buf, size_t len) {
+        if (cfg->training.mode == MODE_SYNC) {
                 chief_strfmt(buf, len, "; sync step %" PRIu64 ", %" PRIu64 " stale dropped, %u held", st->sync_step,
                              st->stale_dropped, st->held_pushes);
                 return buf;
         }
-        if (c->cfg->training.mode != MODE_SSP || !st->n_clocks)
+        if (cfg->training.mode != MODE_SSP || !st->n_clocks)
                 return "";
         /* ssp: the clock table, "w0 12, w1 10 (waits), w2 - (not live)" */
         size_t at = (size_t)snprintf(buf, len, "; ssp clocks");
@@ -57,22 +61,22 @@ static const char *sync_state(const struct chief *c, const Psfleet__V1__ShardSta
         }
         if (at < len)
                 snprintf(buf + at, len - at, ", most ahead %" PRIu64 " (bound %u)", st->max_ahead,
-                         c->cfg->training.staleness);
+                         cfg->training.staleness);
         return buf;
 }
 
 /* Asks every shard for its status and records it. Returns the number of shards reachable; *n_init gets
  * the number initialized; why gets the first failure. */
-uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t len) {
+uint32_t chief_probe_shards(struct chief_status *status, struct ps_client *pc, uint32_t *n_init, char *why, size_t len) {
         uint32_t n_ok = 0, n_in = 0;
         why[0] = 0;
-        for (uint32_t s = 0; s < c->cfg->cluster.n_ps; s++) {
+        for (uint32_t s = 0; s < status->cfg->cluster.n_ps; s++) {
                 ProtobufCMessage *m = NULL;
                 char e[512];
-                int r = ps_client_probe(c->pc, s, PROBE_TIMEOUT_MS, (void **)&m, e, sizeof(e));
+                int r = ps_client_probe(pc, s, PROBE_TIMEOUT_MS, (void **)&m, e, sizeof(e));
                 uint64_t t = mono_us();
-                pthread_mutex_lock(&c->lock);
-                struct ps_info *pi = &c->ps[s];
+                pthread_mutex_lock(&status->lock);
+                struct ps_info *pi = &status->ps[s];
                 if (r < 0) {
                         pi->reachable = false;
                         if (!pi->lost_since_mono)
@@ -95,7 +99,7 @@ uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t
                                          " pushes, %" PRIu64 " rejected, %" PRIu64 " clipped, %u shared-memory link(s)"
                                          "%s%s%s",
                                          st->variables, st->bytes, st->pushes, st->rejected, st->clipped,
-                                         st->shared_memory_links, sync_state(c, st, sync, sizeof(sync)),
+                                         st->shared_memory_links, sync_state(status->cfg, st, sync, sizeof(sync)),
                                          st->waiting_for ? "; " : "", st->waiting_for ? st->waiting_for->last_error : "");
                         else
                                 chief_strfmt(pi->state, sizeof(pi->state), "uninitialized");
@@ -103,7 +107,7 @@ uint32_t chief_probe_shards(struct chief *c, uint32_t *n_init, char *why, size_t
                         n_in += st->initialized;
                         protobuf_c_message_free_unpacked(m, NULL);
                 }
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_unlock(&status->lock);
         }
         *n_init = n_in;
         return n_ok;
@@ -114,22 +118,22 @@ static bool worker_busy(const char *state) {
         return strncmp(state, "training", 8) == 0 || strcmp(state, "joined") == 0;
 }
 
-uint32_t chief_probe_workers(struct chief *c, int64_t *first_busy) {
+uint32_t chief_probe_workers(struct chief_status *status, struct rpc_channel **worker_ch, int64_t *first_busy) {
         uint32_t busy = 0;
         *first_busy = -1;
-        for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++) {
-                pthread_mutex_lock(&c->lock);
-                bool fin = c->workers[w].finished;
-                pthread_mutex_unlock(&c->lock);
+        for (uint32_t w = 0; w < status->cfg->cluster.n_worker; w++) {
+                pthread_mutex_lock(&status->lock);
+                bool fin = status->workers[w].finished;
+                pthread_mutex_unlock(&status->lock);
                 if (fin)
                         continue;
                 Psfleet__V1__WorkerStatusRequest q = PSFLEET__V1__WORKER_STATUS_REQUEST__INIT;
                 ProtobufCMessage *m = NULL;
                 char e[512];
-                int r = probe_call(c->worker_ch[w], M_WORKER_STATUS, &q.base, &psfleet__v1__worker_status__descriptor,
+                int r = probe_call(worker_ch[w], M_WORKER_STATUS, &q.base, &psfleet__v1__worker_status__descriptor,
                                    WORKER_TIMEOUT_MS, &m, e, sizeof(e));
-                pthread_mutex_lock(&c->lock);
-                struct worker_info *wi = &c->workers[w];
+                pthread_mutex_lock(&status->lock);
+                struct worker_info *wi = &status->workers[w];
                 if (r < 0) {
                         /* Gone (exited, or never started): nothing more will come from it. */
                         wi->finished = r != -ETIMEDOUT;
@@ -143,20 +147,20 @@ uint32_t chief_probe_workers(struct chief *c, int64_t *first_busy) {
                         protobuf_c_message_free_unpacked(m, NULL);
                 }
                 fin = wi->finished;
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_unlock(&status->lock);
                 if (!fin && busy++ == 0)
                         *first_busy = w;
         }
         return busy;
 }
 
-void chief_stop_workers(struct chief *c) {
-        for (uint32_t w = 0; w < c->cfg->cluster.n_worker; w++) {
+void chief_stop_workers(const struct job_config *cfg, struct rpc_channel **worker_ch) {
+        for (uint32_t w = 0; w < cfg->cluster.n_worker; w++) {
                 Psfleet__V1__StopRequest q = PSFLEET__V1__STOP_REQUEST__INIT;
                 q.reason = (char *)"the job has ended";
                 ProtobufCMessage *m = NULL;
                 char e[512];
-                if (probe_call(c->worker_ch[w], M_WORKER_STOP, &q.base, &psfleet__v1__stop_reply__descriptor,
+                if (probe_call(worker_ch[w], M_WORKER_STOP, &q.base, &psfleet__v1__stop_reply__descriptor,
                                WORKER_TIMEOUT_MS, &m, e, sizeof(e)) >= 0)
                         protobuf_c_message_free_unpacked(m, NULL);
         }

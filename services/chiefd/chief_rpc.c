@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "chiefd-internal.h"
+#include "chief_metrics.h"
+#include "chief_watch.h"
 #include "authz.h"
 #include "config.h"
 #include "job.h"
@@ -29,13 +31,17 @@
 
 static const char *const health_services[] = {"psfleet.v1.Supervisor", NULL};
 
-ProtobufCMessage *chief_rpc_request(struct rpc_call *call, const ProtobufCMessageDescriptor *desc) {
+/* Every method with a request: unpacked here (a request that does not parse fails the call with
+ * INVALID_ARGUMENT), handed to the method's handler, freed when it returns. */
+static void dispatch(struct rpc_call *call, void *ud) {
+        const struct chief_handler *h = ud;
         ProtobufCMessage *m;
-        if (wire_unpack(rpc_call_payload(call), desc, &m) < 0) {
-                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s does not parse", desc->short_name);
-                return NULL;
+        if (wire_unpack(rpc_call_payload(call), h->desc, &m) < 0) {
+                rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s does not parse", h->desc->short_name);
+                return;
         }
-        return m;
+        h->fn(h->c, call, m);
+        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 /* "worker:3" -> 3 when it names a worker of the cluster, else -1. */
@@ -48,11 +54,7 @@ static int64_t worker_index(const struct chief *c, const char *task) {
         return idx;
 }
 
-static void h_join(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__join_request__descriptor);
-        if (!m)
-                return;
+static void h_join(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         const Psfleet__V1__JoinRequest *q = (const Psfleet__V1__JoinRequest *)m;
         const char *task = q->task && *q->task ? q->task : "(unnamed task)";
         Psfleet__V1__JoinReply rep = PSFLEET__V1__JOIN_REPLY__INIT;
@@ -63,8 +65,7 @@ static void h_join(struct rpc_call *call, void *ud) {
         if (who->role != PEER_INSECURE &&
             (authz_parse_task(q->task, &role, &index) < 0 || !authz_peer_is(who, role, index))) {
                 rpc_call_refuse(call, "%s may not join as %s", who->name, task);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
 
         rep.max_steps = c->cfg->training.max_steps;
@@ -78,36 +79,37 @@ static void h_join(struct rpc_call *call, void *ud) {
                         chief_strfmt(reason, sizeof(reason),
                                  "job fingerprint %016" PRIx64 " differs from the chief's %016" PRIx64,
                                  q->fingerprint, c->fingerprint);
-                log_warning("Refusing %s: %s", task, reason);
+                char tb[LOG_PEER_BUF];
+                log_warning("Refusing %s: %s", log_peer_str(task, tb, sizeof(tb)), reason);
                 rep.refused = true;
                 rep.reason = reason;
-                pthread_mutex_lock(&c->lock);
-                rep.state = c->js.state;
-                rep.global_step = c->global_step;
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_lock(&c->st.lock);
+                rep.state = c->st.js.state;
+                rep.global_step = c->st.global_step;
+                pthread_mutex_unlock(&c->st.lock);
                 rpc_call_reply_msg(call, &rep.base);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
 
         int64_t w = worker_index(c, q->task);
-        pthread_mutex_lock(&c->lock);
-        rep.state = c->js.state;
-        rep.global_step = c->global_step;
-        rep.ready = chief_state_may_join(&c->js, c->stop_requested, c->global_step, reason, sizeof(reason));
+        pthread_mutex_lock(&c->st.lock);
+        rep.state = c->st.js.state;
+        rep.global_step = c->st.global_step;
+        rep.ready = chief_state_may_join(&c->st.js, c->st.stop_requested, c->st.global_step, reason, sizeof(reason));
         if (w >= 0) {
-                struct worker_info *wi = &c->workers[w];
+                struct worker_info *wi = &c->st.workers[w];
                 bool first = !wi->joined;
                 wi->joined = true;
                 if (!wi->reported)
                         chief_strfmt(wi->state, sizeof(wi->state), "%s", rep.ready ? "joined" : "waiting to join");
+                char tb[LOG_PEER_BUF];
                 if (first && rep.ready)
-                        log_info("%s joined at global_step %" PRIu64, task, c->global_step);
+                        log_info("%s joined at global_step %" PRIu64, log_peer_str(task, tb, sizeof(tb)),
+                                 c->st.global_step);
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         rep.reason = reason;
         rpc_call_reply_msg(call, &rep.base);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 /* A Report that cannot be true: refused whole, and said in the journal (at most once a second: a
@@ -121,39 +123,32 @@ static void report_refused(struct rpc_call *call, const char *why) {
         rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "%s: refused", why);
 }
 
-static void h_report(struct rpc_call *call, void *ud) {
+static void h_report(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         static bool db_warned;  /* one warning per process, not one per report */
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__report_request__descriptor);
-        if (!m)
-                return;
         const Psfleet__V1__ReportRequest *q = (const Psfleet__V1__ReportRequest *)m;
         if (q->worker >= c->cfg->cluster.n_worker) {
                 rpc_call_fail(call, GRPC_STATUS_INVALID_ARGUMENT, "worker %u is not in the cluster (%u workers)",
                               q->worker, c->cfg->cluster.n_worker);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
         const struct peer *who = rpc_call_identity(call);
         if (!authz_peer_is(who, PEER_WORKER, q->worker)) {
                 rpc_call_refuse(call, "%s may not report as worker/%u", who->name, q->worker);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
         const char *st = q->state && *q->state ? q->state : "training";
         uint64_t t = now_us();
         Psfleet__V1__ReportReply rep = PSFLEET__V1__REPORT_REPLY__INIT;
 
-        pthread_mutex_lock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
         char why[CHIEF_REASON_MAX];
-        int admit = chief_report_admit_locked(c, q->worker, q->global_step, q->loss, st, why, sizeof(why));
+        int admit = chief_report_admit_locked(&c->st, q->worker, q->global_step, q->loss, st, why, sizeof(why));
         if (admit < 0) {
-                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_unlock(&c->st.lock);
                 report_refused(call, why);
-                protobuf_c_message_free_unpacked(m, NULL);
-                return;
+                        return;
         }
-        struct worker_info *wi = &c->workers[q->worker];
+        struct worker_info *wi = &c->st.workers[q->worker];
         wi->joined = wi->reported = wi->step_known = true;
         wi->local_step = q->local_step;
         wi->global_step = q->global_step;
@@ -168,10 +163,10 @@ static void h_report(struct rpc_call *call, void *ud) {
                 wi->finished = true;
         /* global_step is ps:0's alone (chief_loop.c polls it): a worker's word never moves it, nor ends
          * the job */
-        chief_event_locked(c, &(struct chief_event){.kind = CHIEF_EV_WORKER_REPORT, .step = q->local_step});
-        rep.stop = chief_state_workers_stop(&c->js, c->stop_requested, c->global_step, c->cfg->training.max_steps);
+        chief_event_locked(&c->st, &(struct chief_event){.kind = CHIEF_EV_WORKER_REPORT, .step = q->local_step});
+        rep.stop = chief_state_workers_stop(&c->st.js, c->st.stop_requested, c->st.global_step, c->cfg->training.max_steps);
         rep.max_steps = c->cfg->training.max_steps;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         if (admit > 0)
                 chief_wake(c);   /* the main loop fails the job */
 
@@ -181,11 +176,10 @@ static void h_report(struct rpc_call *call, void *ud) {
         if (r < 0 && !__atomic_exchange_n(&db_warned, true, __ATOMIC_RELAXED))
                 log_warning_errno(r, "Cannot record progress in the database, continuing without it");
         rpc_call_reply_msg(call, &rep.base);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 static void h_status(struct rpc_call *call, void *ud) {
-        grpc_byte_buffer *bb = chief_status_pack(ud);
+        grpc_byte_buffer *bb = chief_status_pack(&((struct chief *)ud)->st);
         if (!bb)
                 rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         else
@@ -199,45 +193,39 @@ void chief_wake(struct chief *c) {
         }
 }
 
-static void h_stop(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__stop_request__descriptor);
-        if (!m)
-                return;
+static void h_stop(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         const Psfleet__V1__StopRequest *q = (const Psfleet__V1__StopRequest *)m;
         char *peer = rpc_call_peer(call);
+        char rb[LOG_PEER_BUF];
         log_info("Stop requested by %s%s%s%s", peer ? peer : "a client", q->reason && *q->reason ? " (" : "",
-                 q->reason && *q->reason ? q->reason : "", q->reason && *q->reason ? ")" : "");
+                 q->reason && *q->reason ? log_peer_str(q->reason, rb, sizeof(rb)) : "",
+                 q->reason && *q->reason ? ")" : "");
         free(peer);
-        pthread_mutex_lock(&c->lock);
-        c->stop_requested = true;
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        c->st.stop_requested = true;
+        pthread_mutex_unlock(&c->st.lock);
         chief_wake(c);
         Psfleet__V1__StopReply rep = PSFLEET__V1__STOP_REPLY__INIT;
         rpc_call_reply_msg(call, &rep.base);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 /* Restart: trains an ended job (DONE, FAILED, STOPPED) again; the main loop does it. */
-static void h_restart(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__restart_request__descriptor);
-        if (!m)
-                return;
+static void h_restart(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         const char *why = ((const Psfleet__V1__RestartRequest *)m)->reason;
         char *peer = rpc_call_peer(call);
-        pthread_mutex_lock(&c->lock);
-        bool ok = chief_state_ended(&c->js) && !c->stop_requested;
-        Psfleet__V1__JobState st = c->js.state;
+        pthread_mutex_lock(&c->st.lock);
+        bool ok = chief_state_ended(&c->st.js) && !c->st.stop_requested;
+        Psfleet__V1__JobState st = c->st.js.state;
         if (ok) {
-                c->restart_requested = true;
-                chief_strfmt(c->restart_reason, sizeof(c->restart_reason), "asked by %s%s%s", peer ? peer : "a client",
+                c->st.restart_requested = true;
+                chief_strfmt(c->st.restart_reason, sizeof(c->st.restart_reason), "asked by %s%s%s", peer ? peer : "a client",
                              why && *why ? ": " : "", why && *why ? why : "");
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         if (ok) {
+                char wb[LOG_PEER_BUF];
                 log_info("Restart requested by %s%s%s", peer ? peer : "a client", why && *why ? ": " : "",
-                         why && *why ? why : "");
+                         why && *why ? log_peer_str(why, wb, sizeof(wb)) : "");
                 chief_wake(c);
                 Psfleet__V1__RestartReply rep = PSFLEET__V1__RESTART_REPLY__INIT;
                 rpc_call_reply_msg(call, &rep.base);
@@ -247,7 +235,6 @@ static void h_restart(struct rpc_call *call, void *ud) {
                               job_state_name(st));
         }
         free(peer);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
 static void h_list_ckpts(struct rpc_call *call, void *ud) {
@@ -280,87 +267,43 @@ static void h_list_ckpts(struct rpc_call *call, void *ud) {
         free(rows);
 }
 
-static void h_save_ckpt(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__save_checkpoint_request__descriptor);
-        if (!m)
-                return;
+static void h_save_ckpt(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         const char *why = ((const Psfleet__V1__SaveCheckpointRequest *)m)->reason;
         char *peer = rpc_call_peer(call);
-        pthread_mutex_lock(&c->lock);
-        Psfleet__V1__JobState st = c->js.state;
+        pthread_mutex_lock(&c->st.lock);
+        Psfleet__V1__JobState st = c->st.js.state;
         bool queue = false;
-        if (c->saves_closed) {
+        if (c->st.saves_closed) {
                 rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "chiefd is stopping");
         } else if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_DONE) {
-                if (c->have_ckpt)
+                if (c->st.have_ckpt)
                         rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION,
                                       "the job is done; its final checkpoint is \"%s\" (global_step %" PRIu64 ")",
-                                      c->last_ckpt.path, c->last_ckpt.global_step);
+                                      c->st.last_ckpt.path, c->st.last_ckpt.global_step);
                 else
                         rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "the job is done");
         } else if (st == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED) {
-                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "the job failed: %s", c->js.reason);
-        } else if (!c->js.ready_once) {
+                rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "the job failed: %s", c->st.js.reason);
+        } else if (!c->st.js.ready_once) {
                 rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "the job is not ready yet (%s: %s)", job_state_name(st),
-                              c->js.reason);
+                              c->st.js.reason);
         } else {
-                struct rpc_call **a = realloc(c->save_calls, (c->n_save_calls + 1) * sizeof(*a));
-                if (!a) {
+                queue = chief_saves_add_locked(&c->st, call) >= 0;
+                if (!queue)
                         rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-                } else {
-                        a[c->n_save_calls++] = call;
-                        c->save_calls = a;
-                        queue = true;
-                }
         }
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_unlock(&c->st.lock);
         if (queue) {
+                char wb[LOG_PEER_BUF];
                 log_info("Checkpoint requested by %s%s%s%s", peer ? peer : "a client", why && *why ? " (" : "",
-                         why && *why ? why : "", why && *why ? ")" : "");
+                         why && *why ? log_peer_str(why, wb, sizeof(wb)) : "", why && *why ? ")" : "");
                 chief_wake(c);
         }
         free(peer);
-        protobuf_c_message_free_unpacked(m, NULL);
 }
 
-/* Answers every queued SaveCheckpoint: with row, or with the error r/err. Main thread. */
-void chief_answer_saves(struct chief *c, int r, const struct chief_db_checkpoint *row, bool existing, const char *err) {
-        pthread_mutex_lock(&c->lock);
-        struct rpc_call **calls = c->save_calls;
-        size_t n = c->n_save_calls;
-        c->save_calls = NULL;
-        c->n_save_calls = 0;
-        pthread_mutex_unlock(&c->lock);
-        Psfleet__V1__Checkpoint ck;
-        Psfleet__V1__SaveCheckpointReply rep = PSFLEET__V1__SAVE_CHECKPOINT_REPLY__INIT;
-        if (r >= 0) {
-                chief_checkpoint_msg(row, &ck);
-                rep.checkpoint = &ck;
-                rep.existing = existing;
-        }
-        for (size_t i = 0; i < n; i++)
-                if (r < 0)
-                        rpc_call_fail_errno(calls[i], r, "%s", err);
-                else
-                        rpc_call_reply_msg(calls[i], &rep.base);
-        free(calls);
-}
-
-bool chief_saves_pending(struct chief *c) {
-        pthread_mutex_lock(&c->lock);
-        bool r = c->n_save_calls > 0;
-        pthread_mutex_unlock(&c->lock);
-        return r;
-}
-
-static void h_delete_ckpt(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__delete_checkpoint_request__descriptor);
-        if (!m)
-                return;
+static void h_delete_ckpt(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
         uint64_t step = ((const Psfleet__V1__DeleteCheckpointRequest *)m)->global_step;
-        protobuf_c_message_free_unpacked(m, NULL);
         struct chief_db_checkpoint row;
         char err[512];
         int r = chief_ckpt_delete(c->ckpts, step, &row, err, sizeof(err));
@@ -372,7 +315,7 @@ static void h_delete_ckpt(struct rpc_call *call, void *ud) {
         log_info("Deleted the checkpoint of global_step %" PRIu64 " (\"%s\"), as %s asked", step, row.path,
                  peer ? peer : "a client");
         free(peer);
-        chief_refresh_ckpt_info(c);
+        chief_refresh_ckpt_info(&c->st);
         Psfleet__V1__Checkpoint ck;
         chief_checkpoint_msg(&row, &ck);
         Psfleet__V1__DeleteCheckpointReply rep = PSFLEET__V1__DELETE_CHECKPOINT_REPLY__INIT;
@@ -380,17 +323,37 @@ static void h_delete_ckpt(struct rpc_call *call, void *ud) {
         rpc_call_reply_msg(call, &rep.base);
 }
 
+/* Watch: the stream goes to the watch thread (chief_watch.c). */
+static void h_watch(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
+        const Psfleet__V1__WatchRequest *q = (const Psfleet__V1__WatchRequest *)m;
+        int r = chief_watch_add(c->watch, call, q->min_interval_ms, q->heartbeat_ms);
+        if (r == -ENOMEM)
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        else if (r < 0)
+                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "chiefd is stopping");
+}
+
 void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]) {
+        const struct chief_handler with_request[CHIEF_RPC_N_HANDLERS] = {
+                {c, &psfleet__v1__join_request__descriptor, h_join},
+                {c, &psfleet__v1__report_request__descriptor, h_report},
+                {c, &psfleet__v1__stop_request__descriptor, h_stop},
+                {c, &psfleet__v1__restart_request__descriptor, h_restart},
+                {c, &psfleet__v1__watch_request__descriptor, h_watch},
+                {c, &psfleet__v1__save_checkpoint_request__descriptor, h_save_ckpt},
+                {c, &psfleet__v1__delete_checkpoint_request__descriptor, h_delete_ckpt},
+        };
+        memcpy(c->handlers, with_request, sizeof(with_request));
         const struct rpc_method all[CHIEF_RPC_N_METHODS] = {
-                {M_JOIN, h_join, c},
-                {M_REPORT, h_report, c},
+                {M_JOIN, dispatch, &c->handlers[0]},
+                {M_REPORT, dispatch, &c->handlers[1]},
                 {M_STATUS, h_status, c},
-                {M_STOP, h_stop, c},
-                {M_RESTART, h_restart, c},
-                {M_WATCH, chief_watch_handler, c},
+                {M_STOP, dispatch, &c->handlers[2]},
+                {M_RESTART, dispatch, &c->handlers[3]},
+                {M_WATCH, dispatch, &c->handlers[4]},
                 {M_LIST_CKPT, h_list_ckpts, c},
-                {M_SAVE_CKPT, h_save_ckpt, c},
-                {M_DELETE_CKPT, h_delete_ckpt, c},
+                {M_SAVE_CKPT, dispatch, &c->handlers[5]},
+                {M_DELETE_CKPT, dispatch, &c->handlers[6]},
                 {RPC_HEALTH_CHECK, rpc_health_handler, (void *)health_services},
         };
         memcpy(m, all, sizeof(all));

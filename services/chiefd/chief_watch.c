@@ -1,10 +1,15 @@
 /* chiefd's Watch streams: the handler hands each stream to one thread, which sends JobStatus when what
  * it shows changes (at most every min_interval), a heartbeat otherwise, and the last word at the end. */
+#include "chief_watch.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "chiefd-internal.h"
+#include <pthread.h>
+
+#include "chief_status.h"
+#include "rpc.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/supervisor.pb-c.h"
@@ -22,63 +27,64 @@ struct watcher {
         struct watcher *next;
 };
 
-void chief_watch_handler(struct rpc_call *call, void *ud) {
-        struct chief *c = ud;
-        ProtobufCMessage *m = chief_rpc_request(call, &psfleet__v1__watch_request__descriptor);
-        if (!m)
-                return;
-        const Psfleet__V1__WatchRequest *q = (const Psfleet__V1__WatchRequest *)m;
+struct chief_watch {
+        struct chief_status *st;          /* what the streams show; its `changed` wakes the thread */
+        pthread_mutex_t mu;               /* protects the fields below (waited on with st->changed) */
+        struct watcher *new_watchers;     /* handed over by chief_watch_add, taken by the thread */
+        bool closed;
+        pthread_t thread;
+        bool started;
+};
+
+int chief_watch_add(struct chief_watch *cw, struct rpc_call *call, uint32_t min_interval_ms, uint32_t heartbeat_ms) {
         struct watcher *w = calloc(1, sizeof(*w));
-        if (!w) {
-                protobuf_c_message_free_unpacked(m, NULL);
-                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-                return;
-        }
-        uint32_t mi = q->min_interval_ms ? q->min_interval_ms : 500;
+        if (!w)
+                return -ENOMEM;
+        uint32_t mi = min_interval_ms ? min_interval_ms : 500;
         w->call = call;
         w->min_interval_us = (uint64_t)(mi < 100 ? 100 : mi) * 1000;
-        w->heartbeat_us = (uint64_t)(q->heartbeat_ms ? q->heartbeat_ms : 5000) * 1000;
-        protobuf_c_message_free_unpacked(m, NULL);
-        pthread_mutex_lock(&c->watch_mu);
-        bool closed = c->watch_closed;
+        w->heartbeat_us = (uint64_t)(heartbeat_ms ? heartbeat_ms : 5000) * 1000;
+        pthread_mutex_lock(&cw->mu);
+        bool closed = cw->closed;
         if (!closed) {
-                w->next = c->new_watchers;
-                c->new_watchers = w;
-                pthread_cond_signal(&c->watch_cond);
+                w->next = cw->new_watchers;
+                cw->new_watchers = w;
+                pthread_cond_signal(&cw->st->changed);
         }
-        pthread_mutex_unlock(&c->watch_mu);
+        pthread_mutex_unlock(&cw->mu);
         if (closed) {
                 free(w);
-                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "chiefd is stopping");
+                return -ESHUTDOWN;
         }
+        return 0;
 }
 
 /* What a watcher sees, hashed: a new value means a message is due. */
-static uint64_t status_key(struct chief *c, bool *final) {
+static uint64_t status_key(struct chief_status *s, bool *final) {
         uint64_t h = 1469598103934665603ull;
 #define MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
-        pthread_mutex_lock(&c->lock);
-        MIX(c->js.state);
-        MIX(c->global_step);
-        MIX(c->have_ckpt ? c->last_ckpt.global_step + 1 : 0);
-        MIX(c->have_ckpt ? c->last_ckpt.time_us : 0);
-        MIX(c->n_ckpts);
-        MIX(c->have_eval ? c->eval_step + 1 : 0);
-        MIX(c->n_losses);
-        MIX(c->wait.on ? c->wait.since_us : 0);
-        MIX(c->last_ckpt_error[0]);
-        for (const char *p = c->js.reason; *p; p++)
+        pthread_mutex_lock(&s->lock);
+        MIX(s->js.state);
+        MIX(s->global_step);
+        MIX(s->have_ckpt ? s->last_ckpt.global_step + 1 : 0);
+        MIX(s->have_ckpt ? s->last_ckpt.time_us : 0);
+        MIX(s->n_ckpts);
+        MIX(s->have_eval ? s->eval_step + 1 : 0);
+        MIX(s->n_losses);
+        MIX(s->wait.on ? s->wait.since_us : 0);
+        MIX(s->last_ckpt_error[0]);
+        for (const char *p = s->js.reason; *p; p++)
                 MIX((unsigned char)*p);
-        *final = chief_state_final(&c->js);
-        pthread_mutex_unlock(&c->lock);
+        *final = chief_state_final(&s->js);
+        pthread_mutex_unlock(&s->lock);
 #undef MIX
         return h;
 }
 
 /* One pass over the watchers: sends where due, ends the streams that are over. Returns the list left. */
-static struct watcher *watch_serve(struct chief *c, struct watcher *list) {
+static struct watcher *watch_serve(struct chief_status *st, struct watcher *list) {
         bool final;
-        uint64_t key = status_key(c, &final), t = mono_us();
+        uint64_t key = status_key(st, &final), t = mono_us();
         grpc_byte_buffer *bb = NULL;
         struct watcher **pp = &list;
         while (*pp) {
@@ -90,7 +96,7 @@ static struct watcher *watch_serve(struct chief *c, struct watcher *list) {
                 } else if (!w->sent || (key != w->key && t - w->last_sent_mono >= w->min_interval_us) ||
                            t - w->last_sent_mono >= w->heartbeat_us || final) {
                         if (!bb)
-                                bb = chief_status_pack(c);
+                                bb = chief_status_pack(st);
                         int r = bb ? rpc_call_send(w->call, grpc_byte_buffer_copy(bb), WATCH_SEND_TIMEOUT_MS) : -ENOMEM;
                         if (r < 0) {
                                 rpc_call_finish(w->call, r == -ETIMEDOUT ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED,
@@ -118,35 +124,35 @@ static struct watcher *watch_serve(struct chief *c, struct watcher *list) {
 }
 
 static void *watch_main(void *arg) {
-        struct chief *c = arg;
+        struct chief_watch *cw = arg;
         struct watcher *active = NULL;
-        pthread_mutex_lock(&c->watch_mu);
+        pthread_mutex_lock(&cw->mu);
         for (;;) {
-                while (c->new_watchers) {
-                        struct watcher *w = c->new_watchers;
-                        c->new_watchers = w->next;
+                while (cw->new_watchers) {
+                        struct watcher *w = cw->new_watchers;
+                        cw->new_watchers = w->next;
                         w->next = active;
                         active = w;
                 }
-                if (c->watch_closed)
+                if (cw->closed)
                         break;
                 if (active) {
-                        pthread_mutex_unlock(&c->watch_mu);
-                        active = watch_serve(c, active);
-                        pthread_mutex_lock(&c->watch_mu);
+                        pthread_mutex_unlock(&cw->mu);
+                        active = watch_serve(cw->st, active);
+                        pthread_mutex_lock(&cw->mu);
                 }
-                if (c->watch_closed || c->new_watchers)
+                if (cw->closed || cw->new_watchers)
                         continue;
                 if (!active) {
-                        pthread_cond_wait(&c->watch_cond, &c->watch_mu);
+                        pthread_cond_wait(&cw->st->changed, &cw->mu);
                 } else {
                         struct timespec until = realtime_in_ms(WATCH_TICK_MS);
-                        pthread_cond_timedwait(&c->watch_cond, &c->watch_mu, &until);
+                        pthread_cond_timedwait(&cw->st->changed, &cw->mu, &until);
                 }
         }
-        pthread_mutex_unlock(&c->watch_mu);
+        pthread_mutex_unlock(&cw->mu);
         /* A job that has just ended still gets its last word to every watcher (and the stream ends OK). */
-        active = watch_serve(c, active);
+        active = watch_serve(cw->st, active);
         while (active) {
                 struct watcher *w = active;
                 active = w->next;
@@ -156,21 +162,40 @@ static void *watch_main(void *arg) {
         return NULL;
 }
 
-int chief_watch_start(struct chief *c) {
-        int r = pthread_create(&c->watch_thread, NULL, watch_main, c);
-        if (r != 0)
+struct chief_watch *chief_watch_free(struct chief_watch *cw) {
+        if (!cw)
+                return NULL;
+        chief_watch_stop(cw);
+        pthread_mutex_destroy(&cw->mu);
+        free(cw);
+        return NULL;
+}
+
+int chief_watch_new(struct chief_status *st, struct chief_watch **ret) {
+        struct chief_watch *cw = calloc(1, sizeof(*cw));
+        if (!cw)
+                return -ENOMEM;
+        cw->st = st;
+        pthread_mutex_init(&cw->mu, NULL);
+        int r = pthread_create(&cw->thread, NULL, watch_main, cw);
+        if (r != 0) {
+                chief_watch_free(cw);
                 return -r;
-        c->watch_started = true;
+        }
+        cw->started = true;
+        *ret = cw;
         return 0;
 }
 
-void chief_watch_stop(struct chief *c) {
-        pthread_mutex_lock(&c->watch_mu);
-        c->watch_closed = true;
-        pthread_cond_signal(&c->watch_cond);
-        pthread_mutex_unlock(&c->watch_mu);
-        if (c->watch_started) {
-                pthread_join(c->watch_thread, NULL);
-                c->watch_started = false;
+void chief_watch_stop(struct chief_watch *cw) {
+        if (!cw)
+                return;
+        pthread_mutex_lock(&cw->mu);
+        cw->closed = true;
+        pthread_cond_signal(&cw->st->changed);
+        pthread_mutex_unlock(&cw->mu);
+        if (cw->started) {
+                pthread_join(cw->thread, NULL);
+                cw->started = false;
         }
 }

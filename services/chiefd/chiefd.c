@@ -16,6 +16,8 @@
 #include "ctr_train.h"
 #include "backend.h"
 #include "chiefd-internal.h"
+#include "chief_metrics.h"
+#include "ckpt.h"
 #include "config.h"
 #include "daemon.h"
 #include "data.h"
@@ -28,26 +30,22 @@
 #include "trainer.h"
 #include "util.h"
 
-/* A test hook, not a setting: slows every checkpoint write down so that an integration test can kill
- * chiefd mid-write (tests/integration/test_checkpoint_crash.py). Read here and nowhere else. */
-#define TEST_HOOK_CHECKPOINT_DELAY_ENV "PSFLEET_TEST_CHECKPOINT_DELAY_MS"
-
-/* The checkpoint delay the test hook asks for, in ms; 0 when unset (always, outside tests). */
-static uint64_t test_hook_checkpoint_delay_ms(void) {
-        const char *v = getenv(TEST_HOOK_CHECKPOINT_DELAY_ENV);
-        uint64_t ms = 0;
-        if (!v || !*v)
-                return 0;
-        if (parse_u64(v, 0, 600000, &ms) < 0) {
-                log_warning("Test hook %s=\"%s\" is not a number of milliseconds (0..600000); ignoring it",
-                            TEST_HOOK_CHECKPOINT_DELAY_ENV, v);
-                return 0;
+/* The test hook supervisor.test_checkpoint_delay_ms (PSFLEET_TEST_CHECKPOINT_DELAY_MS, through the key
+ * table like every PSFLEET_* variable): slows every checkpoint write down so that an integration test
+ * can kill chiefd mid-write (tests/integration/test_checkpoint_crash.py). A bad value is a
+ * configuration error naming the variable. Returns 0 or -EINVAL, logged. */
+static int test_hook_setup(struct job_config *cfg) {
+        char err[512];
+        if (config_apply_env(cfg, "supervisor", err, sizeof(err)) < 0) {
+                log_error("%s", err);
+                return -EINVAL;
         }
+        uint64_t ms = cfg->supervisor.test_checkpoint_delay_ms;
         if (ms)
-                log_warning("Test hook %s=%" PRIu64 ": every checkpoint write sleeps %" PRIu64
-                            " ms before its rename and again before its record", TEST_HOOK_CHECKPOINT_DELAY_ENV, ms,
-                            ms);
-        return ms;
+                log_warning("Test hook PSFLEET_TEST_CHECKPOINT_DELAY_MS=%" PRIu64 ": every checkpoint write sleeps %"
+                            PRIu64 " ms before its rename and again before its record", ms, ms);
+        ckpt_set_test_delay(ms);
+        return 0;
 }
 
 static struct chief *chief_free(struct chief *c) {
@@ -62,22 +60,17 @@ static struct chief *chief_free(struct chief *c) {
         model_free(c->model);
         backend_free(c->be);
         dataset_free(c->test);
-        summary_writer_free(c->sw);
+        summary_writer_free(c->ev.sw);
         free(c->summary_dir);
         chief_ckpt_free(c->ckpts);
         for (unsigned k = 0; k < OPTIM_MAX_SLOTS; k++)
-                free(c->slots[k]);
-        free(c->save_calls);
-        pthread_mutex_destroy(&c->watch_mu);
-        pthread_cond_destroy(&c->watch_cond);
+                free(c->sv.slots[k]);
+        chief_watch_free(c->watch);
         chief_db_close(c->db);
         if (c->wake_fd >= 0)
                 close(c->wake_fd);
-        free(c->workers);
-        free(c->ps);
-        free(c->losses);
+        chief_status_done(&c->st);
         free(c->canonical);
-        pthread_mutex_destroy(&c->lock);
         free(c);
         return NULL;
 }
@@ -89,31 +82,22 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         int r;
         if (!c)
                 return log_error_errno(-ENOMEM, "Cannot allocate the chief");
-        pthread_mutex_init(&c->lock, NULL);
-        pthread_mutex_init(&c->watch_mu, NULL);
-        pthread_cond_init(&c->watch_cond, NULL);
+        chief_status_init(&c->st);
         c->wake_fd = -1;
         c->cfg = cfg;
-        chief_state_init(&c->js);
-        chief_metrics_init(c);
-        c->state_since_us = now_us();
-        c->test_accuracy = -1;
-        c->test_auc = c->test_rmse = -1;
-        c->test_loss = -1;
-        c->started_us = now_us();
+        c->st.cfg = cfg;
+        chief_metrics_init(cfg->cluster.n_worker);
         c->canonical = config_canonical_json(cfg);
-        c->fingerprint = config_fingerprint(cfg);
-        c->workers = calloc(cfg->cluster.n_worker, sizeof(*c->workers));
-        c->ps = calloc(cfg->cluster.n_ps, sizeof(*c->ps));
+        c->fingerprint = c->st.fingerprint = config_fingerprint(cfg);
+        c->st.workers = calloc(cfg->cluster.n_worker, sizeof(*c->st.workers));
+        c->st.ps = calloc(cfg->cluster.n_ps, sizeof(*c->st.ps));
         c->worker_ch = calloc(cfg->cluster.n_worker, sizeof(*c->worker_ch));
-        if (!c->canonical || !c->workers || !c->ps || !c->worker_ch) {
+        if (!c->canonical || !c->st.workers || !c->st.ps || !c->worker_ch) {
                 r = log_error_errno(-ENOMEM, "Cannot allocate the chief");
                 goto fail;
         }
         for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
-                chief_strfmt(c->ps[s].state, sizeof(c->ps[s].state), "not contacted yet");
-
-        c->test_hook_delay_ms = test_hook_checkpoint_delay_ms();
+                chief_strfmt(c->st.ps[s].state, sizeof(c->st.ps[s].state), "not contacted yet");
 
         /* The record. */
         char *dir = strdup_printf("%s/%s", state_root, cfg->name);
@@ -138,28 +122,28 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         bool same_job = r >= 0 && prev.fingerprint == c->fingerprint;
         if (same_job) {
                 /* A restart of the same job: it keeps its start time, its losses, and an ended state. */
-                c->started_us = prev.started_us;
+                c->st.started_us = prev.started_us;
                 log_info("Database \"%s\": the job was last %s at global_step %" PRIu64 "%s%s", db_path,
                          job_state_name(prev.state), prev.global_step, prev.reason[0] ? ": " : "", prev.reason);
-                chief_state_from_record(&c->js, prev.state, prev.reason);
-                if (chief_state_final(&c->js)) {
-                        c->global_step = c->end_step = prev.global_step;
-                        c->test_accuracy = prev.test_accuracy;
-                        c->test_loss = prev.test_loss;
-                        c->test_auc = prev.test_auc;
-                        c->test_rmse = prev.test_rmse;
-                        c->wall_s = prev.wall_s;
-                        c->state_since_us = prev.state_since_us ? prev.state_since_us : prev.updated_us;
+                chief_state_from_record(&c->st.js, prev.state, prev.reason);
+                if (chief_state_final(&c->st.js)) {
+                        c->st.global_step = c->st.end_step = prev.global_step;
+                        c->st.test_accuracy = prev.test_accuracy;
+                        c->st.test_loss = prev.test_loss;
+                        c->st.test_auc = prev.test_auc;
+                        c->st.test_rmse = prev.test_rmse;
+                        c->st.wall_s = prev.wall_s;
+                        c->st.state_since_us = prev.state_since_us ? prev.state_since_us : prev.updated_us;
                         log_notice("The job is %s%s%s: not training it again (psfleet restart trains it again)",
                                    job_state_name(prev.state), prev.reason[0] ? ": " : "", prev.reason);
                 }
                 struct chief_db_loss *losses = NULL;
                 size_t n_losses = 0;
                 if (chief_db_list_losses(c->db, &losses, &n_losses) >= 0) {
-                        c->losses = losses;
-                        c->n_losses = n_losses;
+                        c->st.losses = losses;
+                        c->st.n_losses = n_losses;
                         for (size_t i = 0; i < n_losses; i++)
-                                c->steps_lost += losses[i].steps_lost;
+                                c->st.steps_lost += losses[i].steps_lost;
                 }
         } else if (r >= 0) {
                 log_notice("Database \"%s\" holds a job with another fingerprint (%016" PRIx64 "): starting afresh",
@@ -171,7 +155,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 struct chief_db_progress p;
                 char st[128];
                 if (same_job && chief_db_last_progress(c->db, w, &p, st, sizeof(st)) >= 0) {
-                        struct worker_info *wi = &c->workers[w];
+                        struct worker_info *wi = &c->st.workers[w];
                         wi->local_step = p.local_step;
                         wi->global_step = p.global_step;
                         wi->loss = p.loss;
@@ -213,8 +197,11 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                                        .sparse_optimizer = cfg->training.sparse_optimizer, .job = cfg->name,
                                        .fingerprint = c->fingerprint,
                                        .keep = cfg->supervisor.keep_checkpoints,
-                                       .keep_corrupt = cfg->supervisor.keep_corrupt, .test_hook_delay_ms = c->test_hook_delay_ms};
+                                       .keep_corrupt = cfg->supervisor.keep_corrupt};
         r = chief_ckpt_new(c->db, &cc, &c->ckpts, err, sizeof(err));
+        c->st.db = c->db;
+        c->st.ckpts = c->ckpts;
+        c->st.summary_dir = c->summary_dir;
         free(ckpt_dir);
         if (r < 0) {
                 log_error_errno(r, "%s", err);
@@ -226,15 +213,15 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                                 chief_ckpt_dir(c->ckpts));
                 goto fail;
         }
-        chief_refresh_ckpt_info(c);
-        if (c->have_ckpt)
+        chief_refresh_ckpt_info(&c->st);
+        if (c->st.have_ckpt)
                 log_info("Checkpoints in \"%s\": %u, the newest at global_step %" PRIu64, chief_ckpt_dir(c->ckpts),
-                         c->n_ckpts, c->last_ckpt.global_step);
-        if (chief_db_last_evaluation(c->db, &c->eval_step, &c->eval_loss, &c->eval_accuracy) >= 0)
-                c->have_eval = true;
-        c->n_slots = optim_n_slots(cfg->training.optimizer);
-        for (unsigned k = 0; k < c->n_slots; k++)
-                if (!(c->slots[k] = calloc(model_n_params(c->model) ? model_n_params(c->model) : 1, sizeof(float)))) {
+                         c->st.n_ckpts, c->st.last_ckpt.global_step);
+        if (chief_db_last_evaluation(c->db, &c->st.eval_step, &c->st.eval_loss, &c->st.eval_accuracy) >= 0)
+                c->st.have_eval = true;
+        c->sv.n_slots = optim_n_slots(cfg->training.optimizer);
+        for (unsigned k = 0; k < c->sv.n_slots; k++)
+                if (!(c->sv.slots[k] = calloc(model_n_params(c->model) ? model_n_params(c->model) : 1, sizeof(float)))) {
                         r = log_error_errno(-ENOMEM, "Cannot allocate the optimizer's slots");
                         goto fail;
                 }
@@ -243,11 +230,11 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 if (gethostname(host, sizeof(host) - 1) < 0 || !host[0])
                         chief_strfmt(host, sizeof(host), "localhost");
                 host[sizeof(host) - 1] = 0;
-                r = summary_writer_new(c->summary_dir, now_us(), host, &c->sw);
+                r = summary_writer_new(c->summary_dir, now_us(), host, &c->ev.sw);
                 if (r < 0)
                         log_warning_errno(r, "Cannot create an event file in \"%s\"; no summaries", c->summary_dir);
                 else
-                        log_info("Summaries go to \"%s\"", summary_writer_path(c->sw));
+                        log_info("Summaries go to \"%s\"", summary_writer_path(c->ev.sw));
         }
 
         for (uint32_t w = 0; w < cfg->cluster.n_worker; w++) {
@@ -281,6 +268,16 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 goto fail;
         }
 
+        /* What the snapshots and the evaluations work with, each in its own struct. */
+        c->sv.cfg = c->ev.cfg = cfg;
+        c->sv.st = c->ev.st = &c->st;
+        c->sv.ckpts = c->ckpts;
+        c->sv.pc = c->ev.pc = c->pc;
+        c->sv.model = c->ev.model = c->model;
+        c->sv.ev = &c->ev;
+        c->ev.db = c->db;
+        c->ev.test = c->test;
+
         c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (c->wake_fd < 0) {
                 r = log_error_errno(errno, "eventfd() failed");
@@ -295,11 +292,11 @@ fail:
 
 /* Before the server shuts down: ends every stream and queued call, and refuses new ones. */
 static void close_streams(struct chief *c) {
-        pthread_mutex_lock(&c->lock);
-        c->saves_closed = true;
-        pthread_mutex_unlock(&c->lock);
-        chief_answer_saves(c, -ESHUTDOWN, NULL, false, "chiefd is stopping");
-        chief_watch_stop(c);
+        pthread_mutex_lock(&c->st.lock);
+        c->st.saves_closed = true;
+        pthread_mutex_unlock(&c->st.lock);
+        chief_answer_saves(&c->st, -ESHUTDOWN, NULL, false, "chiefd is stopping");
+        chief_watch_stop(c->watch);
 }
 
 static int run(int argc, char **argv) {
@@ -321,6 +318,11 @@ static int run(int argc, char **argv) {
                 return r == 1 ? EXIT_SUCCESS : r;
         }
         struct job_config *cfg = args.cfg;
+        if (test_hook_setup(cfg) < 0) {
+                close(sfd);
+                daemon_args_done(&args);
+                return DAEMON_EX_CONFIG;
+        }
 
         rpc_global_init();
         if ((r = chief_new(cfg, args.state_dir, &c)) < 0)
@@ -328,7 +330,7 @@ static int run(int argc, char **argv) {
 
         struct rpc_method methods[CHIEF_RPC_N_METHODS];
         chief_rpc_methods(c, methods);
-        r = chief_watch_start(c);
+        r = chief_watch_new(&c->st, &c->watch);
         if (r < 0) {
                 log_error_errno(r, "Cannot start the watch thread");
                 goto out;
@@ -339,10 +341,10 @@ static int run(int argc, char **argv) {
                  args.listen, cfg->name, c->fingerprint, cfg->cluster.n_ps, cfg->cluster.n_worker,
                  cfg->training.max_steps);
         notify_ready();
-        pthread_mutex_lock(&c->lock);
-        if (chief_state_final(&c->js))
-                notify_status("%s: %s", job_state_name(c->js.state), c->js.reason[0] ? c->js.reason : "the job has ended");
-        pthread_mutex_unlock(&c->lock);
+        pthread_mutex_lock(&c->st.lock);
+        if (chief_state_final(&c->st.js))
+                notify_status("%s: %s", job_state_name(c->st.js.state), c->st.js.reason[0] ? c->st.js.reason : "the job has ended");
+        pthread_mutex_unlock(&c->st.lock);
         r = chief_supervise(c, sfd);
         notify_stopping();
         ret = r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -87,8 +87,20 @@ static char *build_header(const struct ckpt_tensor *t, size_t n, const struct ck
         return out;
 }
 
+static uint64_t test_delay_ms;   /* set once at start (ckpt_set_test_delay); 0: off */
+
+void ckpt_set_test_delay(uint64_t ms) {
+        test_delay_ms = ms;
+}
+
+void ckpt_test_delay(void) {
+        struct timespec ts = {(time_t)(test_delay_ms / 1000), (long)(test_delay_ms % 1000) * 1000000L};
+        while (test_delay_ms && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+}
+
 int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, const struct ckpt_kv *meta,
-               size_t n_meta, uint64_t test_hook_delay_ms, struct ckpt_written *ret, char *err, size_t errlen) {
+               size_t n_meta, struct ckpt_written *ret, char *err, size_t errlen) {
         for (size_t i = 0; i < n; i++)
                 for (size_t j = 0; j < i; j++)
                         if (strcmp(tensors[i].name, tensors[j].name) == 0)
@@ -130,11 +142,7 @@ int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, co
                 errf(err, errlen, r, "cannot fsync \"%s\": %s", tmp, strerror(-r));
                 goto out;
         }
-        if (test_hook_delay_ms) {
-                struct timespec ts = {(time_t)(test_hook_delay_ms / 1000), (long)(test_hook_delay_ms % 1000) * 1000000L};
-                while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-                        ;
-        }
+        ckpt_test_delay();   /* test hook: only the temp file exists */
         bool renamed;
         r = atomic_file_commit(af, &renamed);
         af = NULL;

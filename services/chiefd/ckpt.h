@@ -5,7 +5,11 @@
  * strings. Any safetensors reader opens these files; chiefd reads them back here.
  *
  * Writes are durable and atomic: a reader sees the old file or the new one, never a part.
- * Thread-safe: no shared state. Little-endian hosts only (floats are written as they lie in memory). */
+ * Thread-safe: no shared state but the test delay, set once at start (ckpt_set_test_delay).
+ * Little-endian hosts only (floats are written as they lie in memory).
+ *
+ * The file format alone: which files a job keeps, and their rows, are chief_ckpt.c's (the store);
+ * what goes into them from the shards, and back, is chief_save.c's. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -36,12 +40,19 @@ struct ckpt_written {
 
 /* Writes the tensors (names must be distinct) and metadata as a safetensors file at path, through an
  * atomic_file (util.h) whose temp file is ".<name>.tmp" beside it: written, fsynced, renamed over path,
- * the directory fsynced. test_hook_delay_ms > 0 (a test hook, 0 outside tests) sleeps between the
- * fsync and the rename, so that a test can kill the writer while only the temp file exists. Returns 0
- * and *ret; or -errno with err saying what failed, and path untouched unless only the directory's
- * fsync failed (the temp file is removed in every case). */
+ * the directory fsynced. With the test delay on (ckpt_set_test_delay) it sleeps between the fsync
+ * and the rename, so that a test can kill the writer while only the temp file exists. Returns 0 and
+ * *ret; or -errno with err saying what failed, and path untouched unless only the directory's fsync
+ * failed (the temp file is removed in every case). */
 int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, const struct ckpt_kv *meta,
-               size_t n_meta, uint64_t test_hook_delay_ms, struct ckpt_written *ret, char *err, size_t errlen);
+               size_t n_meta, struct ckpt_written *ret, char *err, size_t errlen);
+
+/* The test hook PSFLEET_TEST_CHECKPOINT_DELAY_MS (supervisor.test_checkpoint_delay_ms), 0 outside
+ * tests: every ckpt_write sleeps ms before its rename, and ckpt_test_delay() sleeps as long (the
+ * checkpoint store calls it before recording a file). Set once at start, before any checkpoint is
+ * written; the one place that holds the delay. */
+void ckpt_set_test_delay(uint64_t ms);
+void ckpt_test_delay(void);
 
 /* The temp file name ckpt_write uses for path (".<basename>.tmp" in the same directory); malloc'd. */
 char *ckpt_temp_path(const char *path);

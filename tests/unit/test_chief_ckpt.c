@@ -17,6 +17,8 @@
 
 #include "backend.h"
 #include "chief_ckpt.h"
+#include "scratch_dir.h"
+
 #include "chief_db.h"
 #include "config.h"
 #include "job.h"
@@ -25,8 +27,6 @@
 #include "optim.h"
 #include "util.h"
 
-#define DIR_TEMPLATE "/tmp/psfleet-test-chief-ckpt-XXXXXX"
-static char dir[sizeof(DIR_TEMPLATE)];
 
 struct job {
         struct job_config *cfg;
@@ -65,20 +65,19 @@ struct fx {
         struct chief_ckpt *s;
         size_t n;                       /* floats per block */
         float *p, *slots[1], *q, *qslots[1];
-        char ckdir[128];
+        char ckdir[sizeof(scratch_dir) + 16];
 };
 
 static int setup(void **state) {
-        memcpy(dir, DIR_TEMPLATE, sizeof(DIR_TEMPLATE));
-        if (!mkdtemp(dir))
+        if (scratch_dir_make("chief-ckpt") < 0)
                 return -1;
         log_set_max_level(LOG_ERR);     /* the store logs its repairs; the assertions say what matters */
         struct fx *f = calloc(1, sizeof(*f));
         job_new(&f->job, 3, "momentum");
-        char dbp[128];
-        snprintf(dbp, sizeof(dbp), "%s/chief.db", dir);
+        char dbp[sizeof(scratch_dir) + 16];
+        snprintf(dbp, sizeof(dbp), "%s/chief.db", scratch_dir);
         assert_int_equal(chief_db_open(dbp, &f->db), 0);
-        snprintf(f->ckdir, sizeof(f->ckdir), "%s/ck", dir);
+        snprintf(f->ckdir, sizeof(f->ckdir), "%s/ck", scratch_dir);
         struct chief_ckpt_config cc = {.dir = f->ckdir, .L = f->job.L, .job = "t", .fingerprint = 0x1234, .keep = 2, .keep_corrupt = 3};
         char err[256];
         assert_int_equal(chief_ckpt_new(f->db, &cc, &f->s, err, sizeof(err)), 0);
@@ -101,9 +100,7 @@ static int teardown(void **state) {
         free(f->q);
         free(f->qslots[0]);
         free(f);
-        char cmd[64];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-        return system(cmd) == 0 ? 0 : -1;
+        return scratch_dir_remove(state);
 }
 
 static void fill(struct fx *f, float base) {
@@ -259,7 +256,7 @@ static void test_reconcile(void **state) {
         struct chief_db_checkpoint a, b;
         save_step(f, 100, &a);
         save_step(f, 200, &b);
-        char tmp[256], orphan[256], other[256];
+        char tmp[sizeof(f->ckdir) + 48], orphan[sizeof(tmp)], other[sizeof(tmp)];
         snprintf(tmp, sizeof(tmp), "%s/.ckpt-0000000300.safetensors.tmp", f->ckdir);
         snprintf(orphan, sizeof(orphan), "%s/ckpt-0000000400.safetensors", f->ckdir);
         snprintf(other, sizeof(other), "%s/notes.txt", f->ckdir);
@@ -292,7 +289,7 @@ static void test_delete(void **state) {
 /* At most keep_corrupt (3) ".corrupt" files are kept, the newest by mtime; other files are left alone. */
 static void test_keep_corrupt(void **state) {
         struct fx *f = *state;
-        char path[256];
+        char path[sizeof(f->ckdir) + 48];
         for (int i = 0; i < 5; i++) {
                 snprintf(path, sizeof(path), "%s/ckpt-%010d.safetensors.corrupt", f->ckdir, i);
                 FILE *fp = fopen(path, "w");
@@ -323,8 +320,8 @@ static struct chief_ckpt *table_store(struct fx *f, struct model_spec *spec, uin
         memset(&spec->emb[0], 0, sizeof(spec->emb[0]));
         snprintf(spec->emb[0].name, sizeof(spec->emb[0].name), "cat");
         spec->emb[0].dim = dim;
-        char d[160], err[256];
-        snprintf(d, sizeof(d), "%s/tables", dir);
+        char d[sizeof(scratch_dir) + 16], err[256];
+        snprintf(d, sizeof(d), "%s/tables", scratch_dir);
         struct chief_ckpt_config cc = {.dir = d, .L = f->job.L, .model = spec, .sparse_optimizer = so, .job = "t",
                                        .fingerprint = 0x1234, .keep = 2, .keep_corrupt = 3};
         struct chief_ckpt *s;

@@ -15,30 +15,26 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "scratch_dir.h"
+
 #include "chief_db.h"
 #include "util.h"
 
-#define DIR_TEMPLATE "/tmp/psfleet-test-chief-db-XXXXXX"
-
 struct fx {
-        char dir[sizeof(DIR_TEMPLATE)];
-        char path[sizeof(DIR_TEMPLATE) + 32];
+        char path[sizeof(scratch_dir) + 32];
 };
 
 static int setup(void **state) {
         struct fx *f = calloc(1, sizeof(*f));
-        snprintf(f->dir, sizeof(f->dir), "%s", DIR_TEMPLATE);
-        assert_non_null(mkdtemp(f->dir));
-        snprintf(f->path, sizeof(f->path), "%s/chief.db", f->dir);
+        assert_int_equal(scratch_dir_make("chief-db"), 0);
+        snprintf(f->path, sizeof(f->path), "%s/chief.db", scratch_dir);
         *state = f;
         return 0;
 }
 
 static int teardown(void **state) {
         struct fx *f = *state;
-        char cmd[sizeof(f->dir) + 16];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
-        assert_int_equal(system(cmd), 0);
+        assert_int_equal(scratch_dir_remove(state), 0);
         free(f);
         return 0;
 }
@@ -153,10 +149,10 @@ static void test_progress_loss(void **state) {
 static void test_relative_paths(void **state) {
         struct fx *f = *state;
         struct chief_db *db;
-        char inside[256], stored[256];
-        snprintf(inside, sizeof(inside), "%s/checkpoints/ckpt-0000000010.safetensors", f->dir);
+        char inside[sizeof(scratch_dir) + 64], stored[sizeof(inside)];
+        snprintf(inside, sizeof(inside), "%s/checkpoints/ckpt-0000000010.safetensors", scratch_dir);
         assert_int_equal(chief_db_open(f->path, &db), 0);
-        assert_string_equal(chief_db_dir(db), f->dir);
+        assert_string_equal(chief_db_dir(db), scratch_dir);
         struct chief_db_checkpoint *gone = NULL, *rows = NULL;
         size_t n_gone = 0, n = 0;
         struct chief_db_checkpoint a = ckpt(10, inside), b = ckpt(20, "/elsewhere/ckpt-0000000020.safetensors");
@@ -187,9 +183,9 @@ static void test_relative_paths(void **state) {
 static void test_readonly(void **state) {
         struct fx *f = *state;
         struct chief_db *db, *ro;
-        char inside[256], missing[sizeof(f->path) + 8];
-        snprintf(inside, sizeof(inside), "%s/checkpoints/ckpt-0000000010.safetensors", f->dir);
-        snprintf(missing, sizeof(missing), "%s/none.db", f->dir);
+        char inside[sizeof(scratch_dir) + 64], missing[sizeof(f->path) + 8];
+        snprintf(inside, sizeof(inside), "%s/checkpoints/ckpt-0000000010.safetensors", scratch_dir);
+        snprintf(missing, sizeof(missing), "%s/none.db", scratch_dir);
         assert_true(chief_db_open_readonly(missing, &ro) < 0);
         assert_int_equal(access(missing, F_OK), -1);
         assert_int_equal(chief_db_open(f->path, &db), 0);
@@ -200,7 +196,7 @@ static void test_readonly(void **state) {
         for (int pass = 0; pass < 2; pass++) {
                 if (pass == 1) {
                         db = chief_db_close(db);
-                        assert_int_equal(chmod(f->dir, 0500), 0);
+                        assert_int_equal(chmod(scratch_dir, 0500), 0);
                 }
                 assert_int_equal(chief_db_open_readonly(f->path, &ro), 0);
                 assert_int_equal(chief_db_list_checkpoints(ro, &rows, &n), 0);
@@ -211,7 +207,7 @@ static void test_readonly(void **state) {
                 assert_true(chief_db_add_checkpoint(ro, &b, 5, &gone, &n_gone) < 0);
                 chief_db_close(ro);
         }
-        assert_int_equal(chmod(f->dir, 0700), 0);
+        assert_int_equal(chmod(scratch_dir, 0700), 0);
 }
 
 /* A version-2 database (absolute paths, no reason): opened, its rows under the directory become
@@ -231,7 +227,7 @@ static void test_migration(void **state) {
                  "INSERT INTO checkpoints VALUES (5, 1, '%s/checkpoints/ckpt-0000000005.safetensors', 1, 'c', NULL, 0, -1, -1, 'steps');"
                  "INSERT INTO checkpoints VALUES (6, 2, '%s-other/ckpt-0000000006.safetensors', 1, 'c', NULL, 0, -1, -1, 'steps');"
                  "PRAGMA user_version=2;",
-                 f->dir, f->dir);
+                 scratch_dir, scratch_dir);
         assert_int_equal(sqlite3_open(f->path, &h), SQLITE_OK);
         assert_int_equal(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK);
         sqlite3_close(h);
@@ -248,8 +244,8 @@ static void test_migration(void **state) {
         assert_string_equal(stored, "checkpoints/ckpt-0000000005.safetensors");
         /* a sibling directory that merely shares the prefix stays absolute */
         stored_path(f->path, 6, stored, sizeof(stored));
-        char want[256];
-        snprintf(want, sizeof(want), "%s-other/ckpt-0000000006.safetensors", f->dir);
+        char want[sizeof(scratch_dir) + 64];
+        snprintf(want, sizeof(want), "%s-other/ckpt-0000000006.safetensors", scratch_dir);
         assert_string_equal(stored, want);
         /* opening again changes nothing */
         assert_int_equal(chief_db_open(f->path, &db), 0);

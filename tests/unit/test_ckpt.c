@@ -14,28 +14,22 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "scratch_dir.h"
+
 #include "ckpt.h"
 #include "crc32c.h"
 #include "util.h"
 
-static char dir[] = "/tmp/psfleet-test-ckpt-XXXXXX";
 static const float A[6] = {1, 2, 3, 4, 5, 6};       /* (2, 3) */
 static const float B[4] = {-1, 0.5f, 1e-30f, 7};    /* (1, 4) */
 
 static int setup(void **state) {
         (void)state;
-        return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-        (void)state;
-        char cmd[64];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-        return system(cmd) == 0 ? 0 : -1;
+        return scratch_dir_make("ckpt");
 }
 
 static char *path_of(const char *name) {
-        char *p = strdup_printf("%s/%s", dir, name);
+        char *p = strdup_printf("%s/%s", scratch_dir, name);
         assert_non_null(p);
         return p;
 }
@@ -44,7 +38,7 @@ static void write_two(const char *path, struct ckpt_written *w) {
         const struct ckpt_tensor t[] = {{"dense0/kernel", 2, 3, A, CKPT_F32, 2}, {"dense0/bias", 1, 4, B, CKPT_F32, 2}};
         const struct ckpt_kv meta[] = {{"global_step", "42"}, {"optimizer", "sgd"}};
         char err[256];
-        assert_int_equal(ckpt_write(path, t, 2, meta, 2, 0, w, err, sizeof(err)), 0);
+        assert_int_equal(ckpt_write(path, t, 2, meta, 2, w, err, sizeof(err)), 0);
 }
 
 static uint8_t *slurp(const char *path, size_t *len) {
@@ -91,7 +85,7 @@ static void test_layout_on_disk(void **state) {
         /* no temp file is left behind */
         char *tmp = ckpt_temp_path(p);
         assert_int_equal(access(tmp, F_OK), -1);
-        assert_int_equal(strcmp(tmp + strlen(dir), "/.a.safetensors.tmp"), 0);
+        assert_int_equal(strcmp(tmp + strlen(scratch_dir), "/.a.safetensors.tmp"), 0);
         free(tmp);
         free(p);
 }
@@ -133,7 +127,7 @@ static void test_u64_ids(void **state) {
         const struct ckpt_tensor t[] = {{"emb/cat/ids", 3, 1, ids, CKPT_U64, 1}, {"emb/cat", 3, 2, A, CKPT_F32, 2}};
         struct ckpt_written w;
         char err[256];
-        assert_int_equal(ckpt_write(p, t, 2, NULL, 0, 0, &w, err, sizeof(err)), 0);
+        assert_int_equal(ckpt_write(p, t, 2, NULL, 0, &w, err, sizeof(err)), 0);
         assert_int_equal(w.bytes % 8, 0);
         struct ckpt *c;
         assert_int_equal(ckpt_read(p, 1 << 20, &c, err, sizeof(err)), 0);
@@ -265,17 +259,19 @@ static void test_write_errors(void **state) {
         struct ckpt_written w;
         char err[256];
         char *p = path_of("dup.safetensors");
-        assert_int_equal(ckpt_write(p, t, 2, NULL, 0, 0, &w, err, sizeof(err)), -EINVAL);
+        assert_int_equal(ckpt_write(p, t, 2, NULL, 0, &w, err, sizeof(err)), -EINVAL);
         assert_int_equal(access(p, F_OK), -1);
         free(p);
         p = path_of("no/such/dir/x.safetensors");
-        assert_int_equal(ckpt_write(p, t, 1, NULL, 0, 0, &w, err, sizeof(err)), -ENOENT);
+        assert_int_equal(ckpt_write(p, t, 1, NULL, 0, &w, err, sizeof(err)), -ENOENT);
         assert_non_null(strstr(err, "cannot create"));
         free(p);
         /* replacing an existing file leaves the new content, whole */
         p = path_of("replace.safetensors");
         write_two(p, &w);
-        assert_int_equal(ckpt_write(p, t, 1, NULL, 0, 1, &w, err, sizeof(err)), 0);
+        ckpt_set_test_delay(1);
+        assert_int_equal(ckpt_write(p, t, 1, NULL, 0, &w, err, sizeof(err)), 0);
+        ckpt_set_test_delay(0);
         struct ckpt *c;
         assert_int_equal(ckpt_read(p, 1 << 20, &c, err, sizeof(err)), 0);
         assert_int_equal(ckpt_n_tensors(c), 1);
@@ -293,5 +289,5 @@ int main(void) {
                 cmocka_unit_test(test_bit_flip_changes_checksum),
                 cmocka_unit_test(test_write_errors),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
 }

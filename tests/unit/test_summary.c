@@ -12,23 +12,16 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "scratch_dir.h"
+
 #include "crc32c.h"
 #include "summary.h"
 #include "util.h"
 #include "tensorboard/event.pb-c.h"
 
-static char dir[] = "/tmp/psfleet-test-summary-XXXXXX";
-
 static int setup(void **state) {
         (void)state;
-        return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-        (void)state;
-        char cmd[64];
-        snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-        return system(cmd) == 0 ? 0 : -1;
+        return scratch_dir_make("summary");
 }
 
 static uint64_t le(const uint8_t *p, int n) {
@@ -64,9 +57,9 @@ static void test_event_file(void **state) {
         (void)state;
         struct summary_writer *w;
         uint64_t t0 = 1700000000123456ULL;
-        assert_int_equal(summary_writer_new(dir, t0, "hostA", &w), 0);
-        char want[256];
-        snprintf(want, sizeof(want), "%s/events.out.tfevents.1700000000.hostA", dir);
+        assert_int_equal(summary_writer_new(scratch_dir, t0, "hostA", &w), 0);
+        char want[sizeof(scratch_dir) + 64];
+        snprintf(want, sizeof(want), "%s/events.out.tfevents.1700000000.hostA", scratch_dir);
         assert_string_equal(summary_writer_path(w), want);
         const struct summary_scalar v[] = {{"loss/worker_0", 0.5f}, {"global_step/sec", 120.25f}};
         assert_int_equal(summary_write_scalars(w, 100, t0 + 1000000, v, 2), 0);
@@ -75,7 +68,7 @@ static void test_event_file(void **state) {
 
         /* a second writer in the same second gets a name of its own */
         struct summary_writer *w2;
-        assert_int_equal(summary_writer_new(dir, t0, "hostA", &w2), 0);
+        assert_int_equal(summary_writer_new(scratch_dir, t0, "hostA", &w2), 0);
         assert_string_not_equal(summary_writer_path(w2), summary_writer_path(w));
         assert_non_null(strstr(summary_writer_path(w2), "events.out.tfevents.1700000000.hostA."));
         summary_writer_free(w2);
@@ -118,10 +111,10 @@ static void test_frame(void **state) {
 static void test_unwritable(void **state) {
         (void)state;
         struct summary_writer *w = NULL;
-        char path[128];
-        snprintf(path, sizeof(path), "%s/file", dir);
+        char path[sizeof(scratch_dir) + 16];
+        snprintf(path, sizeof(path), "%s/file", scratch_dir);
         assert_int_equal(write_file_atomic(path, "x", 1), 0);
-        snprintf(path, sizeof(path), "%s/file/sub", dir);
+        snprintf(path, sizeof(path), "%s/file/sub", scratch_dir);
         assert_int_equal(summary_writer_new(path, 1, "h", &w), -ENOTDIR);
         assert_null(w);
 }
@@ -132,5 +125,5 @@ int main(void) {
                 cmocka_unit_test(test_frame),
                 cmocka_unit_test(test_unwritable),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
 }

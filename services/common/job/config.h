@@ -91,6 +91,7 @@ struct supervisor_config {
                                                * deadline of the chief's waits too */
         uint64_t worker_timeout_secs;         /* a worker that reported within this is live */
         uint32_t keep_corrupt;                /* .corrupt checkpoint files kept */
+        uint64_t test_checkpoint_delay_ms;    /* test hook PSFLEET_TEST_CHECKPOINT_DELAY_MS; 0: off */
 };
 
 struct ps_config {

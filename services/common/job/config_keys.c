@@ -274,6 +274,10 @@ const struct config_key cfg_keys[] = {
               "A worker that reported within this many seconds is live; the others are listed as missing."),
         K_U32("supervisor.keep_corrupt", supervisor.keep_corrupt, 3, 0, 1000,
               "How many corrupt checkpoint files (moved aside to .corrupt) to keep; the oldest are removed."),
+        K_U64("supervisor.test_checkpoint_delay_ms", supervisor.test_checkpoint_delay_ms, 0, 0, 600000,
+              "Test hook, chiefd only (tests/integration/test_checkpoint_crash.py): every checkpoint write sleeps "
+              "this many milliseconds before its rename and again before its record, logged as a warning at "
+              "start; 0: off. Never set it outside tests.", .env = "PSFLEET_TEST_CHECKPOINT_DELAY_MS"),
 
         K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
               "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),

@@ -1,0 +1,180 @@
+/* Pulls, checkpoints and restores of the shards' values; see chief_save.h. */
+#include "chief_save.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chief_ckpt.h"
+#include "chief_eval.h"
+#include "chief_metrics.h"
+#include "chief_status.h"
+#include "config.h"
+#include "log.h"
+#include "model.h"
+#include "notify.h"
+#include "ps_client.h"
+#include "sparse_table.h"
+#include "summary.h"
+#include "util.h"
+
+/* Reads every shard into the model's block (and the slots when with_slots); *gs_ret from shard 0. */
+int chief_pull(struct chief_save *v, bool with_slots, uint64_t *gs_ret, char *err, size_t errlen) {
+        int r = ps_client_pull(v->pc, model_params(v->model), with_slots && v->n_slots ? v->slots : NULL, gs_ret, err,
+                               errlen);
+        if (r >= 0) {
+                pthread_mutex_lock(&v->st->lock);
+                if (*gs_ret > v->st->global_step)
+                        v->st->global_step = *gs_ret;
+                pthread_mutex_unlock(&v->st->lock);
+        }
+        return r;
+}
+
+/* Every embedding table's rows, with their slots, from every shard into tables[0..n_embeddings)
+ * (cleared by the caller, also on failure). */
+static int export_tables(struct chief_save *v, struct ps_sparse_rows *tables, char *err, size_t errlen) {
+        for (uint32_t e = 0; e < v->cfg->model.n_embeddings; e++) {
+                int r = ps_client_sparse_export(v->pc, e, &tables[e], err, errlen);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* Writes and records the pulled values (with the slots when pulled), and the embedding tables as the
+ * shards hold them now, as the checkpoint of gs. A request at the step of the newest checkpoint returns
+ * that one (*existing). */
+int chief_save(struct chief_save *v, uint64_t gs, bool with_slots, const char *trigger, struct chief_db_checkpoint *ret,
+                bool *existing, char *err, size_t errlen) {
+        struct chief_db_checkpoint stats = {0};
+        pthread_mutex_lock(&v->st->lock);
+        bool same = v->st->have_ckpt && v->st->last_ckpt.global_step == gs;
+        struct chief_db_checkpoint prev = v->st->last_ckpt;
+        stats.loss = chief_loss_locked(v->st);
+        stats.eval_step = v->st->have_eval ? v->st->eval_step : 0;
+        stats.eval_accuracy = v->st->have_eval ? v->st->eval_accuracy : -1;
+        stats.eval_loss = v->st->have_eval ? v->st->eval_loss : -1;
+        pthread_mutex_unlock(&v->st->lock);
+        chief_strfmt(stats.trigger, sizeof(stats.trigger), "%s", trigger);
+        if (existing)
+                *existing = false;
+        if (same && strcmp(trigger, "end") != 0) {
+                /* Nothing moved since: the newest checkpoint holds these values. */
+                v->last_save_mono = mono_us();
+                if (existing)
+                        *existing = true;
+                if (ret)
+                        *ret = prev;
+                return 0;
+        }
+        struct chief_db_checkpoint row;
+        uint64_t t0 = mono_us();
+        /* the whole file is built in memory: the tables' rows are held here until it is written */
+        struct ps_sparse_rows tables[MODEL_MAX_EMBEDDINGS] = {0};
+        int r = export_tables(v, tables, err, errlen);
+        if (r >= 0)
+                r = chief_ckpt_save_tables(v->ckpts, model_params(v->model), with_slots && v->n_slots ? v->slots : NULL,
+                                           v->cfg->model.n_embeddings ? tables : NULL, gs, &stats, &row, err, errlen);
+        for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++)
+                ps_sparse_rows_clear(&tables[e]);
+        chief_metrics_checkpoint(r, mono_us() - t0, &row);
+        pthread_mutex_lock(&v->st->lock);
+        chief_strfmt(v->st->last_ckpt_error, sizeof(v->st->last_ckpt_error), "%s", r < 0 ? err : "");
+        pthread_mutex_unlock(&v->st->lock);
+        if (r < 0)
+                return r;
+        v->last_save_step = gs;
+        v->last_save_mono = mono_us();
+        chief_refresh_ckpt_info(v->st);
+        chief_session_log(v->ev, gs, SUMMARY_SESSION_CHECKPOINT, row.path, NULL);
+        log_info_step(gs, "Saved checkpoint \"%s\" at global_step %" PRIu64 " (%s): %" PRIu64 " bytes, %s", row.path, gs,
+                      trigger, row.bytes, row.checksum);
+        if (ret)
+                *ret = row;
+        return 0;
+}
+
+/* "ps:1", "ps:0, ps:2", "every shard (3)" */
+static void shard_list(const struct chief_save *v, const bool *which, char *buf, size_t len) {
+        uint32_t n = 0, N = v->cfg->cluster.n_ps;
+        for (uint32_t s = 0; s < N; s++)
+                n += which[s];
+        if (n == N && N > 1) {
+                chief_strfmt(buf, len, "every shard (%u)", N);
+                return;
+        }
+        buf[0] = 0;
+        for (uint32_t s = 0; s < N; s++)
+                if (which[s])
+                        chief_strfmt(buf + strlen(buf), len - strlen(buf), "%sps:%u", buf[0] ? ", " : "", s);
+}
+
+int chief_import_tables(struct chief_save *v, const bool *which, const struct ps_sparse_rows *tables, uint64_t gs,
+                        char *err, size_t errlen) {
+        const struct job_config *cfg = v->cfg;
+        int r = 0;
+        for (uint32_t e = 0; e < cfg->model.n_embeddings && r >= 0; e++) {
+                struct ps_sparse_rows none = {.dim = cfg->model.emb[e].dim,
+                                              .n_slots = sparse_optimizer_n_slots(cfg->training.sparse_optimizer)};
+                r = ps_client_sparse_import(v->pc, which, e, tables ? &tables[e] : &none, gs, err, errlen);
+        }
+        return r;
+}
+
+/* Restores the shards in which[] from the newest usable checkpoint. Returns 1 (restored), 0 (no
+ * usable checkpoint: nothing done), -EINVAL (the checkpoints hold a different model: fatal) or
+ * another -errno (assigning failed: retry); why says what happened. */
+int chief_restore_shards(struct chief_save *v, const bool *which, char *why, size_t len) {
+        char shards[128], err[1024];
+        struct chief_db_checkpoint row;
+        bool slots_loaded = false;
+        shard_list(v, which, shards, sizeof(shards));
+        chief_event(v->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_LOOKING, .shards = shards,
+                                             .where = chief_ckpt_dir(v->ckpts)});
+        struct ps_sparse_rows tables[MODEL_MAX_EMBEDDINGS] = {0};
+        int r = chief_ckpt_load_latest_tables(v->ckpts, model_params(v->model), v->n_slots ? v->slots : NULL,
+                                              &slots_loaded, tables, &row, err, sizeof(err));
+        chief_refresh_ckpt_info(v->st);
+        if (r <= 0) {
+                chief_strfmt(why, len, "%s", r == 0 ? "no usable checkpoint" : err);
+                return r;
+        }
+        chief_event(v->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_FOUND, .shards = shards, .where = row.path,
+                                             .step = row.global_step});
+        notify_status("restoring %s from %s", shards, row.path);
+        /* the tables first (each shard's emptied, then filled): the Assign that follows makes the shard
+         * initialized, so no worker sees a restored shard's rows before they are back */
+        r = chief_import_tables(v, which, tables, row.global_step, err, sizeof(err));
+        if (r >= 0)
+                r = ps_client_assign(v->pc, which, model_params(v->model), slots_loaded ? v->slots : NULL,
+                                     row.global_step, err, sizeof(err));
+        for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++)
+                ps_sparse_rows_clear(&tables[e]);
+        if (r < 0) {
+                chief_strfmt(why, len, "restoring %s from \"%s\": %s", shards, row.path, err);
+                return r == -EINVAL ? -EIO : r;
+        }
+        log_info_step(row.global_step, "Restored %s from checkpoint \"%s\" at global_step %" PRIu64 "%s", shards,
+                      row.path, row.global_step, slots_loaded ? ", with the optimizer's slots" : "");
+        pthread_mutex_lock(&v->st->lock);
+        chief_forget_report_steps_locked(v->st);
+        v->st->restored_step = row.global_step;
+        chief_strfmt(v->st->restored_from, sizeof(v->st->restored_from), "%s", row.path);
+        if (which[0]) {
+                /* global_step goes back to the checkpoint's: the rates start over. */
+                v->st->global_step = row.global_step;
+                v->st->n_samples = 0;
+                v->st->sample_next = 0;
+        }
+        pthread_mutex_unlock(&v->st->lock);
+        if (which[0]) {
+                v->last_save_step = row.global_step;
+                v->ev->last_eval_step = row.global_step;
+                chief_session_log(v->ev, row.global_step, SUMMARY_SESSION_START, row.path, "restored");
+        }
+        v->last_save_mono = mono_us();
+        return 1;
+}
