@@ -15,6 +15,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "backend.h"
 #include "chief_ckpt.h"
 #include "scratch_dir.h"
@@ -400,16 +402,12 @@ static void test_tables(void **state) {
         chief_ckpt_free(s);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test_setup_teardown(test_save_rotate_load, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_tables, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_same_step_replaced, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_different_model_refused, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_other_optimizer, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_reconcile, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_keep_corrupt, setup, teardown),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test_setup_teardown(test_save_rotate_load, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tables, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_same_step_replaced, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_different_model_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_other_optimizer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reconcile, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_keep_corrupt, setup, teardown))

@@ -15,6 +15,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "scratch_dir.h"
 
 #include "chief_db.h"
@@ -254,14 +256,10 @@ static void test_migration(void **state) {
         assert_string_equal(stored, "checkpoints/ckpt-0000000005.safetensors");
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test_setup_teardown(test_state_sticky, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_losses, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_progress_loss, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_migration, setup, teardown),
-                cmocka_unit_test_setup_teardown(test_readonly, setup, teardown),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test_setup_teardown(test_state_sticky, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_losses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_progress_loss, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migration, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_readonly, setup, teardown))

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "chief_state.h"
 
 #define S(x) PSFLEET__V1__JOB_STATE__JOB_STATE_##x
@@ -542,33 +544,29 @@ static void test_may_join(void **state) {
         }
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_init),
-                cmocka_unit_test(test_start_fresh),
-                cmocka_unit_test(test_start_carry_on),
-                cmocka_unit_test(test_start_restore),
-                cmocka_unit_test(test_start_restore_fails),
-                cmocka_unit_test(test_ready_timeout),
-                cmocka_unit_test(test_restore_mismatch),
-                cmocka_unit_test(test_training),
-                cmocka_unit_test(test_shard_restart),
-                cmocka_unit_test(test_shard_restart_no_checkpoint),
-                cmocka_unit_test(test_shard_restart_timeout),
-                cmocka_unit_test(test_shard_lost),
-                cmocka_unit_test(test_end),
-                cmocka_unit_test(test_finish),
-                cmocka_unit_test(test_failure),
-                cmocka_unit_test(test_diverged),
-                cmocka_unit_test(test_report),
-                cmocka_unit_test(test_final_states),
-                cmocka_unit_test(test_stopped),
-                cmocka_unit_test(test_wait_timeout),
-                cmocka_unit_test(test_from_record),
-                cmocka_unit_test(test_restart),
-                cmocka_unit_test(test_phase),
-                cmocka_unit_test(test_workers_stop),
-                cmocka_unit_test(test_may_join),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_init),
+        cmocka_unit_test(test_start_fresh),
+        cmocka_unit_test(test_start_carry_on),
+        cmocka_unit_test(test_start_restore),
+        cmocka_unit_test(test_start_restore_fails),
+        cmocka_unit_test(test_ready_timeout),
+        cmocka_unit_test(test_restore_mismatch),
+        cmocka_unit_test(test_training),
+        cmocka_unit_test(test_shard_restart),
+        cmocka_unit_test(test_shard_restart_no_checkpoint),
+        cmocka_unit_test(test_shard_restart_timeout),
+        cmocka_unit_test(test_shard_lost),
+        cmocka_unit_test(test_end),
+        cmocka_unit_test(test_finish),
+        cmocka_unit_test(test_failure),
+        cmocka_unit_test(test_diverged),
+        cmocka_unit_test(test_report),
+        cmocka_unit_test(test_final_states),
+        cmocka_unit_test(test_stopped),
+        cmocka_unit_test(test_wait_timeout),
+        cmocka_unit_test(test_from_record),
+        cmocka_unit_test(test_restart),
+        cmocka_unit_test(test_phase),
+        cmocka_unit_test(test_workers_stop),
+        cmocka_unit_test(test_may_join))

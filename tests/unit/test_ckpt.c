@@ -14,6 +14,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "scratch_dir.h"
 
 #include "ckpt.h"
@@ -279,15 +281,11 @@ static void test_write_errors(void **state) {
         free(p);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_layout_on_disk),
-                cmocka_unit_test(test_read_back),
-                cmocka_unit_test(test_u64_ids),
-                cmocka_unit_test(test_foreign_file),
-                cmocka_unit_test(test_refused),
-                cmocka_unit_test(test_bit_flip_changes_checksum),
-                cmocka_unit_test(test_write_errors),
-        };
-        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
-}
+UNIT_TEST_MAIN(setup, scratch_dir_remove,
+        cmocka_unit_test(test_layout_on_disk),
+        cmocka_unit_test(test_read_back),
+        cmocka_unit_test(test_u64_ids),
+        cmocka_unit_test(test_foreign_file),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_bit_flip_changes_checksum),
+        cmocka_unit_test(test_write_errors))

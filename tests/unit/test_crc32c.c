@@ -7,6 +7,8 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "crc32c.h"
 
 static void test_check_values(void **state) {
@@ -51,11 +53,7 @@ static void test_mask(void **state) {
         assert_int_equal(crc32c_mask(c), ((c >> 15) | (c << 17)) + 0xa282ead8u);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_check_values),
-                cmocka_unit_test(test_pieces),
-                cmocka_unit_test(test_mask),
-        };
-        return cmocka_run_group_tests(tests, NULL, NULL);
-}
+UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_check_values),
+        cmocka_unit_test(test_pieces),
+        cmocka_unit_test(test_mask))

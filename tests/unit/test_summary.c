@@ -12,6 +12,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "unit.h"
+
 #include "scratch_dir.h"
 
 #include "crc32c.h"
@@ -119,11 +121,7 @@ static void test_unwritable(void **state) {
         assert_null(w);
 }
 
-int main(void) {
-        const struct CMUnitTest tests[] = {
-                cmocka_unit_test(test_event_file),
-                cmocka_unit_test(test_frame),
-                cmocka_unit_test(test_unwritable),
-        };
-        return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
-}
+UNIT_TEST_MAIN(setup, scratch_dir_remove,
+        cmocka_unit_test(test_event_file),
+        cmocka_unit_test(test_frame),
+        cmocka_unit_test(test_unwritable))
