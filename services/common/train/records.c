@@ -98,36 +98,30 @@ int records_batch_new(uint32_t cap, uint32_t n_dense, uint32_t n_fields, uint32_
                 return -EINVAL;
         /* off[] is uint32_t: the ids of a full batch must be countable in it */
         if ((uint64_t)cap * max_ids > UINT32_MAX || (uint64_t)cap * n_fields >= UINT32_MAX ||
-            (uint64_t)cap * n_dense > SIZE_MAX / sizeof(float))
+            (uint64_t)cap * n_dense > SIZE_MAX / 4 / sizeof(float))
                 return -ENOMEM;
-        struct records_batch *b = calloc(1, sizeof(*b));
+        /* the batch and its arrays in one block, the 8-byte ids first after it so every view is aligned */
+        size_t nid = (size_t)cap * max_ids, n_off = (size_t)cap * n_fields + 1;
+        size_t n_float = cap + (size_t)cap * n_dense + 1 + nid + 1;   /* label, dense, val */
+        size_t size = sizeof(struct records_batch) + (nid + 1) * sizeof(uint64_t) + n_float * sizeof(float) +
+                      n_off * sizeof(uint32_t);
+        struct records_batch *b = malloc(size);
         if (!b)
                 return -ENOMEM;
         *b = (struct records_batch){.cap = cap, .n_dense = n_dense, .n_fields = n_fields, .max_ids = max_ids};
-        size_t nid = (size_t)cap * max_ids;
-        b->label = malloc(cap * sizeof(float));
-        b->dense = malloc(((size_t)cap * n_dense + 1) * sizeof(float));
-        b->off = calloc((size_t)cap * n_fields + 1, sizeof(uint32_t));
-        b->ids = malloc((nid + 1) * sizeof(uint64_t));
-        b->val = malloc((nid + 1) * sizeof(float));
-        if (!b->label || !b->dense || !b->off || !b->ids || !b->val) {
-                records_batch_free(b);
-                return -ENOMEM;
-        }
+        b->ids = (uint64_t *)(b + 1);
+        b->label = (float *)(b->ids + nid + 1);
+        b->dense = b->label + cap;
+        b->val = b->dense + (size_t)cap * n_dense + 1;
+        b->off = (uint32_t *)(b->val + nid + 1);
+        memset(b->off, 0, n_off * sizeof(uint32_t));
         *ret = b;
         return 0;
 }
 
 struct records_batch *records_batch_free(struct records_batch *b)
 {
-        if (b) {
-                free(b->label);
-                free(b->dense);
-                free(b->off);
-                free(b->ids);
-                free(b->val);
-                free(b);
-        }
+        free(b);   /* and its arrays */
         return NULL;
 }
 
