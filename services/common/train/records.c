@@ -357,22 +357,27 @@ int records_open(const struct records_opts *o, struct records_reader **ret, char
                 return errf(err, errlen, -EINVAL, "worker %u of %u workers", o->worker, o->n_workers);
         if ((unsigned)o->format > RECORDS_CSV)
                 return errf(err, errlen, -EINVAL, "unknown format %d", (int)o->format);
-        struct records_reader *r = calloc(1, sizeof(*r));
+        /* the reader, its copy of the file list and its read buffer in one block */
+        size_t names = 0;
+        for (uint32_t i = 0; i < o->n_files; i++)
+                names += strlen(o->files[i]) + 1;
+        struct records_reader *r = calloc(1, sizeof(*r) + o->n_files * (sizeof(char *) + sizeof(uint32_t)) + READ_BUF +
+                                                     names);
         if (!r)
                 return errf(err, errlen, -ENOMEM, "out of memory");
+        r->files = (char **)(r + 1);
+        r->mine = (uint32_t *)(r->files + o->n_files);
+        r->rbuf = (char *)(r->mine + o->n_files);
+        char *name = r->rbuf + READ_BUF;
         r->o = *o;
         r->by_line = o->n_files < o->n_workers;
         r->n_fields = records_format_fields(o->format);
         r->n_dense = o->format == RECORDS_CRITEO ? RECORDS_CRITEO_DENSE : o->format == RECORDS_CSV ? o->n_dense : 0;
-        r->files = calloc(o->n_files, sizeof(*r->files));
-        r->mine = calloc(o->n_files, sizeof(*r->mine));
-        r->rbuf = malloc(READ_BUF);
-        int e = -ENOMEM;
-        if (!r->files || !r->mine || !r->rbuf)
-                goto fail_oom;
+        int e;
         for (uint32_t i = 0; i < o->n_files; i++) {
-                if (!(r->files[i] = strdup(o->files[i])))
-                        goto fail_oom;
+                size_t len = strlen(o->files[i]) + 1;
+                r->files[i] = memcpy(name, o->files[i], len);
+                name += len;
                 if (r->by_line || i % o->n_workers == o->worker)
                         r->mine[r->n_mine++] = i;
         }
@@ -401,8 +406,6 @@ int records_open(const struct records_opts *o, struct records_reader **ret, char
         }
         *ret = r;
         return 0;
-fail_oom:
-        errf(err, errlen, e, "out of memory");
 fail:
         records_close(r);
         return e;
@@ -412,15 +415,10 @@ struct records_reader *records_close(struct records_reader *r)
 {
         if (r) {
                 close_file(r);
-                for (uint32_t i = 0; r->files && i < r->o.n_files; i++)
-                        free(r->files[i]);
-                free(r->files);
-                free(r->mine);
-                free(r->rbuf);
                 free(r->line);
                 records_batch_free(r->probe);
                 pool_free(r->pool);
-                free(r);
+                free(r);   /* and its file list and read buffer */
         }
         return NULL;
 }
@@ -438,29 +436,29 @@ uint32_t records_n_fields(const struct records_reader *r)
 static struct pool *pool_free(struct pool *p)
 {
         if (p) {
-                for (uint32_t i = 0; p->slot && i < p->cap; i++) {
+                for (uint32_t i = 0; i < p->cap; i++) {
                         free(p->slot[i].ids);
                         free(p->slot[i].val);
                 }
-                free(p->slot);
-                free(p->dense);
-                free(p->cnt);
                 records_batch_free(p->one);
-                free(p);
+                free(p);   /* and its slots, dense and cnt */
         }
         return NULL;
 }
 
 static int pool_new(const struct records_reader *r, struct pool **ret)
 {
-        struct pool *p = calloc(1, sizeof(*p));
+        /* the pool and its arrays of cap in one block, the slots (with pointers) first */
+        size_t cap = r->o.shuffle;
+        struct pool *p = calloc(1, sizeof(*p) + cap * sizeof(*p->slot) + (cap * r->n_dense + 1) * sizeof(float) +
+                                           (cap * r->n_fields + 1) * sizeof(uint32_t));
         if (!p)
                 return -ENOMEM;
         p->cap = r->o.shuffle;
-        p->slot = calloc(p->cap, sizeof(*p->slot));
-        p->dense = malloc(((size_t)p->cap * r->n_dense + 1) * sizeof(float));
-        p->cnt = malloc(((size_t)p->cap * r->n_fields + 1) * sizeof(uint32_t));
-        if (!p->slot || !p->dense || !p->cnt || records_batch_new(1, r->n_dense, r->n_fields, r->o.max_ids, &p->one) < 0) {
+        p->slot = (struct pool_slot *)(p + 1);
+        p->dense = (float *)(p->slot + cap);
+        p->cnt = (uint32_t *)(p->dense + cap * r->n_dense + 1);
+        if (records_batch_new(1, r->n_dense, r->n_fields, r->o.max_ids, &p->one) < 0) {
                 pool_free(p);
                 return -ENOMEM;
         }
