@@ -198,12 +198,13 @@ int gendata_new(const struct gendata_opts *o, struct gendata **ret)
                 *ret = g;
                 return 0;
         }
-        g->cdf = malloc((size_t)o->vocab * sizeof(double));
-        g->guide = malloc((GUIDE + 1) * sizeof(uint32_t));
-        if (!g->cdf || !g->guide) {
+        /* the two tables in one block: they live as long */
+        g->cdf = malloc((size_t)o->vocab * sizeof(double) + (GUIDE + 1) * sizeof(uint32_t));
+        if (!g->cdf) {
                 gendata_free(g);
                 return -ENOMEM;
         }
+        g->guide = (uint32_t *)(g->cdf + o->vocab);
         double sum = 0;
         for (uint32_t k = 0; k < o->vocab; k++)
                 g->cdf[k] = sum += pow(k + 1.0, -o->zipf);
@@ -228,8 +229,7 @@ int gendata_new(const struct gendata_opts *o, struct gendata **ret)
 struct gendata *gendata_free(struct gendata *g)
 {
         if (g) {
-                free(g->cdf);
-                free(g->guide);
+                free(g->cdf);   /* and guide */
                 free(g);
         }
         return NULL;

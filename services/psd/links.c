@@ -52,8 +52,7 @@ static struct link *link_free(struct link *k) {
         if (k->p->ssp)
                 ssp_forget(k->p->ssp, k);
         shmlink_free(k->l);
-        free(k->held);
-        free(k->parts);
+        free(k->held);   /* and the groups' arrays, parts */
         free(k->scratch);
         free(k);
         return NULL;
@@ -102,12 +101,13 @@ static int link_groups(struct psd *p, struct link *k, const Psfleet__V1__AttachS
         bool *seen = calloc(n_plan + 1, sizeof(bool));
         bool *gseen = calloc(shmlink_n_groups(k->l) + 1, sizeof(bool));
         k->n_groups = n;
-        /* the held records, then the groups' four arrays: one allocation, as they live as long */
-        k->held = calloc(1, ((size_t)n + 1) * (sizeof(*k->held) + 4 * sizeof(uint32_t)));
-        k->parts = calloc(p->s->n_parts + 1, sizeof(uint32_t));   /* each part once: no more */
+        /* the held records, then the groups' four arrays and their parts (each part once: no more than
+         * the shard's): one allocation, as they live as long */
+        k->held = calloc(1, ((size_t)n + 1) * (sizeof(*k->held) + 4 * sizeof(uint32_t)) +
+                                    (p->s->n_parts + 1) * sizeof(uint32_t));
         int r = -ENOMEM;
         size_t largest = 1;
-        if (!seen || !gseen || !k->held || !k->parts) {
+        if (!seen || !gseen || !k->held) {
                 errf(err, errlen, r, "out of memory");
                 goto out;
         }
@@ -115,6 +115,7 @@ static int link_groups(struct psd *p, struct link *k, const Psfleet__V1__AttachS
         k->last = k->groups + n + 1;
         k->first = k->last + n + 1;
         k->count = k->first + n + 1;
+        k->parts = k->count + n + 1;
         r = -EINVAL;
         for (size_t i = 0; i < q->n_groups; i++) {
                 const Psfleet__V1__PushGroup *pg = q->groups[i];

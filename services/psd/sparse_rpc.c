@@ -223,16 +223,25 @@ static int put_rows(struct wire_out *o, const char *name, float *buf, size_t n, 
                                buf);
 }
 
-/* Ends the call with o's message (freed), or with out of memory when r < 0 or it cannot be built. */
-static void reply_out(struct psd *p, struct rpc_call *call, struct wire_out *o, int r) {
+/* How a sparse handler ends its call (or, negative, -errno: it refuses it, with why in err). */
+enum end {
+        END_REPLY,              /* with the message of o */
+        END_OUT_OF_MEMORY,
+        END_ANSWERED,           /* the handler has answered the call itself */
+};
+
+/* Ends the call as r says; o (may be NULL) is freed. A reply that cannot be built is out of memory. */
+static void end_call(struct psd *p, struct rpc_call *call, int r, struct wire_out *o, const char *err) {
         grpc_byte_buffer *bb;
-        if (r >= 0)
-                r = wire_out_finish(o, &bb);
+        if (r == END_REPLY && wire_out_finish(o, &bb) < 0)
+                r = END_OUT_OF_MEMORY;
         wire_out_free(o);
-        if (r < 0)
-                psd_out_of_memory(p, call);
-        else
+        if (r == END_REPLY)
                 rpc_call_reply(call, bb);
+        else if (r == END_OUT_OF_MEMORY)
+                psd_out_of_memory(p, call);
+        else if (r < 0)
+                psd_reject(p, call, r, err);
 }
 
 /* ---- SparseExchange: a worker's step ---- */
@@ -244,44 +253,49 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
         uint64_t *push = NULL, *pull = NULL;
         float *g = NULL, *rows = NULL;
         size_t n_push = 0, n_pull = 0;
+        struct wire_out *o = NULL;
         int r;
         if ((r = psd_receive(p, call, &psfleet__v1__sparse_exchange_header__descriptor, &q, err, sizeof(err))) < 0)
-                goto reject;
-        const Psfleet__V1__SparseExchangeHeader *h = (const Psfleet__V1__SparseExchangeHeader *)q.hm;
-        if (!psd_ready_or_refuse(p, call))
                 goto out;
+        const Psfleet__V1__SparseExchangeHeader *h = (const Psfleet__V1__SparseExchangeHeader *)q.hm;
+        if (!psd_ready_or_refuse(p, call)) {
+                r = END_ANSWERED;
+                goto out;
+        }
         if (h->incarnation && h->incarnation != p->incarnation) {
                 snprintf(err, sizeof(err), "incarnation: %" PRIu64 ", but ps:%u is now %" PRIu64 " (it restarted): "
                          "pull again", h->incarnation, p->shard, p->incarnation);
                 r = -ESTALE;
-                goto reject;
+                goto out;
         }
         if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
             (r = take_ids(p, &h->push_ids, "push_ids", &push, &n_push, err, sizeof(err))) < 0 ||
             (r = check_unique(push, n_push, "push_ids", err, sizeof(err))) < 0 ||
             (r = take_ids(p, &h->pull_ids, "pull_ids", &pull, &n_pull, err, sizeof(err))) < 0)
-                goto reject;
+                goto out;
         /* the chief evaluates: it may read rows, never change or add any */
         if (rpc_call_identity(call)->role == PEER_CHIEF && (n_push || h->create)) {
                 r = errf(err, sizeof(err), -EACCES, "the chief may only look rows up (create false, no push_ids)");
-                goto reject;
+                goto out;
         }
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);
         if ((n_push > n_pull ? n_push : n_pull) * dim > SPARSE_MAX_FLOATS) {
                 r = errf(err, sizeof(err), -EINVAL, "push_ids, pull_ids: %zu and %zu rows of %u floats, more than "
                          "the %u floats one message may carry", n_push, n_pull, dim, SPARSE_MAX_FLOATS);
-                goto reject;
+                goto out;
         }
         static const char *const names[] = {"grads"};
         if ((r = check_names(q.in, names, n_push ? 1 : 0, err, sizeof(err))) < 0)
-                goto reject;
+                goto out;
         g = malloc(n_push * dim * sizeof(float) + sizeof(float));
         rows = malloc(n_pull * dim * sizeof(float) + sizeof(float));
-        if (!g || !rows)
-                goto oom;
+        if (!g || !rows) {
+                r = END_OUT_OF_MEMORY;
+                goto out;
+        }
         if (n_push && (r = take_rows(q.in, "grads", n_push, dim, g, err, sizeof(err))) < 0)
-                goto reject;
+                goto out;
 
         /* the step the worker saw: the rows' last touch, the learning rate's schedule, eviction's clock */
         uint64_t step = h->global_step, seen = atomic_load(&p->sparse_step);
@@ -289,8 +303,10 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
                 ;
         float lr = sparse_learning_rate(p->cfg, step);
         if ((n_push && sparse_table_push(pt->t, push, n_push, g, lr, step) < 0) ||
-            (n_pull && sparse_table_pull(pt->t, pull, n_pull, rows, h->create, step) < 0))
-                goto oom;
+            (n_pull && sparse_table_pull(pt->t, pull, n_pull, rows, h->create, step) < 0)) {
+                r = END_OUT_OF_MEMORY;
+                goto out;
+        }
         uint64_t in_bytes = (n_push + n_pull) * sizeof(uint64_t) + n_push * dim * sizeof(float),
                  out_bytes = n_pull * dim * sizeof(float);
         atomic_fetch_add(&pt->ids_in, n_push + n_pull);
@@ -302,21 +318,15 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
 
         Psfleet__V1__SparseExchangeReplyHeader rh = PSFLEET__V1__SPARSE_EXCHANGE_REPLY_HEADER__INIT;
         rh.incarnation = p->incarnation;
-        struct wire_out *o = NULL;
         if ((r = wire_out_new(&o)) >= 0)
                 r = wire_out_header(o, &rh.base);
         if (r >= 0 && n_pull) {
                 r = put_rows(o, "rows", rows, n_pull, dim);   /* lent: freed once sent, or now on failure */
                 rows = NULL;
         }
-        reply_out(p, call, o, r);
-        goto out;
-oom:
-        psd_out_of_memory(p, call);
-        goto out;
-reject:
-        psd_reject(p, call, r, err);
+        r = r < 0 ? END_OUT_OF_MEMORY : END_REPLY;
 out:
+        end_call(p, call, r, o, err);
         free(push);
         free(pull);
         free(g);
@@ -332,26 +342,30 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         ProtobufCMessage *m = NULL;
         uint64_t *ids = NULL;
         float *vals = NULL, *slots = NULL;
+        struct wire_out *o = NULL;
         int r;
         if ((r = wire_unpack(rpc_call_payload(call), &psfleet__v1__sparse_export_request__descriptor, &m)) < 0) {
                 snprintf(err, sizeof(err), "SparseExportRequest does not parse");
-                goto reject;
+                goto out;
         }
         static const Psfleet__V1__SparseExportHeader empty = PSFLEET__V1__SPARSE_EXPORT_HEADER__INIT;
         const Psfleet__V1__SparseExportRequest *q = (const Psfleet__V1__SparseExportRequest *)m;
         const Psfleet__V1__SparseExportHeader *h = q->header ? q->header : &empty;
         if ((r = psd_check_caller(p, h->caller, err, sizeof(err))) < 0 || (r = check_table(p, h->table, err, sizeof(err))) < 0)
-                goto reject;
+                goto out;
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);
         size_t max = h->max_rows ? h->max_rows : EXPORT_PAGE_ROWS;
         if (max * dim * (1 + pt->n_slots) > SPARSE_MAX_FLOATS)
                 max = SPARSE_MAX_FLOATS / ((size_t)dim * (1 + pt->n_slots));
-        ids = malloc(max * sizeof(*ids));
+        /* the page's ids and slots in one block (copied into the reply); its rows apart (lent to it) */
+        ids = malloc(max * sizeof(*ids) + max * dim * (pt->n_slots ? pt->n_slots : 1) * sizeof(float));
         vals = malloc(max * dim * sizeof(float));
-        slots = malloc(max * dim * (pt->n_slots ? pt->n_slots : 1) * sizeof(float));
-        if (!ids || !vals || !slots)
-                goto oom;
+        if (!ids || !vals) {
+                r = END_OUT_OF_MEMORY;
+                goto out;
+        }
+        slots = (float *)(ids + max);   /* (n_slots, max, dim) */
         uint64_t cursor = h->cursor;
         size_t n = sparse_table_export(pt->t, &cursor, max, ids, vals, pt->n_slots ? slots : NULL);
         atomic_store(&p->export_us, n ? mono_us() : 0);
@@ -367,26 +381,21 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
                 slot_names[s] = sparse_optimizer_slot_name(p->cfg->training.sparse_optimizer, s);
         rh.n_slots = pt->n_slots;
         rh.slots = (char **)slot_names;
-        struct wire_out *o;
-        if (wire_out_new(&o) < 0)
-                goto oom;
+        if (wire_out_new(&o) < 0) {
+                r = END_OUT_OF_MEMORY;
+                goto out;
+        }
         wire_out_header(o, &rh.base);
         r = put_rows(o, "rows", vals, n, dim);
         vals = NULL;
         for (unsigned s = 0; s < pt->n_slots && r >= 0; s++)
                 r = wire_out_tensor_copy(o, slot_names[s], WIRE_DTYPE_FLOAT32, (uint64_t[]){n, dim}, 2, 0,
                                          slots + (size_t)s * max * dim, n * dim * sizeof(float));
-        reply_out(p, call, o, r);
-        goto out;
-oom:
-        psd_out_of_memory(p, call);
-        goto out;
-reject:
-        psd_reject(p, call, r, err);
+        r = r < 0 ? END_OUT_OF_MEMORY : END_REPLY;
 out:
-        free(ids);
+        end_call(p, call, r, o, err);
+        free(ids);   /* and slots */
         free(vals);
-        free(slots);
         if (m)
                 protobuf_c_message_free_unpacked(m, NULL);
 }
@@ -400,49 +409,48 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
         size_t n = 0;
         int r;
         if ((r = psd_receive(p, call, &psfleet__v1__sparse_import_header__descriptor, &q, err, sizeof(err))) < 0)
-                goto reject;
+                goto out;
         const Psfleet__V1__SparseImportHeader *h = (const Psfleet__V1__SparseImportHeader *)q.hm;
         if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
             (r = take_ids(p, &h->ids, "ids", &ids, &n, err, sizeof(err))) < 0 ||
             (r = check_unique(ids, n, "ids", err, sizeof(err))) < 0)
-                goto reject;
+                goto out;
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);
         enum sparse_optimizer so = p->cfg->training.sparse_optimizer;
         if (n * dim * (1 + pt->n_slots) > SPARSE_MAX_FLOATS) {
                 r = errf(err, sizeof(err), -EINVAL, "ids: %zu rows of %u floats and %u slot(s), more than the %u floats "
                          "one message may carry", n, dim, pt->n_slots, SPARSE_MAX_FLOATS);
-                goto reject;
+                goto out;
         }
         const char *names[1 + SPARSE_MAX_SLOTS] = {"rows"};
         for (unsigned s = 0; s < pt->n_slots; s++)
                 names[1 + s] = sparse_optimizer_slot_name(so, s);
         if ((r = check_names(q.in, names, n ? 1 + pt->n_slots : 0, err, sizeof(err))) < 0)
-                goto reject;
+                goto out;
         /* rows, then the slots slot-major, as sparse_table_import reads them */
         vals = malloc(n * dim * (1 + pt->n_slots) * sizeof(float) + sizeof(float));
         if (!vals) {
-                psd_out_of_memory(p, call);
+                r = END_OUT_OF_MEMORY;
                 goto out;
         }
         for (unsigned s = 0; s <= pt->n_slots && n && r >= 0; s++)
                 r = take_rows(q.in, names[s], n, dim, vals + (size_t)s * n * dim, err, sizeof(err));
         if (r < 0)
-                goto reject;
+                goto out;
         if (h->clear)
                 sparse_table_clear(pt->t);
         if (n && sparse_table_import(pt->t, ids, n, vals, pt->n_slots ? vals + n * dim : NULL, h->global_step) < 0) {
-                psd_out_of_memory(p, call);
+                r = END_OUT_OF_MEMORY;
                 goto out;
         }
         Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;
         rep.incarnation = p->incarnation;
         rep.rows = sparse_table_rows(pt->t);
         rpc_call_reply_msg(call, &rep.base);
-        goto out;
-reject:
-        psd_reject(p, call, r, err);
+        r = END_ANSWERED;
 out:
+        end_call(p, call, r, NULL, err);
         free(ids);
         free(vals);
         psd_request_done(&q);

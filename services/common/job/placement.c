@@ -46,20 +46,19 @@ int placement_compute(const struct placement_var *vars, uint32_t n_vars, uint32_
         }
         if (total > UINT32_MAX)
                 return -EINVAL;
-        struct placement *p = calloc(1, sizeof(*p));
-        struct sort_item *items = NULL;
-        if (!p)
-                return -ENOMEM;
-        p->n_shards = n_shards;
-        p->n_parts = (uint32_t)total;
-        p->parts = calloc(total ? total : 1, sizeof(*p->parts));
-        p->shard_bytes = calloc(n_shards, sizeof(*p->shard_bytes));
-        items = calloc(total ? total : 1, sizeof(*items));
-        if (!p->parts || !p->shard_bytes || !items) {
+        /* the placement and its two arrays in one block, shard_bytes (8-byte) first */
+        struct placement *p = calloc(1, sizeof(*p) + n_shards * sizeof(*p->shard_bytes) +
+                                                (total ? total : 1) * sizeof(*p->parts));
+        struct sort_item *items = calloc(total ? total : 1, sizeof(*items));
+        if (!p || !items) {
                 free(items);
                 placement_free(p);
                 return -ENOMEM;
         }
+        p->n_shards = n_shards;
+        p->n_parts = (uint32_t)total;
+        p->shard_bytes = (uint64_t *)(p + 1);
+        p->parts = (struct placement_part *)(p->shard_bytes + n_shards);
         uint32_t j = 0;
         for (uint32_t i = 0; i < n_vars; i++) {
                 const struct placement_var *v = &vars[i];
@@ -91,11 +90,7 @@ int placement_compute(const struct placement_var *vars, uint32_t n_vars, uint32_
 
 struct placement *placement_free(struct placement *p)
 {
-        if (p) {
-                free(p->parts);
-                free(p->shard_bytes);
-                free(p);
-        }
+        free(p);   /* and its arrays */
         return NULL;
 }
 

@@ -12,12 +12,14 @@ struct table {
         struct embedding_spec e;
         uint32_t x_off;          /* floats into a row of x of this table's first field slice */
         uint32_t n_uniq;
-        size_t have, hhave;      /* occurrences (and so unique ids) the buffers hold; map slots */
+        size_t have;             /* occurrences (and so unique ids) the buffers hold */
+        void *buf;               /* one block, carved into the views below */
         uint64_t *uniq;          /* (have) */
+        uint64_t *hkey;          /* (map) the map of a power of two >= 2 * have slots: hval 0 empty, else the
+                                  * unique index + 1 */
         float *rows, *grads;     /* (have, dim) */
         uint32_t *occ;           /* (have) each occurrence's unique index, in gather order */
-        uint64_t *hkey;          /* (hhave) the map: hval 0 empty, else the unique index + 1 */
-        uint32_t *hval;
+        uint32_t *hval;          /* (map) */
 };
 
 struct ctr {
@@ -35,38 +37,27 @@ static uint64_t mix(uint64_t x)
         return x ^ (x >> 31);
 }
 
-/* Room for n occurrences and a map of twice as many slots (a power of two). Buffers already grown stay
- * valid when another fails. 0 or -ENOMEM. */
+/* Room for n occurrences and a map of twice as many slots (a power of two), in one new block: nothing
+ * in the buffers is kept (a batch fills them afresh). The old block stays when there is no memory for
+ * the new one. 0 or -ENOMEM. */
 static int grow(struct table *t, size_t n)
 {
-        size_t h = 16;
-        void *p;
+        size_t h = 16, nf = n * t->e.dim;
         while (h < 2 * n)
                 h <<= 1;
-        if (n > t->have) {
-                if (!(p = realloc(t->uniq, sizeof(uint64_t) * n)))
-                        return -ENOMEM;
-                t->uniq = p;
-                if (!(p = realloc(t->occ, sizeof(uint32_t) * n)))
-                        return -ENOMEM;
-                t->occ = p;
-                if (!(p = realloc(t->rows, sizeof(float) * n * t->e.dim)))
-                        return -ENOMEM;
-                t->rows = p;
-                if (!(p = realloc(t->grads, sizeof(float) * n * t->e.dim)))
-                        return -ENOMEM;
-                t->grads = p;
-                t->have = n;
-        }
-        if (h > t->hhave) {
-                if (!(p = realloc(t->hkey, sizeof(uint64_t) * h)))
-                        return -ENOMEM;
-                t->hkey = p;
-                if (!(p = realloc(t->hval, sizeof(uint32_t) * h)))
-                        return -ENOMEM;
-                t->hval = p;
-                t->hhave = h;
-        }
+        /* the 8-byte arrays first, so that every view is aligned */
+        char *p = malloc((n + h) * sizeof(uint64_t) + 2 * nf * sizeof(float) + (n + h) * sizeof(uint32_t));
+        if (!p)
+                return -ENOMEM;
+        free(t->buf);
+        t->buf = p;
+        t->uniq = (uint64_t *)p;
+        t->hkey = t->uniq + n;
+        t->rows = (float *)(t->hkey + h);
+        t->grads = t->rows + nf;
+        t->occ = (uint32_t *)(t->grads + nf);
+        t->hval = t->occ + n;
+        t->have = n;
         return 0;
 }
 
@@ -108,15 +99,8 @@ struct ctr *ctr_free(struct ctr *c)
 {
         if (!c)
                 return NULL;
-        for (uint32_t i = 0; i < c->n_tables; i++) {
-                struct table *t = &c->t[i];
-                free(t->uniq);
-                free(t->occ);
-                free(t->rows);
-                free(t->grads);
-                free(t->hkey);
-                free(t->hval);
-        }
+        for (uint32_t i = 0; i < c->n_tables; i++)
+                free(c->t[i].buf);
         free(c);
         return NULL;
 }

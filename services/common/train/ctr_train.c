@@ -62,32 +62,33 @@ struct ctr_step *ctr_step_free(struct ctr_step *s) {
                 return NULL;
         records_batch_free(s->b);
         ctr_free(s->c);
-        free(s->x);
-        free(s->y8);
-        free(s);
+        free(s);   /* and x, y8 */
         return NULL;
 }
 
 int ctr_step_new(const struct job_config *cfg, const struct records_reader *rd, uint32_t cap, struct ctr_step **ret) {
-        struct ctr_step *s = calloc(1, sizeof(*s));
+        struct records_batch *b = NULL;
+        struct ctr *c = NULL;
         int r;
-
-        if (!s)
-                return -ENOMEM;
         if ((r = records_batch_new(cap, records_n_dense(rd), records_n_fields(rd), cfg->data.max_ids_per_example,
-                                   &s->b)) < 0 ||
-            (r = ctr_new(&cfg->model, cap, cfg->data.max_ids_per_example, &s->c)) < 0) {
-                ctr_step_free(s);
-                return r;
+                                   &b)) < 0 ||
+            (r = ctr_new(&cfg->model, cap, cfg->data.max_ids_per_example, &c)) < 0)
+                goto fail;
+        /* the step and its inputs in one block */
+        size_t nx = (size_t)cap * ctr_width(c);
+        struct ctr_step *s = malloc(sizeof(*s) + nx * sizeof(float) + cap);
+        if (!s) {
+                r = -ENOMEM;
+                goto fail;
         }
-        s->x = malloc((size_t)cap * ctr_width(s->c) * sizeof(float));
-        s->y8 = malloc(cap);
-        if (!s->x || !s->y8) {
-                ctr_step_free(s);
-                return -ENOMEM;
-        }
+        *s = (struct ctr_step){.b = b, .c = c, .x = (float *)(s + 1)};
+        s->y8 = (uint8_t *)(s->x + nx);
         *ret = s;
         return 0;
+fail:
+        ctr_free(c);
+        records_batch_free(b);
+        return r;
 }
 
 int ctr_step_forward(const struct job_config *cfg, struct ctr_step *s, struct model *m, float *loss,

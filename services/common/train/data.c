@@ -294,19 +294,16 @@ int data_iter_new(const struct dataset *d, uint32_t k, uint32_t W, uint64_t seed
 {
         if (!d || W == 0 || k >= W || k >= d->n)
                 return -EINVAL;
-        struct data_iter *it = calloc(1, sizeof(*it));
+        uint32_t n = (d->n - k + W - 1) / W;
+        struct data_iter *it = calloc(1, sizeof(*it) + sizeof(uint32_t) * n);   /* and its order */
         if (!it)
                 return -ENOMEM;
         it->d = d;
         it->k = k;
         it->W = W;
         it->seed = seed;
-        it->n = (d->n - k + W - 1) / W;
-        it->order = malloc(sizeof(uint32_t) * it->n);
-        if (!it->order) {
-                free(it);
-                return -ENOMEM;
-        }
+        it->n = n;
+        it->order = (uint32_t *)(it + 1);
         iter_shuffle(it);
         *ret = it;
         return 0;
@@ -314,10 +311,7 @@ int data_iter_new(const struct dataset *d, uint32_t k, uint32_t W, uint64_t seed
 
 struct data_iter *data_iter_free(struct data_iter *it)
 {
-        if (it) {
-                free(it->order);
-                free(it);
-        }
+        free(it);   /* and its order */
         return NULL;
 }
 

@@ -98,36 +98,30 @@ int records_batch_new(uint32_t cap, uint32_t n_dense, uint32_t n_fields, uint32_
                 return -EINVAL;
         /* off[] is uint32_t: the ids of a full batch must be countable in it */
         if ((uint64_t)cap * max_ids > UINT32_MAX || (uint64_t)cap * n_fields >= UINT32_MAX ||
-            (uint64_t)cap * n_dense > SIZE_MAX / sizeof(float))
+            (uint64_t)cap * n_dense > SIZE_MAX / 4 / sizeof(float))
                 return -ENOMEM;
-        struct records_batch *b = calloc(1, sizeof(*b));
+        /* the batch and its arrays in one block, the 8-byte ids first after it so every view is aligned */
+        size_t nid = (size_t)cap * max_ids, n_off = (size_t)cap * n_fields + 1;
+        size_t n_float = cap + (size_t)cap * n_dense + 1 + nid + 1;   /* label, dense, val */
+        size_t size = sizeof(struct records_batch) + (nid + 1) * sizeof(uint64_t) + n_float * sizeof(float) +
+                      n_off * sizeof(uint32_t);
+        struct records_batch *b = malloc(size);
         if (!b)
                 return -ENOMEM;
         *b = (struct records_batch){.cap = cap, .n_dense = n_dense, .n_fields = n_fields, .max_ids = max_ids};
-        size_t nid = (size_t)cap * max_ids;
-        b->label = malloc(cap * sizeof(float));
-        b->dense = malloc(((size_t)cap * n_dense + 1) * sizeof(float));
-        b->off = calloc((size_t)cap * n_fields + 1, sizeof(uint32_t));
-        b->ids = malloc((nid + 1) * sizeof(uint64_t));
-        b->val = malloc((nid + 1) * sizeof(float));
-        if (!b->label || !b->dense || !b->off || !b->ids || !b->val) {
-                records_batch_free(b);
-                return -ENOMEM;
-        }
+        b->ids = (uint64_t *)(b + 1);
+        b->label = (float *)(b->ids + nid + 1);
+        b->dense = b->label + cap;
+        b->val = b->dense + (size_t)cap * n_dense + 1;
+        b->off = (uint32_t *)(b->val + nid + 1);
+        memset(b->off, 0, n_off * sizeof(uint32_t));
         *ret = b;
         return 0;
 }
 
 struct records_batch *records_batch_free(struct records_batch *b)
 {
-        if (b) {
-                free(b->label);
-                free(b->dense);
-                free(b->off);
-                free(b->ids);
-                free(b->val);
-                free(b);
-        }
+        free(b);   /* and its arrays */
         return NULL;
 }
 
@@ -363,22 +357,27 @@ int records_open(const struct records_opts *o, struct records_reader **ret, char
                 return errf(err, errlen, -EINVAL, "worker %u of %u workers", o->worker, o->n_workers);
         if ((unsigned)o->format > RECORDS_CSV)
                 return errf(err, errlen, -EINVAL, "unknown format %d", (int)o->format);
-        struct records_reader *r = calloc(1, sizeof(*r));
+        /* the reader, its copy of the file list and its read buffer in one block */
+        size_t names = 0;
+        for (uint32_t i = 0; i < o->n_files; i++)
+                names += strlen(o->files[i]) + 1;
+        struct records_reader *r = calloc(1, sizeof(*r) + o->n_files * (sizeof(char *) + sizeof(uint32_t)) + READ_BUF +
+                                                     names);
         if (!r)
                 return errf(err, errlen, -ENOMEM, "out of memory");
+        r->files = (char **)(r + 1);
+        r->mine = (uint32_t *)(r->files + o->n_files);
+        r->rbuf = (char *)(r->mine + o->n_files);
+        char *name = r->rbuf + READ_BUF;
         r->o = *o;
         r->by_line = o->n_files < o->n_workers;
         r->n_fields = records_format_fields(o->format);
         r->n_dense = o->format == RECORDS_CRITEO ? RECORDS_CRITEO_DENSE : o->format == RECORDS_CSV ? o->n_dense : 0;
-        r->files = calloc(o->n_files, sizeof(*r->files));
-        r->mine = calloc(o->n_files, sizeof(*r->mine));
-        r->rbuf = malloc(READ_BUF);
-        int e = -ENOMEM;
-        if (!r->files || !r->mine || !r->rbuf)
-                goto fail_oom;
+        int e;
         for (uint32_t i = 0; i < o->n_files; i++) {
-                if (!(r->files[i] = strdup(o->files[i])))
-                        goto fail_oom;
+                size_t len = strlen(o->files[i]) + 1;
+                r->files[i] = memcpy(name, o->files[i], len);
+                name += len;
                 if (r->by_line || i % o->n_workers == o->worker)
                         r->mine[r->n_mine++] = i;
         }
@@ -407,8 +406,6 @@ int records_open(const struct records_opts *o, struct records_reader **ret, char
         }
         *ret = r;
         return 0;
-fail_oom:
-        errf(err, errlen, e, "out of memory");
 fail:
         records_close(r);
         return e;
@@ -418,15 +415,10 @@ struct records_reader *records_close(struct records_reader *r)
 {
         if (r) {
                 close_file(r);
-                for (uint32_t i = 0; r->files && i < r->o.n_files; i++)
-                        free(r->files[i]);
-                free(r->files);
-                free(r->mine);
-                free(r->rbuf);
                 free(r->line);
                 records_batch_free(r->probe);
                 pool_free(r->pool);
-                free(r);
+                free(r);   /* and its file list and read buffer */
         }
         return NULL;
 }
@@ -444,29 +436,29 @@ uint32_t records_n_fields(const struct records_reader *r)
 static struct pool *pool_free(struct pool *p)
 {
         if (p) {
-                for (uint32_t i = 0; p->slot && i < p->cap; i++) {
+                for (uint32_t i = 0; i < p->cap; i++) {
                         free(p->slot[i].ids);
                         free(p->slot[i].val);
                 }
-                free(p->slot);
-                free(p->dense);
-                free(p->cnt);
                 records_batch_free(p->one);
-                free(p);
+                free(p);   /* and its slots, dense and cnt */
         }
         return NULL;
 }
 
 static int pool_new(const struct records_reader *r, struct pool **ret)
 {
-        struct pool *p = calloc(1, sizeof(*p));
+        /* the pool and its arrays of cap in one block, the slots (with pointers) first */
+        size_t cap = r->o.shuffle;
+        struct pool *p = calloc(1, sizeof(*p) + cap * sizeof(*p->slot) + (cap * r->n_dense + 1) * sizeof(float) +
+                                           (cap * r->n_fields + 1) * sizeof(uint32_t));
         if (!p)
                 return -ENOMEM;
         p->cap = r->o.shuffle;
-        p->slot = calloc(p->cap, sizeof(*p->slot));
-        p->dense = malloc(((size_t)p->cap * r->n_dense + 1) * sizeof(float));
-        p->cnt = malloc(((size_t)p->cap * r->n_fields + 1) * sizeof(uint32_t));
-        if (!p->slot || !p->dense || !p->cnt || records_batch_new(1, r->n_dense, r->n_fields, r->o.max_ids, &p->one) < 0) {
+        p->slot = (struct pool_slot *)(p + 1);
+        p->dense = (float *)(p->slot + cap);
+        p->cnt = (uint32_t *)(p->dense + cap * r->n_dense + 1);
+        if (records_batch_new(1, r->n_dense, r->n_fields, r->o.max_ids, &p->one) < 0) {
                 pool_free(p);
                 return -ENOMEM;
         }

@@ -52,33 +52,35 @@ struct sparse_table {
         struct stripe stripes[N_STRIPES];
 };
 
+/* Each sparse optimizer's name and the names of its slots, by enum sparse_optimizer. */
+static const struct {
+        const char *name;
+        unsigned n_slots;
+        const char *slot[SPARSE_MAX_SLOTS];
+} sparse_optimizers[] = {
+        [SPARSE_SGD] = {"sgd", 0, {NULL, NULL}},
+        [SPARSE_ADAGRAD] = {"adagrad", 1, {"accumulator", NULL}},
+        [SPARSE_FTRL] = {"ftrl", 2, {"accum", "linear"}},
+};
+
+static bool known(enum sparse_optimizer o)
+{
+        return (unsigned)o < sizeof(sparse_optimizers) / sizeof(sparse_optimizers[0]) && sparse_optimizers[o].name;
+}
+
 const char *sparse_optimizer_name(enum sparse_optimizer o)
 {
-        switch (o) {
-        case SPARSE_SGD: return "sgd";
-        case SPARSE_ADAGRAD: return "adagrad";
-        case SPARSE_FTRL: return "ftrl";
-        }
-        return "?";
+        return known(o) ? sparse_optimizers[o].name : "?";
 }
 
 unsigned sparse_optimizer_n_slots(enum sparse_optimizer o)
 {
-        switch (o) {
-        case SPARSE_SGD: return 0;
-        case SPARSE_ADAGRAD: return 1;
-        case SPARSE_FTRL: return 2;
-        }
-        return 0;
+        return known(o) ? sparse_optimizers[o].n_slots : 0;
 }
 
 const char *sparse_optimizer_slot_name(enum sparse_optimizer o, unsigned slot)
 {
-        if (slot >= sparse_optimizer_n_slots(o))
-                return NULL;
-        if (o == SPARSE_ADAGRAD)
-                return "accumulator";
-        return slot == 0 ? "accum" : "linear";
+        return slot < sparse_optimizer_n_slots(o) ? sparse_optimizers[o].slot[slot] : NULL;
 }
 
 /* The stripe mix (murmur3's fmix64) and the shard mix (splitmix64's finalizer) differ, so that the

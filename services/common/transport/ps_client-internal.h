@@ -46,10 +46,17 @@ struct shard_link {
         int32_t pid;                    /* its psd's process */
 };
 
+/* What the client keeps of one shard. */
+struct ps_shard {
+        struct rpc_channel *ch;
+        struct shard_link link;         /* meaningful only while pc->link is there */
+        uint64_t sparse_inc;            /* the incarnation it last answered an exchange with (0: none yet) */
+};
+
 struct ps_client {
         const struct job_config *cfg;
         const struct job_layout *L;
-        struct rpc_channel **ch;        /* (n_shards) */
+        struct ps_shard *shard;         /* (n_shards) */
         char task[32];                  /* "worker:1" */
         uint64_t deadline_ms;
 
@@ -70,10 +77,8 @@ struct ps_client {
 
         /* shared memory with the shards on this host (NULL: every push through gRPC) */
         struct shmlink *link;
-        struct shard_link *links;       /* (n_shards) */
 
         /* embedding tables (ps_client_sparse.c) */
-        uint64_t *sparse_inc;           /* (n_shards) the incarnation each shard last answered (0: none yet) */
         atomic_uint_fast64_t sparse_sent, sparse_received;   /* payload bytes */
 };
 
@@ -82,3 +87,13 @@ void ps_client_caller_init(struct ps_client *pc, Psfleet__V1__Caller *c);
 /* Waits for the batch and frees it; r (ours) or the first failure (a server's, with its message)
  * becomes the result, with why in err. */
 int ps_client_batch_end(struct rpc_batch *b, int r, const char *what, char *err, size_t errlen);
+
+/* Builds shard s's request of a fan-out, caller filled in: 0 with *bb the message (the caller's), 1 to
+ * leave the shard out, or -errno. */
+typedef int (*ps_client_build_fn)(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *caller, void *ud,
+                                  grpc_byte_buffer **bb);
+/* Starts `method` on every shard that build gives a request, all in batch b (waited for by the
+ * caller); pend (n_shards; may be NULL) gets each shard's call, NULL for one left out. Returns 0, or the
+ * first failure to build or start (the shards after it are not started). */
+int ps_client_fan_out(struct ps_client *pc, struct rpc_batch *b, const char *method, bool wait_for_ready,
+                      ps_client_build_fn build, void *ud, struct rpc_pending **pend);

@@ -33,16 +33,15 @@ int ps_client_new(const struct job_config *cfg, const struct job_layout *L, cons
         snprintf(pc->task, sizeof(pc->task), "%s", task);
         pthread_mutex_init(&pc->mu, NULL);
         pthread_cond_init(&pc->cond, NULL);
-        pc->ch = calloc(L->n_shards, sizeof(*pc->ch));
-        pc->sparse_inc = calloc(L->n_shards, sizeof(*pc->sparse_inc));
-        if (!pc->ch || !pc->sparse_inc) {
+        pc->shard = calloc(L->n_shards, sizeof(*pc->shard));
+        if (!pc->shard) {
                 ps_client_free(pc);
                 return -ENOMEM;
         }
         for (uint32_t s = 0; s < L->n_shards; s++) {
                 char name[32];
                 snprintf(name, sizeof(name), "ps:%u", s);
-                int r = rpc_channel_new(cfg->cluster.ps[s].addr, name, &pc->ch[s]);
+                int r = rpc_channel_new(cfg->cluster.ps[s].addr, name, &pc->shard[s].ch);
                 if (r < 0) {
                         ps_client_free(pc);
                         return r;
@@ -67,11 +66,9 @@ struct ps_client *ps_client_free(struct ps_client *pc) {
         }
         free(pc->fl);
         shmlink_free(pc->link);
-        free(pc->links);
-        free(pc->sparse_inc);
-        for (uint32_t s = 0; pc->ch && s < pc->L->n_shards; s++)
-                rpc_channel_free(pc->ch[s]);
-        free(pc->ch);
+        for (uint32_t s = 0; pc->shard && s < pc->L->n_shards; s++)
+                rpc_channel_free(pc->shard[s].ch);
+        free(pc->shard);
         pthread_cond_destroy(&pc->cond);
         pthread_mutex_destroy(&pc->mu);
         free(pc);
@@ -116,42 +113,82 @@ int ps_client_batch_end(struct rpc_batch *b, int r, const char *what, char *err,
         return r;
 }
 
+int ps_client_fan_out(struct ps_client *pc, struct rpc_batch *b, const char *method, bool wait_for_ready,
+                      ps_client_build_fn build, void *ud, struct rpc_pending **pend) {
+        Psfleet__V1__Caller caller;
+        ps_client_caller_init(pc, &caller);
+        for (uint32_t s = 0; s < pc->L->n_shards; s++) {
+                grpc_byte_buffer *bb;
+                struct rpc_pending *p = NULL;
+                int r = build(pc, s, &caller, ud, &bb);
+                if (r == 0)
+                        r = rpc_batch_start(b, pc->shard[s].ch, method, bb, pc->deadline_ms, wait_for_ready, &p);
+                if (pend)
+                        pend[s] = p;
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+struct assign {
+        const bool *which;
+        const float *params;
+        float *const *slots;
+        uint64_t global_step;
+};
+
+/* Shard s's Assign: its parts of the blocks, with the optimizer's slots when a->slots. */
+static int assign_build(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *caller, void *ud,
+                        grpc_byte_buffer **bb) {
+        const struct assign *a = ud;
+        const struct job_layout *L = pc->L;
+        if (a->which && !a->which[s])
+                return 1;
+        Psfleet__V1__AssignHeader h = PSFLEET__V1__ASSIGN_HEADER__INIT;
+        h.caller = caller;
+        h.global_step = a->global_step;
+        h.with_slots = a->slots != NULL;
+        struct wire_out *o;
+        int r = wire_out_new(&o);
+        if (r < 0)
+                return r;
+        wire_out_header(o, &h.base);
+        for (uint32_t i = 0; i < L->shard_count[s] && r >= 0; i++) {
+                uint32_t p = L->shard_parts[L->shard_first[s] + i];
+                r = add_part(o, L, p, a->params, NULL, WIRE_DTYPE_FLOAT32, false);
+                for (unsigned k = 0; a->slots && k < L->n_slots && r >= 0; k++)
+                        r = add_part(o, L, p, a->slots[k], optim_slot_name(L->optimizer, k), WIRE_DTYPE_FLOAT32, false);
+        }
+        if (r >= 0)
+                r = wire_out_finish(o, bb);
+        wire_out_free(o);
+        return r;
+}
+
 int ps_client_assign(struct ps_client *pc, const bool *which, const float *params, float *const *slots,
                      uint64_t global_step, char *err, size_t errlen) {
-        const struct job_layout *L = pc->L;
+        struct assign a = {which, params, slots, global_step};
         struct rpc_batch *b;
         int r = rpc_batch_new(&b);
         if (r < 0)
                 return r;
-        for (uint32_t s = 0; s < L->n_shards && r >= 0; s++) {
-                if (which && !which[s])
-                        continue;
-                Psfleet__V1__Caller caller;
-                ps_client_caller_init(pc, &caller);
-                Psfleet__V1__AssignHeader h = PSFLEET__V1__ASSIGN_HEADER__INIT;
-                h.caller = &caller;
-                h.global_step = global_step;
-                h.with_slots = slots != NULL;
-                struct wire_out *o;
-                grpc_byte_buffer *bb;
-                if ((r = wire_out_new(&o)) < 0)
-                        break;
-                wire_out_header(o, &h.base);
-                for (uint32_t i = 0; i < L->shard_count[s] && r >= 0; i++) {
-                        uint32_t p = L->shard_parts[L->shard_first[s] + i];
-                        r = add_part(o, L, p, params, NULL, WIRE_DTYPE_FLOAT32, false);
-                        for (unsigned k = 0; slots && k < L->n_slots && r >= 0; k++)
-                                r = add_part(o, L, p, slots[k], optim_slot_name(L->optimizer, k), WIRE_DTYPE_FLOAT32, false);
-                }
-                if (r >= 0)
-                        r = wire_out_finish(o, &bb);
-                wire_out_free(o);
-                struct rpc_pending *pend;
-                if (r >= 0)
-                        r = rpc_batch_start(b, pc->ch[s], "/psfleet.v1.ParameterServer/Assign", bb, pc->deadline_ms,
-                                            true, &pend);
-        }
+        r = ps_client_fan_out(pc, b, "/psfleet.v1.ParameterServer/Assign", true, assign_build, &a, NULL);
         return ps_client_batch_end(b, r, "assign", err, errlen);
+}
+
+/* Shard s's Pull: every part it holds, with the optimizer's slots when *(bool *)ud. */
+static int pull_build(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *caller, void *ud,
+                      grpc_byte_buffer **bb) {
+        (void)pc;
+        (void)s;
+        Psfleet__V1__PullHeader h = PSFLEET__V1__PULL_HEADER__INIT;
+        h.caller = caller;
+        h.with_slots = *(const bool *)ud;
+        Psfleet__V1__PullRequest q = PSFLEET__V1__PULL_REQUEST__INIT;
+        q.header = &h;
+        *bb = wire_pack(&q.base);
+        return 0;
 }
 
 int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uint64_t *global_step_ret,
@@ -164,17 +201,8 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
                 free(pend);
                 return r;
         }
-        for (uint32_t s = 0; s < L->n_shards && r >= 0; s++) {
-                Psfleet__V1__Caller caller;
-                ps_client_caller_init(pc, &caller);
-                Psfleet__V1__PullHeader h = PSFLEET__V1__PULL_HEADER__INIT;
-                h.caller = &caller;
-                h.with_slots = slots != NULL;
-                Psfleet__V1__PullRequest q = PSFLEET__V1__PULL_REQUEST__INIT;
-                q.header = &h;
-                r = rpc_batch_start(b, pc->ch[s], "/psfleet.v1.ParameterServer/Pull", wire_pack(&q.base),
-                                    pc->deadline_ms, false, &pend[s]);
-        }
+        bool with_slots = slots != NULL;
+        r = ps_client_fan_out(pc, b, "/psfleet.v1.ParameterServer/Pull", false, pull_build, &with_slots, pend);
         if (r >= 0)
                 rpc_batch_wait_all(b);
         for (uint32_t s = 0; s < L->n_shards && r >= 0; s++) {
@@ -224,7 +252,7 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
 int ps_client_status(struct ps_client *pc, uint32_t shard, void **status_ret, char *err, size_t errlen) {
         Psfleet__V1__ShardStatusRequest q = PSFLEET__V1__SHARD_STATUS_REQUEST__INIT;
         ProtobufCMessage *m;
-        int r = rpc_call_msg(pc->ch[shard], "/psfleet.v1.ParameterServer/GetShardStatus", &q.base,
+        int r = rpc_call_msg(pc->shard[shard].ch, "/psfleet.v1.ParameterServer/GetShardStatus", &q.base,
                              &psfleet__v1__shard_status__descriptor, pc->deadline_ms, false, &m, err, errlen);
         if (r >= 0)
                 *status_ret = m;
@@ -234,7 +262,7 @@ int ps_client_status(struct ps_client *pc, uint32_t shard, void **status_ret, ch
 int ps_client_probe(struct ps_client *pc, uint32_t shard, uint64_t timeout_ms, void **status_ret, char *err,
                     size_t errlen) {
         Psfleet__V1__ShardStatusRequest q = PSFLEET__V1__SHARD_STATUS_REQUEST__INIT;
-        struct rpc_channel *ch = pc->ch[shard];
+        struct rpc_channel *ch = pc->shard[shard].ch;
         struct rpc_result res;
         int r = rpc_call(ch, "/psfleet.v1.ParameterServer/GetShardStatus", wire_pack(&q.base), timeout_ms, false, &res);
         if (r < 0) {
@@ -245,7 +273,7 @@ int ps_client_probe(struct ps_client *pc, uint32_t shard, uint64_t timeout_ms, v
                 struct rpc_channel *fresh;
                 if (rpc_channel_new(pc->cfg->cluster.ps[shard].addr, rpc_channel_name(ch), &fresh) >= 0) {
                         rpc_channel_free(ch);
-                        pc->ch[shard] = fresh;
+                        pc->shard[shard].ch = fresh;
                 }
         } else {
                 ProtobufCMessage *m;
@@ -268,7 +296,7 @@ int ps_client_stop(struct ps_client *pc, const char *reason) {
                 Psfleet__V1__StopRequest q = PSFLEET__V1__STOP_REQUEST__INIT;
                 q.reason = (char *)reason;
                 struct rpc_pending *p;
-                rpc_batch_start(b, pc->ch[s], "/psfleet.v1.ParameterServer/Stop", wire_pack(&q.base), 5000, false, &p);
+                rpc_batch_start(b, pc->shard[s].ch, "/psfleet.v1.ParameterServer/Stop", wire_pack(&q.base), 5000, false, &p);
         }
         r = rpc_batch_wait_all(b);
         rpc_batch_free(b);
@@ -304,7 +332,7 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
         wire_out_free(o);
         if (r < 0)
                 return r;
-        return rpc_batch_start_ud(pc->batch, pc->ch[f->g.shard], "/psfleet.v1.ParameterServer/Push", bb, pc->deadline_ms,
+        return rpc_batch_start_ud(pc->batch, pc->shard[f->g.shard].ch, "/psfleet.v1.ParameterServer/Push", bb, pc->deadline_ms,
                                   false, f, ret);
 }
 
@@ -388,12 +416,9 @@ static void link_setup(struct ps_client *pc, ps_client_move_fn move, void *ud) {
         const struct job_layout *L = pc->L;
         char err[600];
         int r;
-        pc->links = calloc(L->n_shards, sizeof(*pc->links));
-        if (!pc->links) {
-                r = errf(err, sizeof(err), -ENOMEM, "out of memory");
-        } else if ((r = shmlink_create(pc->cfg->name, pc->worker, L->fingerprint, L->n_params, L->n_shards, pc->n_fl,
-                                       &pc->link, err, sizeof(err))) == 0 &&
-                   (r = move(ud, shmlink_params(pc->link), shmlink_grads(pc->link))) < 0) {
+        if ((r = shmlink_create(pc->cfg->name, pc->worker, L->fingerprint, L->n_params, L->n_shards, pc->n_fl,
+                                &pc->link, err, sizeof(err))) == 0 &&
+            (r = move(ud, shmlink_params(pc->link), shmlink_grads(pc->link))) < 0) {
                 snprintf(err, sizeof(err), "cannot move the model into it: %s", strerror(-r));
                 pc->link = shmlink_free(pc->link);
         }
@@ -459,9 +484,9 @@ static int link_attach(struct ps_client *pc, uint32_t shard, uint32_t gen, uint3
 
 /* Pushes to `shard` go through gRPC from now on (until ps_client_link_shards links it again). */
 static void link_down(struct ps_client *pc, uint32_t shard) {
-        if (!pc->link || !pc->links[shard].up)
+        if (!pc->link || !pc->shard[shard].link.up)
                 return;
-        pc->links[shard].up = false;
+        pc->shard[shard].link.up = false;
         shmlink_shard_close(pc->link, shard);
 }
 
@@ -472,7 +497,7 @@ void ps_client_link_shards(struct ps_client *pc) {
         uint32_t *index = calloc(pc->n_fl + 1, sizeof(uint32_t)), *n = calloc(pc->n_fl + 1, sizeof(uint32_t));
         const uint32_t **parts = calloc(pc->n_fl + 1, sizeof(*parts));
         for (uint32_t s = 0; index && n && parts && s < L->n_shards; s++) {
-                if (pc->links[s].up)
+                if (pc->shard[s].link.up)
                         continue;
                 uint32_t k = 0;
                 for (uint32_t i = 0; i < pc->n_fl; i++)
@@ -490,12 +515,12 @@ void ps_client_link_shards(struct ps_client *pc) {
                                  s, (int)pid);
                 if (r < 0) {
                         shmlink_shard_close(pc->link, s);
-                        if (!pc->links[s].said)
+                        if (!pc->shard[s].link.said)
                                 log_info("ps:%u: pushing through gRPC: %s", s, err);
-                        pc->links[s].said = true;
+                        pc->shard[s].link.said = true;
                         continue;
                 }
-                pc->links[s] = (struct shard_link){.up = true, .pid = pid};
+                pc->shard[s].link = (struct shard_link){.up = true, .pid = pid};
                 log_info("ps:%u is on this host: pushing through shared memory (%u group(s))", s, k);
         }
         free(index);
@@ -505,7 +530,7 @@ void ps_client_link_shards(struct ps_client *pc) {
 
 void ps_client_push(struct ps_client *pc, uint32_t g, uint64_t local_step, bool count_step) {
         struct flight *f = &pc->fl[g];
-        bool link = pc->link && pc->links[f->g.shard].up;
+        bool link = pc->link && pc->shard[f->g.shard].link.up;
         /* sync: the shard aggregates the gradients of one step, so it needs to know which; it counts
          * its steps itself (count_step then only says, here, where global_step is heading) */
         if (pc->cfg->training.mode == MODE_SYNC)
@@ -543,8 +568,8 @@ static int link_settle(struct ps_client *pc, uint32_t g, char *err, size_t errle
         uint64_t gs = 0;
         char e[500];
         int r = -ECONNRESET;
-        if (pc->links[s].up)
-                r = shmlink_wait(pc->link, g, f->seq, pc->links[s].pid, LINK_SPIN_US, pc->deadline_ms * 1000, &gs, e,
+        if (pc->shard[s].link.up)
+                r = shmlink_wait(pc->link, g, f->seq, pc->shard[s].link.pid, LINK_SPIN_US, pc->deadline_ms * 1000, &gs, e,
                                  sizeof(e));
         else
                 snprintf(e, sizeof(e), "the shared-memory link is down");
@@ -582,12 +607,21 @@ static void copy_in(struct ps_client *pc, struct wire_in *in) {
         wire_in_free(in);
 }
 
-int ps_client_wait(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
+/* Settles flight g's push. Through shared memory its values are in place once answered; through gRPC
+ * they are copied in now, or, when hold, kept for ps_client_take. */
+static int settle(struct ps_client *pc, uint32_t g, bool hold, char *err, size_t errlen) {
         struct flight *f = &pc->fl[g];
         if (f->via == VIA_LINK)
                 return link_settle(pc, g, err, errlen);
         struct wire_in *in;
         int r = grpc_settle(pc, f, &in, err, errlen);
+        if (hold) {
+                if (in) {
+                        wire_in_free(f->held);   /* never taken: newer values replace it */
+                        f->held = in;
+                }
+                return r;
+        }
         /* values held from an earlier push are older than any that just came */
         if (in || r < 0)
                 f->held = wire_in_free(f->held);
@@ -597,17 +631,12 @@ int ps_client_wait(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
         return r;
 }
 
+int ps_client_wait(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
+        return settle(pc, g, false, err, errlen);
+}
+
 int ps_client_hold(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
-        struct flight *f = &pc->fl[g];
-        if (f->via == VIA_LINK)
-                return link_settle(pc, g, err, errlen);
-        struct wire_in *in;
-        int r = grpc_settle(pc, f, &in, err, errlen);
-        if (in) {
-                wire_in_free(f->held);   /* never taken: newer values replace it */
-                f->held = in;
-        }
-        return r;
+        return settle(pc, g, true, err, errlen);
 }
 
 int ps_client_take(struct ps_client *pc, uint32_t g, char *err, size_t errlen) {
@@ -658,7 +687,7 @@ int ps_client_attach_shm(struct ps_client *pc, uint32_t shard, uint32_t worker, 
         q.n_groups = n_groups;
         q.groups = gp;
         ProtobufCMessage *m;
-        int r = rpc_call_msg(pc->ch[shard], "/psfleet.v1.ParameterServer/AttachSharedMemory", &q.base,
+        int r = rpc_call_msg(pc->shard[shard].ch, "/psfleet.v1.ParameterServer/AttachSharedMemory", &q.base,
                              &psfleet__v1__attach_shared_memory_reply__descriptor, pc->deadline_ms, false, &m, err, errlen);
         free(groups);
         free(gp);

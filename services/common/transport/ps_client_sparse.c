@@ -82,63 +82,76 @@ static const struct wire_tensor *reply_rows(const struct wire_in *in, const char
         return NULL;
 }
 
+/* What an exchange's shards are sent: the ids split by shard, the gradients in that order. */
+struct exchange {
+        const struct model_spec *m;
+        uint32_t e, dim;
+        bool create;
+        uint64_t global_step;
+        struct split ps, pl;
+        float *g;               /* (n_push, dim) */
+        char *err;
+        size_t errlen;
+};
+
+/* Shard s's SparseExchange: its ids to push (with their gradients) and to pull; none: left out. */
+static int exchange_build(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *caller, void *ud,
+                          grpc_byte_buffer **bb) {
+        struct exchange *x = ud;
+        uint32_t dim = x->dim;
+        size_t np = x->ps.first[s + 1] - x->ps.first[s], nl = x->pl.first[s + 1] - x->pl.first[s];
+        if (!np && !nl)
+                return 1;
+        if ((np > nl ? np : nl) * dim > SPARSE_MAX_FLOATS)
+                return errf(x->err, x->errlen, -E2BIG, "table %s: %zu rows of ps:%u in one step, more than a message "
+                            "carries (%u floats)", x->m->emb[x->e].name, np > nl ? np : nl, s, SPARSE_MAX_FLOATS);
+        Psfleet__V1__SparseExchangeHeader h = PSFLEET__V1__SPARSE_EXCHANGE_HEADER__INIT;
+        h.caller = caller;
+        h.worker = pc->worker;
+        h.table = x->e;
+        h.incarnation = pc->shard[s].sparse_inc;
+        h.global_step = x->global_step;
+        h.create = x->create;
+        h.push_ids = id_bytes(&x->ps, s);
+        h.pull_ids = id_bytes(&x->pl, s);
+        struct wire_out *o;
+        int r = wire_out_new(&o);
+        if (r < 0)
+                return r;
+        wire_out_header(o, &h.base);
+        if (np)   /* g outlives the call: the batch is waited for before it is freed */
+                r = wire_out_tensor(o, "grads", WIRE_DTYPE_FLOAT32, (uint64_t[]){np, dim}, 2, 0,
+                                    x->g + x->ps.first[s] * dim, np * dim * sizeof(float), NULL, NULL);
+        if (r >= 0)
+                r = wire_out_finish(o, bb);
+        wire_out_free(o);
+        atomic_fetch_add(&pc->sparse_sent, (np + nl) * sizeof(uint64_t) + np * dim * sizeof(float));
+        return r;
+}
+
 static int exchange(struct ps_client *pc, uint32_t e, const uint64_t *push_ids, size_t n_push, const float *push_grads,
                     const uint64_t *pull_ids, size_t n_pull, float *pull_rows, bool create, char *err, size_t errlen) {
         const struct model_spec *m = &pc->cfg->model;
         if (e >= m->n_embeddings)
                 return errf(err, errlen, -EINVAL, "table %u: the model has %u embedding table(s)", e, m->n_embeddings);
         uint32_t dim = m->emb[e].dim, N = pc->L->n_shards;
-        struct split ps = {0}, pl = {0};
-        float *g = NULL;
+        struct exchange x = {.m = m, .e = e, .dim = dim, .create = create, .err = err, .errlen = errlen};
+        struct split *ps = &x.ps, *pl = &x.pl;
         struct rpc_batch *b = NULL;
         struct rpc_pending **pend = calloc(N, sizeof(*pend));
         int r = pend ? 0 : -ENOMEM;
-        if (r >= 0 && (r = split_ids(push_ids, n_push, N, &ps)) >= 0 && (r = split_ids(pull_ids, n_pull, N, &pl)) >= 0)
-                r = (g = malloc((n_push ? n_push : 1) * dim * sizeof(float))) ? 0 : -ENOMEM;
+        if (r >= 0 && (r = split_ids(push_ids, n_push, N, ps)) >= 0 && (r = split_ids(pull_ids, n_pull, N, pl)) >= 0)
+                r = (x.g = malloc((n_push ? n_push : 1) * dim * sizeof(float))) ? 0 : -ENOMEM;
         if (r < 0) {
                 errf(err, errlen, r, "table %s: out of memory", m->emb[e].name);
                 goto out;
         }
         for (size_t k = 0; k < n_push; k++)
-                memcpy(g + k * dim, push_grads + ps.order[k] * dim, dim * sizeof(float));
-        uint64_t gs = ps_client_global_step(pc, NULL);
+                memcpy(x.g + k * dim, push_grads + ps->order[k] * dim, dim * sizeof(float));
+        x.global_step = ps_client_global_step(pc, NULL);
         if ((r = rpc_batch_new(&b)) < 0)
                 goto out;
-        for (uint32_t s = 0; s < N && r >= 0; s++) {
-                size_t np = ps.first[s + 1] - ps.first[s], nl = pl.first[s + 1] - pl.first[s];
-                if (!np && !nl)
-                        continue;
-                if ((np > nl ? np : nl) * dim > SPARSE_MAX_FLOATS) {
-                        r = errf(err, errlen, -E2BIG, "table %s: %zu rows of ps:%u in one step, more than a message "
-                                 "carries (%u floats)", m->emb[e].name, np > nl ? np : nl, s, SPARSE_MAX_FLOATS);
-                        break;
-                }
-                Psfleet__V1__Caller caller;
-                ps_client_caller_init(pc, &caller);
-                Psfleet__V1__SparseExchangeHeader h = PSFLEET__V1__SPARSE_EXCHANGE_HEADER__INIT;
-                h.caller = &caller;
-                h.worker = pc->worker;
-                h.table = e;
-                h.incarnation = pc->sparse_inc[s];
-                h.global_step = gs;
-                h.create = create;
-                h.push_ids = id_bytes(&ps, s);
-                h.pull_ids = id_bytes(&pl, s);
-                struct wire_out *o;
-                grpc_byte_buffer *bb;
-                if ((r = wire_out_new(&o)) < 0)
-                        break;
-                wire_out_header(o, &h.base);
-                if (np)   /* g outlives the call: the batch is waited for below */
-                        r = wire_out_tensor(o, "grads", WIRE_DTYPE_FLOAT32, (uint64_t[]){np, dim}, 2, 0,
-                                            g + ps.first[s] * dim, np * dim * sizeof(float), NULL, NULL);
-                if (r >= 0)
-                        r = wire_out_finish(o, &bb);
-                wire_out_free(o);
-                if (r >= 0)
-                        r = rpc_batch_start(b, pc->ch[s], EXCHANGE, bb, pc->deadline_ms, false, &pend[s]);
-                atomic_fetch_add(&pc->sparse_sent, (np + nl) * sizeof(uint64_t) + np * dim * sizeof(float));
-        }
+        r = ps_client_fan_out(pc, b, EXCHANGE, false, exchange_build, &x, pend);
         if (r < 0) {
                 if (!*err)
                         errf(err, errlen, r, "table %s: %s", m->emb[e].name, strerror(-r));
@@ -149,11 +162,11 @@ static int exchange(struct ps_client *pc, uint32_t e, const uint64_t *push_ids, 
                 if (!pend[s])
                         continue;
                 struct rpc_result *res = rpc_pending_result(pend[s]);
-                size_t nl = pl.first[s + 1] - pl.first[s];
+                size_t nl = pl->first[s + 1] - pl->first[s];
                 if (res->err) {
                         /* a shard that restarted refuses rows pulled from its former self once */
                         if (res->err == -EPERM)
-                                pc->sparse_inc[s] = 0;
+                                pc->shard[s].sparse_inc = 0;
                         if (r >= 0)
                                 r = errf(err, errlen, res->err, "%s", res->message);
                         continue;
@@ -164,7 +177,7 @@ static int exchange(struct ps_client *pc, uint32_t e, const uint64_t *push_ids, 
                 int q = wire_in_parse(res->reply, &in, e2, sizeof(e2));
                 res->reply = NULL;
                 if (q >= 0 && (q = wire_in_header(in, &psfleet__v1__sparse_exchange_reply_header__descriptor, &hm)) >= 0)
-                        pc->sparse_inc[s] = ((Psfleet__V1__SparseExchangeReplyHeader *)hm)->incarnation;
+                        pc->shard[s].sparse_inc = ((Psfleet__V1__SparseExchangeReplyHeader *)hm)->incarnation;
                 const struct wire_tensor *t = q >= 0 && nl ? reply_rows(in, "rows", nl, dim) : NULL;
                 if (q >= 0 && nl && !t)
                         q = errf(e2, sizeof(e2), -EPROTO, "no float32 tensor \"rows\" of (%zu, %u)", nl, dim);
@@ -174,8 +187,8 @@ static int exchange(struct ps_client *pc, uint32_t e, const uint64_t *push_ids, 
                         /* the rows go back to the caller's order, one at a time out of gRPC's slices */
                         struct wire_reader rd;
                         wire_reader_init(&rd, t);
-                        for (size_t k = pl.first[s]; k < pl.first[s + 1]; k++)
-                                wire_reader_read(&rd, pull_rows + pl.order[k] * dim, dim * sizeof(float));
+                        for (size_t k = pl->first[s]; k < pl->first[s + 1]; k++)
+                                wire_reader_read(&rd, pull_rows + pl->order[k] * dim, dim * sizeof(float));
                         atomic_fetch_add(&pc->sparse_received, nl * dim * sizeof(float));
                 }
                 if (hm)
@@ -185,9 +198,9 @@ static int exchange(struct ps_client *pc, uint32_t e, const uint64_t *push_ids, 
 out:
         rpc_batch_free(b);
         free(pend);
-        free(g);
-        split_free(&ps);
-        split_free(&pl);
+        free(x.g);
+        split_free(ps);
+        split_free(pl);
         return r;
 }
 
@@ -258,6 +271,30 @@ static int append_page(struct ps_sparse_rows *out, size_t *cap, const struct wir
         return 0;
 }
 
+/* Where an export of table e stands: each shard's next page, and whether it has sent its last. */
+struct export {
+        uint32_t e;
+        const uint64_t *cursor;         /* (n_shards) */
+        const bool *done;               /* (n_shards) */
+};
+
+/* Shard s's next SparseExport page; none once it is done. */
+static int export_build(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *caller, void *ud,
+                        grpc_byte_buffer **bb) {
+        (void)pc;
+        const struct export *x = ud;
+        if (x->done[s])
+                return 1;
+        Psfleet__V1__SparseExportHeader h = PSFLEET__V1__SPARSE_EXPORT_HEADER__INIT;
+        h.caller = caller;
+        h.table = x->e;
+        h.cursor = x->cursor[s];
+        Psfleet__V1__SparseExportRequest q = PSFLEET__V1__SPARSE_EXPORT_REQUEST__INIT;
+        q.header = &h;
+        *bb = wire_pack(&q.base);
+        return 0;
+}
+
 int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_rows *out, char *err, size_t errlen) {
         const struct model_spec *m = &pc->cfg->model;
         memset(out, 0, sizeof(*out));
@@ -269,6 +306,7 @@ int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_r
         uint64_t *cursor = calloc(N, sizeof(*cursor));
         bool *done = calloc(N, sizeof(*done));
         struct rpc_pending **pend = calloc(N, sizeof(*pend));
+        struct export x = {e, cursor, done};
         size_t cap = 0;
         int r = cursor && done && pend ? 0 : errf(err, errlen, -ENOMEM, "out of memory");
         /* one page of every shard not done yet at a time, all in parallel */
@@ -276,20 +314,7 @@ int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_r
                 struct rpc_batch *b;
                 if ((r = rpc_batch_new(&b)) < 0)
                         break;
-                for (uint32_t s = 0; s < N && r >= 0; s++) {
-                        pend[s] = NULL;
-                        if (done[s])
-                                continue;
-                        Psfleet__V1__Caller caller;
-                        ps_client_caller_init(pc, &caller);
-                        Psfleet__V1__SparseExportHeader h = PSFLEET__V1__SPARSE_EXPORT_HEADER__INIT;
-                        h.caller = &caller;
-                        h.table = e;
-                        h.cursor = cursor[s];
-                        Psfleet__V1__SparseExportRequest q = PSFLEET__V1__SPARSE_EXPORT_REQUEST__INIT;
-                        q.header = &h;
-                        r = rpc_batch_start(b, pc->ch[s], EXPORT, wire_pack(&q.base), pc->deadline_ms, false, &pend[s]);
-                }
+                r = ps_client_fan_out(pc, b, EXPORT, false, export_build, &x, pend);
                 if (r >= 0)
                         rpc_batch_wait_all(b);
                 more = false;
@@ -333,10 +358,29 @@ int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_r
         return r;
 }
 
-/* Starts the import of rows[idx[0..n)] into shard s, the table emptied first when clear. */
-static int import_page(struct ps_client *pc, struct rpc_batch *b, uint32_t s, uint32_t e,
-                       const struct ps_sparse_rows *rows, const size_t *idx, size_t n, bool clear, uint64_t global_step) {
-        size_t dim = rows->dim;
+/* One round of an import: page `round` (at `at`, of up to `page` rows) of every shard's rows. */
+struct import {
+        const bool *which;
+        uint32_t e;
+        const struct ps_sparse_rows *rows;
+        const struct split *sp;
+        size_t at, round, page;
+        uint64_t global_step;
+        bool any;               /* a shard had a page this round */
+};
+
+/* Shard s's SparseImport of this round's page of its rows, the table emptied first in round 0; none
+ * when the shard is not one to import into, or has no rows left. */
+static int import_build(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *caller, void *ud,
+                        grpc_byte_buffer **bb) {
+        struct import *x = ud;
+        const struct ps_sparse_rows *rows = x->rows;
+        size_t have = x->sp->first[s + 1] - x->sp->first[s];
+        if ((x->which && !x->which[s]) || (x->round && x->at >= have))
+                return 1;
+        x->any = true;
+        size_t n = x->at < have ? (have - x->at < x->page ? have - x->at : x->page) : 0, dim = rows->dim;
+        const size_t *idx = x->sp->order + x->sp->first[s] + x->at;
         uint64_t *ids = malloc((n ? n : 1) * sizeof(*ids));
         float *vals = malloc((n ? n : 1) * dim * (1 + rows->n_slots) * sizeof(float));
         int r = ids && vals ? 0 : -ENOMEM;
@@ -351,14 +395,12 @@ static int import_page(struct ps_client *pc, struct rpc_batch *b, uint32_t s, ui
                         memcpy(vals + (sl * n + k) * dim, (sl ? rows->slots[sl - 1] : rows->values) + idx[k] * dim,
                                dim * sizeof(float));
         }
-        Psfleet__V1__Caller caller;
-        ps_client_caller_init(pc, &caller);
         Psfleet__V1__SparseImportHeader h = PSFLEET__V1__SPARSE_IMPORT_HEADER__INIT;
-        h.caller = &caller;
-        h.table = e;
+        h.caller = caller;
+        h.table = x->e;
         h.ids = (ProtobufCBinaryData){n * sizeof(uint64_t), (uint8_t *)ids};
-        h.global_step = global_step;
-        h.clear = clear;
+        h.global_step = x->global_step;
+        h.clear = x->round == 0;
         wire_out_header(o, &h.base);
         const char *so[SPARSE_MAX_SLOTS];
         for (unsigned sl = 0; sl < rows->n_slots; sl++)
@@ -366,12 +408,8 @@ static int import_page(struct ps_client *pc, struct rpc_batch *b, uint32_t s, ui
         for (unsigned sl = 0; sl <= rows->n_slots && n && r >= 0; sl++)
                 r = wire_out_tensor_copy(o, sl ? so[sl - 1] : "rows", WIRE_DTYPE_FLOAT32, (uint64_t[]){n, dim}, 2, 0,
                                          vals + sl * n * dim, n * dim * sizeof(float));
-        grpc_byte_buffer *bb;
         if (r >= 0)
-                r = wire_out_finish(o, &bb);
-        struct rpc_pending *p;
-        if (r >= 0)
-                r = rpc_batch_start(b, pc->ch[s], IMPORT, bb, pc->deadline_ms, false, &p);
+                r = wire_out_finish(o, bb);
 out:
         wire_out_free(o);
         free(ids);
@@ -397,23 +435,17 @@ int ps_client_sparse_import(struct ps_client *pc, const bool *which, uint32_t e,
         if (r < 0)
                 return errf(err, errlen, r, "out of memory");
         /* page k of every shard in one round, all shards in parallel; the first round empties each */
-        for (size_t at = 0, round = 0; r >= 0; at += page, round++) {
+        struct import x = {.which = which, .e = e, .rows = rows, .sp = &sp, .page = page, .global_step = global_step};
+        for (; r >= 0; x.at += page, x.round++) {
                 struct rpc_batch *b;
-                bool any = false;
                 if ((r = rpc_batch_new(&b)) < 0)
                         break;
-                for (uint32_t s = 0; s < N && r >= 0; s++) {
-                        size_t have = sp.first[s + 1] - sp.first[s];
-                        if ((which && !which[s]) || (round && at >= have))
-                                continue;
-                        size_t n = at < have ? (have - at < page ? have - at : page) : 0;
-                        r = import_page(pc, b, s, e, rows, sp.order + sp.first[s] + at, n, round == 0, global_step);
-                        any = true;
-                }
+                x.any = false;
+                r = ps_client_fan_out(pc, b, IMPORT, false, import_build, &x, NULL);
                 char what[64];
                 snprintf(what, sizeof(what), "import of table %s", m->emb[e].name);
                 r = ps_client_batch_end(b, r, what, err, errlen);
-                if (!any)
+                if (!x.any)
                         break;
         }
         split_free(&sp);
