@@ -1,7 +1,6 @@
 /* An embedding table's options from the job file: see sparse_opts.h. */
 #include "sparse_opts.h"
 
-#include <string.h>
 
 #include "optim.h"
 #include "rng.h"
@@ -15,17 +14,13 @@ uint64_t sparse_table_seed(uint64_t model_seed, uint32_t e) {
 void sparse_table_opts_from_config(const struct job_config *cfg, uint32_t e, struct sparse_table_opts *o) {
         const struct embedding_spec *es = &cfg->model.emb[e];
         const struct training_config *t = &cfg->training;
-        memset(o, 0, sizeof(*o));
-        o->dim = es->dim;
-        o->optimizer = t->sparse_optimizer;
-        o->init_stddev = es->init_stddev;
-        o->seed = sparse_table_seed(cfg->model.seed, e);
-        o->initial_accumulator = t->initial_accumulator;
-        o->epsilon = t->epsilon;
-        o->ftrl_l1 = t->ftrl_l1;
-        o->ftrl_l2 = t->ftrl_l2;
-        o->ftrl_beta = t->ftrl_beta;
-        o->ftrl_lr_power = t->ftrl_lr_power;
+        /* every field not named here is zero */
+        *o = (struct sparse_table_opts){
+                .dim = es->dim, .optimizer = t->sparse_optimizer, .init_stddev = es->init_stddev,
+                .seed = sparse_table_seed(cfg->model.seed, e),
+                .initial_accumulator = t->initial_accumulator, .epsilon = t->epsilon,
+                .ftrl_l1 = t->ftrl_l1, .ftrl_l2 = t->ftrl_l2, .ftrl_beta = t->ftrl_beta, .ftrl_lr_power = t->ftrl_lr_power,
+        };
 }
 
 float sparse_learning_rate(const struct job_config *cfg, uint64_t global_step) {

@@ -23,8 +23,9 @@
 struct metrics_http {
         struct MHD_Daemon *d;
         int fd;
-        char *job;                      /* HTTPS: scrapers must hold a certificate of this job; NULL: HTTP */
-        struct rpc_tls *tls;            /* HTTPS: the PEM buffers libmicrohttpd reads (it keeps no copy) */
+        /* HTTPS: the PEM buffers libmicrohttpd reads (it keeps no copy), and the job whose certificate
+         * scrapers must hold; NULL: HTTP */
+        struct rpc_tls *tls;
         struct log_ratelimit refusals;
 };
 
@@ -125,7 +126,7 @@ static enum MHD_Result serve(void *cls, struct MHD_Connection *c, const char *ur
         char *body = NULL, why[512];
         size_t len = 0;
         struct peer p;
-        if (h->job && scraper(c, h->job, &p, why, sizeof(why)) < 0) {
+        if (h->tls && scraper(c, h->tls->job, &p, why, sizeof(why)) < 0) {
                 log_refusal(h, c, why);
                 status = MHD_HTTP_FORBIDDEN;
                 body = strdup_printf("forbidden: %s\n", why);
@@ -191,7 +192,7 @@ int metrics_http_start(const char *addr, const struct rpc_tls *tls, struct metri
         }
         h->fd = fd;
         h->refusals = (struct log_ratelimit)LOG_RATELIMIT_INIT(10000000ull, 20);
-        if (tls && (!(h->tls = rpc_tls_copy(tls)) || !(h->job = strdup(tls->job)))) {
+        if (tls && !(h->tls = rpc_tls_copy(tls))) {
                 metrics_http_free(h);
                 return -ENOMEM;
         }
@@ -232,7 +233,6 @@ struct metrics_http *metrics_http_free(struct metrics_http *h) {
                 MHD_stop_daemon(h->d);
         close(h->fd);
         rpc_tls_free(h->tls);
-        free(h->job);
         free(h);
         return NULL;
 }

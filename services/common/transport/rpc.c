@@ -212,6 +212,13 @@ int rpc_channel_options(struct rpc_config *ret) {
         return 0;
 }
 
+void rpc_cq_drain_destroy(grpc_completion_queue *cq) {
+        grpc_completion_queue_shutdown(cq);
+        while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN)
+                ;
+        grpc_completion_queue_destroy(cq);
+}
+
 gpr_timespec rpc_deadline_in(uint64_t ms) {
         return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis((int64_t)ms, GPR_TIMESPAN));
 }

@@ -370,10 +370,7 @@ struct rpc_batch *rpc_batch_free(struct rpc_batch *b) {
                 batch_next(b);
         while (b->head)
                 rpc_batch_release(b, b->head);
-        grpc_completion_queue_shutdown(b->cq);
-        while (grpc_completion_queue_next(b->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN)
-                ;
-        grpc_completion_queue_destroy(b->cq);
+        rpc_cq_drain_destroy(b->cq);
         pthread_mutex_destroy(&b->mu);
         free(b);
         return NULL;
@@ -577,10 +574,7 @@ struct rpc_stream *rpc_stream_close(struct rpc_stream *s) {
         grpc_metadata_array_destroy(&s->trail_md);
         grpc_slice_unref(s->details);
         grpc_call_unref(s->call);
-        grpc_completion_queue_shutdown(s->cq);
-        while (grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN)
-                ;
-        grpc_completion_queue_destroy(s->cq);
+        rpc_cq_drain_destroy(s->cq);
         free(s);
         return NULL;
 }

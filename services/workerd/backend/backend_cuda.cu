@@ -128,8 +128,7 @@ static void blk_merge(struct blk *a, struct blk *n)
 
 struct pool {
         struct seg *segs;
-        size_t cap, reserved, in_use, peak, last_failed;
-        uint64_t mallocs;
+        struct device_mem_stats st;   /* what backend_cuda_mem_stats reports, kept as the pool works */
         bool growth;
 };
 
@@ -153,7 +152,7 @@ static struct seg *seg_new(struct pool *p, size_t size)
                 free(b);
                 return NULL;
         }
-        p->mallocs++;
+        p->st.device_mallocs++;
         s->base = (char *)base;
         s->size = size;
         b->ptr = s->base;
@@ -162,7 +161,7 @@ static struct seg *seg_new(struct pool *p, size_t size)
         s->first = b;
         s->next = p->segs;
         p->segs = s;
-        p->reserved += size;
+        p->st.reserved += size;
         return s;
 }
 
@@ -183,7 +182,7 @@ static void pool_trim(struct pool *p)
                 struct seg *s = *sp;
                 if (!s->first->used && !s->first->next) {
                         *sp = s->next;
-                        p->reserved -= s->size;
+                        p->st.reserved -= s->size;
                         seg_free(s);
                 } else {
                         sp = &s->next;
@@ -207,11 +206,11 @@ static void *pool_alloc(struct pool *p, size_t bytes)
         struct blk *b = best_fit(p, size);
         if (!b && p->growth) {
                 size_t want = size > SEG_MIN ? round_up(size, SEG_MIN) : SEG_MIN;
-                if (p->reserved + want > p->cap)
+                if (p->st.reserved + want > p->st.cap)
                         want = size; /* the last bit under the cap */
-                if (p->reserved + want > p->cap)
+                if (p->st.reserved + want > p->st.cap)
                         pool_trim(p);
-                if (p->reserved + want <= p->cap) {
+                if (p->st.reserved + want <= p->st.cap) {
                         struct seg *s = seg_new(p, want);
                         if (!s) {
                                 pool_trim(p);
@@ -222,7 +221,7 @@ static void *pool_alloc(struct pool *p, size_t bytes)
                 }
         }
         if (!b) {
-                p->last_failed = size;
+                p->st.last_failed = size;
                 return NULL;
         }
         if (b->size - size >= ALIGN) { /* split off the rest as a free block */
@@ -240,8 +239,8 @@ static void *pool_alloc(struct pool *p, size_t bytes)
                 }
         }
         b->used = true;
-        p->in_use += b->size;
-        p->peak = p->in_use > p->peak ? p->in_use : p->peak;
+        p->st.in_use += b->size;
+        p->st.peak = p->st.in_use > p->st.peak ? p->st.in_use : p->st.peak;
         return b->ptr;
 }
 
@@ -254,7 +253,7 @@ static bool pool_free(struct pool *p, void *ptr)
                         if (b->ptr != ptr || !b->used)
                                 continue;
                         b->used = false;
-                        p->in_use -= b->size;
+                        p->st.in_use -= b->size;
                         if (b->next && !b->next->used)
                                 blk_merge(b, b->next);
                         if (b->prev && !b->prev->used)
@@ -754,7 +753,7 @@ static int plan_build(struct cuda_ctx *c, struct conv_plan *p, uint32_t B, uint3
                                                   CUDNN_DATA_FLOAT));
         CK_DNN(c, cudnnSetConvolutionMathType(p->conv, c->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
         /* a workspace larger than a quarter of the cap is not worth the memory */
-        size_t limit = c->pool.cap / 4 < ((size_t)1 << 30) ? c->pool.cap / 4 : (size_t)1 << 30;
+        size_t limit = c->pool.st.cap / 4 < ((size_t)1 << 30) ? c->pool.st.cap / 4 : (size_t)1 << 30;
         int r = pick_algo<CUDNN_CONVOLUTION_FWD_ALGO_COUNT, cudnnConvolutionFwdAlgoPerf_t>(c, p, limit, &p->fwd, &p->ws_fwd);
         if (r == 0)
                 r = pick_algo<CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, cudnnConvolutionBwdDataAlgoPerf_t>(c, p, limit, &p->bwd_data,
@@ -1039,20 +1038,20 @@ static int setup(struct cuda_ctx *c, const struct device_opts *o)
                                     o->gpu_memory_fraction, gib(want), gib(free_b), gib(total));
                 want = avail; /* the whole card: what is free */
         }
-        c->pool.cap = want / ALIGN * ALIGN;
+        c->pool.st.cap = want / ALIGN * ALIGN;
         c->pool.growth = o->allow_growth;
-        if (!o->allow_growth && !seg_new(&c->pool, c->pool.cap)) {
+        if (!o->allow_growth && !seg_new(&c->pool, c->pool.st.cap)) {
                 cudaGetLastError();
                 return fail(c, -ENOMEM, "cannot reserve the GPU memory cap of %.2f GiB (%.2f GiB free)",
-                            gib(c->pool.cap), gib(free_b));
+                            gib(c->pool.st.cap), gib(free_b));
         }
         /* cuBLAS's workspace and our scalars from the pool: no allocation behind our back */
-        size_t blas_ws = BLAS_WS(c->pool.cap);
+        size_t blas_ws = BLAS_WS(c->pool.st.cap);
         c->blas_ws = pool_alloc(&c->pool, blas_ws);
         c->dev_scalars = pool_alloc(&c->pool, 16);
         if (!c->blas_ws || !c->dev_scalars)
                 return fail(c, -ENOMEM, "the GPU memory cap of %.1f MiB cannot hold cuBLAS's workspace",
-                            (double)c->pool.cap / (1 << 20));
+                            (double)c->pool.st.cap / (1 << 20));
         CK_BLAS(c, cublasSetWorkspace(c->blas, c->blas_ws, blas_ws));
         return 0;
 }
@@ -1093,12 +1092,7 @@ extern "C" int backend_cuda_mem_stats(const struct backend *be, struct device_me
         if (!be || be->ops != &cuda_ops)
                 return -EINVAL;
         const struct pool *p = &((const struct cuda_ctx *)be->ctx)->pool;
-        ret->cap = p->cap;
-        ret->reserved = p->reserved;
-        ret->in_use = p->in_use;
-        ret->peak = p->peak;
-        ret->device_mallocs = p->mallocs;
-        ret->last_failed = p->last_failed;
+        *ret = p->st;
         return 0;
 }
 
