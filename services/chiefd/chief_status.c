@@ -173,7 +173,8 @@ void chief_note_diverged_locked(struct chief_status *s, const char *task, const 
                 return;
         s->diverged.on = true;
         chief_strfmt(s->diverged.task, sizeof(s->diverged.task), "%s", task);
-        chief_strfmt(s->diverged.what, sizeof(s->diverged.what), "%s", what);
+        /* a worker's words, kept as the job's reason: escaped, so no control byte reaches a log or a status */
+        log_peer_str_max(what, sizeof(s->diverged.what), s->diverged.what, sizeof(s->diverged.what));
         s->diverged.step = step;
 }
 

@@ -572,6 +572,13 @@ static int build(struct worker *w) {
                 w->config_error = true;
                 return log_error_errno(r, "device: %s", msg);
         }
+        if (req.kind == DEVICE_GPU && req.n_gpus > 1 && cfg->model.n_embeddings > 0) {
+                /* the sparse front (ctr) runs on replica 0 alone: its rows' gradients would miss the
+                 * other replicas' share of the batch */
+                w->config_error = true;
+                return log_error_errno(-EINVAL, "device: a model with embedding tables (model.embeddings) trains on "
+                                       "one device per worker; the device names %u GPUs", req.n_gpus);
+        }
         if (req.kind == DEVICE_GPU && req.n_gpus > 1) {
                 /* several local GPUs: one model per GPU, the batch split across them, one push per step */
                 int fell = device_backends_new(&cfg->device, cfg->training.threads, w->bes, &w->n_bes, msg, sizeof(msg));

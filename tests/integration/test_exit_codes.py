@@ -186,6 +186,13 @@ def test():
             rc, errors = run_env(wd, kind, job, idx, {var: value})
             assert rc == EX_CONFIG, (kind, var, rc)
             assert len(errors) == 1 and ('%s: "%s"' % (var, value)) in errors[0], (kind, var, errors)
+    # 78: a model with embedding tables on several GPUs of one worker (its sparse front runs on one
+    # device), refused before anything is built, with no GPU needed to see it
+    ctr = json.load(open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")))
+    job, spec = h.make_job(wd, "ctr-gpus.json", base=ctr, training={"max_steps": 10})
+    rc, errors = run_env(wd, "workerd", job, 0, {"PSFLEET_DEVICE": "gpu:0,1"})
+    assert rc == EX_CONFIG, rc
+    assert len(errors) == 1 and "model.embeddings" in errors[0] and "2 GPUs" in errors[0], errors
     p = h.Proc(wd, "psfleet-env", [h.BIN["psfleet"], "status", "--address", "127.0.0.1:1"],
                {"PSFLEET_RPC_INITIAL_RECONNECT_BACKOFF_MS": "fast"})
     rc = p.wait(60)

@@ -260,6 +260,15 @@ static void test_peer_str(void **state) {
         /* a small buffer cuts before an escape it cannot hold whole, says so as far as it fits, and stays terminated */
         char small[6];
         assert_string_equal(log_peer_str("ab\x01" "cd", small, sizeof(small)), "ab...");
+        /* a larger cap keeps more of a longer text, escaped as ever */
+        char big[LOG_PEER_BUF * 2];
+        memset(lng, 'w', sizeof(lng) - 1);
+        lng[10] = '\n';
+        log_peer_str_max(lng, 200, big, sizeof(big));
+        assert_int_equal(strspn(big, "w"), 10);
+        assert_memory_equal(big + 10, "\\x0a", 4);
+        assert_int_equal(strspn(big + 14, "w"), 189);
+        assert_string_equal(big + 14 + 189, "...(299 bytes)");
         memset(lng, 0x01, 100);
         lng[100] = 0;
         log_peer_str(lng, buf, sizeof(buf));

@@ -76,6 +76,10 @@ void log_set_time(bool on) {
 }
 
 const char *log_peer_str(const char *s, char *buf, size_t len) {
+        return log_peer_str_max(s, LOG_PEER_MAX, buf, len);
+}
+
+const char *log_peer_str_max(const char *s, size_t max, char *buf, size_t len) {
         size_t o = 0, i = 0, n;
 
         if (!len)
@@ -85,7 +89,7 @@ const char *log_peer_str(const char *s, char *buf, size_t len) {
                 return buf;
         }
         n = strlen(s);
-        for (; i < n && i < LOG_PEER_MAX; i++) {
+        for (; i < n && i < max; i++) {
                 unsigned char ch = (unsigned char)s[i];
                 int w = ch >= 0x20 && ch < 0x7f && ch != '\\' ? 1 : 4;
                 if (o + (size_t)w + 1 > len)

@@ -66,6 +66,9 @@ int log_internal(int prio, int err, uint64_t step, const char *file, int line, c
 #define LOG_PEER_MAX 64
 #define LOG_PEER_BUF (4 * LOG_PEER_MAX + 32)
 const char *log_peer_str(const char *s, char *buf, size_t len);
+/* The same with a cap of max characters instead of LOG_PEER_MAX: for a peer's text that is kept, not
+ * only logged (a worker's reason for a diverged model becomes the job's reason). */
+const char *log_peer_str_max(const char *s, size_t max, char *buf, size_t len);
 
 /* Rate limiting for lines a peer can cause (refused calls, rejected pushes, failed handshakes): at most
  * `burst` lines per window of `window_us`; the rest are counted, and the first line of the next window
