@@ -26,6 +26,7 @@ struct fuzz_daemon {
         int argc;
         char addr[32];            /* where it listens */
         int port;
+        char last_msg[512];       /* the last call's status message ("" when it succeeded), for a check's report */
         char dir[64];             /* its state directory, the job file's too */
         char job_path[128];
         pthread_t thread;
@@ -141,6 +142,7 @@ static int fuzz_daemon_call(struct fuzz_daemon *d, const char *method, const uin
                 *reply = res.reply;
                 res.reply = NULL;
         }
+        snprintf(d->last_msg, sizeof(d->last_msg), "%s", r < 0 ? res.message : "");
         rpc_result_clear(&res);
         return r;
 }
