@@ -39,7 +39,7 @@
 #include "psfleet/v1/ps.pb-c.h"
 
 #include "../lib/daemons.h"
-#include "../lib/rm_tree.h"
+#include "../lib/scratch.h"
 
 #ifndef PSFLEET_BINARY_DIR
 #define PSFLEET_BINARY_DIR "."
@@ -57,7 +57,7 @@ static double think_ms;   /* --think-ms: each worker computes this long (a sleep
 static bool pin;          /* --pin: psd on the last CPU, the simulated workers on the others (psd on a core of its
                            * own, as on a node of its own) */
 static const char *latencies_path;   /* --latencies FILE: every push's start and latency, for analysis */
-static char workdir[] = "/tmp/psfleet-bench-scale-XXXXXX";
+static char workdir[64];
 
 /* The demo's MLP (examples/fmnist-mlp.json), or one very large variable beside small ones. */
 static const char *const models[] = {
@@ -719,8 +719,9 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_ps_scale: %s: %s (build psd, or --psd PATH)\n", psd_path, strerror(errno));
                 return 69;
         }
-        if (!mkdtemp(workdir)) {
-                perror("bench_ps_scale: mkdtemp");
+        int made = scratch_make(workdir, sizeof(workdir), "bench-scale");
+        if (made < 0) {
+                fprintf(stderr, "bench_ps_scale: its directory: %s\n", strerror(-made));
                 return 74;
         }
         signal(SIGPIPE, SIG_IGN);

@@ -21,6 +21,7 @@
 #include "util.h"
 #include "wire.h"
 #include "x509.h"
+#include "../lib/scratch.h"
 #include "psfleet/v1/ps.pb-c.h"
 
 /* psfleet's own method names, so that the same handlers can be served under mutual TLS (where every
@@ -325,10 +326,13 @@ static struct rpc_tls *bench_creds(const char *dir, const struct x509_cred *ca, 
 
 /* A server as ps-0 and a channel to it as worker-0, under mutual TLS. */
 static void tls_pair(const struct rpc_method *m, size_t n, struct rpc_server **srv, struct rpc_channel **ch) {
-        char dir[] = "/tmp/bench_rpc.XXXXXX", err[512], *cap, *cak;
+        char dir[64], err[512] = "", *cap, *cak;
         struct x509_cred *ca;
         struct x509_subject cs = {.cn = "psfleet CA bench", .o = "psfleet", .ou = "bench"};
-        if (!mkdtemp(dir) || x509_ca_new(&cs, 1, &ca, err, sizeof(err)) < 0) {
+        int r = scratch_make(dir, sizeof(dir), "bench-rpc");
+        if (r < 0)
+                snprintf(err, sizeof(err), "its directory: %s", strerror(-r));
+        if (r < 0 || x509_ca_new(&cs, 1, &ca, err, sizeof(err)) < 0) {
                 fprintf(stderr, "bench_rpc: a CA: %s\n", err);
                 exit(1);
         }
@@ -340,9 +344,7 @@ static void tls_pair(const struct rpc_method *m, size_t n, struct rpc_server **s
                 exit(1);
         }
         struct rpc_tls *server = bench_creds(dir, ca, "ps-0"), *client = bench_creds(dir, ca, "worker-0");
-        unlink(cap);
-        unlink(cak);
-        rmdir(dir);
+        rm_tree(dir);   /* the credentials are in memory now */
         free(cap);
         free(cak);
         x509_cred_free(ca);

@@ -10,6 +10,7 @@
 #include "chief_db.h"
 #include "ckpt.h"
 #include "crc32c.h"
+#include "../lib/scratch.h"
 #include "fuzz_util.h"
 #include "log.h"
 
@@ -22,14 +23,22 @@ static float *params_was, *slots_was;
 static struct job_config *cfg;
 static struct chief_db *db;
 
+/* The store's directory: removed with all it holds when the harness ends. */
+static char dir[64];
+
+static void remove_dir(void) {
+        rm_tree(dir);
+}
+
 static void setup(void) {
         char job[2048], err[512];
         log_set_max_level(LOG_CRIT);
         snprintf(job, sizeof(job), FUZZ_JOB_FMT, "127.0.0.1:2", "127.0.0.1:3", "/nonexistent", "momentum", "");
-        char dir[] = "/tmp/fuzz-ckpt-XXXXXX", dbpath[64];
+        char dbpath[96];
         if (config_load_string(job, "fuzz.json", &cfg, err, sizeof(err)) < 0 || job_layout_new(cfg, &L) < 0 ||
-            !mkdtemp(dir))
+            scratch_make(dir, sizeof(dir), "fuzz-ckpt") < 0)
                 abort();
+        atexit(remove_dir);
         snprintf(dbpath, sizeof(dbpath), "%s/chief.db", dir);
         const char *seed = getenv("FUZZ_CKPT_SEED");
         struct chief_ckpt_config cc = {.dir = seed ? seed : dir, .L = L, .job = "fuzz", .fingerprint = L->fingerprint,

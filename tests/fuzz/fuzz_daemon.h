@@ -13,7 +13,7 @@
 #include <grpc/byte_buffer_reader.h>
 
 #include "../lib/daemons.h"
-#include "../lib/rm_tree.h"
+#include "../lib/scratch.h"
 #include "fuzz_util.h"
 #include "rpc.h"
 #include "wire.h"
@@ -50,25 +50,22 @@ static int fuzz_daemon_call(struct fuzz_daemon *d, const char *method, const uin
 
 /* At exit (libFuzzer's, after its runs): the daemon stopped and its main returned, so that what it
  * holds is freed before LeakSanitizer looks (registered after LeakSanitizer's own check, it runs
- * first); then its state directory removed. */
+ * first); then its state directory removed, whether or not the daemon still answered. */
 static void fuzz_daemon_exit(void) {
         struct fuzz_daemon *d = fuzz_daemon_running;
         if (!d || !d->ch)
                 return;
-        if (fuzz_daemon_call(d, d->stop, NULL, 0, NULL) == 0) {
+        if (fuzz_daemon_call(d, d->stop, NULL, 0, NULL) == 0)
                 pthread_join(d->thread, NULL);
-                rm_tree(d->dir);
-        }
+        rm_tree(d->dir);
         d->ch = rpc_channel_free(d->ch);
 }
 
 /* A state directory with the job file (json) in it, and the command line: --job, --state-dir,
  * --listen, then extra (NULL-terminated). Logs quiet unless PSFLEET_LOG_LEVEL says otherwise. */
 static inline void fuzz_daemon_init(struct fuzz_daemon *d, const char *json, const char *const *extra) {
-        char tmpl[] = "/tmp/fuzz-daemon-XXXXXX";
-        if (!mkdtemp(tmpl))
+        if (scratch_make(d->dir, sizeof(d->dir), "fuzz-daemon") < 0)
                 abort();
-        snprintf(d->dir, sizeof(d->dir), "%s", tmpl);
         snprintf(d->job_path, sizeof(d->job_path), "%s/fuzz.json", d->dir);
         FILE *f = fopen(d->job_path, "w");
         if (!f || fputs(json, f) < 0 || fclose(f) != 0)

@@ -5,15 +5,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../lib/rm_tree.h"
+#include "../lib/scratch.h"
 
 static char scratch_dir[256];
 
 /* Makes /tmp/psfleet-test-NAME-XXXXXX (0700) into scratch_dir; 0, or -1 with errno set. */
 static inline int scratch_dir_make(const char *name)
 {
-        snprintf(scratch_dir, sizeof(scratch_dir), "/tmp/psfleet-test-%s-XXXXXX", name);
-        return mkdtemp(scratch_dir) ? 0 : -1;
+        char who[64];
+        snprintf(who, sizeof(who), "test-%s", name);
+        int r = scratch_make(scratch_dir, sizeof(scratch_dir), who);
+        if (r < 0)
+                errno = -r;
+        return r < 0 ? -1 : 0;
 }
 
 /* A cmocka group teardown: removes scratch_dir with all it holds; 0, or -1. */

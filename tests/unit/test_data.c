@@ -14,23 +14,15 @@
 
 #include <cmocka.h>
 
+#include "scratch_dir.h"
 #include "unit.h"
 
 #include "data.h"
 
-static char dir[256];
-
 static int setup(void **state)
 {
-        snprintf(dir, sizeof(dir), "/tmp/psfleet-test-data-XXXXXX");
-        return mkdtemp(dir) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-        char cmd[300];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-        return system(cmd);
+        (void)state;
+        return scratch_dir_make("data");
 }
 
 static void put_be32(uint8_t *p, uint32_t v)
@@ -45,7 +37,7 @@ static const char *write_idx(const char *name, bool gz, uint32_t magic, const ui
         static char paths[8][320];
         static int next;
         char *path = paths[next++ % 8];
-        snprintf(path, 320, "%s/%s", dir, name);
+        snprintf(path, 320, "%s/%s", scratch_dir, name);
         uint8_t hdr[16];
         put_be32(hdr, magic);
         for (uint32_t i = 0; i < nd; i++)
@@ -132,7 +124,7 @@ static void test_idx_errors(void **state)
                          "offset 12: trailing bytes after 4 bytes of data");
 
         char missing[320];
-        snprintf(missing, sizeof(missing), "%s/nope.gz", dir);
+        snprintf(missing, sizeof(missing), "%s/nope.gz", scratch_dir);
         assert_idx_error(missing, -ENOENT, "No such file or directory");
 }
 
@@ -166,7 +158,7 @@ static void test_dataset(void **state)
 
         /* a missing file is the data's fault, the one kind daemons exit 65 on; the message keeps why */
         char missing[320];
-        snprintf(missing, sizeof(missing), "%s/nope.gz", dir);
+        snprintf(missing, sizeof(missing), "%s/nope.gz", scratch_dir);
         assert_int_equal(dataset_load(ip, missing, &d, err, sizeof(err)), -EBADMSG);
         snprintf(want, sizeof(want), "%s: No such file or directory", missing);
         assert_string_equal(err, want);
@@ -331,7 +323,7 @@ static void test_fashion_mnist(void **state)
         dataset_free(d);
 }
 
-UNIT_TEST_MAIN(setup, teardown,
+UNIT_TEST_MAIN(setup, scratch_dir_remove,
         cmocka_unit_test(test_idx_roundtrip), cmocka_unit_test(test_idx_errors),
         cmocka_unit_test(test_dataset),       cmocka_unit_test(test_shards),
         cmocka_unit_test(test_data_iter_epochs),  cmocka_unit_test(test_data_iter_skip),
