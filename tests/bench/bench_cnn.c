@@ -3,9 +3,11 @@
  * JSON line per thread count (CPU) or one for the GPU(s), with the GFLOP/s the figure means.
  *
  *   bench_cnn [--config FILE] [--device cpu|gpu:N|auto] [--threads 1,2] [--steps N] [--batch N]
- *             [--profile]
+ *             [--profile] [--worker-step]
  *
- * --profile adds the time spent in each backend op (synchronizing after each one). */
+ * --profile adds the time spent in each backend op (synchronizing after each one). --worker-step leaves
+ * out the host's optimizer update: what workerd's device does per step (forward, backward, gradients
+ * to the host, parameters to the device), the update being the ps's. */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -26,9 +28,9 @@
 
 /* ---- a timing wrapper around a backend's heavy ops ---- */
 
-enum { P_GEMM, P_BIAS, P_CONV_F, P_CONV_B, P_POOL_F, P_POOL_B, P_ACT_F, P_ACT_B, P_XENT, P_N };
+enum { P_GEMM, P_BIAS, P_CONV_F, P_CONV_B, P_POOL_F, P_POOL_B, P_ACT_F, P_ACT_B, P_XENT, P_UP, P_DOWN, P_N };
 static const char *const p_names[P_N] = { "gemm", "bias", "conv_fwd", "conv_bwd", "pool_fwd",
-                                          "pool_bwd", "act_fwd", "act_bwd", "xent" };
+                                          "pool_bwd", "act_fwd", "act_bwd", "xent", "upload", "download" };
 static double p_us[P_N];
 static struct backend *p_inner;
 static struct backend_ops p_ops;
@@ -45,10 +47,12 @@ static struct backend_ops p_ops;
 
 static void *p_alloc(struct backend *be, size_t n) { return p_inner->ops->alloc(p_inner, n); }
 static void p_buf_free(struct backend *be, void *b) { p_inner->ops->buf_free(p_inner, b); }
-static int p_upload(struct backend *be, void *d, const void *s, size_t n) { return p_inner->ops->upload(p_inner, d, s, n); }
-static int p_download(struct backend *be, void *d, const void *s, size_t n) { return p_inner->ops->download(p_inner, d, s, n); }
+static int p_upload(struct backend *be, void *d, const void *s, size_t n) { TIMED(P_UP, p_inner->ops->upload(p_inner, d, s, n)); }
+static int p_download(struct backend *be, void *d, const void *s, size_t n) { TIMED(P_DOWN, p_inner->ops->download(p_inner, d, s, n)); }
 static int p_memset0(struct backend *be, void *d, size_t n) { return p_inner->ops->memset0(p_inner, d, n); }
 static int p_sync(struct backend *be) { return p_inner->ops->synchronize(p_inner); }
+static int p_pin(struct backend *be, void *p, size_t n) { return backend_host_pin(p_inner, p, n) ? 0 : -ENOTSUP; }
+static void p_unpin(struct backend *be, void *p) { backend_host_unpin(p_inner, p); }
 static int p_gemm(struct backend *be, bool ta, bool tb, uint32_t M, uint32_t N, uint32_t K, float alpha,
                   const void *A, uint32_t lda, const void *B, uint32_t ldb, float beta, void *C, uint32_t ldc)
 {
@@ -115,7 +119,7 @@ static struct backend *profile_wrap(struct backend *inner)
                 .tanh_bwd = p_tanh_b, .sigmoid_fwd = p_sigm_f, .sigmoid_bwd = p_sigm_b,
                 .softmax_xent_fwd = p_xent_f, .softmax_xent_bwd = p_xent_b, .correct_count = p_correct,
                 .conv2d_fwd = p_conv_f, .conv2d_bwd = p_conv_b, .maxpool2d_fwd = p_pool_f,
-                .maxpool2d_bwd = p_pool_b,
+                .maxpool2d_bwd = p_pool_b, .host_pin = p_pin, .host_unpin = p_unpin,
         };
         wrapped.ops = &p_ops;
         wrapped.ctx = NULL;
@@ -166,7 +170,7 @@ struct run_result {
         float first_loss, last_loss;
 };
 
-static int run_one(const struct job_config *cfg, struct backend *be, uint32_t B, unsigned steps,
+static int run_one(const struct job_config *cfg, struct backend *be, uint32_t B, unsigned steps, bool update,
                    struct run_result *res, char *err, size_t errlen)
 {
         struct model *m = NULL;
@@ -205,7 +209,7 @@ static int run_one(const struct job_config *cfg, struct backend *be, uint32_t B,
                 if ((r = model_forward(m, x, y, B, &loss, NULL)) < 0 || (r = model_backward(m, NULL, NULL)) < 0)
                         goto out;
                 float *p = model_params(m), *g = model_grads(m);
-                for (uint32_t v = 0; v < model_n_vars(m); v++) {
+                for (uint32_t v = 0; update && v < model_n_vars(m); v++) {
                         const struct model_var *mv = model_var(m, v);
                         float *sl[OPTIM_MAX_SLOTS] = { 0 };
                         for (unsigned k = 0; k < ns; k++)
@@ -236,7 +240,7 @@ out:
 static void usage(void)
 {
         fprintf(stderr, "usage: bench_cnn [--config FILE] [--device DEV] [--threads 1,2] [--steps N] "
-                        "[--batch N] [--profile]\n");
+                        "[--batch N] [--profile] [--worker-step]\n");
 }
 
 int main(int argc, char **argv)
@@ -245,7 +249,7 @@ int main(int argc, char **argv)
         const char *device = "cpu", *threads = "1,2";
         unsigned steps = 20;
         uint32_t batch = 0;
-        bool profile = false;
+        bool profile = false, worker_step = false;
         for (int i = 1; i < argc; i++) {
                 bool more = i + 1 < argc;
                 if (strcmp(argv[i], "--config") == 0 && more)
@@ -260,6 +264,8 @@ int main(int argc, char **argv)
                         batch = (uint32_t)strtoul(argv[++i], NULL, 10);
                 else if (strcmp(argv[i], "--profile") == 0)
                         profile = true;
+                else if (strcmp(argv[i], "--worker-step") == 0)
+                        worker_step = true;
                 else {
                         usage();
                         return 2;
@@ -298,16 +304,17 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_cnn: %s\n", msg); /* where it runs, and any fallback */
                 struct run_result res = { 0 };
                 struct backend *use = profile ? profile_wrap(be) : be;
-                r = run_one(cfg, use, batch, steps, &res, err, sizeof(err));
+                r = run_one(cfg, use, batch, steps, !worker_step, &res, err, sizeof(err));
                 const char *name = backend_name(be);
                 if (r < 0) {
                         fprintf(stderr, "bench_cnn: %s: %s\n", name, err);
                         rc = 1;
                 } else {
-                        printf("{\"bench\": \"cnn\", \"backend\": \"%s\", \"device\": \"%s\", \"threads\": %u, "
+                        printf("{\"bench\": \"cnn\", \"step\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", \"threads\": %u, "
                                "\"batch\": %u, \"steps\": %u, \"examples_per_s\": %.1f, \"ms_per_step\": %.2f, "
                                "\"gflop_per_s\": %.1f, \"loss_first\": %.4f, \"loss_last\": %.4f",
-                               name, device, nt, batch, steps, res.examples_per_s, res.ms_per_step,
+                               worker_step ? "worker (no host update)" : "standalone (host update)", name, device, nt,
+                               batch, steps, res.examples_per_s, res.ms_per_step,
                                res.examples_per_s * fpe / 1e9, res.first_loss, res.last_loss);
                         if (profile) {
                                 printf(", \"ms_per_step_by_op\": {");

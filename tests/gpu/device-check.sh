@@ -15,7 +15,8 @@
 #
 # With the device tool (docs/gpu.md): run tests/gpu/make-bundle.sh here, then
 #   run(command="bash tests/gpu/device-check.sh", carry=[".gpu-bundle"], timeout_s=600)
-# PSFLEET_CHECK_BUILD=1 builds there even when the prebuilt programs load.
+# PSFLEET_CHECK_BUILD=1 builds there even when the prebuilt programs load; PSFLEET_CHECK_ONLY=equiv stops
+# after the equivalence tests (a short first call).
 # Exit status: 0 all checks passed, 1 a check failed, 2 the programs could not be had.
 set -u
 bundle=${1:-.gpu-bundle}
@@ -111,7 +112,7 @@ fi
 jline "{\"check\": \"programs\", \"how\": \"$built\", \"elapsed_s\": $(elapsed)}"
 
 # ---- 3. equivalence ----
-run_env timeout 300 "$bin/test_backend_equiv" | tee "$work/equiv.txt"
+run_env timeout 150 "$bin/test_backend_equiv" | tee "$work/equiv.txt"
 rc=${PIPESTATUS[0]}
 nfail=$(grep -c '"pass": false' "$work/equiv.txt")
 npass=$(grep -c '"pass": true' "$work/equiv.txt")
@@ -125,48 +126,109 @@ if [ -x "$bin/test_device_cuda" ]; then
         [ "$rc" = 0 ] || status=1
 fi
 
-# ---- 4. CNN examples/s, psfleet next to PyTorch ----
-cfg="$root/examples/fmnist-cnn.json"
-note "psfleet: one training step of $cfg's model per iteration, batch 64, on gpu:0"
-run_env timeout 120 "$bin/bench_cnn" --config "$cfg" --device gpu:0 --steps 300 || status=1
-PSFLEET_CUDA_TF32=1 run_env timeout 120 "$bin/bench_cnn" --config "$cfg" --device gpu:0 --steps 300 |
-        sed 's/"bench": "cnn"/"bench": "cnn", "mode": "tf32"/'
-run_env timeout 120 "$bin/bench_cnn" --config "$cfg" --device gpu:0 --steps 50 --profile |
-        sed 's/"bench": "cnn"/"bench": "cnn", "mode": "profile (synchronizes after every op)"/'
-run_env timeout 120 "$bin/bench_cnn" --config "$cfg" --device gpu:0 --steps 100 --batch 512 |
-        sed 's/"bench": "cnn"/"bench": "cnn", "mode": "batch 512"/'
-note "PyTorch on the same GPU"
-PYTHONUNBUFFERED=1 timeout 180 python3 "$root/tests/gpu/torch_cnn_gpu.py" --steps 300 || status=1
-PYTHONUNBUFFERED=1 timeout 60 python3 "$root/tests/gpu/torch_cnn_gpu.py" --steps 100 --batch 512 --modes fp32 |
-        sed 's/"mode": "fp32"/"mode": "fp32 batch 512"/'
+if [ "${PSFLEET_CHECK_ONLY:-}" = equiv ]; then
+        jline "{\"check\": \"device-check\", \"only\": \"equiv\", \"pass\": $([ $status = 0 ] && echo true || echo false), \"elapsed_s\": $(elapsed)}"
+        return $status
+fi
 
-# ---- 5. workerd on the GPU in a real job (1 ps, 1 worker), when the bundle has it ----
-if [ -x "$bin/psfleet" ] && [ -x "$bin/workerd" ] && [ -f "$bundle/data/t10k-images-idx3-ubyte.gz" ] &&
-        [ $(elapsed) -lt 400 ]; then
-        job="$work/fmnist-cnn-gpu.json"
-        python3 - "$cfg" "$root/$bundle/data" "$job" <<'EOF'
-import json, sys
-j = json.load(open(sys.argv[1]))
-j["job"] = "fmnist-cnn-gpu"
-# the test split serves as training data too: this run measures speed, not accuracy
-j["data"] = {"dir": sys.argv[2], "train_images": "t10k-images-idx3-ubyte.gz",
-             "train_labels": "t10k-labels-idx1-ubyte.gz", "test_images": "t10k-images-idx3-ubyte.gz",
-             "test_labels": "t10k-labels-idx1-ubyte.gz"}
-j["training"]["max_steps"] = 600
-j["device"] = {"device": "gpu:0", "allow_growth": True, "log_device_placement": True}
-json.dump(j, open(sys.argv[3], "w"), indent=1)
-EOF
-        for mode in "" "--standalone"; do
-                PSFLEET_BIN_DIR="$bin" run_env timeout 150 "$bin/psfleet" local $mode "$job" </dev/null \
-                        >"$work/local.json" 2>"$work/local.err"
-                rc=$?
-                line=$(tail -1 "$work/local.json")
-                [ -n "$line" ] || line='{}'
-                echo "${line%\}}, \"check\": \"psfleet local ${mode:-(1 ps, 1 worker)}\", \"device\": \"gpu:0\", \"rc\": $rc, \"note\": \"trained and tested on the test split: speed only\"}"
-                grep -i -E "gpu|cuda|device|placement" "$work/local.err" | head -20
+# ---- 4. the ceiling: cuBLAS SGEMM's peak (through PyTorch), then psfleet's step on the GPU and the CPU ----
+PYTHONUNBUFFERED=1 timeout 60 python3 "$root/tests/gpu/sgemm_peak.py" | tee "$work/sgemm.txt"
+cfg="$root/examples/fmnist-cnn.json"
+mlp="$root/examples/fmnist-mlp.json"
+note "psfleet: one training step of $cfg's model per iteration (model.c on the backend, host Momentum)"
+for b in 64 512 2048 4096; do
+        run_env timeout 60 "$bin/bench_cnn" --config "$cfg" --device gpu:0 --steps 200 --batch $b || status=1
+        run_env timeout 60 "$bin/bench_cnn" --config "$cfg" --device gpu:0 --steps 200 --batch $b --worker-step
+        run_env timeout 60 "$bin/bench_cnn" --config "$cfg" --device gpu:0 --steps 30 --batch $b --profile |
+                sed 's/"bench": "cnn"/"bench": "cnn", "mode": "profile (synchronizes after every op)"/'
+done
+PSFLEET_CUDA_TF32=1 run_env timeout 60 "$bin/bench_cnn" --config "$cfg" --device gpu:0 --steps 200 --batch 512 |
+        sed 's/"bench": "cnn"/"bench": "cnn", "mode": "tf32"/'
+for b in 64 512; do
+        run_env timeout 60 "$bin/bench_cnn" --config "$mlp" --device gpu:0 --steps 300 --batch $b |
+                sed 's/"bench": "cnn"/"bench": "mlp"/'
+done
+ncpu=$(nproc)
+note "the CPU backend on this machine's $ncpu cores"
+run_env timeout 90 "$bin/bench_cnn" --config "$cfg" --device cpu --threads "1,$ncpu" --steps 20 || status=1
+run_env timeout 90 "$bin/bench_cnn" --config "$cfg" --device cpu --threads "$ncpu" --steps 10 --batch 512
+run_env timeout 30 "$bin/bench_cnn" --config "$mlp" --device cpu --threads 1 --steps 300 |
+        sed 's/"bench": "cnn"/"bench": "mlp"/'
+jline "{\"check\": \"benches\", \"elapsed_s\": $(elapsed)}"
+
+# ---- 5. workerd on the GPU in real jobs (1 ps, 1 worker) ----
+data="$root/$bundle/data"
+# mkjob SRC OUT NAME DEVICE-JSON MAX_STEPS (0: the example's): the example with this run's data, device, name
+mkjob() {
+        python3 -c '
+import json, os, sys
+src, out, name, dev, steps, data = sys.argv[1:7]
+j = json.load(open(src))
+j["job"] = name
+j["data"] = {"dir": data}
+if not os.path.exists(os.path.join(data, "train-images-idx3-ubyte.gz")):
+    # speed only: the test split serves as training data too
+    j["data"].update({"train_images": "t10k-images-idx3-ubyte.gz", "train_labels": "t10k-labels-idx1-ubyte.gz"})
+if int(steps):
+    j["training"]["max_steps"] = int(steps)
+j["device"] = json.loads(dev)
+json.dump(j, open(out, "w"), indent=1)
+' "$@" "$data"
+}
+# local_job LABEL JOB TIMEOUT [ARGS...]: one psfleet local run (1 ps, 1 worker); its result line, labelled
+local_job() {
+        local label=$1 job=$2 tmo=$3
+        shift 3
+        PSFLEET_BIN_DIR="$bin" run_env timeout "$tmo" "$bin/psfleet" local --ps 1 --workers 1 "$@" "$job" </dev/null \
+                >"$work/$label.json" 2>"$work/$label.err"
+        local rc=$? line
+        line=$(tail -1 "$work/$label.json")
+        case "$line" in
+        "{"*"}") echo "${line%\}}, \"check\": \"psfleet local $label\", \"rc\": $rc}" ;;
+        *) echo "{\"check\": \"psfleet local $label\", \"rc\": $rc}" ;;
+        esac
+        grep -i -E "cuda|device|placement|memory cap|error|fail|done:" "$work/$label.err" | head -14
+        [ $rc = 0 ] || tail -5 "$work/$label.err"
+        return $rc
+}
+if [ -x "$bin/psfleet" ] && [ -x "$bin/workerd" ] && [ -f "$data/t10k-images-idx3-ubyte.gz" ]; then
+        mkjob "$mlp" "$work/mlp.json" fmnist-mlp-gpu '{"device": "gpu:0", "log_device_placement": true}' 0
+        local_job mlp-gpu "$work/mlp.json" 120 || status=1
+        # two jobs on the one GPU, 0.4 of its memory each: one reserves its share, one grows
+        mkjob "$mlp" "$work/a.json" share-a '{"device": "gpu:0", "gpu_memory_fraction": 0.4}' 3000
+        mkjob "$mlp" "$work/b.json" share-b '{"device": "gpu:0", "gpu_memory_fraction": 0.4, "allow_growth": true}' 3000
+        (local_job share-a-reserved "$work/a.json" 120 >"$work/share-a.out") &
+        pa=$!
+        (local_job share-b-growth "$work/b.json" 120 >"$work/share-b.out") &
+        pb=$!
+        for i in $(seq 1 60); do
+                sleep 1
+                kill -0 $pa 2>/dev/null || kill -0 $pb 2>/dev/null || break
+                m=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
+                apps=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null | tr '\n' ';')
+                [ $((i % 3)) = 1 ] && echo "{\"check\": \"two jobs\", \"t_s\": $i, \"gpu_memory_used_mib\": \"$m\", \"apps\": \"$apps\"}"
         done
+        wait $pa || status=1
+        wait $pb || status=1
+        cat "$work/share-a.out" "$work/share-b.out"
+        # two replicas on the one GPU (the replica path), against one
+        if [ $(elapsed) -lt 330 ]; then
+                mkjob "$mlp" "$work/rep.json" rep2 '{"device": "gpu:0,0", "allow_growth": true}' 3000
+                local_job replicas-gpu0x2 "$work/rep.json" 60
+                mkjob "$mlp" "$work/rep1.json" rep1 '{"device": "gpu:0", "allow_growth": true}' 3000
+                local_job replicas-gpu0x1 "$work/rep1.json" 60
+        fi
+        if [ $(elapsed) -lt 330 ]; then
+                mkjob "$cfg" "$work/cnn.json" fmnist-cnn-gpu '{"device": "gpu:0", "allow_growth": true}' 0
+                local_job cnn-gpu "$work/cnn.json" 150 || status=1
+        fi
 else
-        note "skipping the psfleet local run (no daemons or data in the bundle, or too little time left)"
+        note "skipping the psfleet local runs (no daemons or data in the bundle)"
+fi
+
+# ---- 6. PyTorch on the same GPU, same CNN, when time is left ----
+if [ $(elapsed) -lt 420 ]; then
+        PYTHONUNBUFFERED=1 timeout 90 python3 "$root/tests/gpu/torch_cnn_gpu.py" --steps 300 || status=1
 fi
 
 jline "{\"check\": \"device-check\", \"pass\": $([ $status = 0 ] && echo true || echo false), \"elapsed_s\": $(elapsed), \"log\": \"$log\"}"

@@ -3,7 +3,7 @@
 # the prebuilt test and bench programs (and the daemons, when built), the shared libraries they need
 # that such a machine may lack (found with ldd; glibc, libstdc++ and the CUDA libraries stay behind:
 # the GPU machine has its own, PyTorch's among them), the headers for building there instead, and the
-# Fashion-MNIST test split for a short workerd run. Libraries travel xz-compressed (the device tool
+# Fashion-MNIST for the daemons' runs. Libraries travel xz-compressed (the device tool
 # carries at most 64 MiB with the working tree).
 #
 #   tests/gpu/make-bundle.sh [BUILD_DIR [BUNDLE_DIR]]      defaults: build .gpu-bundle
@@ -66,9 +66,9 @@ done
 cuda_inc=$(dirname "$(find /usr/local/cuda/include /usr/include -maxdepth 1 -name cudnn.h 2>/dev/null | head -1)")
 cp "$cuda_inc"/cudnn*.h "$bundle/include/" 2>/dev/null || true
 
-# The test split only (10,000 images): enough for a short timed run, small enough to carry.
+# Fashion-MNIST, both splits (30 MiB): the daemons' runs on the GPU report test accuracy.
 fm=/usr/share/datasets/fashion-mnist
-for f in t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+for f in t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz; do
         [ -f "$fm/$f" ] && cp "$fm/$f" "$bundle/data/"
 done
 

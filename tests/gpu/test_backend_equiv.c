@@ -4,13 +4,17 @@
  * the worst error seen. Exits 77 ("SKIP: no CUDA device") where there is no usable GPU, 1 on a failed
  * check, 0 when everything holds.
  *
- * Tolerances, |gpu - cpu| <= atol + rtol * |cpu| per element (docs/gpu.md repeats them):
+ * Tolerances, |gpu - cpu| <= atol + rtol * max(|cpu|, rms(cpu)) per element, rms(cpu) being the
+ * reference tensor's root mean square: an element that a long sum cancels to near zero is held to the
+ * tensor's scale, not to its own (docs/gpu.md repeats them):
  *   exact (0, 0): relu forward and backward, max pooling forward and backward (ties included),
  *                 softmax-xent backward given the same probabilities, correct count, buffers
  *   (1e-6, 1e-5): bias add, tanh, sigmoid, softmax probabilities, the loss
  *   (1e-5, 1e-4): bias gradient (a sum over the batch)
- *   (1e-4, 1e-4): gemm and convolution, inputs in [-1, 1], reductions of up to a few thousand terms
- *                 summed in a different order (cuBLAS/cuDNN vs OpenBLAS/im2col), fp32 without TF32
+ *   (1e-4, 1e-4): gemm and convolution, inputs in [-1, 1], reductions of up to 12544 terms summed in
+ *                 a different order (cuBLAS/cuDNN vs OpenBLAS/im2col), fp32 without TF32 (on an H200,
+ *                 the second CNN layer's filter gradient, 34 in rms, differed by up to 8e-4 in
+ *                 elements that cancel to 0.06: 1 % of the element, 2.4e-5 of the tensor's scale)
  *   whole model:  loss rtol 1e-5; each gradient variable's relative L2 error <= 1e-2. Looser than the
  *                 ops: a ReLU input within rounding of 0, or two maxima of a pooling window within
  *                 rounding of each other, can come out on different sides on the two backends (about
@@ -88,11 +92,15 @@ static void cmp(const char *what, struct pair p, size_t n, struct tol t)
         float *a = malloc(sizeof(float) * (n ? n : 1)), *b = malloc(sizeof(float) * (n ? n : 1));
         int r = backend_download(gpu, b, p.g, sizeof(float) * n);
         backend_download(cpu, a, p.c, sizeof(float) * n);
-        double worst = 0, worst_rel = 0;
+        double worst = 0, worst_rel = 0, ss = 0;
         size_t bad = 0, first_bad = 0;
+        for (size_t i = 0; i < n; i++)
+                ss += (double)a[i] * (double)a[i];
+        double rms = n ? sqrt(ss / (double)n) : 0;
         for (size_t i = 0; i < n; i++) {
                 double d = fabs((double)a[i] - (double)b[i]);
-                bool ok = d <= t.atol + t.rtol * fabs((double)a[i]) && !isnan(b[i]) == !isnan(a[i]);
+                double scale = fabs((double)a[i]) > rms ? fabs((double)a[i]) : rms;
+                bool ok = d <= t.atol + t.rtol * scale && !isnan(b[i]) == !isnan(a[i]);
                 if (!ok && bad++ == 0)
                         first_bad = i;
                 worst = d > worst ? d : worst;
@@ -100,9 +108,9 @@ static void cmp(const char *what, struct pair p, size_t n, struct tol t)
                 worst_rel = fabs(a[i]) > 1e-3 && rel > worst_rel ? rel : worst_rel;
         }
         bool pass = r == 0 && bad == 0;
-        printf("{\"check\": \"%s\", \"n\": %zu, \"max_abs_err\": %.3g, \"max_rel_err\": %.3g, \"atol\": %g, \"rtol\": %g, "
-               "\"pass\": %s}\n",
-               what, n, worst, worst_rel, t.atol, t.rtol, pass ? "true" : "false");
+        printf("{\"check\": \"%s\", \"n\": %zu, \"max_abs_err\": %.3g, \"max_rel_err\": %.3g, \"rms\": %.3g, "
+               "\"atol\": %g, \"rtol\": %g, \"pass\": %s}\n",
+               what, n, worst, worst_rel, rms, t.atol, t.rtol, pass ? "true" : "false");
         if (!pass) {
                 failures++;
                 if (r < 0)
@@ -353,7 +361,7 @@ static void t_model(void)
         for (uint32_t b = 0; b < B; b++)
                 y[b] = (uint8_t)rng_below(&rg, 10);
         struct device_mem_stats st0, st1;
-        backend_cuda_mem_stats(gpu, &st0);
+        device_cuda_mem_stats(gpu, &st0);
         for (int step = 0; step < 3; step++) {
                 float lc, lg;
                 uint32_t cc, cg;
@@ -390,7 +398,7 @@ static void t_model(void)
                 OK(model_params_sync(mc));
                 OK(model_params_sync(mg));
         }
-        backend_cuda_mem_stats(gpu, &st1);
+        device_cuda_mem_stats(gpu, &st1);
         char det[128];
         snprintf(det, sizeof(det), "cudaMalloc calls: %llu after the model was built, %llu after 3 steps",
                  (unsigned long long)st0.device_mallocs, (unsigned long long)st1.device_mallocs);
@@ -411,7 +419,7 @@ static void t_cap(const struct device_gpu_info *gi)
                 struct backend *be = NULL;
                 struct model *m = NULL;
                 char msg[512] = "";
-                int r = backend_cuda_new(&o, &be, msg, sizeof(msg));
+                int r = device_cuda_new(&o, &be, msg, sizeof(msg));
                 if (r == 0) {
                         struct model_spec s = cnn();
                         r = device_model_new(be, &s, 64, &m, msg, sizeof(msg));
@@ -425,14 +433,14 @@ static void t_cap(const struct device_gpu_info *gi)
         struct device_opts two = { .n_gpus = 2, .gpus = { 0, 1 }, .gpu_memory_fraction = 0.1 };
         struct backend *be = NULL;
         char msg[256] = "";
-        check(backend_cuda_new(&two, &be, msg, sizeof(msg)) == -EOPNOTSUPP, "two GPUs in one backend refused", msg);
+        check(device_cuda_new(&two, &be, msg, sizeof(msg)) == -EOPNOTSUPP, "two GPUs in one backend refused", msg);
 }
 
 int main(void)
 {
         struct device_gpu_info infos[DEVICE_MAX_GPUS];
         char msg[512] = "";
-        int n = backend_cuda_probe ? backend_cuda_probe(infos, DEVICE_MAX_GPUS, msg, sizeof(msg)) : 0;
+        int n = device_cuda_probe(infos, DEVICE_MAX_GPUS, msg, sizeof(msg));
         if (n <= 0) {
                 printf("SKIP: no CUDA device (%s)\n", n < 0 ? msg : "none visible");
                 return 77;
@@ -441,7 +449,7 @@ int main(void)
                infos[0].total_bytes / 1073741824.0);
         rng_init(&rg, 2024, 6);
         struct device_opts o = { .n_gpus = 1, .gpus = { 0 }, .gpu_memory_fraction = 0.25, .allow_growth = true };
-        if (backend_cpu_new(1, &cpu) < 0 || backend_cuda_new(&o, &gpu, msg, sizeof(msg)) < 0) {
+        if (backend_cpu_new(1, &cpu) < 0 || device_cuda_new(&o, &gpu, msg, sizeof(msg)) < 0) {
                 printf("cannot start the backends: %s\n", msg);
                 return 1;
         }

@@ -346,7 +346,9 @@ static const struct bad_case bad_cases[] = {
           "device.device: \"gpu:1,x\" is not auto, cpu, gpu:N or gpu:N,M,... (bad GPU index)" },
         { "{" BASE ", 'device': {'device': 'gpu:0,'}}",
           "device.device: \"gpu:0,\" is not auto, cpu, gpu:N or gpu:N,M,... (bad GPU index)" },
-        { "{" BASE ", 'device': {'device': 'gpu:0,0'}}", "device.device: \"gpu:0,0\" lists GPU 0 twice" },
+        /* a GPU may repeat (replicas sharing it), up to 16 entries */
+        { "{" BASE ", 'device': {'device': 'gpu:0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0'}}",
+          "device.device: \"gpu:0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0\" lists more than 16 GPUs" },
         { "{" BASE ", 'job': 'a b'}",
           "job: \"a b\" is not a valid job name ([A-Za-z0-9_.-]+, not starting with a dot, at most 64 characters)" },
         /* a job name and the state paths stay under the state directory */

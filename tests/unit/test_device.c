@@ -160,7 +160,7 @@ static void test_bad_values(void **state)
         } bad[] = {
                 { "PSFLEET_DEVICE", "gpu", "PSFLEET_DEVICE: \"gpu\" is not auto, cpu" },
                 { "PSFLEET_DEVICE", "gpu:", "PSFLEET_DEVICE: \"gpu:\"" },
-                { "PSFLEET_DEVICE", "gpu:1,1", "PSFLEET_DEVICE: \"gpu:1,1\"" },
+                { "PSFLEET_DEVICE", "gpu:1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1", "lists more than 16 GPUs" },
                 { "PSFLEET_DEVICE", "gpu:256", "PSFLEET_DEVICE: \"gpu:256\"" },
                 { "PSFLEET_DEVICE", "gpu:0,", "PSFLEET_DEVICE: \"gpu:0,\"" },
                 { "PSFLEET_DEVICE", "GPU:0", "PSFLEET_DEVICE: \"GPU:0\"" },

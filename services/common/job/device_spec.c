@@ -36,12 +36,6 @@ int device_spec_parse(const char *s, struct device_spec *ret, char *why, size_t 
                                 snprintf(why, whylen, SYNTAX " (bad GPU index)");
                                 return -EINVAL;
                         }
-                        for (uint32_t i = 0; i < d.n_gpus; i++) {
-                                if (d.gpus[i] == (int)id) {
-                                        snprintf(why, whylen, "lists GPU %d twice", (int)id);
-                                        return -EINVAL;
-                                }
-                        }
                         if (d.n_gpus == DEVICE_MAX_GPUS) {
                                 snprintf(why, whylen, "lists more than %d GPUs", DEVICE_MAX_GPUS);
                                 return -EINVAL;

@@ -9,7 +9,8 @@
 extern "C" {
 #endif
 
-/* GPUs one worker may list (one CUDA backend, one replica, per GPU). */
+/* GPUs one worker may list (one CUDA backend, one replica, per entry: a GPU listed twice runs two
+ * replicas on it, which split its memory share). */
 #define DEVICE_MAX_GPUS 16
 /* Highest GPU ordinal a device string may name. */
 #define DEVICE_MAX_ORDINAL 255
@@ -22,9 +23,10 @@ struct device_spec {
         int gpus[DEVICE_MAX_GPUS];
 };
 
-/* Parses s: ordinals 0..DEVICE_MAX_ORDINAL, each at most once, at most DEVICE_MAX_GPUS of them.
- * Returns 0 and fills *ret, or -EINVAL with why s is wrong in why ("is not auto, cpu, gpu:N or
- * gpu:N,M,... (bad GPU index)", "lists GPU 1 twice"), to follow the quoted value. ret may be NULL. */
+/* Parses s: ordinals 0..DEVICE_MAX_ORDINAL, at most DEVICE_MAX_GPUS of them (an ordinal may repeat:
+ * several replicas on one GPU). Returns 0 and fills *ret, or -EINVAL with why s is wrong in why ("is not
+ * auto, cpu, gpu:N or gpu:N,M,... (bad GPU index)", "lists more than 16 GPUs"), to follow the quoted
+ * value. ret may be NULL. */
 int device_spec_parse(const char *s, struct device_spec *ret, char *why, size_t whylen);
 
 #ifdef __cplusplus

@@ -94,6 +94,13 @@ struct backend_ops {
                        float *loss_ret);
         /* dpred = 2 (pred - labels) / B; pred and dpred may alias. */
         int (*mse_bwd)(struct backend *be, const void *pred, const void *labels, uint32_t B, void *dpred);
+
+        /* Page-lock host memory the backend copies to and from every step (the model's parameter and
+         * gradient blocks), so that upload and download run at the bus's speed rather than through a
+         * staging copy; host_unpin undoes it before the memory is freed. Optional (NULL: nothing to
+         * do, as on the CPU); a failure only costs speed, so callers go on without it. */
+        int (*host_pin)(struct backend *be, void *p, size_t bytes);
+        void (*host_unpin)(struct backend *be, void *p);
 };
 
 struct backend {
@@ -124,6 +131,16 @@ static inline void *backend_buf_free(struct backend *be, void *buf)
         if (buf)
                 be->ops->buf_free(be, buf);
         return NULL;
+}
+/* Pins [p, p + bytes) for fast copies where the backend has such a thing: true when pinned. */
+static inline bool backend_host_pin(struct backend *be, void *p, size_t bytes)
+{
+        return be->ops->host_pin && bytes && be->ops->host_pin(be, p, bytes) == 0;
+}
+static inline void backend_host_unpin(struct backend *be, void *p)
+{
+        if (be->ops->host_unpin)
+                be->ops->host_unpin(be, p);
 }
 static inline int backend_upload(struct backend *be, void *dst, const void *src, size_t bytes)
 {

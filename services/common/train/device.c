@@ -102,6 +102,29 @@ static void cuda_load(void)
 
 #define CUDA_FN(f) (pthread_once(&plugin.once, cuda_load), plugin.f)
 
+int device_cuda_probe(struct device_gpu_info *infos, uint32_t max, char *msg, size_t msglen)
+{
+        if (!CUDA_FN(probe)) {
+                snprintf(msg, msglen, "the CUDA backend is not available: %s", plugin.why);
+                return -ENOSYS;
+        }
+        return plugin.probe(infos, max, msg, msglen);
+}
+
+int device_cuda_new(const struct device_opts *o, struct backend **ret, char *msg, size_t msglen)
+{
+        if (!CUDA_FN(create)) {
+                snprintf(msg, msglen, "the CUDA backend is not available: %s", plugin.why);
+                return -ENOSYS;
+        }
+        return plugin.create(o, ret, msg, msglen);
+}
+
+int device_cuda_mem_stats(const struct backend *be, struct device_mem_stats *ret)
+{
+        return CUDA_FN(mem_stats) ? plugin.mem_stats(be, ret) : -EINVAL;
+}
+
 /* Oldest GPU the CUDA backend's PTX can be compiled for (CUDA 13 supports sm_75 and newer). */
 #define MIN_CC 75
 
@@ -212,6 +235,25 @@ static int cpu_backend(unsigned threads, struct backend **ret, const char *why, 
         return 0;
 }
 
+/* The memory share of replica i when its GPU is listed k times ("gpu:0,0"): the replicas split the
+ * GPU's share evenly, fraction / k of it each. The whole card (fraction 1) becomes k equal shares of its
+ * memory less a headroom for the context and one for each replica's handles (the probe does not open a
+ * context to read what is free; a share that is not free is refused when the backend starts, with its
+ * figures). Alone on its GPU: the fraction as asked. */
+static double replica_share(const struct device_opts *o, const struct device_gpu_info *infos, uint32_t i)
+{
+        int g = o->gpus[i];
+        uint32_t k = 0;
+        for (uint32_t j = 0; j < o->n_gpus; j++)
+                k += o->gpus[j] == g;
+        if (k <= 1)
+                return o->gpu_memory_fraction;
+        if (o->gpu_memory_fraction < 1.0)
+                return o->gpu_memory_fraction / k;
+        size_t total = infos[g].total_bytes, keep = DEVICE_GPU_HEADROOM * (k + 2);
+        return total > 2 * keep ? (double)(total - keep) / (double)total / k : 1.0 / (2.0 * k);
+}
+
 /* The backends the options ask for: the CPU, or one CUDA backend per GPU (several only if many). */
 static int select_backends(const struct device_config *dc, unsigned cpu_threads, bool many, struct backend **ret,
                            uint32_t *n_ret, char *msg, size_t msglen)
@@ -293,6 +335,7 @@ static int select_backends(const struct device_config *dc, unsigned cpu_threads,
                 struct device_opts one = o;
                 one.n_gpus = 1;
                 one.gpus[0] = o.gpus[made];
+                one.gpu_memory_fraction = replica_share(&o, infos, made);
                 char m[320] = "";
                 r = CUDA_FN(create)(&one, &bes[made], m, sizeof(m));
                 if (r < 0) {

@@ -1,8 +1,9 @@
 /* Device selection: which backend a worker computes on (CPU or CUDA GPUs), with TensorFlow's soft
  * placement for "auto", the GPU memory options, and per-node environment overrides. It is plain C and
  * includes no CUDA header: the CUDA backend (services/workerd/backend/, library psfleet_cuda) is
- * reached through the backend_cuda_* entry points declared at the end, which are weak references
- * here and resolve to NULL when psfleet_cuda is not linked into the program ("no CUDA compiled in").
+ * a plugin (libpsfleet-cuda.so) that device.c opens at run time; its backend_cuda_* entry points are
+ * declared at the end, and programs reach them through the device_cuda_* functions, which open the
+ * plugin on first use (no program links it).
  *
  * Environment overrides, read by every function below that takes a device_config (each one, when
  * set and not empty, replaces the job file's value for this node only; parsed through the config key
@@ -92,14 +93,11 @@ int device_placement(const struct backend *be, const struct model *m, char *buf,
 int device_backends_new(const struct device_config *dc, unsigned cpu_threads, struct backend **ret /* [DEVICE_MAX_GPUS] */,
                         uint32_t *n_ret, char *msg, size_t msglen);
 
-/* ---- implemented by the CUDA backend (psfleet_cuda); NULL here when it is not linked ----
- * The CUDA backend defines PSFLEET_CUDA_IMPL before including this header, so that its definitions
- * are the strong ones. */
-#ifdef PSFLEET_CUDA_IMPL
-#define DEVICE_CUDA_WEAK
-#else
-#define DEVICE_CUDA_WEAK __attribute__((weak))
-#endif
+/* ---- the CUDA backend's types; its entry points are the plugin's (backend_cuda.cu) ---- */
+
+/* GPU memory left to the CUDA context, cuBLAS and cuDNN when a backend takes the whole card
+ * (gpu_memory_fraction 1), and to each further replica's handles when a GPU is shared by replicas. */
+#define DEVICE_GPU_HEADROOM ((size_t)512 << 20)
 
 struct device_gpu_info {
         int ordinal;                     /* among the visible GPUs */
@@ -124,18 +122,24 @@ struct device_mem_stats {
         size_t last_failed;              /* bytes of the last allocation that did not fit, or 0 */
 };
 
-/* Visible GPUs: fills up to max infos, returns how many there are (0: none), or -errno with the
- * driver's reason in msg (no driver, driver too old, ...). */
-extern int backend_cuda_probe(struct device_gpu_info *infos, uint32_t max, char *msg, size_t msglen)
-        DEVICE_CUDA_WEAK;
-/* A CUDA backend on o->gpus[0]. Returns 0, or -errno with the reason in msg. */
-extern int backend_cuda_new(const struct device_opts *o, struct backend **ret, char *msg, size_t msglen)
-        DEVICE_CUDA_WEAK;
-/* Memory figures of a backend made by backend_cuda_new. Returns 0, or -EINVAL for another backend. */
-extern int backend_cuda_mem_stats(const struct backend *be, struct device_mem_stats *ret)
-        DEVICE_CUDA_WEAK;
-/* "cuda:0 NVIDIA H200" for placement lines; NULL for another backend. */
-extern const char *backend_cuda_device_name(const struct backend *be) DEVICE_CUDA_WEAK;
+/* The plugin's entry points, defined in backend_cuda.cu and looked up by name in the plugin. */
+int backend_cuda_probe(struct device_gpu_info *infos, uint32_t max, char *msg, size_t msglen);
+int backend_cuda_new(const struct device_opts *o, struct backend **ret, char *msg, size_t msglen);
+int backend_cuda_mem_stats(const struct backend *be, struct device_mem_stats *ret);
+const char *backend_cuda_device_name(const struct backend *be);
+
+/* The same, through the plugin, opened on first use (for tests and benches that drive a GPU's backend
+ * directly; the daemons go through device_backend_new). Where the plugin cannot be opened,
+ * device_cuda_probe and device_cuda_new return -ENOSYS with the reason in msg (which plugin was
+ * looked for, or why it did not load), and device_cuda_mem_stats -EINVAL.
+ * device_cuda_probe: fills up to max infos, returns how many GPUs are visible (0: none), or -errno with
+ * the driver's reason in msg (no driver, driver too old, ...).
+ * device_cuda_new: a CUDA backend on o->gpus[0]; 0, or -errno with the reason in msg.
+ * device_cuda_mem_stats: the memory figures of a backend made by device_cuda_new; 0, or -EINVAL for
+ * another backend. */
+int device_cuda_probe(struct device_gpu_info *infos, uint32_t max, char *msg, size_t msglen);
+int device_cuda_new(const struct device_opts *o, struct backend **ret, char *msg, size_t msglen);
+int device_cuda_mem_stats(const struct backend *be, struct device_mem_stats *ret);
 
 #ifdef __cplusplus
 }

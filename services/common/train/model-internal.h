@@ -48,6 +48,7 @@ struct model {
         float *params_host;      /* == params on host-memory backends */
         float *grads_host;
         bool ext_host;           /* the host blocks are the caller's (model_use_host_blocks) */
+        bool pinned[2];          /* params_host, grads_host page-locked by the backend (host_pin) */
 
         float *x_dev;            /* (max_batch, in_n) device copy of the input; NULL on host backends */
         uint8_t *labels;         /* (max_batch) device: softmax's class indices */

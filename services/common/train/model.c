@@ -157,6 +157,25 @@ static int plan(struct model *m, const struct model_spec *spec)
         return 0;
 }
 
+/* The parameter and gradient blocks cross the bus every step: page-locked, where the backend can,
+ * they move at its full speed. Without it (a backend that cannot, or the driver refused) the copies
+ * are only slower. */
+static void host_blocks_pin(struct model *m)
+{
+        size_t bytes = sizeof(float) * m->n_params;
+        m->pinned[0] = backend_host_pin(m->be, m->params_host, bytes);
+        m->pinned[1] = backend_host_pin(m->be, m->grads_host, bytes);
+}
+
+static void host_blocks_unpin(struct model *m)
+{
+        if (m->pinned[0])
+                backend_host_unpin(m->be, m->params_host);
+        if (m->pinned[1])
+                backend_host_unpin(m->be, m->grads_host);
+        m->pinned[0] = m->pinned[1] = false;
+}
+
 int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_batch, struct model **ret)
 {
         if (!spec || !be || max_batch == 0)
@@ -215,6 +234,7 @@ int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_ba
                 m->out_host = malloc(sizeof(float) * max_batch * m->classes);
                 if (!m->params_host || !m->grads_host || !m->x_dev || !m->out_host)
                         goto fail;
+                host_blocks_pin(m);
         }
         *ret = m;
         return 0;
@@ -228,6 +248,7 @@ struct model *model_free(struct model *m)
         if (!m)
                 return NULL;
         struct backend *be = m->be;
+        host_blocks_unpin(m);
         for (uint32_t i = 0; i < m->n_layers; i++)
                 backend_buf_free(be, m->layers[i].buf);
         if (!m->host && !m->ext_host) {
@@ -268,12 +289,15 @@ int model_use_host_blocks(struct model *m, float *params, float *grads)
                 m->params = params;
                 m->grads = grads;
         } else {
+                host_blocks_unpin(m);
                 free(m->params_host);
                 free(m->grads_host);
         }
         m->params_host = params;
         m->grads_host = grads;
         m->ext_host = true;
+        if (!m->host)
+                host_blocks_pin(m);
         return 0;
 }
 
