@@ -4,11 +4,15 @@
 #   2. the programs: prebuilt ones from the bundle (tests/gpu/make-bundle.sh) when they load there, else
 #      built there from this checkout with nvcc and gcc against the bundle's headers and libraries;
 #   3. tests/gpu/test_backend_equiv (every CUDA op against the CPU backend) and test_device_cuda;
-#   4. CNN examples/s, as JSON lines: psfleet's training step on the GPU (bench_cnn: model.c on the
-#      CUDA backend, what workerd runs per step, without the RPC), next to PyTorch on the same GPU with
-#      the same model, batch and optimizer (tests/gpu/torch_cnn_gpu.py); then, when the bundle holds
-#      the daemons and data, a short `psfleet local` job with workerd on the GPU.
-# All within about 10 minutes. Every result line is JSON; the full log goes to $OUT/device-check.log
+#   4. cuBLAS SGEMM's peak (tests/gpu/sgemm_peak.py, through PyTorch), then examples/s and TFLOP/s of
+#      psfleet's step (bench_cnn: model.c on the backend, what workerd runs per step without the RPC) for
+#      the CNN at batch 64 to 4096 (standalone, worker, and profiled per op) and the MLP, and the CPU
+#      backend on the same machine;
+#   5. when the bundle holds the daemons and data, real jobs (psfleet local, 1 ps + 1 worker, gpu:0): the
+#      demo MLP, two MLP jobs sharing the GPU at gpu_memory_fraction 0.4 (one reserving, one growing,
+#      nvidia-smi sampled), two replicas on the one GPU (gpu:0,0) against one, and the CNN;
+#   6. PyTorch on the same GPU with the same CNN, batch and optimizer (tests/gpu/torch_cnn_gpu.py).
+# About 4 minutes on an H200. Every result line is JSON; the full log goes to $OUT/device-check.log
 # when OUT is set (the device tool's output folder), else to the work folder it prints.
 #
 #   tests/gpu/device-check.sh [BUNDLE_DIR]        default .gpu-bundle
@@ -16,7 +20,7 @@
 # With the device tool (docs/gpu.md): run tests/gpu/make-bundle.sh here, then
 #   run(command="bash tests/gpu/device-check.sh", carry=[".gpu-bundle"], timeout_s=600)
 # PSFLEET_CHECK_BUILD=1 builds there even when the prebuilt programs load; PSFLEET_CHECK_ONLY=equiv stops
-# after the equivalence tests (a short first call).
+# after the equivalence tests (a short first call), PSFLEET_CHECK_ONLY=benches after the benchmarks.
 # Exit status: 0 all checks passed, 1 a check failed, 2 the programs could not be had.
 set -u
 bundle=${1:-.gpu-bundle}
@@ -155,6 +159,10 @@ run_env timeout 90 "$bin/bench_cnn" --config "$cfg" --device cpu --threads "$ncp
 run_env timeout 30 "$bin/bench_cnn" --config "$mlp" --device cpu --threads 1 --steps 300 |
         sed 's/"bench": "cnn"/"bench": "mlp"/'
 jline "{\"check\": \"benches\", \"elapsed_s\": $(elapsed)}"
+if [ "${PSFLEET_CHECK_ONLY:-}" = benches ]; then
+        jline "{\"check\": \"device-check\", \"only\": \"benches\", \"pass\": $([ $status = 0 ] && echo true || echo false), \"elapsed_s\": $(elapsed)}"
+        return $status
+fi
 
 # ---- 5. workerd on the GPU in real jobs (1 ps, 1 worker) ----
 data="$root/$bundle/data"

@@ -330,7 +330,8 @@ const struct config_key cfg_keys[] = {
 
         { .name = "device.device", .type = KT_STRING, FIELD(device.device), .sdef = "auto",
           .check = check_device, .env = "PSFLEET_DEVICE",
-          .doc = "Where workers compute: auto, cpu, gpu:N or gpu:N,M,... (GPU ordinals 0..255, at most 16 GPUs)." },
+          .doc = "Where workers compute: auto, cpu, gpu:N or gpu:N,M,... (GPU ordinals 0..255, at most 16 entries; "
+                 "each entry is one replica, so gpu:0,0 runs two replicas that split GPU 0's share)." },
         K_DBL("device.gpu_memory_fraction", device.gpu_memory_fraction, 1.0, 0, true, 1, false,
               "Share of each GPU's memory this job may use.", .env = "PSFLEET_GPU_MEMORY_FRACTION"),
         K_BOOL("device.allow_growth", device.allow_growth, false,

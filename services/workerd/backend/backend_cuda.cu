@@ -322,9 +322,26 @@ static int fail(struct cuda_ctx *c, int err, const char *fmt, ...)
         return err;
 }
 
+/* The calling thread's current device, as this file last set it. */
+static __thread int thread_device = -1;
+
+/* cudaSetDevice, remembered for ctx_of: every change of device in this file goes through here. */
+static cudaError_t use_device(int device)
+{
+        cudaError_t e = cudaSetDevice(device);
+        thread_device = e == cudaSuccess ? device : -1;
+        return e;
+}
+
+/* Every op reaches its context here, and makes its GPU the calling thread's current device first: the
+ * replicas of a worker (replicas.c) run each backend on a thread of its own, and CUDA, cuBLAS and
+ * cuDNN calls go to the current device, which a new thread has at 0. */
 static struct cuda_ctx *ctx_of(struct backend *be)
 {
-        return (struct cuda_ctx *)be->ctx;
+        struct cuda_ctx *c = (struct cuda_ctx *)be->ctx;
+        if (c && thread_device != c->device)
+                use_device(c->device);
+        return c;
 }
 
 /* ---- kernels of our own ---- */
@@ -924,7 +941,7 @@ static void ctx_destroy(struct cuda_ctx *c)
 {
         if (!c)
                 return;
-        cudaSetDevice(c->device);
+        use_device(c->device);
         if (c->stream)
                 cudaStreamSynchronize(c->stream);
         for (uint32_t i = 0; i < c->n_plans; i++)
@@ -956,7 +973,6 @@ static void ctx_destroy(struct cuda_ctx *c)
 static int cu_host_pin(struct backend *be, void *p, size_t bytes)
 {
         struct cuda_ctx *c = ctx_of(be);
-        CK_CUDA(c, cudaSetDevice(c->device));
         if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
                 cudaGetLastError(); /* not sticky: the copies still work, pageable */
                 return -ENOMEM;
@@ -1051,7 +1067,7 @@ extern "C" int backend_cuda_probe(struct device_gpu_info *infos, uint32_t max, c
 /* Handles, stream, the memory cap and its reservation. */
 static int setup(struct cuda_ctx *c, const struct device_opts *o)
 {
-        CK_CUDA(c, cudaSetDevice(c->device));
+        CK_CUDA(c, use_device(c->device));
         cudaDeviceProp pr;
         CK_CUDA(c, cudaGetDeviceProperties(&pr, c->device));
         snprintf(c->name, sizeof(c->name), "cuda:%d (%.100s)", c->device, pr.name);
