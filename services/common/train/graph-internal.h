@@ -1,0 +1,133 @@
+/* What graph.c, graph_ops.c and the kernels (graph_k_*.c) share: the op table and the kernel
+ * interface. Nothing outside the graph engine includes it. */
+#pragma once
+#include <stdio.h>
+
+#include "graph.h"
+
+/* One node's kernel call: its tensors' buffers for this batch (shapes with the batch resolved). In
+ * backward, in[] and out[] still hold the forward's values, and training is the forward's mode. No
+ * output shares a buffer with an input. */
+struct graph_kctx {
+        const struct graph_node *node;
+        uint32_t B;                                    /* the batch */
+        const void *in[GRAPH_MAX_IN];                  /* NULL for an input left out */
+        struct graph_shape in_shape[GRAPH_MAX_IN];     /* GRAPH_BATCH replaced by B */
+        enum graph_dtype in_dtype[GRAPH_MAX_IN];
+        void *out[GRAPH_MAX_OUT];
+        struct graph_shape out_shape[GRAPH_MAX_OUT];
+        /* backward: d(loss)/d(out[i]) (NULL for an output nothing differentiates), and the gradients of
+         * the float inputs, to be ADDED to (a tensor may feed several nodes; the engine zeroes them
+         * first); NULL where no gradient is needed (constants, int inputs, inputs of the graph). */
+        const float *dout[GRAPH_MAX_OUT];
+        float *din[GRAPH_MAX_IN];
+        /* per-node state kept from forward to backward (state_floats of the op, at this B), e.g. a batch
+         * normalization's mean and inverse deviation, a dropout mask, a pooling's argmax */
+        float *state;
+        /* per-node scratch for one call (scratch_floats of the op, at this B) */
+        float *scratch;
+        bool training;
+        uint64_t seed;                                 /* Dropout: per step; mixed with the node's index */
+        uint32_t node_index;
+};
+
+/* What the table says of an op. */
+struct graph_op_info {
+        const char *name;                /* ONNX's */
+        uint8_t min_in, max_in;          /* after the loader moved constant inputs into attributes */
+        uint8_t min_out, max_out;
+        /* Checks the attributes and input shapes and writes the outputs' shapes (batch kept symbolic).
+         * -EINVAL with why in err ("transA=1 is not supported"; "input 1 has rank 3, needs 2"): the
+         * caller names the node and op. */
+        int (*shape)(const struct graph *g, const struct graph_node *n, struct graph_shape *out, char *err,
+                     size_t errlen);
+        int (*fwd)(struct graph_kctx *k);
+        int (*bwd)(struct graph_kctx *k);  /* NULL: no gradient flows through (e.g. an int output) */
+        /* floats of state and scratch at batch B (NULL: none) */
+        size_t (*state_floats)(const struct graph *g, const struct graph_node *n, uint32_t B);
+        size_t (*scratch_floats)(const struct graph *g, const struct graph_node *n, uint32_t B);
+};
+
+extern const struct graph_op_info graph_ops[GOP__COUNT];
+
+/* Shape helpers for the ops' shape functions. */
+const struct graph_shape *graph_in_shape(const struct graph *g, const struct graph_node *n, uint32_t i);
+/* NumPy broadcasting of a and b into out; -EINVAL with why when they do not broadcast. */
+int graph_broadcast(const struct graph_shape *a, const struct graph_shape *b, struct graph_shape *out, char *err,
+                    size_t errlen);
+/* An axis in [-rank, rank) made non-negative; -EINVAL when out of range. */
+int graph_axis(int64_t axis, uint32_t rank, uint32_t *ret);
+/* Elements of a shape whose dims are all known (the batch resolved). */
+size_t graph_count(const struct graph_shape *s);
+
+/* ---- the ops, by file: each op's shape function (gs_*), forward and backward (gk_*) ---- */
+
+#define GRAPH_SHAPE_FN(name)                                                                            \
+        int name(const struct graph *g, const struct graph_node *n, struct graph_shape *out, char *err, \
+                 size_t errlen)
+
+/* graph_k_elem.c: Add, Sub, Mul, Div (broadcasting), Relu, LeakyRelu, Sigmoid, Tanh, Identity, Dropout
+ * (Dropout's optional second output, the mask, is not produced: max_out 1) */
+GRAPH_SHAPE_FN(gs_binary);
+GRAPH_SHAPE_FN(gs_same);      /* out = in 0: the unary ops, Identity, Dropout, Softmax, LogSoftmax */
+int gk_binary_fwd(struct graph_kctx *k);
+int gk_binary_bwd(struct graph_kctx *k);
+int gk_unary_fwd(struct graph_kctx *k);
+int gk_unary_bwd(struct graph_kctx *k);
+int gk_dropout_fwd(struct graph_kctx *k);
+int gk_dropout_bwd(struct graph_kctx *k);
+size_t gk_dropout_state(const struct graph *g, const struct graph_node *n, uint32_t B);
+
+/* graph_k_matmul.c: Gemm, MatMul (2-D, and batched 3-D), Softmax, LogSoftmax, ReduceSum, ReduceMean */
+GRAPH_SHAPE_FN(gs_gemm);
+GRAPH_SHAPE_FN(gs_matmul);
+GRAPH_SHAPE_FN(gs_reduce);
+int gk_gemm_fwd(struct graph_kctx *k);
+int gk_gemm_bwd(struct graph_kctx *k);
+int gk_matmul_fwd(struct graph_kctx *k);
+int gk_matmul_bwd(struct graph_kctx *k);
+int gk_softmax_fwd(struct graph_kctx *k);
+int gk_softmax_bwd(struct graph_kctx *k);
+int gk_reduce_fwd(struct graph_kctx *k);
+int gk_reduce_bwd(struct graph_kctx *k);
+
+/* graph_k_shape.c: Flatten, Reshape, Squeeze, Unsqueeze (copies), Transpose, Concat, Gather, Pad */
+GRAPH_SHAPE_FN(gs_flatten);
+GRAPH_SHAPE_FN(gs_reshape);
+GRAPH_SHAPE_FN(gs_squeeze);
+GRAPH_SHAPE_FN(gs_unsqueeze);
+GRAPH_SHAPE_FN(gs_transpose);
+GRAPH_SHAPE_FN(gs_concat);
+GRAPH_SHAPE_FN(gs_gather);
+GRAPH_SHAPE_FN(gs_pad);
+int gk_copy_fwd(struct graph_kctx *k);
+int gk_copy_bwd(struct graph_kctx *k);
+int gk_transpose_fwd(struct graph_kctx *k);
+int gk_transpose_bwd(struct graph_kctx *k);
+int gk_concat_fwd(struct graph_kctx *k);
+int gk_concat_bwd(struct graph_kctx *k);
+int gk_gather_fwd(struct graph_kctx *k);
+int gk_gather_bwd(struct graph_kctx *k);
+int gk_pad_fwd(struct graph_kctx *k);
+int gk_pad_bwd(struct graph_kctx *k);
+
+/* graph_k_conv.c: Conv, MaxPool, AveragePool, GlobalAveragePool, BatchNormalization,
+ * LayerNormalization (NCHW; 2-D convolutions and pools) */
+GRAPH_SHAPE_FN(gs_conv);
+GRAPH_SHAPE_FN(gs_pool);      /* MaxPool, AveragePool */
+GRAPH_SHAPE_FN(gs_gap);
+GRAPH_SHAPE_FN(gs_batchnorm);
+GRAPH_SHAPE_FN(gs_layernorm);
+int gk_conv_fwd(struct graph_kctx *k);
+int gk_conv_bwd(struct graph_kctx *k);
+size_t gk_conv_scratch(const struct graph *g, const struct graph_node *n, uint32_t B);
+int gk_pool_fwd(struct graph_kctx *k);
+int gk_pool_bwd(struct graph_kctx *k);
+int gk_gap_fwd(struct graph_kctx *k);
+int gk_gap_bwd(struct graph_kctx *k);
+int gk_batchnorm_fwd(struct graph_kctx *k);
+int gk_batchnorm_bwd(struct graph_kctx *k);
+size_t gk_batchnorm_state(const struct graph *g, const struct graph_node *n, uint32_t B);
+int gk_layernorm_fwd(struct graph_kctx *k);
+int gk_layernorm_bwd(struct graph_kctx *k);
+size_t gk_layernorm_state(const struct graph *g, const struct graph_node *n, uint32_t B);
