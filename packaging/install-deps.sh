@@ -20,6 +20,7 @@ DEMO_PKGS=(
   zlib1g-dev                  # gzip'd IDX data
   libmicrohttpd-dev           # the daemons' /metrics endpoint
   libgnutls28-dev             # /metrics over HTTPS: checking the scraper's certificate
+  libonnx-dev                 # ONNX's onnx.proto, compiled by protoc-c at build time (the model loader)
   dataset-fashion-mnist       # the demo's data
 )
 
@@ -34,6 +35,7 @@ TEST_PKGS=(
   dpkg-dev lintian rpm rpmlint   # building and checking the .deb and .rpm packages
   prometheus                  # promtool and a real Prometheus for the metrics tests
   clang libclang-rt-14-dev    # the fuzz harnesses: clang with libFuzzer, ASan and UBSan (tests/fuzz)
+  python3-torch               # examples/models/export.py: the example models in PyTorch, exported to ONNX
 )
 
 group=all list=false

@@ -1,5 +1,5 @@
 /* What graph.c, graph_ops.c and the kernels (graph_k_*.c) share: the op table and the kernel
- * interface. Nothing outside the graph engine includes it. */
+ * interface. Outside the graph engine only its ONNX loader includes it (for the ops' arities). */
 #pragma once
 #include <stdio.h>
 

@@ -272,6 +272,66 @@ out:
         return r;
 }
 
+/* Products of dims past this many values an example are refused: no op's index arithmetic overflows
+ * below it, whatever the shapes a file or a caller asks for. */
+#define NODE_MAX_VALUES ((int64_t)1 << 40)
+
+int graph_infer_node(struct graph *g, uint32_t i, char *why, size_t whylen)
+{
+        struct graph_node *n = &g->nodes[i];
+        const struct graph_op_info *op = &graph_ops[n->op];
+        if (n->n_in < op->min_in || n->n_in > op->max_in) {
+                snprintf(why, whylen, "%u inputs; it takes %u to %u", n->n_in, op->min_in, op->max_in);
+                return -EINVAL;
+        }
+        if (n->n_out < op->min_out || n->n_out > op->max_out) {
+                snprintf(why, whylen, "%u outputs; it gives %u to %u", n->n_out, op->min_out, op->max_out);
+                return -EINVAL;
+        }
+        for (uint32_t j = 0; j < n->n_in; j++) {
+                if (n->in[j] < 0) {
+                        if (j < op->min_in) {
+                                snprintf(why, whylen, "input %u is required", j);
+                                return -EINVAL;
+                        }
+                        continue;
+                }
+                const struct graph_tensor *t = &g->tensors[n->in[j]];
+                if (t->dtype == GDT_I64 && !(n->op == GOP_GATHER && j == 1)) {
+                        snprintf(why, whylen, "input %u \"%.80s\" is int64; only Gather's indices may be", j, t->name);
+                        return -ENOTSUP;
+                }
+                if (n->op == GOP_GATHER && j == 1 && t->dtype != GDT_I64) {
+                        snprintf(why, whylen, "the indices \"%.80s\" are not int64", t->name);
+                        return -EINVAL;
+                }
+        }
+        struct graph_shape out[GRAPH_MAX_OUT];
+        memset(out, 0, sizeof(out));
+        if (op->shape(g, n, out, why, whylen) < 0) {
+                if (!why[0])
+                        snprintf(why, whylen, "its inputs or attributes are not supported");
+                return -EINVAL;
+        }
+        for (uint32_t j = 0; j < n->n_out; j++) {
+                if (!shape_ok(&out[j])) {
+                        snprintf(why, whylen, "output %u's shape is not static", j);
+                        return -EINVAL;
+                }
+                int64_t per = 1;
+                for (uint32_t d = 0; d < out[j].rank; d++) {
+                        int64_t v = out[j].dims[d] == GRAPH_BATCH ? 1 : out[j].dims[d];
+                        per = per > NODE_MAX_VALUES / v ? NODE_MAX_VALUES + 1 : per * v;
+                }
+                if (per > NODE_MAX_VALUES) {
+                        snprintf(why, whylen, "output %u would hold more than 2^40 values an example", j);
+                        return -ENOTSUP;
+                }
+                g->tensors[n->out[j]].shape = out[j];
+        }
+        return 0;
+}
+
 int graph_finalize(struct graph *g, char *err, size_t errlen)
 {
         if (g->final)
@@ -280,38 +340,9 @@ int graph_finalize(struct graph *g, char *err, size_t errlen)
         if (r < 0)
                 return r;
         for (uint32_t i = 0; i < g->n_nodes; i++) {
-                struct graph_node *n = &g->nodes[i];
-                const struct graph_op_info *op = &graph_ops[n->op];
-                if (n->n_in < op->min_in || n->n_in > op->max_in)
-                        return node_error(err, errlen, g, i, "%u inputs; it takes %u to %u", n->n_in, op->min_in,
-                                          op->max_in);
-                if (n->n_out < op->min_out || n->n_out > op->max_out)
-                        return node_error(err, errlen, g, i, "%u outputs; it gives %u to %u", n->n_out, op->min_out,
-                                          op->max_out);
-                for (uint32_t j = 0; j < n->n_in; j++) {
-                        if (n->in[j] < 0) {
-                                if (j < op->min_in)
-                                        return node_error(err, errlen, g, i, "input %u is required", j);
-                                continue;
-                        }
-                        const struct graph_tensor *t = &g->tensors[n->in[j]];
-                        if (t->dtype == GDT_I64 && !(n->op == GOP_GATHER && j == 1))
-                                return node_error(err, errlen, g, i, "input %u \"%.80s\" is int64; only Gather's "
-                                                  "indices may be", j, t->name);
-                        if (n->op == GOP_GATHER && j == 1 && t->dtype != GDT_I64)
-                                return node_error(err, errlen, g, i, "the indices \"%.80s\" are not int64", t->name);
-                }
-                struct graph_shape out[GRAPH_MAX_OUT];
-                memset(out, 0, sizeof(out));
-                char why[300] = "";
-                if ((r = op->shape(g, n, out, why, sizeof(why))) < 0)
-                        return node_error(err, errlen, g, i, "%s", why[0] ? why : "its inputs or attributes are not "
-                                          "supported");
-                for (uint32_t j = 0; j < n->n_out; j++) {
-                        if (!shape_ok(&out[j]))
-                                return node_error(err, errlen, g, i, "output %u's shape is not static", j);
-                        g->tensors[n->out[j]].shape = out[j];
-                }
+                char why[400] = "";
+                if ((r = graph_infer_node(g, i, why, sizeof(why))) < 0)
+                        return node_error(err, errlen, g, i, "%s", why);
         }
         g->n_params = 0;
         for (uint32_t i = 0; i < g->n_tensors; i++) {

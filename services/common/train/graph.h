@@ -135,6 +135,12 @@ int graph_add_node(struct graph *g, enum graph_op op, const char *name, const in
  * ..."). */
 int graph_finalize(struct graph *g, char *err, size_t errlen);
 
+/* What graph_finalize checks of node i (its inputs' count and dtypes, its attributes and input shapes
+ * through its op's shape function) and its outputs' inferred shapes, written into their tensors; for a
+ * builder that needs shapes before the graph is whole (the ONNX loader's folds). 0, or -EINVAL or
+ * -ENOTSUP with why (not naming the node: the caller does). */
+int graph_infer_node(struct graph *g, uint32_t i, char *why, size_t whylen);
+
 /* Element count of a shape with the batch as B. */
 size_t graph_shape_count(const struct graph_shape *s, uint32_t B);
 

@@ -7,6 +7,10 @@
 #include <stdarg.h>
 #include <string.h>
 
+/* The largest dimension or pad a shape function takes: products of such values stay far from
+ * int64's range (graph_infer_node refuses outputs past 2^40 values an example anyway). */
+#define DIM_LIMIT ((int64_t)1 << 40)
+
 /* ---- shape functions ---- */
 
 static __attribute__((format(printf, 3, 4))) int why(char *err, size_t errlen, const char *fmt, ...)
@@ -136,6 +140,10 @@ GRAPH_SHAPE_FN(gs_reshape)
                 } else if (t < -1) {
                         return why(err, errlen, "target dim %u is %lld", i, (long long)t);
                 } else {
+                        /* a target no input could fill; also keeps known from overflowing */
+                        if (t > DIM_LIMIT || known > DIM_LIMIT / t)
+                                return why(err, errlen, "target dim %u (%lld) makes more values than any input holds",
+                                           i, (long long)t);
                         o.dims[i] = t;
                         known *= t;
                 }
@@ -347,6 +355,9 @@ GRAPH_SHAPE_FN(gs_pad)
                 if (b < 0 || e < 0)
                         return why(err, errlen, "pads are negative on axis %u (%lld, %lld): not supported", i,
                                    (long long)b, (long long)e);
+                if (b > DIM_LIMIT || e > DIM_LIMIT)
+                        return why(err, errlen, "pads on axis %u (%lld, %lld) are too large", i, (long long)b,
+                                   (long long)e);
                 if (s->dims[i] == GRAPH_BATCH) {
                         if (b || e)
                                 return why(err, errlen, "axis %u is the batch: it cannot be padded", i);
