@@ -482,32 +482,27 @@ static int fold_constant(struct ld *L, uint32_t ni, struct val *o)
                     (r = const_new(o, m.dtype, &m.shape, why, sizeof(why))) < 0)
                         return node_fail(L, ni, r, "its value: %s", why);
                 tensor_values(a->t, &m, o->data);
-        } else if (strcmp(an, "value_float") == 0 || strcmp(an, "value_floats") == 0) {
-                bool one = an[11] == 0;
-                if (!attr_is(a, one ? ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT
-                                    : ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS))
-                        return node_fail(L, ni, -EINVAL, "attribute \"%s\" is not a float%s", an, one ? "" : " list");
+        } else if (strcmp(an, "value_float") == 0 || strcmp(an, "value_floats") == 0 || strcmp(an, "value_int") == 0 ||
+                   strcmp(an, "value_ints") == 0) {
+                /* value_float, value_floats, value_int, value_ints: one value, or a list (rank 1) */
+                bool fl = an[6] == 'f', one = an[fl ? 11 : 9] == 0;
+                Onnx__AttributeProto__AttributeType want =
+                        fl ? (one ? ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT : ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS)
+                           : (one ? ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT : ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS);
+                if (!attr_is(a, want))
+                        return node_fail(L, ni, -EINVAL, "attribute \"%s\" is not a%s %s%s", an, fl ? "" : "n",
+                                         fl ? "float" : "int", one ? "" : " list");
+                size_t n = fl ? a->n_floats : a->n_ints, size = fl ? sizeof(float) : sizeof(int64_t);
+                const void *one_v = fl ? (const void *)&a->f : (const void *)&a->i;
+                const void *list = fl ? (const void *)a->floats : (const void *)a->ints;
                 s.rank = one ? 0 : 1;
-                s.dims[0] = (int64_t)a->n_floats;
-                if ((r = const_new(o, GDT_F32, &s, why, sizeof(why))) < 0)
+                s.dims[0] = (int64_t)n;
+                if ((r = const_new(o, fl ? GDT_F32 : GDT_I64, &s, why, sizeof(why))) < 0)
                         return node_fail(L, ni, r, "%s", why);
                 if (one)
-                        ((float *)o->data)[0] = a->f;
-                else if (a->n_floats)
-                        memcpy(o->data, a->floats, sizeof(float) * a->n_floats);
-        } else if (strcmp(an, "value_int") == 0 || strcmp(an, "value_ints") == 0) {
-                bool one = an[9] == 0;
-                if (!attr_is(a, one ? ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT
-                                    : ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS))
-                        return node_fail(L, ni, -EINVAL, "attribute \"%s\" is not an int%s", an, one ? "" : " list");
-                s.rank = one ? 0 : 1;
-                s.dims[0] = (int64_t)a->n_ints;
-                if ((r = const_new(o, GDT_I64, &s, why, sizeof(why))) < 0)
-                        return node_fail(L, ni, r, "%s", why);
-                if (one)
-                        ((int64_t *)o->data)[0] = a->i;
-                else if (a->n_ints)
-                        memcpy(o->data, a->ints, sizeof(int64_t) * a->n_ints);
+                        memcpy(o->data, one_v, size);
+                else if (n)
+                        memcpy(o->data, list, size * n);
         } else {
                 return node_fail(L, ni, -ENOTSUP, "attribute \"%.60s\" is not supported (value, value_float(s) and "
                                  "value_int(s) are)", an);
