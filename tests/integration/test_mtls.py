@@ -150,21 +150,17 @@ def probes(wd, job, spec, tls_dir, other_dir):
     finally:
         took = time.monotonic() - t0
         del blob
-    # psd's own bound (rpc.c, rpc_memory_bound): its baseline, twice the largest legal message and 8 MiB.
-    # What is left above the baseline after malloc_trim is gRPC's memory in use, a few MB (6.3 MB seen
-    # on a loaded machine, against the 512 MiB that came and went).
-    bound = baseline + 2 * model_bytes + (8 << 20)
     settled = 0
     for _ in range(200):      # the watcher looks every second, and backs off 3 s after a fruitless try
         time.sleep(0.1)
         settled = rss(ps.pid)
-        if settled <= bound:
+        if settled <= baseline + 2 * model_bytes:
             break
     done.set()
     t.join()
     h.log("512 MiB request: refused in %.2f s; psd resident: baseline %.1f MB, peak %.1f MB, after %.1f MB; "
           "model with slots %.2f MB" % (took, baseline / 1e6, peak[0] / 1e6, settled / 1e6, model_bytes / 1e6))
-    assert settled <= bound, (baseline, settled, model_bytes)
+    assert settled <= baseline + 2 * model_bytes, (baseline, settled, model_bytes)
     wch.close()
     assert ps.alive() and chief.alive()
 

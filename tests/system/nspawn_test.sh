@@ -69,6 +69,8 @@ for u in psfleet-psd@check.service psfleet-chiefd@check.service psfleet-workerd@
 done
 
 step "job $job: chief :$p_chief, ps :$p_ps0 :$p_ps1, workers :$p_w0 :$p_w1"
+# 20000 steps, several seconds: long enough that a worker slow to start on a loaded machine still
+# joins before the other has trained it all (the shared-memory check below wants both).
 ct tee /etc/psfleet/jobs/$job.json >/dev/null <<EOF
 {
   "job": "$job",
@@ -85,7 +87,7 @@ ct tee /etc/psfleet/jobs/$job.json >/dev/null <<EOF
   "data": {"dir": "$data"},
   "training": {
     "batch_size": 32, "optimizer": "momentum", "momentum": 0.9, "learning_rate": 0.01,
-    "max_steps": 3000, "report_every_steps": 20, "threads": 1, "seed": 1
+    "max_steps": 20000, "report_every_steps": 20, "threads": 1, "seed": 1
   },
   "security": {"mode": "mtls"}
 }
@@ -131,7 +133,7 @@ ct_wait_for 10 "$ps1's STATUS= after the restart" status_has "$ps1" uninitialize
 
 step "start the chief"
 ct systemctl start "$chief" || fail "systemctl start $chief"
-# "ready: global_step 0/600, waiting for workers", then "step 0/600, ..." while no worker has pushed
+# "ready: global_step 0/20000, waiting for workers", then "step 0/20000, ..." while no worker has pushed
 ct_wait_for 30 "the chief to declare the job ready" status_has "$chief" -E "^(ready|step 0/)"
 ct systemctl status --no-pager "$chief" >"$work/status.txt" 2>&1 || true
 grep -qE "Status: \"(ready|step 0/)" "$work/status.txt" ||
@@ -190,30 +192,17 @@ ct_log "journalctl -u 'psfleet-*' JOB=$job: $(wc -l <"$work/journal.json") entri
 step "shared memory under the units' hardening"
 # psd (ProtectProc=invisible, PrivateDevices=, PrivateIPC=) opens each worker's memfd through /proc:
 # both ps shards run on this host, so every worker pushes to both through shared memory.
-# A worker that started after the other had trained the whole job (a slow start on a loaded machine:
-# the job is a few seconds) finds it ended and links to nothing: only the workers that trained count,
-# and at least one must have.
-trained=0
 for u in "$w0" "$w1"; do
-        ct journalctl --no-pager -o cat -u "$u" >"$work/journal-$u.txt"
-        if ! grep -q "^training from global_step" "$work/journal-$u.txt"; then
-                grep -q "nothing to do" "$work/journal-$u.txt" ||
-                        { tail -n 20 "$work/journal-$u.txt" >&2; fail "$u neither trained nor found the job done"; }
-                ct_log "$u found the job already done (the other worker trained it all): no link to check"
-                continue
-        fi
-        trained=$((trained + 1))
-        n=$(grep -c "is on this host: pushing through shared memory" "$work/journal-$u.txt" || true)
-        [ "$n" = 2 ] || { tail -n 20 "$work/journal-$u.txt" >&2;
+        n=$(ct journalctl --no-pager -o cat -u "$u" | grep -c "is on this host: pushing through shared memory" || true)
+        [ "$n" = 2 ] || { ct journalctl --no-pager -o cat -u "$u" | tail -n 20 >&2;
                           fail "$u pushed to $n of 2 ps shards through shared memory"; }
 done
-[ "$trained" -ge 1 ] || fail "no worker trained"
 ct journalctl --no-pager -o cat -u "$ps0" | grep -q "pushes through shared memory" ||
         fail "$ps0 never served a worker through shared memory"
 # segments are memfds: nothing in /dev/shm, before or after
 left=$(ct sh -c 'ls /dev/shm | grep "^psfleet-" || true')
 [ -z "$left" ] || fail "files left in /dev/shm: $left"
-ct_log "every worker that trained ($trained) pushed to both shards through shared memory; nothing in /dev/shm"
+ct_log "both workers pushed to both shards through shared memory; nothing in /dev/shm"
 
 step "stop everything"
 ct systemctl stop psfleet.target "${all[@]}" || fail "systemctl stop"
