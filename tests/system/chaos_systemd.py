@@ -240,8 +240,11 @@ def elastic(opts, rng, base):
                    supervisor={"worker_timeout_secs": 10})
     s = h.stubs()
     tr.start_all()
-    st = tc.wait_until("training with 2 of 3 workers", lambda: (lambda x: x if x is not None
-                                                                 and x.global_step > 500 else None)(tr.status()), 90)
+    # both started workers live (one slow to start on a loaded machine joins late: wait for it, do not
+    # call it missing) and training under way
+    st = tc.wait_until("training with 2 of 3 workers", lambda: (lambda x: x if x is not None and x.global_step > 500
+                                                                 and {0, 1} <= set(x.workers_live)
+                                                                 else None)(tr.status()), 90)
     assert 2 in st.workers_missing and {0, 1} <= set(st.workers_live), (list(st.workers_live), list(st.workers_missing))
     u1 = tr.unit("workerd", 1)
     before = {n.task: n.local_step for n in st.nodes}.get("worker:1", 0)
