@@ -21,6 +21,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "data.h"
+#include "graph.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "psfleet/v1/ps.pb-c.h"
 #include "psfleet/v1/supervisor.pb-c.h"
@@ -344,7 +345,7 @@ static int model_shape(const struct model_spec *m, uint32_t *dim, uint32_t *clas
         if (n <= 0)
                 return -EINVAL;
         *dim = m->input[0] * m->input[1] * m->input[2];
-        *classes = vars[n - 1].cols;
+        *classes = m->graph ? (uint32_t)graph_shape_count(&m->graph->tensors[m->graph->loss].shape, 1) : vars[n - 1].cols;
         return 0;
 }
 
@@ -378,6 +379,26 @@ static void check_data(struct check *c) {
         if (!S_ISDIR(st.st_mode) || access(dc->dir, R_OK | X_OK) < 0) {
                 problem(c, true, "data", "data.dir \"%s\": %s", dc->dir,
                         S_ISDIR(st.st_mode) ? strerror(errno) : "not a directory");
+                return;
+        }
+        if (dc->format != DATA_IDX) { /* record files: each is there and readable (their rows are read as trained) */
+                for (int split = 0; split < 2; split++) {
+                        char **files = split ? dc->test_files : dc->train_files;
+                        uint32_t n = split ? dc->n_test_files : dc->n_train_files, ok = 0;
+                        for (uint32_t i = 0; i < n; i++) {
+                                char *p = trainer_data_path(c->cfg, files[i]);
+                                if (!p)
+                                        problem(c, true, "data", "out of memory");
+                                else if (access(p, R_OK) < 0)
+                                        problem(c, true, split ? "data test" : "data train", "%s: %s", p, strerror(errno));
+                                else
+                                        ok++;
+                                free(p);
+                        }
+                        if (n)
+                                checked(c, split ? "data test" : "data train", "%" PRIu32 " of %" PRIu32 " files readable",
+                                        ok, n);
+                }
                 return;
         }
         uint32_t dim = 0, classes = 0;

@@ -14,6 +14,7 @@
 #include <strings.h>
 
 #include "config_internal.h"
+#include "graph.h"
 #include "util.h"
 
 #define CONFIG_MAX_FILE (16u << 20)
@@ -507,6 +508,8 @@ struct job_config *config_free(struct job_config *c) {
                         free(*(char **) cfg_field(c, &cfg_keys[i]));
         cfg_cluster_clear(&c->cluster);
         cfg_data_clear(&c->data);
+        graph_free(c->model.graph);
+        free(c->model.onnx_path);
         free(c->path);
         free(c->cluster_origin);
         free(c->name);

@@ -14,6 +14,7 @@
 #include <strings.h>
 
 #include "config_internal.h"
+#include "graph.h"
 #include "util.h"
 
 /* ---- canonical form, fingerprint, diff ------------------------------------------------------ */
@@ -121,6 +122,8 @@ static json_t *embeddings_json(const struct model_spec *m) {
                 o = json_pack("{ss sI sI ss so sf sI}", "name", es->name, "dim", (json_int_t)es->dim, "vocab",
                               (json_int_t)es->vocab, "pooling", cfg_pooling_names[es->pooling], "fields", fields,
                               "init_stddev", es->init_stddev, "evict_after_steps", (json_int_t)es->evict_after_steps);
+                if (o && es->initializer[0]) /* added later: only where set */
+                        r |= add(o, "initializer", json_string(es->initializer));
                 if (!o || json_array_append_new(a, o) < 0) {
                         json_decref(a);
                         return NULL;
@@ -166,6 +169,23 @@ char *config_canonical_json(const struct job_config *c) {
                                 r |= add(lo, lk->name, json_integer(*(const uint32_t *) ((const char *) l + lk->offset)));
                 }
                 r |= json_array_append_new(layers, lo);
+        }
+        if (m->graph) {   /* the file by its contents (where it lies is each node's business) */
+                char hex[65];
+                for (int i = 0; i < 32; i++)
+                        snprintf(hex + 2 * i, 3, "%02x", m->onnx_sha256[i]);
+                json_t *feeds = json_array();
+                for (uint32_t i = 0; feeds && i < m->n_feeds; i++) {
+                        const struct model_feed *f = &m->feeds[i];
+                        json_t *o = json_pack("{ss ss}", "input", m->graph->tensors[f->tensor].name, "fed",
+                                              f->kind == FEED_DATA ? "data" : m->emb[f->table].name);
+                        if (!o || json_array_append_new(feeds, o) < 0) {
+                                json_decref(feeds);
+                                feeds = NULL;
+                        }
+                }
+                r |= add(model, "onnx_sha256", json_string(hex));
+                r |= add(model, "feeds", feeds);
         }
         r |= add(model, "layers", layers);
         layers = NULL;

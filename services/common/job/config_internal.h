@@ -109,6 +109,10 @@ int cfg_parse_section(const struct ctx *x, struct job_config *c, const char *sec
 /* config_model.c: the model section (after data.format is known). */
 int cfg_parse_model(const struct ctx *x, struct job_config *c, const json_t *obj);
 
+/* config_onnx.c: model.onnx and model.inputs (the model section's other keys, embeddings included,
+ * parsed already): loads the graph into c->model. */
+int cfg_parse_onnx(const struct ctx *x, struct job_config *c, const json_t *obj);
+
 /* config_cluster.c */
 bool cfg_host_char_ok(char ch);
 void cfg_cluster_clear(struct cluster *cl);

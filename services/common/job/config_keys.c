@@ -148,8 +148,22 @@ const struct config_key cfg_keys[] = {
                   "A multi-valued field: the sum of its rows weighted by their values, or their mean."),
         K_SPECIAL("model.embeddings[].init_stddev", "number", "1/sqrt(dim)", "[0, 1000]",
                   "Rows start truncated-normal with this standard deviation, seeded by model.seed, table and id; 0: zeros."),
+        K_SPECIAL("model.embeddings[].initializer", "string", "none", "an initializer of model.onnx's graph, (rows, dim)",
+                  "model.onnx: the initializer this table is; the Gather that looks its rows up is cut out of the graph "
+                  "and fed the rows the ps holds (sharded, created on first touch as init_stddev says, the sparse "
+                  "optimizer's), so the table is never a dense variable. Required with model.onnx; dim defaults to "
+                  "its width."),
         K_SPECIAL("model.embeddings[].evict_after_steps", "integer", "0", "[0, 9223372036854775807]",
                   "The ps drops a row untouched for this many global steps; 0: never."),
+        K_SPECIAL("model.onnx", "string", "none", "a path to an ONNX model (opsets 13..17), relative to the job file's folder",
+                  "The model as an ONNX graph (docs/graph.md), instead of model.layers: its float initializers are the "
+                  "variables, with their values as the initial ones; its first output is what model.head reads. The "
+                  "file's SHA-256 is part of the job's fingerprint."),
+        K_SPECIAL("model.inputs", "object", "the graph's one input is fed the data",
+                  "graph input name: \"image\" (data.format idx), \"dense\" (a record's dense features) or "
+                  "\"ids:TABLE[,TABLE...]\"",
+                  "model.onnx: what each input of the graph is fed. \"ids:T\": the record's ids of table T's fields, "
+                  "(batch, fields) int64, whose lookup in T's initializer is done on the ps."),
         K_U64("model.seed", model.seed, 1, 0, INT64_MAX, "Seed of the variables' initializers."),
         K_SPECIAL("model.layers", "list of layers", "required", "1..64 layers, the last one dense",
                   "Layers in order; the last one is dense: its units are the number of classes (model.head softmax, "

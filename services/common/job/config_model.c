@@ -151,6 +151,15 @@ int cfg_parse_model(const struct ctx *x, struct job_config *c, const json_t *obj
         if ((r = cfg_parse_embeddings(x, json_object_get(obj, "embeddings"), c->data.format, m)) < 0 ||
             (r = cfg_check_record_input(x, c)) < 0)
                 return r;
+        if (json_object_get(obj, "onnx"))
+                return cfg_parse_onnx(x, c, obj);
+        if (json_object_get(obj, "inputs"))
+                return cfg_failf(x, "model.inputs", "only with model.onnx (a graph's inputs)");
+        for (uint32_t e = 0; e < m->n_embeddings; e++)
+                if (m->emb[e].initializer[0]) {
+                        snprintf(key, sizeof(key), "model.embeddings[%u].initializer", e);
+                        return cfg_failf(x, key, "only with model.onnx (an initializer of the graph)");
+                }
         s = (struct shape) { m->input[0], m->input[1], m->input[2] };
         if (m->n_embeddings)  /* the dense layers read the dense features and the pooled rows */
                 s = (struct shape) { 1, 1, model_spec_dense_input(m) };

@@ -168,7 +168,7 @@ static int get_int(const struct ctx *x, const json_t *obj, const char *pre, cons
 static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, enum data_format f,
                            struct embedding_spec *e) {
         static const char *const known[] = { "name", "fields", "dim", "vocab", "pooling", "init_stddev",
-                                             "evict_after_steps" };
+                                             "evict_after_steps", "initializer" };
         char pre[64], key[96], q[160];
         const char *name;
         const json_t *v;
@@ -201,7 +201,16 @@ static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, e
         snprintf(key, sizeof(key), "%s.fields", pre);
         if ((r = parse_fields(x, key, json_object_get(obj, "fields"), f, e)) < 0)
                 return r;
-        if ((r = get_int(x, obj, pre, "dim", 1, 1024, true, 0, &i64)) < 0)
+        if ((v = json_object_get(obj, "initializer"))) {
+                snprintf(key, sizeof(key), "%s.initializer", pre);
+                if (!json_is_string(v) || !json_string_value(v)[0])
+                        return cfg_fail_type(x, key, "an initializer's name", v);
+                if (strlen(json_string_value(v)) >= sizeof(e->initializer))
+                        return cfg_failf(x, key, "longer than %zu bytes", sizeof(e->initializer) - 1);
+                snprintf(e->initializer, sizeof(e->initializer), "%s", json_string_value(v));
+        }
+        /* a graph's table has the initializer's width unless said */
+        if ((r = get_int(x, obj, pre, "dim", 1, 1024, !e->initializer[0], 0, &i64)) < 0)
                 return r;
         e->dim = (uint32_t)i64;
         if ((r = get_int(x, obj, pre, "vocab", 0, INT64_MAX, false, 0, &i64)) < 0)
@@ -218,7 +227,7 @@ static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, e
                         return r;
                 e->pooling = (enum embedding_pooling)pool;
         }
-        e->init_stddev = 1.0 / sqrt((double)e->dim);
+        e->init_stddev = e->dim ? 1.0 / sqrt((double)e->dim) : -1.0; /* -1: 1/sqrt(dim), dim from the graph */
         if ((v = json_object_get(obj, "init_stddev"))) {
                 snprintf(key, sizeof(key), "%s.init_stddev", pre);
                 if (!json_is_number(v))

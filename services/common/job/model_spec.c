@@ -2,8 +2,11 @@
  * gives them, checked by the same rules, without building anything. */
 #include "model_spec.h"
 
+#include "graph.h"
+
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 static int add_var(struct model_spec_var *vars, uint32_t *n, size_t *n_params, uint32_t layer, const char *prefix,
                    uint32_t idx, const char *what, uint32_t rows, uint32_t cols) {
@@ -27,7 +30,37 @@ uint32_t model_spec_dense_input(const struct model_spec *spec) {
         return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
+/* A graph model's variables: its parameters in the block's order; a tensor of rank 2 or more is (dims[0],
+ * the rest), a vector (1, n) as a bias, a scalar (1, 1). The layer is 0 for all. */
+static int graph_vars(const struct graph *g, struct model_spec_var *vars, size_t *n_params_ret) {
+        uint32_t n = 0;
+
+        if (!g->final)
+                return -EINVAL;
+        for (uint32_t i = 0; i < g->n_tensors; i++) {
+                const struct graph_tensor *t = &g->tensors[i];
+                if (t->kind != GT_PARAM)
+                        continue;
+                size_t count = graph_shape_count(&t->shape, 1);
+                size_t rows = t->shape.rank >= 2 ? (size_t)t->shape.dims[0] : 1;
+                if (n >= MODEL_MAX_VARS || strlen(t->name) >= MODEL_VAR_NAME || count == 0 || count / rows > UINT32_MAX ||
+                    rows > UINT32_MAX)
+                        return -EINVAL;
+                struct model_spec_var *v = &vars[n++];
+                snprintf(v->name, sizeof(v->name), "%s", t->name);
+                v->rows = (uint32_t)rows;
+                v->cols = (uint32_t)(count / rows);
+                v->offset = t->param_offset;
+                v->layer = 0;
+        }
+        if (n_params_ret)
+                *n_params_ret = g->n_params;
+        return (int)n;
+}
+
 int model_spec_vars(const struct model_spec *spec, struct model_spec_var *vars, size_t *n_params_ret) {
+        if (spec && spec->graph)
+                return graph_vars(spec->graph, vars, n_params_ret);
         if (!spec || spec->n_layers == 0 || spec->n_layers > MODEL_MAX_LAYERS ||
             spec->n_embeddings > MODEL_MAX_EMBEDDINGS || spec->head > HEAD_MSE)
                 return -EINVAL;

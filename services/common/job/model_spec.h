@@ -57,6 +57,22 @@ struct embedding_spec {
         uint32_t fields[MODEL_MAX_FIELDS]; /* the data's field indices, each one slice of the input */
         double init_stddev;         /* rows start truncated-normal with this stddev (0: zeros) */
         uint64_t evict_after_steps; /* a row untouched this many global steps is dropped; 0: never */
+        char initializer[128];      /* model.onnx: the initializer a Gather looks this table's rows up in
+                                     * (cut out of the graph: the rows come from the ps); "" otherwise */
+};
+
+struct graph; /* graph.h: the model of model.onnx */
+
+/* What a graph model's inputs are fed (model.inputs), in the order of the model's flat input: the data's
+ * input (the image, or a record's dense features) first when the graph reads it, then each table's
+ * fields' rows, tables in order, as the sparse front lays them out (ctr.h). */
+enum model_feed_kind { FEED_DATA, FEED_TABLE };
+#define MODEL_MAX_FEEDS (1 + MODEL_MAX_EMBEDDINGS)
+struct model_feed {
+        enum model_feed_kind kind;
+        uint32_t table;             /* FEED_TABLE: index into emb[] */
+        int32_t tensor;             /* the graph's GT_INPUT */
+        uint32_t count;             /* floats per example */
 };
 
 struct model_spec {
@@ -70,13 +86,22 @@ struct model_spec {
         /* With embeddings, input is (1, 1, N): N dense features of each record (0 allowed), and the
          * dense layers' input is those N followed by each table's fields' pooled rows, in order
          * (model_spec_dense_input). */
+
+        /* model.onnx: the graph is the model and n_layers is 0. The graph (finalized, the tables' lookups
+         * cut out, its loss the output the head reads) is owned by the job config that loaded it;
+         * copies of the spec share it. */
+        char *onnx_path;
+        struct graph *graph;
+        uint8_t onnx_sha256[32];    /* of the file: part of the job's fingerprint */
+        uint32_t n_feeds;
+        struct model_feed feeds[MODEL_MAX_FEEDS];
 };
 
 /* Floats per example the first dense layer reads: C*H*W, plus every embedding field's dim. */
 uint32_t model_spec_dense_input(const struct model_spec *spec);
 
 #define MODEL_MAX_VARS (2 * MODEL_MAX_LAYERS)
-#define MODEL_VAR_NAME 32
+#define MODEL_VAR_NAME 128
 
 /* A variable as model_new() lays it out (see model.h): a view into one parameter block. */
 struct model_spec_var {

@@ -129,6 +129,7 @@ int ctr_evaluate(const struct job_config *cfg, struct model *m, ctr_lookup_fn lo
                 errf(err, errlen, r, "out of memory");
                 goto out;
         }
+        model_set_training(m, false);
         while ((r = records_next(rd, s->b, err, errlen)) > 0) {
                 float loss;
                 uint32_t ok = 0;
@@ -168,6 +169,8 @@ int ctr_evaluate(const struct job_config *cfg, struct model *m, ctr_lookup_fn lo
         *ret = ev;
         r = 0;
 out:
+        if (s)
+                model_set_training(m, true);
         binmetrics_free(bm);
         ctr_step_free(s);
         records_close(rd);

@@ -450,6 +450,11 @@ int device_model_new(struct backend *be, const struct model_spec *spec, uint32_t
         size_t need = 0;
         int r;
 
+        if (spec->graph && !backend_host_memory(be)) {
+                snprintf(msg, msglen, "cannot build the model: a graph model (model.onnx) runs on the cpu backend "
+                         "only for now (device.device \"cpu\"), not on %s", backend_name(be));
+                return -EOPNOTSUPP;
+        }
         if (backend_host_memory(be) || !cuda) {
                 r = model_new(spec, be, max_batch, &m);
                 if (r == -EOPNOTSUPP)

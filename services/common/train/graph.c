@@ -360,12 +360,75 @@ int graph_finalize(struct graph *g, char *err, size_t errlen)
         return 0;
 }
 
+int graph_cut_node(const struct graph *g, uint32_t node, struct graph **ret, char *err, size_t errlen)
+{
+        if (!g->final || node >= g->n_nodes || g->nodes[node].n_out != 1 || g->nodes[node].out[0] == g->loss) {
+                snprintf(err, errlen, "node %u cannot be cut out (%s)", node,
+                         !g->final || node >= g->n_nodes ? "no such node" : "it makes the graph's output or several");
+                return -EINVAL;
+        }
+        struct graph *c = graph_new();
+        int32_t *map = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(int32_t));
+        bool *used = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(bool));
+        int r = -ENOMEM;
+        if (!c || !map || !used)
+                goto fail;
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+                for (uint32_t j = 0; i != node && j < g->nodes[i].n_in; j++)
+                        if (g->nodes[i].in[j] >= 0)
+                                used[g->nodes[i].in[j]] = true;
+        if (g->loss >= 0)
+                used[g->loss] = true;
+        int32_t cut = g->nodes[node].out[0];
+        /* the tensors that are no node's output, in g's order (so the parameter block keeps its layout) */
+        for (uint32_t i = 0; i < g->n_tensors; i++) {
+                const struct graph_tensor *t = &g->tensors[i];
+                map[i] = -1;
+                if ((t->kind == GT_VALUE && (int32_t)i != cut) || !used[i])
+                        continue;
+                enum graph_tensor_kind k = (int32_t)i == cut ? GT_INPUT : t->kind;
+                if ((r = graph_add_tensor(c, t->name, k, t->dtype, &t->shape, t->data)) < 0)
+                        goto fail;
+                map[i] = r;
+        }
+        for (uint32_t i = 0; i < g->n_nodes; i++) {
+                const struct graph_node *n = &g->nodes[i];
+                if (i == node)
+                        continue;
+                int32_t in[GRAPH_MAX_IN];
+                const char *outs[GRAPH_MAX_OUT];
+                for (uint32_t j = 0; j < n->n_in; j++)
+                        in[j] = n->in[j] >= 0 ? map[n->in[j]] : -1;
+                for (uint32_t j = 0; j < n->n_out; j++)
+                        outs[j] = g->tensors[n->out[j]].name;
+                if ((r = graph_add_node(c, n->op, n->name, in, n->n_in, outs, n->n_out, &n->a)) < 0)
+                        goto fail;
+                for (uint32_t j = 0; j < n->n_out; j++)
+                        map[n->out[j]] = c->nodes[r].out[j];
+        }
+        c->loss = g->loss >= 0 ? map[g->loss] : -1;
+        if ((r = graph_finalize(c, err, errlen)) < 0)
+                goto out;
+        free(map);
+        free(used);
+        *ret = c;
+        return 0;
+fail:
+        snprintf(err, errlen, "cutting node %u out: %s", node, strerror(-r));
+out:
+        free(map);
+        free(used);
+        graph_free(c);
+        return r;
+}
+
 /* ---- running ---- */
 
 struct graph_exec {
         const struct graph *g;
         uint32_t max_batch, B;
         float *params, *grads;           /* (n_params) each */
+        bool ext_blocks;                 /* params and grads are the caller's (graph_exec_use_blocks) */
         void **val;                      /* (n_tensors) each tensor's buffer */
         float **grad;                    /* (n_tensors) its gradient, or NULL where none flows */
         float **state;                   /* (n_nodes) */
@@ -396,8 +459,10 @@ struct graph_exec *graph_exec_free(struct graph_exec *x)
         free(x->grad);
         free(x->state);
         free(x->scratch);
-        free(x->params);
-        free(x->grads);
+        if (!x->ext_blocks) {
+                free(x->params);
+                free(x->grads);
+        }
         free(x);
         return NULL;
 }
@@ -426,7 +491,9 @@ int graph_exec_new(const struct graph *g, uint32_t max_batch, struct graph_exec 
         if (!needs)
                 goto nomem;
         for (uint32_t i = 0; i < g->n_tensors; i++)
-                needs[i] = g->tensors[i].kind == GT_PARAM;
+                needs[i] = g->tensors[i].kind == GT_PARAM ||
+                           (g->tensors[i].kind == GT_INPUT && g->tensors[i].want_grad &&
+                            g->tensors[i].dtype == GDT_F32);
         for (uint32_t i = 0; i < g->n_nodes; i++) {
                 const struct graph_node *n = &g->nodes[i];
                 bool any = false;
@@ -453,7 +520,7 @@ int graph_exec_new(const struct graph *g, uint32_t max_batch, struct graph_exec 
                                 free(needs);
                                 goto nomem;
                         }
-                        if (t->kind == GT_VALUE && needs[i] && !(x->grad[i] = calloc(count ? count : 1, sizeof(float)))) {
+                        if (needs[i] && !(x->grad[i] = calloc(count ? count : 1, sizeof(float)))) {
                                 free(needs);
                                 goto nomem;
                         }
@@ -495,6 +562,36 @@ float *graph_exec_grads(struct graph_exec *x)
         return x->grads;
 }
 
+int graph_exec_use_blocks(struct graph_exec *x, float *params, float *grads)
+{
+        const struct graph *g = x->g;
+        if (!params || !grads || params == grads)
+                return -EINVAL;
+        if (params != x->params)
+                memmove(params, x->params, sizeof(float) * g->n_params);
+        memset(grads, 0, sizeof(float) * g->n_params);
+        if (!x->ext_blocks) {
+                free(x->params);
+                free(x->grads);
+        }
+        x->params = params;
+        x->grads = grads;
+        x->ext_blocks = true;
+        for (uint32_t i = 0; i < g->n_tensors; i++)
+                if (g->tensors[i].kind == GT_PARAM) {
+                        x->val[i] = params + g->tensors[i].param_offset;
+                        x->grad[i] = grads + g->tensors[i].param_offset;
+                }
+        return 0;
+}
+
+const float *graph_grad(const struct graph_exec *x, int32_t t)
+{
+        if (t < 0 || t >= (int32_t)x->g->n_tensors || x->g->tensors[t].kind != GT_INPUT)
+                return NULL;
+        return x->grad[t];
+}
+
 int graph_set_input(struct graph_exec *x, int32_t t, const void *data, uint32_t B)
 {
         const struct graph *g = x->g;
@@ -509,6 +606,24 @@ int graph_set_input(struct graph_exec *x, int32_t t, const void *data, uint32_t 
                 x->fed = true;
         }
         memcpy(x->val[t], data, graph_shape_count(&tt->shape, batched ? B : 1) * dtype_size(tt->dtype));
+        return 0;
+}
+
+int graph_set_input_rows(struct graph_exec *x, int32_t t, const float *data, size_t ld, uint32_t B)
+{
+        const struct graph *g = x->g;
+        if (t < 0 || t >= (int32_t)g->n_tensors || g->tensors[t].kind != GT_INPUT || g->tensors[t].dtype != GDT_F32 ||
+            !g->tensors[t].shape.rank || g->tensors[t].shape.dims[0] != GRAPH_BATCH || B == 0 || B > x->max_batch ||
+            (x->fed && x->B != B))
+                return -EINVAL;
+        size_t per = graph_shape_count(&g->tensors[t].shape, 1);
+        if (ld < per)
+                return -EINVAL;
+        float *dst = x->val[t];
+        for (uint32_t b = 0; b < B; b++)
+                memcpy(dst + (size_t)b * per, data + (size_t)b * ld, sizeof(float) * per);
+        x->B = B;
+        x->fed = true;
         return 0;
 }
 

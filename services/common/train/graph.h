@@ -64,6 +64,8 @@ struct graph_tensor {
         void *data;                  /* GT_PARAM: initial values; GT_CONST: the values (owned) */
         size_t param_offset;         /* GT_PARAM: floats into the parameter block */
         int producer;                /* index of the node that computes it, or -1 */
+        bool want_grad;              /* GT_INPUT: backward computes its gradient too (graph_grad); set
+                                      * before graph_exec_new */
 };
 
 /* Attributes, by ONNX's names. A node's op says which it reads. graph_attrs_default gives one set of
@@ -141,6 +143,13 @@ int graph_finalize(struct graph *g, char *err, size_t errlen);
  * -ENOTSUP with why (not naming the node: the caller does). */
 int graph_infer_node(struct graph *g, uint32_t i, char *why, size_t whylen);
 
+/* A copy of finalized graph g without node `node`, whose one output becomes a GT_INPUT of the same
+ * name and shape (fed from outside: an embedding lookup done on the ps, say); the tensors no remaining
+ * node reads are dropped unless they are g's loss (the lookup's table and ids, when nothing else reads
+ * them). The copy is finalized; the parameters keep their order. 0, or -EINVAL (a node with more than
+ * one output, the loss's producer) or -ENOMEM with why in err. */
+int graph_cut_node(const struct graph *g, uint32_t node, struct graph **ret, char *err, size_t errlen);
+
 /* Element count of a shape with the batch as B. */
 size_t graph_shape_count(const struct graph_shape *s, uint32_t B);
 
@@ -154,10 +163,16 @@ struct graph_exec *graph_exec_free(struct graph_exec *x);
 
 float *graph_exec_params(struct graph_exec *x); /* (n_params) */
 float *graph_exec_grads(struct graph_exec *x);  /* (n_params), written by graph_backward */
+/* Moves the parameter and gradient blocks into memory of the caller's (n_params floats each, not
+ * overlapping), the parameters' values kept; the exec computes in them from then on and leaves them
+ * alone when freed. May be called again to move them on (the blocks before are left to their owner). */
+int graph_exec_use_blocks(struct graph_exec *x, float *params, float *grads);
 
 /* Feeds input tensor t (GT_INPUT) for a batch of B: B * (its count per example) values of its dtype,
  * copied. */
 int graph_set_input(struct graph_exec *x, int32_t t, const void *data, uint32_t B);
+/* The same from rows ld floats apart (row b at data + b * ld): a slice of a wider input. */
+int graph_set_input_rows(struct graph_exec *x, int32_t t, const float *data, size_t ld, uint32_t B);
 /* Runs every node for the batch the inputs were fed with. training: Dropout drops and BatchNormalization
  * uses the batch's statistics; seed makes Dropout's masks (the same seed, the same masks). */
 int graph_forward(struct graph_exec *x, bool training, uint64_t seed);
@@ -167,6 +182,9 @@ const void *graph_value(const struct graph_exec *x, int32_t t, size_t *count_ret
  * ones, i.e. the gradient of the sum), and writes every parameter's gradient into the gradient block.
  * Needs a graph_forward with training as it will be differentiated. */
 int graph_backward(struct graph_exec *x, int32_t t, const float *dt);
+/* The gradient of input t (one marked want_grad) written by the last graph_backward, its count that
+ * batch's; NULL for any other tensor. */
+const float *graph_grad(const struct graph_exec *x, int32_t t);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "backend.h"
 #include "model.h"
@@ -65,4 +66,31 @@ struct model {
 
         const float *input;      /* this pass's input (device) */
         uint32_t B;              /* batch of the last forward; 0: none */
+
+        /* A graph model (spec->graph, model_graph.c): the graph engine runs the passes between the input
+         * and the head, on a host-memory backend; layers are none. */
+        struct graph_exec *gx;
+        const struct graph *g;
+        uint32_t n_feeds;
+        struct model_feed feeds[MODEL_MAX_FEEDS];
+        bool eval;               /* passes in inference mode (model_set_training) */
+        uint64_t seed, n_fwd;    /* Dropout's masks: from model.seed and the count of training forwards */
 };
+
+/* The hooks of one pass: per layer (the graph: all variables as one layer) or per (var, block). */
+struct hooks {
+        model_layer_cb layer;
+        model_block_cb block;
+        void *ud;
+};
+
+/* model_graph.c: a graph model's variables and exec (from model_new, before the blocks exist); binding
+ * the exec to the model's blocks (after they do, and again when they move); its forward from the
+ * model's flat input to the output the head reads; its backward from dy, the head's gradient. */
+int model_graph_plan(struct model *m, const struct model_spec *spec);
+int model_graph_bind(struct model *m);
+int model_graph_forward(struct model *m, const float *x, uint32_t B, const struct hooks *h, float **out);
+int model_graph_backward(struct model *m, const float *dy, const struct hooks *h);
+void model_graph_free(struct model *m);
+void model_graph_init_params(struct model *m);
+void model_graph_describe(const struct model *m, FILE *f);

@@ -106,6 +106,8 @@ static int plan(struct model *m, const struct model_spec *spec)
                 m->rb[v] = m->whole[v];
         }
         m->n_vars = (uint32_t)nv;
+        if (spec->graph)
+                return model_graph_plan(m, spec);
         uint64_t c = spec->input[0], h = spec->input[1], w = spec->input[2];
         if (spec->n_embeddings)  /* the dense features and the pooled rows, flat (model_spec.h) */
                 c = 1, h = 1, w = model_spec_dense_input(spec);
@@ -227,6 +229,8 @@ int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_ba
         if (m->host) {
                 m->params_host = m->params;
                 m->grads_host = m->grads;
+                if (m->gx && (r = model_graph_bind(m)) < 0)
+                        goto fail;
         } else {
                 m->params_host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
                 m->grads_host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
@@ -248,6 +252,7 @@ struct model *model_free(struct model *m)
         if (!m)
                 return NULL;
         struct backend *be = m->be;
+        model_graph_free(m);
         host_blocks_unpin(m);
         for (uint32_t i = 0; i < m->n_layers; i++)
                 backend_buf_free(be, m->layers[i].buf);
@@ -284,6 +289,14 @@ int model_use_host_blocks(struct model *m, float *params, float *grads)
         memcpy(params, m->params_host, bytes);
         memcpy(grads, m->grads_host, bytes);
         if (m->host) {
+                float *old_p = m->params, *old_g = m->grads;
+                m->params = params;
+                m->grads = grads;
+                int r = m->gx ? model_graph_bind(m) : 0;
+                m->params = old_p;
+                m->grads = old_g;
+                if (r < 0)
+                        return r;
                 backend_buf_free(m->be, m->params);
                 backend_buf_free(m->be, m->grads);
                 m->params = params;
@@ -305,6 +318,8 @@ int model_set_var_blocks(struct model *m, uint32_t var, uint32_t n_blocks, const
 {
         if (var >= m->n_vars || n_blocks == 0)
                 return -EINVAL;
+        if (m->gx)
+                return n_blocks == 1 ? 0 : -EOPNOTSUPP;
         const struct model_var *v = &m->vars[var];
         const struct layer *L = &m->layers[v->layer];
         if (L->spec.type != LAYER_DENSE || var != L->first_var)
@@ -352,6 +367,10 @@ static const struct layer *next_real_layer(const struct model *m, uint32_t i)
 int model_init_params(struct model *m, uint64_t seed)
 {
         float *p = m->params_host;
+        if (m->gx) { /* the graph's initializers' values */
+                model_graph_init_params(m);
+                return model_params_sync(m);
+        }
         for (uint32_t v = 0; v < m->n_vars; v++) {
                 const struct model_var *var = &m->vars[v];
                 const struct layer *L = &m->layers[var->layer];
@@ -413,6 +432,10 @@ static const char *const layer_type_names[] = {
 
 void model_describe(const struct model *m, FILE *f)
 {
+        if (m->gx) {
+                model_graph_describe(m, f);
+                goto head;
+        }
         fprintf(f, "input (%u, %u, %u)\n", m->layers[0].c, m->layers[0].h, m->layers[0].w);
         for (uint32_t i = 0; i < m->n_layers; i++) {
                 const struct layer *L = &m->layers[i];
@@ -431,6 +454,7 @@ void model_describe(const struct model *m, FILE *f)
         static const char *const heads[] = {[HEAD_SOFTMAX] = "softmax cross-entropy over %u classes",
                                             [HEAD_LOGISTIC] = "sigmoid cross-entropy over %u output",
                                             [HEAD_MSE] = "mean squared error over %u output"};
+head:
         fprintf(f, heads[m->head], m->classes);
         fprintf(f, "; %zu parameters (%zu bytes)\n", m->n_params, m->n_params * sizeof(float));
 }

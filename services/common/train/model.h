@@ -147,6 +147,11 @@ int model_forward_f_blocks(struct model *m, const float *x, const float *y, uint
  * them (with fresh values from a ps, say) and the rest of the pass is unchanged. */
 int model_backward_blocks(struct model *m, model_block_cb after, void *ud);
 
+/* Whether the passes train (the default) or infer: a graph model's Dropout drops and its
+ * BatchNormalization normalizes by the batch only when training (model_evaluate infers whatever this
+ * says). Layer-list models compute the same either way. */
+void model_set_training(struct model *m, bool training);
+
 /* Mean loss and accuracy over n examples, in max_batch chunks (clobbers the forward state). Labels as
  * model_forward's, for any head. */
 int model_evaluate(struct model *m, const float *x, const uint8_t *y, uint32_t n, float *loss_ret,

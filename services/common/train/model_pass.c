@@ -88,11 +88,6 @@ int model_params_sync(struct model *m)
 }
 
 /* Per-layer or per-block callbacks (at most one kind set) and their user data. */
-struct hooks {
-        model_layer_cb layer;
-        model_block_cb block;
-        void *ud;
-};
 
 /* Before var v's rows [rb[b], rb[b+1]) are read: the block hook, then that upload. In layer-hook mode
  * the whole layer was uploaded after the layer hook already. */
@@ -192,6 +187,8 @@ static int forward(struct model *m, const float *x, const uint8_t *labels, const
 
         /* The input is only ever read: the cast lets a flatten alias it. */
         float *in = (float *)m->input;
+        if (m->gx && (r = model_graph_forward(m, x, B, h, &in)) != 0)
+                return r;
         for (uint32_t i = 0; i < m->n_layers; i++) {
                 struct layer *L = &m->layers[i];
                 float *out = L->alias_input ? in : L->buf;
@@ -320,6 +317,11 @@ static int backward(struct model *m, const struct hooks *h)
         m->dx = NULL;
         if (B == 0)
                 return -EINVAL;
+        if (m->gx) {
+                if ((r = head_bwd(m, B, m->gbuf[0])) < 0)
+                        return r;
+                return model_graph_backward(m, m->gbuf[0], h);
+        }
         if (m->first_param_layer < 0)
                 return 0;
         int cur = 0;
@@ -422,16 +424,21 @@ int model_evaluate(struct model *m, const float *x, const uint8_t *y, uint32_t n
                 return -EINVAL;
         double loss = 0.0;
         uint64_t correct = 0;
+        bool was_eval = m->eval;
+        m->eval = true;
         for (uint32_t i = 0; i < n; i += m->max_batch) {
                 uint32_t B = n - i < m->max_batch ? n - i : m->max_batch;
                 float l;
                 uint32_t c;
                 int r = model_forward(m, x + (size_t)i * m->in_n, y + i, B, &l, &c);
-                if (r < 0)
+                if (r < 0) {
+                        m->eval = was_eval;
                         return r;
+                }
                 loss += (double)l * B;
                 correct += c;
         }
+        m->eval = was_eval;
         m->B = 0; /* the chunks' state is not a pass to run backward over */
         if (loss_ret)
                 *loss_ret = (float)(loss / n);

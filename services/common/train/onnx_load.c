@@ -787,7 +787,12 @@ int onnx_load_buf(const void *buf, size_t len, const char *origin, struct graph 
         }
         if ((r = load_graph(&L)) < 0)
                 goto out;
-        L.g->loss = -1;
+        /* the graph's first output is what a model's head reads */
+        L.g->loss = m->graph->n_output ? graph_find(L.g, ox_str(m->graph->output[0]->name)) : -1;
+        if (L.g->loss < 0) {
+                r = ox_fail(&L, -EINVAL, "the graph has no output");
+                goto out;
+        }
         char fe[512] = "";
         if ((r = graph_finalize(L.g, fe, sizeof(fe))) < 0) {
                 /* its node indices are the graph's, in the order the nodes were added: the file's are wanted */

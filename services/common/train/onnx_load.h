@@ -10,8 +10,8 @@
  * (Shape(x)[0]) may only end up as the first entry of a Reshape's target. The constant inputs that
  * ONNX made inputs since opset 13 (Reshape's shape, Pad's pads and value, the axes of Squeeze,
  * Unsqueeze and ReduceSum, Dropout's ratio and training_mode) become attributes, as graph.h says.
- * Every other node must be an op of graph_op_by_name's set. The graph's outputs are not recorded: its
- * loss is left at -1 for the caller to choose (graph_find by the output's name).
+ * Every other node must be an op of graph_op_by_name's set. The graph's first output is its loss
+ * (graph.loss: what a model's head reads); a graph without outputs is refused.
  *
  * Thread-safe: no state outside the call. */
 #pragma once

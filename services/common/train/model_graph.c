@@ -1,0 +1,147 @@
+/* A graph model (model.onnx): the model's interface (model.h) over the graph engine (graph.h). The
+ * model's flat input is cut into the graph's feeds (model_spec.h: the data's input, then each table's
+ * rows); the graph's output is what the head reads; the head's gradient flows back through the graph
+ * into the parameter block and, for the tables' feeds, into the input gradient the sparse front turns
+ * into row gradients.
+ *
+ * The hooks keep their contract with coarser steps: every variable's "before" hook runs before the
+ * graph's forward (a graph reads its variables in an order of its own), every "after" hook once the
+ * whole backward is done, last variable first. A variable is one block (no row blocking).
+ *
+ * The graph engine computes on the CPU: a graph model needs a host-memory backend (model_new gives
+ * -EOPNOTSUPP on any other). */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "graph.h"
+#include "model-internal.h"
+
+int model_graph_plan(struct model *m, const struct model_spec *spec)
+{
+        const struct graph *g = spec->graph;
+        if (!m->host)
+                return -EOPNOTSUPP;
+        if (!g->final || g->loss < 0 || spec->n_feeds > MODEL_MAX_FEEDS)
+                return -EINVAL;
+        m->g = g;
+        m->head = spec->head;
+        m->n_layers = 0;
+        m->first_param_layer = m->n_vars ? 0 : -1;
+        m->in_n = model_spec_dense_input(spec);
+        m->classes = (uint32_t)graph_shape_count(&g->tensors[g->loss].shape, 1);
+        m->n_feeds = spec->n_feeds;
+        memcpy(m->feeds, spec->feeds, sizeof(m->feeds[0]) * spec->n_feeds);
+        m->seed = spec->seed;
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < m->n_feeds; i++)
+                total += m->feeds[i].count;
+        if (total != m->in_n || m->classes == 0)
+                return -EINVAL;
+        char err[256];
+        return graph_exec_new(g, m->max_batch, &m->gx, err, sizeof(err));
+}
+
+int model_graph_bind(struct model *m)
+{
+        return graph_exec_use_blocks(m->gx, m->params, m->grads);
+}
+
+void model_graph_free(struct model *m)
+{
+        m->gx = graph_exec_free(m->gx);
+}
+
+void model_graph_init_params(struct model *m)
+{
+        const struct graph *g = m->g;
+        for (uint32_t i = 0; i < g->n_tensors; i++) {
+                const struct graph_tensor *t = &g->tensors[i];
+                if (t->kind == GT_PARAM)
+                        memcpy(m->params_host + t->param_offset, t->data, sizeof(float) * graph_shape_count(&t->shape, 1));
+        }
+}
+
+void model_set_training(struct model *m, bool training)
+{
+        m->eval = !training;
+}
+
+/* splitmix64's finalizer: the step's Dropout seed from the model's seed and the forward's count. */
+static uint64_t mix(uint64_t z)
+{
+        z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+        return z ^ (z >> 31);
+}
+
+int model_graph_forward(struct model *m, const float *x, uint32_t B, const struct hooks *h, float **out)
+{
+        int r;
+        if (h->layer && (r = h->layer(h->ud, 0, m->n_vars)) != 0)
+                return r;
+        for (uint32_t v = 0; h->block && v < m->n_vars; v++)
+                if ((r = h->block(h->ud, v, 0)) != 0)
+                        return r;
+        size_t at = 0;
+        for (uint32_t i = 0; i < m->n_feeds; i++) {
+                if ((r = graph_set_input_rows(m->gx, m->feeds[i].tensor, x + at, m->in_n, B)) < 0)
+                        return r;
+                at += m->feeds[i].count;
+        }
+        uint64_t seed = mix(m->seed ^ mix(++m->n_fwd));
+        if ((r = graph_forward(m->gx, !m->eval, seed)) < 0)
+                return r;
+        *out = (float *)graph_value(m->gx, m->g->loss, NULL);
+        return 0;
+}
+
+int model_graph_backward(struct model *m, const float *dy, const struct hooks *h)
+{
+        int r;
+        if ((r = graph_backward(m->gx, m->g->loss, dy)) < 0)
+                return r;
+        if (m->want_dx) {
+                /* (B, in_n): each feed's gradient in its columns; the data's own input gets none (zeros) */
+                float *dx = m->gbuf[1];
+                size_t at = 0;
+                for (uint32_t i = 0; i < m->n_feeds; i++) {
+                        const struct model_feed *f = &m->feeds[i];
+                        const float *gi = graph_grad(m->gx, f->tensor);
+                        for (uint32_t b = 0; b < m->B; b++) {
+                                float *row = dx + (size_t)b * m->in_n + at;
+                                if (gi)
+                                        memcpy(row, gi + (size_t)b * f->count, sizeof(float) * f->count);
+                                else
+                                        memset(row, 0, sizeof(float) * f->count);
+                        }
+                        at += f->count;
+                }
+                m->dx = dx;
+        }
+        for (uint32_t v = m->n_vars; h->block && v-- > 0;)
+                if ((r = h->block(h->ud, v, 0)) != 0)
+                        return r;
+        if (h->layer && m->n_vars && (r = h->layer(h->ud, 0, m->n_vars)) != 0)
+                return r;
+        return 0;
+}
+
+void model_graph_describe(const struct model *m, FILE *f)
+{
+        const struct graph *g = m->g;
+        uint32_t count[GOP__COUNT] = { 0 };
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+                count[g->nodes[i].op]++;
+        fprintf(f, "graph of %u nodes:", g->n_nodes);
+        for (int op = 0; op < GOP__COUNT; op++)
+                if (count[op])
+                        fprintf(f, " %s x%u", graph_op_name((enum graph_op)op), count[op]);
+        fputc('\n', f);
+        for (uint32_t i = 0; i < m->n_feeds; i++)
+                fprintf(f, "input %-24s %u per example (%s)\n", g->tensors[m->feeds[i].tensor].name, m->feeds[i].count,
+                        m->feeds[i].kind == FEED_DATA ? "the data" : "a table's rows");
+        for (uint32_t v = 0; v < m->n_vars; v++)
+                fprintf(f, "%-32s (%u, %u)\n", m->vars[v].name, m->vars[v].rows, m->vars[v].cols);
+        fprintf(f, "output %s\n", g->tensors[g->loss].name);
+}

@@ -1,0 +1,268 @@
+/* A graph model through model.h (model_graph.c): the layer list compiled to a graph (graph_spec.c)
+ * and run as a graph model computes what model.c computes for that layer list (loss, outputs, every
+ * gradient and the input gradient, for a logistic MLP over a wide flat input and a softmax CNN); the
+ * flat input is cut into the graph's feeds in order; the hooks run once per variable; the blocks can
+ * move (model_use_host_blocks); Dropout drops only when training; the initial values are the
+ * initializers'. */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "backend.h"
+#include "graph.h"
+#include "graph_check.h"
+#include "graph_spec.h"
+#include "model.h"
+#include "unit.h"
+
+/* spec's layer list as a graph model: one data feed covering the whole input, its gradient asked for. */
+static struct model_spec graph_model_spec(const struct model_spec *spec, struct graph **g)
+{
+        char err[512] = "";
+        int r = graph_from_spec(spec, g, err, sizeof(err));
+        if (r < 0)
+                fail_msg("graph_from_spec: %s", err);
+        (*g)->loss = graph_find(*g, "logits");
+        int32_t in = graph_find(*g, "input");
+        (*g)->tensors[in].want_grad = true;
+        struct model_spec gs = *spec;
+        gs.n_layers = 0;
+        gs.graph = *g;
+        gs.n_feeds = 1;
+        gs.feeds[0] = (struct model_feed){ .kind = FEED_DATA, .tensor = in,
+                                           .count = spec->input[0] * spec->input[1] * spec->input[2] };
+        return gs;
+}
+
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+        double d = 0, s = 0;
+        for (size_t i = 0; i < n; i++) {
+                d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+                s += (double)b[i] * b[i];
+        }
+        return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+static void compare(const struct model_spec *spec, uint32_t B, bool float_labels)
+{
+        struct backend *be;
+        struct model *m, *gm;
+        struct graph *g;
+        assert_int_equal(backend_cpu_new(1, &be), 0);
+        assert_int_equal(model_new(spec, be, B, &m), 0);
+        assert_int_equal(model_init_params(m, 7), 0);
+        struct model_spec gs = graph_model_spec(spec, &g);
+        assert_int_equal(model_new(&gs, be, B, &gm), 0);
+        assert_int_equal(model_n_params(gm), model_n_params(m));
+        assert_int_equal(model_n_vars(gm), model_n_vars(m));
+        assert_int_equal(model_input_size(gm), model_input_size(m));
+        assert_int_equal(model_n_classes(gm), model_n_classes(m));
+        for (uint32_t v = 0; v < model_n_vars(m); v++) {
+                assert_string_equal(model_var(gm, v)->name, model_var(m, v)->name);
+                assert_int_equal(model_var(gm, v)->offset, model_var(m, v)->offset);
+        }
+        memcpy(model_params(gm), model_params(m), sizeof(float) * model_n_params(m));
+        uint32_t D = model_input_size(m), C = model_n_classes(m);
+        float *x = gc_rand((size_t)B * D, -1, 1, 5);
+        float *yf = malloc(sizeof(float) * B);
+        uint8_t *y = malloc(B);
+        for (uint32_t b = 0; b < B; b++) {
+                y[b] = (uint8_t)(C > 1 ? (b * 7) % C : b % 2);
+                yf[b] = y[b];
+        }
+        float l1, l2;
+        uint32_t c1, c2;
+        assert_int_equal(model_set_input_grad(m, true), 0);
+        assert_int_equal(model_set_input_grad(gm, true), 0);
+        if (float_labels) {
+                assert_int_equal(model_forward_f(m, x, yf, B, &l1, &c1), 0);
+                assert_int_equal(model_forward_f(gm, x, yf, B, &l2, &c2), 0);
+        } else {
+                assert_int_equal(model_forward(m, x, y, B, &l1, &c1), 0);
+                assert_int_equal(model_forward(gm, x, y, B, &l2, &c2), 0);
+        }
+        assert_true(fabs(l1 - l2) <= 1e-5 * fmax(1, fabs(l1)));
+        assert_int_equal(c1, c2);
+        assert_true(rel_l2(model_outputs(gm), model_outputs(m), (size_t)B * C) < 1e-5);
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        assert_int_equal(model_backward(gm, NULL, NULL), 0);
+        double eg = rel_l2(model_grads(gm), model_grads(m), model_n_params(m));
+        double ex = rel_l2(model_input_grad(gm), model_input_grad(m), (size_t)B * D);
+        if (eg > 1e-5 || ex > 1e-5)
+                fail_msg("gradients differ: parameters %.3g, input %.3g (relative L2)", eg, ex);
+        free(x);
+        free(y);
+        free(yf);
+        model_free(gm);
+        model_free(m);
+        graph_free(g);
+        backend_free(be);
+}
+
+static void test_mlp_logistic_matches_layers(void **state)
+{
+        (void)state;
+        struct model_spec s = { .input = { 1, 1, 40 }, .n_layers = 3, .head = HEAD_LOGISTIC,
+                                .layers = { { .type = LAYER_DENSE, .units = 16 }, { .type = LAYER_RELU },
+                                            { .type = LAYER_DENSE, .units = 1 } } };
+        compare(&s, 9, true);
+}
+
+static void test_cnn_softmax_matches_layers(void **state)
+{
+        (void)state;
+        struct model_spec s = { .input = { 1, 8, 8 }, .n_layers = 5, .head = HEAD_SOFTMAX,
+                                .layers = { { .type = LAYER_CONV2D, .filters = 4, .kernel = 3 }, { .type = LAYER_RELU },
+                                            { .type = LAYER_MAXPOOL2D, .pool = 2 }, { .type = LAYER_FLATTEN },
+                                            { .type = LAYER_DENSE, .units = 5 } } };
+        compare(&s, 6, false);
+}
+
+struct calls {
+        uint32_t before[16], after[16], order[16], n_after;
+};
+
+static int on_before(void *ud, uint32_t var, uint32_t block)
+{
+        struct calls *c = ud;
+        assert_int_equal(block, 0);
+        c->before[var]++;
+        return 0;
+}
+
+static int on_after(void *ud, uint32_t var, uint32_t block)
+{
+        struct calls *c = ud;
+        assert_int_equal(block, 0);
+        c->after[var]++;
+        c->order[c->n_after++] = var;
+        return 0;
+}
+
+/* Every variable's hooks once per pass, the after hooks last variable first; one block each; the blocks
+ * move into the caller's memory and the model computes there. */
+static void test_hooks_blocks_and_moved_memory(void **state)
+{
+        (void)state;
+        struct model_spec s = { .input = { 1, 1, 12 }, .n_layers = 3, .head = HEAD_SOFTMAX,
+                                .layers = { { .type = LAYER_DENSE, .units = 8 }, { .type = LAYER_TANH },
+                                            { .type = LAYER_DENSE, .units = 3 } } };
+        struct graph *g;
+        struct model_spec gs = graph_model_spec(&s, &g);
+        struct backend *be;
+        struct model *m;
+        assert_int_equal(backend_cpu_new(1, &be), 0);
+        assert_int_equal(model_new(&gs, be, 4, &m), 0);
+        assert_int_equal(model_init_params(m, 1), 0);
+        uint32_t rows[] = { 0, 6 };
+        assert_int_equal(model_set_var_blocks(m, 0, 2, rows), -EOPNOTSUPP);
+        assert_int_equal(model_set_var_blocks(m, 0, 1, NULL), 0);
+        assert_int_equal(model_var_blocks(m, 0, NULL), 1);
+
+        float *x = gc_rand(4 * 12, -1, 1, 3);
+        uint8_t y[4] = { 0, 1, 2, 1 };
+        struct calls c = { 0 };
+        float l0, l1;
+        assert_int_equal(model_forward_blocks(m, x, y, 4, &l0, NULL, on_before, &c), 0);
+        assert_int_equal(model_backward_blocks(m, on_after, &c), 0);
+        for (uint32_t v = 0; v < model_n_vars(m); v++) {
+                assert_int_equal(c.before[v], 1);
+                assert_int_equal(c.after[v], 1);
+                assert_int_equal(c.order[v], model_n_vars(m) - 1 - v);
+        }
+        size_t n = model_n_params(m);
+        float *grads0 = malloc(sizeof(float) * n);
+        memcpy(grads0, model_grads(m), sizeof(float) * n);
+
+        float *blocks = aligned_alloc(64, ((sizeof(float) * 2 * n + 63) / 64 + 1) * 64);
+        float *p = blocks, *gr = blocks + ((n + 15) / 16) * 16;
+        assert_int_equal(model_use_host_blocks(m, p, gr), 0);
+        assert_ptr_equal(model_params(m), p);
+        assert_int_equal(model_forward(m, x, y, 4, &l1, NULL), 0);
+        assert_true(l1 == l0);
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        assert_memory_equal(gr, grads0, sizeof(float) * n);
+        /* a step in the caller's block is seen by the next forward */
+        for (size_t i = 0; i < n; i++)
+                p[i] -= 0.5f * gr[i];
+        assert_int_equal(model_forward(m, x, y, 4, &l1, NULL), 0);
+        assert_true(l1 < l0);
+        model_free(m);
+        free(blocks);
+        free(grads0);
+        free(x);
+        graph_free(g);
+        backend_free(be);
+}
+
+/* x (batch, 6) -> Dropout(0.5) -> Gemm(W (6, 2), b) -> logits: training forwards drop (and differ from
+ * one step to the next), inference does not (model_evaluate, model_set_training(false)); the initial
+ * values are the initializers'. */
+static void test_dropout_modes_and_initializers(void **state)
+{
+        (void)state;
+        struct graph *g = graph_new();
+        struct graph_shape xs = { 2, { GRAPH_BATCH, 6 } }, ws = { 2, { 6, 2 } }, bs = { 1, { 2 } };
+        float w[12], b[2] = { 0.25f, -0.5f };
+        for (int i = 0; i < 12; i++)
+                w[i] = 0.1f * (float)(i - 5);
+        int32_t in[3];
+        in[0] = graph_add_tensor(g, "x", GT_INPUT, GDT_F32, &xs, NULL);
+        in[1] = graph_add_tensor(g, "w", GT_PARAM, GDT_F32, &ws, w);
+        in[2] = graph_add_tensor(g, "b", GT_PARAM, GDT_F32, &bs, b);
+        struct graph_attrs a;
+        graph_attrs_default(&a);
+        a.ratio = 0.5f;
+        const char *d_out[] = { "xd" }, *z_out[] = { "logits" };
+        int dn = graph_add_node(g, GOP_DROPOUT, "drop", in, 1, d_out, 1, &a);
+        assert_true(dn >= 0);
+        int32_t gin[3] = { g->nodes[dn].out[0], in[1], in[2] };
+        graph_attrs_default(&a);
+        assert_true(graph_add_node(g, GOP_GEMM, "fc", gin, 3, z_out, 1, &a) >= 0);
+        char err[256] = "";
+        if (graph_finalize(g, err, sizeof(err)) < 0)
+                fail_msg("%s", err);
+        g->loss = graph_find(g, "logits");
+        struct model_spec s = { .input = { 1, 1, 6 }, .head = HEAD_SOFTMAX, .seed = 3, .graph = g, .n_feeds = 1,
+                                .feeds = { { .kind = FEED_DATA, .tensor = in[0], .count = 6 } } };
+        struct backend *be;
+        struct model *m;
+        assert_int_equal(backend_cpu_new(1, &be), 0);
+        assert_int_equal(model_new(&s, be, 8, &m), 0);
+        memset(model_params(m), 0, sizeof(float) * model_n_params(m));
+        assert_int_equal(model_init_params(m, 99), 0);
+        assert_memory_equal(model_params(m), w, sizeof(w));
+        assert_memory_equal(model_params(m) + 12, b, sizeof(b));
+
+        float x[8 * 6];
+        uint8_t y[8] = { 0 };
+        for (int i = 0; i < 8 * 6; i++)
+                x[i] = 1.0f + 0.01f * (float)i;
+        float l_a, l_b, l_c, l_d, acc;
+        assert_int_equal(model_forward(m, x, y, 8, &l_a, NULL), 0);
+        assert_int_equal(model_forward(m, x, y, 8, &l_b, NULL), 0);
+        assert_true(l_a != l_b); /* other masks */
+        model_set_training(m, false);
+        assert_int_equal(model_forward(m, x, y, 8, &l_c, NULL), 0);
+        assert_int_equal(model_forward(m, x, y, 8, &l_d, NULL), 0);
+        assert_true(l_c == l_d);
+        model_set_training(m, true);
+        float l_e;
+        assert_int_equal(model_evaluate(m, x, y, 8, &l_e, &acc), 0);
+        assert_true(l_e == l_c); /* evaluation infers whatever the mode */
+        model_free(m);
+        graph_free(g);
+        backend_free(be);
+}
+
+UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_mlp_logistic_matches_layers),
+               cmocka_unit_test(test_cnn_softmax_matches_layers),
+               cmocka_unit_test(test_hooks_blocks_and_moved_memory),
+               cmocka_unit_test(test_dropout_modes_and_initializers))
