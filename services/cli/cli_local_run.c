@@ -181,6 +181,12 @@ static int write_job_copy(struct local *L, json_t *cluster) {
         }
         json_object_set_new(root, "job", json_string(L->cfg->name));
         json_object_set(root, "cluster", cluster);
+        /* model.onnx is relative to the job file, which the copy is not beside */
+        json_t *model = json_object_get(root, "model");
+        char *onnx = L->cfg->model.onnx_path ? realpath(L->cfg->model.onnx_path, NULL) : NULL;
+        if (onnx && json_is_object(model))
+                json_object_set_new(model, "onnx", json_string(onnx));
+        free(onnx);
         if (L->max_steps) {
                 json_t *t = json_object_get(root, "training");
                 if (!json_is_object(t)) {
