@@ -57,6 +57,7 @@ int shard_new(const struct job_config *cfg, const struct job_layout *L, uint32_t
         size_t at = 0;
         for (uint32_t k = 0; k < s->n_parts; k++) {
                 s->parts[k].a = apply_rows_at(s->block, slots, s->n_slots, at, s->parts[k].a.n);
+                s->parts[k].a.moving = L->vars[s->parts[k].var].moving;
                 at += s->parts[k].a.n;
         }
         *ret = s;

@@ -262,7 +262,87 @@ static void test_dropout_modes_and_initializers(void **state)
         backend_free(be);
 }
 
-UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_mlp_logistic_matches_layers),
+/* x (batch, 3, 2, 2) -> BatchNormalization(scale, bias, mean, var; momentum 0.9) -> Flatten -> Gemm ->
+ * logits: the running mean and variance are moving variables (model_spec_vars says so); after a training
+ * step their "gradients" are (1 - momentum) * (old - the batch's mean, biased variance), what a moving
+ * average subtracts; an inference pass normalizes by them. */
+static void test_batchnorm_moving_statistics(void **state)
+{
+        (void)state;
+        struct graph *g = graph_new();
+        enum { C = 3, S = 4, B = 5, K = 2 };
+        struct graph_shape xs = { 4, { GRAPH_BATCH, C, 2, 2 } }, cs = { 1, { C } }, ws = { 2, { C * S, K } };
+        float scale[C] = { 1.0f, 0.5f, 2.0f }, bias[C] = { 0.1f, 0.0f, -0.1f }, mean[C] = { 0.2f, -0.3f, 0.0f },
+              var[C] = { 1.5f, 0.5f, 2.0f }, w[C * S * K];
+        for (int i = 0; i < C * S * K; i++)
+                w[i] = 0.05f * (float)((i * 7) % 11 - 5);
+        int32_t x = graph_add_tensor(g, "x", GT_INPUT, GDT_F32, &xs, NULL);
+        int32_t in[5] = { x, graph_add_tensor(g, "bn.weight", GT_PARAM, GDT_F32, &cs, scale),
+                          graph_add_tensor(g, "bn.bias", GT_PARAM, GDT_F32, &cs, bias),
+                          graph_add_tensor(g, "bn.running_mean", GT_PARAM, GDT_F32, &cs, mean),
+                          graph_add_tensor(g, "bn.running_var", GT_PARAM, GDT_F32, &cs, var) };
+        int32_t wt = graph_add_tensor(g, "fc.weight", GT_PARAM, GDT_F32, &ws, w);
+        struct graph_attrs a;
+        graph_attrs_default(&a);
+        a.epsilon = 1e-5f;
+        a.momentum = 0.9f;
+        const char *o1[] = { "y" }, *o2[] = { "yf" }, *o3[] = { "logits" };
+        int n1 = graph_add_node(g, GOP_BATCHNORM, "bn", in, 5, o1, 1, &a);
+        graph_attrs_default(&a);
+        int n2 = graph_add_node(g, GOP_FLATTEN, "flat", (int32_t[]){ g->nodes[n1].out[0] }, 1, o2, 1, &a);
+        int n3 = graph_add_node(g, GOP_MATMUL, "fc", (int32_t[]){ g->nodes[n2].out[0], wt }, 2, o3, 1, &a);
+        assert_true(n1 >= 0 && n2 >= 0 && n3 >= 0);
+        char err[256] = "";
+        if (graph_finalize(g, err, sizeof(err)) < 0)
+                fail_msg("%s", err);
+        g->loss = graph_find(g, "logits");
+        assert_false(g->tensors[in[1]].moving);
+        assert_true(g->tensors[in[3]].moving);
+        assert_true(g->tensors[in[4]].moving);
+        struct model_spec s = { .input = { C, 2, 2 }, .head = HEAD_SOFTMAX, .graph = g, .n_feeds = 1,
+                                .feeds = { { .kind = FEED_DATA, .tensor = x, .count = C * S } } };
+        struct model_spec_var vars[MODEL_MAX_VARS];
+        assert_int_equal(model_spec_vars(&s, vars, NULL), 5);
+        assert_false(vars[0].moving || vars[1].moving || vars[4].moving);
+        assert_true(vars[2].moving && vars[3].moving);
+
+        struct backend *be;
+        struct model *m;
+        assert_int_equal(backend_cpu_new(1, &be), 0);
+        assert_int_equal(model_new(&s, be, B, &m), 0);
+        assert_int_equal(model_init_params(m, 0), 0);
+        float *xv = gc_rand(B * C * S, -2, 3, 11);
+        uint8_t y[B] = { 0, 1, 1, 0, 1 };
+        float loss;
+        assert_int_equal(model_forward(m, xv, y, B, &loss, NULL), 0);
+        assert_int_equal(model_backward(m, NULL, NULL), 0);
+        const float *gr = model_grads(m);
+        for (int c = 0; c < C; c++) {
+                double mu = 0, v = 0;
+                for (int b = 0; b < B; b++)
+                        for (int i = 0; i < S; i++)
+                                mu += xv[(b * C + c) * S + i];
+                mu /= B * S;
+                for (int b = 0; b < B; b++)
+                        for (int i = 0; i < S; i++)
+                                v += (xv[(b * C + c) * S + i] - mu) * (xv[(b * C + c) * S + i] - mu);
+                v /= B * S;
+                assert_float_equal(gr[model_var(m, 2)->offset + c], 0.1 * (mean[c] - mu), 1e-6);
+                assert_float_equal(gr[model_var(m, 3)->offset + c], 0.1 * (var[c] - v), 1e-6);
+        }
+        /* inference normalizes by the running statistics: moving them moves the outputs */
+        float l0, l1, acc;
+        assert_int_equal(model_evaluate(m, xv, y, B, &l0, &acc), 0);
+        model_params(m)[model_var(m, 2)->offset] += 1.0f;
+        assert_int_equal(model_evaluate(m, xv, y, B, &l1, &acc), 0);
+        assert_true(l0 != l1);
+        free(xv);
+        model_free(m);
+        graph_free(g);
+        backend_free(be);
+}
+
+UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_batchnorm_moving_statistics), cmocka_unit_test(test_mlp_logistic_matches_layers),
                cmocka_unit_test(test_cnn_softmax_matches_layers),
                cmocka_unit_test(test_hooks_blocks_and_moved_memory),
                cmocka_unit_test(test_dropout_modes_and_initializers))

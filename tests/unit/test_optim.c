@@ -256,6 +256,35 @@ static void test_apply(void **state)
         assert_int_equal(part.updates, 9);
 }
 
+/* A moving average (a BatchNormalization statistic) is applied as w -= g whatever the optimizer and
+ * learning rate, whole or in pieces, its slots untouched; its count of updates still counts. */
+static void test_apply_moving(void **state)
+{
+        (void)state;
+        enum { N = APPLY_BOUNCE + 7 };
+        struct training_config t = {.optimizer = OPT_ADAM, .learning_rate = 0.01, .beta1 = 0.9, .beta2 = 0.999,
+                                    .epsilon = 1e-7};
+        static float w[2][N], m[N], v[N], g[N];
+        for (size_t i = 0; i < N; i++) {
+                w[0][i] = w[1][i] = (float)(i % 13) * 0.25f;
+                g[i] = (float)((int)(i % 7) - 3) * 0.125f;
+        }
+        float *slots[2] = {m, v};
+        struct apply_rows a = apply_rows_at(w[0], slots, 2, 0, N), b = apply_rows_at(w[1], slots, 2, 0, N);
+        a.moving = b.moving = true;
+        apply_reset(&t, &a, 0);
+        apply_gradient(&t, &a, g);
+        struct pieces p = {g, 0};
+        apply_gradient_read(&t, &b, 1.0f, read_pieces, &p);
+        for (size_t i = 0; i < N; i++) {
+                assert_float_equal(w[0][i], (float)(i % 13) * 0.25f - g[i], 0);
+                assert_float_equal(m[i], 0, 0);
+                assert_float_equal(v[i], 0, 0);
+        }
+        assert_memory_equal(w[0], w[1], sizeof(w[0]));
+        assert_int_equal(a.updates, 1);
+}
+
 /* The norm of a push: its squares summed in double over the pieces, any non-finite value refused
  * with or without a limit; the verdict rejects or clips (limit / norm) over the limit only. */
 static void test_norm(void **state)
@@ -314,5 +343,5 @@ UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_adam),     cmocka_unit_test(test_adagrad),
         cmocka_unit_test(test_ftrl),
         cmocka_unit_test(test_learning_rate), cmocka_unit_test(test_all_finite),
-        cmocka_unit_test(test_names),        cmocka_unit_test(test_apply),
+        cmocka_unit_test(test_names),        cmocka_unit_test(test_apply), cmocka_unit_test(test_apply_moving),
         cmocka_unit_test(test_norm))

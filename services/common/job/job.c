@@ -31,7 +31,7 @@ int job_layout_new(const struct job_config *cfg, struct job_layout **ret) {
                 goto fail;
         for (uint32_t i = 0; i < L->n_vars; i++) {
                 const struct model_spec_var *v = &mv[i];
-                L->vars[i] = (struct job_var){strdup(v->name), v->rows, v->cols, v->offset, v->layer};
+                L->vars[i] = (struct job_var){strdup(v->name), v->rows, v->cols, v->offset, v->layer, v->moving};
                 if (!L->vars[i].name)
                         goto fail;
                 pv[i] = (struct placement_var){L->vars[i].name, v->rows, (uint64_t)v->cols * sizeof(float)};

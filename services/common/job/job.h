@@ -15,6 +15,7 @@ struct job_var {
         uint32_t rows, cols;
         size_t offset;          /* floats into a parameter block laid out like the model's */
         uint32_t layer;
+        bool moving;            /* model_spec_var's: applied as v -= g, no optimizer */
 };
 
 struct job_layout {

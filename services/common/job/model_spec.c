@@ -52,6 +52,7 @@ static int graph_vars(const struct graph *g, struct model_spec_var *vars, size_t
                 v->cols = (uint32_t)(count / rows);
                 v->offset = t->param_offset;
                 v->layer = 0;
+                v->moving = t->moving;
         }
         if (n_params_ret)
                 *n_params_ret = g->n_params;

@@ -2,6 +2,7 @@
  * parser (which fills it) and the model library (which builds from it); model_spec_vars() derives its
  * variables from it alone, so a node that only stores them (psd) needs no backend. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -109,6 +110,8 @@ struct model_spec_var {
         uint32_t rows, cols;        /* a bias is (1, units) */
         size_t offset;              /* floats into the parameter block */
         uint32_t layer;             /* index into spec->layers */
+        bool moving;                /* a moving average (a graph's BatchNormalization statistic): its
+                                     * "gradient" is what to subtract, applied as v -= g, no optimizer */
 };
 
 /* The variables of the model spec describes, in the model's order, into vars (MODEL_MAX_VARS room);

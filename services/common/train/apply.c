@@ -23,8 +23,17 @@ void apply_reset(const struct training_config *t, struct apply_rows *a, uint64_t
         a->updates = updates;
 }
 
+/* A moving average's update: its "gradient" is what to subtract (graph_moving_deltas). */
+static void apply_moving(float *w, const float *g, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                w[i] -= g[i];
+}
+
 void apply_gradient(const struct training_config *t, struct apply_rows *a, const float *g) {
-        optim_apply(t, a->updates, a->w, g, a->slot, a->n);
+        if (a->moving)
+                apply_moving(a->w, g, a->n);
+        else
+                optim_apply(t, a->updates, a->w, g, a->slot, a->n);
         a->updates++;
 }
 
@@ -40,7 +49,10 @@ void apply_gradient_read(const struct training_config *t, struct apply_rows *a, 
                 read(ud, bounce, k);
                 if (scale != 1.0f)
                         apply_scale(bounce, k, scale);
-                optim_apply(t, a->updates, a->w + at, bounce, sl, k);
+                if (a->moving)
+                        apply_moving(a->w + at, bounce, k);
+                else
+                        optim_apply(t, a->updates, a->w + at, bounce, sl, k);
         }
         a->updates++;
 }

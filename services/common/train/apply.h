@@ -18,6 +18,7 @@ struct apply_rows {
         float *slot[OPTIM_MAX_SLOTS];    /* (n) each; optim_n_slots() of them */
         size_t n;                        /* floats: rows * cols */
         uint64_t updates;                /* gradients applied: the step Adam's t and the decay count from */
+        bool moving;                     /* a moving average: w -= g, whatever the optimizer (job_var's) */
 };
 
 /* The n floats at offset into a parameter block w and into slot blocks laid out as w (n_slots of

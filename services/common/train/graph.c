@@ -345,6 +345,22 @@ int graph_finalize(struct graph *g, char *err, size_t errlen)
                         return node_error(err, errlen, g, i, "%s", why);
         }
         g->n_params = 0;
+        /* moving: a parameter that only BatchNormalization nodes read, and only as inputs 3 and 4 */
+        for (uint32_t i = 0; i < g->n_tensors; i++)
+                g->tensors[i].moving = false;
+        for (uint32_t pass = 0; pass < 2; pass++)
+                for (uint32_t i = 0; i < g->n_nodes; i++) {
+                        const struct graph_node *n = &g->nodes[i];
+                        for (uint32_t j = 0; j < n->n_in; j++) {
+                                if (n->in[j] < 0 || g->tensors[n->in[j]].kind != GT_PARAM)
+                                        continue;
+                                bool stat = n->op == GOP_BATCHNORM && (j == 3 || j == 4);
+                                if (pass == 0 && stat)
+                                        g->tensors[n->in[j]].moving = true;
+                                else if (pass == 1 && !stat)
+                                        g->tensors[n->in[j]].moving = false;
+                        }
+                }
         for (uint32_t i = 0; i < g->n_tensors; i++) {
                 struct graph_tensor *t = &g->tensors[i];
                 if (t->kind == GT_VALUE && t->producer < 0) {
@@ -583,6 +599,29 @@ int graph_exec_use_blocks(struct graph_exec *x, float *params, float *grads)
                         x->grad[i] = grads + g->tensors[i].param_offset;
                 }
         return 0;
+}
+
+void graph_moving_deltas(struct graph_exec *x)
+{
+        const struct graph *g = x->g;
+        for (uint32_t i = 0; i < g->n_nodes; i++) {
+                const struct graph_node *n = &g->nodes[i];
+                if (n->op != GOP_BATCHNORM)
+                        continue;
+                size_t C = (size_t)g->tensors[n->in[0]].shape.dims[1];
+                const float *batch_mean = x->state[i], *batch_var = x->state[i] + 2 * C; /* gk_batchnorm_fwd */
+                double keep = n->a.momentum;
+                for (uint32_t j = 3; j <= 4; j++) {
+                        const struct graph_tensor *t = &g->tensors[n->in[j]];
+                        if (t->kind != GT_PARAM || !t->moving)
+                                continue;
+                        const float *old = x->val[n->in[j]];
+                        float *d = x->grad[n->in[j]];
+                        for (size_t c = 0; c < C; c++)
+                                d[c] = x->training ? (float)((1 - keep) * ((double)old[c] - (j == 3 ? batch_mean : batch_var)[c]))
+                                                   : 0.0f;
+                }
+        }
 }
 
 const float *graph_grad(const struct graph_exec *x, int32_t t)

@@ -66,6 +66,8 @@ struct graph_tensor {
         int producer;                /* index of the node that computes it, or -1 */
         bool want_grad;              /* GT_INPUT: backward computes its gradient too (graph_grad); set
                                       * before graph_exec_new */
+        bool moving;                 /* GT_PARAM read only as a BatchNormalization's running mean or
+                                      * variance: a moving average, not trained (graph_finalize sets it) */
 };
 
 /* Attributes, by ONNX's names. A node's op says which it reads. graph_attrs_default gives one set of
@@ -182,6 +184,12 @@ const void *graph_value(const struct graph_exec *x, int32_t t, size_t *count_ret
  * ones, i.e. the gradient of the sum), and writes every parameter's gradient into the gradient block.
  * Needs a graph_forward with training as it will be differentiated. */
 int graph_backward(struct graph_exec *x, int32_t t, const float *dt);
+/* For every moving parameter (a BatchNormalization's running statistic), what the moving average
+ * subtracts after the last training forward, into the gradient block: old - new = (1 - momentum) *
+ * (old - the batch's statistic), the batch's variance the biased one (ONNX's). Applied as v -= g, it is
+ * TensorFlow's assign_moving_average. Zeros after an inference forward. Call after graph_backward
+ * (which clears the gradient block). */
+void graph_moving_deltas(struct graph_exec *x);
 /* The gradient of input t (one marked want_grad) written by the last graph_backward, its count that
  * batch's; NULL for any other tensor. */
 const float *graph_grad(const struct graph_exec *x, int32_t t);

@@ -534,7 +534,7 @@ GRAPH_SHAPE_FN(gs_batchnorm)
 /* per channel: mean, then inverse standard deviation */
 size_t gk_batchnorm_state(const struct graph *g, const struct graph_node *n, uint32_t B)
 {
-        return 2 * (size_t)graph_in_shape(g, n, 0)->dims[1];
+        return 3 * (size_t)graph_in_shape(g, n, 0)->dims[1]; /* mean, 1/std, the batch's biased variance */
 }
 
 /* X as (N, C, S): S the product of the spatial dims */
@@ -564,7 +564,7 @@ int gk_batchnorm_fwd(struct graph_kctx *k)
         float *rmean = k->out[1], *rvar = k->out[2]; /* (C) each, or NULL */
         size_t N, C, S;
         bn_dims(&k->in_shape[0], &N, &C, &S);
-        float *mean = k->state, *istd = k->state + C; /* (C) each */
+        float *mean = k->state, *istd = k->state + C, *bvar = k->state + 2 * C; /* (C) each */
         double eps = k->node->a.epsilon, mom = k->node->a.momentum;
         for (size_t c = 0; c < C; c++) {
                 double mu, var;
@@ -593,6 +593,7 @@ int gk_batchnorm_fwd(struct graph_kctx *k)
                                 rvar[c] = ivar[c];
                 }
                 double is = 1.0 / sqrt(var + eps);
+                bvar[c] = (float)var;
                 mean[c] = (float)mu;
                 istd[c] = (float)is;
                 double a = scale[c] * is, b0 = bias[c] - mu * a; /* y = a*x + b0 */

@@ -101,6 +101,7 @@ int model_graph_backward(struct model *m, const float *dy, const struct hooks *h
         int r;
         if ((r = graph_backward(m->gx, m->g->loss, dy)) < 0)
                 return r;
+        graph_moving_deltas(m->gx); /* the running statistics' updates, where the gradients go */
         if (m->want_dx) {
                 /* (B, in_n): each feed's gradient in its columns; the data's own input gets none (zeros) */
                 float *dx = m->gbuf[1];

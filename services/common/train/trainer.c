@@ -55,6 +55,7 @@ int trainer_apply_new(const struct training_config *t, const struct job_layout *
         for (uint32_t v = 0; v < L->n_vars; v++) {
                 const struct job_var *jv = &L->vars[v];
                 a->vars[v] = apply_rows_at(params, slot_blocks, ns, jv->offset, (size_t)jv->rows * jv->cols);
+                a->vars[v].moving = jv->moving;
                 apply_reset(t, &a->vars[v], 0);
         }
         *ret = a;
