@@ -553,6 +553,40 @@ static void bn_dims(const struct graph_shape *x, size_t *N, size_t *C, size_t *S
  * implementation, np.var) takes the biased variance for them too, not PyTorch's unbiased one; so do we.
  * Inference: input_mean and input_var normalize, and the running outputs are the inputs unchanged. The
  * statistics used stay in state for backward. */
+/* Sum of n floats in float lanes the compiler vectorizes (short: one plane), returned in double. */
+static double plane_sum(const float *x, size_t n)
+{
+        float s[8] = { 0 };
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8)
+                for (int j = 0; j < 8; j++)
+                        s[j] += x[i + j];
+        double t = 0;
+        for (; i < n; i++)
+                t += x[i];
+        for (int j = 0; j < 8; j++)
+                t += s[j];
+        return t;
+}
+
+/* Sum of (x - mu)^2 over a plane, the same way. */
+static double plane_sq_dev(const float *x, size_t n, float mu)
+{
+        float s[8] = { 0 };
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8)
+                for (int j = 0; j < 8; j++) {
+                        float d = x[i + j] - mu;
+                        s[j] += d * d;
+                }
+        double t = 0;
+        for (; i < n; i++)
+                t += ((double)x[i] - mu) * ((double)x[i] - mu);
+        for (int j = 0; j < 8; j++)
+                t += s[j];
+        return t;
+}
+
 int gk_batchnorm_fwd(struct graph_kctx *k)
 {
         const float *x = k->in[0];     /* (N, C, S) */
@@ -571,14 +605,10 @@ int gk_batchnorm_fwd(struct graph_kctx *k)
                 if (k->training) {
                         double s = 0, ss = 0, m = (double)(N * S);
                         for (size_t b = 0; b < N; b++)
-                                for (size_t i = 0; i < S; i++)
-                                        s += x[(b * C + c) * S + i];
+                                s += plane_sum(x + (b * C + c) * S, S);
                         mu = s / m;
                         for (size_t b = 0; b < N; b++)
-                                for (size_t i = 0; i < S; i++) {
-                                        double d = x[(b * C + c) * S + i] - mu;
-                                        ss += d * d;
-                                }
+                                ss += plane_sq_dev(x + (b * C + c) * S, S, (float)mu);
                         var = ss / m;
                         if (rmean)
                                 rmean[c] = (float)(imean[c] * mom + mu * (1 - mom));
@@ -596,7 +626,7 @@ int gk_batchnorm_fwd(struct graph_kctx *k)
                 bvar[c] = (float)var;
                 mean[c] = (float)mu;
                 istd[c] = (float)is;
-                double a = scale[c] * is, b0 = bias[c] - mu * a; /* y = a*x + b0 */
+                double a = scale[c] * is, b0 = bias[c] - mu * a; /* y = a*x + b0, in double as the sums */
                 for (size_t b = 0; b < N; b++) {
                         const float *xs = x + (b * C + c) * S;
                         float *ys = y + (b * C + c) * S;
@@ -610,7 +640,7 @@ int gk_batchnorm_fwd(struct graph_kctx *k)
 /* dB = sum dY, dscale = sum dY * xhat per channel; training (the statistics depend on X):
  * dX = scale * istd / m * (m * dY - dB - xhat * dscale), m = N*S; inference: dX = scale * istd * dY.
  * The gradients of input_mean and input_var, and whatever flows into the running outputs, are not
- * propagated. */
+ * propagated. Per plane the sums run in float lanes, across planes in double. */
 int gk_batchnorm_bwd(struct graph_kctx *k)
 {
         const float *dy = k->dout[0];
@@ -623,30 +653,43 @@ int gk_batchnorm_bwd(struct graph_kctx *k)
         const float *mean = k->state, *istd = k->state + C;
         double m = (double)(N * S);
         for (size_t c = 0; c < C; c++) {
-                double sdy = 0, sdyx = 0, mu = mean[c], is = istd[c];
-                for (size_t b = 0; b < N; b++)
-                        for (size_t i = 0; i < S; i++) {
-                                size_t j = (b * C + c) * S + i;
-                                sdy += dy[j];
-                                sdyx += dy[j] * (x[j] - mu) * is;
+                double sdy = 0, sdyx = 0;
+                float mu = mean[c], is = istd[c];
+                for (size_t b = 0; b < N; b++) {
+                        const float *dys = dy + (b * C + c) * S, *xs = x + (b * C + c) * S;
+                        float s1[8] = { 0 }, s2[8] = { 0 };
+                        size_t i = 0;
+                        for (; i + 8 <= S; i += 8)
+                                for (int j = 0; j < 8; j++) {
+                                        s1[j] += dys[i + j];
+                                        s2[j] += dys[i + j] * (xs[i + j] - mu);
+                                }
+                        for (; i < S; i++) {
+                                sdy += dys[i];
+                                sdyx += (double)dys[i] * (xs[i] - mu);
                         }
+                        for (int j = 0; j < 8; j++) {
+                                sdy += s1[j];
+                                sdyx += s2[j];
+                        }
+                }
+                sdyx *= is;
                 if (dscale)
                         dscale[c] += (float)sdyx;
                 if (dbias)
                         dbias[c] += (float)sdy;
                 if (!dx)
                         continue;
-                double a = scale[c] * is;
-                for (size_t b = 0; b < N; b++)
-                        for (size_t i = 0; i < S; i++) {
-                                size_t j = (b * C + c) * S + i;
-                                if (k->training) {
-                                        double xh = (x[j] - mu) * is;
-                                        dx[j] += (float)(a * (dy[j] - sdy / m - xh * sdyx / m));
-                                } else {
-                                        dx[j] += (float)(a * dy[j]);
-                                }
-                        }
+                /* training: dx += a * dy - a * sdy / m - a * sdyx / m * is * (x - mu), in double: the
+                 * terms nearly cancel where the gradient is small */
+                double a = (double)scale[c] * is;
+                double k0 = k->training ? a * sdy / m : 0.0, k1 = k->training ? a * sdyx / m * is : 0.0;
+                for (size_t b = 0; b < N; b++) {
+                        const float *dys = dy + (b * C + c) * S, *xs = x + (b * C + c) * S;
+                        float *dxs = dx + (b * C + c) * S;
+                        for (size_t i = 0; i < S; i++)
+                                dxs[i] += (float)(a * dys[i] - k0 - k1 * ((double)xs[i] - mu));
+                }
         }
         return 0;
 }

@@ -458,7 +458,7 @@ static void transpose_rows(const struct graph_kctx *k, struct rows *w)
 {
         const struct graph_shape *s = &k->in_shape[0];
         uint32_t perm[GRAPH_MAX_RANK];
-        int64_t ist[GRAPH_MAX_RANK], step[GRAPH_MAX_RANK];
+        int64_t ist[GRAPH_MAX_RANK] = { 0 }, step[GRAPH_MAX_RANK];
         transpose_perm(&k->node->a, s->rank, perm, NULL, 0); /* checked by gs_transpose */
         strides(s, ist);
         for (uint32_t i = 0; i < s->rank; i++)
