@@ -28,6 +28,9 @@ SKIPPED = {
     ("README.md", "psfleet gen-data --rows 1000000 --out /var/tmp/psfleet-ctr/train.tsv.gz  --test-rows 100000 "
                   "--test-out /var/tmp/psfleet-ctr/test.tsv.gz"):
         "writes 275 MB of rows and trains a minute; integration.sparse_job runs that job on the same data",
+    ("README.md", "/usr/bin/python3 examples/models/export.py --out examples/models"):
+        "writes into the source tree and trains on /var/tmp/psfleet-ctr's rows; integration.graph_models trains "
+        "the three CTR examples through real daemons on rows of its own",
     ("README.md", "./run-demo.sh"):
         "installs packages and builds from scratch; tests/run.sh is the suite itself (.ci/run runs it)",
     ("docs/operations.md", "node1# apt install ./psfleet-common_*.deb ./psfleet-chiefd_*.deb ./psfleet-psd_*.deb ./psfleet_*.deb"):
