@@ -34,6 +34,7 @@
 #include "notify.h"
 #include "push.h"
 #include "replicas.h"
+#include "rng.h"
 #include "rpc.h"
 #include "sparse_step.h"
 #include "trainer.h"
@@ -612,6 +613,9 @@ static int build(struct worker *w) {
                 }
         }
         w->m = replicas_model(w->rep);
+        /* Dropout's masks: training.seed, this worker and the step (graph models) */
+        uint64_t ds = cfg->training.seed * UINT64_C(0x9e3779b97f4a7c15) + w->index + 1;
+        model_set_seed(w->m, rng_splitmix64(&ds));
         if (device_log_placement(&cfg->device)) {
                 char lines[8192];
                 device_placement(w->bes[0], w->m, lines, sizeof(lines));

@@ -151,6 +151,9 @@ int model_backward_blocks(struct model *m, model_block_cb after, void *ud);
  * BatchNormalization normalizes by the batch only when training (model_evaluate infers whatever this
  * says). Layer-list models compute the same either way. */
 void model_set_training(struct model *m, bool training);
+/* A graph model's Dropout seed: training forward k draws its masks from (seed, k), the same seed the
+ * same masks. model.seed at first; a worker makes its own from training.seed and its index. */
+void model_set_seed(struct model *m, uint64_t seed);
 
 /* Mean loss and accuracy over n examples, in max_batch chunks (clobbers the forward state). Labels as
  * model_forward's, for any head. */

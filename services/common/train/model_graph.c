@@ -67,6 +67,12 @@ void model_set_training(struct model *m, bool training)
         m->eval = !training;
 }
 
+void model_set_seed(struct model *m, uint64_t seed)
+{
+        m->seed = seed;
+        m->n_fwd = 0;
+}
+
 /* splitmix64's finalizer: the step's Dropout seed from the model's seed and the forward's count. */
 static uint64_t mix(uint64_t z)
 {
