@@ -153,6 +153,10 @@ static void test_linear_idx(void **state)
         c = load_ok("{\"input\": [4], \"onnx\": \"models/linear.onnx\", \"inputs\": {\"x\": \"image\"}}", NULL);
         assert_true(config_fingerprint(c) == fp);
         config_free(c);
+        c = load_ok("{\"input\": [4], \"onnx\": \"models/linear.onnx\", \"init\": \"glorot_uniform\"}", NULL);
+        assert_int_equal(c->model.init, GRAPH_INIT_GLOROT);
+        assert_true(config_fingerprint(c) != fp);
+        config_free(c);
         write_model("linear.onnx", linear(0.5f));
         c = load_ok("{\"input\": [4], \"onnx\": \"linear.onnx\"}", NULL);
         assert_true(config_fingerprint(c) != fp);
@@ -226,6 +230,8 @@ static void test_refused(void **state)
                "model.input");
         refuse("{\"input\": [4], \"inputs\": {\"x\": \"image\"}, \"layers\": [{\"type\": \"dense\", \"units\": 2}]}",
                NULL, "model.inputs: only with model.onnx");
+        refuse("{\"input\": [4], \"init\": \"file\", \"layers\": [{\"type\": \"dense\", \"units\": 2}]}",
+               NULL, "model.init: only with model.onnx");
 
         const char *emb = "\"embeddings\": [{\"name\": \"emb\", \"initializer\": \"emb.weight\"}]";
         char mj[1024];

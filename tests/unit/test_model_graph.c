@@ -240,6 +240,26 @@ static void test_dropout_modes_and_initializers(void **state)
         assert_int_equal(model_init_params(m, 99), 0);
         assert_memory_equal(model_params(m), w, sizeof(w));
         assert_memory_equal(model_params(m) + 12, b, sizeof(b));
+        /* model.init glorot_uniform: the matrix drawn within +-sqrt(6 / (6 + 2)), seeded; the bias the file's */
+        struct model_spec s2 = s;
+        s2.init = GRAPH_INIT_GLOROT;
+        struct model *m2;
+        assert_int_equal(model_new(&s2, be, 8, &m2), 0);
+        assert_int_equal(model_init_params(m2, 5), 0);
+        float lim = sqrtf(6.0f / 8.0f), first[12];
+        bool differs = false;
+        for (int i = 0; i < 12; i++) {
+                assert_true(fabsf(model_params(m2)[i]) <= lim);
+                differs |= model_params(m2)[i] != w[i];
+        }
+        assert_true(differs);
+        assert_memory_equal(model_params(m2) + 12, b, sizeof(b));
+        memcpy(first, model_params(m2), sizeof(first));
+        assert_int_equal(model_init_params(m2, 5), 0);
+        assert_memory_equal(model_params(m2), first, sizeof(first));
+        assert_int_equal(model_init_params(m2, 6), 0);
+        assert_memory_not_equal(model_params(m2), first, sizeof(first));
+        model_free(m2);
 
         float x[8 * 6];
         uint8_t y[8] = { 0 };

@@ -36,7 +36,7 @@ static bool node_local(const char *key) {
  * belongs here; test_config checks the demo job's fingerprint against the value it has always had. */
 static bool added_later(const char *key) {
         static const char *const keys[] = {
-                "model.head",         "training.sparse_optimizer", "training.sparse_learning_rate",
+                "model.head",         "model.init",                "training.sparse_optimizer", "training.sparse_learning_rate",
                 "training.ftrl_l1",   "training.ftrl_l2",          "training.ftrl_beta",
                 "training.ftrl_lr_power",
         };

@@ -35,6 +35,7 @@
 
 static const char *const optimizer_names[] = { "sgd", "momentum", "adam", "adagrad", NULL };
 static const char *const head_names[] = { [HEAD_SOFTMAX] = "softmax", [HEAD_LOGISTIC] = "logistic", [HEAD_MSE] = "mse", NULL };
+static const char *const graph_init_names[] = { [GRAPH_INIT_FILE] = "file", [GRAPH_INIT_GLOROT] = "glorot_uniform", NULL };
 static const char *const data_format_names[] = {
         [DATA_IDX] = "idx", [DATA_LIBSVM] = "libsvm", [DATA_CRITEO] = "criteo", [DATA_CSV] = "csv", NULL,
 };
@@ -132,6 +133,11 @@ const struct config_key cfg_keys[] = {
                "cross-entropy; labels 0 or 1; metrics AUC and log loss) or mse (1 unit, mean over the batch of "
                "the squared error, as tf.losses.mean_squared_error; metric RMSE). logistic and mse need a record "
                "format (data.format)."),
+        K_ENUM("model.init", model.init, "file", graph_init_names,
+               "model.onnx: the variables' initial values: file (the initializers' own) or glorot_uniform "
+               "(every initializer of rank 2 or more drawn uniform in +-sqrt(6 / (fan_in + fan_out)), seeded by "
+               "model.seed and its index, a convolution's fans counting its kernel's positions; vectors, "
+               "biases and batch normalization's keep the file's)."),
         K_SPECIAL("model.embeddings", "list of tables", "[]", "0..8 tables; needs a record format",
                   "Embedding tables on the ps (docs/sparse.md): each field listed is looked up in its table and "
                   "pooled into a dim-wide slice; the dense layers read the dense features, then every table's "

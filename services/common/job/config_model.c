@@ -155,6 +155,8 @@ int cfg_parse_model(const struct ctx *x, struct job_config *c, const json_t *obj
                 return cfg_parse_onnx(x, c, obj);
         if (json_object_get(obj, "inputs"))
                 return cfg_failf(x, "model.inputs", "only with model.onnx (a graph's inputs)");
+        if (json_object_get(obj, "init"))
+                return cfg_failf(x, "model.init", "only with model.onnx (a layer's initializer is model.layers[].init)");
         for (uint32_t e = 0; e < m->n_embeddings; e++)
                 if (m->emb[e].initializer[0]) {
                         snprintf(key, sizeof(key), "model.embeddings[%u].initializer", e);

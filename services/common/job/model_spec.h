@@ -82,6 +82,7 @@ struct model_spec {
         struct layer_spec layers[MODEL_MAX_LAYERS];
         uint64_t seed;        /* initializers' seed (embedding rows: with the id) */
         enum model_head head; /* the loss over the last dense layer's outputs */
+        enum graph_init { GRAPH_INIT_FILE, GRAPH_INIT_GLOROT } init; /* model.init: a graph's initial values */
         uint32_t n_embeddings;
         struct embedding_spec emb[MODEL_MAX_EMBEDDINGS];
         /* With embeddings, input is (1, 1, N): N dense features of each record (0 allowed), and the

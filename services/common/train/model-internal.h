@@ -75,6 +75,7 @@ struct model {
         struct model_feed feeds[MODEL_MAX_FEEDS];
         bool eval;               /* passes in inference mode (model_set_training) */
         uint64_t seed, n_fwd;    /* Dropout's masks: from model.seed and the count of training forwards */
+        enum graph_init init;    /* model.init */
 };
 
 /* The hooks of one pass: per layer (the graph: all variables as one layer) or per (var, block). */
@@ -92,5 +93,5 @@ int model_graph_bind(struct model *m);
 int model_graph_forward(struct model *m, const float *x, uint32_t B, const struct hooks *h, float **out);
 int model_graph_backward(struct model *m, const float *dy, const struct hooks *h);
 void model_graph_free(struct model *m);
-void model_graph_init_params(struct model *m);
+void model_graph_init_params(struct model *m, uint64_t seed);
 void model_graph_describe(const struct model *m, FILE *f);

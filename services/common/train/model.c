@@ -368,7 +368,7 @@ int model_init_params(struct model *m, uint64_t seed)
 {
         float *p = m->params_host;
         if (m->gx) { /* the graph's initializers' values */
-                model_graph_init_params(m);
+                model_graph_init_params(m, seed);
                 return model_params_sync(m);
         }
         for (uint32_t v = 0; v < m->n_vars; v++) {

@@ -11,11 +11,13 @@
  * The graph engine computes on the CPU: a graph model needs a host-memory backend (model_new gives
  * -EOPNOTSUPP on any other). */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "graph.h"
 #include "model-internal.h"
+#include "rng.h"
 
 int model_graph_plan(struct model *m, const struct model_spec *spec)
 {
@@ -33,6 +35,7 @@ int model_graph_plan(struct model *m, const struct model_spec *spec)
         m->n_feeds = spec->n_feeds;
         memcpy(m->feeds, spec->feeds, sizeof(m->feeds[0]) * spec->n_feeds);
         m->seed = spec->seed;
+        m->init = spec->init;
         uint64_t total = 0;
         for (uint32_t i = 0; i < m->n_feeds; i++)
                 total += m->feeds[i].count;
@@ -52,13 +55,28 @@ void model_graph_free(struct model *m)
         m->gx = graph_exec_free(m->gx);
 }
 
-void model_graph_init_params(struct model *m)
+void model_graph_init_params(struct model *m, uint64_t seed)
 {
         const struct graph *g = m->g;
+        uint32_t v = 0;
         for (uint32_t i = 0; i < g->n_tensors; i++) {
                 const struct graph_tensor *t = &g->tensors[i];
-                if (t->kind == GT_PARAM)
-                        memcpy(m->params_host + t->param_offset, t->data, sizeof(float) * graph_shape_count(&t->shape, 1));
+                if (t->kind != GT_PARAM)
+                        continue;
+                size_t n = graph_shape_count(&t->shape, 1);
+                float *w = m->params_host + t->param_offset;
+                if (m->init != GRAPH_INIT_GLOROT || t->shape.rank < 2 || t->moving) {
+                        memcpy(w, t->data, sizeof(float) * n);
+                        v++;
+                        continue;
+                }
+                /* (a, b, k...): fans a * k and b * k, whichever way round the layer holds them */
+                double k = (double)n / ((double)t->shape.dims[0] * (double)t->shape.dims[1]);
+                float lim = (float)sqrt(6.0 / (((double)t->shape.dims[0] + (double)t->shape.dims[1]) * k));
+                struct rng r;
+                rng_init(&r, seed, v++);
+                for (size_t j = 0; j < n; j++)
+                        w[j] = rng_uniform_f(&r, -lim, lim);
         }
 }
 
