@@ -175,6 +175,45 @@ static void test_mlp(void **state)
         graph_free(g);
 }
 
+/* Gradients a node's backward sets whole rather than adds to (a tensor read once, by Gemm or Relu: h, w1,
+ * b1 here) are never stale: after a backward from the loss, a backward from h (seeded with ones) gives
+ * d(sum h)/dw1 = x^T 1 and d/db1 = B, and nothing of the loss's, and the loss's again is what it was. */
+static void test_set_gradients_not_stale(void **state)
+{
+        (void)state;
+        struct mlp m;
+        mlp_build(&m);
+        struct graph *g = m.g;
+        char err[256];
+        struct graph_exec *x;
+        enum { B = 5 };
+        assert_int_equal(graph_exec_new(g, B, &x, err, sizeof(err)), 0);
+        float *in = gc_rand(B * 4, -1, 1, 77), first[21];
+        assert_int_equal(graph_set_input(x, m.x, in, B), 0);
+        assert_int_equal(graph_forward(x, true, 0), 0);
+        assert_int_equal(graph_backward(x, m.loss, NULL), 0);
+        memcpy(first, graph_exec_grads(x), sizeof(first));
+        int32_t h = graph_find(g, "h");
+        assert_int_equal(graph_backward(x, h, NULL), 0);
+        const float *gr = graph_exec_grads(x);
+        for (int k = 0; k < 4; k++)
+                for (int j = 0; j < 3; j++) {
+                        double s = 0;
+                        for (int b = 0; b < B; b++)
+                                s += in[b * 4 + k];
+                        assert_float_equal(gr[k * 3 + j], s, 1e-5);
+                }
+        for (int j = 0; j < 3; j++)
+                assert_float_equal(gr[12 + j], B, 1e-6);
+        for (int i = 15; i < 21; i++)
+                assert_float_equal(gr[i], 0, 0); /* w2 is downstream of h */
+        assert_int_equal(graph_backward(x, m.loss, NULL), 0);
+        assert_memory_equal(graph_exec_grads(x), first, sizeof(first));
+        free(in);
+        graph_exec_free(x);
+        graph_free(g);
+}
+
 /* A tensor used twice: its gradient is the sum of both uses' (d(p*p)/dp = 2p). */
 static void test_fan_in(void **state)
 {
@@ -216,4 +255,5 @@ static void test_op_names(void **state)
 }
 
 UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_build_errors), cmocka_unit_test(test_finalize_errors),
+               cmocka_unit_test(test_set_gradients_not_stale),
                cmocka_unit_test(test_mlp), cmocka_unit_test(test_fan_in), cmocka_unit_test(test_op_names))

@@ -21,6 +21,9 @@ struct graph_kctx {
          * first); NULL where no gradient is needed (constants, int inputs, inputs of the graph). */
         const float *dout[GRAPH_MAX_OUT];
         float *din[GRAPH_MAX_IN];
+        /* din[j] is to be SET, every element written, rather than added to: the tensor feeds this node
+         * alone and its op says it can (graph_op_bwd_sets), so the engine left it unzeroed */
+        bool din_set[GRAPH_MAX_IN];
         /* per-node state kept from forward to backward (state_floats of the op, at this B), e.g. a batch
          * normalization's mean and inverse deviation, a dropout mask, a pooling's argmax */
         float *state;
@@ -49,6 +52,9 @@ struct graph_op_info {
 };
 
 extern const struct graph_op_info graph_ops[GOP__COUNT];
+/* The ops whose backward honours din_set (writes a gradient whole when told to): the engine zeroes the
+ * gradient of a tensor that feeds only such a node no more. */
+extern const bool graph_op_bwd_sets[GOP__COUNT];
 
 /* Shape helpers for the ops' shape functions. */
 const struct graph_shape *graph_in_shape(const struct graph *g, const struct graph_node *n, uint32_t i);

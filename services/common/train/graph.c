@@ -448,6 +448,10 @@ struct graph_exec {
         void **val;                      /* (n_tensors) each tensor's buffer */
         float **grad;                    /* (n_tensors) its gradient, or NULL where none flows */
         float **state;                   /* (n_nodes) */
+        bool *set;                       /* (n_tensors) its gradient is set whole by its one consumer
+                                          * (graph_op_bwd_sets), never zeroed */
+        bool *live;                      /* (n_tensors + n_nodes) this backward: the tensors on a path to
+                                          * the one differentiated, then the nodes that are */
         float *scratch;
         bool fed;                        /* a batched input was fed since the last forward */
         bool training;                   /* the last forward's mode, which its backward follows */
@@ -474,6 +478,8 @@ struct graph_exec *graph_exec_free(struct graph_exec *x)
         free(x->val);
         free(x->grad);
         free(x->state);
+        free(x->set);
+        free(x->live);
         free(x->scratch);
         if (!x->ext_blocks) {
                 free(x->params);
@@ -500,8 +506,25 @@ int graph_exec_new(const struct graph *g, uint32_t max_batch, struct graph_exec 
         x->val = alloc_ptrs(g->n_tensors);
         x->grad = (float **)alloc_ptrs(g->n_tensors);
         x->state = (float **)alloc_ptrs(g->n_nodes);
-        if (!x->params || !x->grads || !x->val || !x->grad || !x->state)
+        x->set = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(bool));
+        x->live = calloc((size_t)g->n_tensors + g->n_nodes + 1, sizeof(bool));
+        if (!x->params || !x->grads || !x->val || !x->grad || !x->state || !x->set || !x->live)
                 goto nomem;
+        /* a tensor read once, by a node whose backward can write its gradient whole: no zeroing */
+        uint32_t *reads = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(uint32_t));
+        if (!reads)
+                goto nomem;
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+                for (uint32_t j = 0; j < g->nodes[i].n_in; j++)
+                        if (g->nodes[i].in[j] >= 0)
+                                reads[g->nodes[i].in[j]]++;
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+                for (uint32_t j = 0; j < g->nodes[i].n_in; j++) {
+                        int32_t t = g->nodes[i].in[j];
+                        if (t >= 0 && t != g->loss && reads[t] == 1 && graph_op_bwd_sets[g->nodes[i].op])
+                                x->set[t] = true;
+                }
+        free(reads);
         /* Which tensors carry a gradient: the parameters, and every float value computed from one. */
         bool *needs = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(bool));
         if (!needs)
@@ -729,9 +752,21 @@ int graph_backward(struct graph_exec *x, int32_t t, const float *dt)
         const struct graph *g = x->g;
         if (t < 0 || t >= (int32_t)g->n_tensors || !x->grad[t])
                 return -EINVAL;
-        memset(x->grads, 0, sizeof(float) * g->n_params);
-        for (uint32_t i = 0; i < g->n_tensors; i++)
-                if (x->grad[i] && g->tensors[i].kind != GT_PARAM)
+        /* Which nodes lie on a path to t, and which tensors feed them: only those run backward, and a
+         * gradient that its one consumer sets is zeroed only when that consumer does not run. */
+        bool *live = x->live, *node_live = x->live + g->n_tensors;
+        memset(live, 0, sizeof(bool) * ((size_t)g->n_tensors + g->n_nodes));
+        live[t] = true;
+        for (uint32_t i = g->n_nodes; i-- > 0;) {
+                const struct graph_node *nd = &g->nodes[i];
+                for (uint32_t j = 0; j < nd->n_out; j++)
+                        node_live[i] |= live[nd->out[j]] && (x->grad[nd->out[j]] != NULL);
+                for (uint32_t j = 0; node_live[i] && j < nd->n_in; j++)
+                        if (nd->in[j] >= 0)
+                                live[nd->in[j]] = true;
+        }
+        for (uint32_t i = 0; i < g->n_tensors; i++) /* what is added to starts from zero */
+                if (x->grad[i] && (!x->set[i] || !live[i]) && (int32_t)i != t)
                         memset(x->grad[i], 0, sizeof(float) * graph_shape_count(&g->tensors[i].shape, x->B));
         size_t n = graph_shape_count(&g->tensors[t].shape, x->B);
         for (size_t i = 0; i < n; i++)
@@ -739,18 +774,25 @@ int graph_backward(struct graph_exec *x, int32_t t, const float *dt)
         for (uint32_t i = g->n_nodes; i-- > 0;) {
                 const struct graph_node *nd = &g->nodes[i];
                 const struct graph_op_info *op = &graph_ops[nd->op];
-                bool flows = false;
-                for (uint32_t j = 0; j < nd->n_out; j++)
-                        flows |= x->grad[nd->out[j]] != NULL;
-                if (!flows || !op->bwd)
+                if (!node_live[i])
                         continue;
+                if (!op->bwd) {
+                        /* nothing flows back through it: the gradients it would have set are zero */
+                        for (uint32_t j = 0; j < nd->n_in; j++)
+                                if (nd->in[j] >= 0 && x->set[nd->in[j]] && x->grad[nd->in[j]])
+                                        memset(x->grad[nd->in[j]], 0,
+                                               sizeof(float) * graph_shape_count(&g->tensors[nd->in[j]].shape, x->B));
+                        continue;
+                }
                 struct graph_kctx k;
                 kctx_fill(x, i, &k);
                 k.training = x->training;
                 for (uint32_t j = 0; j < nd->n_out; j++)
                         k.dout[j] = x->grad[nd->out[j]];
-                for (uint32_t j = 0; j < nd->n_in; j++)
+                for (uint32_t j = 0; j < nd->n_in; j++) {
                         k.din[j] = nd->in[j] >= 0 ? x->grad[nd->in[j]] : NULL;
+                        k.din_set[j] = nd->in[j] >= 0 && x->set[nd->in[j]];
+                }
                 int r = op->bwd(&k);
                 if (r < 0)
                         return r;

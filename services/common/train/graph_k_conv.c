@@ -279,6 +279,12 @@ int gk_conv_bwd(struct graph_kctx *k)
         const float *x = k->in[0], *w = k->in[1];
         size_t N = (size_t)q->N, M = (size_t)c.M, ohw = (size_t)(q->OH * q->OW);
         size_t chw = (size_t)(q->C * q->H * q->W), ckk = (size_t)(q->C * q->kh * q->kw);
+        /* set: db and dx start from zero (they are summed into), dw's first product overwrites */
+        if (db && k->din_set[2])
+                memset(db, 0, sizeof(float) * M);
+        if (dx && k->din_set[0])
+                memset(dx, 0, sizeof(float) * N * chw);
+        float dw_beta = k->din_set[1] ? 0.0f : 1.0f;
         if (db)
                 for (size_t b = 0; b < N; b++)
                         for (size_t m = 0; m < M; m++) {
@@ -306,7 +312,8 @@ int gk_conv_bwd(struct graph_kctx *k)
                         for (size_t j = 0; j < gn; j++)
                                 im2col(x + (b0 + j) * chw, q, col + j * ohw, ld);
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)ckk, (int)ld, 1.0f, dyc,
-                                    (int)ld, col, (int)ld, 1.0f, dw, (int)ckk);
+                                    (int)ld, col, (int)ld, dw_beta, dw, (int)ckk);
+                        dw_beta = 1.0f;
                 }
                 if (dx) {
                         /* col, done with, now takes d(col) = W^T @ dY */
@@ -652,6 +659,9 @@ int gk_batchnorm_bwd(struct graph_kctx *k)
         bn_dims(&k->in_shape[0], &N, &C, &S);
         const float *mean = k->state, *istd = k->state + C;
         double m = (double)(N * S);
+        for (uint32_t j = 1; j < 5; j++) /* set: what is not summed into below starts from zero */
+                if (k->din[j] && k->din_set[j])
+                        memset(k->din[j], 0, sizeof(float) * C);
         for (size_t c = 0; c < C; c++) {
                 double sdy = 0, sdyx = 0;
                 float mu = mean[c], is = istd[c];
@@ -687,8 +697,12 @@ int gk_batchnorm_bwd(struct graph_kctx *k)
                 for (size_t b = 0; b < N; b++) {
                         const float *dys = dy + (b * C + c) * S, *xs = x + (b * C + c) * S;
                         float *dxs = dx + (b * C + c) * S;
-                        for (size_t i = 0; i < S; i++)
-                                dxs[i] += (float)(a * dys[i] - k0 - k1 * ((double)xs[i] - mu));
+                        if (k->din_set[0])
+                                for (size_t i = 0; i < S; i++)
+                                        dxs[i] = (float)(a * dys[i] - k0 - k1 * ((double)xs[i] - mu));
+                        else
+                                for (size_t i = 0; i < S; i++)
+                                        dxs[i] += (float)(a * dys[i] - k0 - k1 * ((double)xs[i] - mu));
                 }
         }
         return 0;

@@ -245,14 +245,29 @@ int gk_unary_bwd(struct graph_kctx *k)
         const float *dy = k->dout[0];
         const float *x = k->in[0], *y = k->out[0];
         float alpha = k->node->a.alpha;
+        /* dy[i] is loaded whatever the sign (not under the condition): the loops then vectorize, where a
+         * load only on one branch keeps them scalar and mispredicted */
+        if (k->din_set[0] && k->node->op == GOP_RELU) {
+                for (size_t i = 0; i < n; i++) {
+                        float d = dy[i];
+                        dx[i] = x[i] > 0.0f ? d : 0.0f;
+                }
+                return 0;
+        }
+        if (k->din_set[0])
+                memset(dx, 0, sizeof(float) * n);
         switch (k->node->op) {
         case GOP_RELU:
-                for (size_t i = 0; i < n; i++)
-                        dx[i] += x[i] > 0.0f ? dy[i] : 0.0f;
+                for (size_t i = 0; i < n; i++) {
+                        float d = dy[i];
+                        dx[i] += x[i] > 0.0f ? d : 0.0f;
+                }
                 return 0;
         case GOP_LEAKY_RELU:
-                for (size_t i = 0; i < n; i++)
-                        dx[i] += x[i] > 0.0f ? dy[i] : alpha * dy[i];
+                for (size_t i = 0; i < n; i++) {
+                        float d = dy[i];
+                        dx[i] += x[i] > 0.0f ? d : alpha * d;
+                }
                 return 0;
         case GOP_SIGMOID:
                 for (size_t i = 0; i < n; i++)
@@ -331,7 +346,9 @@ int gk_dropout_bwd(struct graph_kctx *k)
                         dx[i] += dy[i];
                 return 0;
         }
-        for (size_t i = 0; i < n; i++)
-                dx[i] += mask[i] != 0.0f ? dy[i] * scale : 0.0f;
+        for (size_t i = 0; i < n; i++) {
+                float d = dy[i] * scale; /* loaded either way: the loop vectorizes */
+                dx[i] += mask[i] != 0.0f ? d : 0.0f;
+        }
         return 0;
 }

@@ -135,18 +135,21 @@ int gk_gemm_bwd(struct graph_kctx *k)
         size_t K = (size_t)k->in_shape[0].dims[ta ? 0 : 1];
         const float *A = k->in[0], *B = k->in[1];
         float *dA = k->din[0], *dB = k->din[1], *dC = k->din[2];
+        float ba = k->din_set[0] ? 0.0f : 1.0f, bb = k->din_set[1] ? 0.0f : 1.0f; /* set: overwrite */
         if (dA) {
                 if (!ta)
-                        sgemm(false, !tb, M, K, N, at->alpha, dY, B, 1.0f, dA); /* (M, K) */
+                        sgemm(false, !tb, M, K, N, at->alpha, dY, B, ba, dA); /* (M, K) */
                 else
-                        sgemm(tb, true, K, M, N, at->alpha, B, dY, 1.0f, dA); /* (K, M) */
+                        sgemm(tb, true, K, M, N, at->alpha, B, dY, ba, dA); /* (K, M) */
         }
         if (dB) {
                 if (!tb)
-                        sgemm(!ta, false, K, N, M, at->alpha, A, dY, 1.0f, dB); /* (K, N) */
+                        sgemm(!ta, false, K, N, M, at->alpha, A, dY, bb, dB); /* (K, N) */
                 else
-                        sgemm(true, ta, N, K, M, at->alpha, dY, A, 1.0f, dB); /* (N, K) */
+                        sgemm(true, ta, N, K, M, at->alpha, dY, A, bb, dB); /* (N, K) */
         }
+        if (dC && k->in[2] && k->din_set[2])
+                memset(dC, 0, sizeof(float) * graph_count(&k->in_shape[2]));
         if (dC && k->in[2]) {
                 const struct graph_shape *ops[2] = { &k->out_shape[0], &k->in_shape[2] };
                 struct gk_nd it;

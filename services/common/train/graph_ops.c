@@ -7,6 +7,11 @@
 
 #define OP(n, i0, i1, o0, o1, sh, f, b, st, sc) { n, i0, i1, o0, o1, sh, f, b, st, sc }
 
+const bool graph_op_bwd_sets[GOP__COUNT] = {
+        [GOP_GEMM] = true, [GOP_RELU] = true, [GOP_LEAKY_RELU] = true, [GOP_SIGMOID] = true, [GOP_TANH] = true,
+        [GOP_BATCHNORM] = true, [GOP_CONV] = true,
+};
+
 const struct graph_op_info graph_ops[GOP__COUNT] = {
         [GOP_GEMM] = OP("Gemm", 2, 3, 1, 1, gs_gemm, gk_gemm_fwd, gk_gemm_bwd, NULL, NULL),
         [GOP_MATMUL] = OP("MatMul", 2, 2, 1, 1, gs_matmul, gk_matmul_fwd, gk_matmul_bwd, NULL, NULL),
