@@ -560,38 +560,27 @@ static void bn_dims(const struct graph_shape *x, size_t *N, size_t *C, size_t *S
  * implementation, np.var) takes the biased variance for them too, not PyTorch's unbiased one; so do we.
  * Inference: input_mean and input_var normalize, and the running outputs are the inputs unchanged. The
  * statistics used stay in state for backward. */
-/* Sum of n floats in float lanes the compiler vectorizes (short: one plane), returned in double. */
-static double plane_sum(const float *x, size_t n)
+/* The sums of (x - shift) and (x - shift)^2 over a plane in one pass, the same way: with a shift near
+ * the mean (the running mean) the variance E[(x-K)^2] - E[x-K]^2 does not cancel away. */
+static void plane_moments(const float *x, size_t n, float shift, double *s1, double *s2)
 {
-        float s[8] = { 0 };
-        size_t i = 0;
-        for (; i + 8 <= n; i += 8)
-                for (int j = 0; j < 8; j++)
-                        s[j] += x[i + j];
-        double t = 0;
-        for (; i < n; i++)
-                t += x[i];
-        for (int j = 0; j < 8; j++)
-                t += s[j];
-        return t;
-}
-
-/* Sum of (x - mu)^2 over a plane, the same way. */
-static double plane_sq_dev(const float *x, size_t n, float mu)
-{
-        float s[8] = { 0 };
+        float a[8] = { 0 }, b[8] = { 0 };
         size_t i = 0;
         for (; i + 8 <= n; i += 8)
                 for (int j = 0; j < 8; j++) {
-                        float d = x[i + j] - mu;
-                        s[j] += d * d;
+                        float d = x[i + j] - shift;
+                        a[j] += d;
+                        b[j] += d * d;
                 }
-        double t = 0;
-        for (; i < n; i++)
-                t += ((double)x[i] - mu) * ((double)x[i] - mu);
-        for (int j = 0; j < 8; j++)
-                t += s[j];
-        return t;
+        for (; i < n; i++) {
+                double d = (double)x[i] - shift;
+                *s1 += d;
+                *s2 += d * d;
+        }
+        for (int j = 0; j < 8; j++) {
+                *s1 += a[j];
+                *s2 += b[j];
+        }
 }
 
 int gk_batchnorm_fwd(struct graph_kctx *k)
@@ -610,13 +599,15 @@ int gk_batchnorm_fwd(struct graph_kctx *k)
         for (size_t c = 0; c < C; c++) {
                 double mu, var;
                 if (k->training) {
-                        double s = 0, ss = 0, m = (double)(N * S);
+                        double s1 = 0, s2 = 0, m = (double)(N * S);
+                        float shift = isfinite(imean[c]) ? imean[c] : 0.0f;
                         for (size_t b = 0; b < N; b++)
-                                s += plane_sum(x + (b * C + c) * S, S);
-                        mu = s / m;
-                        for (size_t b = 0; b < N; b++)
-                                ss += plane_sq_dev(x + (b * C + c) * S, S, (float)mu);
-                        var = ss / m;
+                                plane_moments(x + (b * C + c) * S, S, shift, &s1, &s2);
+                        double d = s1 / m;
+                        mu = shift + d;
+                        var = s2 / m - d * d;
+                        if (var < 0)
+                                var = 0;
                         if (rmean)
                                 rmean[c] = (float)(imean[c] * mom + mu * (1 - mom));
                         if (rvar)
