@@ -1,6 +1,8 @@
 /* What graph.c, graph_ops.c and the kernels (graph_k_*.c) share: the op table and the kernel
  * interface. Outside the graph engine only its ONNX loader includes it (for the ops' arities). */
 #pragma once
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "graph.h"
@@ -52,6 +54,19 @@ struct graph_op_info {
 };
 
 extern const struct graph_op_info graph_ops[GOP__COUNT];
+
+/* Bytes of one element of a dtype. */
+size_t graph_dtype_size(enum graph_dtype t);
+
+/* Row-major C (M, N) = alpha op(A) op(B) + beta C, as cblas_sgemm with CblasRowMajor: the kernels' one
+ * matrix product. A pointer that graph_exec_new sets to gk_blas_sgemm (graph_k_blas.c, OpenBLAS): the
+ * kernels reach no BLAS symbol themselves, so what only builds and checks graphs (the ONNX loader, a job
+ * file's model.onnx, which psd reads for a graph model's variables) links no BLAS; only running one does. */
+typedef void (*gk_sgemm_fn)(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                            const float *B, int ldb, float beta, float *C, int ldc);
+extern gk_sgemm_fn gk_sgemm;
+void gk_blas_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                   int ldb, float beta, float *C, int ldc);
 /* The ops whose backward honours din_set (writes a gradient whole when told to): the engine zeroes the
  * gradient of a tensor that feeds only such a node no more. */
 extern const bool graph_op_bwd_sets[GOP__COUNT];

@@ -3,7 +3,6 @@
  * (opsets 13 to 17). NCHW; convolutions and pools are 2-D. */
 #include "graph-internal.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -246,13 +245,13 @@ int gk_conv_fwd(struct graph_kctx *k)
                         for (size_t m = 0; m < M; m++)
                                 for (size_t i = 0; i < ohw; i++)
                                         yb[m * ohw + i] = bias ? bias[m] : 0.0f;
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)ohw, (int)ckk, 1.0f, w,
-                                    (int)ckk, col, (int)ld, 1.0f, yb, (int)ohw);
+                        gk_sgemm(false, false, (int)M, (int)ohw, (int)ckk, 1.0f, w,
+                                 (int)ckk, col, (int)ld, 1.0f, yb, (int)ohw);
                         continue;
                 }
                 /* tmp (M, gn*ohw) = W @ col, then Y[b0 + j][m] = tmp[m][j*ohw ...] + bias[m] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)ld, (int)ckk, 1.0f, w, (int)ckk,
-                            col, (int)ld, 0.0f, tmp, (int)ld);
+                gk_sgemm(false, false, (int)M, (int)ld, (int)ckk, 1.0f, w, (int)ckk,
+                         col, (int)ld, 0.0f, tmp, (int)ld);
                 for (size_t j = 0; j < gn; j++)
                         for (size_t m = 0; m < M; m++) {
                                 const float *src = tmp + m * ld + j * ohw;
@@ -311,14 +310,14 @@ int gk_conv_bwd(struct graph_kctx *k)
                 if (dw) {
                         for (size_t j = 0; j < gn; j++)
                                 im2col(x + (b0 + j) * chw, q, col + j * ohw, ld);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)ckk, (int)ld, 1.0f, dyc,
-                                    (int)ld, col, (int)ld, dw_beta, dw, (int)ckk);
+                        gk_sgemm(false, true, (int)M, (int)ckk, (int)ld, 1.0f, dyc,
+                                 (int)ld, col, (int)ld, dw_beta, dw, (int)ckk);
                         dw_beta = 1.0f;
                 }
                 if (dx) {
                         /* col, done with, now takes d(col) = W^T @ dY */
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)ckk, (int)ld, (int)M, 1.0f, w,
-                                    (int)ckk, dyc, (int)ld, 0.0f, col, (int)ld);
+                        gk_sgemm(true, false, (int)ckk, (int)ld, (int)M, 1.0f, w,
+                                 (int)ckk, dyc, (int)ld, 0.0f, col, (int)ld);
                         for (size_t j = 0; j < gn; j++)
                                 col2im_add(col + j * ohw, ld, q, dx + (b0 + j) * chw);
                 }

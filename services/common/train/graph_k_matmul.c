@@ -3,7 +3,6 @@
 #include "graph-internal.h"
 #include "graph_k_nd.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -23,9 +22,7 @@ static const char *dim_str(int64_t d, char *buf, size_t len)
 static void sgemm(bool ta, bool tb, size_t M, size_t N, size_t K, float alpha, const float *A, const float *B,
                   float beta, float *C)
 {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
-                    (blasint)N, (blasint)K, alpha, A, (blasint)(ta ? M : K), B, (blasint)(tb ? K : N), beta, C,
-                    (blasint)N);
+        gk_sgemm(ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)(ta ? M : K), B, (int)(tb ? K : N), beta, C, (int)N);
 }
 
 /* An attribute that is a flag: 0 or 1. */

@@ -7,6 +7,8 @@
 
 #define OP(n, i0, i1, o0, o1, sh, f, b, st, sc) { n, i0, i1, o0, o1, sh, f, b, st, sc }
 
+gk_sgemm_fn gk_sgemm; /* set by graph_exec_new */
+
 const bool graph_op_bwd_sets[GOP__COUNT] = {
         [GOP_GEMM] = true, [GOP_RELU] = true, [GOP_LEAKY_RELU] = true, [GOP_SIGMOID] = true, [GOP_TANH] = true,
         [GOP_BATCHNORM] = true, [GOP_CONV] = true,

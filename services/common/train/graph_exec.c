@@ -1,0 +1,370 @@
+/* Running a graph: see graph.h. Apart from building (graph.c) so that what only builds and checks
+ * graphs (the ONNX loader, the job file's model.onnx, which psd needs for a graph model's variables)
+ * links no matrix library: the kernels' one sgemm comes through gk_sgemm, which graph_exec_new sets. */
+#include "graph-internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct graph_exec {
+        const struct graph *g;
+        uint32_t max_batch, B;
+        float *params, *grads;           /* (n_params) each */
+        bool ext_blocks;                 /* params and grads are the caller's (graph_exec_use_blocks) */
+        void **val;                      /* (n_tensors) each tensor's buffer */
+        float **grad;                    /* (n_tensors) its gradient, or NULL where none flows */
+        float **state;                   /* (n_nodes) */
+        bool *set;                       /* (n_tensors) its gradient is set whole by its one consumer
+                                          * (graph_op_bwd_sets), never zeroed */
+        bool *live;                      /* (n_tensors + n_nodes) this backward: the tensors on a path to
+                                          * the one differentiated, then the nodes that are */
+        float *scratch;
+        bool fed;                        /* a batched input was fed since the last forward */
+        bool training;                   /* the last forward's mode, which its backward follows */
+};
+
+static void **alloc_ptrs(size_t n)
+{
+        return calloc(n ? n : 1, sizeof(void *));
+}
+
+struct graph_exec *graph_exec_free(struct graph_exec *x)
+{
+        if (!x)
+                return NULL;
+        const struct graph *g = x->g;
+        for (uint32_t i = 0; x->val && i < g->n_tensors; i++)
+                if (g->tensors[i].kind == GT_INPUT || g->tensors[i].kind == GT_VALUE)
+                        free(x->val[i]);
+        for (uint32_t i = 0; x->grad && i < g->n_tensors; i++)
+                if (g->tensors[i].kind != GT_PARAM)
+                        free(x->grad[i]);
+        for (uint32_t i = 0; x->state && i < g->n_nodes; i++)
+                free(x->state[i]);
+        free(x->val);
+        free(x->grad);
+        free(x->state);
+        free(x->set);
+        free(x->live);
+        free(x->scratch);
+        if (!x->ext_blocks) {
+                free(x->params);
+                free(x->grads);
+        }
+        free(x);
+        return NULL;
+}
+
+int graph_exec_new(const struct graph *g, uint32_t max_batch, struct graph_exec **ret, char *err, size_t errlen)
+{
+        if (!g->final || max_batch == 0) {
+                snprintf(err, errlen, "%s", !g->final ? "the graph is not finalized" : "a batch of 0");
+                return -EINVAL;
+        }
+        struct graph_exec *x = calloc(1, sizeof(*x));
+        if (!x)
+                return -ENOMEM;
+        gk_sgemm = gk_blas_sgemm;
+        x->g = g;
+        x->max_batch = max_batch;
+        x->B = max_batch;
+        x->params = calloc(g->n_params ? g->n_params : 1, sizeof(float));
+        x->grads = calloc(g->n_params ? g->n_params : 1, sizeof(float));
+        x->val = alloc_ptrs(g->n_tensors);
+        x->grad = (float **)alloc_ptrs(g->n_tensors);
+        x->state = (float **)alloc_ptrs(g->n_nodes);
+        x->set = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(bool));
+        x->live = calloc((size_t)g->n_tensors + g->n_nodes + 1, sizeof(bool));
+        if (!x->params || !x->grads || !x->val || !x->grad || !x->state || !x->set || !x->live)
+                goto nomem;
+        /* a tensor read once, by a node whose backward can write its gradient whole: no zeroing */
+        uint32_t *reads = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(uint32_t));
+        if (!reads)
+                goto nomem;
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+                for (uint32_t j = 0; j < g->nodes[i].n_in; j++)
+                        if (g->nodes[i].in[j] >= 0)
+                                reads[g->nodes[i].in[j]]++;
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+                for (uint32_t j = 0; j < g->nodes[i].n_in; j++) {
+                        int32_t t = g->nodes[i].in[j];
+                        if (t >= 0 && t != g->loss && reads[t] == 1 && graph_op_bwd_sets[g->nodes[i].op])
+                                x->set[t] = true;
+                }
+        free(reads);
+        /* Which tensors carry a gradient: the parameters, and every float value computed from one. */
+        bool *needs = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(bool));
+        if (!needs)
+                goto nomem;
+        for (uint32_t i = 0; i < g->n_tensors; i++)
+                needs[i] = g->tensors[i].kind == GT_PARAM ||
+                           (g->tensors[i].kind == GT_INPUT && g->tensors[i].want_grad &&
+                            g->tensors[i].dtype == GDT_F32);
+        for (uint32_t i = 0; i < g->n_nodes; i++) {
+                const struct graph_node *n = &g->nodes[i];
+                bool any = false;
+                for (uint32_t j = 0; j < n->n_in; j++)
+                        any |= n->in[j] >= 0 && needs[n->in[j]];
+                for (uint32_t j = 0; j < n->n_out; j++)
+                        needs[n->out[j]] = any && graph_ops[n->op].bwd;
+        }
+        for (uint32_t i = 0; i < g->n_tensors; i++) {
+                const struct graph_tensor *t = &g->tensors[i];
+                size_t count = graph_shape_count(&t->shape, max_batch);
+                switch (t->kind) {
+                case GT_PARAM:
+                        x->val[i] = x->params + t->param_offset;
+                        memcpy(x->val[i], t->data, sizeof(float) * count);
+                        x->grad[i] = x->grads + t->param_offset;
+                        break;
+                case GT_CONST:
+                        x->val[i] = t->data;
+                        break;
+                case GT_INPUT:
+                case GT_VALUE:
+                        if (!(x->val[i] = calloc(count ? count : 1, graph_dtype_size(t->dtype)))) {
+                                free(needs);
+                                goto nomem;
+                        }
+                        if (needs[i] && !(x->grad[i] = calloc(count ? count : 1, sizeof(float)))) {
+                                free(needs);
+                                goto nomem;
+                        }
+                        break;
+                }
+        }
+        free(needs);
+        size_t scratch = 0;
+        for (uint32_t i = 0; i < g->n_nodes; i++) {
+                const struct graph_node *n = &g->nodes[i];
+                const struct graph_op_info *op = &graph_ops[n->op];
+                if (op->state_floats) {
+                        size_t s = op->state_floats(g, n, max_batch);
+                        if (s && !(x->state[i] = calloc(s, sizeof(float))))
+                                goto nomem;
+                }
+                if (op->scratch_floats) {
+                        size_t s = op->scratch_floats(g, n, max_batch);
+                        scratch = s > scratch ? s : scratch;
+                }
+        }
+        if (scratch && !(x->scratch = malloc(sizeof(float) * scratch)))
+                goto nomem;
+        *ret = x;
+        return 0;
+nomem:
+        graph_exec_free(x);
+        snprintf(err, errlen, "out of memory for the graph's buffers at batch %u", max_batch);
+        return -ENOMEM;
+}
+
+float *graph_exec_params(struct graph_exec *x)
+{
+        return x->params;
+}
+
+float *graph_exec_grads(struct graph_exec *x)
+{
+        return x->grads;
+}
+
+int graph_exec_use_blocks(struct graph_exec *x, float *params, float *grads)
+{
+        const struct graph *g = x->g;
+        if (!params || !grads || params == grads)
+                return -EINVAL;
+        if (params != x->params)
+                memmove(params, x->params, sizeof(float) * g->n_params);
+        memset(grads, 0, sizeof(float) * g->n_params);
+        if (!x->ext_blocks) {
+                free(x->params);
+                free(x->grads);
+        }
+        x->params = params;
+        x->grads = grads;
+        x->ext_blocks = true;
+        for (uint32_t i = 0; i < g->n_tensors; i++)
+                if (g->tensors[i].kind == GT_PARAM) {
+                        x->val[i] = params + g->tensors[i].param_offset;
+                        x->grad[i] = grads + g->tensors[i].param_offset;
+                }
+        return 0;
+}
+
+void graph_moving_deltas(struct graph_exec *x)
+{
+        const struct graph *g = x->g;
+        for (uint32_t i = 0; i < g->n_nodes; i++) {
+                const struct graph_node *n = &g->nodes[i];
+                if (n->op != GOP_BATCHNORM)
+                        continue;
+                size_t C = (size_t)g->tensors[n->in[0]].shape.dims[1];
+                const float *batch_mean = x->state[i], *batch_var = x->state[i] + 2 * C; /* gk_batchnorm_fwd */
+                double keep = n->a.momentum;
+                for (uint32_t j = 3; j <= 4; j++) {
+                        const struct graph_tensor *t = &g->tensors[n->in[j]];
+                        if (t->kind != GT_PARAM || !t->moving)
+                                continue;
+                        const float *old = x->val[n->in[j]];
+                        float *d = x->grad[n->in[j]];
+                        for (size_t c = 0; c < C; c++)
+                                d[c] = x->training ? (float)((1 - keep) * ((double)old[c] - (j == 3 ? batch_mean : batch_var)[c]))
+                                                   : 0.0f;
+                }
+        }
+}
+
+const float *graph_grad(const struct graph_exec *x, int32_t t)
+{
+        if (t < 0 || t >= (int32_t)x->g->n_tensors || x->g->tensors[t].kind != GT_INPUT)
+                return NULL;
+        return x->grad[t];
+}
+
+int graph_set_input(struct graph_exec *x, int32_t t, const void *data, uint32_t B)
+{
+        const struct graph *g = x->g;
+        if (t < 0 || t >= (int32_t)g->n_tensors || g->tensors[t].kind != GT_INPUT || B == 0 || B > x->max_batch)
+                return -EINVAL;
+        const struct graph_tensor *tt = &g->tensors[t];
+        bool batched = tt->shape.rank && tt->shape.dims[0] == GRAPH_BATCH;
+        if (batched) {
+                if (x->fed && x->B != B)
+                        return -EINVAL; /* every batched input of one step has the same batch */
+                x->B = B;
+                x->fed = true;
+        }
+        memcpy(x->val[t], data, graph_shape_count(&tt->shape, batched ? B : 1) * graph_dtype_size(tt->dtype));
+        return 0;
+}
+
+int graph_set_input_rows(struct graph_exec *x, int32_t t, const float *data, size_t ld, uint32_t B)
+{
+        const struct graph *g = x->g;
+        if (t < 0 || t >= (int32_t)g->n_tensors || g->tensors[t].kind != GT_INPUT || g->tensors[t].dtype != GDT_F32 ||
+            !g->tensors[t].shape.rank || g->tensors[t].shape.dims[0] != GRAPH_BATCH || B == 0 || B > x->max_batch ||
+            (x->fed && x->B != B))
+                return -EINVAL;
+        size_t per = graph_shape_count(&g->tensors[t].shape, 1);
+        if (ld < per)
+                return -EINVAL;
+        float *dst = x->val[t];
+        for (uint32_t b = 0; b < B; b++)
+                memcpy(dst + (size_t)b * per, data + (size_t)b * ld, sizeof(float) * per);
+        x->B = B;
+        x->fed = true;
+        return 0;
+}
+
+static struct graph_shape resolved(const struct graph_shape *s, uint32_t B)
+{
+        struct graph_shape r = *s;
+        for (uint32_t i = 0; i < r.rank; i++)
+                if (r.dims[i] == GRAPH_BATCH)
+                        r.dims[i] = B;
+        return r;
+}
+
+static void kctx_fill(const struct graph_exec *x, uint32_t ni, struct graph_kctx *k)
+{
+        const struct graph *g = x->g;
+        const struct graph_node *n = &g->nodes[ni];
+        memset(k, 0, sizeof(*k));
+        k->node = n;
+        k->node_index = ni;
+        k->B = x->B;
+        k->state = x->state[ni];
+        k->scratch = x->scratch;
+        for (uint32_t j = 0; j < n->n_in; j++) {
+                if (n->in[j] < 0)
+                        continue;
+                const struct graph_tensor *t = &g->tensors[n->in[j]];
+                k->in[j] = x->val[n->in[j]];
+                k->in_shape[j] = resolved(&t->shape, x->B);
+                k->in_dtype[j] = t->dtype;
+        }
+        for (uint32_t j = 0; j < n->n_out; j++) {
+                k->out[j] = x->val[n->out[j]];
+                k->out_shape[j] = resolved(&g->tensors[n->out[j]].shape, x->B);
+        }
+}
+
+int graph_forward(struct graph_exec *x, bool training, uint64_t seed)
+{
+        for (uint32_t i = 0; i < x->g->n_nodes; i++) {
+                struct graph_kctx k;
+                kctx_fill(x, i, &k);
+                k.training = training;
+                k.seed = seed;
+                int r = graph_ops[k.node->op].fwd(&k);
+                if (r < 0)
+                        return r;
+        }
+        x->fed = false; /* the next step feeds its batch anew */
+        x->training = training;
+        return 0;
+}
+
+const void *graph_value(const struct graph_exec *x, int32_t t, size_t *count_ret)
+{
+        if (t < 0 || t >= (int32_t)x->g->n_tensors)
+                return NULL;
+        if (count_ret)
+                *count_ret = graph_shape_count(&x->g->tensors[t].shape, x->B);
+        return x->val[t];
+}
+
+int graph_backward(struct graph_exec *x, int32_t t, const float *dt)
+{
+        const struct graph *g = x->g;
+        if (t < 0 || t >= (int32_t)g->n_tensors || !x->grad[t])
+                return -EINVAL;
+        /* Which nodes lie on a path to t, and which tensors feed them: only those run backward, and a
+         * gradient that its one consumer sets is zeroed only when that consumer does not run. */
+        bool *live = x->live, *node_live = x->live + g->n_tensors;
+        memset(live, 0, sizeof(bool) * ((size_t)g->n_tensors + g->n_nodes));
+        live[t] = true;
+        for (uint32_t i = g->n_nodes; i-- > 0;) {
+                const struct graph_node *nd = &g->nodes[i];
+                for (uint32_t j = 0; j < nd->n_out; j++)
+                        node_live[i] |= live[nd->out[j]] && (x->grad[nd->out[j]] != NULL);
+                for (uint32_t j = 0; node_live[i] && j < nd->n_in; j++)
+                        if (nd->in[j] >= 0)
+                                live[nd->in[j]] = true;
+        }
+        for (uint32_t i = 0; i < g->n_tensors; i++) /* what is added to starts from zero */
+                if (x->grad[i] && (!x->set[i] || !live[i]) && (int32_t)i != t)
+                        memset(x->grad[i], 0, sizeof(float) * graph_shape_count(&g->tensors[i].shape, x->B));
+        size_t n = graph_shape_count(&g->tensors[t].shape, x->B);
+        for (size_t i = 0; i < n; i++)
+                x->grad[t][i] = dt ? dt[i] : 1.0f;
+        for (uint32_t i = g->n_nodes; i-- > 0;) {
+                const struct graph_node *nd = &g->nodes[i];
+                const struct graph_op_info *op = &graph_ops[nd->op];
+                if (!node_live[i])
+                        continue;
+                if (!op->bwd) {
+                        /* nothing flows back through it: the gradients it would have set are zero */
+                        for (uint32_t j = 0; j < nd->n_in; j++)
+                                if (nd->in[j] >= 0 && x->set[nd->in[j]] && x->grad[nd->in[j]])
+                                        memset(x->grad[nd->in[j]], 0,
+                                               sizeof(float) * graph_shape_count(&g->tensors[nd->in[j]].shape, x->B));
+                        continue;
+                }
+                struct graph_kctx k;
+                kctx_fill(x, i, &k);
+                k.training = x->training;
+                for (uint32_t j = 0; j < nd->n_out; j++)
+                        k.dout[j] = x->grad[nd->out[j]];
+                for (uint32_t j = 0; j < nd->n_in; j++) {
+                        k.din[j] = nd->in[j] >= 0 ? x->grad[nd->in[j]] : NULL;
+                        k.din_set[j] = nd->in[j] >= 0 && x->set[nd->in[j]];
+                }
+                int r = op->bwd(&k);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
