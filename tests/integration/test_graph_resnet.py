@@ -1,9 +1,10 @@
 """The ResNet example (examples/models/resnet.json: residual blocks with batch normalization, from
 export.py with --no-fuse, so BatchNormalization stays in the graph) trained through real daemons, 1 ps +
-2 workers, for a short run (600 global steps of 64 Fashion-MNIST images): its test accuracy, which the
+2 workers, for a short run (800 global steps of 64 Fashion-MNIST images): its test accuracy, which the
 chief measures in inference form, normalizing by the running statistics the ps holds, must be at least
-0.75 (async training on two workers lands between 0.79 and 0.84 there; with the statistics never
-updated, inference is at chance: 0.1014 standalone after 600 steps), and the final checkpoint's running statistics must have moved from the file's initial ones toward
+0.80 (async training on two workers landed between 0.797 and 0.834 after 600 steps, so the run is
+longer; with the statistics never updated, inference is at chance: 0.1014 standalone after 600
+steps), and the final checkpoint's running statistics must have moved from the file's initial ones toward
 the data's (the running variances the workers' moving-average updates made, not the random ones
 export.py writes). The full run to >= 0.91 is a benchmark (docs/performance.md, "Graph models").
 
@@ -18,7 +19,7 @@ import harness as h
 
 TORCH_PYTHON = "/usr/bin/python3"
 EXPORT = os.path.join(h.SOURCE_DIR, "examples", "models", "export.py")
-STEPS = 600
+STEPS = 800
 
 
 def safetensors(path):
@@ -64,7 +65,7 @@ def test():
     assert r["mode"] == "distributed" and r["workers"] == 2 and r["global_step"] >= STEPS, r
     h.log("resnet: test accuracy %.4f after %d steps, %.0f examples/s" % (r["test_accuracy"], r["global_step"],
                                                                         r["examples_per_s"]))
-    assert r["test_accuracy"] >= 0.75, r
+    assert r["test_accuracy"] >= 0.80, r
 
     # the final checkpoint's running variances against the file's
     ckpts = []

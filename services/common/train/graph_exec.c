@@ -343,16 +343,9 @@ int graph_backward(struct graph_exec *x, int32_t t, const float *dt)
         for (uint32_t i = g->n_nodes; i-- > 0;) {
                 const struct graph_node *nd = &g->nodes[i];
                 const struct graph_op_info *op = &graph_ops[nd->op];
-                if (!node_live[i])
+                /* (an op without a backward sets no gradient: graph_op_bwd_sets holds only ops with one) */
+                if (!node_live[i] || !op->bwd)
                         continue;
-                if (!op->bwd) {
-                        /* nothing flows back through it: the gradients it would have set are zero */
-                        for (uint32_t j = 0; j < nd->n_in; j++)
-                                if (nd->in[j] >= 0 && x->set[nd->in[j]] && x->grad[nd->in[j]])
-                                        memset(x->grad[nd->in[j]], 0,
-                                               sizeof(float) * graph_shape_count(&g->tensors[nd->in[j]].shape, x->B));
-                        continue;
-                }
                 struct graph_kctx k;
                 kctx_fill(x, i, &k);
                 k.training = x->training;

@@ -85,11 +85,10 @@ struct hooks {
         void *ud;
 };
 
-/* model_graph.c: a graph model's variables and exec (from model_new, before the blocks exist); binding
- * the exec to the model's blocks (after they do, and again when they move); its forward from the
+/* model_graph.c: a graph model's variables and exec (from model_new, before the blocks exist; model.c
+ * binds the exec to the blocks with graph_exec_use_blocks once they do, and when they move); its forward from the
  * model's flat input to the output the head reads; its backward from dy, the head's gradient. */
 int model_graph_plan(struct model *m, const struct model_spec *spec);
-int model_graph_bind(struct model *m);
 int model_graph_forward(struct model *m, const float *x, uint32_t B, const struct hooks *h, float **out);
 int model_graph_backward(struct model *m, const float *dy, const struct hooks *h);
 void model_graph_free(struct model *m);

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph.h"
 #include "model-internal.h"
 #include "rng.h"
 
@@ -229,7 +230,7 @@ int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_ba
         if (m->host) {
                 m->params_host = m->params;
                 m->grads_host = m->grads;
-                if (m->gx && (r = model_graph_bind(m)) < 0)
+                if (m->gx && (r = graph_exec_use_blocks(m->gx, m->params, m->grads)) < 0)
                         goto fail;
         } else {
                 m->params_host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
@@ -289,12 +290,7 @@ int model_use_host_blocks(struct model *m, float *params, float *grads)
         memcpy(params, m->params_host, bytes);
         memcpy(grads, m->grads_host, bytes);
         if (m->host) {
-                float *old_p = m->params, *old_g = m->grads;
-                m->params = params;
-                m->grads = grads;
-                int r = m->gx ? model_graph_bind(m) : 0;
-                m->params = old_p;
-                m->grads = old_g;
+                int r = m->gx ? graph_exec_use_blocks(m->gx, params, grads) : 0;
                 if (r < 0)
                         return r;
                 backend_buf_free(m->be, m->params);
@@ -432,11 +428,10 @@ static const char *const layer_type_names[] = {
 
 void model_describe(const struct model *m, FILE *f)
 {
-        if (m->gx) {
+        if (m->gx)
                 model_graph_describe(m, f);
-                goto head;
-        }
-        fprintf(f, "input (%u, %u, %u)\n", m->layers[0].c, m->layers[0].h, m->layers[0].w);
+        else
+                fprintf(f, "input (%u, %u, %u)\n", m->layers[0].c, m->layers[0].h, m->layers[0].w);
         for (uint32_t i = 0; i < m->n_layers; i++) {
                 const struct layer *L = &m->layers[i];
                 size_t np = 0;
@@ -454,7 +449,6 @@ void model_describe(const struct model *m, FILE *f)
         static const char *const heads[] = {[HEAD_SOFTMAX] = "softmax cross-entropy over %u classes",
                                             [HEAD_LOGISTIC] = "sigmoid cross-entropy over %u output",
                                             [HEAD_MSE] = "mean squared error over %u output"};
-head:
         fprintf(f, heads[m->head], m->classes);
         fprintf(f, "; %zu parameters (%zu bytes)\n", m->n_params, m->n_params * sizeof(float));
 }

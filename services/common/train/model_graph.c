@@ -45,11 +45,6 @@ int model_graph_plan(struct model *m, const struct model_spec *spec)
         return graph_exec_new(g, m->max_batch, &m->gx, err, sizeof(err));
 }
 
-int model_graph_bind(struct model *m)
-{
-        return graph_exec_use_blocks(m->gx, m->params, m->grads);
-}
-
 void model_graph_free(struct model *m)
 {
         m->gx = graph_exec_free(m->gx);
