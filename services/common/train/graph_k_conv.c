@@ -623,12 +623,14 @@ int gk_batchnorm_fwd(struct graph_kctx *k)
                 bvar[c] = (float)var;
                 mean[c] = (float)mu;
                 istd[c] = (float)is;
-                double a = scale[c] * is, b0 = bias[c] - mu * a; /* y = a*x + b0, in double as the sums */
+                /* y = a (x - mu) + bias: the coefficient in double, the planes in float lanes, x centred
+                 * first (a x + (bias - a mu) would cancel where mu is large) */
+                float af = (float)(scale[c] * is), muf = (float)mu, bf = bias[c];
                 for (size_t b = 0; b < N; b++) {
                         const float *xs = x + (b * C + c) * S;
                         float *ys = y + (b * C + c) * S;
                         for (size_t i = 0; i < S; i++)
-                                ys[i] = (float)(a * xs[i] + b0);
+                                ys[i] = af * (xs[i] - muf) + bf;
                 }
         }
         return 0;
@@ -680,19 +682,21 @@ int gk_batchnorm_bwd(struct graph_kctx *k)
                         dbias[c] += (float)sdy;
                 if (!dx)
                         continue;
-                /* training: dx += a * dy - a * sdy / m - a * sdyx / m * is * (x - mu), in double: the
-                 * terms nearly cancel where the gradient is small */
+                /* training: dx += a * dy - a * sdy / m - a * sdyx / m * is * (x - mu): the coefficients in
+                 * double, the planes in float lanes, x centred first (the terms nearly cancel where the
+                 * gradient is small) */
                 double a = (double)scale[c] * is;
                 double k0 = k->training ? a * sdy / m : 0.0, k1 = k->training ? a * sdyx / m * is : 0.0;
+                float af = (float)a, k0f = (float)k0, k1f = (float)k1;
                 for (size_t b = 0; b < N; b++) {
                         const float *dys = dy + (b * C + c) * S, *xs = x + (b * C + c) * S;
                         float *dxs = dx + (b * C + c) * S;
                         if (k->din_set[0])
                                 for (size_t i = 0; i < S; i++)
-                                        dxs[i] = (float)(a * dys[i] - k0 - k1 * ((double)xs[i] - mu));
+                                        dxs[i] = af * dys[i] - k1f * (xs[i] - mu) - k0f;
                         else
                                 for (size_t i = 0; i < S; i++)
-                                        dxs[i] += (float)(a * dys[i] - k0 - k1 * ((double)xs[i] - mu));
+                                        dxs[i] += af * dys[i] - k1f * (xs[i] - mu) - k0f;
                 }
         }
         return 0;
