@@ -162,6 +162,14 @@ static void test_conv_dilations(void **state)
         struct cg d = { .N = 1, .C = 2, .H = 9, .W = 8, .M = 2, .kh = 2, .kw = 3, .sh = 2, .sw = 1, .dh = 1, .dw = 2,
                         .pt = 0, .pl = 0, .pb = 0, .pr = 0 };
         conv_case(&d, true, false, 1e-1, "conv strides 2,1 dilations 1,2");
+        /* stride 1 with the width kept (OW == W: the kernels' flat path, a plane per copy) but not the
+         * height, dilated, asymmetric pads; and the common 3x3 "same" */
+        struct cg e = { .N = 2, .C = 2, .H = 9, .W = 7, .M = 3, .kh = 3, .kw = 3, .sh = 1, .sw = 1, .dh = 2, .dw = 2,
+                        .pt = 1, .pl = 3, .pb = 0, .pr = 1 };
+        conv_case(&e, true, true, 1e-1, "conv flat rows, dilations 2, pads 1,3,0,1");
+        struct cg f = { .N = 2, .C = 3, .H = 5, .W = 6, .M = 2, .kh = 3, .kw = 3, .sh = 1, .sw = 1, .dh = 1, .dw = 1,
+                        .pt = 1, .pl = 1, .pb = 1, .pr = 1 };
+        conv_case(&f, true, true, 1e-1, "conv 3x3 same");
 }
 
 /* Sizes whose im2col chunk is two examples with one left over (3 examples), and one example (the product
