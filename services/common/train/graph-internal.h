@@ -53,8 +53,9 @@ struct graph_kernels {
         const char *name;
         int (*fwd[GOP__COUNT])(struct graph_kctx *k);
         int (*bwd[GOP__COUNT])(struct graph_kctx *k);  /* NULL: no gradient flows through */
-        /* After each forward: errors the kernels could only flag on the device (a Gather index out of
-         * range), as -EINVAL; the call synchronizes. NULL: none to collect (the CPU's report at once). */
+        /* After each forward of a graph with a Gather: an index out of range that the kernels could only
+         * flag on the device, as -EINVAL; the call synchronizes. NULL: none to collect (the CPU's report
+         * at once). */
         int (*forward_done)(struct backend *dev);
 };
 

@@ -31,6 +31,7 @@ struct graph_exec {
         float *scratch;
         void *host;                      /* device only: (host_bytes) staging for transfers */
         size_t host_bytes;
+        bool gathers;                    /* a node is a Gather: kt->forward_done collects what it flagged */
         bool fed;                        /* a batched input was fed since the last forward */
         bool training;                   /* the last forward's mode, which its backward follows */
 };
@@ -160,6 +161,8 @@ int graph_exec_new_on(const struct graph *g, uint32_t max_batch, struct backend 
         x->kt = kt;
         x->max_batch = max_batch;
         x->B = max_batch;
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+                x->gathers |= g->nodes[i].op == GOP_GATHER;
         x->params = xalloc(x, sizeof(float) * g->n_params);
         x->grads = xalloc(x, sizeof(float) * g->n_params);
         x->val = alloc_ptrs(g->n_tensors);
@@ -471,7 +474,7 @@ int graph_forward(struct graph_exec *x, bool training, uint64_t seed)
                 if (r < 0)
                         return r;
         }
-        if (x->be && x->kt->forward_done) {
+        if (x->be && x->gathers && x->kt->forward_done) {
                 int r = x->kt->forward_done(x->be);
                 if (r < 0)
                         return r;
