@@ -579,6 +579,8 @@ int device_placement(const struct backend *be, const struct model *m, char *buf,
                         impl = gpu ? cuda_impl(type) : strcmp(type, "dense") == 0 || strcmp(type, "conv2d") == 0
                                                                ? "OpenBLAS sgemm"
                                                                : "C loops";
+                else if (strncmp(line, "graph of ", 9) == 0) /* a graph model: its ops, one line */
+                        impl = gpu ? "psfleet CUDA graph kernels: cuBLAS + kernels of its own" : "graph kernels: OpenBLAS + C loops";
                 else if (strncmp(line, "softmax", 7) == 0)
                         impl = gpu ? "cuDNN softmax + psfleet loss kernels" : "C loops";
                 else
