@@ -1,8 +1,9 @@
 /* Every op of the CUDA backend against the CPU backend (the reference) on random inputs, forward and
- * backward, within the tolerances below; then the CNN of examples/fmnist-cnn.json as a whole (loss and
- * gradients), the memory cap and "no cudaMalloc in the step loop". Prints one JSON line per check with
- * the worst error seen. Exits 77 ("SKIP: no CUDA device") where there is no usable GPU, 1 on a failed
- * check, 0 when everything holds.
+ * backward, within the tolerances below; every op of the graph engine, its CUDA kernels against the
+ * CPU's; then the CNN of examples/fmnist-cnn.json as a whole (loss and gradients), the memory cap and "no
+ * cudaMalloc in the step loop". Prints one JSON line per check with the worst error seen. Exits 77
+ * ("SKIP: no CUDA device") where there is no usable GPU, 1 on a failed check (anywhere, GPU or not: a
+ * graph op without a case in tests/unit/graph_cases.h), 0 when everything holds.
  *
  * Tolerances, |gpu - cpu| <= atol + rtol * max(|cpu|, rms(cpu)) per element, rms(cpu) being the
  * reference tensor's root mean square: an element that a long sum cancels to near zero is held to the
@@ -15,6 +16,13 @@
  *                 a different order (cuBLAS/cuDNN vs OpenBLAS/im2col), fp32 without TF32 (on an H200,
  *                 the second CNN layer's filter gradient, 34 in rms, differed by up to 8e-4 in
  *                 elements that cancel to 0.06: 1 % of the element, 2.4e-5 of the tensor's scale)
+ *   graph ops:    every op of graph.h (tests/unit/graph_cases.h: a case or two each, an op without one
+ *                 fails), the CUDA graph kernels against the CPU's through a whole exec on each, training
+ *                 and inference, the output, every parameter's gradient (with the moving averages'
+ *                 deltas) and the inputs' gradients: exact for what only moves or selects values (the
+ *                 copies, Transpose, Concat, Pad, Gather forward, Relu, MaxPool forward, Dropout: its
+ *                 mask is the CPU's hash bit for bit); (1e-4, 1e-4) for the products and normalizations;
+ *                 (1e-5, 1e-4) for the rest (sums in another order, expf and tanhf of CUDA's libm)
  *   whole model:  loss rtol 1e-5; each gradient variable's relative L2 error <= 1e-2. Looser than the
  *                 ops: a ReLU input within rounding of 0, or two maxima of a pooling window within
  *                 rounding of each other, can come out on different sides on the two backends (about
@@ -30,6 +38,8 @@
 
 #include "backend.h"
 #include "device.h"
+#include "graph.h"
+#include "graph_cases.h"
 #include "model.h"
 #include "rng.h"
 
@@ -86,12 +96,22 @@ struct tol {
 };
 static const struct tol EXACT = { 0, 0 }, ELEM = { 1e-6, 1e-5 }, SUM = { 1e-5, 1e-4 }, PROD = { 1e-4, 1e-4 };
 
+static void cmp_host(const char *what, const float *a, const float *b, size_t n, struct tol t, int r);
+
 /* Compares the first n floats of p on both backends; prints one JSON line. */
 static void cmp(const char *what, struct pair p, size_t n, struct tol t)
 {
         float *a = malloc(sizeof(float) * (n ? n : 1)), *b = malloc(sizeof(float) * (n ? n : 1));
         int r = backend_download(gpu, b, p.g, sizeof(float) * n);
         backend_download(cpu, a, p.c, sizeof(float) * n);
+        cmp_host(what, a, b, n, t, r);
+        free(a);
+        free(b);
+}
+
+/* a (the CPU's) against b (the GPU's, r the status of bringing it over); one JSON line. */
+static void cmp_host(const char *what, const float *a, const float *b, size_t n, struct tol t, int r)
+{
         double worst = 0, worst_rel = 0, ss = 0;
         size_t bad = 0, first_bad = 0;
         for (size_t i = 0; i < n; i++)
@@ -119,8 +139,6 @@ static void cmp(const char *what, struct pair p, size_t n, struct tol t)
                         printf("  %zu of %zu outside; first at %zu: cpu %.9g gpu %.9g\n", bad, n, first_bad,
                                (double)a[first_bad], (double)b[first_bad]);
         }
-        free(a);
-        free(b);
 }
 
 static void check(bool ok, const char *fmt, const char *detail)
@@ -325,6 +343,69 @@ static void t_pool(uint32_t B, uint32_t C, uint32_t H, uint32_t W, uint32_t p, b
 
 /* ---- the CNN as a whole ---- */
 
+/* ---- the graph engine's ops ---- */
+
+static struct tol graph_tol(enum graph_op op, bool fwd)
+{
+        switch (op) {
+        case GOP_FLATTEN: case GOP_RESHAPE: case GOP_SQUEEZE: case GOP_UNSQUEEZE: case GOP_IDENTITY:
+        case GOP_TRANSPOSE: case GOP_CONCAT: case GOP_PAD: case GOP_RELU: case GOP_DROPOUT:
+                return EXACT;
+        case GOP_GATHER: case GOP_MAXPOOL:
+                return fwd ? EXACT : SUM; /* backward: a scatter-add in another order */
+        case GOP_GEMM: case GOP_MATMUL: case GOP_CONV: case GOP_BATCHNORM: case GOP_LAYERNORM:
+                return PROD;
+        default:
+                return SUM;
+        }
+}
+
+/* Every op's cases (graph_cases.h) on both backends at batch 64, training and inference: one JSON line
+ * per output, parameter gradient block and input gradient. */
+static void t_graph_ops(void)
+{
+        char err[256] = "", what[160];
+        for (int op = 0; op < GOP__COUNT; op++)
+                for (int v = 0; v < GCASE_VARIANTS; v++) {
+                        const char *name = graph_op_name((enum graph_op)op);
+                        struct graph *g = NULL;
+                        int r = gcase_build((enum graph_op)op, v, &g, err, sizeof(err));
+                        if (r == -ENOENT && v > 0)
+                                break;
+                        if (r < 0) {
+                                snprintf(what, sizeof(what), "graph %s has a case", name);
+                                check(false, what, err);
+                                break;
+                        }
+                        for (int training = 1; training >= 0; training--) {
+                                const char *mode = training ? "training" : "inference";
+                                struct gcase_out c, d;
+                                int rc = gcase_run(g, NULL, 64, training, &c, err, sizeof(err));
+                                int rd = rc < 0 ? rc : gcase_run(g, gpu, 64, training, &d, err, sizeof(err));
+                                if (rc < 0 || rd < 0) {
+                                        snprintf(what, sizeof(what), "graph %s/%d %s runs", name, v, mode);
+                                        check(false, what, err);
+                                        if (rc == 0)
+                                                gcase_out_free(&c);
+                                        continue;
+                                }
+                                snprintf(what, sizeof(what), "graph %s/%d %s forward", name, v, mode);
+                                cmp_host(what, c.y, d.y, c.ny, graph_tol((enum graph_op)op, true), 0);
+                                if (c.n_params) {
+                                        snprintf(what, sizeof(what), "graph %s/%d %s backward params", name, v, mode);
+                                        cmp_host(what, c.grads, d.grads, c.n_params, graph_tol((enum graph_op)op, false), 0);
+                                }
+                                for (uint32_t i = 0; i < c.n_dx; i++) {
+                                        snprintf(what, sizeof(what), "graph %s/%d %s backward input %u", name, v, mode, i);
+                                        cmp_host(what, c.dx[i], d.dx[i], c.ndx[i], graph_tol((enum graph_op)op, false), 0);
+                                }
+                                gcase_out_free(&c);
+                                gcase_out_free(&d);
+                        }
+                        graph_free(g);
+                }
+}
+
 static struct model_spec cnn(void)
 {
         struct model_spec s = { .input = { 1, 28, 28 }, .n_layers = 10, .seed = 1 };
@@ -440,9 +521,25 @@ int main(void)
 {
         struct device_gpu_info infos[DEVICE_MAX_GPUS];
         char msg[512] = "";
+        /* every graph op has a case to run here: checked with or without a GPU */
+        int n_cases = 0;
+        for (int op = 0; op < GOP__COUNT; op++) {
+                struct graph *g;
+                if (gcase_build((enum graph_op)op, 0, &g, msg, sizeof(msg)) < 0) {
+                        printf("FAIL: graph op %s has no case in tests/unit/graph_cases.h (%s)\n",
+                               graph_op_name((enum graph_op)op), msg);
+                        return 1;
+                }
+                graph_free(g);
+                for (int v = 0; v < GCASE_VARIANTS && gcase_build((enum graph_op)op, v, &g, msg, sizeof(msg)) == 0; v++) {
+                        graph_free(g);
+                        n_cases++;
+                }
+        }
         int n = device_cuda_probe(infos, DEVICE_MAX_GPUS, msg, sizeof(msg));
         if (n <= 0) {
-                printf("SKIP: no CUDA device (%s)\n", n < 0 ? msg : "none visible");
+                printf("SKIP: no CUDA device (%s); the CUDA backend's ops and the %d graph ops (%d cases) are not "
+                       "checked\n", n < 0 ? msg : "none visible", GOP__COUNT, n_cases);
                 return 77;
         }
         printf("# gpu:0 %s, cc %d.%d, %.1f GiB\n", infos[0].name, infos[0].cc_major, infos[0].cc_minor,
@@ -478,6 +575,7 @@ int main(void)
         t_pool(2, 3, 5, 7, 2, false);
         t_pool(64, 32, 28, 28, 2, true);
         t_pool(2, 2, 7, 8, 3, true);
+        t_graph_ops();
         t_model();
         t_cap(&infos[0]);
         backend_free(cpu);

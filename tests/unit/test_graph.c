@@ -1,6 +1,8 @@
 /* The graph engine's core (graph.c): building and its errors, the parameter block's layout, a batched
  * MLP forward against a hand computation and backward against finite differences, gradients that fan in
- * from several uses, and feeding rules. The ops' own tests are test_graph_<group>.c. */
+ * from several uses, and feeding rules; every op's case (graph_cases.h) through an exec in device memory
+ * (the CPU backend posing as a device: the exec's uploads, downloads and staging, the CPU kernels) equal
+ * bit for bit to the host exec. The ops' own tests are test_graph_<group>.c. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,7 +11,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend.h"
 #include "graph.h"
+#include "graph_cases.h"
 #include "graph_check.h"
 #include "unit.h"
 
@@ -254,6 +258,70 @@ static void test_op_names(void **state)
         assert_int_equal(graph_op_by_name("gemm"), -ENOENT); /* ONNX's names are case-sensitive */
 }
 
-UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_build_errors), cmocka_unit_test(test_finalize_errors),
+/* The CPU backend with host_memory false: everything a device exec does (alloc, upload, download,
+ * memset0, the staging of graph_value_host) goes through the backend table, and the memory is still the
+ * host's, so the CPU kernels run on it. */
+struct posing {
+        struct backend be;
+        struct backend_ops ops;
+};
+
+static void pose_as_device(struct backend *cpu, struct posing *p)
+{
+        p->ops = *cpu->ops;
+        p->ops.name = "posing";
+        p->ops.host_memory = false;
+        p->be.ops = &p->ops;
+        p->be.ctx = cpu->ctx;
+}
+
+static void test_device_exec_matches_host(void **state)
+{
+        struct backend *cpu;
+        struct posing dev;
+        char err[256] = "";
+        int cases = 0;
+        assert_int_equal(backend_cpu_new(1, &cpu), 0);
+        pose_as_device(cpu, &dev);
+        for (int op = 0; op < GOP__COUNT; op++)
+                for (int v = 0; v < GCASE_VARIANTS; v++) {
+                        struct graph *g = NULL;
+                        int r = gcase_build((enum graph_op)op, v, &g, err, sizeof(err));
+                        if (r == -ENOENT && v > 0)
+                                break;
+                        if (r < 0)
+                                fail_msg("%s variant %d: no case or it does not build (%d): %s",
+                                         graph_op_name((enum graph_op)op), v, r, err);
+                        cases++;
+                        for (int training = 0; training < 2; training++) {
+                                struct gcase_out h, d;
+                                if (gcase_run(g, NULL, 3, training, &h, err, sizeof(err)) < 0 ||
+                                    gcase_run(g, &dev.be, 3, training, &d, err, sizeof(err)) < 0)
+                                        fail_msg("%s variant %d: %s", graph_op_name((enum graph_op)op), v, err);
+                                assert_int_equal(h.ny, d.ny);
+                                assert_memory_equal(h.y, d.y, sizeof(float) * h.ny);
+                                assert_int_equal(h.n_params, d.n_params);
+                                assert_memory_equal(h.grads, d.grads, sizeof(float) * h.n_params);
+                                assert_int_equal(h.n_dx, d.n_dx);
+                                for (uint32_t i = 0; i < h.n_dx; i++)
+                                        assert_memory_equal(h.dx[i], d.dx[i], sizeof(float) * h.ndx[i]);
+                                gcase_out_free(&h);
+                                gcase_out_free(&d);
+                        }
+                        graph_free(g);
+                }
+        printf("  %d cases over %d ops, host and device memory bit for bit equal\n", cases, GOP__COUNT);
+        /* a device backend without graph kernels computes no graph */
+        struct graph *g;
+        assert_int_equal(gcase_build(GOP_RELU, 0, &g, err, sizeof(err)), 0);
+        struct graph_exec *x;
+        dev.ops.graph = NULL;
+        assert_int_equal(graph_exec_new_on(g, 2, &dev.be, &x, err, sizeof(err)), -EOPNOTSUPP);
+        assert_non_null(strstr(err, "computes no graph"));
+        graph_free(g);
+        backend_free(cpu);
+}
+
+UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_device_exec_matches_host), cmocka_unit_test(test_build_errors), cmocka_unit_test(test_finalize_errors),
                cmocka_unit_test(test_set_gradients_not_stale),
                cmocka_unit_test(test_mlp), cmocka_unit_test(test_fan_in), cmocka_unit_test(test_op_names))

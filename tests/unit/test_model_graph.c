@@ -3,7 +3,8 @@
  * gradient and the input gradient, for a logistic MLP over a wide flat input and a softmax CNN); the
  * flat input is cut into the graph's feeds in order; the hooks run once per variable; the blocks can
  * move (model_use_host_blocks); Dropout drops only when training; the initial values are the
- * initializers'. */
+ * initializers'; on a backend without host memory (the CPU's posing as a device) the model computes in
+ * its device blocks, uploaded and downloaded around the graph, to the same bits as on the host. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -362,7 +363,64 @@ static void test_batchnorm_moving_statistics(void **state)
         backend_free(be);
 }
 
+/* The same graph model on the CPU backend and on it posing as a device (host_memory false: the model's
+ * device blocks, the uploads before the forward and the downloads after the backward, the graph exec's
+ * device path; the memory still the host's, so the CPU kernels run): the same loss, outputs and
+ * gradients, bit for bit, over two steps with the hooks. */
+static void test_device_memory_matches_host(void **state)
+{
+        (void)state;
+        struct model_spec s = { .input = { 1, 8, 8 }, .n_layers = 5, .head = HEAD_SOFTMAX,
+                                .layers = { { .type = LAYER_CONV2D, .filters = 4, .kernel = 3 }, { .type = LAYER_RELU },
+                                            { .type = LAYER_MAXPOOL2D, .pool = 2 }, { .type = LAYER_FLATTEN },
+                                            { .type = LAYER_DENSE, .units = 5 } } };
+        struct graph *g;
+        struct model_spec gs = graph_model_spec(&s, &g);
+        struct backend *be;
+        assert_int_equal(backend_cpu_new(1, &be), 0);
+        struct backend_ops ops = *be->ops;
+        ops.host_memory = false;
+        struct backend dev = { .ops = &ops, .ctx = be->ctx };
+        struct model *h, *d;
+        assert_int_equal(model_new(&gs, be, 6, &h), 0);
+        assert_int_equal(model_new(&gs, &dev, 6, &d), 0);
+        assert_int_equal(model_init_params(h, 3), 0);
+        assert_int_equal(model_init_params(d, 3), 0);
+        assert_int_equal(model_set_input_grad(h, true), 0);
+        assert_int_equal(model_set_input_grad(d, true), 0);
+        size_t n = model_n_params(h), D = model_input_size(h);
+        float *x = gc_rand(6 * D, -1, 1, 9);
+        uint8_t y[6] = { 0, 1, 2, 3, 4, 0 };
+        struct calls ch = { 0 }, cd = { 0 };
+        for (int step = 0; step < 2; step++) {
+                float lh, ld;
+                uint32_t kh, kd;
+                assert_int_equal(model_forward_blocks(h, x, y, 6, &lh, &kh, on_before, &ch), 0);
+                assert_int_equal(model_forward_blocks(d, x, y, 6, &ld, &kd, on_before, &cd), 0);
+                assert_true(lh == ld);
+                assert_int_equal(kh, kd);
+                assert_memory_equal(model_outputs(h), model_outputs(d), sizeof(float) * 6 * model_n_classes(h));
+                cd.n_after = ch.n_after = 0;
+                assert_int_equal(model_backward_blocks(h, on_after, &ch), 0);
+                assert_int_equal(model_backward_blocks(d, on_after, &cd), 0);
+                assert_memory_equal(model_grads(h), model_grads(d), sizeof(float) * n);
+                assert_memory_equal(model_input_grad(h), model_input_grad(d), sizeof(float) * 6 * D);
+                /* a step on the host blocks: the device model uploads it before its next forward */
+                for (size_t i = 0; i < n; i++) {
+                        model_params(h)[i] -= 0.1f * model_grads(h)[i];
+                        model_params(d)[i] -= 0.1f * model_grads(d)[i];
+                }
+        }
+        assert_memory_equal(ch.before, cd.before, sizeof(ch.before));
+        free(x);
+        model_free(d);
+        model_free(h);
+        graph_free(g);
+        backend_free(be);
+}
+
 UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_batchnorm_moving_statistics), cmocka_unit_test(test_mlp_logistic_matches_layers),
                cmocka_unit_test(test_cnn_softmax_matches_layers),
                cmocka_unit_test(test_hooks_blocks_and_moved_memory),
-               cmocka_unit_test(test_dropout_modes_and_initializers))
+               cmocka_unit_test(test_dropout_modes_and_initializers),
+               cmocka_unit_test(test_device_memory_matches_host))

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 struct backend;
+struct graph_kernels;
 
 /* The table a backend implements. Implementers fill it; everyone else calls the backend_* wrappers. */
 struct backend_ops {
@@ -101,6 +102,12 @@ struct backend_ops {
          * do, as on the CPU); a failure only costs speed, so callers go on without it. */
         int (*host_pin)(struct backend *be, void *p, size_t bytes);
         void (*host_unpin)(struct backend *be, void *p);
+
+        /* The graph engine's kernels on this backend's memory (graph-internal.h: one forward and one
+         * backward per op of graph.h), which graph_exec_new_on runs a graph model with. The CPU's are the
+         * reference (graph_kernels_cpu); NULL on a host-memory backend means those, on any other that the
+         * backend computes no graph. */
+        const struct graph_kernels *graph;
 };
 
 struct backend {

@@ -1,6 +1,7 @@
 /* The CPU backend: OpenBLAS sgemm for every matrix product, plain C loops for the rest. It is the
  * reference implementation other backends are tested against, so it favours obvious code. */
 #include "backend.h"
+#include "graph-internal.h"
 #include "argmax.h"
 
 #include <assert.h>
@@ -681,6 +682,7 @@ static const struct backend_ops cpu_ops = {
         .logistic_xent_bwd = cpu_logistic_xent_bwd,
         .mse_fwd = cpu_mse_fwd,
         .mse_bwd = cpu_mse_bwd,
+        .graph = &graph_kernels_cpu,
 };
 
 int backend_cpu_new(unsigned threads, struct backend **ret)

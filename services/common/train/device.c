@@ -421,13 +421,25 @@ static void count_free(struct backend *be)
 {
 }
 
+/* (a graph exec copies its initial values and constants in: nothing to copy here) */
+static int count_copy(struct backend *be, void *dst, const void *src, size_t bytes)
+{
+        return 0;
+}
+
+static int count_memset0(struct backend *be, void *dst, size_t bytes)
+{
+        return 0;
+}
+
 /* Bytes of device memory model_new will take on be (with the CUDA allocator's 512-byte rounding). */
 static int count_model_bytes(const struct backend *be, const struct model_spec *spec, uint32_t max_batch,
                              size_t *ret)
 {
         struct counter c = { .granule = 512, .next = 0x10000 };
         c.ops = (struct backend_ops){ .name = "count", .host_memory = be->ops->host_memory, .free = count_free,
-                                      .alloc = count_alloc, .buf_free = count_buf_free };
+                                      .alloc = count_alloc, .buf_free = count_buf_free, .upload = count_copy,
+                                      .download = count_copy, .memset0 = count_memset0, .graph = be->ops->graph };
         c.be.ops = &c.ops;
         c.be.ctx = &c;
         struct model *m;
@@ -450,9 +462,9 @@ int device_model_new(struct backend *be, const struct model_spec *spec, uint32_t
         size_t need = 0;
         int r;
 
-        if (spec->graph && !backend_host_memory(be)) {
-                snprintf(msg, msglen, "cannot build the model: a graph model (model.onnx) runs on the cpu backend "
-                         "only for now (device.device \"cpu\"), not on %s", backend_name(be));
+        if (spec->graph && !backend_host_memory(be) && !be->ops->graph) {
+                snprintf(msg, msglen, "cannot build the model: the %s backend computes no graph model (model.onnx); "
+                         "the cpu backend does (device.device \"cpu\")", backend_name(be));
                 return -EOPNOTSUPP;
         }
         if (backend_host_memory(be) || !cuda) {
@@ -567,6 +579,8 @@ int device_placement(const struct backend *be, const struct model *m, char *buf,
                         impl = gpu ? cuda_impl(type) : strcmp(type, "dense") == 0 || strcmp(type, "conv2d") == 0
                                                                ? "OpenBLAS sgemm"
                                                                : "C loops";
+                else if (strncmp(line, "graph of ", 9) == 0) /* a graph model: its ops, one line */
+                        impl = gpu ? "psfleet CUDA graph kernels: cuBLAS + kernels of its own" : "graph kernels: OpenBLAS + C loops";
                 else if (strncmp(line, "softmax", 7) == 0)
                         impl = gpu ? "cuDNN softmax + psfleet loss kernels" : "C loops";
                 else

@@ -1,5 +1,6 @@
 /* What graph.c, graph_ops.c and the kernels (graph_k_*.c) share: the op table and the kernel
- * interface. Outside the graph engine only its ONNX loader includes it (for the ops' arities). */
+ * interface. Outside the graph engine only its ONNX loader includes it (for the ops' arities), and the
+ * CUDA plugin (services/workerd/backend/graph_cuda.cu: the kernel interface, for its own table). */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -7,9 +8,15 @@
 
 #include "graph.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* One node's kernel call: its tensors' buffers for this batch (shapes with the batch resolved). In
  * backward, in[] and out[] still hold the forward's values, and training is the forward's mode. No
- * output shares a buffer with an input. */
+ * output shares a buffer with an input. Every pointer is in the exec's memory: host memory for the CPU
+ * kernels, the device's for a device backend's (graph_exec_new_on); shapes, attributes and flags are
+ * host values either way. */
 struct graph_kctx {
         const struct graph_node *node;
         uint32_t B;                                    /* the batch */
@@ -34,7 +41,26 @@ struct graph_kctx {
         bool training;
         uint64_t seed;                                 /* Dropout: per step; mixed with the node's index */
         uint32_t node_index;
+        struct backend *dev;                           /* the exec's backend (its stream, its handles);
+                                                        * NULL on the host path */
 };
+
+/* A backend's kernels for the graph's ops (backend.h: backend_ops.graph), forward and backward per op,
+ * each honouring the contract of graph_kctx as the CPU's (graph_kernels_cpu, the reference the others
+ * are held to by tests/gpu/test_backend_equiv.c) do. A NULL bwd where the CPU's is set is refused by
+ * graph_exec_new_on for a graph that uses the op. */
+struct graph_kernels {
+        const char *name;
+        int (*fwd[GOP__COUNT])(struct graph_kctx *k);
+        int (*bwd[GOP__COUNT])(struct graph_kctx *k);  /* NULL: no gradient flows through */
+        /* After each forward of a graph with a Gather: an index out of range that the kernels could only
+         * flag on the device, as -EINVAL; the call synchronizes. NULL: none to collect (the CPU's report
+         * at once). */
+        int (*forward_done)(struct backend *dev);
+};
+
+/* The CPU kernels (graph_k_*.c) as a table: graph_ops.c. */
+extern const struct graph_kernels graph_kernels_cpu;
 
 /* What the table says of an op. */
 struct graph_op_info {
@@ -46,8 +72,6 @@ struct graph_op_info {
          * caller names the node and op. */
         int (*shape)(const struct graph *g, const struct graph_node *n, struct graph_shape *out, char *err,
                      size_t errlen);
-        int (*fwd)(struct graph_kctx *k);
-        int (*bwd)(struct graph_kctx *k);  /* NULL: no gradient flows through (e.g. an int output) */
         /* floats of state and scratch at batch B (NULL: none) */
         size_t (*state_floats)(const struct graph *g, const struct graph_node *n, uint32_t B);
         size_t (*scratch_floats)(const struct graph *g, const struct graph_node *n, uint32_t B);
@@ -152,3 +176,7 @@ size_t gk_batchnorm_state(const struct graph *g, const struct graph_node *n, uin
 int gk_layernorm_fwd(struct graph_kctx *k);
 int gk_layernorm_bwd(struct graph_kctx *k);
 size_t gk_layernorm_state(const struct graph *g, const struct graph_node *n, uint32_t B);
+
+#ifdef __cplusplus
+}
+#endif

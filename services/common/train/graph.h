@@ -11,7 +11,10 @@
  *
  * The ops are ONNX's (opsets 13 to 17), with ONNX's attribute names and semantics; graph_ops.c holds the
  * table of what each op accepts and its shape function, graph_k_*.c the CPU kernels (forward and
- * backward). Errors name the node, its op and why, in one line.
+ * backward). An exec computes on the host with those (graph_exec_new), or on a backend's device with the
+ * backend's own kernels (graph_exec_new_on; the CUDA plugin's are services/workerd/backend/graph_cuda.cu):
+ * its buffers are then the device's, and what crosses to the host says so below. Errors name the node,
+ * its op and why, in one line.
  *
  * Not thread-safe: one thread builds a graph and drives an exec. */
 #pragma once
@@ -158,41 +161,61 @@ size_t graph_shape_count(const struct graph_shape *s, uint32_t B);
 /* ---- running it ---- */
 
 struct graph_exec;
+struct backend;
 
-/* Buffers for batches up to max_batch. The parameters start as the initializers' values. */
+/* Buffers for batches up to max_batch, in host memory, computed by the CPU kernels. The parameters start
+ * as the initializers' values. */
 int graph_exec_new(const struct graph *g, uint32_t max_batch, struct graph_exec **ret, char *err, size_t errlen);
+/* The same on backend be (backend.h): a host-memory backend (or be NULL) gives graph_exec_new's exec,
+ * computed by the backend's graph kernels where it has its own; any other allocates every buffer (values,
+ * gradients, state, scratch, the parameter and gradient blocks, the constants) with be and computes with
+ * be's graph kernels: "the exec's memory" below is then the device's. -EOPNOTSUPP with why in err when be
+ * has no graph kernels, or lacks a kernel an op of g needs; -ENOMEM when the buffers do not fit. */
+int graph_exec_new_on(const struct graph *g, uint32_t max_batch, struct backend *be, struct graph_exec **ret,
+                      char *err, size_t errlen);
+/* Frees the exec and every buffer it allocated (NULL-safe); returns NULL. */
 struct graph_exec *graph_exec_free(struct graph_exec *x);
+/* true when the exec's memory is a device's (graph_exec_new_on on a backend without host memory). */
+bool graph_exec_on_device(const struct graph_exec *x);
 
-float *graph_exec_params(struct graph_exec *x); /* (n_params) */
-float *graph_exec_grads(struct graph_exec *x);  /* (n_params), written by graph_backward */
+float *graph_exec_params(struct graph_exec *x); /* (n_params) in the exec's memory */
+float *graph_exec_grads(struct graph_exec *x);  /* (n_params) in the exec's memory, written by graph_backward */
 /* Moves the parameter and gradient blocks into memory of the caller's (n_params floats each, not
- * overlapping), the parameters' values kept; the exec computes in them from then on and leaves them
- * alone when freed. May be called again to move them on (the blocks before are left to their owner). */
+ * overlapping; in the exec's memory: the backend's buffers on a device), the parameters' values kept; the
+ * exec computes in them from then on and leaves them alone when freed. May be called again to move them
+ * on (the blocks before are left to their owner). */
 int graph_exec_use_blocks(struct graph_exec *x, float *params, float *grads);
 
 /* Feeds input tensor t (GT_INPUT) for a batch of B: B * (its count per example) values of its dtype,
- * copied. */
+ * copied from host memory (uploaded on a device). */
 int graph_set_input(struct graph_exec *x, int32_t t, const void *data, uint32_t B);
-/* The same from rows ld floats apart (row b at data + b * ld): a slice of a wider input. */
+/* The same from rows ld floats apart (row b at data + b * ld), in host memory: a slice of a wider input. */
 int graph_set_input_rows(struct graph_exec *x, int32_t t, const float *data, size_t ld, uint32_t B);
 /* Runs every node for the batch the inputs were fed with. training: Dropout drops and BatchNormalization
  * uses the batch's statistics; seed makes Dropout's masks (the same seed, the same masks). */
 int graph_forward(struct graph_exec *x, bool training, uint64_t seed);
-/* The current values of tensor t (after graph_forward), and its count for this batch. */
+/* The current values of tensor t (after graph_forward), in the exec's memory, and its count for this
+ * batch. */
 const void *graph_value(const struct graph_exec *x, int32_t t, size_t *count_ret);
-/* Reverse-mode: seeds d(loss)/d(output t) with dt (count floats, the output's count for this batch; NULL:
- * ones, i.e. the gradient of the sum), and writes every parameter's gradient into the gradient block.
- * Needs a graph_forward with training as it will be differentiated. */
+/* The same in host memory: graph_value itself on a host exec; on a device a copy, downloaded into a
+ * buffer of the exec's that the next *_host call overwrites (NULL when the download fails). */
+const void *graph_value_host(struct graph_exec *x, int32_t t, size_t *count_ret);
+/* Reverse-mode: seeds d(loss)/d(output t) with dt (count floats in the exec's memory, the output's count
+ * for this batch; NULL: ones, i.e. the gradient of the sum), and writes every parameter's gradient into
+ * the gradient block. Needs a graph_forward with training as it will be differentiated. */
 int graph_backward(struct graph_exec *x, int32_t t, const float *dt);
 /* For every moving parameter (a BatchNormalization's running statistic), what the moving average
  * subtracts after the last training forward, into the gradient block: old - new = (1 - momentum) *
  * (old - the batch's statistic), the batch's variance the biased one (ONNX's). Applied as v -= g, it is
  * TensorFlow's assign_moving_average. Zeros after an inference forward. Call after graph_backward
- * (which clears the gradient block). */
-void graph_moving_deltas(struct graph_exec *x);
-/* The gradient of input t (one marked want_grad) written by the last graph_backward, its count that
- * batch's; NULL for any other tensor. */
+ * (which clears the gradient block). On a device it goes through host copies of the statistics (a few
+ * floats per channel). 0, or -errno when a transfer fails (never on the host). */
+int graph_moving_deltas(struct graph_exec *x);
+/* The gradient of input t (one marked want_grad) written by the last graph_backward, in the exec's
+ * memory, its count that batch's; NULL for any other tensor. */
 const float *graph_grad(const struct graph_exec *x, int32_t t);
+/* The same in host memory, as graph_value_host. */
+const float *graph_grad_host(struct graph_exec *x, int32_t t);
 
 #ifdef __cplusplus
 }

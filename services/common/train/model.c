@@ -230,17 +230,19 @@ int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_ba
         if (m->host) {
                 m->params_host = m->params;
                 m->grads_host = m->grads;
-                if (m->gx && (r = graph_exec_use_blocks(m->gx, m->params, m->grads)) < 0)
-                        goto fail;
         } else {
                 m->params_host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
                 m->grads_host = calloc(m->n_params ? m->n_params : 1, sizeof(float));
-                m->x_dev = backend_alloc(be, sizeof(float) * max_batch * m->in_n);
+                /* a graph model feeds the graph's inputs itself (graph_set_input_rows) */
+                m->x_dev = m->gx ? NULL : backend_alloc(be, sizeof(float) * max_batch * m->in_n);
                 m->out_host = malloc(sizeof(float) * max_batch * m->classes);
-                if (!m->params_host || !m->grads_host || !m->x_dev || !m->out_host)
+                if (!m->params_host || !m->grads_host || (!m->gx && !m->x_dev) || !m->out_host)
                         goto fail;
                 host_blocks_pin(m);
         }
+        /* the graph computes in the model's blocks (on a device, the device's) */
+        if (m->gx && (r = graph_exec_use_blocks(m->gx, m->params, m->grads)) < 0)
+                goto fail;
         *ret = m;
         return 0;
 fail:

@@ -8,8 +8,10 @@
  * graph's forward (a graph reads its variables in an order of its own), every "after" hook once the
  * whole backward is done, last variable first. A variable is one block (no row blocking).
  *
- * The graph engine computes on the CPU: a graph model needs a host-memory backend (model_new gives
- * -EOPNOTSUPP on any other). */
+ * On a host-memory backend the graph computes in the model's blocks themselves; on a device (the CUDA
+ * backend's graph kernels) in the model's device blocks, as the layer list does there: the parameter
+ * block is uploaded once the "before" hooks have run, the gradient block downloaded before the "after"
+ * hooks. A backend without graph kernels gives -EOPNOTSUPP. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,8 +24,6 @@
 int model_graph_plan(struct model *m, const struct model_spec *spec)
 {
         const struct graph *g = spec->graph;
-        if (!m->host)
-                return -EOPNOTSUPP;
         if (!g->final || g->loss < 0 || spec->n_feeds > MODEL_MAX_FEEDS)
                 return -EINVAL;
         m->g = g;
@@ -42,7 +42,7 @@ int model_graph_plan(struct model *m, const struct model_spec *spec)
         if (total != m->in_n || m->classes == 0)
                 return -EINVAL;
         char err[256];
-        return graph_exec_new(g, m->max_batch, &m->gx, err, sizeof(err));
+        return graph_exec_new_on(g, m->max_batch, m->be, &m->gx, err, sizeof(err));
 }
 
 void model_graph_free(struct model *m)
@@ -102,6 +102,8 @@ int model_graph_forward(struct model *m, const float *x, uint32_t B, const struc
         for (uint32_t v = 0; h->block && v < m->n_vars; v++)
                 if ((r = h->block(h->ud, v, 0)) != 0)
                         return r;
+        if (!m->host && (r = backend_upload(m->be, m->params, m->params_host, sizeof(float) * m->n_params)) < 0)
+                return r;
         size_t at = 0;
         for (uint32_t i = 0; i < m->n_feeds; i++) {
                 if ((r = graph_set_input_rows(m->gx, m->feeds[i].tensor, x + at, m->in_n, B)) < 0)
@@ -120,14 +122,21 @@ int model_graph_backward(struct model *m, const float *dy, const struct hooks *h
         int r;
         if ((r = graph_backward(m->gx, m->g->loss, dy)) < 0)
                 return r;
-        graph_moving_deltas(m->gx); /* the running statistics' updates, where the gradients go */
+        /* the running statistics' updates, where the gradients go */
+        if ((r = graph_moving_deltas(m->gx)) < 0)
+                return r;
+        if (!m->host && (r = backend_download(m->be, m->grads_host, m->grads, sizeof(float) * m->n_params)) < 0)
+                return r;
         if (m->want_dx) {
-                /* (B, in_n): each feed's gradient in its columns; the data's own input gets none (zeros) */
-                float *dx = m->gbuf[1];
+                /* (B, in_n): each feed's gradient in its columns; the data's own input gets none (zeros).
+                 * A device's are assembled in the host copy model_input_grad returns. */
+                float *dx = m->host ? m->gbuf[1] : m->dx_host;
                 size_t at = 0;
                 for (uint32_t i = 0; i < m->n_feeds; i++) {
                         const struct model_feed *f = &m->feeds[i];
-                        const float *gi = graph_grad(m->gx, f->tensor);
+                        const float *gi = m->host ? graph_grad(m->gx, f->tensor) : graph_grad_host(m->gx, f->tensor);
+                        if (!m->host && !gi && graph_grad(m->gx, f->tensor))
+                                return -EIO; /* the download failed */
                         for (uint32_t b = 0; b < m->B; b++) {
                                 float *row = dx + (size_t)b * m->in_n + at;
                                 if (gi)
@@ -137,7 +146,7 @@ int model_graph_backward(struct model *m, const float *dy, const struct hooks *h
                         }
                         at += f->count;
                 }
-                m->dx = dx;
+                m->dx = m->gbuf[1];
         }
         for (uint32_t v = m->n_vars; h->block && v-- > 0;)
                 if ((r = h->block(h->ud, v, 0)) != 0)

@@ -177,7 +177,7 @@ static int forward(struct model *m, const float *x, const uint8_t *labels, const
                 return -EINVAL;
         if ((r = put_labels(m, labels, yf, B)) < 0)
                 return r;
-        if (m->host) {
+        if (m->host || m->gx) { /* a graph uploads its own inputs */
                 m->input = x;
         } else {
                 if ((r = backend_upload(be, m->x_dev, x, sizeof(float) * B * m->in_n)) < 0)

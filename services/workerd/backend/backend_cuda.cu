@@ -9,6 +9,7 @@
  * return host values (downloads, the loss, the correct count) synchronize. */
 #include "backend.h"
 #include "argmax.h"
+#include "cuda-internal.h"
 #include "device.h"
 
 #include <cublas_v2.h>
@@ -310,6 +311,7 @@ struct cuda_ctx {
         struct conv_plan plans[MAX_PLANS];
         uint32_t n_plans;
         uint64_t clock;
+        int *graph_flag;               /* the graph kernels' error flag (cuda_graph_dev), from the pool */
         char err[256];
 };
 
@@ -342,6 +344,31 @@ static struct cuda_ctx *ctx_of(struct backend *be)
         if (c && thread_device != c->device)
                 use_device(c->device);
         return c;
+}
+
+/* ---- what graph_cuda.cu reaches (cuda-internal.h) ---- */
+
+int cuda_status_errno(cudaError_t e)
+{
+        return cuda_errno(e);
+}
+
+int cublas_status_errno(cublasStatus_t s)
+{
+        return cublas_errno(s);
+}
+
+int cuda_graph_dev(struct backend *be, struct cuda_graph_dev *ret)
+{
+        struct cuda_ctx *c = ctx_of(be);
+        if (!c->graph_flag) {
+                c->graph_flag = (int *)pool_alloc(&c->pool, sizeof(int));
+                if (!c->graph_flag)
+                        return fail(c, -ENOMEM, "the graph kernels' flag does not fit the GPU memory cap");
+                CK_CUDA(c, cudaMemsetAsync(c->graph_flag, 0, sizeof(int), c->stream));
+        }
+        *ret = (struct cuda_graph_dev){ c->stream, c->blas, c->graph_flag };
+        return 0;
 }
 
 /* ---- kernels of our own ---- */
@@ -1025,6 +1052,7 @@ static const struct backend_ops cuda_ops = {
         /* .mse_bwd */ NULL,
         cu_host_pin,
         cu_host_unpin,
+        &cuda_graph_kernels,
 };
 
 static double gib(size_t b)
