@@ -97,6 +97,32 @@ bool ox_attr_is(const Onnx__AttributeProto *a, Onnx__AttributeProto__AttributeTy
 int ox_attr_int(struct ld *L, uint32_t ni, const char *name, int64_t def, int64_t *ret);
 int ox_attrs_only(struct ld *L, uint32_t ni, const char *const *names);
 
+/* The attributes each op reads, by ONNX's name, into struct graph_attrs (onnx_load.c's table; onnx_save.c
+ * writes them back from it). Read and ignored, as harmless:
+ * BatchNormalization's training_mode (graph_forward's training decides), Dropout's seed (graph_forward's
+ * seed decides), MaxPool's storage_order (it lays out the Indices output, which is not produced),
+ * LayerNormalization's stash_type (the statistics' precision: float32 is the only one here). */
+enum akind { AK_INT, AK_FLOAT, AK_INTS, AK_IGNORED };
+
+struct attr_spec {
+        const char *name;
+        uint64_t ops;                    /* a bit per enum graph_op */
+        enum akind kind;
+        size_t off, n_off;               /* the field; AK_INTS: the array, and its count */
+        uint32_t max;                    /* AK_INTS: capacity */
+};
+
+#define OPB(o) (1ull << (o))
+#define POOLS (OPB(GOP_MAXPOOL) | OPB(GOP_AVGPOOL))
+#define AINT(n, ops, f) { n, ops, AK_INT, offsetof(struct graph_attrs, f), 0, 0 }
+#define AFLT(n, ops, f) { n, ops, AK_FLOAT, offsetof(struct graph_attrs, f), 0, 0 }
+#define AINTS(n, ops, f, nf, max) \
+        { n, ops, AK_INTS, offsetof(struct graph_attrs, f), offsetof(struct graph_attrs, nf), max }
+#define AIGN(n, ops) { n, ops, AK_IGNORED, 0, 0, 0 }
+
+extern const struct attr_spec onnx_attr_specs[];
+extern const size_t onnx_n_attr_specs;
+
 /* ---- onnx_fold.c ---- */
 int ox_fold_constant(struct ld *L, uint32_t ni, struct val *o);
 struct val *ox_node_in(struct ld *L, uint32_t ni, size_t i);

@@ -21,29 +21,7 @@
 
 /* ---- a node of the graph ---- */
 
-/* The attributes each op reads, by ONNX's name, into struct graph_attrs. Read and ignored, as harmless:
- * BatchNormalization's training_mode (graph_forward's training decides), Dropout's seed (graph_forward's
- * seed decides), MaxPool's storage_order (it lays out the Indices output, which is not produced),
- * LayerNormalization's stash_type (the statistics' precision: float32 is the only one here). */
-enum akind { AK_INT, AK_FLOAT, AK_INTS, AK_IGNORED };
-
-struct attr_spec {
-        const char *name;
-        uint64_t ops;                    /* a bit per enum graph_op */
-        enum akind kind;
-        size_t off, n_off;               /* the field; AK_INTS: the array, and its count */
-        uint32_t max;                    /* AK_INTS: capacity */
-};
-
-#define OPB(o) (1ull << (o))
-#define POOLS (OPB(GOP_MAXPOOL) | OPB(GOP_AVGPOOL))
-#define AINT(n, ops, f) { n, ops, AK_INT, offsetof(struct graph_attrs, f), 0, 0 }
-#define AFLT(n, ops, f) { n, ops, AK_FLOAT, offsetof(struct graph_attrs, f), 0, 0 }
-#define AINTS(n, ops, f, nf, max) \
-        { n, ops, AK_INTS, offsetof(struct graph_attrs, f), offsetof(struct graph_attrs, nf), max }
-#define AIGN(n, ops) { n, ops, AK_IGNORED, 0, 0, 0 }
-
-static const struct attr_spec attr_specs[] = {
+const struct attr_spec onnx_attr_specs[] = {
         AINT("axis", OPB(GOP_SOFTMAX) | OPB(GOP_LOG_SOFTMAX) | OPB(GOP_CONCAT) | OPB(GOP_GATHER) |
                      OPB(GOP_FLATTEN) | OPB(GOP_LAYERNORM), axis),
         AINT("transA", OPB(GOP_GEMM), trans_a),
@@ -72,6 +50,7 @@ static const struct attr_spec attr_specs[] = {
         AIGN("allowzero", OPB(GOP_RESHAPE)),
         AIGN("mode", OPB(GOP_PAD)),
 };
+const size_t onnx_n_attr_specs = sizeof(onnx_attr_specs) / sizeof(onnx_attr_specs[0]);
 
 /* ONNX's defaults where they differ from graph_attrs_default's, then the node's attributes. */
 static int node_attrs(struct ld *L, uint32_t ni, enum graph_op op, struct graph_attrs *a)
@@ -101,9 +80,9 @@ static int node_attrs(struct ld *L, uint32_t ni, enum graph_op op, struct graph_
                 const Onnx__AttributeProto *at = np->attribute[i];
                 const char *an = ox_str(at->name);
                 const struct attr_spec *sp = NULL;
-                for (size_t k = 0; k < sizeof(attr_specs) / sizeof(attr_specs[0]) && !sp; k++)
-                        if ((attr_specs[k].ops & OPB(op)) && strcmp(attr_specs[k].name, an) == 0)
-                                sp = &attr_specs[k];
+                for (size_t k = 0; k < onnx_n_attr_specs && !sp; k++)
+                        if ((onnx_attr_specs[k].ops & OPB(op)) && strcmp(onnx_attr_specs[k].name, an) == 0)
+                                sp = &onnx_attr_specs[k];
                 if (!sp)
                         return ox_node_fail(L, ni, -ENOTSUP, "attribute \"%.60s\" is not supported", an);
                 if (at->ref_attr_name && at->ref_attr_name[0])
