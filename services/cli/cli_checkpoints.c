@@ -13,6 +13,7 @@
 #include "cli_chief.h"
 #include "cli_json.h"
 #include "cli_opt.h"
+#include "cli_records.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "rpc.h"
@@ -104,31 +105,12 @@ static void print_list(Psfleet__V1__Checkpoint **c, size_t n, const char *dir, u
                 print_row(c[i]);
 }
 
-/* The chief's record in DIR/chief.db, else DIR/JOB/chief.db. Returns 0 with *ret open and its
- * directory in *dir_ret (malloc'd), or -errno. */
-static int open_records(const char *dir, const char *job, struct chief_db **ret, char **dir_ret) {
-        int r = -ENOENT;
-        for (int i = 0; i < 2 && r == -ENOENT; i++) {
-                if (i == 1 && !job)
-                        break;
-                char *d = i == 0 ? strdup(dir) : strdup_printf("%s/%s", dir, job);
-                char *db = d ? strdup_printf("%s/chief.db", d) : NULL;
-                r = !db ? -ENOMEM : access(db, F_OK) < 0 ? -ENOENT : chief_db_open_readonly(db, ret);
-                free(db);
-                if (r == 0)
-                        *dir_ret = d;
-                else
-                        free(d);
-        }
-        return r;
-}
-
 /* list with the chief down: its records, read-only. Returns the exit status. */
 static int list_offline(const struct cli_chief_ref *ref, const char *state_dir, bool json) {
-        const char *dir = state_dir ? state_dir : ref->state_dir ? ref->state_dir : "/var/lib/psfleet/chiefd";
+        const char *dir = state_dir ? state_dir : ref->state_dir ? ref->state_dir : CLI_CHIEF_STATE_ROOT;
         struct chief_db *db = NULL;
         char *where = NULL;
-        int r = open_records(dir, ref->job_name, &db, &where);
+        int r = cli_records_open(dir, ref->job_name, &db, &where);
         if (r < 0) {
                 cli_error("no records of the chief to read offline in %s%s%s (--state-dir DIR): %s", dir,
                           ref->job_name ? " nor its subdirectory " : "", ref->job_name ? ref->job_name : "", strerror(-r));

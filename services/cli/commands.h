@@ -14,3 +14,4 @@ int cmd_restart(int argc, char **argv);
 int cmd_certs(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_gendata(int argc, char **argv);
+int cmd_export(int argc, char **argv);

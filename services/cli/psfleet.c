@@ -29,6 +29,9 @@ static const struct command {
          "                       checkpoint"},
         {"placement", cmd_placement,
          "placement JOB.json   print how the job's variables are spread over its ps shards"},
+        {"export", cmd_export,
+         "export --job JOB --out DIR\n"
+         "                       a job's trained model as DIR/model.onnx for serving (ONNX Runtime, Triton)"},
         {"check", cmd_check,
          "check JOB.json       pre-flight: the job file, endpoints, data and certificates, starting nothing"},
         {"certs", cmd_certs, "certs --job JOB      make a job's CA and a key and certificate per task (docs/security.md)"},
