@@ -75,7 +75,8 @@ int tfr_file_fill(struct records_reader *r, char *err, size_t errlen);
  * 1 with *l (the data, valid until the next call; l->s NULL and l->why set when the record is bad: a
  * CRC that does not match, truncated, longer than max_record_bytes), 0 at the end of the file, or
  * -errno. r->line_idx counts it, r->rec_at is its offset. After a bad length, the rest of the file
- * cannot be framed: the file ends there. */
+ * cannot be framed: the file ends there. Sharded by record, another worker's record is passed over
+ * unread and unchecked (l empty). */
 int tfr_next_record(struct records_reader *r, struct records_line *l, char *err, size_t errlen);
 
 int tfr_parser_new(const struct tfr_spec *s, struct tfr_parser **ret); /* 0, -ENOMEM */

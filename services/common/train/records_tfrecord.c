@@ -241,6 +241,17 @@ int tfr_next_record(struct records_reader *r, struct records_line *l, char *err,
                 n = take(r, NULL, len + 4, err, errlen);
                 return n < 0 ? (int)n : bad(r, l, (uint64_t)n < len + 4);
         }
+        if (r->by_line && (r->line_idx - 1) % r->o.n_workers != r->o.worker) {
+                /* another worker's record (sharded by record): its data are that worker's to check */
+                n = take(r, NULL, len + 4, err, errlen);
+                if (n >= 0 && (uint64_t)n < len + 4) {
+                        snprintf(t->why, sizeof(t->why), "truncated record: the file ends %lld bytes into its %llu "
+                                 "bytes of data and CRC", n, (unsigned long long)len + 4);
+                        return bad(r, l, true);
+                }
+                *l = (struct records_line){.s = "", .len = 0}; /* not ours: shard_line passes it by */
+                return n < 0 ? (int)n : 1;
+        }
         const uint8_t *d;
         if (r->rlen - r->rpos >= len + 4) { /* all in the read buffer: no copy */
                 d = (const uint8_t *)r->rbuf + r->rpos;
