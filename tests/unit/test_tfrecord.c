@@ -103,14 +103,14 @@ static void le(uint8_t *p, uint64_t v, int n)
 struct frames {
         uint8_t buf[1 << 16];
         size_t n;
-        size_t at[64];          /* each record's offset */
+        size_t at[256];         /* each record's offset */
         uint32_t count;
 };
 
 static void frame(struct frames *f, const uint8_t *d, size_t len)
 {
         uint8_t *p = f->buf + f->n;
-        assert_true(f->n + len + 16 <= sizeof(f->buf));
+        assert_true(f->n + len + 16 <= sizeof(f->buf) && f->count < 256);
         f->at[f->count++] = f->n;
         le(p, len, 8);
         le(p + 8, crc32c_mask(crc32c(p, 8)), 4);
