@@ -22,6 +22,7 @@
 #include "records.h"
 #include "scratch_dir.h"
 #include "unit.h"
+#include "records_fixture.h"
 
 static char err[512];
 
@@ -198,23 +199,6 @@ static struct records_opts opts(const struct tfr_spec *s, const char *const *fil
                                      .max_ids = 64, .tfrecord = s};
 }
 
-static struct records_reader *open_ok(const struct records_opts *o)
-{
-        struct records_reader *r = NULL;
-        int e = records_open(o, &r, err, sizeof(err));
-        if (e)
-                print_error("records_open: %d %s\n", e, err);
-        assert_int_equal(e, 0);
-        return r;
-}
-
-static struct records_batch *batch_for(const struct records_reader *r, uint32_t cap)
-{
-        struct records_batch *b;
-        assert_int_equal(records_batch_new(cap, records_n_dense(r), records_n_fields(r), 64, &b), 0);
-        return b;
-}
-
 /* Record k of b is put_example(i)'s, as spec_std takes it. */
 static void check_record(const struct records_batch *b, uint32_t k, int i)
 {
@@ -270,7 +254,7 @@ static void test_compressions(void **state)
                         struct records_reader *r = open_ok(&o);
                         assert_int_equal(records_n_dense(r), 3);
                         assert_int_equal(records_n_fields(r), 2);
-                        struct records_batch *b = batch_for(r, 16);
+                        struct records_batch *b = batch_for(r, 16, 64);
                         int i = 0, n;
                         while ((n = records_next(r, b, err, sizeof(err))) > 0)
                                 for (int k = 0; k < n; k++)
@@ -305,7 +289,7 @@ static void test_cut_gzip(void **state)
         struct tfr_spec s = spec_std();
         struct records_opts o = opts(&s, files, 1);
         struct records_reader *r = open_ok(&o);
-        struct records_batch *b = batch_for(r, 16);
+        struct records_batch *b = batch_for(r, 16, 64);
         int n;
         while ((n = records_next(r, b, err, sizeof(err))) > 0)
                 ;
@@ -326,7 +310,7 @@ static void expect_bad(const struct tfr_spec *s, const uint8_t *d, size_t n, int
                 assert_int_equal(e, -EBADMSG);
         } else {
                 assert_int_equal(e, 0);
-                struct records_batch *b = batch_for(r, 64);
+                struct records_batch *b = batch_for(r, 64, 64);
                 e = records_next(r, b, err, sizeof(err));
                 assert_int_equal(e, -EBADMSG);
                 assert_int_equal(b->n, good);
@@ -449,7 +433,7 @@ static void test_defaults_and_images(void **state)
         struct records_opts o = opts(&s, files, 1);
         struct records_reader *r = open_ok(&o);
         assert_int_equal(records_n_dense(r), 7);
-        struct records_batch *b = batch_for(r, 4);
+        struct records_batch *b = batch_for(r, 4, 64);
         assert_int_equal(records_next(r, b, err, sizeof(err)), 1);
         assert_true(b->label[0] == 0.75f);
         assert_true(b->dense[0] == -1.5f && b->dense[1] == -1.5f && b->dense[2] == 1);
@@ -468,7 +452,7 @@ static void test_defaults_and_images(void **state)
         files[0] = put("imgf.tfrecord", f->buf, f->n, PLAIN);
         o = opts(&sf, files, 1);
         r = open_ok(&o);
-        b = batch_for(r, 4);
+        b = batch_for(r, 4, 64);
         assert_int_equal(records_next(r, b, err, sizeof(err)), 1);
         assert_true(b->dense[3] == 0.5f && b->dense[4] == 0.25f && b->dense[5] == 1 && b->dense[6] == 0);
         records_batch_free(b);
@@ -492,7 +476,7 @@ static void test_skip_bad(void **state)
         struct records_opts o = opts(&s, files, 1);
         o.skip_bad = true;
         struct records_reader *r = open_ok(&o);
-        struct records_batch *b = batch_for(r, 64);
+        struct records_batch *b = batch_for(r, 64, 64);
         assert_int_equal(records_next(r, b, err, sizeof(err)), 9);
         for (uint32_t k = 0; k < 9; k++)
                 check_record(b, k, k < 3 ? (int)k : (int)k + 1);
@@ -516,7 +500,7 @@ static void test_sharding(void **state)
                 o.worker = w;
                 o.n_workers = 4;
                 struct records_reader *r = open_ok(&o);
-                struct records_batch *b = batch_for(r, 64);
+                struct records_batch *b = batch_for(r, 64, 64);
                 int n = records_next(r, b, err, sizeof(err));
                 assert_int_equal(n, (30 - (int)w + 3) / 4);
                 for (int k = 0; k < n; k++) {
@@ -537,7 +521,7 @@ static void test_sharding(void **state)
                 o.worker = w;
                 o.n_workers = 2;
                 struct records_reader *r = open_ok(&o);
-                struct records_batch *b = batch_for(r, 64);
+                struct records_batch *b = batch_for(r, 64, 64);
                 assert_int_equal(records_next(r, b, err, sizeof(err)), w == 0 ? 5 + 7 : 6 + 8);
                 records_batch_free(b);
                 records_close(r);
@@ -553,7 +537,7 @@ static void test_loop(void **state)
         struct records_opts o = opts(&s, files, 1);
         o.loop = true;
         struct records_reader *r = open_ok(&o);
-        struct records_batch *b = batch_for(r, 5);
+        struct records_batch *b = batch_for(r, 5, 64);
         for (int k = 0; k < 7; k++) { /* 35 records: 5 epochs */
                 assert_int_equal(records_next(r, b, err, sizeof(err)), 5);
                 for (uint32_t j = 0; j < 5; j++)
