@@ -127,7 +127,8 @@ const struct config_key cfg_keys[] = {
                   "Workers (workerd), one per index. An endpoint may appear only once in the cluster."),
         K_SPECIAL("model.input", "list of integers", "required", "[N] or [C, H, W], each 1..1048576; [0] with a record format",
                   "Shape of one example; [784] means (1, 1, 784). With a record format (data.format) it is [N], the "
-                  "dense features of a record: 13 for criteo, 0 for libsvm, data.csv_features for csv when set."),
+                  "dense features of a record: 13 for criteo, 0 for libsvm, data.csv_features for csv when set, "
+                  "data.tfrecord's dense features and image for tfrecord (or the image's [C, H, W] alone)."),
         K_ENUM("model.head", model.head, "softmax", head_names,
                "The loss over the last dense layer's outputs: softmax (cross-entropy over its units, at least 2; "
                "labels are class indices 0..units-1, also in record files), logistic (1 unit, sigmoid "
@@ -196,13 +197,13 @@ const struct config_key cfg_keys[] = {
                "(data.train_files), streamed (docs/data-formats.md); tfrecord: TFRecord files of tf.train.Example, "
                "the features taken as data.tfrecord says."),
         K_SPECIAL("data.train_files", "list of strings", "required (record formats)", "1 or more non-empty paths",
-                  "Record formats: the training files, in data.dir unless absolute, gzip'd or not; a worker reads "
-                  "its own shard of them."),
+                  "Record formats: the training files, in data.dir unless absolute, gzip'd or not (tfrecord: "
+                  "uncompressed, GZIP or ZLIB); a worker reads its own shard of them."),
         K_SPECIAL("data.test_files", "list of strings", "[]", "non-empty paths",
                   "Record formats: the evaluation files; none: no evaluation."),
         K_ENUM("data.bad_lines", data.bad_lines, "error", bad_lines_names,
                "Record formats: a line that does not parse stops the reader with FILE:LINE (error), or is "
-               "counted and skipped (skip)."),
+               "counted and skipped (skip); tfrecord: a record, named FILE: record INDEX at byte OFFSET."),
         K_U32("data.max_ids_per_example", data.max_ids_per_example, 1024, 1, 1048576,
               "Record formats: the most ids one record may hold, all fields together (a longer line is bad)."),
         K_U32("data.shuffle_buffer", data.shuffle_buffer, 0, 0, 10000000,
