@@ -1,7 +1,17 @@
-/* What the record readers' tests share (test_records.c, test_tfrecord.c): a reader that must open, and a
- * batch made for it. Include after cmocka.h and unit.h. */
+/* What the record readers' tests share (test_records.c, test_tfrecord.c): a reader that must open, a
+ * batch made for it, the heap in use. Include after cmocka.h and unit.h. */
 #pragma once
+#include <malloc.h>
+
 #include "records.h"
+
+/* Bytes of the heap in use, for the readers' bounded memory (mallinfo2 reads 0 under the sanitizers,
+ * which check leaks instead). */
+static inline size_t heap_in_use(void)
+{
+        struct mallinfo2 mi = mallinfo2();
+        return mi.uordblks + mi.hblkhd;
+}
 
 /* records_open that must succeed (else the test fails, printing why). */
 static inline struct records_reader *open_ok(const struct records_opts *o)

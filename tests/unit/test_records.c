@@ -667,12 +667,6 @@ static void test_shuffle(void **state)
         records_close(r);
 }
 
-static size_t heap_in_use(void)
-{
-        struct mallinfo2 mi = mallinfo2();
-        return mi.uordblks + mi.hblkhd;
-}
-
 /* 10^5 lines (about 8 MB, gzip'd and plain): what the reader holds stays far below the file's size. */
 static void test_bounded_memory(void **state)
 {

@@ -2,7 +2,7 @@
  * several) and ZLIB files told apart by their bytes or by the key, tf.train.Example parsed into records
  * as the spec says (label, dense with defaults, sparse int64 and bytes, images), every bad input named
  * with file, record index, byte offset and feature (and counted when skipped), sharding by record and by
- * file, loops. The Examples are packed here through protobuf-c's packer; the framing is written here. */
+ * file, loops, memory that does not grow with the file. The Examples are packed here through protobuf-c's packer; the framing is written here. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -548,6 +548,51 @@ static void test_loop(void **state)
         records_close(r);
 }
 
+/* 40,000 records (about 5 MB uncompressed), GZIP and plain: what the reader holds stays far below the
+ * file's size. */
+static void test_bounded_memory(void **state)
+{
+        (void)state;
+        for (int gz = 0; gz < 2; gz++) {
+                char path[320];
+                snprintf(path, sizeof(path), "%s/big.tfrecord%s", scratch_dir, gz ? ".gz" : "");
+                gzFile z = gzopen(path, gz ? "wb1" : "wbT");
+                assert_non_null(z);
+                struct frames *f = calloc(1, sizeof(*f));
+                size_t bytes = 0;
+                for (int i = 0; i < 40000; i++) {
+                        put_example(f, i % 1000);
+                        if (f->count == 256 || i == 39999) {
+                                assert_int_equal(gzwrite(z, f->buf, (unsigned)f->n), (int)f->n);
+                                bytes += f->n;
+                                f->n = f->count = 0;
+                        }
+                }
+                assert_int_equal(gzclose(z), Z_OK);
+                free(f);
+                const char *files[] = {path};
+                struct tfr_spec s = spec_std();
+                size_t before = heap_in_use(), peak = 0;
+                struct records_opts o = opts(&s, files, 1);
+                struct records_reader *r = open_ok(&o);
+                struct records_batch *b = batch_for(r, 256, 64);
+                int got, n = 0;
+                while ((got = records_next(r, b, err, sizeof(err))) > 0) {
+                        for (int k = 0; k < got; k++)
+                                check_record(b, (uint32_t)k, (n + k) % 1000);
+                        n += got;
+                        size_t now = heap_in_use() - before;
+                        peak = now > peak ? now : peak;
+                }
+                assert_int_equal(got, 0);
+                assert_int_equal(n, 40000);
+                assert_true(bytes > (4u << 20));
+                assert_true(peak < (1u << 20)); /* batch, read and input buffers, zlib, the arena */
+                records_batch_free(b);
+                records_close(r);
+        }
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -560,6 +605,7 @@ int main(void)
                 cmocka_unit_test(test_skip_bad),
                 cmocka_unit_test(test_sharding),
                 cmocka_unit_test(test_loop),
+                cmocka_unit_test(test_bounded_memory),
         };
         return cmocka_run_group_tests(tests, setup, scratch_dir_remove);
 }
