@@ -14,8 +14,9 @@
 
 static void gendata_help(FILE *f)
 {
-        fprintf(f, "Usage: psfleet gen-data --rows N --out PATH [--format criteo|libsvm|csv] [--seed S]\n"
-                   "                        [--test-rows M --test-out PATH] [--vocab V] [--zipf A] [--noise X]\n"
+        fprintf(f, "Usage: psfleet gen-data --rows N --out PATH [--format criteo|libsvm|csv|tfrecord]\n"
+                   "                        [--seed S] [--test-rows M --test-out PATH] [--vocab V] [--zipf A]\n"
+                   "                        [--noise X]\n"
                    "\n"
                    "Writes rows whose labels come from a planted model, so that the best reachable AUC (or\n"
                    "RMSE) is known, and PATH.meta.json beside each file with the planted model's own metrics on\n"
@@ -26,11 +27,14 @@ static void gendata_help(FILE *f)
                    "           weights + sum_j v_j log1p(count_j))), ~25%% positive, planted AUC ~0.78\n"
                    "  libsvm   the same model: token of rank r of field f as index f*V+r (value 1), then\n"
                    "           count j as index 26*V+j (value log1p(count))\n"
+                   "  tfrecord the criteo rows as tf.train.Example records: \"label\" (int64), \"I1\"..\"I13\"\n"
+                   "           (float32 log1p(count), absent when empty), \"C1\"..\"C26\" (the token's bytes,\n"
+                   "           absent when empty); a PATH ending in .gz is GZIP, as TensorFlow writes it\n"
                    "  csv      regression: y = b + sum_j v_j x_j + noise over 13 features ~ N(0, 1), a header\n"
                    "\n"
                    "  --rows N           rows of PATH\n"
                    "  --out PATH         the training file\n"
-                   "  --format F         criteo (default), libsvm or csv\n"
+                   "  --format F         criteo (default), libsvm, csv or tfrecord\n"
                    "  --seed S           the planted model's and the rows' seed (default 1)\n"
                    "  --test-rows M      rows of a test file: the same model, other rows\n"
                    "  --test-out PATH    the test file (with --test-rows)\n"
@@ -110,8 +114,10 @@ int cmd_gendata(int argc, char **argv)
                 go.format = RECORDS_LIBSVM;
         else if (strcmp(format, "csv") == 0)
                 go.format = RECORDS_CSV;
+        else if (strcmp(format, "tfrecord") == 0)
+                go.format = RECORDS_TFRECORD;
         else {
-                cli_error("gen-data: --format \"%s\": expected criteo, libsvm or csv", format);
+                cli_error("gen-data: --format \"%s\": expected criteo, libsvm, csv or tfrecord", format);
                 return CLI_EX_USAGE;
         }
         if (!rows || !out) {

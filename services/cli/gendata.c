@@ -14,6 +14,7 @@
 #include <zlib.h>
 
 #include "binmetrics.h"
+#include "crc32c.h"
 #include "rng.h"
 #include "util.h"
 
@@ -179,7 +180,7 @@ static int calibrate(struct gendata *g)
 
 int gendata_new(const struct gendata_opts *o, struct gendata **ret)
 {
-        if (o->vocab == 0 || !(o->zipf > 0) || !(o->noise >= 0) || (unsigned)o->format > RECORDS_CSV)
+        if (o->vocab == 0 || !(o->zipf > 0) || !(o->noise >= 0) || (unsigned)o->format > RECORDS_TFRECORD)
                 return -EINVAL;
         struct gendata *g = calloc(1, sizeof(*g));
         if (!g)
@@ -313,6 +314,93 @@ static char *put_libsvm(char *p, const struct row *w, int label, uint64_t vocab)
         return p;
 }
 
+/* ---- tf.train.Example in TFRecord framing, encoded by hand (the reader decodes with protobuf-c) ---- */
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+        for (; v >= 0x80; v >>= 7)
+                *p++ = (uint8_t)(v | 0x80);
+        *p++ = (uint8_t)v;
+        return p;
+}
+
+static size_t varint_len(uint64_t v)
+{
+        size_t n = 1;
+        for (; v >= 0x80; v >>= 7)
+                n++;
+        return n;
+}
+
+static uint8_t *put_le32(uint8_t *p, uint32_t v)
+{
+        for (int i = 0; i < 4; i++)
+                *p++ = (uint8_t)(v >> 8 * i);
+        return p;
+}
+
+/* One entry of Features' map: key, then a Feature whose list (kind: 1 bytes_list, 2 float_list, 3
+ * int64_list) holds the n bytes at c as its field 1 (one bytes value, packed floats or varints). */
+static uint8_t *put_entry(uint8_t *p, const char *key, unsigned kind, const uint8_t *c, size_t n)
+{
+        size_t klen = strlen(key), list = 1 + varint_len(n) + n, feat = 1 + varint_len(list) + list;
+        p = put_varint(p, 0x0a); /* Features.feature (1, length-delimited) */
+        p = put_varint(p, 1 + varint_len(klen) + klen + 1 + varint_len(feat) + feat);
+        *p++ = 0x0a;             /* key */
+        p = put_varint(p, klen);
+        memcpy(p, key, klen);
+        p += klen;
+        *p++ = 0x12;             /* value */
+        p = put_varint(p, feat);
+        *p++ = (uint8_t)(kind << 3 | 2);
+        p = put_varint(p, list);
+        *p++ = 0x0a;             /* the list's value */
+        p = put_varint(p, n);
+        memcpy(p, c, n);
+        return p + n;
+}
+
+/* The row as an Example of "label" (int64), "I1".."I13" (float: log1p of the count as the criteo
+ * reader computes it, absent when empty) and "C1".."C26" (bytes: the token, absent when empty), in a
+ * TFRecord frame: the same records as the criteo row, read through data.tfrecord. */
+static char *put_tfrecord(char *at, const struct row *w, int label)
+{
+        uint8_t feat[ROW_MAX], *p = feat, v[16], *q;
+        char key[8];
+        v[0] = (uint8_t)label;
+        p = put_entry(p, "label", 3, v, 1);
+        for (uint32_t j = 0; j < DENSE; j++) {
+                if (w->count[j] < 0)
+                        continue;
+                float x = w->count[j] > 0 ? log1pf((float)w->count[j]) : 0;
+                uint32_t bits;
+                memcpy(&bits, &x, 4);
+                put_le32(v, bits);
+                snprintf(key, sizeof(key), "I%u", j + 1);
+                p = put_entry(p, key, 2, v, 4);
+        }
+        for (uint32_t f = 0; f < FIELDS; f++) {
+                if (w->rank[f] == NO_RANK)
+                        continue;
+                char tok[9];
+                gendata_token(f, w->rank[f], tok);
+                snprintf(key, sizeof(key), "C%u", f + 1);
+                p = put_entry(p, key, 1, (const uint8_t *)tok, 8);
+        }
+        size_t flen = (size_t)(p - feat), len = 1 + varint_len(flen) + flen;
+        uint8_t *h = (uint8_t *)at, *d = h + 12;
+        for (int i = 0; i < 8; i++)
+                h[i] = (uint8_t)((uint64_t)len >> 8 * i);
+        put_le32(h + 8, crc32c_mask(crc32c(h, 8)));
+        q = d;
+        *q++ = 0x0a; /* Example.features */
+        q = put_varint(q, flen);
+        memcpy(q, feat, flen);
+        q += flen;
+        q = put_le32(q, crc32c_mask(crc32c(d, len)));
+        return (char *)q;
+}
+
 /* ---- the output ---- */
 
 struct out {
@@ -351,6 +439,8 @@ static char *row_binary(const struct gendata *g, struct rng *r, char *at, double
         *p = sigmoid(g->bias + w.z);
         int label = rng_uniform(r) < *p;
         *y = label;
+        if (g->o.format == RECORDS_TFRECORD)
+                return put_tfrecord(at, &w, label);
         return g->o.format == RECORDS_CRITEO ? put_criteo(at, &w, label) : put_libsvm(at, &w, label, g->o.vocab);
 }
 

@@ -1,4 +1,5 @@
-/* psfleet gen-data's generator: Criteo-like rows (or the same model as LIBSVM, or a CSV regression)
+/* psfleet gen-data's generator: Criteo-like rows (or the same model as LIBSVM or as TFRecord files of
+ * tf.train.Example, or a CSV regression)
  * with labels from a planted model, so that the best reachable AUC (or RMSE) is known. The planted
  * weights are a function of (seed, field, rank), so the model takes no memory; the rows are streamed.
  * Deterministic: the same options give the same bytes. Not thread-safe: one gendata per thread. */

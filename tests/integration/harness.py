@@ -488,3 +488,22 @@ def local_result(wd, job, args=(), name="local", timeout=600):
     r = result_line(p)
     log(name, r)
     return r
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli), independent of psfleet's: to check checkpoint checksums, to frame TFRecord files."""
+    table = crc32c.table
+    if table is None:
+        table = crc32c.table = []
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            table.append(c)
+    c = 0xFFFFFFFF
+    for b in data:
+        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+crc32c.table = None

@@ -21,25 +21,6 @@ import pyenv
 DELAY_MS = 1000
 
 
-def crc32c(data):
-    """CRC-32C (Castagnoli), independent of chiefd's, to check the recorded checksums."""
-    table = crc32c.table
-    if table is None:
-        table = crc32c.table = []
-        for i in range(256):
-            c = i
-            for _ in range(8):
-                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-            table.append(c)
-    c = 0xFFFFFFFF
-    for b in data:
-        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
-
-crc32c.table = None
-
-
 def records(db):
     con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
     try:
@@ -59,7 +40,7 @@ def agree(db, ckdir):
         with open(path, "rb") as f:
             data = f.read()
         assert len(data) == size, (path, len(data), size)
-        assert checksum == "crc32c:%08x" % crc32c(data), (path, checksum)
+        assert checksum == "crc32c:%08x" % h.crc32c(data), (path, checksum)
     return rows
 
 

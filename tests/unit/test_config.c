@@ -450,14 +450,16 @@ static const struct bad_case bad_cases[] = {
           "model.layers[0].units: model.head softmax needs at least 2 classes, got 1 (a single output: model.head "
           "logistic or mse)" },
         { "{" CLUSTER ", 'model': {'input': [784], 'head': 'mse', 'layers': [{'type': 'dense', 'units': 1}]}}",
-          "model.head: mse needs a record format (data.format libsvm, criteo or csv); idx has class labels" },
+          "model.head: mse needs a record format (data.format libsvm, criteo, csv or tfrecord); idx has class labels" },
         /* model.embeddings */
         { "{" CLUSTER ", 'model': {'input': [784], 'embeddings': [{'name': 'e', 'dim': 4}], "
           "'layers': [{'type': 'dense', 'units': 10}]}}",
-          "model.embeddings: need a record format with sparse fields (data.format libsvm or criteo); data.format idx "
+          "model.embeddings: need a record format with sparse fields (data.format libsvm, criteo, or tfrecord with "
+          "data.tfrecord.sparse); data.format idx "
           "has none" },
         { "{" CLUSTER ", 'data': {'format': 'csv', 'train_files': ['a.csv']}, " CTR_MODEL(EMB("'name': 'e', 'dim': 4")) "}",
-          "model.embeddings: need a record format with sparse fields (data.format libsvm or criteo); data.format csv "
+          "model.embeddings: need a record format with sparse fields (data.format libsvm, criteo, or tfrecord with "
+          "data.tfrecord.sparse); data.format csv "
           "has none" },
         { "{" BASE_CTR ", " CTR_MODEL("'embeddings': {}, ") "}", "model.embeddings: expected an array of tables, got object" },
         { "{" BASE_CTR ", " CTR_MODEL("'embeddings': [{'name': 'a', 'dim': 1}, {'name': 'b', 'dim': 1}, {'name': 'c', "
@@ -530,7 +532,7 @@ static const struct bad_case bad_cases[] = {
           "'head': 'mse', 'layers': [{'type': 'dense', 'units': 1}]}}",
           "model.input: [0] and no model.embeddings: the model has no input" },
         /* data */
-        { "{" BASE ", 'data': {'format': 'parquet'}}", "data.format: \"parquet\" is not one of idx, libsvm, criteo, csv" },
+        { "{" BASE ", 'data': {'format': 'parquet'}}", "data.format: \"parquet\" is not one of idx, libsvm, criteo, csv, tfrecord" },
         { "{" CLUSTER ", 'data': {'format': 'criteo'}, " CTR_MODEL("") "}",
           "data.train_files: missing (required for data.format criteo)" },
         { "{" CLUSTER ", 'data': {'format': 'criteo', 'train_files': []}, " CTR_MODEL("") "}",
@@ -542,12 +544,56 @@ static const struct bad_case bad_cases[] = {
         { "{" CLUSTER ", 'data': {'format': 'criteo', 'train_files': ['a'], 'test_files': ['b', '']}, " CTR_MODEL("") "}",
           "data.test_files[1]: must not be empty" },
         { "{" BASE ", 'data': {'train_files': ['a']}}",
-          "data.train_files: is for the record formats (data.format libsvm, criteo or csv); idx reads "
+          "data.train_files: is for the record formats (data.format libsvm, criteo, csv or tfrecord); idx reads "
           "data.train_images and the other IDX files" },
         { "{" BASE ", 'data': {'test_files': []}}",
-          "data.test_files: is for the record formats (data.format libsvm, criteo or csv); idx reads "
+          "data.test_files: is for the record formats (data.format libsvm, criteo, csv or tfrecord); idx reads "
           "data.train_images and the other IDX files" },
         { "{" BASE ", 'data': {'bad_lines': 'ignore'}}", "data.bad_lines: \"ignore\" is not one of error, skip" },
+        /* data.tfrecord */
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a']}, " CTR_MODEL("") "}",
+          "data.tfrecord: missing (required for data.format tfrecord: at least its label)" },
+        { "{" CLUSTER ", 'data': {'format': 'criteo', 'train_files': ['a'], 'tfrecord': {'label': 'y'}}, " CTR_MODEL("") "}",
+          "data.tfrecord: is for data.format tfrecord" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord.label': 'y'}, " CTR_MODEL("") "}",
+          "data.tfrecord.label: unknown key" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'labels': 'y'}}, " CTR_MODEL("") "}",
+          "data.tfrecord.labels: unknown key" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'dense': []}}, " CTR_MODEL("") "}",
+          "data.tfrecord.label: missing" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'dense': [{'name': 'a', 'dtype': 'string'}]}}, " CTR_MODEL("") "}",
+          "data.tfrecord.dense[0].dtype: \"string\" is not allowed here, only float32 or int64" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'dense': [{'name': 'a', 'shape': [0]}]}}, " CTR_MODEL("") "}",
+          "data.tfrecord.dense[0].shape[0]: 0 is out of range [1, 1048576]" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'dense': [{'name': 'a', 'default_value': 'x'}]}}, " CTR_MODEL("") "}",
+          "data.tfrecord.dense[0].default_value: expected a finite number, got string \"x\"" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'dense': [{'name': 'a'}], 'sparse': [{'name': 'y'}]}}, " CTR_MODEL("") "}",
+          "data.tfrecord.sparse[0].name: \"y\" is also data.tfrecord.label" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'image': {'name': 'i', 'shape': [28, 28]}}}, " CTR_MODEL("") "}",
+          "data.tfrecord.image.shape: has 2 dimensions, 3 to 3" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'compression': 'GZIP'}}, " CTR_MODEL("") "}",
+          "data.tfrecord.compression: \"GZIP\" is not one of auto, none, gzip, zlib" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'max_record_bytes': 8}}, " CTR_MODEL("") "}",
+          "data.tfrecord.max_record_bytes: 8 is out of range [64, 1073741824]" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'dense': [{'name': 'a', 'shape': [2]}]}}, " CTR_MODEL("") "}",
+          "model.input: [13], but a record of data.format tfrecord has 2 dense features (data.tfrecord.dense and image)" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'sparse': [{'name': 'c'}]}}, 'model': {'input': [0], 'head': 'logistic', 'embeddings': [{'name': 'e', "
+          "'dim': 2, 'fields': ['d']}], 'layers': [{'type': 'dense', 'units': 1}]}}",
+          "model.embeddings[0].fields[0]: \"d\" is not a feature of data.tfrecord.sparse" },
+        { "{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': 'y', "
+          "'image': {'name': 'i', 'shape': [1, 4, 4]}}}, 'model': {'input': [1, 4, 5], 'layers': [{'type': 'flatten'}, "
+          "{'type': 'dense', 'units': 2}]}}",
+          "model.input: [1, 4, 5], but data.tfrecord.image.shape is [1, 4, 4]" },
+
         { "{" BASE ", 'data': {'max_ids_per_example': 0}}",
           "data.max_ids_per_example: 0 is out of range [1, 1048576]" },
         { "{" BASE ", 'data': {'max_ids_per_example': 1048577}}",
@@ -845,6 +891,49 @@ static void test_canonical(void **state) {
 
 /* The sparse model and record data keys: values, defaults, the variables of the widened model, and
  * the fingerprint that covers them. */
+/* data.tfrecord: the spec as written, fields of the embeddings by name or index, an image as input. */
+static void test_tfrecord_keys(void **state) {
+        struct job_config *c;
+
+        (void) state;
+        c = load_string_ok("{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a.tfrecord.gz'], "
+                           "'tfrecord': {'label': 'clicked', 'dense': [{'name': 'I1'}, {'name': 'pos', 'dtype': 'int64', "
+                           "'shape': [2, 2], 'default_value': -1}], 'sparse': [{'name': 'C1'}, {'name': 'user', "
+                           "'dtype': 'int64'}], 'compression': 'zlib', 'max_record_bytes': 4096}}, "
+                           "'model': {'input': [5], 'head': 'logistic', 'embeddings': [{'name': 'e', 'dim': 4, "
+                           "'fields': ['user', 0]}], 'layers': [{'type': 'dense', 'units': 1}]}}");
+        const struct tfr_spec *s = &c->data.tfrecord;
+        assert_int_equal(c->data.format, DATA_TFRECORD);
+        assert_string_equal(s->label.name, "clicked");
+        assert_int_equal(s->n_dense, 2);
+        assert_string_equal(s->dense[0].name, "I1");
+        assert_int_equal(s->dense[0].kind, TFR_FLOAT);
+        assert_int_equal(s->dense[0].length, 1);
+        assert_false(s->dense[0].has_default);
+        assert_int_equal(s->dense[1].kind, TFR_INT64);
+        assert_int_equal(s->dense[1].length, 4);
+        assert_true(s->dense[1].has_default && s->dense[1].default_value == -1);
+        assert_int_equal(s->n_sparse, 2);
+        assert_int_equal(s->sparse[0].kind, TFR_BYTES);
+        assert_int_equal(s->sparse[1].kind, TFR_INT64);
+        assert_int_equal(s->compression, TFR_ZLIB);
+        assert_int_equal(s->max_record_bytes, 4096);
+        assert_int_equal(tfr_spec_dense(s), 5);
+        assert_int_equal(c->model.emb[0].n_fields, 2);
+        assert_int_equal(c->model.emb[0].fields[0], 1);
+        assert_int_equal(c->model.emb[0].fields[1], 0);
+        config_free(c);
+        c = load_string_ok("{" CLUSTER ", 'data': {'format': 'tfrecord', 'train_files': ['a'], 'tfrecord': {'label': "
+                           "'y', 'image': {'name': 'img', 'shape': [1, 28, 28]}}}, 'model': {'input': [1, 28, 28], "
+                           "'layers': [{'type': 'conv2d', 'filters': 4, 'kernel': 3}, {'type': 'flatten'}, "
+                           "{'type': 'dense', 'units': 10}]}}");
+        assert_int_equal(c->data.tfrecord.image.kind, TFR_BYTES);
+        assert_int_equal(c->data.tfrecord.compression, TFR_AUTO);
+        assert_int_equal(c->data.tfrecord.max_record_bytes, 16u << 20);
+        assert_int_equal(tfr_spec_dense(&c->data.tfrecord), 784);
+        config_free(c);
+}
+
 static void test_sparse_keys(void **state) {
         struct model_spec_var vars[MODEL_MAX_VARS];
         struct job_config *c, *d;
@@ -1213,6 +1302,7 @@ UNIT_TEST_MAIN(setup, teardown,
         cmocka_unit_test(test_state_paths),
         cmocka_unit_test(test_canonical),
         cmocka_unit_test(test_sparse_keys),
+        cmocka_unit_test(test_tfrecord_keys),
         cmocka_unit_test(test_fingerprint_stable),
         cmocka_unit_test(test_instance),
         cmocka_unit_test(test_print_keys),

@@ -308,8 +308,13 @@ static void test_errors(void **state)
         assert_int_equal(ctr_width(c), none.input[2]);
         assert_int_equal(ctr_n_unique(c, 0), 0);
         c = ctr_free(c);
-        none.input[1] = 2;       /* not flat */
-        assert_int_equal(ctr_new(&none, 4, 4, &c), -EINVAL);
+        none.input[1] = 2;       /* not flat: an image as [C, H, W] (TFRecord), without tables only */
+        assert_int_equal(ctr_new(&none, 4, 4, &c), 0);
+        assert_int_equal(ctr_width(c), 2 * none.input[2]);
+        c = ctr_free(c);
+        s.input[1] = 2;
+        assert_int_equal(ctr_new(&s, 4, 4, &c), -EINVAL);
+        s.input[1] = 1;
         assert_int_equal(ctr_new(&s, 0, 4, &c), -EINVAL);
         assert_int_equal(ctr_new(&s, 4, 0, &c), -EINVAL);
         assert_null(c);

@@ -172,6 +172,73 @@ static void test_criteo_reads_back(void **state)
         gendata_free(g);
 }
 
+/* The criteo layout as data.tfrecord says it: "label", I1..I13 float (0 when missing, as an empty
+ * count), C1..C26 bytes. */
+static struct tfr_spec criteo_spec(void)
+{
+        struct tfr_spec s = {.max_record_bytes = 1 << 20};
+        snprintf(s.label.name, TFR_NAME_MAX, "label");
+        for (uint32_t j = 0; j < 13; j++) {
+                snprintf(s.dense[j].name, TFR_NAME_MAX, "I%u", j + 1);
+                s.dense[j].kind = TFR_FLOAT;
+                s.dense[j].length = 1;
+                s.dense[j].has_default = true;
+        }
+        for (uint32_t f = 0; f < 26; f++) {
+                snprintf(s.sparse[f].name, TFR_NAME_MAX, "C%u", f + 1);
+                s.sparse[f].kind = TFR_BYTES;
+        }
+        s.n_dense = 13;
+        s.n_sparse = 26;
+        return s;
+}
+
+/* --format tfrecord writes the criteo rows: read through the spec above, plain and GZIP, every record
+ * is the criteo reader's record of the same row, to the bit. */
+static void test_tfrecord_is_criteo(void **state)
+{
+        (void)state;
+        struct gendata *g = gen(RECORDS_CRITEO, 7, 3000), *t = gen(RECORDS_TFRECORD, 7, 3000);
+        struct gendata_stats sc, stf, stg;
+        const char *pc = path_of("same.tsv"), *pt = path_of("same.tfrecord"), *pg = path_of("same.tfrecord.gz");
+        write_ok(g, pc, 3000, 0, &sc);
+        write_ok(t, pt, 3000, 0, &stf);
+        write_ok(t, pg, 3000, 0, &stg);
+        assert_true(sc.planted_auc == stf.planted_auc && sc.positive_rate == stg.positive_rate);
+        struct tfr_spec spec = criteo_spec();
+        for (int gz = 0; gz < 2; gz++) {
+                const char *files[] = {gz ? pg : pt};
+                struct records_opts o = {.format = RECORDS_TFRECORD, .files = files, .n_files = 1, .n_workers = 1,
+                                         .max_ids = 26, .tfrecord = &spec};
+                struct records_reader *rt, *rc = reader(RECORDS_CRITEO, pc, 26);
+                assert_int_equal(records_open(&o, &rt, err, sizeof(err)), 0);
+                assert_int_equal(records_n_dense(rt), 13);
+                assert_int_equal(records_n_fields(rt), 26);
+                struct records_batch *bc, *bt;
+                assert_int_equal(records_batch_new(256, 13, 26, 26, &bc), 0);
+                assert_int_equal(records_batch_new(256, 13, 26, 26, &bt), 0);
+                int n, total = 0;
+                while ((n = records_next(rc, bc, err, sizeof(err))) > 0) {
+                        assert_int_equal(records_next(rt, bt, err, sizeof(err)), n);
+                        assert_memory_equal(bc->label, bt->label, n * sizeof(float));
+                        assert_memory_equal(bc->dense, bt->dense, (size_t)n * 13 * sizeof(float));
+                        assert_memory_equal(bc->off, bt->off, ((size_t)n * 26 + 1) * sizeof(uint32_t));
+                        assert_memory_equal(bc->ids, bt->ids, bc->off[n * 26] * sizeof(uint64_t));
+                        assert_memory_equal(bc->val, bt->val, bc->off[n * 26] * sizeof(float));
+                        total += n;
+                }
+                assert_int_equal(n, 0);
+                assert_int_equal(records_next(rt, bt, err, sizeof(err)), 0);
+                assert_int_equal(total, 3000);
+                records_batch_free(bc);
+                records_batch_free(bt);
+                records_close(rc);
+                records_close(rt);
+        }
+        gendata_free(g);
+        gendata_free(t);
+}
+
 static void test_libsvm_reads_back(void **state)
 {
         (void)state;
@@ -291,5 +358,6 @@ UNIT_TEST_MAIN(setup, scratch_dir_remove,
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_criteo_reads_back),
         cmocka_unit_test(test_libsvm_reads_back),
+        cmocka_unit_test(test_tfrecord_is_criteo),
         cmocka_unit_test(test_csv_reads_back),
         cmocka_unit_test(test_tokens_and_errors))

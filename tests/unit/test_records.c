@@ -21,6 +21,7 @@
 #include "records.h"
 #include "scratch_dir.h"
 #include "unit.h"
+#include "records_fixture.h"
 #include "rng.h"
 
 static char err[512];
@@ -62,23 +63,6 @@ static struct records_opts opts(enum records_format fmt, const char *const *file
 {
         return (struct records_opts){.format = fmt, .files = files, .n_files = n, .worker = 0, .n_workers = 1,
                                      .max_ids = 64};
-}
-
-static struct records_reader *open_ok(const struct records_opts *o)
-{
-        struct records_reader *r = NULL;
-        int e = records_open(o, &r, err, sizeof(err));
-        if (e)
-                print_error("records_open: %d %s\n", e, err);
-        assert_int_equal(e, 0);
-        return r;
-}
-
-static struct records_batch *batch_for(const struct records_reader *r, uint32_t cap, uint32_t max_ids)
-{
-        struct records_batch *b;
-        assert_int_equal(records_batch_new(cap, records_n_dense(r), records_n_fields(r), max_ids, &b), 0);
-        return b;
 }
 
 /* FNV-1a 64 then one splitmix64 step, as records.h spells it out, written independently. */
@@ -681,12 +665,6 @@ static void test_shuffle(void **state)
         assert_int_equal(records_epoch(r), 2);
         records_batch_free(b);
         records_close(r);
-}
-
-static size_t heap_in_use(void)
-{
-        struct mallinfo2 mi = mallinfo2();
-        return mi.uordblks + mi.hblkhd;
 }
 
 /* 10^5 lines (about 8 MB, gzip'd and plain): what the reader holds stays far below the file's size. */

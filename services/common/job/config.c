@@ -307,7 +307,8 @@ int cfg_parse_section(const struct ctx *x, struct job_config *c, const char *sec
 
                 snprintf(key, sizeof(key), "%s.%s", section, name);
                 k = cfg_find_key(key);
-                if (!k || (k->type == KT_SPECIAL && strchr(k->name, '[')))
+                /* a special key's members ("data.tfrecord.label") are its parser's, not keys of the section */
+                if (!k || (k->type == KT_SPECIAL && (strchr(k->name, '[') || strchr(name, '.'))))
                         return cfg_failf(x, key, "unknown key");
                 if (k->type == KT_SPECIAL)
                         continue;
@@ -408,7 +409,8 @@ static int parse_root(const struct ctx *x, const json_t *root, struct job_config
                 if (sv && (r = cfg_parse_section(x, c, cfg_sections[i], sv)) < 0)
                         return r;
         }
-        if ((r = cfg_parse_data_files(x, json_object_get(root, "data"), &c->data)) < 0)
+        if ((r = cfg_parse_data_files(x, json_object_get(root, "data"), &c->data)) < 0 ||
+            (r = cfg_parse_tfrecord(x, json_object_get(root, "data"), &c->data)) < 0)
                 return r;
         return cfg_parse_model(x, c, v);
 }

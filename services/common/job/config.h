@@ -62,11 +62,39 @@ struct training_config {
         double ftrl_l1, ftrl_l2, ftrl_beta, ftrl_lr_power;
 };
 
-enum data_format { DATA_IDX, DATA_LIBSVM, DATA_CRITEO, DATA_CSV };
+enum data_format { DATA_IDX, DATA_LIBSVM, DATA_CRITEO, DATA_CSV, DATA_TFRECORD };
 /* A criteo record: 13 dense features and 26 categorical fields (train/records.h reads them). */
 #define DATA_CRITEO_DENSE 13
 #define DATA_CRITEO_FIELDS 26
 enum bad_lines_action { BAD_LINES_ERROR, BAD_LINES_SKIP };
+
+/* data.format tfrecord: which features of each tf.train.Example a record takes, as tf.io.parse_example
+ * takes a spec (docs/data-formats.md, "TFRecord"). */
+enum tfr_kind { TFR_FLOAT, TFR_INT64, TFR_BYTES };           /* a Feature's list */
+enum tfr_compression { TFR_AUTO, TFR_NONE, TFR_GZIP, TFR_ZLIB }; /* as tf.io.TFRecordOptions writes */
+#define TFR_MAX_DENSE 128
+#define TFR_MAX_SPARSE 64       /* MODEL_MAX_FIELDS */
+#define TFR_NAME_MAX 128
+struct tfr_feature {
+        char name[TFR_NAME_MAX];
+        enum tfr_kind kind;
+        uint32_t length;        /* dense, image: the values it must hold (image: the shape's product) */
+        bool has_default;       /* dense: a missing feature takes default_value, else it is bad */
+        float default_value;
+        uint32_t shape[3];      /* image: [C, H, W] */
+};
+struct tfr_spec {
+        struct tfr_feature label;             /* one float or int64 value */
+        struct tfr_feature dense[TFR_MAX_DENSE];  /* the record's dense features, in order */
+        uint32_t n_dense;
+        struct tfr_feature sparse[TFR_MAX_SPARSE]; /* the record's fields, in order */
+        uint32_t n_sparse;
+        struct tfr_feature image;             /* after the dense ones; image.name[0] == 0: none */
+        enum tfr_compression compression;
+        uint32_t max_record_bytes;            /* a longer record is bad: the reader's buffer stays bounded */
+};
+/* The floats a record's dense part holds: every dense feature's length, then the image's. */
+uint32_t tfr_spec_dense(const struct tfr_spec *s);
 
 struct data_config {
         char *dir;
@@ -78,6 +106,7 @@ struct data_config {
         uint32_t max_ids_per_example;
         uint32_t csv_features;      /* csv: features per line; 0: the first line's count */
         uint32_t shuffle_buffer;    /* record formats: training records drawn from this many; 0: in order */
+        struct tfr_spec tfrecord;   /* tfrecord: the features a record takes */
 };
 
 struct supervisor_config {

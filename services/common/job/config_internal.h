@@ -124,8 +124,12 @@ int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *re
  * format, refused with idx. */
 int cfg_parse_data_files(const struct ctx *x, const json_t *data, struct data_config *d);
 void cfg_data_clear(struct data_config *d); /* frees the file lists */
-/* model.embeddings (NULL: none) into m, every field one that format f has. */
-int cfg_parse_embeddings(const struct ctx *x, const json_t *v, enum data_format f, struct model_spec *m);
+/* model.embeddings (NULL: none) into m, every field one that the data has. */
+int cfg_parse_embeddings(const struct ctx *x, const json_t *v, const struct data_config *d, struct model_spec *m);
+/* config_tfrecord.c: data.tfrecord (the data section's, NULL: none) into d->tfrecord; required with
+ * data.format tfrecord, refused with the others. */
+int cfg_parse_tfrecord(const struct ctx *x, const json_t *data, struct data_config *d);
+extern const char *const cfg_tfr_compression_names[];
 /* With a record format: model.input is [N], N the format's dense features, and the model has some input. */
 int cfg_check_record_input(const struct ctx *x, const struct job_config *c);
 /* The last dense layer's units against model.head, and the head against data.format. */

@@ -37,7 +37,8 @@ static const char *const optimizer_names[] = { "sgd", "momentum", "adam", "adagr
 static const char *const head_names[] = { [HEAD_SOFTMAX] = "softmax", [HEAD_LOGISTIC] = "logistic", [HEAD_MSE] = "mse", NULL };
 static const char *const graph_init_names[] = { [GRAPH_INIT_FILE] = "file", [GRAPH_INIT_GLOROT] = "glorot_uniform", NULL };
 static const char *const data_format_names[] = {
-        [DATA_IDX] = "idx", [DATA_LIBSVM] = "libsvm", [DATA_CRITEO] = "criteo", [DATA_CSV] = "csv", NULL,
+        [DATA_IDX] = "idx", [DATA_LIBSVM] = "libsvm", [DATA_CRITEO] = "criteo", [DATA_CSV] = "csv",
+        [DATA_TFRECORD] = "tfrecord", NULL,
 };
 static const char *const bad_lines_names[] = { [BAD_LINES_ERROR] = "error", [BAD_LINES_SKIP] = "skip", NULL };
 static const char *const sparse_optimizer_names[] = {
@@ -126,7 +127,8 @@ const struct config_key cfg_keys[] = {
                   "Workers (workerd), one per index. An endpoint may appear only once in the cluster."),
         K_SPECIAL("model.input", "list of integers", "required", "[N] or [C, H, W], each 1..1048576; [0] with a record format",
                   "Shape of one example; [784] means (1, 1, 784). With a record format (data.format) it is [N], the "
-                  "dense features of a record: 13 for criteo, 0 for libsvm, data.csv_features for csv when set."),
+                  "dense features of a record: 13 for criteo, 0 for libsvm, data.csv_features for csv when set, "
+                  "data.tfrecord's dense features and image for tfrecord (or the image's [C, H, W] alone)."),
         K_ENUM("model.head", model.head, "softmax", head_names,
                "The loss over the last dense layer's outputs: softmax (cross-entropy over its units, at least 2; "
                "labels are class indices 0..units-1, also in record files), logistic (1 unit, sigmoid "
@@ -191,22 +193,47 @@ const struct config_key cfg_keys[] = {
         K_STR("data.dir", data.dir, "/usr/share/datasets/fashion-mnist",
               "Directory of the IDX files (Debian's dataset-fashion-mnist), or of the record files."),
         K_ENUM("data.format", data.format, "idx", data_format_names,
-               "idx: the IDX image files below, loaded whole; libsvm, criteo, csv: record files "
-               "(data.train_files), streamed (docs/data-formats.md)."),
+               "idx: the IDX image files below, loaded whole; libsvm, criteo, csv, tfrecord: record files "
+               "(data.train_files), streamed (docs/data-formats.md); tfrecord: TFRecord files of tf.train.Example, "
+               "the features taken as data.tfrecord says."),
         K_SPECIAL("data.train_files", "list of strings", "required (record formats)", "1 or more non-empty paths",
-                  "Record formats: the training files, in data.dir unless absolute, gzip'd or not; a worker reads "
-                  "its own shard of them."),
+                  "Record formats: the training files, in data.dir unless absolute, gzip'd or not (tfrecord: "
+                  "uncompressed, GZIP or ZLIB); a worker reads its own shard of them."),
         K_SPECIAL("data.test_files", "list of strings", "[]", "non-empty paths",
                   "Record formats: the evaluation files; none: no evaluation."),
         K_ENUM("data.bad_lines", data.bad_lines, "error", bad_lines_names,
                "Record formats: a line that does not parse stops the reader with FILE:LINE (error), or is "
-               "counted and skipped (skip)."),
+               "counted and skipped (skip); tfrecord: a record, named FILE: record INDEX at byte OFFSET."),
         K_U32("data.max_ids_per_example", data.max_ids_per_example, 1024, 1, 1048576,
               "Record formats: the most ids one record may hold, all fields together (a longer line is bad)."),
         K_U32("data.shuffle_buffer", data.shuffle_buffer, 0, 0, 10000000,
               "Record formats: training records are drawn at random from a buffer of this many read ahead (as "
               "TensorFlow's Dataset.shuffle; the draws seeded by training.seed and the worker), which mixes "
               "files sorted by time or label; 0: in file order. It holds that many records in memory."),
+        K_SPECIAL("data.tfrecord", "object", "required (tfrecord)", "the keys below",
+                  "tfrecord: which features of each tf.train.Example a record takes, as tf.io.parse_example's "
+                  "features dict (docs/data-formats.md, \"TFRecord\")."),
+        K_SPECIAL("data.tfrecord.label", "string", "required", "a feature's name",
+                  "The label: a feature of exactly one float32 or int64 value (bad when missing)."),
+        K_SPECIAL("data.tfrecord.dense", "list of features", "[]", "0..128 features",
+                  "The record's dense features in order, each as tf.io.FixedLenFeature(shape, dtype, default_value): "
+                  "{\"name\", \"dtype\": float32 or int64 (as float), \"shape\": [] (one value) or up to 3 "
+                  "dimensions, \"default_value\": a number for a feature missing from a record (none: missing is "
+                  "bad)}. A feature with other than the shape's count of values is bad."),
+        K_SPECIAL("data.tfrecord.sparse", "list of features", "[]", "0..64 features",
+                  "The record's fields in order (field i: model.embeddings[].fields may name it or give i), each as "
+                  "tf.io.VarLenFeature(dtype): {\"name\", \"dtype\": int64 (the value is the id) or string (the id "
+                  "is records_hash(i, bytes), as Criteo TSV hashes a token: default)}, any number of values, value 1 "
+                  "each; missing: no ids."),
+        K_SPECIAL("data.tfrecord.image", "object", "none", "{name, dtype, shape [C, H, W]}",
+                  "An image after the dense features: dtype string (C*H*W raw bytes, each / 255, as IDX images; "
+                  "the default) or float32 (C*H*W floats); bad when missing or of another size. With no dense "
+                  "features and no embeddings, model.input may be the shape, for conv2d layers."),
+        K_SPECIAL("data.tfrecord.compression", "string", "\"auto\"", "auto, none, gzip, zlib",
+                  "As tf.io.TFRecordOptions(compression_type) wrote the files: auto tells none, GZIP and ZLIB apart "
+                  "by each file's first bytes."),
+        K_SPECIAL("data.tfrecord.max_record_bytes", "integer", "16777216", "[64, 1073741824]",
+                  "A longer record is bad (the reader's one record buffer never grows past it)."),
         K_U32("data.csv_features", data.csv_features, 0, 0, 1048576,
               "csv: dense features per line (then model.input must be [that]); 0: the first line's count."),
         K_STR("data.train_images", data.train_images, "train-images-idx3-ubyte.gz", "Training images, in data.dir."),

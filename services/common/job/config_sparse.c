@@ -13,13 +13,19 @@
 
 static const char *format_name(enum data_format f) {
         static const char *const names[] = { [DATA_IDX] = "idx", [DATA_LIBSVM] = "libsvm", [DATA_CRITEO] = "criteo",
-                                             [DATA_CSV] = "csv" };
+                                             [DATA_CSV] = "csv", [DATA_TFRECORD] = "tfrecord" };
         return names[f];
 }
 
-/* The sparse fields and dense features a record of format f has (records.h); idx has none of either. */
-static uint32_t format_fields(enum data_format f) {
-        return f == DATA_CRITEO ? DATA_CRITEO_FIELDS : f == DATA_LIBSVM ? 1 : 0;
+/* The sparse fields a record of the data has (records.h): tfrecord's are data.tfrecord.sparse; idx has
+ * none. */
+static uint32_t format_fields(const struct data_config *d) {
+        switch (d->format) {
+        case DATA_CRITEO: return DATA_CRITEO_FIELDS;
+        case DATA_LIBSVM: return 1;
+        case DATA_TFRECORD: return d->tfrecord.n_sparse;
+        default: return 0;
+        }
 }
 
 /* ---- data.train_files, data.test_files ------------------------------------------------------ */
@@ -77,7 +83,8 @@ int cfg_parse_data_files(const struct ctx *x, const json_t *data, struct data_co
         if (d->format == DATA_IDX) {
                 if (tr || te)
                         return cfg_failf(x, tr ? "data.train_files" : "data.test_files",
-                                         "is for the record formats (data.format libsvm, criteo or csv); idx reads "
+                                         "is for the record formats (data.format libsvm, criteo, csv or tfrecord); idx "
+                                         "reads "
                                          "data.train_images and the other IDX files");
                 return 0;
         }
@@ -106,9 +113,18 @@ static bool name_ok(const char *s) {
         return true;
 }
 
-static int parse_fields(const struct ctx *x, const char *key, const json_t *v, enum data_format f,
+/* tfrecord: the index of the sparse feature named s, or -1. */
+static int sparse_index(const struct data_config *d, const char *s) {
+        for (uint32_t i = 0; d->format == DATA_TFRECORD && i < d->tfrecord.n_sparse; i++)
+                if (strcmp(d->tfrecord.sparse[i].name, s) == 0)
+                        return (int)i;
+        return -1;
+}
+
+static int parse_fields(const struct ctx *x, const char *key, const json_t *v, const struct data_config *dc,
                         struct embedding_spec *e) {
-        uint32_t have = format_fields(f);
+        enum data_format f = dc->format;
+        uint32_t have = format_fields(dc);
         char k[160], q[160];
         size_t n;
 
@@ -130,12 +146,21 @@ static int parse_fields(const struct ctx *x, const char *key, const json_t *v, e
                 json_int_t idx;
 
                 snprintf(k, sizeof(k), "%s[%zu]", key, i);
-                if (!json_is_integer(d))
-                        return cfg_fail_type(x, k, "an integer", d);
-                idx = json_integer_value(d);
+                if (json_is_string(d) && f == DATA_TFRECORD) { /* a field by its feature's name */
+                        if ((idx = sparse_index(dc, json_string_value(d))) < 0)
+                                return cfg_failf(x, k, "%s is not a feature of data.tfrecord.sparse",
+                                                 cfg_quote_json(d, q, sizeof(q)));
+                } else if (!json_is_integer(d)) {
+                        return cfg_fail_type(x, k, f == DATA_TFRECORD ? "an integer or a sparse feature's name"
+                                                                      : "an integer", d);
+                } else {
+                        idx = json_integer_value(d);
+                }
                 if (idx < 0 || idx >= have)
-                        return cfg_failf(x, k, "%" JSON_INTEGER_FORMAT " is not a field of data.format %s (0..%u)", idx,
-                                         format_name(f), have - 1);
+                        return have ? cfg_failf(x, k, "%" JSON_INTEGER_FORMAT " is not a field of data.format %s (0..%u)",
+                                                idx, format_name(f), have - 1)
+                                    : cfg_failf(x, k, "%" JSON_INTEGER_FORMAT " is not a field: data.format %s has none",
+                                                idx, format_name(f));
                 for (size_t j = 0; j < i; j++)
                         if (e->fields[j] == (uint32_t)idx)
                                 return cfg_failf(x, k, "field %" JSON_INTEGER_FORMAT " is listed twice", idx);
@@ -165,7 +190,7 @@ static int get_int(const struct ctx *x, const json_t *obj, const char *pre, cons
         return 0;
 }
 
-static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, enum data_format f,
+static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, const struct data_config *f,
                            struct embedding_spec *e) {
         static const char *const known[] = { "name", "fields", "dim", "vocab", "pooling", "init_stddev",
                                              "evict_after_steps", "initializer" };
@@ -244,7 +269,8 @@ static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, e
         return 0;
 }
 
-int cfg_parse_embeddings(const struct ctx *x, const json_t *v, enum data_format f, struct model_spec *m) {
+int cfg_parse_embeddings(const struct ctx *x, const json_t *v, const struct data_config *d, struct model_spec *m) {
+        enum data_format f = d->format;
         size_t n;
         int r;
 
@@ -256,13 +282,14 @@ int cfg_parse_embeddings(const struct ctx *x, const json_t *v, enum data_format 
         n = json_array_size(v);
         if (n == 0)
                 return 0;
-        if (f == DATA_IDX || f == DATA_CSV)
+        if (format_fields(d) == 0)
                 return cfg_failf(x, "model.embeddings", "need a record format with sparse fields (data.format "
-                                 "libsvm or criteo); data.format %s has none", format_name(f));
+                                 "libsvm, criteo, or tfrecord with data.tfrecord.sparse); data.format %s has none",
+                                 format_name(f));
         if (n > MODEL_MAX_EMBEDDINGS)
                 return cfg_failf(x, "model.embeddings", "has %zu tables, at most %d", n, MODEL_MAX_EMBEDDINGS);
         for (size_t i = 0; i < n; i++) {
-                if ((r = parse_embedding(x, i, json_array_get(v, i), f, &m->emb[i])) < 0)
+                if ((r = parse_embedding(x, i, json_array_get(v, i), d, &m->emb[i])) < 0)
                         return r;
                 for (size_t j = 0; j < i; j++)
                         if (strcmp(m->emb[j].name, m->emb[i].name) == 0) {
@@ -285,13 +312,25 @@ int cfg_check_record_input(const struct ctx *x, const struct job_config *c) {
 
         if (f == DATA_IDX)
                 return 0;
+        if (f == DATA_TFRECORD && c->data.tfrecord.image.name[0] && c->data.tfrecord.n_dense == 0 &&
+            m->n_embeddings == 0 && (m->input[0] != 1 || m->input[1] != 1)) {
+                /* an image alone may feed a convolutional model as [C, H, W] */
+                const uint32_t *sh = c->data.tfrecord.image.shape;
+                if (memcmp(m->input, sh, sizeof(m->input)) != 0)
+                        return cfg_failf(x, "model.input", "[%u, %u, %u], but data.tfrecord.image.shape is [%u, %u, %u]",
+                                         m->input[0], m->input[1], m->input[2], sh[0], sh[1], sh[2]);
+                return 0;
+        }
         if (m->input[0] != 1 || m->input[1] != 1)
-                return cfg_failf(x, "model.input", "must be [N] with data.format %s (N: the dense features of a record)",
-                                 format_name(f));
-        want = f == DATA_CRITEO ? DATA_CRITEO_DENSE : f == DATA_LIBSVM ? 0 : c->data.csv_features;
+                return cfg_failf(x, "model.input", "must be [N] with data.format %s (N: the dense features of a record)%s",
+                                 format_name(f), f == DATA_TFRECORD ? "; [C, H, W] only for an image alone, without "
+                                                                      "dense features or embeddings" : "");
+        want = f == DATA_CRITEO ? DATA_CRITEO_DENSE : f == DATA_LIBSVM ? 0 : f == DATA_TFRECORD ? tfr_spec_dense(&c->data.tfrecord)
+                                                                                            : c->data.csv_features;
         if ((f != DATA_CSV || want) && n != want)
                 return cfg_failf(x, "model.input", "[%u], but a record of data.format %s has %u dense features%s", n,
-                                 format_name(f), want, f == DATA_CSV ? " (data.csv_features)" : "");
+                                 format_name(f), want, f == DATA_CSV ? " (data.csv_features)"
+                                                      : f == DATA_TFRECORD ? " (data.tfrecord.dense and image)" : "");
         if (model_spec_dense_input(m) == 0)
                 return cfg_failf(x, "model.input", "[0] and no model.embeddings: the model has no input");
         return 0;
@@ -310,7 +349,7 @@ int cfg_check_head(const struct ctx *x, const struct job_config *c) {
                 return cfg_failf(x, key, "model.head %s needs 1 unit, got %u", m->head == HEAD_LOGISTIC ? "logistic" : "mse",
                                  units);
         if (m->head != HEAD_SOFTMAX && c->data.format == DATA_IDX)
-                return cfg_failf(x, "model.head", "%s needs a record format (data.format libsvm, criteo or csv); idx "
+                return cfg_failf(x, "model.head", "%s needs a record format (data.format libsvm, criteo, csv or tfrecord); idx "
                                  "has class labels", m->head == HEAD_LOGISTIC ? "logistic" : "mse");
         return 0;
 }

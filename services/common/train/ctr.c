@@ -63,8 +63,9 @@ static int grow(struct table *t, size_t n)
 
 int ctr_new(const struct model_spec *spec, uint32_t max_batch, uint32_t max_ids, struct ctr **ret)
 {
-        if (!spec || spec->n_embeddings > MODEL_MAX_EMBEDDINGS || max_batch == 0 ||
-            max_ids == 0 || spec->input[0] != 1 || spec->input[1] != 1)
+        /* a record's dense features are flat, or without embeddings an image (tfrecord) as [C, H, W] */
+        if (!spec || spec->n_embeddings > MODEL_MAX_EMBEDDINGS || max_batch == 0 || max_ids == 0 ||
+            (spec->n_embeddings && (spec->input[0] != 1 || spec->input[1] != 1)))
                 return -EINVAL;
         /* a table's occurrences in a batch: each record has at most max_ids ids, all fields together */
         size_t cap = (size_t)max_batch * max_ids;
@@ -73,7 +74,7 @@ int ctr_new(const struct model_spec *spec, uint32_t max_batch, uint32_t max_ids,
         struct ctr *c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
-        *c = (struct ctr){.n_dense = spec->input[2], .width = model_spec_dense_input(spec), .max_batch = max_batch,
+        *c = (struct ctr){.n_dense = spec->input[0] * spec->input[1] * spec->input[2], .width = model_spec_dense_input(spec), .max_batch = max_batch,
                           .max_ids = max_ids, .n_tables = spec->n_embeddings, .cap = cap};
         uint32_t off = c->n_dense;
         for (uint32_t i = 0; i < c->n_tables; i++) {

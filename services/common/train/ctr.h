@@ -18,8 +18,9 @@
 struct ctr;
 
 /* For batches of up to max_batch records of at most max_ids ids each (data.max_ids_per_example). A
- * spec without embeddings (a CSV regression) has no tables: x is the dense features alone. 0, -EINVAL
- * (a spec whose input is not flat, max_batch or max_ids 0), -ENOMEM. */
+ * spec without embeddings (a CSV regression, a TFRecord image) has no tables: x is the dense features
+ * alone, its input [C, H, W] or flat. 0, -EINVAL (a spec with embeddings whose input is not flat,
+ * max_batch or max_ids 0), -ENOMEM. */
 int ctr_new(const struct model_spec *spec, uint32_t max_batch, uint32_t max_ids, struct ctr **ret);
 struct ctr *ctr_free(struct ctr *c); /* NULL-safe; returns NULL */
 

@@ -17,7 +17,8 @@
 #include "util.h"
 
 static enum records_format records_format_of(enum data_format f) {
-        return f == DATA_LIBSVM ? RECORDS_LIBSVM : f == DATA_CRITEO ? RECORDS_CRITEO : RECORDS_CSV;
+        return f == DATA_LIBSVM ? RECORDS_LIBSVM : f == DATA_CRITEO ? RECORDS_CRITEO : f == DATA_TFRECORD ? RECORDS_TFRECORD
+                                                                                               : RECORDS_CSV;
 }
 
 int ctr_records_open(const struct job_config *cfg, bool test, uint32_t k, uint32_t W, bool loop,
@@ -46,6 +47,7 @@ int ctr_records_open(const struct job_config *cfg, bool test, uint32_t k, uint32
                         .loop = loop,
                         .shuffle = test ? 0 : d->shuffle_buffer,   /* evaluation reads in order */
                         .seed = cfg->training.seed,
+                        .tfrecord = &d->tfrecord,
                 };
                 r = records_open(&o, ret, err, errlen);
         }

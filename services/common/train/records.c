@@ -1,6 +1,7 @@
 /* The streaming readers of records.h: zlib reads gzip'd and plain files alike; a read buffer and one
- * line buffer (capped at RECORDS_MAX_LINE) are all the memory a reader holds besides the caller's batch,
- * and the shuffle buffer's records when there is one (data.shuffle_buffer). */
+ * line buffer (capped at RECORDS_MAX_LINE, or data.tfrecord.max_record_bytes for a TFRecord record) are
+ * all the memory a reader holds besides the caller's batch, and the shuffle buffer's records when there
+ * is one (data.shuffle_buffer). TFRecord files are read and framed by records_tfrecord.c. */
 #include "records.h"
 #include "records-internal.h"
 
@@ -18,31 +19,8 @@
 #include "rng.h"
 #include "util.h"
 
-#define READ_BUF (64u << 10)
+#define READ_BUF RECORDS_READ_BUF
 #define RECORDS_MAX_LINE (1u << 20) /* longer lines are bad: a file that is not text ends quickly */
-
-struct records_reader {
-        struct records_opts o;  /* files points at our copy */
-        char **files;           /* (n_files) */
-        uint32_t *mine;         /* (n_mine) indices into files: the shard's */
-        uint32_t n_mine;
-        bool by_line;           /* fewer files than workers: every file, lines i % W == worker */
-        uint32_t n_dense, n_fields;
-
-        uint32_t cur;           /* index into mine of the open file */
-        gzFile f;               /* NULL: no file open */
-        bool eof;               /* f has given all its bytes */
-        uint64_t line_idx;      /* of the next line in the file, from 0 */
-        char *rbuf;             /* (READ_BUF) */
-        size_t rpos, rlen;
-        char *line;             /* (line_cap) a line that straddles reads */
-        size_t line_cap;
-        bool done;              /* the shard has ended (without loop, or an empty pass) */
-
-        uint64_t bad, read, epoch, read_in_epoch;
-        struct records_batch *probe; /* one record, for records_open's check of the first */
-        struct pool *pool;      /* o.shuffle > 1: the records waiting to be drawn at random */
-};
 
 /* The shuffle buffer (data.shuffle_buffer), as TensorFlow's Dataset.shuffle: records read ahead into
  * up to `cap` slots; each record given is drawn uniformly from the slots, and its slot takes the next
@@ -73,6 +51,7 @@ const char *records_format_name(enum records_format f)
         case RECORDS_LIBSVM: return "libsvm";
         case RECORDS_CRITEO: return "criteo";
         case RECORDS_CSV: return "csv";
+        case RECORDS_TFRECORD: return "tfrecord";
         }
         return "?";
 }
@@ -138,6 +117,12 @@ static int open_file(struct records_reader *r, uint32_t k, char *err, size_t err
                 close(fd);
                 return errf(err, errlen, -EBADMSG, "%s: not a regular file", path);
         }
+        if (r->o.format == RECORDS_TFRECORD) {
+                int e = tfr_file_open(r, fd, path, err, errlen);
+                if (e == 0)
+                        r->cur = k;
+                return e;
+        }
         gzFile f = gzdopen(fd, "rb");
         if (!f) {
                 close(fd);
@@ -157,6 +142,12 @@ static void close_file(struct records_reader *r)
         if (r->f)
                 gzclose(r->f);
         r->f = NULL;
+        tfr_file_close(r);
+}
+
+static bool file_open(const struct records_reader *r)
+{
+        return r->f || r->tf;
 }
 
 /* Refills rbuf; 0 at the end of the file, else bytes, or -EIO / -errno. */
@@ -208,7 +199,7 @@ static int next_line(struct records_reader *r, struct records_line *l, char *err
                 size_t take = nl ? (size_t)(nl - s) : avail;
                 r->rpos += take + (nl ? 1 : 0);
                 if (nl && have == 0 && !long_line) {
-                        *l = (struct records_line){s, take}; /* all in the read buffer: no copy */
+                        *l = (struct records_line){.s = s, .len = take}; /* all in the read buffer: no copy */
                         goto got;
                 }
                 if (!long_line && have + take > RECORDS_MAX_LINE)
@@ -226,7 +217,7 @@ static int next_line(struct records_reader *r, struct records_line *l, char *err
                 if (nl)
                         break;
         }
-        *l = (struct records_line){long_line ? NULL : r->line, have};
+        *l = (struct records_line){.s = long_line ? NULL : r->line, .len = have};
 got:
         if (l->s && l->len && l->s[l->len - 1] == '\r')
                 l->len--;
@@ -256,7 +247,7 @@ static bool csv_header(const struct records_reader *r, struct records_line l)
 static int shard_line(struct records_reader *r, struct records_line *l, char *err, size_t errlen)
 {
         for (;;) {
-                if (!r->f) {
+                if (!file_open(r)) {
                         if (r->cur + 1 >= r->n_mine)
                                 return 0;
                         /* a file gone since records_open is a read error, not a bad line to skip; the
@@ -265,7 +256,7 @@ static int shard_line(struct records_reader *r, struct records_line *l, char *er
                         if (e < 0)
                                 return e == -EBADMSG ? -EIO : e;
                 }
-                int n = next_line(r, l, err, errlen);
+                int n = r->tf ? tfr_next_record(r, l, err, errlen) : next_line(r, l, err, errlen);
                 if (n < 0)
                         return n;
                 if (n == 0) {
@@ -276,8 +267,8 @@ static int shard_line(struct records_reader *r, struct records_line *l, char *er
                 }
                 if (r->by_line && (r->line_idx - 1) % r->o.n_workers != r->o.worker)
                         continue;
-                if ((l->s && l->len == 0) || csv_header(r, *l))
-                        continue;
+                if ((l->s && l->len == 0 && !r->tf) || csv_header(r, *l))
+                        continue; /* an empty TFRecord record is an Example without features: parsed */
                 return 1;
         }
 }
@@ -286,6 +277,8 @@ static int shard_line(struct records_reader *r, struct records_line *l, char *er
  * again, since a looping reader over a short shard rewinds often. */
 static int rewind_shard(struct records_reader *r, char *err, size_t errlen)
 {
+        if (r->tf && r->cur == 0 && r->n_mine == 1 && tfr_file_rewind(r) == 0)
+                return 0;
         if (r->f && r->cur == 0 && r->n_mine == 1 && gzrewind(r->f) == 0) {
                 r->eof = false;
                 r->line_idx = 0;
@@ -306,10 +299,17 @@ static int next_record(struct records_reader *r, struct records_batch *b, char *
         if (n <= 0)
                 return n;
         char why[256];
-        if (!l.s)
+        if (l.why)
+                n = errf(why, sizeof(why), -EBADMSG, "%s", l.why);
+        else if (!l.s)
                 n = errf(why, sizeof(why), -EBADMSG, "a line longer than %u bytes", RECORDS_MAX_LINE);
+        else if (r->tf)
+                n = tfr_parse_example(r->parser, b, b->n, (const uint8_t *)l.s, l.len, why, sizeof(why));
         else
                 n = records_parse_line(r->o.format, b, b->n, l, why, sizeof(why));
+        if (n < 0 && r->tf)
+                return errf(err, errlen, n, "%s: record %llu at byte %llu: %s", cur_path(r),
+                            (unsigned long long)r->line_idx - 1, (unsigned long long)r->rec_at, why);
         if (n < 0)
                 return errf(err, errlen, n, "%s:%llu: %s", cur_path(r), (unsigned long long)r->line_idx, why);
         return 1;
@@ -355,8 +355,10 @@ int records_open(const struct records_opts *o, struct records_reader **ret, char
                 return errf(err, errlen, -EINVAL, "no data files");
         if (o->n_workers == 0 || o->worker >= o->n_workers)
                 return errf(err, errlen, -EINVAL, "worker %u of %u workers", o->worker, o->n_workers);
-        if ((unsigned)o->format > RECORDS_CSV)
+        if ((unsigned)o->format > RECORDS_TFRECORD)
                 return errf(err, errlen, -EINVAL, "unknown format %d", (int)o->format);
+        if (o->format == RECORDS_TFRECORD && !o->tfrecord)
+                return errf(err, errlen, -EINVAL, "tfrecord without a feature spec");
         /* the reader, its copy of the file list and its read buffer in one block */
         size_t names = 0;
         for (uint32_t i = 0; i < o->n_files; i++)
@@ -374,6 +376,14 @@ int records_open(const struct records_opts *o, struct records_reader **ret, char
         r->n_fields = records_format_fields(o->format);
         r->n_dense = o->format == RECORDS_CRITEO ? RECORDS_CRITEO_DENSE : o->format == RECORDS_CSV ? o->n_dense : 0;
         int e;
+        if (o->format == RECORDS_TFRECORD) {
+                r->n_fields = o->tfrecord->n_sparse;
+                r->n_dense = tfr_spec_dense(o->tfrecord);
+                if (tfr_parser_new(o->tfrecord, &r->parser) < 0) {
+                        e = errf(err, errlen, -ENOMEM, "out of memory");
+                        goto fail;
+                }
+        }
         for (uint32_t i = 0; i < o->n_files; i++) {
                 size_t len = strlen(o->files[i]) + 1;
                 r->files[i] = memcpy(name, o->files[i], len);
@@ -418,6 +428,7 @@ struct records_reader *records_close(struct records_reader *r)
                 free(r->line);
                 records_batch_free(r->probe);
                 pool_free(r->pool);
+                tfr_parser_free(r->parser);
                 free(r);   /* and its file list and read buffer */
         }
         return NULL;

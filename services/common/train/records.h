@@ -1,5 +1,6 @@
 /* Tabular training data, streamed: LIBSVM, Criteo-style TSV and CSV files (gzip'd or plain, told
- * apart by their first bytes, not their names), read a batch at a time in memory bounded by the batch,
+ * apart by their first bytes, not their names), and TFRecord files of tf.train.Example (plain, GZIP or
+ * ZLIB), read a batch at a time in memory bounded by the batch,
  * whatever the size of the files. Each worker reads its own shard: by file when there are at least as
  * many files as workers, else by line within every file (docs/sparse.md, "Data").
  *
@@ -12,6 +13,10 @@
  *   CSV     "label,x1,...,xN"                N dense features (the first line's count, or n_dense);
  *                                            no fields. A first line that does not parse as numbers is
  *                                            a header and is skipped.
+ *   TFRECORD one tf.train.Example per record     the features the spec (opts.tfrecord) names: its dense
+ *                                            ones (then the image) as dense, its sparse ones as fields
+ *                                            (int64: the value is the id; bytes: records_hash(field,
+ *                                            bytes)); a "line" is a record, counted from 0 in messages
  * Not thread-safe: a reader belongs to one thread. */
 #pragma once
 #include <stdbool.h>
@@ -20,14 +25,14 @@
 
 #include "config.h"
 
-enum records_format { RECORDS_LIBSVM, RECORDS_CRITEO, RECORDS_CSV };
+enum records_format { RECORDS_LIBSVM, RECORDS_CRITEO, RECORDS_CSV, RECORDS_TFRECORD };
 
 #define RECORDS_CRITEO_DENSE DATA_CRITEO_DENSE   /* 13, the job's (config.h) */
 #define RECORDS_CRITEO_FIELDS DATA_CRITEO_FIELDS /* 26 */
 
-/* "libsvm", "criteo", "csv" */
+/* "libsvm", "criteo", "csv", "tfrecord" */
 const char *records_format_name(enum records_format f);
-/* The fields a format's records have (LIBSVM 1, CRITEO 26, CSV 0). */
+/* The fields a format's records have (LIBSVM 1, CRITEO 26, CSV 0; TFRECORD: its spec's, 0 here). */
 uint32_t records_format_fields(enum records_format f);
 
 /* The 64-bit id of a categorical token of field `field` (FNV-1a of the bytes, mixed with the field by
@@ -49,6 +54,8 @@ struct records_opts {
         uint32_t shuffle;           /* > 1: records drawn at random from a buffer of this many read ahead
                                        (data.shuffle_buffer; across epochs when looping); 0 or 1: in order */
         uint64_t seed;              /* the draws' seed (with worker as the stream) */
+        const struct tfr_spec *tfrecord; /* TFRECORD: the features a record takes (config.h); must outlive
+                                            the reader */
 };
 
 /* A batch of records in arrays the batch owns (records_batch_new), sized for `cap` records.
@@ -84,7 +91,8 @@ uint32_t records_n_fields(const struct records_reader *r);
 /* Reads up to b->cap records of the shard into b (b->n set). Returns the records read: fewer than
  * cap only at the end of the shard without loop (0: the end), or with loop when a whole pass gave no
  * record (all lines empty or skipped as bad: it would spin). -EBADMSG with err as
- * "FILE:LINE: why" for a bad line (unless skip_bad: then counted and skipped), -EIO (and the file)
+ * "FILE:LINE: why" for a bad line (TFRECORD: "FILE: record INDEX at byte OFFSET: why", INDEX from 0,
+ * OFFSET in the uncompressed file) (unless skip_bad: then counted and skipped), -EIO (and the file)
  * for a read error, a corrupt gzip stream or a file of the shard gone since records_open. After an
  * error b->n records read before it are in b, and a later call goes on after the bad line (or file).
  * b must have been made for this reader's n_dense, n_fields and max_ids (-EINVAL otherwise). */

@@ -207,6 +207,7 @@ int records_parse_line(enum records_format fmt, struct records_batch *b, uint32_
         case RECORDS_CRITEO: return parse_criteo(b, i, l, why, wl);
         case RECORDS_LIBSVM: return parse_libsvm(b, i, l, why, wl);
         case RECORDS_CSV: return parse_csv(b, i, l, why, wl);
+        case RECORDS_TFRECORD: break; /* records_tfrecord.c: not lines */
         }
         return -EINVAL;
 }
