@@ -19,7 +19,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "graph.h"
-#include "graph_layers.h"
+#include "graph_spec.h"
 #include "onnx_save.h"
 #include "util.h"
 
@@ -217,7 +217,7 @@ int cmd_export(int argc, char **argv) {
                 goto out;
         }
         const struct graph *g = spec->graph;
-        if (!g && graph_from_layers(spec, &own, err, sizeof(err)) < 0) {
+        if (!g && graph_from_spec(spec, &own, err, sizeof(err)) < 0) {
                 cli_error("export: job %s's model: %s", cfg->name, err);
                 r = CONFIG_EX_CONFIG;
                 goto out;

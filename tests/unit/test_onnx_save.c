@@ -1,6 +1,6 @@
 /* onnx_save: every op's case (graph_cases.h) written as ONNX and read back by the loader computes what
  * the graph it came from computes in inference, bit for bit; the file has the head's output after the
- * logits, its batch dims symbolic, its parameters' values; a layer list's graph goes through as well; and
+ * logits, its batch dims symbolic, its parameters' values (a layer list's graph, graph_from_spec); and
  * what the writer refuses. */
 #include <errno.h>
 #include <math.h>
@@ -17,7 +17,7 @@
 #include "unit.h"
 
 #include "graph_cases.h"
-#include "graph_layers.h"
+#include "graph_spec.h"
 #include "onnx/onnx.pb-c.h"
 #include "onnx_load.h"
 #include "onnx_save.h"
@@ -100,7 +100,7 @@ static void test_heads_and_layers(void **state)
                                             { .type = LAYER_DENSE, .units = 4 }, { .type = LAYER_TANH } } };
         char err[256] = "";
         struct graph *g = NULL;
-        assert_int_equal(graph_from_layers(&s, &g, err, sizeof(err)), 0);
+        assert_int_equal(graph_from_spec(&s, &g, err, sizeof(err)), 0);
         float *p = calloc(g->n_params, sizeof(float));
         for (size_t i = 0; i < g->n_params; i++)
                 p[i] = (float)sin((double)i);

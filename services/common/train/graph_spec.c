@@ -131,7 +131,7 @@ int graph_from_spec(const struct model_spec *spec, struct graph **ret, char *err
                 r = layer(&b, &spec->layers[i], i, i + 1 == spec->n_layers, &n_dense, &n_conv);
         if (r < 0) {
                 snprintf(err, errlen, "model.layers: cannot build the graph: %s", strerror(-r));
-        } else if ((r = graph_finalize(b.g, err, errlen)) == 0) {
+        } else if ((b.g->loss = b.cur), (r = graph_finalize(b.g, err, errlen)) == 0) {
                 *ret = b.g;
                 return 0;
         }

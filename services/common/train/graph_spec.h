@@ -5,7 +5,8 @@
  * column after (TensorFlow's), over "conv<i>/kernel" (filters, C, k, k) — model.c's (filters, C*k*k),
  * the same floats — and "conv<i>/bias" (filters); maxpool2d: MaxPool, window = stride, partial windows
  * dropped; relu, tanh, sigmoid, flatten: their ops. The input is "input", (batch, N) for a flat input
- * and (batch, C, H, W) for an image; the output "logits" is the last layer's, before the head.
+ * and (batch, C, H, W) for an image; the output "logits" is the last layer's, before the head (the graph's
+ * loss output).
  * Parameters start at zero (copy model.c's, or initialize them). */
 #pragma once
 #include <stddef.h>
