@@ -366,6 +366,59 @@ static void test_maxpool(void **state)
         struct cg d = { .N = 1, .C = 2, .H = 6, .W = 5, .kh = 3, .kw = 3, .sh = 1, .sw = 2, .pt = 0, .pl = 1, .pb = 0,
                         .pr = 1 };
         pool_case(GOP_MAXPOOL, 0, &d, 1e-3, "maxpool 3x3 strides 1,2 overlapping");
+        /* windows that tile the plane (kernel = stride, no pads: the kernels' direct path), a row and a
+         * column left over */
+        struct cg e = { .N = 2, .C = 2, .H = 5, .W = 7, .kh = 2, .kw = 2, .sh = 2, .sw = 2 };
+        pool_case(GOP_MAXPOOL, 0, &e, 1e-3, "maxpool 2x2 tiles, a row and a column over");
+        struct cg f = { .N = 1, .C = 3, .H = 6, .W = 6, .kh = 3, .kw = 2, .sh = 3, .sw = 2 };
+        pool_case(GOP_MAXPOOL, 0, &f, 1e-3, "maxpool 3x2 tiles");
+}
+
+/* The tiled max pool writes its input's gradient whole when it is the one reader (graph_op_bwd_sets): a
+ * gradient block full of NaN before the backward holds 1 at each window's maximum and 0 everywhere else,
+ * the uncovered row and column too. */
+static void test_maxpool_tiles_set(void **state)
+{
+        enum { H = 5, W = 7 };
+        struct graph *g = graph_new();
+        struct graph_shape sx = GC_SHAPE(1, 1, H, W);
+        float *xv = distinct(H * W, 5);
+        int32_t x = graph_add_tensor(g, "X", GT_PARAM, GDT_F32, &sx, xv);
+        struct graph_attrs a;
+        graph_attrs_default(&a);
+        a.n_kernel = a.n_strides = 2;
+        a.kernel[0] = a.kernel[1] = a.strides[0] = a.strides[1] = 2;
+        const char *outs[1] = { "y" };
+        assert_true(graph_add_node(g, GOP_MAXPOOL, "pool", &x, 1, outs, 1, &a) >= 0);
+        g->loss = graph_find(g, "y");
+        char err[256] = "";
+        assert_int_equal(graph_finalize(g, err, sizeof(err)), 0);
+        struct graph_exec *xe = NULL;
+        assert_int_equal(graph_exec_new(g, 1, &xe, err, sizeof(err)), 0);
+        memset(graph_exec_grads(xe), 0xff, sizeof(float) * H * W);
+        assert_int_equal(graph_forward(xe, true, 0), 0);
+        assert_int_equal(graph_backward(xe, g->loss, NULL), 0);
+        const float *gx = graph_exec_grads(xe);
+        for (int oy = 0; oy < H / 2; oy++)
+                for (int ox = 0; ox < W / 2; ox++) {
+                        int best = oy * 2 * W + ox * 2;
+                        for (int ky = 0; ky < 2; ky++)
+                                for (int kx = 0; kx < 2; kx++)
+                                        if (xv[(oy * 2 + ky) * W + ox * 2 + kx] > xv[best])
+                                                best = (oy * 2 + ky) * W + ox * 2 + kx;
+                        for (int ky = 0; ky < 2; ky++)
+                                for (int kx = 0; kx < 2; kx++) {
+                                        int i = (oy * 2 + ky) * W + ox * 2 + kx;
+                                        assert_float_equal(gx[i], i == best ? 1.0f : 0.0f, 0);
+                                }
+                }
+        for (int i = 0; i < W; i++)
+                assert_float_equal(gx[(H - 1) * W + i], 0.0f, 0);
+        for (int i = 0; i < H; i++)
+                assert_float_equal(gx[i * W + W - 1], 0.0f, 0);
+        graph_exec_free(xe);
+        graph_free(g);
+        free(xv);
 }
 
 /* Ties: the gradient goes to the window's first maximum in row-major order, once. */
@@ -757,7 +810,7 @@ static void test_bad_attrs(void **state)
 }
 
 UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_conv_pads_strides), cmocka_unit_test(test_conv_dilations),
-               cmocka_unit_test(test_conv_chunks), cmocka_unit_test(test_conv_batch), cmocka_unit_test(test_maxpool),
+               cmocka_unit_test(test_conv_chunks), cmocka_unit_test(test_conv_batch), cmocka_unit_test(test_maxpool), cmocka_unit_test(test_maxpool_tiles_set),
                cmocka_unit_test(test_maxpool_ties), cmocka_unit_test(test_avgpool), cmocka_unit_test(test_gap),
                cmocka_unit_test(test_batchnorm_training), cmocka_unit_test(test_batchnorm_eval),
                cmocka_unit_test(test_layernorm), cmocka_unit_test(test_bad_attrs))

@@ -461,6 +461,27 @@ static inline float pool_divisor(const struct graph_node *n, const struct win *q
         return n->a.count_include_pad ? (float)(q->kh * q->kw) : (float)((y1 - y0) * (x1 - x0));
 }
 
+/* A max pool whose windows tile the plane (kernel = stride, no pads): the layer lists' maxpool2d and most
+ * CNNs'. Its windows are read directly, and its backward writes every element of dX (0 outside the
+ * maxima, and in the rows and columns no window covers), so dX need not be zeroed first. */
+static bool pool_tiles(const struct graph_node *n, const struct win *q)
+{
+        return n->op == GOP_MAXPOOL && q->kh == q->sh && q->kw == q->sw && !q->pt && !q->pl && !q->pb && !q->pr;
+}
+
+/* The index in its plane of the first maximum of tiled window (oy, ox), as window_argmax finds it. */
+static inline size_t tile_argmax(const float *plane, const struct win *q, int64_t oy, int64_t ox)
+{
+        size_t best = (size_t)(oy * q->sh * q->W + ox * q->sw);
+        for (int64_t ky = 0; ky < q->kh; ky++)
+                for (int64_t kx = 0; kx < q->kw; kx++) {
+                        size_t i = (size_t)((oy * q->sh + ky) * q->W + ox * q->sw + kx);
+                        if (plane[i] > plane[best])
+                                best = i;
+                }
+        return best;
+}
+
 int gk_pool_fwd(struct graph_kctx *k)
 {
         struct win q;
@@ -470,6 +491,24 @@ int gk_pool_fwd(struct graph_kctx *k)
         const float *x = k->in[0]; /* (N, C, H, W) */
         float *y = k->out[0];      /* (N, C, OH, OW) */
         size_t planes = (size_t)(q.N * q.C), hw = (size_t)(q.H * q.W);
+        if (pool_tiles(k->node, &q)) {
+                for (size_t p = 0; p < planes; p++)
+                        for (int64_t oy = 0; oy < q.OH; oy++) {
+                                if (q.kh == 2 && q.kw == 2) { /* the common one, two rows at once */
+                                        const float *r0 = x + p * hw + 2 * oy * q.W, *r1 = r0 + q.W;
+                                        for (int64_t ox = 0; ox < q.OW; ox++) {
+                                                float m = r0[2 * ox];
+                                                m = r0[2 * ox + 1] > m ? r0[2 * ox + 1] : m;
+                                                m = r1[2 * ox] > m ? r1[2 * ox] : m;
+                                                *y++ = r1[2 * ox + 1] > m ? r1[2 * ox + 1] : m;
+                                        }
+                                        continue;
+                                }
+                                for (int64_t ox = 0; ox < q.OW; ox++)
+                                        *y++ = x[p * hw + tile_argmax(x + p * hw, &q, oy, ox)];
+                        }
+                return 0;
+        }
         for (size_t p = 0; p < planes; p++) {
                 const float *plane = x + p * hw;
                 for (int64_t oy = 0; oy < q.OH; oy++)
@@ -506,6 +545,50 @@ int gk_pool_bwd(struct graph_kctx *k)
         bool max = k->node->op == GOP_MAXPOOL;
         const float *x = k->in[0];
         size_t planes = (size_t)(q.N * q.C), hw = (size_t)(q.H * q.W);
+        if (pool_tiles(k->node, &q)) {
+                /* each window's elements written (0, or dY at the maximum, added to when not set), then
+                 * the rows and columns past the last window */
+                int64_t cov_h = q.OH * q.sh, cov_w = q.OW * q.sw;
+                for (size_t p = 0; p < planes; p++) {
+                        const float *plane = x + p * hw;
+                        float *dplane = dx + p * hw;
+                        for (int64_t oy = 0; oy < q.OH && k->din_set[0] && q.kh == 2 && q.kw == 2; oy++) {
+                                /* 2x2, the common one: the four elements written at once */
+                                const float *r0 = plane + 2 * oy * q.W, *r1 = r0 + q.W;
+                                float *d0 = dplane + 2 * oy * q.W, *d1 = d0 + q.W;
+                                for (int64_t ox = 0; ox < q.OW; ox++) {
+                                        int64_t i = 2 * ox;
+                                        float m = r0[i], v = *dy++;
+                                        int best = 0;
+                                        if (r0[i + 1] > m)
+                                                m = r0[i + 1], best = 1;
+                                        if (r1[i] > m)
+                                                m = r1[i], best = 2;
+                                        if (r1[i + 1] > m)
+                                                best = 3;
+                                        d0[i] = best == 0 ? v : 0.0f;
+                                        d0[i + 1] = best == 1 ? v : 0.0f;
+                                        d1[i] = best == 2 ? v : 0.0f;
+                                        d1[i + 1] = best == 3 ? v : 0.0f;
+                                }
+                        }
+                        for (int64_t oy = 0; oy < q.OH && !(k->din_set[0] && q.kh == 2 && q.kw == 2); oy++)
+                                for (int64_t ox = 0; ox < q.OW; ox++) {
+                                        size_t best = tile_argmax(plane, &q, oy, ox);
+                                        if (k->din_set[0])
+                                                for (int64_t ky = 0; ky < q.kh; ky++)
+                                                        for (int64_t kx = 0; kx < q.kw; kx++)
+                                                                dplane[(oy * q.sh + ky) * q.W + ox * q.sw + kx] = 0.0f;
+                                        dplane[best] += *dy++;
+                                }
+                        for (int64_t iy = 0; k->din_set[0] && iy < q.H; iy++)
+                                for (int64_t ix = iy < cov_h ? cov_w : 0; ix < q.W; ix++)
+                                        dplane[iy * q.W + ix] = 0.0f;
+                }
+                return 0;
+        }
+        if (k->din_set[0])
+                memset(dx, 0, sizeof(float) * planes * hw);
         for (size_t p = 0; p < planes; p++) {
                 const float *plane = x + p * hw;
                 float *dplane = dx + p * hw;

@@ -769,6 +769,9 @@ static int pool_bwd(struct graph_kctx *k)
         const struct graph_attrs *a = &k->node->a;
         struct win q = win_of(a, &k->in_shape[0], &k->out_shape[0], a->kernel[0], a->kernel[1]);
         size_t n = count_of(&k->out_shape[0]);
+        int r;
+        if (k->din_set[0] && (r = zero(d, k->din[0], sizeof(float) * count_of(&k->in_shape[0]))) < 0)
+                return r;
         k_pool_bwd<<<grid_for(n), THREADS, 0, d.stream>>>((const float *)k->in[0], k->dout[0], k->din[0], q,
                                                           k->node->op == GOP_MAXPOOL, a->count_include_pad != 0);
         LAUNCHED();
