@@ -197,41 +197,45 @@ static void flat_plan(const struct win *q, int64_t offy, int64_t offx, struct fl
         f->hi = hi < f->lo ? f->lo : hi;
 }
 
-/* Zeroes, in rows [y0, y1) of an output plane, the columns outside [x0, x1). */
+/* Zeroes, in rows [y0, y1) of an output plane, the columns outside [x0, x1): a column at a time, as
+ * margins are a pad or two wide (row by row, each margin would be a library call of a float or two). */
 static void flat_zero_margins(float *r0, int64_t W, const struct flat *f)
 {
-        if (f->x0 == 0 && f->x1 == W)
-                return;
-        for (int64_t y = f->y0; y < f->y1; y++) {
-                float *r = r0 + y * W;
-                for (int64_t x = 0; x < f->x0; x++)
-                        r[x] = 0.0f;
-                for (int64_t x = f->x1; x < W; x++)
-                        r[x] = 0.0f;
-        }
+        for (int64_t x = 0; x < f->x0; x++)
+                for (int64_t y = f->y0; y < f->y1; y++)
+                        r0[y * W + x] = 0.0f;
+        for (int64_t x = f->x1; x < W; x++)
+                for (int64_t y = f->y0; y < f->y1; y++)
+                        r0[y * W + x] = 0.0f;
 }
 
 /* One example's im2col: row (ci, ky, kx) of col (row stride ld) holds, at output position (oy, ox), the
  * input img[ci][oy*sh - pt + ky*dh][ox*sw - pl + kx*dw], 0 in the padding. */
 static void im2col(const float *img /* (C, H, W) */, const struct win *q, float *col, size_t ld)
 {
-        bool flat = flat_ok(q);
-        size_t n = (size_t)(q->OH * q->OW);
+        if (flat_ok(q)) {
+                size_t n = (size_t)(q->OH * q->OW);
+                for (int64_t ky = 0; ky < q->kh; ky++)
+                        for (int64_t kx = 0; kx < q->kw; kx++) {
+                                struct flat f;
+                                flat_plan(q, ky * q->dh - q->pt, kx * q->dw - q->pl, &f);
+                                for (int64_t ci = 0; ci < q->C; ci++) {
+                                        float *row = col + (size_t)((ci * q->kh + ky) * q->kw + kx) * ld;
+                                        const float *plane = img + (size_t)(ci * q->H * q->W);
+                                        memset(row, 0, sizeof(float) * (size_t)f.lo);
+                                        memcpy(row + f.lo, plane + f.lo + f.off, sizeof(float) * (size_t)(f.hi - f.lo));
+                                        memset(row + f.hi, 0, sizeof(float) * (n - (size_t)f.hi));
+                                        flat_zero_margins(row, q->W, &f);
+                                }
+                        }
+                return;
+        }
         for (int64_t ci = 0; ci < q->C; ci++)
                 for (int64_t ky = 0; ky < q->kh; ky++)
                         for (int64_t kx = 0; kx < q->kw; kx++) {
                                 float *row = col + (size_t)((ci * q->kh + ky) * q->kw + kx) * ld;
                                 const float *plane = img + (size_t)(ci * q->H * q->W);
                                 int64_t offy = ky * q->dh - q->pt, offx = kx * q->dw - q->pl, x0, x1;
-                                if (flat) {
-                                        struct flat f;
-                                        flat_plan(q, offy, offx, &f);
-                                        memset(row, 0, sizeof(float) * (size_t)f.lo);
-                                        memcpy(row + f.lo, plane + f.lo + f.off, sizeof(float) * (size_t)(f.hi - f.lo));
-                                        memset(row + f.hi, 0, sizeof(float) * (n - (size_t)f.hi));
-                                        flat_zero_margins(row, q->W, &f);
-                                        continue;
-                                }
                                 valid_range(offx, q->sw, q->W, q->OW, &x0, &x1);
                                 for (int64_t oy = 0; oy < q->OH; oy++) {
                                         float *r = row + oy * q->OW;
@@ -258,23 +262,28 @@ static void im2col(const float *img /* (C, H, W) */, const struct win *q, float 
  * scratch: the flat path zeroes its margins first, so that one flat add per plane is exact. */
 static void col2im_add(float *col, size_t ld, const struct win *q, float *img /* (C, H, W) */)
 {
-        bool flat = flat_ok(q);
-        for (int64_t ci = 0; ci < q->C; ci++)
+        if (flat_ok(q)) {
                 for (int64_t ky = 0; ky < q->kh; ky++)
                         for (int64_t kx = 0; kx < q->kw; kx++) {
-                                float *row = col + (size_t)((ci * q->kh + ky) * q->kw + kx) * ld;
-                                float *plane = img + (size_t)(ci * q->H * q->W);
-                                int64_t offy = ky * q->dh - q->pt, offx = kx * q->dw - q->pl, x0, x1, y0, y1;
-                                if (flat) {
-                                        struct flat f;
-                                        flat_plan(q, offy, offx, &f);
+                                struct flat f;
+                                flat_plan(q, ky * q->dh - q->pt, kx * q->dw - q->pl, &f);
+                                for (int64_t ci = 0; ci < q->C; ci++) {
+                                        float *row = col + (size_t)((ci * q->kh + ky) * q->kw + kx) * ld;
+                                        float *out = img + (size_t)(ci * q->H * q->W) + f.lo + f.off;
                                         flat_zero_margins(row, q->W, &f);
-                                        float *out = plane + f.lo + f.off;
                                         const float *in = row + f.lo;
                                         for (int64_t i = 0; i < f.hi - f.lo; i++)
                                                 out[i] += in[i];
-                                        continue;
                                 }
+                        }
+                return;
+        }
+        for (int64_t ci = 0; ci < q->C; ci++)
+                for (int64_t ky = 0; ky < q->kh; ky++)
+                        for (int64_t kx = 0; kx < q->kw; kx++) {
+                                const float *row = col + (size_t)((ci * q->kh + ky) * q->kw + kx) * ld;
+                                float *plane = img + (size_t)(ci * q->H * q->W);
+                                int64_t offy = ky * q->dh - q->pt, offx = kx * q->dw - q->pl, x0, x1, y0, y1;
                                 valid_range(offx, q->sw, q->W, q->OW, &x0, &x1);
                                 valid_range(offy, q->sh, q->H, q->OH, &y0, &y1);
                                 for (int64_t oy = y0; oy < y1; oy++) {

@@ -179,10 +179,21 @@ int gk_binary_bwd(struct graph_kctx *k)
         struct gk_nd it;
         bin_walk_init(k, &it);
         const float *dy = k->dout[0], *a = k->in[0], *b = k->in[1];
+        size_t n = graph_count(&k->out_shape[0]);
         for (int which = 0; which < 2; which++) {
                 float *d = k->din[which];
                 if (!d)
                         continue;
+                size_t nd = graph_count(&k->in_shape[which]);
+                bool sub = k->node->op == GOP_SUB && which == 1;
+                if (k->din_set[which] && nd == n && (k->node->op == GOP_ADD || k->node->op == GOP_SUB)) {
+                        /* the gradient is dY itself (or -dY): written, not added (a residual's sum) */
+                        for (size_t i = 0; i < n; i++)
+                                d[i] = sub ? -dy[i] : dy[i];
+                        continue;
+                }
+                if (k->din_set[which])
+                        memset(d, 0, sizeof(float) * nd);
                 switch (k->node->op) {
                 case GOP_ADD:
                         bin_bwd_walk(GOP_ADD, which, &it, dy, a, b, d);

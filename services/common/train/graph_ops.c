@@ -13,6 +13,7 @@ gk_sgemm_fn gk_sgemm; /* set by graph_exec_new */
 const bool graph_op_bwd_sets[GOP__COUNT] = {
         [GOP_GEMM] = true, [GOP_RELU] = true, [GOP_LEAKY_RELU] = true, [GOP_SIGMOID] = true, [GOP_TANH] = true,
         [GOP_BATCHNORM] = true, [GOP_CONV] = true, [GOP_MAXPOOL] = true, [GOP_AVGPOOL] = true,
+        [GOP_ADD] = true, [GOP_SUB] = true, [GOP_MUL] = true, [GOP_DIV] = true,
 };
 
 const struct graph_op_info graph_ops[GOP__COUNT] = {

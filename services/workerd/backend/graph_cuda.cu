@@ -403,14 +403,17 @@ static int binary_bwd(struct graph_kctx *k)
                 float *dd = k->din[which];
                 if (!dd)
                         continue;
+                int r;
+                if (k->din_set[which] && (r = zero(d, dd, sizeof(float) * count_of(&k->in_shape[which]))) < 0)
+                        return r;
                 if (count_of(&k->in_shape[which]) == n) {
                         k_binary_grad<<<grid_for(n), THREADS, 0, d.stream>>>((int)k->node->op, which, dd, p[0], p[1],
                                                                              p[2], w, n);
                         LAUNCHED();
                         continue;
                 }
-                int r = reduce_to(d, dd, true, 1.0f, &k->out_shape[0], &k->in_shape[which], 3, ops, p,
-                                  (int)k->node->op, which);
+                r = reduce_to(d, dd, true, 1.0f, &k->out_shape[0], &k->in_shape[which], 3, ops, p,
+                              (int)k->node->op, which);
                 if (r < 0)
                         return r;
         }
