@@ -179,6 +179,68 @@ static void test_mlp(void **state)
         graph_free(g);
 }
 
+/* The parameter hooks come as the graph computes: w2's "before" once fc1 has computed h (not yet fc2's
+ * z), w1's and b1's "after" once fc2's backward has written w2's gradient; each once, w2 first backward,
+ * then b1 before w1; a nonzero return stops the pass with it. */
+struct hook_log {
+        struct graph_exec *x;
+        const struct mlp *m;
+        int32_t seen[8];
+        uint32_t n;
+        int stop_at;
+        const float *z;    /* forward: fc2's output, still the mark when w2's hook runs */
+};
+
+static int log_hook(void *ud, int32_t t)
+{
+        struct hook_log *l = ud;
+        l->seen[l->n++] = t;
+        const float *h = graph_value(l->x, graph_find(l->m->g, "h"), NULL);
+        if (t == l->m->w2) { /* fc1 ran */
+                assert_true(h[0] != 0.0f || h[1] != 0.0f || h[2] != 0.0f);
+                if (l->z)
+                        assert_float_equal(l->z[0], 12345.0f, 0);
+        }
+        return t == l->stop_at ? 42 : 0;
+}
+
+static void test_param_hooks(void **state)
+{
+        (void)state;
+        struct mlp m;
+        mlp_build(&m);
+        char err[256];
+        struct graph_exec *x;
+        enum { B = 3 };
+        assert_int_equal(graph_exec_new(m.g, B, &x, err, sizeof(err)), 0);
+        float *in = gc_rand(B * 4, -1, 1, 9);
+        assert_int_equal(graph_set_input(x, m.x, in, B), 0);
+        float *z = (float *)graph_value(x, graph_find(m.g, "z"), NULL);
+        z[0] = 12345.0f; /* fc2 has not run when w2's hook is called: still this */
+        struct hook_log l = { .x = x, .m = &m, .stop_at = -1, .z = z };
+        assert_int_equal(graph_forward_hooked(x, true, 0, log_hook, &l), 0);
+        assert_int_equal(l.n, 3);
+        assert_int_equal(l.seen[0], m.w1);
+        assert_int_equal(l.seen[1], m.b1);
+        assert_int_equal(l.seen[2], m.w2);
+        assert_true(z[0] != 12345.0f);
+        l.n = 0;
+        l.z = NULL;
+        assert_int_equal(graph_backward_hooked(x, m.loss, NULL, log_hook, &l), 0);
+        assert_int_equal(l.n, 3);
+        assert_int_equal(l.seen[0], m.w2);
+        assert_int_equal(l.seen[1], m.b1);
+        assert_int_equal(l.seen[2], m.w1);
+        /* stopped */
+        l.n = 0;
+        l.stop_at = m.b1;
+        assert_int_equal(graph_forward_hooked(x, true, 0, log_hook, &l), 42);
+        assert_int_equal(l.n, 2);
+        graph_exec_free(x);
+        graph_free(m.g);
+        free(in);
+}
+
 /* Gradients a node's backward sets whole rather than adds to (a tensor read once, by Gemm or Relu: h, w1,
  * b1 here) are never stale: after a backward from the loss, a backward from h (seeded with ones) gives
  * d(sum h)/dw1 = x^T 1 and d/db1 = B, and nothing of the loss's, and the loss's again is what it was. */
@@ -323,5 +385,5 @@ static void test_device_exec_matches_host(void **state)
 }
 
 UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_device_exec_matches_host), cmocka_unit_test(test_build_errors), cmocka_unit_test(test_finalize_errors),
-               cmocka_unit_test(test_set_gradients_not_stale),
+               cmocka_unit_test(test_set_gradients_not_stale), cmocka_unit_test(test_param_hooks),
                cmocka_unit_test(test_mlp), cmocka_unit_test(test_fan_in), cmocka_unit_test(test_op_names))

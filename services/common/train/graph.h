@@ -194,6 +194,14 @@ int graph_set_input_rows(struct graph_exec *x, int32_t t, const float *data, siz
 /* Runs every node for the batch the inputs were fed with. training: Dropout drops and BatchNormalization
  * uses the batch's statistics; seed makes Dropout's masks (the same seed, the same masks). */
 int graph_forward(struct graph_exec *x, bool training, uint64_t seed);
+/* Called with a parameter (its tensor's index): by graph_forward_hooked right before the first node that
+ * reads it runs, by graph_backward_hooked as soon as its gradient is final (after its first reader's
+ * backward: the last to add to it), once per parameter and pass; the parameters no node reads after
+ * every node. A moving parameter (a running statistic) gets no backward call: its value in the gradient
+ * block comes from graph_moving_deltas. A nonzero return stops the pass, which returns it. For a caller
+ * that moves parameters and gradients while the graph computes (a worker's pulls and pushes). */
+typedef int (*graph_param_cb)(void *ud, int32_t tensor);
+int graph_forward_hooked(struct graph_exec *x, bool training, uint64_t seed, graph_param_cb before, void *ud);
 /* The current values of tensor t (after graph_forward), in the exec's memory, and its count for this
  * batch. */
 const void *graph_value(const struct graph_exec *x, int32_t t, size_t *count_ret);
@@ -204,6 +212,7 @@ const void *graph_value_host(struct graph_exec *x, int32_t t, size_t *count_ret)
  * for this batch; NULL: ones, i.e. the gradient of the sum), and writes every parameter's gradient into
  * the gradient block. Needs a graph_forward with training as it will be differentiated. */
 int graph_backward(struct graph_exec *x, int32_t t, const float *dt);
+int graph_backward_hooked(struct graph_exec *x, int32_t t, const float *dt, graph_param_cb after, void *ud);
 /* For every moving parameter (a BatchNormalization's running statistic), what the moving average
  * subtracts after the last training forward, into the gradient block: old - new = (1 - momentum) *
  * (old - the batch's statistic), the batch's variance the biased one (ONNX's). Applied as v -= g, it is

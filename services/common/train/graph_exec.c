@@ -31,6 +31,7 @@ struct graph_exec {
         float *scratch;
         void *host;                      /* device only: (host_bytes) staging for transfers */
         size_t host_bytes;
+        int32_t *first;                  /* (n_tensors) the first node that reads each tensor, or -1 */
         bool gathers;                    /* a node is a Gather: kt->forward_done collects what it flagged */
         bool fed;                        /* a batched input was fed since the last forward */
         bool training;                   /* the last forward's mode, which its backward follows */
@@ -91,6 +92,7 @@ struct graph_exec *graph_exec_free(struct graph_exec *x)
         free(x->state);
         free(x->set);
         free(x->live);
+        free(x->first);
         xfree(x, x->scratch);
         if (!x->ext_blocks) {
                 xfree(x, x->params);
@@ -170,8 +172,15 @@ int graph_exec_new_on(const struct graph *g, uint32_t max_batch, struct backend 
         x->state = (float **)alloc_ptrs(g->n_nodes);
         x->set = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(bool));
         x->live = calloc((size_t)g->n_tensors + g->n_nodes + 1, sizeof(bool));
-        if (!x->params || !x->grads || !x->val || !x->grad || !x->state || !x->set || !x->live)
+        x->first = malloc(sizeof(int32_t) * (g->n_tensors ? g->n_tensors : 1));
+        if (!x->params || !x->grads || !x->val || !x->grad || !x->state || !x->set || !x->live || !x->first)
                 goto nomem;
+        for (uint32_t i = 0; i < g->n_tensors; i++)
+                x->first[i] = -1;
+        for (uint32_t i = g->n_nodes; i-- > 0;)
+                for (uint32_t j = 0; j < g->nodes[i].n_in; j++)
+                        if (g->nodes[i].in[j] >= 0)
+                                x->first[g->nodes[i].in[j]] = (int32_t)i;
         if (x->be) {
                 x->host_bytes = staging_bytes(g, max_batch);
                 if (!(x->host = malloc(x->host_bytes ? x->host_bytes : 1)))
@@ -463,22 +472,58 @@ static void kctx_fill(const struct graph_exec *x, uint32_t ni, struct graph_kctx
         }
 }
 
+/* The hook for node i's parameters that it reads first (each once, however many of its inputs name it;
+ * in input order forward, the reverse backward, as the layer list's kernel then bias, bias then kernel);
+ * i = n_nodes: the parameters no node reads. after: the backward's, which skips moving parameters. */
+static int param_hooks(const struct graph_exec *x, uint32_t i, bool after, graph_param_cb cb, void *ud)
+{
+        const struct graph *g = x->g;
+        if (i == g->n_nodes) {
+                for (uint32_t t = 0; t < g->n_tensors; t++) {
+                        int r;
+                        if (g->tensors[t].kind == GT_PARAM && x->first[t] < 0 && !(after && g->tensors[t].moving) &&
+                            (r = cb(ud, (int32_t)t)) != 0)
+                                return r;
+                }
+                return 0;
+        }
+        const struct graph_node *n = &g->nodes[i];
+        for (uint32_t jj = 0; jj < n->n_in; jj++) {
+                uint32_t j = after ? n->n_in - 1 - jj : jj;
+                int32_t t = n->in[j];
+                bool again = false; /* named by an input already called for */
+                for (uint32_t e = 0; e < n->n_in; e++)
+                        again |= n->in[e] == t && (after ? e > j : e < j);
+                int r;
+                if (t >= 0 && !again && g->tensors[t].kind == GT_PARAM && x->first[t] == (int32_t)i &&
+                    !(after && g->tensors[t].moving) && (r = cb(ud, t)) != 0)
+                        return r;
+        }
+        return 0;
+}
+
 int graph_forward(struct graph_exec *x, bool training, uint64_t seed)
 {
+        return graph_forward_hooked(x, training, seed, NULL, NULL);
+}
+
+int graph_forward_hooked(struct graph_exec *x, bool training, uint64_t seed, graph_param_cb before, void *ud)
+{
+        int r;
         for (uint32_t i = 0; i < x->g->n_nodes; i++) {
+                if (before && (r = param_hooks(x, i, false, before, ud)) != 0)
+                        return r;
                 struct graph_kctx k;
                 kctx_fill(x, i, &k);
                 k.training = training;
                 k.seed = seed;
-                int r = x->kt->fwd[k.node->op](&k);
-                if (r < 0)
+                if ((r = x->kt->fwd[k.node->op](&k)) < 0)
                         return r;
         }
-        if (x->be && x->gathers && x->kt->forward_done) {
-                int r = x->kt->forward_done(x->be);
-                if (r < 0)
-                        return r;
-        }
+        if (before && (r = param_hooks(x, x->g->n_nodes, false, before, ud)) != 0)
+                return r;
+        if (x->be && x->gathers && x->kt->forward_done && (r = x->kt->forward_done(x->be)) < 0)
+                return r;
         x->fed = false; /* the next step feeds its batch anew */
         x->training = training;
         return 0;
@@ -505,6 +550,11 @@ const void *graph_value_host(struct graph_exec *x, int32_t t, size_t *count_ret)
 }
 
 int graph_backward(struct graph_exec *x, int32_t t, const float *dt)
+{
+        return graph_backward_hooked(x, t, dt, NULL, NULL);
+}
+
+int graph_backward_hooked(struct graph_exec *x, int32_t t, const float *dt, graph_param_cb after, void *ud)
 {
         const struct graph *g = x->g;
         if (t < 0 || t >= (int32_t)g->n_tensors || !x->grad[t])
@@ -547,8 +597,11 @@ int graph_backward(struct graph_exec *x, int32_t t, const float *dt)
                 const struct graph_node *nd = &g->nodes[i];
                 int (*bwd)(struct graph_kctx *) = x->kt->bwd[nd->op];
                 /* (an op without a backward sets no gradient: graph_op_bwd_sets holds only ops with one) */
-                if (!node_live[i] || !bwd)
+                if (!node_live[i] || !bwd) {
+                        if (after && (r = param_hooks(x, i, true, after, ud)) != 0)
+                                return r;
                         continue;
+                }
                 struct graph_kctx k;
                 kctx_fill(x, i, &k);
                 k.training = x->training;
@@ -560,6 +613,11 @@ int graph_backward(struct graph_exec *x, int32_t t, const float *dt)
                 }
                 if ((r = bwd(&k)) < 0)
                         return r;
+                /* its first reader's backward was the last to add to a parameter's gradient */
+                if (after && (r = param_hooks(x, i, true, after, ud)) != 0)
+                        return r;
         }
+        if (after && (r = param_hooks(x, g->n_nodes, true, after, ud)) != 0)
+                return r;
         return 0;
 }

@@ -71,6 +71,7 @@ struct model {
          * and the head, on a host-memory backend; layers are none. */
         struct graph_exec *gx;
         const struct graph *g;
+        int32_t *tensor_var;     /* (g->n_tensors) the variable a parameter tensor is, -1 for the others */
         uint32_t n_feeds;
         struct model_feed feeds[MODEL_MAX_FEEDS];
         bool eval;               /* passes in inference mode (model_set_training) */

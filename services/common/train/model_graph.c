@@ -4,17 +4,18 @@
  * into the parameter block and, for the tables' feeds, into the input gradient the sparse front turns
  * into row gradients.
  *
- * The hooks keep their contract with coarser steps: every variable's "before" hook runs before the
- * graph's forward (a graph reads its variables in an order of its own), every "after" hook once the
- * whole backward is done, last variable first. A variable is one block (no row blocking).
- *
- * On a host-memory backend the graph computes in the model's blocks themselves; on a device (the CUDA
- * backend's graph kernels) in the model's device blocks, as the layer list does there: the parameter
- * block is uploaded once the "before" hooks have run, the gradient block downloaded before the "after"
- * hooks. A backend without graph kernels gives -EOPNOTSUPP. */
+ * The hooks: a variable is one block (no row blocking) and one "layer" of its own. On a host-memory
+ * backend the graph computes in the model's blocks themselves, and each variable's "before" hook runs
+ * right before the first node that reads it, its "after" hook as soon as its gradient is final (a
+ * running statistic's once graph_moving_deltas has written it): a worker's pulls and pushes overlap the
+ * graph's compute, as the layer list's per layer. On a device (the CUDA backend's graph kernels) the
+ * graph computes in the model's device blocks, as the layer list does there: every "before" hook runs
+ * first and the parameter block is uploaded, the gradient block is downloaded before every "after" hook,
+ * last variable first. A backend without graph kernels gives -EOPNOTSUPP. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "graph.h"
@@ -41,6 +42,10 @@ int model_graph_plan(struct model *m, const struct model_spec *spec)
                 total += m->feeds[i].count;
         if (total != m->in_n || m->classes == 0)
                 return -EINVAL;
+        if (!(m->tensor_var = malloc(sizeof(int32_t) * (g->n_tensors ? g->n_tensors : 1))))
+                return -ENOMEM;
+        for (uint32_t t = 0, v = 0; t < g->n_tensors; t++)
+                m->tensor_var[t] = g->tensors[t].kind == GT_PARAM && v < m->n_vars ? (int32_t)v++ : -1;
         char err[256];
         return graph_exec_new_on(g, m->max_batch, m->be, &m->gx, err, sizeof(err));
 }
@@ -48,6 +53,26 @@ int model_graph_plan(struct model *m, const struct model_spec *spec)
 void model_graph_free(struct model *m)
 {
         m->gx = graph_exec_free(m->gx);
+        free(m->tensor_var);
+        m->tensor_var = NULL;
+}
+
+/* A variable's hooks, from the graph's call for its tensor. */
+struct var_hooks {
+        const struct model *m;
+        const struct hooks *h;
+};
+
+static int var_hook(void *ud, int32_t t)
+{
+        const struct var_hooks *vh = ud;
+        int32_t v = vh->m->tensor_var[t];
+        int r = 0;
+        if (v >= 0 && vh->h->block)
+                r = vh->h->block(vh->h->ud, (uint32_t)v, 0);
+        if (v >= 0 && r == 0 && vh->h->layer)
+                r = vh->h->layer(vh->h->ud, (uint32_t)v, 1);
+        return r;
 }
 
 void model_graph_init_params(struct model *m, uint64_t seed)
@@ -97,13 +122,15 @@ static uint64_t mix(uint64_t z)
 int model_graph_forward(struct model *m, const float *x, uint32_t B, const struct hooks *h, float **out)
 {
         int r;
-        if (h->layer && (r = h->layer(h->ud, 0, m->n_vars)) != 0)
-                return r;
-        for (uint32_t v = 0; h->block && v < m->n_vars; v++)
-                if ((r = h->block(h->ud, v, 0)) != 0)
+        if (!m->host) {
+                if (h->layer && (r = h->layer(h->ud, 0, m->n_vars)) != 0)
                         return r;
-        if (!m->host && (r = backend_upload(m->be, m->params, m->params_host, sizeof(float) * m->n_params)) < 0)
-                return r;
+                for (uint32_t v = 0; h->block && v < m->n_vars; v++)
+                        if ((r = h->block(h->ud, v, 0)) != 0)
+                                return r;
+                if ((r = backend_upload(m->be, m->params, m->params_host, sizeof(float) * m->n_params)) < 0)
+                        return r;
+        }
         size_t at = 0;
         for (uint32_t i = 0; i < m->n_feeds; i++) {
                 if ((r = graph_set_input_rows(m->gx, m->feeds[i].tensor, x + at, m->in_n, B)) < 0)
@@ -111,7 +138,9 @@ int model_graph_forward(struct model *m, const float *x, uint32_t B, const struc
                 at += m->feeds[i].count;
         }
         uint64_t seed = mix(m->seed ^ mix(++m->n_fwd));
-        if ((r = graph_forward(m->gx, !m->eval, seed)) < 0)
+        struct var_hooks vh = { m, h };
+        bool hooked = m->host && (h->layer || h->block);
+        if ((r = graph_forward_hooked(m->gx, !m->eval, seed, hooked ? var_hook : NULL, &vh)) != 0)
                 return r;
         *out = (float *)graph_value(m->gx, m->g->loss, NULL);
         return 0;
@@ -120,11 +149,16 @@ int model_graph_forward(struct model *m, const float *x, uint32_t B, const struc
 int model_graph_backward(struct model *m, const float *dy, const struct hooks *h)
 {
         int r;
-        if ((r = graph_backward(m->gx, m->g->loss, dy)) < 0)
+        struct var_hooks vh = { m, h };
+        bool hooked = m->host && (h->layer || h->block);
+        if ((r = graph_backward_hooked(m->gx, m->g->loss, dy, hooked ? var_hook : NULL, &vh)) != 0)
                 return r;
-        /* the running statistics' updates, where the gradients go */
+        /* the running statistics' updates, where the gradients go, then their hooks */
         if ((r = graph_moving_deltas(m->gx)) < 0)
                 return r;
+        for (uint32_t t = 0; hooked && t < m->g->n_tensors; t++)
+                if (m->g->tensors[t].kind == GT_PARAM && m->g->tensors[t].moving && (r = var_hook(&vh, (int32_t)t)) != 0)
+                        return r;
         if (!m->host && (r = backend_download(m->be, m->grads_host, m->grads, sizeof(float) * m->n_params)) < 0)
                 return r;
         if (m->want_dx) {
@@ -148,6 +182,8 @@ int model_graph_backward(struct model *m, const float *dy, const struct hooks *h
                 }
                 m->dx = m->gbuf[1];
         }
+        if (hooked)
+                return 0;
         for (uint32_t v = m->n_vars; h->block && v-- > 0;)
                 if ((r = h->block(h->ud, v, 0)) != 0)
                         return r;
