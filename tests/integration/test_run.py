@@ -10,9 +10,15 @@
    for --ps 1 --workers 2: every rank prints the same cluster, ranks in sorted role order over the
    node list (chief, ps on node01; the workers on node02), ports 8888 + the task's index on its node,
    each task half of the node's two GPUs; the TF_CONFIG handed to the daemon is the printed one.
-3. Bad input exits 78 at once, naming the variable and the reason, and starts nothing."""
+3. Bad input exits 78 at once, naming the variable and the reason, and starts nothing.
+4. --exit-codes kubernetes: a psd whose port is taken exits 75, which psfleet run turns into 138 (the
+   training-operator's retryable code; without the option the status stays 75); SIGTERM is passed on
+   and ends the daemon with 0.
+5. The sbatch script of docs/operations.md is examples/slurm/psfleet.sbatch's, and bash parses it."""
 import json
 import os
+import re
+import socket
 import subprocess
 
 import harness as h
@@ -142,11 +148,50 @@ def test_bad_input(wd):
         h.log("78:", r.stderr.strip())
 
 
+def test_exit_codes_kubernetes(wd):
+    job, spec = h.make_job(wd, name="k8s.json", n_ps=1, n_workers=1)
+    ps_port = int(spec["cluster"]["ps"][0].rsplit(":", 1)[1])
+    argv = [h.BIN["psfleet"], "run", job, "--job-name", "ps", "--task-index", "0", "--state-dir", wd.file("k8s")]
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", ps_port))
+    taken.listen(1)
+    try:
+        for extra, want in (([], 75), (["--exit-codes", "kubernetes"], 138)):
+            p = h.Proc(wd, "run-ps-taken-%d" % want, argv + extra)
+            rc = p.wait(30)
+            assert rc == want, "exit %d, expected %d:\n%s" % (rc, want, p.stderr())
+            assert "Address already in use" in p.stderr(), p.stderr()
+        assert "exiting 138, which the training-operator retries" in p.stderr(), p.stderr()
+    finally:
+        taken.close()
+    # the parent passes SIGTERM on; the psd (uninitialized: nothing to pull) stops at once with 0
+    p = h.Proc(wd, "run-ps-k8s", argv + ["--exit-codes", "kubernetes"])
+    h.wait_healthy(spec["cluster"]["ps"][0], p)
+    assert proc_name(p.pid) == "psfleet", "not the daemon's parent"
+    p.kill()
+    assert p.wait(30) == 0, p.stderr()
+
+
+def test_sbatch_script():
+    script = os.path.join(h.SOURCE_DIR, "examples", "slurm", "psfleet.sbatch")
+    subprocess.run(["bash", "-n", script], check=True)
+    with open(script) as f:
+        lines = {l.split("  #")[0].strip() for l in f}
+    with open(os.path.join(h.SOURCE_DIR, "docs", "operations.md")) as f:
+        doc = f.read()
+    block = re.search(r"```bash\n(#SBATCH --job-name=psfleet.*?)```", doc, re.S).group(1)
+    for l in block.splitlines():
+        l = l.split("  #")[0].strip()
+        assert l in lines, "docs/operations.md's sbatch line %r is not in %s" % (l, script)
+
+
 def test():
     h.require("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
+    test_sbatch_script()
     test_slurm_dry_run(wd)
     test_bad_input(wd)
+    test_exit_codes_kubernetes(wd)
     test_operator_tf_config(wd)
 
 
