@@ -26,8 +26,8 @@
 static void run_help(FILE *f) {
         fprintf(f,
                 "Usage: psfleet run JOB.json [--job-name TYPE --task-index N | --slurm --ps N --workers M\n"
-                "                    [--evaluator] [--port-base P]] [--state-dir DIR] [--exit-codes kubernetes]\n"
-                "                    [--dry-run]\n"
+                "                    [--evaluator] [--port-base P]] [--state-dir DIR] [--listen ADDR]\n"
+                "                    [--exit-codes kubernetes] [--dry-run]\n"
                 "\n"
                 "Runs this node's task of the job in the foreground, as Slurm (srun) or Kubernetes starts it: psd,\n"
                 "workerd or chiefd (looked up as `psfleet local` looks them up), no systemd. The task and the\n"
@@ -48,6 +48,8 @@ static void run_help(FILE *f) {
                 "                       exits 78)\n"
                 "  --port-base P        the first port on each node under --slurm (default 8888)\n"
                 "  --state-dir DIR      the daemon's state directory (default /var/lib/psfleet)\n"
+                "  --listen ADDR        the daemon binds here instead of its cluster entry (0.0.0.0:2222 in a\n"
+                "                       pod, whose own service name may not resolve yet when it starts)\n"
                 "  --exit-codes kubernetes\n"
                 "                       run the daemon as a child and exit with %d (the training-operator's\n"
                 "                       retryable code) where it exits 75 (a temporary failure); signals are\n"
@@ -62,7 +64,7 @@ static void run_help(FILE *f) {
 
 /* The options, gathered. */
 struct run_opts {
-        const char *job_name, *state_dir, *exit_codes;
+        const char *job_name, *state_dir, *listen, *exit_codes;
         uint64_t task_index, n_ps, n_workers, port_base;
         bool slurm, evaluator, dry_run;
 };
@@ -176,6 +178,7 @@ int cmd_run(int argc, char **argv) {
                 CLI_FLAG("evaluator", &o.evaluator),
                 CLI_NUMBER("port-base", &o.port_base, 1, 65535),
                 CLI_STRING("state-dir", &o.state_dir),
+                CLI_STRING("listen", &o.listen),
                 CLI_STRING("exit-codes", &o.exit_codes),
                 CLI_FLAG("dry-run", &o.dry_run),
                 {NULL},
@@ -288,7 +291,7 @@ int cmd_run(int argc, char **argv) {
         }
         char index[24];
         snprintf(index, sizeof(index), "%u", t.index);
-        char *dargv[9];
+        char *dargv[11];
         int n = 0;
         dargv[n++] = bin;
         dargv[n++] = "--job";
@@ -300,6 +303,10 @@ int cmd_run(int argc, char **argv) {
         if (o.state_dir) {
                 dargv[n++] = "--state-dir";
                 dargv[n++] = (char *)o.state_dir;
+        }
+        if (o.listen) {
+                dargv[n++] = "--listen";
+                dargv[n++] = (char *)o.listen;
         }
         dargv[n] = NULL;
 

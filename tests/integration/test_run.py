@@ -105,10 +105,11 @@ def test_slurm_dry_run(wd):
         assert out["env"]["CUDA_VISIBLE_DEVICES"] == gpus, out
         assert json.loads(out["env"]["TF_CONFIG"]) == {"cluster": out["cluster"], "task": out["task"]}, out
     # another port base and an evaluator: one more task, sorted in after the chief
-    r = run_dry(job, ["--slurm", "--ps", "1", "--workers", "1", "--evaluator", "--port-base", "7000"],
-                dict(base, SLURM_PROCID="2"))
+    r = run_dry(job, ["--slurm", "--ps", "1", "--workers", "1", "--evaluator", "--port-base", "7000",
+                      "--state-dir", "/st", "--listen", "0.0.0.0:7000"], dict(base, SLURM_PROCID="2"))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
+    assert out["exec"][1:] == ["--job", job, "--task-index", "0", "--state-dir", "/st", "--listen", "0.0.0.0:7000"], out
     assert out["cluster"] == {"chief": ["node01:7000"], "ps": ["node02:7000"], "worker": ["node02:7001"],
                               "evaluator": ["node01:7001"]}, out
     assert out["task"] == {"type": "ps", "index": 0}, out
