@@ -14,7 +14,10 @@
 4. --exit-codes kubernetes: a psd whose port is taken exits 75, which psfleet run turns into 138 (the
    training-operator's retryable code; without the option the status stays 75); SIGTERM is passed on
    and ends the daemon with 0.
-5. The sbatch script of docs/operations.md is examples/slurm/psfleet.sbatch's, and bash parses it."""
+5. The sbatch script of docs/operations.md is examples/slurm/psfleet.sbatch's, and bash parses it.
+6. deploy/kubernetes's manifests (not run on a cluster): each replica's command, run dry with its job
+   file from the ConfigMap and, for the TFJob, the TF_CONFIG the operator would give that pod, resolves
+   to that replica's task."""
 import json
 import os
 import re
@@ -186,9 +189,48 @@ def test_sbatch_script():
         assert l in lines, "docs/operations.md's sbatch line %r is not in %s" % (l, script)
 
 
+def test_manifests(wd):
+    import yaml
+    d = os.path.join(h.SOURCE_DIR, "deploy", "kubernetes")
+    checked = 0
+    for name in ("tfjob.yaml", "statefulset.yaml"):
+        with open(os.path.join(d, name)) as f:
+            docs = list(yaml.safe_load_all(f))
+        cm = next(x for x in docs if x["kind"] == "ConfigMap")
+        job = wd.file(name + ".json")
+        with open(job, "w") as f:
+            f.write(cm["data"]["fmnist.json"])
+        if name == "tfjob.yaml":
+            spec = next(x for x in docs if x["kind"] == "TFJob")["spec"]["tfReplicaSpecs"]
+            # as the operator writes it: every replica type's pods by service name, port 2222
+            cluster = {rt.lower(): ["fmnist-%s-%d.default.svc:2222" % (rt.lower(), i) for i in range(r["replicas"])]
+                       for rt, r in spec.items()}
+            pods = [(rt.lower(), i, r["template"]["spec"]["containers"][0], {"TF_CONFIG": tf_config(cluster, rt.lower(), i)})
+                    for rt, r in spec.items() for i in range(r["replicas"])]
+        else:
+            pods = []
+            for ss in (x for x in docs if x["kind"] == "StatefulSet"):
+                role = ss["spec"]["selector"]["matchLabels"]["psfleet/role"]
+                for i in range(ss["spec"]["replicas"]):
+                    pods.append((role, i, ss["spec"]["template"]["spec"]["containers"][0], {}))
+        for role, i, c, env in pods:
+            argv = [job if a == "/etc/psfleet/jobs/fmnist.json" else a.replace("$(POD_INDEX)", str(i))
+                    for a in c["command"]]
+            assert argv[:2] == ["psfleet", "run"], argv
+            r = subprocess.run([h.BIN["psfleet"]] + argv[1:] + ["--dry-run"], capture_output=True, text=True,
+                               env=clean_env(env), timeout=30)
+            assert r.returncode == 0, "%s %s:%d: exit %d\n%s" % (name, role, i, r.returncode, r.stderr)
+            out = json.loads(r.stdout)
+            assert out["task"] == {"type": role, "index": i}, (name, out)
+            assert "--listen" in out["exec"], out
+            checked += 1
+    assert checked == 8, checked
+
+
 def test():
     h.require("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
+    test_manifests(wd)
     test_sbatch_script()
     test_slurm_dry_run(wd)
     test_bad_input(wd)
