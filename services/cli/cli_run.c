@@ -103,7 +103,7 @@ static int slurm_tf_config(const struct run_opts *o, bool with_task, char **tf_r
         }
         json_object_set_new(tf, "cluster", cluster);
         if (with_task)
-                json_object_set_new(tf, "task", json_pack("{s:s, s:i}", "type", c->tasks[c->self].job, "index",
+                json_object_set_new(tf, "task", json_pack("{s:s, s:I}", "type", c->tasks[c->self].job, "index",
                                                           (json_int_t)c->tasks[c->self].index));
         *tf_ret = json_dumps(tf, JSON_COMPACT | JSON_PRESERVE_ORDER);
         *gpus_ret = c->gpus ? strdup(c->gpus) : NULL;
@@ -273,7 +273,7 @@ int cmd_run(int argc, char **argv) {
         json_t *ev = json_object_get(json_object_get(tfj, "cluster"), "evaluator");
         if (ev)
                 json_object_set(cluster, "evaluator", ev);
-        res = json_pack("{s:o, s:{s:s, s:i}}", "cluster", cluster, "task", "type", role_name(t.role), "index",
+        res = json_pack("{s:o, s:{s:s, s:I}}", "cluster", cluster, "task", "type", role_name(t.role), "index",
                         (json_int_t)t.index);
         char *tf_out = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
 
