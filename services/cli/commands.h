@@ -15,3 +15,4 @@ int cmd_certs(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_gendata(int argc, char **argv);
 int cmd_export(int argc, char **argv);
+int cmd_run(int argc, char **argv);

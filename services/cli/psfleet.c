@@ -15,6 +15,9 @@ static const struct command {
         {"local", cmd_local,
          "local JOB.json       run the whole job on this machine (P psd, W workerd, 1 chiefd as\n"
          "                       child processes on loopback), or in one process with --standalone"},
+        {"run", cmd_run,
+         "run JOB.json         run this node's task in the foreground, as Slurm or Kubernetes starts it: the\n"
+         "                       task and cluster from --job-name/--task-index, TF_CONFIG or --slurm"},
         {"status", cmd_status, "status               ask a job's chief how the job is doing"},
         {"watch", cmd_watch,
          "watch                follow a job's progress as it happens (a live bar on a terminal)"},

@@ -48,6 +48,8 @@ SKIPPED = {
     ("docs/operations.md", "node2# systemctl enable psfleet-psd@fmnist:1 psfleet-workerd@fmnist:0 psfleet.target"):
         "needs systemd and the units",
     ("docs/operations.md", "journalctl -u 'psfleet-*' JOB=fmnist"): "reads the journal of a node running the units",
+    ("docs/operations.md", "sbatch examples/slurm/psfleet.sbatch /shared/psfleet/fmnist.json /shared/psfleet/state"):
+        "needs a Slurm cluster; integration.run resolves a 2-node step from faked SLURM_* variables",
     # "Three nodes, step by step": system.multinode runs these, in three containers
     ("docs/operations.md", "admin$ psfleet placement fmnist.json"): "copies the job file to three hosts over ssh",
     ("docs/operations.md", "admin$ psfleet certs --job fmnist.json --dir tls"):
@@ -70,6 +72,7 @@ CHECKS = [
     (r"psfleet checkpoints list ", r"checkpoints? in .*\n.*STEP"),
     (r"psfleet watch ", r"done"),
     (r"psfleet stop ", r"the chief is stopping the job"),
+    (r"(\w+=('[^']*'|\S+) )*psfleet run .*--dry-run", r'^\{"cluster":\{"chief":\[.*\]\},"task":\{"type":"\w+","index":\d+\},"exec":\["/'),
 ]
 
 BACKGROUND_STEPS = 5000         # a running block's job: long enough for its commands, short for watch

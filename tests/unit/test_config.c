@@ -728,8 +728,39 @@ static void test_tf_config(void **state) {
                 { "{'task': ", "TF_CONFIG: line 1 column 9: unexpected token near end of file" },
                 { "[]", "TF_CONFIG: expected an object at the top level, got array" },
                 { "{'tasks': {}}", "TF_CONFIG: tasks: unknown key" },
+                { "{'task': {'type': 'boss', 'index': 0}}",
+                  "TF_CONFIG: task.type: \"boss\" is not one of chief, master, ps, worker, evaluator" },
+                /* the evaluator: accepted in the cluster, refused as this task's role, for now */
                 { "{'task': {'type': 'evaluator', 'index': 0}}",
-                  "TF_CONFIG: task.type: \"evaluator\" is not one of chief, master, ps, worker" },
+                  "TF_CONFIG: task.index: 0 is out of range: cluster has 0 evaluator tasks" },
+                { "{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3'], 'evaluator': ['h:4']}, "
+                  "'task': {'type': 'evaluator', 'index': 0}}",
+                  "TF_CONFIG: task.type: an \"evaluator\" task is not supported yet: the chief evaluates "
+                  "(supervisor.eval_every_steps); run no evaluator task" },
+                { "{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3'], 'evaluator': ['h:4', 'h:5']}}",
+                  "TF_CONFIG: cluster.evaluator: must have at most 1 entry, has 2" },
+                { "{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3'], 'evaluator': ['h']}}",
+                  "TF_CONFIG: cluster.evaluator[0]: \"h\" is not host:port (missing port)" },
+                { "{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3'], 'evaluator': 'h:4'}}",
+                  "TF_CONFIG: cluster.evaluator: expected an array of \"host:port\" strings, got string \"h:4\"" },
+                { "{'environment': 1}", "TF_CONFIG: environment: expected a string, got integer 1" },
+                /* sparseCluster: the ps and this task only, so each entry must be the job file's */
+                { "{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3']}, 'sparseCluster': {}}",
+                  "TF_CONFIG: sparseCluster: conflicts with cluster (give one of them)" },
+                { "{'sparseCluster': {'ps': ['localhost:7001'], 'worker': {'1': 'localhost:7009'}}, "
+                  "'task': {'type': 'worker', 'index': 1}}",
+                  "TF_CONFIG: sparseCluster.worker.1: \"localhost:7009\" disagrees with the job file's "
+                  "cluster.worker[1] \"localhost:7003\"" },
+                { "{'sparseCluster': {'ps': ['localhost:7001', 'localhost:7004']}}",
+                  "TF_CONFIG: sparseCluster.ps[1]: is not in the job file's cluster, which has 1 ps task" },
+                { "{'sparseCluster': {'worker': {'x': 'localhost:7002'}}}",
+                  "TF_CONFIG: sparseCluster.worker.x: \"x\" is not a task index (0 to 4095)" },
+                { "{'sparseCluster': {'boss': []}}", "TF_CONFIG: sparseCluster.boss: unknown key" },
+                { "{'sparseCluster': {'ps': 'localhost:7001'}}",
+                  "TF_CONFIG: sparseCluster.ps: expected an array or an object of \"host:port\" strings by index, "
+                  "got string \"localhost:7001\"" },
+                { "{'sparseCluster': {'ps': ['localhost:7001']}, 'task': {'type': 'worker', 'index': 2}}",
+                  "TF_CONFIG: task.index: 2 is out of range: cluster has 2 worker tasks (0..1)" },
                 { "{'task': {'index': 0}}", "TF_CONFIG: task.type: missing" },
                 { "{'task': {'type': 'worker', 'index': 2}}",
                   "TF_CONFIG: task.index: 2 is out of range: cluster has 2 worker tasks (0..1)" },
@@ -760,6 +791,34 @@ static void test_tf_config(void **state) {
 
         assert_int_equal(config_apply_tf_config(c, NULL, &t, &have, err, sizeof(err)), 0);
         assert_false(have);
+        {
+                /* the training-operator's sparseCluster (the job file's cluster stays), and a cluster with
+                 * an evaluator, which joins no training cluster */
+                char *j = dq("{'sparseCluster': {'ps': ['LOCALHOST:7001'], 'worker': {'1': 'localhost:7003'}}, "
+                             "'task': {'type': 'worker', 'index': 1}}");
+                assert_int_equal(config_apply_tf_config(c, j, &t, &have, err, sizeof(err)), 0);
+                assert_true(have);
+                assert_int_equal(t.role, ROLE_WORKER);
+                assert_int_equal(t.index, 1);
+                after = config_canonical_json(c);
+                assert_string_equal(before, after);
+                free(after);
+                free(j);
+                j = dq("{'sparseCluster': {'ps': ['localhost:7001'], 'chief': {'0': 'localhost:7000'}, "
+                       "'evaluator': {'0': 'e:1'}}, 'task': {'type': 'ps', 'index': 0}}");
+                assert_int_equal(config_apply_tf_config(c, j, &t, &have, err, sizeof(err)), 0);
+                assert_int_equal(t.role, ROLE_PS);
+                free(j);
+                struct job_config *c2 = load_string_ok("{" BASE "}");
+                j = dq("{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3'], 'evaluator': ['h:4']}, "
+                       "'task': {'type': 'chief', 'index': 0}}");
+                assert_int_equal(config_apply_tf_config(c2, j, &t, &have, err, sizeof(err)), 0);
+                assert_int_equal(t.role, ROLE_CHIEF);
+                assert_int_equal(c2->cluster.n_worker, 1);
+                assert_string_equal(c2->cluster.worker[0].addr, "h:3");
+                free(j);
+                config_free(c2);
+        }
         {
                 char *j = dq("{'task': {'type': 'worker', 'index': 1}, 'environment': 'cloud'}");
                 assert_int_equal(config_apply_tf_config(c, j, &t, &have, err, sizeof(err)), 0);

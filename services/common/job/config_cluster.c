@@ -281,6 +281,11 @@ int config_parse_task(const struct job_config *c, const char *role, const char *
         return 0;
 }
 
+/* Task i of role r in cl, or NULL. */
+static const struct endpoint *config_endpoint_in(const struct cluster *cl, enum role r, uint64_t i) {
+        return i < cluster_count(cl, r) ? &(r == ROLE_CHIEF ? cl->chief : r == ROLE_PS ? cl->ps : cl->worker)[i] : NULL;
+}
+
 const struct endpoint *config_endpoint(const struct job_config *c, struct task t) {
         switch (t.role) {
         case ROLE_CHIEF: return t.index < c->cluster.n_chief ? &c->cluster.chief[t.index] : NULL;
@@ -290,6 +295,100 @@ const struct endpoint *config_endpoint(const struct job_config *c, struct task t
         return NULL;
 }
 
+/* TF_CONFIG's evaluator list (cluster.evaluator): host:port strings, at most one, as TensorFlow allows.
+ * psfleet's chief evaluates, so the list is checked and counted but joins no training cluster. */
+static int parse_evaluators(const struct ctx *x, const json_t *a, uint32_t *n_ret) {
+        char key[96], why[128], q[300];
+        struct endpoint ep;
+
+        if (!json_is_array(a))
+                return cfg_fail_type(x, "cluster.evaluator", "an array of \"host:port\" strings", a);
+        if (json_array_size(a) > 1)
+                return cfg_failf(x, "cluster.evaluator", "must have at most 1 entry, has %zu", json_array_size(a));
+        for (size_t i = 0; i < json_array_size(a); i++) {
+                const json_t *e = json_array_get(a, i);
+
+                snprintf(key, sizeof(key), "cluster.evaluator[%zu]", i);
+                if (!json_is_string(e))
+                        return cfg_fail_type(x, key, "a \"host:port\" string", e);
+                if (parse_hostport(json_string_value(e), &ep, why, sizeof(why)) < 0)
+                        return cfg_failf(x, key, "%s is not host:port (%s)", cfg_quote_json(e, q, sizeof(q)), why);
+        }
+        *n_ret = (uint32_t) json_array_size(a);
+        return 0;
+}
+
+/* One entry of sparseCluster (role: index into sparse_roles), task i at e. */
+static const char *const sparse_roles[] = { "chief", "ps", "worker", "master", "evaluator", NULL };
+enum { SPARSE_MASTER = 3, SPARSE_EVALUATOR = 4 };
+
+static int check_sparse_entry(const struct ctx *x, const char *key, const json_t *e, int role, uint64_t i,
+                              const struct cluster *file, uint32_t *n_eval) {
+        char why[128], q[300], q2[300];
+        struct endpoint ep;
+
+        if (!json_is_string(e))
+                return cfg_fail_type(x, key, "a \"host:port\" string", e);
+        if (parse_hostport(json_string_value(e), &ep, why, sizeof(why)) < 0)
+                return cfg_failf(x, key, "%s is not host:port (%s)", cfg_quote_json(e, q, sizeof(q)), why);
+        if (role == SPARSE_EVALUATOR) {        /* psfleet's cluster has none to compare with */
+                *n_eval = (uint32_t) i + 1 > *n_eval ? (uint32_t) i + 1 : *n_eval;
+                return 0;
+        }
+        enum role r = role == SPARSE_MASTER ? ROLE_CHIEF : (enum role) role;
+        const struct endpoint *f = config_endpoint_in(file, r, i);
+        if (!f)
+                return cfg_failf(x, key, "is not in the job file's cluster, which has %" PRIu32 " %s task%s",
+                             cluster_count(file, r), role_name(r), cluster_count(file, r) == 1 ? "" : "s");
+        if (f->port != ep.port || strcasecmp(f->host, ep.host) != 0)
+                return cfg_failf(x, key, "%s disagrees with the job file's cluster.%s[%" PRIu64 "] %s",
+                             cfg_quote_json(e, q, sizeof(q)), role_name(r), i, cfg_quote_str(f->addr, q2, sizeof(q2)));
+        return 0;
+}
+
+/* The training-operator's sparseCluster: each task sees the ps and only itself ({"ps": [...], "worker":
+ * {"1": "host:port"}}; a role's tasks as a list or as an object keyed by index). It cannot be the
+ * cluster, so every entry it has must be the job file's; the evaluator's are counted (*n_eval: one past
+ * the highest index). */
+static int check_sparse_cluster(const struct ctx *x, const json_t *obj, const struct cluster *file, uint32_t *n_eval) {
+        const char *name, *idx;
+        json_t *list, *e;
+        char key[160], q[300];
+        int r;
+
+        if (!json_is_object(obj))
+                return cfg_fail_type(x, "sparseCluster", "an object", obj);
+        *n_eval = 0;
+        json_object_foreach((json_t *) obj, name, list) {
+                int role = cfg_lookup_choice(sparse_roles, name);
+
+                snprintf(key, sizeof(key), "sparseCluster.%s", name);
+                if (role < 0)
+                        return cfg_failf(x, key, "unknown key");
+                if (json_is_array(list)) {
+                        for (size_t k = 0; k < json_array_size(list); k++) {
+                                snprintf(key, sizeof(key), "sparseCluster.%s[%zu]", name, k);
+                                if ((r = check_sparse_entry(x, key, json_array_get(list, k), role, k, file, n_eval)) < 0)
+                                        return r;
+                        }
+                } else if (json_is_object(list)) {
+                        json_object_foreach(list, idx, e) {
+                                uint64_t i;
+
+                                snprintf(key, sizeof(key), "sparseCluster.%s.%.40s", name, idx);
+                                if (parse_u64(idx, 0, CONFIG_MAX_TASKS - 1, &i) < 0)
+                                        return cfg_failf(x, key, "%s is not a task index (0 to %d)",
+                                                     cfg_quote_str(idx, q, sizeof(q)), CONFIG_MAX_TASKS - 1);
+                                if ((r = check_sparse_entry(x, key, e, role, i, file, n_eval)) < 0)
+                                        return r;
+                        }
+                } else {
+                        return cfg_fail_type(x, key, "an array or an object of \"host:port\" strings by index", list);
+                }
+        }
+        return 0;
+}
+
 int config_apply_tf_config(struct job_config *c, const char *tf_config_json, struct task *task_ret,
                            bool *have_task, char *err, size_t errlen) {
         const struct ctx x = { .origin = "TF_CONFIG", .err = err, .errlen = errlen };
@@ -297,6 +396,7 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
         const struct cluster *eff = &c->cluster;
         struct task t = { 0 };
         bool got_task = false, got_cluster = false;
+        uint32_t n_eval = 0;
         json_t *root = NULL, *v;
         const char *name;
         char q[160];
@@ -317,10 +417,15 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
                 goto out;
         }
         json_object_foreach(root, name, v) {
-                if (strcmp(name, "cluster") == 0 || strcmp(name, "task") == 0)
+                if (strcmp(name, "cluster") == 0 || strcmp(name, "task") == 0 || strcmp(name, "sparseCluster") == 0)
                         continue;
-                if (strcmp(name, "environment") == 0) /* TensorFlow's "cloud" marker; nothing to do */
+                if (strcmp(name, "environment") == 0) { /* TensorFlow's "cloud" marker; nothing to do */
+                        if (!json_is_string(v)) {
+                                r = cfg_fail_type(&x, name, "a string", v);
+                                goto out;
+                        }
                         continue;
+                }
                 if (strcmp(name, "rpc_layer") == 0) {
                         if (!json_is_string(v) || strcmp(json_string_value(v), "grpc") != 0) {
                                 r = cfg_failf(&x, name, "%s is not \"grpc\"", cfg_quote_json(v, q, sizeof(q)));
@@ -333,18 +438,41 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
         }
 
         v = json_object_get(root, "cluster");
+        if (v && json_object_get(root, "sparseCluster")) {
+                r = cfg_failf(&x, "sparseCluster", "conflicts with cluster (give one of them)");
+                goto out;
+        }
         if (v) {
-                r = cfg_parse_cluster(&x, v, &cl);
+                json_t *ev = json_is_object(v) ? json_object_get(v, "evaluator") : NULL;
+                if (ev) {
+                        if ((r = parse_evaluators(&x, ev, &n_eval)) < 0)
+                                goto out;
+                        /* the training cluster without it */
+                        json_t *copy = json_copy(v);
+                        if (!copy) {
+                                r = cfg_fail_oom(&x);
+                                goto out;
+                        }
+                        json_object_del(copy, "evaluator");
+                        r = cfg_parse_cluster(&x, copy, &cl);
+                        json_decref(copy);
+                } else {
+                        r = cfg_parse_cluster(&x, v, &cl);
+                }
                 if (r < 0)
                         goto out;
                 got_cluster = true;
                 eff = &cl;
         }
+        v = json_object_get(root, "sparseCluster");
+        if (v && (r = check_sparse_cluster(&x, v, &c->cluster, &n_eval)) < 0)
+                goto out;
 
         v = json_object_get(root, "task");
         if (v) {
                 const json_t *type, *index;
                 json_int_t i = 0;
+                bool evaluator;
                 int role;
 
                 if (!json_is_object(v)) {
@@ -369,9 +497,10 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
                         r = cfg_fail_type(&x, "task.type", "a string", type);
                         goto out;
                 }
-                role = role_from_string(json_string_value(type));
+                evaluator = strcmp(json_string_value(type), "evaluator") == 0;
+                role = evaluator ? ROLE_WORKER : role_from_string(json_string_value(type));
                 if (role < 0) {
-                        r = cfg_failf(&x, "task.type", "%s is not one of chief, master, ps, worker",
+                        r = cfg_failf(&x, "task.type", "%s is not one of chief, master, ps, worker, evaluator",
                                   cfg_quote_json(type, q, sizeof(q)));
                         goto out;
                 }
@@ -386,6 +515,15 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
                                 r = cfg_failf(&x, "task.index", "%" JSON_INTEGER_FORMAT " is negative", i);
                                 goto out;
                         }
+                }
+                if (evaluator) {
+                        if ((uint64_t) i >= n_eval)
+                                r = cfg_failf(&x, "task.index", "%" JSON_INTEGER_FORMAT " is out of range: cluster has %"
+                                          PRIu32 " evaluator task%s", i, n_eval, n_eval == 1 ? "" : "s");
+                        else
+                                r = cfg_failf(&x, "task.type", "an \"evaluator\" task is not supported yet: the chief "
+                                          "evaluates (supervisor.eval_every_steps); run no evaluator task");
+                        goto out;
                 }
                 if ((uint64_t) i >= cluster_count(eff, (enum role) role)) {
                         r = fail_index(&x, "task.index", eff, (enum role) role, (uint64_t) i);
