@@ -102,7 +102,7 @@ static int parse_shape(const struct ctx *x, const char *pre, const json_t *obj, 
 
                 if (!json_is_integer(d) || json_integer_value(d) < 1 || json_integer_value(d) > 1048576) {
                         char k[208];
-                        snprintf(k, sizeof(k), "%s[%zu]", key, i);
+                        snprintf(k, sizeof(k), "%.180s[%zu]", key, i);
                         return json_is_integer(d) ? cfg_failf(x, k, "%" JSON_INTEGER_FORMAT " is out of range [1, 1048576]",
                                                               json_integer_value(d))
                                                   : cfg_fail_type(x, k, "an integer", d);
@@ -204,7 +204,7 @@ static int check_unique(const struct ctx *x, const struct tfr_spec *s) {
 static int parse_list(const struct ctx *x, const json_t *obj, const char *name, uint32_t max, struct tfr_feature *fs,
                       uint32_t *n_ret, int (*one)(const struct ctx *, const char *, const json_t *, struct tfr_feature *)) {
         const json_t *v = json_object_get(obj, name);
-        char key[64], pre[80];
+        char key[64], pre[88];
         size_t n;
         int r;
 
@@ -218,7 +218,7 @@ static int parse_list(const struct ctx *x, const json_t *obj, const char *name, 
         if (n > max)
                 return cfg_failf(x, key, "has %zu features, at most %u", n, max);
         for (size_t i = 0; i < n; i++) {
-                snprintf(pre, sizeof(pre), "%s[%zu]", key, i);
+                snprintf(pre, sizeof(pre), "%.63s[%zu]", key, i);
                 if ((r = one(x, pre, json_array_get(v, i), &fs[i])) < 0)
                         return r;
         }
