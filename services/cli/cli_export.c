@@ -13,6 +13,7 @@
 
 #include "chief_db.h"
 #include "ckpt.h"
+#include "cli_export.h"
 #include "cli_jobref.h"
 #include "cli_opt.h"
 #include "cli_records.h"
@@ -27,7 +28,7 @@
 #define EX_IOERR 74   /* sysexits.h: the output cannot be written */
 
 static void export_help(FILE *f) {
-        fprintf(f, "Usage: psfleet export --job JOB --out DIR [--step N] [--state-dir DIR]\n"
+        fprintf(f, "Usage: psfleet export --job JOB --out DIR [--step N] [--state-dir DIR] [--max-inline-rows N]\n"
                    "       psfleet export --job JOB.json --checkpoint FILE --out DIR\n"
                    "\n"
                    "Writes the model a job trained as DIR/model.onnx (ONNX opset 17), for ONNX Runtime, Triton\n"
@@ -42,8 +43,12 @@ static void export_help(FILE *f) {
                    "  --step N           the checkpoint of global_step N (default: the newest that verifies)\n"
                    "  --state-dir DIR    the chief's state directory (default %s, or a local job's)\n"
                    "  --checkpoint FILE  one checkpoint file (a job's safetensors), instead of the records\n"
+                   "  --max-inline-rows N  a table of more rows goes out as DIR/tables/NAME.safetensors (with\n"
+                   "                     DIR/tables.json), the graph taking its pooled rows as an input\n"
+                   "                     (default: every table inside model.onnx)\n"
                    "\n"
-                   "Models with embedding tables are not exported yet.\n"
+                   "Embedding tables are looked up inside the graph, from the ids as the data has them\n"
+                   "(hashed modulo vocab in the graph where the table has one; docs/serving.md).\n"
                    "Exit status: 0 written, 2 bad usage, 65 no such checkpoint or one that does not verify,\n"
                    "74 the output cannot be written, 78 a bad job file or a model that cannot be exported.\n",
                 CLI_CHIEF_STATE_ROOT);
@@ -113,6 +118,24 @@ static int find_checkpoint(const char *file, const char *state_dir, const struct
         return ret;
 }
 
+/* The layer list's graph; with tables, the dense layers alone, their input the dense features followed
+ * by the tables' pooled rows (model_spec_dense_input), which the tables' lookups make (cli_export.h). */
+static int dense_graph(const struct model_spec *spec, struct graph **ret, char *err, size_t errlen) {
+        if (!spec->n_embeddings)
+                return graph_from_layers(spec, ret, err, errlen);
+        struct model_spec *dense = malloc(sizeof(*dense));
+        if (!dense) {
+                snprintf(err, errlen, "out of memory");
+                return -ENOMEM;
+        }
+        *dense = *spec;
+        dense->n_embeddings = 0;
+        dense->input[0] = 1, dense->input[1] = 1, dense->input[2] = model_spec_dense_input(spec);
+        int r = graph_from_layers(dense, ret, err, errlen);
+        free(dense);
+        return r;
+}
+
 /* The parameter block from the checkpoint, variable by variable (each checked for its shape). */
 static int read_params(const struct job_config *cfg, const struct ckpt *ck, const char *path, float **params_ret) {
         char e[512];
@@ -142,12 +165,16 @@ static int read_params(const struct job_config *cfg, const struct ckpt *ck, cons
         return ret;
 }
 
-/* Writes buf as DIR/model.onnx: DIR/.model.onnx.tmp, synced, then renamed. */
-static int write_out(const char *dir, const void *buf, size_t len, char **path_ret) {
+static int make_dir(const char *dir) {
         if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
                 cli_error("export: cannot make %s: %m", dir);
                 return EX_IOERR;
         }
+        return 0;
+}
+
+/* Writes buf as DIR/model.onnx: DIR/.model.onnx.tmp, synced, then renamed. */
+static int write_out(const char *dir, const void *buf, size_t len, char **path_ret) {
         char *tmp = strdup_printf("%s/.model.onnx.tmp", dir), *path = strdup_printf("%s/model.onnx", dir);
         int fd = tmp ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
         bool ok = fd >= 0 && path;
@@ -175,8 +202,10 @@ static int write_out(const char *dir, const void *buf, size_t len, char **path_r
 
 int cmd_export(int argc, char **argv) {
         const char *job = NULL, *out = NULL, *state_dir = NULL, *file = NULL;
-        uint64_t step = 0;
+        uint64_t step = 0, max_inline = 0;
+        struct export_tables tables = { 0 };
         const struct cli_opt opts[] = {
+                CLI_NUMBER("max-inline-rows", &max_inline, 1, UINT64_MAX),
                 CLI_STRING("job", &job),
                 CLI_STRING("out", &out),
                 CLI_STRING("state-dir", &state_dir),
@@ -207,17 +236,8 @@ int cmd_export(int argc, char **argv) {
         if ((r = cli_load_job(job_path, &cfg)) != 0)
                 goto out;
         const struct model_spec *spec = &cfg->model;
-        bool tables = spec->n_embeddings > 0;
-        for (uint32_t i = 0; i < spec->n_feeds; i++)
-                tables |= spec->feeds[i].kind == FEED_TABLE;
-        if (tables) {
-                cli_error("export: job %s's model has embedding tables (model.embeddings): exporting them is not "
-                          "supported yet", cfg->name);
-                r = CONFIG_EX_CONFIG;
-                goto out;
-        }
         const struct graph *g = spec->graph;
-        if (!g && graph_from_layers(spec, &own, err, sizeof(err)) < 0) {
+        if (!g && dense_graph(spec, &own, err, sizeof(err)) < 0) {
                 cli_error("export: job %s's model: %s", cfg->name, err);
                 r = CONFIG_EX_CONFIG;
                 goto out;
@@ -226,19 +246,25 @@ int cmd_export(int argc, char **argv) {
         if ((r = find_checkpoint(file, state_dir, &local, cfg, step, &ck, &ck_path)) != 0 ||
             (r = read_params(cfg, ck, ck_path, &params)) != 0)
                 goto out;
+        if (spec->n_embeddings && (r = export_tables_load(cfg, g, ck, ck_path, max_inline, &tables)) != 0)
+                goto out;
         const char *gs = ckpt_meta(ck, "global_step");
         char doc[512];
         snprintf(doc, sizeof(doc), "job %s, global_step %s, exported by psfleet %s from %s", cfg->name, gs ? gs : "?",
                  PSFLEET_VERSION, ck_path);
-        if ((r = onnx_save_buf(g, params, spec->head, doc, &buf, &len, err, sizeof(err))) < 0) {
+        if ((r = onnx_save_front_buf(g, params, spec->head, spec->n_embeddings ? &tables.front : NULL, doc, &buf, &len,
+                                     err, sizeof(err))) < 0) {
                 cli_error("export: job %s's model cannot be written as ONNX: %s", cfg->name, err);
                 r = r == -ENOMEM ? 1 : CONFIG_EX_CONFIG;
                 goto out;
         }
-        if ((r = write_out(out, buf, len, &written)) == 0)
+        /* the tables served from outside first: model.onnx, renamed last, says the export is whole */
+        if ((r = make_dir(out)) == 0 && (r = export_tables_write(cfg, &tables, out, gs ? gs : "?")) == 0 &&
+            (r = write_out(out, buf, len, &written)) == 0)
                 printf("exported job %s at global_step %s (%s) to %s (%zu bytes)\n", cfg->name, gs ? gs : "?", ck_path,
                        written, len);
 out:
+        export_tables_clear(&tables);
         free(buf);
         free(written);
         free(params);

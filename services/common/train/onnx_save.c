@@ -3,6 +3,7 @@
 #include "onnx_save.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 
 #define OPSET 17
 #define IR_VERSION 8 /* ONNX 1.13, the first with opset 17 */
+#define OPSET_ML 3   /* ai.onnx.ml's beside opset 17: LabelEncoder-2 (int64 keys to int64 values) */
 
 /* The arena: every allocation of one save, freed together. */
 struct arena {
@@ -179,6 +181,7 @@ struct save {
         const struct graph *g;
         struct plist nodes, inits, inputs, outputs;
         uint32_t n_extra;     /* initializers made for moved constant inputs */
+        bool ml;              /* a node of domain ai.onnx.ml (LabelEncoder) */
 };
 
 /* A constant made for node n's moved input: an initializer named after the node. */
@@ -264,8 +267,244 @@ static int node(struct save *S, const struct graph_node *n, char *err, size_t er
         return 0;
 }
 
+/* ---- the tables' lookups in front of the graph (onnx_save.h, struct onnx_front) ---------------- */
+
+static Onnx__AttributeProto *attr_int(struct arena *A, const char *name, int64_t v)
+{
+        Onnx__AttributeProto *a = attr(A, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT);
+        if (a)
+                a->has_i = 1, a->i = v;
+        return a;
+}
+
+static Onnx__AttributeProto *attr_ints(struct arena *A, const char *name, const int64_t *v, size_t n)
+{
+        Onnx__AttributeProto *a = attr(A, name, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS);
+        if (a && (a->ints = a_new(A, sizeof(int64_t) * (n ? n : 1)))) {
+                a->n_ints = n;
+                memcpy(a->ints, v, sizeof(int64_t) * n);
+        }
+        return a;
+}
+
+/* Node op (domain "" unless given) from in[] to out, named after its output. */
+static Onnx__NodeProto *fnode(struct save *S, const char *op, const char *out, const char *const *in, uint32_t n_in)
+{
+        Onnx__NodeProto *np = node_new(S, op, out, n_in, 1);
+        if (!np)
+                return NULL;
+        for (uint32_t i = 0; i < n_in; i++)
+                np->input[np->n_input++] = a_str(&S->A, in[i]);
+        np->output[np->n_output++] = a_str(&S->A, out);
+        push(&S->nodes, np);
+        return np;
+}
+
+/* An int64 constant of rank 0 (n 0) or 1, named name. */
+static void const_i64(struct save *S, const char *name, const int64_t *v, uint32_t n, bool scalar)
+{
+        struct graph_shape s = { .rank = scalar ? 0 : 1, .dims = { n } };
+        push(&S->inits, tensor(&S->A, name, GDT_I64, &s, v));
+}
+
+/* An input of the front, once whatever the tables that read it. */
+static void front_input(struct save *S, const char *name, enum graph_dtype dt, int64_t per)
+{
+        for (size_t i = 0; i < S->inputs.n; i++)
+                if (strcmp(((Onnx__ValueInfoProto *)S->inputs.v[i])->name, name) == 0)
+                        return;
+        struct graph_shape s = { .rank = 2, .dims = { GRAPH_BATCH, per } };
+        push(&S->inputs, value_info(&S->A, name, dt, &s, NULL));
+}
+
+static int front_table(struct save *S, const struct onnx_table *t, char *err, size_t errlen)
+{
+        struct arena *A = &S->A;
+        char p[160], n[16][200];
+        snprintf(p, sizeof(p), "emb/%s/", t->name);
+        const char *names[] = { "fields", "ids", "weights", "vocab", "wrap", "zero", "mod", "neg", "add", "row",
+                                "table", "rows", "w", "axes", "pooled3", "shape" };
+        for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
+                snprintf(n[i], sizeof(n[i]), "%s%s", p, names[i]);
+        char pooled[200];
+        snprintf(pooled, sizeof(pooled), "%s/pooled", t->name);
+        const char *into = t->into ? t->into : pooled;
+        int64_t per = (int64_t)t->n_fields * t->dim;
+        if (!t->rows) { /* served from outside: the pooled rows are an input */
+                if (!t->into)
+                        front_input(S, into, GDT_F32, per);
+                return 0;
+        }
+        if (t->n_fields == 0 || t->dim == 0 || t->n_rows == 0 || (!t->vocab && !t->keys) ||
+            (t->vocab && t->n_rows != t->vocab) || t->vocab > (UINT64_C(1) << 62)) {
+                snprintf(err, errlen, "table \"%s\": no fields, rows or ids to look rows up by", t->name);
+                return -EINVAL;
+        }
+        front_input(S, t->ids, GDT_I64, t->ids_width);
+        front_input(S, t->weights, GDT_F32, t->ids_width);
+        const char *ids = t->ids, *w = t->weights;
+        bool same = t->n_fields == t->ids_width;
+        for (uint32_t j = 0; same && j < t->n_fields; j++)
+                same = t->fields[j] == j;
+        if (!same) { /* the table's columns of the ids and weights */
+                int64_t *cols = a_new(A, sizeof(int64_t) * t->n_fields);
+                for (uint32_t j = 0; cols && j < t->n_fields; j++)
+                        cols[j] = t->fields[j];
+                if (!cols)
+                        return -ENOMEM;
+                const_i64(S, n[0], cols, t->n_fields, false);
+                Onnx__NodeProto *a = fnode(S, "Gather", n[1], (const char *[]){ t->ids, n[0] }, 2);
+                Onnx__NodeProto *b = fnode(S, "Gather", n[2], (const char *[]){ t->weights, n[0] }, 2);
+                if (!a || !b)
+                        return -ENOMEM;
+                a->attribute[a->n_attribute++] = attr_int(A, "axis", 1);
+                b->attribute[b->n_attribute++] = attr_int(A, "axis", 1);
+                ids = n[1], w = n[2];
+        }
+        if (t->vocab) {
+                /* psfleet's ids are unsigned 64-bit, ONNX's int64 the same bits: an id of 2^63 or more is
+                 * negative here, and id mod vocab = ((x mod vocab) + (2^64 mod vocab)) mod vocab, Mod taking
+                 * the divisor's sign (fmod 0), so every step stays within [0, 2 vocab) */
+                int64_t v = (int64_t)t->vocab, wrap = (int64_t)((UINT64_MAX % t->vocab + 1) % t->vocab), zero = 0;
+                const_i64(S, n[3], &v, 0, true);
+                const_i64(S, n[4], &wrap, 0, true);
+                const_i64(S, n[5], &zero, 0, true);
+                Onnx__NodeProto *m1 = fnode(S, "Mod", n[6], (const char *[]){ ids, n[3] }, 2);
+                fnode(S, "Less", n[7], (const char *[]){ ids, n[5] }, 2);
+                fnode(S, "Where", n[8], (const char *[]){ n[7], n[4], n[5] }, 3);
+                char sum[220];
+                snprintf(sum, sizeof(sum), "%ssum", p);
+                fnode(S, "Add", sum, (const char *[]){ n[6], n[8] }, 2);
+                Onnx__NodeProto *m2 = fnode(S, "Mod", n[9], (const char *[]){ sum, n[3] }, 2);
+                if (!m1 || !m2)
+                        return -ENOMEM;
+                m1->attribute[m1->n_attribute++] = attr_int(A, "fmod", 0);
+                m2->attribute[m2->n_attribute++] = attr_int(A, "fmod", 0);
+        } else {
+                /* id -> row: the trained ids to their rows, any other id to the last row */
+                uint64_t nk = t->n_rows - 1;
+                int64_t *vals = a_new(A, sizeof(int64_t) * (nk ? nk : 1));
+                Onnx__NodeProto *le = fnode(S, "LabelEncoder", n[9], (const char *[]){ ids }, 1);
+                if (!vals || !le)
+                        return -ENOMEM;
+                for (uint64_t i = 0; i < nk; i++)
+                        vals[i] = (int64_t)i;
+                le->domain = a_str(A, "ai.onnx.ml");
+                /* no trained id: one key that maps to the one row, as every other id does */
+                static const int64_t none = 0;
+                le->attribute[le->n_attribute++] = attr_ints(A, "keys_int64s", nk ? (const int64_t *)t->keys : &none,
+                                                             nk ? nk : 1);
+                le->attribute[le->n_attribute++] = attr_ints(A, "values_int64s", nk ? vals : &none, nk ? nk : 1);
+                le->attribute[le->n_attribute++] = attr_int(A, "default_int64", (int64_t)nk);
+                S->ml = true;
+        }
+        struct graph_shape ts = { .rank = 2, .dims = { (int64_t)t->n_rows, t->dim } };
+        push(&S->inits, tensor(A, n[10], GDT_F32, &ts, t->rows));
+        Onnx__NodeProto *ga = fnode(S, "Gather", n[11], (const char *[]){ n[10], n[9] }, 2);
+        if (!ga)
+                return -ENOMEM;
+        ga->attribute[ga->n_attribute++] = attr_int(A, "axis", 0);
+        if (t->mean) { /* one id per field: its mean is its row, and a field without an id gives zeros */
+                char eq[220], ne[220];
+                snprintf(eq, sizeof(eq), "%sis_zero", p);
+                snprintf(ne, sizeof(ne), "%shas_id", p);
+                float fz = 0;
+                struct graph_shape s0 = { .rank = 0 };
+                char fzn[220];
+                snprintf(fzn, sizeof(fzn), "%sfzero", p);
+                push(&S->inits, tensor(A, fzn, GDT_F32, &s0, &fz));
+                fnode(S, "Equal", eq, (const char *[]){ w, fzn }, 2);
+                fnode(S, "Not", ne, (const char *[]){ eq }, 1);
+                Onnx__NodeProto *c = fnode(S, "Cast", n[12], (const char *[]){ ne }, 1);
+                if (!c)
+                        return -ENOMEM;
+                c->attribute[c->n_attribute++] = attr_int(A, "to", ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT);
+                w = n[12];
+        }
+        int64_t axes = 2, shape[GRAPH_MAX_RANK] = { -1, per };
+        uint32_t rank = 2;
+        int32_t it = t->into ? graph_find(S->g, t->into) : -1;
+        if (t->into) {
+                if (it < 0 || S->g->tensors[it].kind != GT_INPUT) {
+                        snprintf(err, errlen, "table \"%s\": the graph has no input \"%s\"", t->name, t->into);
+                        return -EINVAL;
+                }
+                const struct graph_shape *s = &S->g->tensors[it].shape;
+                if (graph_shape_count(s, 1) != (uint64_t)per) {
+                        snprintf(err, errlen, "table \"%s\": input \"%s\" takes %" PRIu64 " values per example, "
+                                 "the table's fields %" PRId64, t->name, t->into, graph_shape_count(s, 1), per);
+                        return -EINVAL;
+                }
+                rank = s->rank;
+                for (uint32_t i = 1; i < rank; i++)
+                        shape[i] = s->dims[i];
+        }
+        const_i64(S, n[13], &axes, 1, false);
+        const_i64(S, n[15], shape, rank, false);
+        char w3[220];
+        snprintf(w3, sizeof(w3), "%sw3", p);
+        fnode(S, "Unsqueeze", w3, (const char *[]){ w, n[13] }, 2);
+        fnode(S, "Mul", n[14], (const char *[]){ n[11], w3 }, 2);
+        fnode(S, "Reshape", into, (const char *[]){ n[14], n[15] }, 2);
+        return 0;
+}
+
+/* Whether graph input t is made by the front (so not an input of the file). */
+static bool front_makes(const struct onnx_front *f, const char *t)
+{
+        if (!f)
+                return false;
+        if (f->concat && strcmp(f->concat, t) == 0)
+                return true;
+        for (uint32_t i = 0; i < f->n_tables; i++)
+                if (f->tables[i].rows && f->tables[i].into && strcmp(f->tables[i].into, t) == 0)
+                        return true;
+        return false;
+}
+
+static int front(struct save *S, const struct onnx_front *f, char *err, size_t errlen)
+{
+        if (f->concat) {
+                int32_t c = graph_find(S->g, f->concat);
+                if (c < 0 || S->g->tensors[c].kind != GT_INPUT) {
+                        snprintf(err, errlen, "the graph has no input \"%s\"", f->concat);
+                        return -EINVAL;
+                }
+                if (f->n_dense)
+                        front_input(S, f->dense, GDT_F32, f->n_dense);
+        }
+        for (uint32_t i = 0; i < f->n_tables; i++) {
+                int r = front_table(S, &f->tables[i], err, errlen);
+                if (r < 0)
+                        return r;
+        }
+        if (!f->concat)
+                return 0;
+        Onnx__NodeProto *np = node_new(S, "Concat", f->concat, f->n_tables + 1, 1);
+        if (!np)
+                return -ENOMEM;
+        if (f->n_dense)
+                np->input[np->n_input++] = a_str(&S->A, f->dense);
+        for (uint32_t i = 0; i < f->n_tables; i++) {
+                char pooled[200];
+                snprintf(pooled, sizeof(pooled), "%s/pooled", f->tables[i].name);
+                np->input[np->n_input++] = a_str(&S->A, pooled);
+        }
+        np->output[np->n_output++] = a_str(&S->A, f->concat);
+        np->attribute[np->n_attribute++] = attr_int(&S->A, "axis", 1);
+        push(&S->nodes, np);
+        return 0;
+}
+
 int onnx_save_buf(const struct graph *g, const float *params, enum model_head head, const char *doc, void **ret,
                   size_t *len_ret, char *err, size_t errlen)
+{
+        return onnx_save_front_buf(g, params, head, NULL, doc, ret, len_ret, err, errlen);
+}
+
+int onnx_save_front_buf(const struct graph *g, const float *params, enum model_head head,
+                        const struct onnx_front *front_, const char *doc, void **ret, size_t *len_ret, char *err,
+                        size_t errlen)
 {
         *ret = NULL;
         if (!g->final || g->loss < 0) {
@@ -274,10 +513,11 @@ int onnx_save_buf(const struct graph *g, const float *params, enum model_head he
         }
         struct save S = { .g = g };
         struct arena *A = &S.A;
-        size_t cap = (size_t)g->n_nodes * 3 + g->n_tensors + 8;
+        uint32_t nt = front_ ? front_->n_tables : 0;
+        size_t cap = (size_t)g->n_nodes * 3 + g->n_tensors + 8 + 24 * (size_t)nt;
         S.nodes.v = a_new(A, sizeof(void *) * cap);
         S.inits.v = a_new(A, sizeof(void *) * cap);
-        S.inputs.v = a_new(A, sizeof(void *) * (g->n_tensors + 1));
+        S.inputs.v = a_new(A, sizeof(void *) * (g->n_tensors + 2 + 3 * (size_t)nt));
         S.outputs.v = a_new(A, sizeof(void *) * 3);
         int r = A->failed ? -ENOMEM : 0;
         for (uint32_t i = 0; r == 0 && i < g->n_tensors; i++) {
@@ -286,9 +526,11 @@ int onnx_save_buf(const struct graph *g, const float *params, enum model_head he
                         push(&S.inits, tensor(A, t->name, GDT_F32, &t->shape, params + t->param_offset));
                 else if (t->kind == GT_CONST)
                         push(&S.inits, tensor(A, t->name, t->dtype, &t->shape, t->data));
-                else if (t->kind == GT_INPUT)
+                else if (t->kind == GT_INPUT && !front_makes(front_, t->name))
                         push(&S.inputs, value_info(A, t->name, t->dtype, &t->shape, NULL));
         }
+        if (r == 0 && front_)
+                r = front(&S, front_, err, errlen);
         for (uint32_t i = 0; r == 0 && i < g->n_nodes; i++)
                 r = node(&S, &g->nodes[i], err, errlen);
         /* the outputs: the logits, and the head's output on them */
@@ -329,12 +571,15 @@ int onnx_save_buf(const struct graph *g, const float *params, enum model_head he
                 gp.n_initializer = S.inits.n, gp.initializer = (Onnx__TensorProto **)S.inits.v;
                 gp.n_input = S.inputs.n, gp.input = (Onnx__ValueInfoProto **)S.inputs.v;
                 gp.n_output = S.outputs.n, gp.output = (Onnx__ValueInfoProto **)S.outputs.v;
-                Onnx__OperatorSetIdProto os = ONNX__OPERATOR_SET_ID_PROTO__INIT, *osp = &os;
+                Onnx__OperatorSetIdProto os = ONNX__OPERATOR_SET_ID_PROTO__INIT, ml = ONNX__OPERATOR_SET_ID_PROTO__INIT;
+                Onnx__OperatorSetIdProto *osp[2] = { &os, &ml };
                 os.domain = "";
                 os.has_version = 1, os.version = OPSET;
+                ml.domain = "ai.onnx.ml";
+                ml.has_version = 1, ml.version = OPSET_ML;
                 Onnx__ModelProto m = ONNX__MODEL_PROTO__INIT;
                 m.has_ir_version = 1, m.ir_version = IR_VERSION;
-                m.n_opset_import = 1, m.opset_import = &osp;
+                m.n_opset_import = S.ml ? 2 : 1, m.opset_import = osp;
                 m.producer_name = "psfleet";
                 m.doc_string = (char *)(doc ? doc : "");
                 m.graph = &gp;
