@@ -224,7 +224,11 @@ int export_tables_write(const struct job_config *cfg, const struct export_tables
                 free(tdir);
                 return EX_IOERR;
         }
-        json_t *m = json_pack("{s:s, s:s, s:[]}", "job", cfg->name, "global_step", global_step, "tables");
+        uint64_t gs = 0;
+        json_t *m = json_pack("{s:s, s:o, s:[]}", "job", cfg->name, "global_step",
+                              parse_u64(global_step, 0, UINT64_MAX, &gs) == 0 ? json_integer((json_int_t)gs)
+                                                                              : json_null(),
+                              "tables");
         int ret = m ? 0 : 1;
         for (uint32_t e = 0; ret == 0 && e < cfg->model.n_embeddings; e++) {
                 const struct embedding_spec *es = &cfg->model.emb[e];
