@@ -71,6 +71,11 @@ static int read_rows(const struct embedding_spec *es, const struct ckpt *ck, con
                           "\"%s\"'s ids and rows)", path, name[0], name[1], es->dim, es->name);
                 return EX_DATAERR;
         }
+        if (n > UINT32_MAX) { /* a safetensors tensor of ours counts its rows in 32 bits */
+                cli_error("export: checkpoint %s: table \"%s\" has %" PRIu64 " rows, more than this export writes",
+                          path, es->name, n);
+                return CONFIG_EX_CONFIG;
+        }
         x->n[e] = n;
         x->keys[e] = malloc(n ? n * sizeof(uint64_t) : 1);
         x->vals[e] = malloc(n ? n * es->dim * sizeof(float) : 1);
@@ -170,8 +175,10 @@ int export_tables_load(const struct job_config *cfg, const struct graph *g, cons
                         continue;
                 }
                 /* the rows, and for raw ids LabelEncoder's two lists of int64 with their tags */
-                bytes += n_rows * es->dim * sizeof(float) + (es->vocab ? 0 : x->n[e] * 22);
-                if (bytes > ONNX_INLINE_BYTES) {
+                uint64_t per_row = es->dim * sizeof(float) + (es->vocab ? 0 : 22);
+                if (n_rows <= ONNX_INLINE_BYTES / per_row)
+                        bytes += n_rows * per_row;
+                if (n_rows > ONNX_INLINE_BYTES / per_row || bytes > ONNX_INLINE_BYTES) {
                         cli_error("export: table \"%s\" (%" PRIu64 " rows of %u) does not fit in one ONNX file with the "
                                   "model (2 GiB): serve the tables from outside (--max-inline-rows N)", es->name,
                                   n_rows, es->dim);

@@ -336,8 +336,12 @@ static int front_table(struct save *S, const struct onnx_table *t, char *err, si
                 return 0;
         }
         if (t->n_fields == 0 || t->dim == 0 || t->n_rows == 0 || (!t->vocab && !t->keys) ||
-            (t->vocab && t->n_rows != t->vocab) || t->vocab > (UINT64_C(1) << 62)) {
+            (t->vocab && t->n_rows != t->vocab)) {
                 snprintf(err, errlen, "table \"%s\": no fields, rows or ids to look rows up by", t->name);
+                return -EINVAL;
+        }
+        if (t->vocab > (UINT64_C(1) << 62)) { /* the hashing's sums stay below 2 vocab in int64 */
+                snprintf(err, errlen, "table \"%s\": vocab %" PRIu64 " is over 2^62", t->name, t->vocab);
                 return -EINVAL;
         }
         front_input(S, t->ids, GDT_I64, t->ids_width);
