@@ -26,6 +26,7 @@
 
 #define EX_DATAERR 65 /* sysexits.h: no such checkpoint, or one that does not verify */
 #define EX_IOERR 74   /* sysexits.h: the output cannot be written */
+#define ONNX_MAX_BYTES ((size_t)INT32_MAX) /* protobuf's limit on one message, so on model.onnx */
 
 static void export_help(FILE *f) {
         fprintf(f, "Usage: psfleet export --job JOB --out DIR [--step N] [--state-dir DIR] [--max-inline-rows N]\n"
@@ -46,6 +47,8 @@ static void export_help(FILE *f) {
                    "  --max-inline-rows N  a table of more rows goes out as DIR/tables/NAME.safetensors (with\n"
                    "                     DIR/tables.json), the graph taking its pooled rows as an input\n"
                    "                     (default: every table inside model.onnx)\n"
+                   "  --external-data    the large initializers (1 MiB or more) in DIR/model.onnx.data\n"
+                   "                     (ONNX external data; chosen by itself for a model over 2 GiB)\n"
                    "\n"
                    "Embedding tables are looked up inside the graph, from the ids as the data has them\n"
                    "(hashed modulo vocab in the graph where the table has one; docs/serving.md).\n"
@@ -173,6 +176,35 @@ static int make_dir(const char *dir) {
         return 0;
 }
 
+/* The external data as DIR/model.onnx.data: its pieces at their offsets, zeros between, written
+ * whole under a temporary name. */
+static int write_data(const char *dir, const struct onnx_external *x) {
+        static const char zeros[4096];
+        char *path = strdup_printf("%s/%s", dir, x->location), *tmp = strdup_printf("%s/.%s.tmp", dir, x->location);
+        struct atomic_file *af = NULL;
+        int r = path && tmp ? atomic_file_open(path, tmp, 0644, &af) : -ENOMEM;
+        uint64_t at = 0;
+        for (size_t i = 0; r == 0 && i < x->n; i++) {
+                while (r == 0 && at < x->pieces[i].offset) {
+                        size_t k = x->pieces[i].offset - at > sizeof(zeros) ? sizeof(zeros) : x->pieces[i].offset - at;
+                        r = atomic_file_write(af, zeros, k);
+                        at += k;
+                }
+                if (r == 0)
+                        r = atomic_file_write(af, x->pieces[i].data, x->pieces[i].len);
+                at += x->pieces[i].len;
+        }
+        if (r == 0)
+                r = atomic_file_commit(af, NULL);
+        else
+                atomic_file_abort(af);
+        if (r < 0)
+                cli_error("export: cannot write %s: %s", path ? path : dir, strerror(-r));
+        free(path);
+        free(tmp);
+        return r < 0 ? EX_IOERR : 0;
+}
+
 /* Writes buf as DIR/model.onnx: DIR/.model.onnx.tmp, synced, then renamed. */
 static int write_out(const char *dir, const void *buf, size_t len, char **path_ret) {
         char *tmp = strdup_printf("%s/.model.onnx.tmp", dir), *path = strdup_printf("%s/model.onnx", dir);
@@ -203,8 +235,11 @@ static int write_out(const char *dir, const void *buf, size_t len, char **path_r
 int cmd_export(int argc, char **argv) {
         const char *job = NULL, *out = NULL, *state_dir = NULL, *file = NULL;
         uint64_t step = 0, max_inline = 0;
+        bool external = false;
         struct export_tables tables = { 0 };
+        struct onnx_external ext = { .location = "model.onnx.data", .min_bytes = 1u << 20 };
         const struct cli_opt opts[] = {
+                CLI_FLAG("external-data", &external),
                 CLI_NUMBER("max-inline-rows", &max_inline, 1, UINT64_MAX),
                 CLI_STRING("job", &job),
                 CLI_STRING("out", &out),
@@ -252,18 +287,33 @@ int cmd_export(int argc, char **argv) {
         char doc[512];
         snprintf(doc, sizeof(doc), "job %s, global_step %s, exported by psfleet %s from %s", cfg->name, gs ? gs : "?",
                  PSFLEET_VERSION, ck_path);
-        if ((r = onnx_save_front_buf(g, params, spec->head, spec->n_embeddings ? &tables.front : NULL, doc, &buf, &len,
-                                     err, sizeof(err))) < 0) {
+        /* over protobuf's 2 GiB (or asked), the large initializers go to model.onnx.data */
+        const struct onnx_front *front = spec->n_embeddings ? &tables.front : NULL;
+        r = onnx_save_front_buf(g, params, spec->head, front, external ? &ext : NULL, doc, &buf, &len, err,
+                                sizeof(err));
+        if (r == 0 && !external && len > ONNX_MAX_BYTES) {
+                free(buf);
+                buf = NULL;
+                external = true;
+                r = onnx_save_front_buf(g, params, spec->head, front, &ext, doc, &buf, &len, err, sizeof(err));
+        }
+        if (r == 0 && len > ONNX_MAX_BYTES) {
+                snprintf(err, sizeof(err), "%zu bytes even with the tables' rows in external data (the raw ids' map "
+                         "is in the file): serve the tables from outside (--max-inline-rows N)", len);
+                r = -EINVAL;
+        }
+        if (r < 0) {
                 cli_error("export: job %s's model cannot be written as ONNX: %s", cfg->name, err);
                 r = r == -ENOMEM ? 1 : CONFIG_EX_CONFIG;
                 goto out;
         }
         /* the tables served from outside first: model.onnx, renamed last, says the export is whole */
         if ((r = make_dir(out)) == 0 && (r = export_tables_write(cfg, &tables, out, gs ? gs : "?")) == 0 &&
-            (r = write_out(out, buf, len, &written)) == 0)
+            (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0)
                 printf("exported job %s at global_step %s (%s) to %s (%zu bytes)\n", cfg->name, gs ? gs : "?", ck_path,
                        written, len);
 out:
+        free(ext.pieces);
         export_tables_clear(&tables);
         free(buf);
         free(written);

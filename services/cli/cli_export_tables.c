@@ -18,7 +18,7 @@
 
 #define EX_DATAERR 65
 #define EX_IOERR 74
-/* protobuf's limit on one message, less room for the dense part and the ids' map */
+/* protobuf's limit on one message, less room for the rest of the model */
 #define ONNX_INLINE_BYTES ((UINT64_C(1) << 31) - (UINT64_C(1) << 26))
 
 /* The name of the input model.onnx looks table e's rows up by: the Gather on its initializer, in the
@@ -174,14 +174,12 @@ int export_tables_load(const struct job_config *cfg, const struct graph *g, cons
                         x->n_external++;
                         continue;
                 }
-                /* the rows, and for raw ids LabelEncoder's two lists of int64 with their tags */
-                uint64_t per_row = es->dim * sizeof(float) + (es->vocab ? 0 : 22);
-                if (n_rows <= ONNX_INLINE_BYTES / per_row)
-                        bytes += n_rows * per_row;
-                if (n_rows > ONNX_INLINE_BYTES / per_row || bytes > ONNX_INLINE_BYTES) {
-                        cli_error("export: table \"%s\" (%" PRIu64 " rows of %u) does not fit in one ONNX file with the "
-                                  "model (2 GiB): serve the tables from outside (--max-inline-rows N)", es->name,
-                                  n_rows, es->dim);
+                /* the rows can go to external data; a raw-id table's map cannot: LabelEncoder's two lists
+                 * of int64, with their tags, about 22 bytes an id */
+                bytes += es->vocab ? 0 : x->n[e] * 22;
+                if (bytes > ONNX_INLINE_BYTES) {
+                        cli_error("export: table \"%s\"'s %" PRIu64 " ids do not fit in one ONNX file with the model "
+                                  "(2 GiB): serve the tables from outside (--max-inline-rows N)", es->name, x->n[e]);
                         return CONFIG_EX_CONFIG;
                 }
                 if (inline_rows(cfg, e, x) < 0) {

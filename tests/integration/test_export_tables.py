@@ -6,7 +6,8 @@ exported offline. onnx.checker accepts each file; ONNX Runtime, fed the test spl
 (the dense columns as the reader gives them, the ids as the reader hashes the tokens, docs/serving.md),
 gives the test AUC the chief reported, to 4 decimals. The layer list again with --max-inline-rows 1:
 the tables go out as tables/NAME.safetensors with tables.json, equal to the checkpoint's rows, and the
-graph, fed the rows pooled from those files, gives the same AUC.
+graph, fed the rows pooled from those files, gives the same AUC; and with --external-data, the tables'
+rows in model.onnx.data (ONNX external data, as for a model over 2 GiB), the same AUC.
 
 onnx and onnxruntime come from PyPI in <build>/pyenv (pyenv.py); the graph examples are skipped, saying
 so, without python3-torch. About 2 minutes."""
@@ -118,6 +119,24 @@ def check_external(wd, np, onnx, ort, st, path, r, test):
     assert round(got, 4) == round(r["test_auc"], 4), (got, r["test_auc"])
 
 
+def check_external_data(wd, np, onnx, ort, path, r, test):
+    """The tables' rows as ONNX external data (model.onnx.data), as for a model over 2 GiB."""
+    out = wd.file("ctr-external-data")
+    p = export(None, path, out, "--state-dir", state_dir(wd, "ctr"), "--external-data")
+    assert p.returncode == 0, p.stderr
+    f, data = os.path.join(out, "model.onnx"), os.path.join(out, "model.onnx.data")
+    onnx.checker.check_model(f, full_check=True)
+    m = onnx.load(f, load_external_data=False)
+    ext = [t.name for t in m.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert "emb/deep/table" in ext, ext
+    dense, ids, weights, y = test
+    prob, _ = serve(np, ort, f, lambda names: {"dense": dense, "ids": ids, "weights": weights})
+    got = auc(np, prob, y)
+    h.log("ctr with external data: model.onnx %d bytes, model.onnx.data %d bytes (%s); AUC %.4f, the chief's %.4f" %
+          (os.path.getsize(f), os.path.getsize(data), ", ".join(ext), got, r["test_auc"]))
+    assert round(got, 4) == round(r["test_auc"], 4), (got, r["test_auc"])
+
+
 def test():
     pyenv.ensure()
     import numpy as np
@@ -140,6 +159,7 @@ def test():
         e["init_stddev"] = 0
     path, r, _ = check(wd, np, onnx, ort, "ctr", ctr, data, test_split)
     check_external(wd, np, onnx, ort, st, path, r, test_split)
+    check_external_data(wd, np, onnx, ort, path, r, test_split)
     # refused, nothing written: a checkpoint without one of the model's tables
     other = json.loads(json.dumps(ctr))
     other["job"] = "ctr"

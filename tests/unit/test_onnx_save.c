@@ -166,7 +166,7 @@ static Onnx__ModelProto *save_front(const struct graph *g, const float *p, const
         char err[256] = "";
         void *buf = NULL;
         size_t len = 0;
-        int r = onnx_save_front_buf(g, p, HEAD_LOGISTIC, f, NULL, &buf, &len, err, sizeof(err));
+        int r = onnx_save_front_buf(g, p, HEAD_LOGISTIC, f, NULL, NULL, &buf, &len, err, sizeof(err));
         if (r != want)
                 print_error("onnx_save_front_buf: %d, %s\n", r, err);
         assert_int_equal(r, want);
@@ -228,6 +228,39 @@ static void test_tables_front(void **state)
         assert_non_null(find_node(m, "Concat"));
         assert_non_null(find_init(m, "emb/b/table"));
         onnx__model_proto__free_unpacked(m, NULL);
+
+        /* the initializers of at least 40 bytes as external data: table b's rows and nothing smaller */
+        struct onnx_external x = { .location = "m.data", .min_bytes = 40 };
+        void *buf = NULL;
+        size_t len = 0;
+        assert_int_equal(onnx_save_front_buf(g, p, HEAD_LOGISTIC, &f, &x, NULL, &buf, &len, err, sizeof(err)), 0);
+        m = onnx__model_proto__unpack(NULL, len, buf);
+        free(buf);
+        assert_non_null(m);
+        assert_int_equal(x.n, 1);
+        assert_ptr_equal(x.pieces[0].data, rows_b);
+        assert_int_equal(x.pieces[0].offset, 0);
+        assert_int_equal(x.pieces[0].len, sizeof(rows_b));
+        assert_int_equal(x.size, sizeof(rows_b));
+        const Onnx__TensorProto *tb = find_init(m, "emb/b/table"), *ta = find_init(m, "emb/a/table");
+        assert_int_equal(tb->data_location, ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL);
+        assert_false(tb->has_raw_data);
+        assert_int_equal(tb->n_dims, 2);
+        assert_int_equal(tb->n_external_data, 3);
+        assert_string_equal(tb->external_data[0]->value, "m.data");
+        assert_string_equal(tb->external_data[2]->value, "56");
+        assert_true(ta->has_raw_data && !ta->has_data_location);
+        free(x.pieces);
+        onnx__model_proto__free_unpacked(m, NULL);
+        /* several pieces: each at a multiple of 4096 (the kernel, then tables a and b; the bias is 4 bytes) */
+        x.min_bytes = 12;
+        assert_int_equal(onnx_save_front_buf(g, p, HEAD_LOGISTIC, &f, &x, NULL, &buf, &len, err, sizeof(err)), 0);
+        free(buf);
+        assert_int_equal(x.n, 3);
+        assert_int_equal(x.pieces[1].offset, 4096);
+        assert_int_equal(x.pieces[2].offset, 8192);
+        assert_int_equal(x.size, 8192 + sizeof(rows_b));
+        free(x.pieces);
 
         /* table b served from outside: its pooled rows an input, no lookup of it in the file */
         t[1].rows = NULL;

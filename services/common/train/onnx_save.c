@@ -182,7 +182,58 @@ struct save {
         struct plist nodes, inits, inputs, outputs;
         uint32_t n_extra;     /* initializers made for moved constant inputs */
         bool ml;              /* a node of domain ai.onnx.ml (LabelEncoder) */
+        struct onnx_external *ext;
+        size_t ext_cap;
 };
+
+/* A float initializer: in the file, or with S->ext and at least its min_bytes, in the external data. */
+static Onnx__TensorProto *init_f32(struct save *S, const char *name, const struct graph_shape *s, const float *data)
+{
+        struct onnx_external *x = S->ext;
+        uint64_t bytes = graph_shape_count(s, 1) * sizeof(float);
+        if (!x || bytes < x->min_bytes || bytes == 0)
+                return tensor(&S->A, name, GDT_F32, s, data);
+        struct graph_shape none = { .rank = 0 };
+        Onnx__TensorProto *t = tensor(&S->A, name, GDT_F32, &none, data);
+        Onnx__StringStringEntryProto **kv = a_new(&S->A, 3 * sizeof(*kv));
+        if (!t || !kv)
+                return NULL;
+        if (x->n == S->ext_cap) {
+                size_t cap = S->ext_cap ? 2 * S->ext_cap : 16;
+                struct onnx_external_piece *p = realloc(x->pieces, cap * sizeof(*p));
+                if (!p) {
+                        S->A.failed = true;
+                        return NULL;
+                }
+                x->pieces = p, S->ext_cap = cap;
+        }
+        uint64_t off = (x->size + 4095) / 4096 * 4096;
+        x->pieces[x->n++] = (struct onnx_external_piece){ .data = data, .offset = off, .len = bytes };
+        x->size = off + bytes;
+        char num[2][24];
+        snprintf(num[0], sizeof(num[0]), "%" PRIu64, off);
+        snprintf(num[1], sizeof(num[1]), "%" PRIu64, bytes);
+        const char *keys[3] = { "location", "offset", "length" }, *vals[3] = { x->location, num[0], num[1] };
+        for (int i = 0; i < 3; i++) {
+                if (!(kv[i] = a_new(&S->A, sizeof(**kv))))
+                        return NULL;
+                onnx__string_string_entry_proto__init(kv[i]);
+                kv[i]->key = a_str(&S->A, keys[i]);
+                kv[i]->value = a_str(&S->A, vals[i]);
+        }
+        t->n_dims = s->rank;
+        t->dims = a_new(&S->A, sizeof(int64_t) * (s->rank ? s->rank : 1));
+        for (uint32_t i = 0; t->dims && i < s->rank; i++)
+                t->dims[i] = s->dims[i];
+        t->has_raw_data = 0;
+        t->raw_data.len = 0;
+        t->raw_data.data = NULL;
+        t->has_data_location = 1;
+        t->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+        t->n_external_data = 3;
+        t->external_data = kv;
+        return t;
+}
 
 /* A constant made for node n's moved input: an initializer named after the node. */
 static char *const_in(struct save *S, const struct graph_node *n, const char *what, enum graph_dtype dt,
@@ -403,7 +454,7 @@ static int front_table(struct save *S, const struct onnx_table *t, char *err, si
                 S->ml = true;
         }
         struct graph_shape ts = { .rank = 2, .dims = { (int64_t)t->n_rows, t->dim } };
-        push(&S->inits, tensor(A, n[10], GDT_F32, &ts, t->rows));
+        push(&S->inits, init_f32(S, n[10], &ts, t->rows));
         Onnx__NodeProto *ga = fnode(S, "Gather", n[11], (const char *[]){ n[10], n[9] }, 2);
         if (!ga)
                 return -ENOMEM;
@@ -503,20 +554,22 @@ static int front(struct save *S, const struct onnx_front *f, char *err, size_t e
 int onnx_save_buf(const struct graph *g, const float *params, enum model_head head, const char *doc, void **ret,
                   size_t *len_ret, char *err, size_t errlen)
 {
-        return onnx_save_front_buf(g, params, head, NULL, doc, ret, len_ret, err, errlen);
+        return onnx_save_front_buf(g, params, head, NULL, NULL, doc, ret, len_ret, err, errlen);
 }
 
 int onnx_save_front_buf(const struct graph *g, const float *params, enum model_head head,
-                        const struct onnx_front *front_, const char *doc, void **ret, size_t *len_ret, char *err,
-                        size_t errlen)
+                        const struct onnx_front *front_, struct onnx_external *ext, const char *doc, void **ret,
+                        size_t *len_ret, char *err, size_t errlen)
 {
         *ret = NULL;
         if (!g->final || g->loss < 0) {
                 snprintf(err, errlen, "the graph is not finalized or has no output");
                 return -EINVAL;
         }
-        struct save S = { .g = g };
+        struct save S = { .g = g, .ext = ext };
         struct arena *A = &S.A;
+        if (ext)
+                ext->n = 0, ext->pieces = NULL, ext->size = 0;
         uint32_t nt = front_ ? front_->n_tables : 0;
         size_t cap = (size_t)g->n_nodes * 3 + g->n_tensors + 8 + 24 * (size_t)nt;
         S.nodes.v = a_new(A, sizeof(void *) * cap);
@@ -527,7 +580,7 @@ int onnx_save_front_buf(const struct graph *g, const float *params, enum model_h
         for (uint32_t i = 0; r == 0 && i < g->n_tensors; i++) {
                 const struct graph_tensor *t = &g->tensors[i];
                 if (t->kind == GT_PARAM)
-                        push(&S.inits, tensor(A, t->name, GDT_F32, &t->shape, params + t->param_offset));
+                        push(&S.inits, init_f32(&S, t->name, &t->shape, params + t->param_offset));
                 else if (t->kind == GT_CONST)
                         push(&S.inits, tensor(A, t->name, t->dtype, &t->shape, t->data));
                 else if (t->kind == GT_INPUT && !front_makes(front_, t->name))
@@ -599,6 +652,10 @@ int onnx_save_front_buf(const struct graph *g, const float *params, enum model_h
         }
         if (r == -ENOMEM)
                 snprintf(err, errlen, "out of memory");
+        if (r < 0 && ext) {
+                free(ext->pieces);
+                ext->n = 0, ext->pieces = NULL, ext->size = 0;
+        }
         a_free(A);
         return r;
 }

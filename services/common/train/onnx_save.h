@@ -53,8 +53,24 @@ struct onnx_front {
         uint32_t n_dense;
 };
 
-/* onnx_save_buf with the front before the graph (front nullable: onnx_save_buf). The same returns;
- * -EINVAL also for a front that names no input of the graph. */
+/* ONNX's external data, for a model over protobuf's 2 GiB: every initializer of at least min_bytes is
+ * left out of the file and said to lie in the file `location` beside it, at an offset that is a multiple
+ * of 4096. The save lists the pieces of that file, in order; the caller writes them (zeros between). */
+struct onnx_external_piece {
+        const void *data;       /* the caller's parameters or rows: not copied */
+        uint64_t offset, len;
+};
+struct onnx_external {
+        const char *location;
+        uint64_t min_bytes;
+        size_t n;                            /* out: the pieces */
+        struct onnx_external_piece *pieces;  /* out: malloc'd, the caller frees */
+        uint64_t size;                       /* out: the data file's bytes */
+};
+
+/* onnx_save_buf with the front before the graph (front nullable: onnx_save_buf) and the large
+ * initializers in an external data file (ext nullable: none). The same returns; -EINVAL also for a
+ * front that names no input of the graph. */
 int onnx_save_front_buf(const struct graph *g, const float *params, enum model_head head,
-                        const struct onnx_front *front, const char *doc, void **ret, size_t *len_ret, char *err,
-                        size_t errlen);
+                        const struct onnx_front *front, struct onnx_external *ext, const char *doc, void **ret,
+                        size_t *len_ret, char *err, size_t errlen);
