@@ -309,9 +309,11 @@ int cmd_export(int argc, char **argv) {
         }
         /* the tables served from outside first: model.onnx, renamed last, says the export is whole */
         if ((r = make_dir(out)) == 0 && (r = export_tables_write(cfg, &tables, out, gs ? gs : "?")) == 0 &&
-            (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0)
+            (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0) {
+                export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location);
                 printf("exported job %s at global_step %s (%s) to %s (%zu bytes)\n", cfg->name, gs ? gs : "?", ck_path,
                        written, len);
+        }
 out:
         free(ext.pieces);
         export_tables_clear(&tables);

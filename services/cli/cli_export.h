@@ -34,3 +34,10 @@ void export_tables_clear(struct export_tables *x);
  * DIR/tables.json (the manifest), each written whole under a temporary name. 0, or 74 after saying why. */
 int export_tables_write(const struct job_config *cfg, const struct export_tables *x, const char *dir,
                         const char *global_step);
+
+/* Once the new model.onnx is in place: removes what an earlier export into DIR left that this one does
+ * not write (DIR/tables.json, DIR/tables/<name>.safetensors of a table now inline, and DIR/<data_file>
+ * when data_file is not NULL: external data this export has none of), so that no file in DIR describes
+ * another model. Missing files are no error; a file that cannot be removed is said. */
+void export_tables_tidy(const struct job_config *cfg, const struct export_tables *x, const char *dir,
+                        const char *data_file);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "cli_export.h"
@@ -271,4 +272,31 @@ int export_tables_write(const struct job_config *cfg, const struct export_tables
         json_decref(m);
         free(tdir);
         return ret;
+}
+
+static void remove_stale(const char *path)
+{
+        if (path && unlink(path) < 0 && errno != ENOENT)
+                cli_error("export: note: cannot remove %s, left by an earlier export: %m", path);
+}
+
+void export_tables_tidy(const struct job_config *cfg, const struct export_tables *x, const char *dir,
+                        const char *data_file)
+{
+        if (data_file) {
+                char *p = strdup_printf("%s/%s", dir, data_file);
+                remove_stale(p);
+                free(p);
+        }
+        for (uint32_t e = 0; e < cfg->model.n_embeddings; e++)
+                if (x->t[e].rows) {
+                        char *p = strdup_printf("%s/tables/%s.safetensors", dir, cfg->model.emb[e].name);
+                        remove_stale(p);
+                        free(p);
+                }
+        if (x->n_external == 0) {
+                char *p = strdup_printf("%s/tables.json", dir);
+                remove_stale(p);
+                free(p);
+        }
 }

@@ -117,6 +117,11 @@ def check_external(wd, np, onnx, ort, st, path, r, test):
     h.log("ctr, tables served from outside (%s): inputs %s; AUC %.4f, the chief's %.4f" %
           (", ".join("%s %d rows" % (t["name"], t["rows"]) for t in manifest["tables"]), names, got, r["test_auc"]))
     assert round(got, 4) == round(r["test_auc"], 4), (got, r["test_auc"])
+    # exported again into the same directory with the tables inline: no file of the first is left
+    p = export(None, path, out, "--state-dir", state_dir(wd, "ctr"))
+    assert p.returncode == 0, p.stderr
+    left = sorted(os.listdir(out)) + sorted(os.listdir(os.path.join(out, "tables")))
+    assert left == ["model.onnx", "tables"], left
 
 
 def check_external_data(wd, np, onnx, ort, path, r, test):
@@ -135,6 +140,8 @@ def check_external_data(wd, np, onnx, ort, path, r, test):
     h.log("ctr with external data: model.onnx %d bytes, model.onnx.data %d bytes (%s); AUC %.4f, the chief's %.4f" %
           (os.path.getsize(f), os.path.getsize(data), ", ".join(ext), got, r["test_auc"]))
     assert round(got, 4) == round(r["test_auc"], 4), (got, r["test_auc"])
+    p = export(None, path, out, "--state-dir", state_dir(wd, "ctr"))
+    assert p.returncode == 0 and os.listdir(out) == ["model.onnx"], (p.stderr, os.listdir(out))
 
 
 def test():
