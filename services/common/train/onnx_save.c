@@ -368,22 +368,94 @@ static void front_input(struct save *S, const char *name, enum graph_dtype dt, i
         push(&S->inputs, value_info(&S->A, name, dt, &s, NULL));
 }
 
+/* "emb/<table>/<what>": the name of one of a table's nodes' outputs or initializers (in the arena). */
+static const char *tn(struct save *S, const struct onnx_table *t, const char *what)
+{
+        char name[256];
+        snprintf(name, sizeof(name), "emb/%s/%s", t->name, what);
+        return a_str(&S->A, name);
+}
+
+/* The table's row of each id: (batch, n_fields) int64 into tn("row"). */
+static int front_rows(struct save *S, const struct onnx_table *t, const char *ids)
+{
+        struct arena *A = &S->A;
+        const char *row = tn(S, t, "row");
+        if (t->vocab) {
+                /* psfleet's ids are unsigned 64-bit, ONNX's int64 the same bits: an id of 2^63 or more is
+                 * negative here, and id mod vocab = ((x mod vocab) + (2^64 mod vocab)) mod vocab, Mod taking
+                 * the divisor's sign (fmod 0), so every step stays within [0, 2 vocab) */
+                int64_t v = (int64_t)t->vocab, wrap = (int64_t)((UINT64_MAX % t->vocab + 1) % t->vocab), zero = 0;
+                const char *vocab = tn(S, t, "vocab"), *wr = tn(S, t, "wrap"), *z = tn(S, t, "zero");
+                const char *mod = tn(S, t, "mod"), *neg = tn(S, t, "negative"), *add = tn(S, t, "wrapped");
+                const char *sum = tn(S, t, "sum");
+                const_i64(S, vocab, &v, 0, true);
+                const_i64(S, wr, &wrap, 0, true);
+                const_i64(S, z, &zero, 0, true);
+                Onnx__NodeProto *m1 = fnode(S, "Mod", mod, (const char *[]){ ids, vocab }, 2);
+                fnode(S, "Less", neg, (const char *[]){ ids, z }, 2);
+                fnode(S, "Where", add, (const char *[]){ neg, wr, z }, 3);
+                fnode(S, "Add", sum, (const char *[]){ mod, add }, 2);
+                Onnx__NodeProto *m2 = fnode(S, "Mod", row, (const char *[]){ sum, vocab }, 2);
+                if (!m1 || !m2)
+                        return -ENOMEM;
+                m1->attribute[m1->n_attribute++] = attr_int(A, "fmod", 0);
+                m2->attribute[m2->n_attribute++] = attr_int(A, "fmod", 0);
+                return 0;
+        }
+        /* id -> row: the trained ids to their rows, any other id to the last row */
+        uint64_t nk = t->n_rows - 1;
+        int64_t *vals = a_new(A, sizeof(int64_t) * (nk ? nk : 1));
+        Onnx__NodeProto *le = fnode(S, "LabelEncoder", row, (const char *[]){ ids }, 1);
+        if (!vals || !le)
+                return -ENOMEM;
+        for (uint64_t i = 0; i < nk; i++)
+                vals[i] = (int64_t)i;
+        le->domain = a_str(A, "ai.onnx.ml");
+        /* no trained id: one key that maps to the one row, as every other id does */
+        static const int64_t none = 0;
+        le->attribute[le->n_attribute++] = attr_ints(A, "keys_int64s", nk ? (const int64_t *)t->keys : &none,
+                                                     nk ? nk : 1);
+        le->attribute[le->n_attribute++] = attr_ints(A, "values_int64s", nk ? vals : &none, nk ? nk : 1);
+        le->attribute[le->n_attribute++] = attr_int(A, "default_int64", (int64_t)nk);
+        S->ml = true;
+        return 0;
+}
+
+/* The shape the pooled rows take: (batch, n_fields * dim), or that of the graph input they go into. */
+static int front_shape(struct save *S, const struct onnx_table *t, int64_t *shape, uint32_t *rank, char *err,
+                       size_t errlen)
+{
+        int64_t per = (int64_t)t->n_fields * t->dim;
+        shape[0] = -1, shape[1] = per, *rank = 2;
+        if (!t->into)
+                return 0;
+        int32_t it = graph_find(S->g, t->into);
+        if (it < 0 || S->g->tensors[it].kind != GT_INPUT) {
+                snprintf(err, errlen, "table \"%s\": the graph has no input \"%s\"", t->name, t->into);
+                return -EINVAL;
+        }
+        const struct graph_shape *s = &S->g->tensors[it].shape;
+        if (graph_shape_count(s, 1) != (uint64_t)per) {
+                snprintf(err, errlen, "table \"%s\": input \"%s\" takes %" PRIu64 " values per example, the table's "
+                         "fields %" PRId64, t->name, t->into, graph_shape_count(s, 1), per);
+                return -EINVAL;
+        }
+        *rank = s->rank;
+        for (uint32_t i = 1; i < s->rank; i++)
+                shape[i] = s->dims[i];
+        return 0;
+}
+
 static int front_table(struct save *S, const struct onnx_table *t, char *err, size_t errlen)
 {
         struct arena *A = &S->A;
-        char p[160], n[16][200];
-        snprintf(p, sizeof(p), "emb/%s/", t->name);
-        const char *names[] = { "fields", "ids", "weights", "vocab", "wrap", "zero", "mod", "neg", "add", "row",
-                                "table", "rows", "w", "axes", "pooled3", "shape" };
-        for (size_t i = 0; i < sizeof(names) / sizeof(*names); i++)
-                snprintf(n[i], sizeof(n[i]), "%s%s", p, names[i]);
         char pooled[200];
         snprintf(pooled, sizeof(pooled), "%s/pooled", t->name);
         const char *into = t->into ? t->into : pooled;
-        int64_t per = (int64_t)t->n_fields * t->dim;
         if (!t->rows) { /* served from outside: the pooled rows are an input */
                 if (!t->into)
-                        front_input(S, into, GDT_F32, per);
+                        front_input(S, into, GDT_F32, (int64_t)t->n_fields * t->dim);
                 return 0;
         }
         if (t->n_fields == 0 || t->dim == 0 || t->n_rows == 0 || (!t->vocab && !t->keys) ||
@@ -395,6 +467,11 @@ static int front_table(struct save *S, const struct onnx_table *t, char *err, si
                 snprintf(err, errlen, "table \"%s\": vocab %" PRIu64 " is over 2^62", t->name, t->vocab);
                 return -EINVAL;
         }
+        int64_t shape[GRAPH_MAX_RANK], axes = 2;
+        uint32_t rank;
+        int r = front_shape(S, t, shape, &rank, err, errlen);
+        if (r < 0)
+                return r;
         front_input(S, t->ids, GDT_I64, t->ids_width);
         front_input(S, t->weights, GDT_F32, t->ids_width);
         const char *ids = t->ids, *w = t->weights;
@@ -407,101 +484,47 @@ static int front_table(struct save *S, const struct onnx_table *t, char *err, si
                         cols[j] = t->fields[j];
                 if (!cols)
                         return -ENOMEM;
-                const_i64(S, n[0], cols, t->n_fields, false);
-                Onnx__NodeProto *a = fnode(S, "Gather", n[1], (const char *[]){ t->ids, n[0] }, 2);
-                Onnx__NodeProto *b = fnode(S, "Gather", n[2], (const char *[]){ t->weights, n[0] }, 2);
+                const char *fields = tn(S, t, "fields");
+                const_i64(S, fields, cols, t->n_fields, false);
+                ids = tn(S, t, "ids");
+                w = tn(S, t, "weights");
+                Onnx__NodeProto *a = fnode(S, "Gather", ids, (const char *[]){ t->ids, fields }, 2);
+                Onnx__NodeProto *b = fnode(S, "Gather", w, (const char *[]){ t->weights, fields }, 2);
                 if (!a || !b)
                         return -ENOMEM;
                 a->attribute[a->n_attribute++] = attr_int(A, "axis", 1);
                 b->attribute[b->n_attribute++] = attr_int(A, "axis", 1);
-                ids = n[1], w = n[2];
         }
-        if (t->vocab) {
-                /* psfleet's ids are unsigned 64-bit, ONNX's int64 the same bits: an id of 2^63 or more is
-                 * negative here, and id mod vocab = ((x mod vocab) + (2^64 mod vocab)) mod vocab, Mod taking
-                 * the divisor's sign (fmod 0), so every step stays within [0, 2 vocab) */
-                int64_t v = (int64_t)t->vocab, wrap = (int64_t)((UINT64_MAX % t->vocab + 1) % t->vocab), zero = 0;
-                const_i64(S, n[3], &v, 0, true);
-                const_i64(S, n[4], &wrap, 0, true);
-                const_i64(S, n[5], &zero, 0, true);
-                Onnx__NodeProto *m1 = fnode(S, "Mod", n[6], (const char *[]){ ids, n[3] }, 2);
-                fnode(S, "Less", n[7], (const char *[]){ ids, n[5] }, 2);
-                fnode(S, "Where", n[8], (const char *[]){ n[7], n[4], n[5] }, 3);
-                char sum[220];
-                snprintf(sum, sizeof(sum), "%ssum", p);
-                fnode(S, "Add", sum, (const char *[]){ n[6], n[8] }, 2);
-                Onnx__NodeProto *m2 = fnode(S, "Mod", n[9], (const char *[]){ sum, n[3] }, 2);
-                if (!m1 || !m2)
-                        return -ENOMEM;
-                m1->attribute[m1->n_attribute++] = attr_int(A, "fmod", 0);
-                m2->attribute[m2->n_attribute++] = attr_int(A, "fmod", 0);
-        } else {
-                /* id -> row: the trained ids to their rows, any other id to the last row */
-                uint64_t nk = t->n_rows - 1;
-                int64_t *vals = a_new(A, sizeof(int64_t) * (nk ? nk : 1));
-                Onnx__NodeProto *le = fnode(S, "LabelEncoder", n[9], (const char *[]){ ids }, 1);
-                if (!vals || !le)
-                        return -ENOMEM;
-                for (uint64_t i = 0; i < nk; i++)
-                        vals[i] = (int64_t)i;
-                le->domain = a_str(A, "ai.onnx.ml");
-                /* no trained id: one key that maps to the one row, as every other id does */
-                static const int64_t none = 0;
-                le->attribute[le->n_attribute++] = attr_ints(A, "keys_int64s", nk ? (const int64_t *)t->keys : &none,
-                                                             nk ? nk : 1);
-                le->attribute[le->n_attribute++] = attr_ints(A, "values_int64s", nk ? vals : &none, nk ? nk : 1);
-                le->attribute[le->n_attribute++] = attr_int(A, "default_int64", (int64_t)nk);
-                S->ml = true;
-        }
+        if ((r = front_rows(S, t, ids)) < 0)
+                return r;
         struct graph_shape ts = { .rank = 2, .dims = { (int64_t)t->n_rows, t->dim } };
-        push(&S->inits, init_f32(S, n[10], &ts, t->rows));
-        Onnx__NodeProto *ga = fnode(S, "Gather", n[11], (const char *[]){ n[10], n[9] }, 2);
+        const char *table = tn(S, t, "table"), *rows = tn(S, t, "rows");
+        push(&S->inits, init_f32(S, table, &ts, t->rows));
+        Onnx__NodeProto *ga = fnode(S, "Gather", rows, (const char *[]){ table, tn(S, t, "row") }, 2);
         if (!ga)
                 return -ENOMEM;
         ga->attribute[ga->n_attribute++] = attr_int(A, "axis", 0);
         if (t->mean) { /* one id per field: its mean is its row, and a field without an id gives zeros */
-                char eq[220], ne[220];
-                snprintf(eq, sizeof(eq), "%sis_zero", p);
-                snprintf(ne, sizeof(ne), "%shas_id", p);
                 float fz = 0;
                 struct graph_shape s0 = { .rank = 0 };
-                char fzn[220];
-                snprintf(fzn, sizeof(fzn), "%sfzero", p);
-                push(&S->inits, tensor(A, fzn, GDT_F32, &s0, &fz));
-                fnode(S, "Equal", eq, (const char *[]){ w, fzn }, 2);
-                fnode(S, "Not", ne, (const char *[]){ eq }, 1);
-                Onnx__NodeProto *c = fnode(S, "Cast", n[12], (const char *[]){ ne }, 1);
+                const char *fzero = tn(S, t, "fzero"), *is_zero = tn(S, t, "is_zero"), *has = tn(S, t, "has_id");
+                push(&S->inits, tensor(A, fzero, GDT_F32, &s0, &fz));
+                fnode(S, "Equal", is_zero, (const char *[]){ w, fzero }, 2);
+                fnode(S, "Not", has, (const char *[]){ is_zero }, 1);
+                w = tn(S, t, "w");
+                Onnx__NodeProto *c = fnode(S, "Cast", w, (const char *[]){ has }, 1);
                 if (!c)
                         return -ENOMEM;
                 c->attribute[c->n_attribute++] = attr_int(A, "to", ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT);
-                w = n[12];
         }
-        int64_t axes = 2, shape[GRAPH_MAX_RANK] = { -1, per };
-        uint32_t rank = 2;
-        int32_t it = t->into ? graph_find(S->g, t->into) : -1;
-        if (t->into) {
-                if (it < 0 || S->g->tensors[it].kind != GT_INPUT) {
-                        snprintf(err, errlen, "table \"%s\": the graph has no input \"%s\"", t->name, t->into);
-                        return -EINVAL;
-                }
-                const struct graph_shape *s = &S->g->tensors[it].shape;
-                if (graph_shape_count(s, 1) != (uint64_t)per) {
-                        snprintf(err, errlen, "table \"%s\": input \"%s\" takes %" PRIu64 " values per example, "
-                                 "the table's fields %" PRId64, t->name, t->into, graph_shape_count(s, 1), per);
-                        return -EINVAL;
-                }
-                rank = s->rank;
-                for (uint32_t i = 1; i < rank; i++)
-                        shape[i] = s->dims[i];
-        }
-        const_i64(S, n[13], &axes, 1, false);
-        const_i64(S, n[15], shape, rank, false);
-        char w3[220];
-        snprintf(w3, sizeof(w3), "%sw3", p);
-        fnode(S, "Unsqueeze", w3, (const char *[]){ w, n[13] }, 2);
-        fnode(S, "Mul", n[14], (const char *[]){ n[11], w3 }, 2);
-        fnode(S, "Reshape", into, (const char *[]){ n[14], n[15] }, 2);
-        return 0;
+        const char *ax = tn(S, t, "axes"), *w3 = tn(S, t, "w3"), *scaled = tn(S, t, "scaled");
+        const char *sh = tn(S, t, "shape");
+        const_i64(S, ax, &axes, 1, false);
+        const_i64(S, sh, shape, rank, false);
+        fnode(S, "Unsqueeze", w3, (const char *[]){ w, ax }, 2);
+        fnode(S, "Mul", scaled, (const char *[]){ rows, w3 }, 2);
+        fnode(S, "Reshape", into, (const char *[]){ scaled, sh }, 2);
+        return A->failed ? -ENOMEM : 0;
 }
 
 /* Whether graph input t is made by the front (so not an input of the file). */
