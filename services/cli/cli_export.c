@@ -287,8 +287,13 @@ int cmd_export(int argc, char **argv) {
         char doc[512];
         snprintf(doc, sizeof(doc), "job %s, global_step %s, exported by psfleet %s from %s", cfg->name, gs ? gs : "?",
                  PSFLEET_VERSION, ck_path);
-        /* over protobuf's 2 GiB (or asked), the large initializers go to model.onnx.data */
+        /* over protobuf's 2 GiB (or asked), the large initializers go to model.onnx.data: known ahead from
+         * the values alone, or found from the file's size */
         const struct onnx_front *front = spec->n_embeddings ? &tables.front : NULL;
+        uint64_t values = (uint64_t)g->n_params * sizeof(float);
+        for (uint32_t e = 0; e < spec->n_embeddings; e++)
+                values += tables.t[e].rows ? tables.t[e].n_rows * tables.t[e].dim * sizeof(float) : 0;
+        external |= values >= ONNX_MAX_BYTES;
         r = onnx_save_front_buf(g, params, spec->head, front, external ? &ext : NULL, doc, &buf, &len, err,
                                 sizeof(err));
         if (r == 0 && !external && len > ONNX_MAX_BYTES) {
