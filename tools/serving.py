@@ -1,6 +1,7 @@
 """What a server must do to a record before the graph `psfleet export` writes can take it (docs/serving.md):
-the reference, in Python, of psfleet's reader for the Criteo format. Usable as a module (records_hash,
-criteo_record, criteo_inputs) or as a command that prints a Criteo line's inputs as JSON:
+the reference, in Python, of psfleet's readers for the Criteo and LIBSVM formats. Usable as a module
+(records_hash, criteo_record, criteo_inputs, libsvm_record, libsvm_inputs) or as a command that prints
+a Criteo line's inputs as JSON:
 
     python3 tools/serving.py < line.tsv
 """
@@ -54,6 +55,33 @@ def criteo_inputs(np, path):
             weights.append(w)
     return (np.array(dense, np.float32), np.array(ids, np.uint64).view(np.int64), np.array(weights, np.float32),
             np.array(labels, np.float64))
+
+
+def libsvm_record(line):
+    """A LIBSVM line (bytes: "label idx:val ...") as psfleet reads it: (label, ids, values) of its one
+    field, the ids the indices as they are."""
+    parts = line.split()
+    ids, values = [], []
+    for p in parts[1:]:
+        i, v = p.split(b":")
+        ids.append(int(i))
+        values.append(float(v))
+    return float(parts[0]), ids, values
+
+
+def libsvm_inputs(np, path):
+    """A LIBSVM file as the graph's inputs: ids (n, 1, k) int64 and weights (n, 1, k) float32, k the most
+    ids of a line, shorter lines padded with id 0 of weight 0; and the labels (n,) float64."""
+    opener = gzip.open if open(path, "rb").read(2) == b"\x1f\x8b" else open
+    with opener(path, "rb") as f:
+        recs = [libsvm_record(line) for line in f if line.strip()]
+    k = max(1, max(len(r[1]) for r in recs))
+    ids = np.zeros((len(recs), 1, k), np.uint64)
+    weights = np.zeros((len(recs), 1, k), np.float32)
+    for n, (_, i, v) in enumerate(recs):
+        ids[n, 0, :len(i)] = i
+        weights[n, 0, :len(v)] = v
+    return ids.view(np.int64), weights, np.array([r[0] for r in recs], np.float64)
 
 
 def main():

@@ -150,8 +150,10 @@ int export_tables_load(const struct job_config *cfg, const struct graph *g, cons
                 int r = read_rows(es, ck, path, e, x);
                 if (r)
                         return r;
+                /* Criteo's fields hold one id each; LIBSVM's and TFRecord's sparse features any number */
                 *t = (struct onnx_table){ .name = es->name, .n_fields = es->n_fields, .fields = x->fields[e],
-                                          .dim = es->dim, .vocab = es->vocab, .mean = es->pooling == POOL_MEAN };
+                                          .dim = es->dim, .vocab = es->vocab, .mean = es->pooling == POOL_MEAN,
+                                          .multi = cfg->data.format != DATA_CRITEO };
                 if (spec->graph) { /* the graph's own ids input, its columns the table's fields */
                         if ((r = graph_ids_input(spec, e, x->ids[e], sizeof(x->ids[e]))))
                                 return r;
@@ -213,10 +215,11 @@ static json_t *manifest_table(const struct job_config *cfg, const struct export_
         json_t *fields = json_array();
         for (uint32_t j = 0; fields && j < es->n_fields; j++)
                 json_array_append_new(fields, json_integer(t->fields[j]));
-        return json_pack("{s:s, s:s, s:I, s:i, s:I, s:s, s:o, s:s, s:s, s:s}", "name", es->name, "file", file,
+        return json_pack("{s:s, s:s, s:I, s:i, s:I, s:s, s:o, s:s, s:s, s:b, s:s}", "name", es->name, "file", file,
                          "rows", (json_int_t)x->n[e], "dim", (int)es->dim, "vocab", (json_int_t)es->vocab, "pooling",
                          es->pooling == POOL_MEAN ? "mean" : "sum", "fields", fields, "ids_input", t->ids,
-                         "weights_input", t->weights, "pooled_input", t->into ? t->into : pooled);
+                         "weights_input", t->weights, "ids_per_field", t->multi, "pooled_input",
+                         t->into ? t->into : pooled);
 }
 
 int export_tables_write(const struct job_config *cfg, const struct export_tables *x, const char *dir,

@@ -1,6 +1,6 @@
 """psfleet export of models with embedding tables, against ONNX Runtime: examples/ctr-widedeep.json (a
 layer list with two raw-id tables), the same with a hashed table (vocab) and mean pooling, and the graph
-examples DLRM, DeepFM and DCN-v2 (examples/models/export.py, Debian's python3-torch), each trained
+examples DLRM, DeepFM and DCN-v2, and LIBSVM jobs (one field of many weighted ids, sum and mean pooled) (examples/models/export.py, Debian's python3-torch), each trained
 through real daemons (1 ps + 1 worker, a short run) on `psfleet gen-data`'s Criteo-like rows and
 exported offline. onnx.checker accepts each file; ONNX Runtime, fed the test split as the data has it
 (the dense columns as the reader gives them, the ids as the reader hashes the tokens, docs/serving.md),
@@ -144,6 +144,34 @@ def check_external_data(wd, np, onnx, ort, path, r, test):
     assert p.returncode == 0 and os.listdir(out) == ["model.onnx"], (p.stderr, os.listdir(out))
 
 
+def check_libsvm(wd, np, onnx, ort):
+    """LIBSVM: one field of many ids, each weighted by its value (sum) or all alike (mean): ids and weights
+    (batch, 1, ids_per_field), padded with weight 0."""
+    out = wd.file("svm")
+    g = h.Proc(wd, "gen-svm", [h.BIN["psfleet"], "gen-data", "--format", "libsvm", "--rows", "20000", "--out",
+                               out + ".train", "--test-rows", "2000", "--test-out", out + ".test", "--seed", "5"])
+    assert g.wait(60) == 0, g.stderr()
+    ids, weights, y = serving.libsvm_inputs(np, out + ".test")
+    for pooling in ("sum", "mean"):
+        name = "svm" + pooling
+        base = {"model": {"input": [0], "head": "logistic", "layers": [{"type": "dense", "units": 1}],
+                          "embeddings": [{"name": "lr", "fields": "all", "dim": 2, "vocab": 1000003,
+                                          "pooling": pooling}]},
+                "data": {"dir": wd.path, "format": "libsvm", "train_files": ["svm.train"], "test_files": ["svm.test"]},
+                "training": {"batch_size": 64, "optimizer": "adagrad", "learning_rate": 0.1,
+                             "sparse_learning_rate": 0.5}}
+        path, r = train(wd, name, base, wd.path)
+        f = os.path.join(wd.file(name + "-export"), "model.onnx")
+        p = export(None, path, os.path.dirname(f), "--state-dir", state_dir(wd, name))
+        assert p.returncode == 0, p.stderr
+        onnx.checker.check_model(onnx.load(f), full_check=True)
+        prob, names = serve(np, ort, f, lambda names: {"ids": ids, "weights": weights})
+        got = auc(np, prob, y)
+        h.log("%s: inputs %s, ids (%d, 1, %d); ONNX Runtime's test AUC %.4f, the chief's %.4f" %
+              (name, names, ids.shape[0], ids.shape[2], got, r["test_auc"]))
+        assert round(got, 4) == round(r["test_auc"], 4), (name, got, r["test_auc"])
+
+
 def test():
     pyenv.ensure()
     import numpy as np
@@ -180,6 +208,8 @@ def test():
     hashed = json.loads(json.dumps(example))
     hashed["model"]["embeddings"][1].update({"vocab": 5000, "pooling": "mean"})
     check(wd, np, onnx, ort, "ctrhash", hashed, data, test_split)
+
+    check_libsvm(wd, np, onnx, ort)
 
     if subprocess.run([TORCH_PYTHON, "-c", "import torch"], capture_output=True).returncode != 0:
         h.log("SKIPPED DLRM, DeepFM, DCN-v2: Debian's python3-torch is not installed (export.py defines them)")

@@ -262,6 +262,16 @@ static void test_tables_front(void **state)
         assert_int_equal(x.size, 8192 + sizeof(rows_b));
         free(x.pieces);
 
+        /* several ids per field: ids and weights (batch, 3, ids_per_field) */
+        t[0].multi = t[1].multi = true;
+        m = save_front(g, p, &f, 0, NULL);
+        const Onnx__TensorShapeProto *ids_shape = m->graph->input[1]->type->tensor_type->shape;
+        assert_int_equal(ids_shape->n_dim, 3);
+        assert_int_equal(ids_shape->dim[1]->dim_value, 3);
+        assert_string_equal(ids_shape->dim[2]->dim_param, "ids_per_field");
+        onnx__model_proto__free_unpacked(m, NULL);
+        t[0].multi = t[1].multi = false;
+
         /* table b served from outside: its pooled rows an input, no lookup of it in the file */
         t[1].rows = NULL;
         m = save_front(g, p, &f, 0, NULL);

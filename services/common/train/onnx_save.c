@@ -13,6 +13,7 @@
 #define OPSET 17
 #define IR_VERSION 8 /* ONNX 1.13, the first with opset 17 */
 #define OPSET_ML 3   /* ai.onnx.ml's beside opset 17: LabelEncoder-2 (int64 keys to int64 values) */
+#define DIM_IDS_PER_FIELD (GRAPH_BATCH - 1) /* a front input's symbolic "ids_per_field" */
 
 /* The arena: every allocation of one save, freed together. */
 struct arena {
@@ -121,9 +122,9 @@ static Onnx__ValueInfoProto *value_info(struct arena *A, const char *name, enum 
                 if (!d)
                         return NULL;
                 onnx__tensor_shape_proto__dimension__init(d);
-                if (s->dims[i] == GRAPH_BATCH) {
+                if (s->dims[i] == GRAPH_BATCH || s->dims[i] == DIM_IDS_PER_FIELD) {
                         d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
-                        d->dim_param = a_str(A, "batch");
+                        d->dim_param = a_str(A, s->dims[i] == GRAPH_BATCH ? "batch" : "ids_per_field");
                 } else {
                         d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
                         d->dim_value = s->dims[i];
@@ -358,13 +359,14 @@ static void const_i64(struct save *S, const char *name, const int64_t *v, uint32
         push(&S->inits, tensor(&S->A, name, GDT_I64, &s, v));
 }
 
-/* An input of the front, once whatever the tables that read it. */
-static void front_input(struct save *S, const char *name, enum graph_dtype dt, int64_t per)
+/* An input of the front, once whatever the tables that read it: (batch, per), or with multi (batch, per,
+ * ids_per_field). */
+static void front_input(struct save *S, const char *name, enum graph_dtype dt, int64_t per, bool multi)
 {
         for (size_t i = 0; i < S->inputs.n; i++)
                 if (strcmp(((Onnx__ValueInfoProto *)S->inputs.v[i])->name, name) == 0)
                         return;
-        struct graph_shape s = { .rank = 2, .dims = { GRAPH_BATCH, per } };
+        struct graph_shape s = { .rank = multi ? 3 : 2, .dims = { GRAPH_BATCH, per, DIM_IDS_PER_FIELD } };
         push(&S->inputs, value_info(&S->A, name, dt, &s, NULL));
 }
 
@@ -455,7 +457,7 @@ static int front_table(struct save *S, const struct onnx_table *t, char *err, si
         const char *into = t->into ? t->into : pooled;
         if (!t->rows) { /* served from outside: the pooled rows are an input */
                 if (!t->into)
-                        front_input(S, into, GDT_F32, (int64_t)t->n_fields * t->dim);
+                        front_input(S, into, GDT_F32, (int64_t)t->n_fields * t->dim, false);
                 return 0;
         }
         if (t->n_fields == 0 || t->dim == 0 || t->n_rows == 0 || (!t->vocab && !t->keys) ||
@@ -467,13 +469,13 @@ static int front_table(struct save *S, const struct onnx_table *t, char *err, si
                 snprintf(err, errlen, "table \"%s\": vocab %" PRIu64 " is over 2^62", t->name, t->vocab);
                 return -EINVAL;
         }
-        int64_t shape[GRAPH_MAX_RANK], axes = 2;
+        int64_t shape[GRAPH_MAX_RANK];
         uint32_t rank;
         int r = front_shape(S, t, shape, &rank, err, errlen);
         if (r < 0)
                 return r;
-        front_input(S, t->ids, GDT_I64, t->ids_width);
-        front_input(S, t->weights, GDT_F32, t->ids_width);
+        front_input(S, t->ids, GDT_I64, t->ids_width, t->multi);
+        front_input(S, t->weights, GDT_F32, t->ids_width, t->multi);
         const char *ids = t->ids, *w = t->weights;
         bool same = t->n_fields == t->ids_width;
         for (uint32_t j = 0; same && j < t->n_fields; j++)
@@ -495,6 +497,16 @@ static int front_table(struct save *S, const struct onnx_table *t, char *err, si
                 a->attribute[a->n_attribute++] = attr_int(A, "axis", 1);
                 b->attribute[b->n_attribute++] = attr_int(A, "axis", 1);
         }
+        const char *ax2 = tn(S, t, "axis2"), *ax3 = tn(S, t, "axis3");
+        int64_t two = 2, three = 3;
+        const_i64(S, ax2, &two, 1, false);
+        const_i64(S, ax3, &three, 1, false);
+        if (!t->multi) { /* one id per field: as a field of one id, (batch, n_fields, 1) */
+                const char *ids3 = tn(S, t, "ids3"), *w3 = tn(S, t, "weights3");
+                fnode(S, "Unsqueeze", ids3, (const char *[]){ ids, ax2 }, 2);
+                fnode(S, "Unsqueeze", w3, (const char *[]){ w, ax2 }, 2);
+                ids = ids3, w = w3;
+        }
         if ((r = front_rows(S, t, ids)) < 0)
                 return r;
         struct graph_shape ts = { .rank = 2, .dims = { (int64_t)t->n_rows, t->dim } };
@@ -504,26 +516,37 @@ static int front_table(struct save *S, const struct onnx_table *t, char *err, si
         if (!ga)
                 return -ENOMEM;
         ga->attribute[ga->n_attribute++] = attr_int(A, "axis", 0);
-        if (t->mean) { /* one id per field: its mean is its row, and a field without an id gives zeros */
-                float fz = 0;
+        /* (batch, n_fields, k): each id's factor; mean: 1 / the field's ids of weight not 0, at least 1 */
+        if (t->mean) {
+                float fz = 0, one = 1;
                 struct graph_shape s0 = { .rank = 0 };
-                const char *fzero = tn(S, t, "fzero"), *is_zero = tn(S, t, "is_zero"), *has = tn(S, t, "has_id");
+                const char *fzero = tn(S, t, "fzero"), *fone = tn(S, t, "fone"), *is_zero = tn(S, t, "is_zero");
+                const char *has = tn(S, t, "has_id"), *m = tn(S, t, "counted"), *cnt = tn(S, t, "count");
+                const char *den = tn(S, t, "count1");
                 push(&S->inits, tensor(A, fzero, GDT_F32, &s0, &fz));
+                push(&S->inits, tensor(A, fone, GDT_F32, &s0, &one));
                 fnode(S, "Equal", is_zero, (const char *[]){ w, fzero }, 2);
                 fnode(S, "Not", has, (const char *[]){ is_zero }, 1);
-                w = tn(S, t, "w");
-                Onnx__NodeProto *c = fnode(S, "Cast", w, (const char *[]){ has }, 1);
-                if (!c)
+                Onnx__NodeProto *c = fnode(S, "Cast", m, (const char *[]){ has }, 1);
+                Onnx__NodeProto *rs = fnode(S, "ReduceSum", cnt, (const char *[]){ m, ax2 }, 2);
+                if (!c || !rs)
                         return -ENOMEM;
                 c->attribute[c->n_attribute++] = attr_int(A, "to", ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT);
+                rs->attribute[rs->n_attribute++] = attr_int(A, "keepdims", 1);
+                fnode(S, "Max", den, (const char *[]){ cnt, fone }, 2);
+                w = tn(S, t, "mean_weights");
+                fnode(S, "Div", w, (const char *[]){ m, den }, 2);
         }
-        const char *ax = tn(S, t, "axes"), *w3 = tn(S, t, "w3"), *scaled = tn(S, t, "scaled");
+        const char *w4 = tn(S, t, "weights4"), *scaled = tn(S, t, "scaled"), *sum = tn(S, t, "pooled3");
         const char *sh = tn(S, t, "shape");
-        const_i64(S, ax, &axes, 1, false);
         const_i64(S, sh, shape, rank, false);
-        fnode(S, "Unsqueeze", w3, (const char *[]){ w, ax }, 2);
-        fnode(S, "Mul", scaled, (const char *[]){ rows, w3 }, 2);
-        fnode(S, "Reshape", into, (const char *[]){ scaled, sh }, 2);
+        fnode(S, "Unsqueeze", w4, (const char *[]){ w, ax3 }, 2);
+        fnode(S, "Mul", scaled, (const char *[]){ rows, w4 }, 2);
+        Onnx__NodeProto *rs = fnode(S, "ReduceSum", sum, (const char *[]){ scaled, ax2 }, 2);
+        if (!rs)
+                return -ENOMEM;
+        rs->attribute[rs->n_attribute++] = attr_int(A, "keepdims", 0);
+        fnode(S, "Reshape", into, (const char *[]){ sum, sh }, 2);
         return A->failed ? -ENOMEM : 0;
 }
 
@@ -549,7 +572,7 @@ static int front(struct save *S, const struct onnx_front *f, char *err, size_t e
                         return -EINVAL;
                 }
                 if (f->n_dense)
-                        front_input(S, f->dense, GDT_F32, f->n_dense);
+                        front_input(S, f->dense, GDT_F32, f->n_dense, false);
         }
         for (uint32_t i = 0; i < f->n_tables; i++) {
                 int r = front_table(S, &f->tables[i], err, errlen);

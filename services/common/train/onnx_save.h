@@ -22,15 +22,18 @@ int onnx_save_buf(const struct graph *g, const float *params, enum model_head he
 
 /* An embedding table's lookup put in front of the graph (docs/serving.md): the ids' columns it reads,
  * hashed modulo vocab as psfleet's input pipeline does (vocab > 0), mapped to rows (a Gather on the
- * table; raw ids through an ai.onnx.ml LabelEncoder from id to row), each row times its id's weight
- * (sum pooling) or times 1 where the weight is not 0 (mean pooling of one id per field), and the
- * (batch, n_fields * dim) result into the graph's tensor `into`. Without rows the table is served
- * from outside: `into` (or, with into NULL, "<name>/pooled") is an input of the graph instead. */
+ * table; raw ids through an ai.onnx.ml LabelEncoder from id to row), pooled per field as psfleet pools
+ * (sum: each row times its id's weight; mean: the rows of the ids whose weight is not 0, averaged; a
+ * field without such ids gives zeros), and the (batch, n_fields * dim) result into the graph's tensor
+ * `into`. Ids and weights are (batch, ids_width), one id per field, or with multi (batch, ids_width,
+ * "ids_per_field"), padded with weight 0. Without rows the table is served from outside: `into` (or,
+ * with into NULL, "<name>/pooled") is an input of the graph instead. */
 struct onnx_table {
         const char *name;         /* names its nodes and initializers "emb/<name>/..." */
         const char *ids;          /* the int64 (batch, ids_width) input of the ids, the data's bits */
         const char *weights;      /* the float (batch, ids_width) input of each id's weight (0: no id) */
         uint32_t ids_width;
+        bool multi;               /* several ids per field: a third dimension */
         uint32_t n_fields;
         const uint32_t *fields;   /* the columns of ids this table reads, in order (n_fields) */
         uint32_t dim;
