@@ -30,7 +30,8 @@
 
 static void export_help(FILE *f) {
         fprintf(f, "Usage: psfleet export --job JOB --out DIR [--step N] [--state-dir DIR] [--max-inline-rows N]\n"
-                   "       psfleet export --job JOB.json --checkpoint FILE --out DIR\n"
+                   "                      [--external-data]\n"
+                   "       psfleet export --job JOB.json --checkpoint FILE --out DIR [...]\n"
                    "\n"
                    "Writes the model a job trained as DIR/model.onnx (ONNX opset 17), for ONNX Runtime, Triton\n"
                    "or TensorRT: inference mode (Dropout as identity, batch normalization with its running\n"
@@ -52,7 +53,8 @@ static void export_help(FILE *f) {
                    "\n"
                    "Embedding tables are looked up inside the graph, from the ids as the data has them\n"
                    "(hashed modulo vocab in the graph where the table has one; docs/serving.md).\n"
-                   "Exit status: 0 written, 2 bad usage, 65 no such checkpoint or one that does not verify,\n"
+                   "Exit status: 0 written, 2 bad usage, 65 no such checkpoint, one that does not verify or\n"
+                   "lacks the model's variables or tables,\n"
                    "74 the output cannot be written, 78 a bad job file or a model that cannot be exported.\n",
                 CLI_CHIEF_STATE_ROOT);
 }
