@@ -13,6 +13,7 @@
 
 #include "chief_db.h"
 #include "ckpt.h"
+#include "cli_export.h"
 #include "cli_jobref.h"
 #include "cli_opt.h"
 #include "cli_records.h"
@@ -25,10 +26,12 @@
 
 #define EX_DATAERR 65 /* sysexits.h: no such checkpoint, or one that does not verify */
 #define EX_IOERR 74   /* sysexits.h: the output cannot be written */
+#define ONNX_MAX_BYTES ((size_t)INT32_MAX) /* protobuf's limit on one message, so on model.onnx */
 
 static void export_help(FILE *f) {
-        fprintf(f, "Usage: psfleet export --job JOB --out DIR [--step N] [--state-dir DIR]\n"
-                   "       psfleet export --job JOB.json --checkpoint FILE --out DIR\n"
+        fprintf(f, "Usage: psfleet export --job JOB --out DIR [--step N] [--state-dir DIR] [--max-inline-rows N]\n"
+                   "                      [--external-data]\n"
+                   "       psfleet export --job JOB.json --checkpoint FILE --out DIR [...]\n"
                    "\n"
                    "Writes the model a job trained as DIR/model.onnx (ONNX opset 17), for ONNX Runtime, Triton\n"
                    "or TensorRT: inference mode (Dropout as identity, batch normalization with its running\n"
@@ -42,9 +45,16 @@ static void export_help(FILE *f) {
                    "  --step N           the checkpoint of global_step N (default: the newest that verifies)\n"
                    "  --state-dir DIR    the chief's state directory (default %s, or a local job's)\n"
                    "  --checkpoint FILE  one checkpoint file (a job's safetensors), instead of the records\n"
+                   "  --max-inline-rows N  a table of more rows goes out as DIR/tables/NAME.safetensors (with\n"
+                   "                     DIR/tables.json), the graph taking its pooled rows as an input\n"
+                   "                     (default: every table inside model.onnx)\n"
+                   "  --external-data    the large initializers (1 MiB or more) in DIR/model.onnx.data\n"
+                   "                     (ONNX external data; chosen by itself for a model over 2 GiB)\n"
                    "\n"
-                   "Models with embedding tables are not exported yet.\n"
-                   "Exit status: 0 written, 2 bad usage, 65 no such checkpoint or one that does not verify,\n"
+                   "Embedding tables are looked up inside the graph, from the ids as the data has them\n"
+                   "(hashed modulo vocab in the graph where the table has one; docs/serving.md).\n"
+                   "Exit status: 0 written, 2 bad usage, 65 no such checkpoint, one that does not verify or\n"
+                   "lacks the model's variables or tables,\n"
                    "74 the output cannot be written, 78 a bad job file or a model that cannot be exported.\n",
                 CLI_CHIEF_STATE_ROOT);
 }
@@ -113,6 +123,24 @@ static int find_checkpoint(const char *file, const char *state_dir, const struct
         return ret;
 }
 
+/* The layer list's graph; with tables, the dense layers alone, their input the dense features followed
+ * by the tables' pooled rows (model_spec_dense_input), which the tables' lookups make (cli_export.h). */
+static int dense_graph(const struct model_spec *spec, struct graph **ret, char *err, size_t errlen) {
+        if (!spec->n_embeddings)
+                return graph_from_spec(spec, ret, err, errlen);
+        struct model_spec *dense = malloc(sizeof(*dense));
+        if (!dense) {
+                snprintf(err, errlen, "out of memory");
+                return -ENOMEM;
+        }
+        *dense = *spec;
+        dense->n_embeddings = 0;
+        dense->input[0] = 1, dense->input[1] = 1, dense->input[2] = model_spec_dense_input(spec);
+        int r = graph_from_spec(dense, ret, err, errlen);
+        free(dense);
+        return r;
+}
+
 /* The parameter block from the checkpoint, variable by variable (each checked for its shape). */
 static int read_params(const struct job_config *cfg, const struct ckpt *ck, const char *path, float **params_ret) {
         char e[512];
@@ -142,12 +170,45 @@ static int read_params(const struct job_config *cfg, const struct ckpt *ck, cons
         return ret;
 }
 
-/* Writes buf as DIR/model.onnx: DIR/.model.onnx.tmp, synced, then renamed. */
-static int write_out(const char *dir, const void *buf, size_t len, char **path_ret) {
+static int make_dir(const char *dir) {
         if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
                 cli_error("export: cannot make %s: %m", dir);
                 return EX_IOERR;
         }
+        return 0;
+}
+
+/* The external data as DIR/model.onnx.data: its pieces at their offsets, zeros between, written
+ * whole under a temporary name. */
+static int write_data(const char *dir, const struct onnx_external *x) {
+        static const char zeros[4096];
+        char *path = strdup_printf("%s/%s", dir, x->location), *tmp = strdup_printf("%s/.%s.tmp", dir, x->location);
+        struct atomic_file *af = NULL;
+        int r = path && tmp ? atomic_file_open(path, tmp, 0644, &af) : -ENOMEM;
+        uint64_t at = 0;
+        for (size_t i = 0; r == 0 && i < x->n; i++) {
+                while (r == 0 && at < x->pieces[i].offset) {
+                        size_t k = x->pieces[i].offset - at > sizeof(zeros) ? sizeof(zeros) : x->pieces[i].offset - at;
+                        r = atomic_file_write(af, zeros, k);
+                        at += k;
+                }
+                if (r == 0)
+                        r = atomic_file_write(af, x->pieces[i].data, x->pieces[i].len);
+                at += x->pieces[i].len;
+        }
+        if (r == 0)
+                r = atomic_file_commit(af, NULL);
+        else
+                atomic_file_abort(af);
+        if (r < 0)
+                cli_error("export: cannot write %s: %s", path ? path : dir, strerror(-r));
+        free(path);
+        free(tmp);
+        return r < 0 ? EX_IOERR : 0;
+}
+
+/* Writes buf as DIR/model.onnx: DIR/.model.onnx.tmp, synced, then renamed. */
+static int write_out(const char *dir, const void *buf, size_t len, char **path_ret) {
         char *tmp = strdup_printf("%s/.model.onnx.tmp", dir), *path = strdup_printf("%s/model.onnx", dir);
         int fd = tmp ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
         bool ok = fd >= 0 && path;
@@ -175,8 +236,13 @@ static int write_out(const char *dir, const void *buf, size_t len, char **path_r
 
 int cmd_export(int argc, char **argv) {
         const char *job = NULL, *out = NULL, *state_dir = NULL, *file = NULL;
-        uint64_t step = 0;
+        uint64_t step = 0, max_inline = 0;
+        bool external = false;
+        struct export_tables tables = { 0 };
+        struct onnx_external ext = { .location = "model.onnx.data", .min_bytes = 1u << 20 };
         const struct cli_opt opts[] = {
+                CLI_FLAG("external-data", &external),
+                CLI_NUMBER("max-inline-rows", &max_inline, 1, UINT64_MAX),
                 CLI_STRING("job", &job),
                 CLI_STRING("out", &out),
                 CLI_STRING("state-dir", &state_dir),
@@ -207,17 +273,8 @@ int cmd_export(int argc, char **argv) {
         if ((r = cli_load_job(job_path, &cfg)) != 0)
                 goto out;
         const struct model_spec *spec = &cfg->model;
-        bool tables = spec->n_embeddings > 0;
-        for (uint32_t i = 0; i < spec->n_feeds; i++)
-                tables |= spec->feeds[i].kind == FEED_TABLE;
-        if (tables) {
-                cli_error("export: job %s's model has embedding tables (model.embeddings): exporting them is not "
-                          "supported yet", cfg->name);
-                r = CONFIG_EX_CONFIG;
-                goto out;
-        }
         const struct graph *g = spec->graph;
-        if (!g && graph_from_spec(spec, &own, err, sizeof(err)) < 0) {
+        if (!g && dense_graph(spec, &own, err, sizeof(err)) < 0) {
                 cli_error("export: job %s's model: %s", cfg->name, err);
                 r = CONFIG_EX_CONFIG;
                 goto out;
@@ -226,19 +283,47 @@ int cmd_export(int argc, char **argv) {
         if ((r = find_checkpoint(file, state_dir, &local, cfg, step, &ck, &ck_path)) != 0 ||
             (r = read_params(cfg, ck, ck_path, &params)) != 0)
                 goto out;
+        if (spec->n_embeddings && (r = export_tables_load(cfg, g, ck, ck_path, max_inline, &tables)) != 0)
+                goto out;
         const char *gs = ckpt_meta(ck, "global_step");
         char doc[512];
         snprintf(doc, sizeof(doc), "job %s, global_step %s, exported by psfleet %s from %s", cfg->name, gs ? gs : "?",
                  PSFLEET_VERSION, ck_path);
-        if ((r = onnx_save_buf(g, params, spec->head, doc, &buf, &len, err, sizeof(err))) < 0) {
+        /* over protobuf's 2 GiB (or asked), the large initializers go to model.onnx.data: known ahead from
+         * the values alone, or found from the file's size */
+        const struct onnx_front *front = spec->n_embeddings ? &tables.front : NULL;
+        uint64_t values = (uint64_t)g->n_params * sizeof(float);
+        for (uint32_t e = 0; e < spec->n_embeddings; e++)
+                values += tables.t[e].rows ? tables.t[e].n_rows * tables.t[e].dim * sizeof(float) : 0;
+        external |= values >= ONNX_MAX_BYTES;
+        r = onnx_save_front_buf(g, params, spec->head, front, external ? &ext : NULL, doc, &buf, &len, err,
+                                sizeof(err));
+        if (r == 0 && !external && len > ONNX_MAX_BYTES) {
+                free(buf);
+                buf = NULL;
+                external = true;
+                r = onnx_save_front_buf(g, params, spec->head, front, &ext, doc, &buf, &len, err, sizeof(err));
+        }
+        if (r == 0 && len > ONNX_MAX_BYTES) {
+                snprintf(err, sizeof(err), "%zu bytes even with the tables' rows in external data (the raw ids' map "
+                         "is in the file): serve the tables from outside (--max-inline-rows N)", len);
+                r = -EINVAL;
+        }
+        if (r < 0) {
                 cli_error("export: job %s's model cannot be written as ONNX: %s", cfg->name, err);
                 r = r == -ENOMEM ? 1 : CONFIG_EX_CONFIG;
                 goto out;
         }
-        if ((r = write_out(out, buf, len, &written)) == 0)
+        /* the tables served from outside first: model.onnx, renamed last, says the export is whole */
+        if ((r = make_dir(out)) == 0 && (r = export_tables_write(cfg, &tables, out, gs ? gs : "?")) == 0 &&
+            (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0) {
+                export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location);
                 printf("exported job %s at global_step %s (%s) to %s (%zu bytes)\n", cfg->name, gs ? gs : "?", ck_path,
                        written, len);
+        }
 out:
+        free(ext.pieces);
+        export_tables_clear(&tables);
         free(buf);
         free(written);
         free(params);

@@ -71,6 +71,7 @@ CHECKS = [
     (r"psfleet checkpoints list .*--state-dir", r"checkpoints? recorded \(offline: read from .*fmnist-state"),
     (r"psfleet checkpoints list ", r"checkpoints? in .*\n.*STEP"),
     (r"psfleet watch ", r"done"),
+    (r"psfleet export ", r"exported job \S+ at global_step \d+ .* to \S+/model\.onnx"),
     (r"psfleet stop ", r"the chief is stopping the job"),
     (r"(\w+=('[^']*'|\S+) )*psfleet run .*--dry-run", r'^\{"cluster":\{"chief":\[.*\]\},"task":\{"type":"\w+","index":\d+\},"exec":\["/'),
 ]
