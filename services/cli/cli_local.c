@@ -162,8 +162,9 @@ int cmd_local(int argc, char **argv) {
         L.job_path = argv[first];
         if ((r = cli_load_job(L.job_path, &L.cfg)))
                 return r;
-        /* the operator's own calls (health checks, status, stop) as admin under mutual TLS */
-        if ((r = cli_secure(L.cfg, "admin"))) {
+        /* the operator's own calls (health checks, status, stop) as admin under mutual TLS; a job on
+         * loopback gets its credentials with its state directory, below */
+        if (!tls_job_uses_auto(L.cfg) && (r = cli_secure(L.cfg, "admin"))) {
                 config_free(L.cfg);
                 return r;
         }
@@ -208,7 +209,7 @@ int cmd_local(int argc, char **argv) {
                 cli_error("out of memory");
                 goto out;
         }
-        if ((ret = local_build_children(&L)) != 0)
+        if ((ret = local_build_children(&L)) != 0 || (ret = local_auto_tls(&L)) != 0)
                 goto out;
         announce(&L);
         /* gRPC's threads start here, after every allocation the children need was made. */

@@ -99,12 +99,11 @@ int cli_chief_address(const char *cmd, const char *address, const char *job, cha
 const char *cli_identity;
 
 int cli_secure(const struct job_config *cfg, const char *identity) {
-        char err[2048], key[1024];
+        char err[2048], ca[1024], crt[1024], key[1024];
         struct rpc_tls *tls;
         if (!identity) {
                 /* admin when this user may read its key, else the read-only viewer */
-                identity = tls_expand_path(cfg->security.key, cfg->name, "admin", key, sizeof(key)) == 0 &&
-                           access(key, R_OK) == 0 ? "admin" : "viewer";
+                identity = tls_paths(cfg, "admin", ca, crt, key) == 0 && access(key, R_OK) == 0 ? "admin" : "viewer";
         }
         if (strcmp(identity, "admin") != 0 && strcmp(identity, "viewer") != 0) {
                 cli_error("--identity %s: expected admin or viewer", identity);
