@@ -440,7 +440,7 @@ static void test_local_jobs(void **state) {
         assert_string_equal(got, "127.0.0.1:7100");
         free(got);
         struct cli_chief_ref ref;
-        assert_int_equal(cli_chief_locate("checkpoints", NULL, "fmnist-mlp", &ref), 0);
+        assert_int_equal(cli_chief_locate("checkpoints", NULL, "fmnist-mlp", false, &ref), 0);
         assert_string_equal(ref.job_name, "fmnist-mlp");
         assert_string_equal(ref.state_dir, dir);
         cli_chief_ref_clear(&ref);
