@@ -14,6 +14,10 @@ the job must train on (global_step grows, psd still up, not FAILED), the key fil
 0700 directory, and the job's user's `psfleet status/top/watch/checkpoints/stop --job NAME` must work,
 the stop ending the job in order (psfleet local exits 75).
 
+Then psd, workerd and chiefd started directly at the same moment, as the units of a job on one host
+are: one CA in security.auto_dir that every pair verifies against, the job trains, the other uid's calls
+are refused and `psfleet status/stop --job FILE` work for the job's user.
+
 The same attacker against the same job run with security.mode insecure gets its GetStatus and Pull
 answered: the control that shows the probe can see an open job.
 """
@@ -225,6 +229,38 @@ def test():
         rc = p.wait(60)
         assert rc == 75, "psfleet local after psfleet stop: exit %s\n%s" % (rc, p.stderr()[-3000:])
         assert "WITHOUT TLS" not in p.stderr()
+
+        # ---- the daemons started directly, all at once, as the units of a job on one host are: the
+        # first to take the lock makes the job's CA in security.auto_dir, the others use it
+        jobd, specd = h.make_job(wd, "units.json", n_ps=1, n_workers=1, training={"max_steps": 10000000})
+        units = [h.daemon(wd, "psd", jobd, 0, state_dir=wd.file("unit-psd")),
+                 h.daemon(wd, "workerd", jobd, 0, state_dir=wd.file("unit-workerd")),
+                 h.daemon(wd, "chiefd", jobd, state_dir=wd.file("unit-chiefd"))]
+        std = h.wait_for("the units' job training", lambda: (lambda x: x if x["state"] == "training" and
+                         x["global_step"] > 0 else None)(status(jobd, True)), timeout=60, procs=units)
+        auto = os.path.join(wd.path, "tls", specd["job"])
+        assert stat.S_IMODE(os.stat(auto).st_mode) == 0o700
+        made = sorted(n for n in os.listdir(auto) if n.endswith(".key"))
+        assert made == ["admin.key", "ca.key", "chief.key", "ps-0.key", "viewer.key", "worker-0.key"], made
+        v = subprocess.run(["openssl", "verify", "-CAfile", os.path.join(auto, "ca.crt")] +
+                           [os.path.join(auto, t + ".crt") for t in ("chief", "ps-0", "worker-0", "admin", "viewer")],
+                           capture_output=True, text=True)
+        assert v.returncode == 0, "the units' pairs are not all of one CA:\n" + v.stdout + v.stderr
+        for u in units:
+            assert "mutual TLS as " in u.stderr(), u.stderr()
+        if other:
+            r = attack(att, dict(args, job=specd["job"], chief=specd["cluster"]["chief"][0],
+                                 ps=specd["cluster"]["ps"][0], fingerprint=std["fingerprint"],
+                                 files=[os.path.join(auto, k) for k in made], sockets=[]), other)
+            for what, c in sorted(r["calls"].items()):
+                assert not c["ok"] and c["code"] == "UNAVAILABLE", ("units", what, c)
+            assert all(res == "PermissionError" for res in r["files"].values()), r["files"]
+            h.log("units on one host: every call of uid 65534 refused")
+        r = cli("stop", "--job", jobd)
+        assert r.returncode == 0, r.stderr
+        assert units[2].wait(60) == 0, units[2].stderr()[-2000:]
+        for u in units[:2]:
+            u.wait(60)
 
         # ---- the control: the same attacker's reads get through to the job run insecure
         p2, spec2, st2 = start(wd, "insecure", wd.file("state-insecure"))
