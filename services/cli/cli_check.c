@@ -478,6 +478,28 @@ static bool check_certs(struct check *c, const char *identity) {
                 return true;
         }
         rpc_tls_free(tls);
+        if (tls_job_uses_auto(cfg)) {
+                /* the job's own CA and pairs, made by its daemons at start: nothing to check before */
+                char ca[1024], crt[1024], key[1024];
+                if (tls_paths(cfg, identity ? identity : "admin", ca, crt, key) < 0) {
+                        problem(c, true, "certs", "security.auto_dir \"%s\" does not expand", cfg->security.auto_dir);
+                        return false;
+                }
+                if (access(key, R_OK) < 0) {
+                        checked(c, "certs", "mutual TLS with the job's own CA, made by its daemons at start beside %s "
+                                "(security.auto_dir; %s for this user: the daemons were not asked)", key, strerror(errno));
+                        return false;
+                }
+                if (tls_from_config(cfg, identity ? identity : "admin", &tls, err, sizeof(err)) < 0) {
+                        problem(c, true, "certs", "%s", err);
+                        return false;
+                }
+                checked(c, "certs", "mutual TLS with the job's own CA (security.auto_dir), as %s",
+                        identity ? identity : "admin");
+                bool ok = rpc_secure(tls) == 0;
+                rpc_tls_free(tls);
+                return ok;
+        }
         char ca[1024];
         if (tls_expand_path(cfg->security.ca, cfg->name, "ca", ca, sizeof(ca)) == 0 && access(ca, R_OK) < 0)
                 problem(c, true, "certs", "the job's CA %s: %s (make the job's certificates with `psfleet certs --job %s`)",

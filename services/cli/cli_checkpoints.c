@@ -243,13 +243,18 @@ int cmd_checkpoints(int argc, char **argv) {
                 return CLI_EX_USAGE;
         }
         struct cli_chief_ref ref;
-        if ((r = cli_chief_locate("checkpoints", address, job, &ref)))
+        bool is_list = strcmp(sub, "list") == 0;
+        if ((r = cli_chief_locate("checkpoints", address, job, is_list, &ref)))
                 return r;
         rpc_global_init();
         struct rpc_channel *ch;
         uint64_t timeout_ms = timeout_us / 1000;
-        int ret = 1;
-        if (cli_chief_channel(ref.address, &ch) == 0) {
+        int ret = -1;   /* the chief not asked: its records offline */
+        if (ref.tls_error)
+                fprintf(stderr, "psfleet checkpoints: not asking the chief: %s\n", ref.tls_error);
+        else if (cli_chief_channel(ref.address, &ch) != 0)
+                ret = 1;
+        else {
                 if (strcmp(sub, "list") == 0)
                         ret = do_list(ch, json, timeout_ms);
                 else if (strcmp(sub, "save") == 0)

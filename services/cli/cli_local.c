@@ -50,7 +50,8 @@ static void local_help(FILE *f) {
                 "                     chief's record, checkpoints and summaries are in DIR/JOB/, the job file the\n"
                 "                     children read (with this run's cluster) in DIR/job.json, psd's sockets\n"
                 "                     for workers' shared memory in DIR/run/ (rpc.runtime_dir, unless\n"
-                "                     PSFLEET_RUNTIME_DIR is set)\n"
+                "                     PSFLEET_RUNTIME_DIR is set), and under security.mode auto the job's\n"
+                "                     own CA and keys in DIR/tls/ (security.auto_dir; 0700, keys 0600)\n"
                 "  --quiet            no progress display; children log warnings and errors only\n"
                 "\n"
                 "At the start one line on stderr says where the chief listens and the state directory is;\n"
@@ -162,8 +163,9 @@ int cmd_local(int argc, char **argv) {
         L.job_path = argv[first];
         if ((r = cli_load_job(L.job_path, &L.cfg)))
                 return r;
-        /* the operator's own calls (health checks, status, stop) as admin under mutual TLS */
-        if ((r = cli_secure(L.cfg, "admin"))) {
+        /* the operator's own calls (health checks, status, stop) as admin under mutual TLS; a job on
+         * loopback gets its credentials with its state directory, below */
+        if (!tls_job_uses_auto(L.cfg) && (r = cli_secure(L.cfg, "admin"))) {
                 config_free(L.cfg);
                 return r;
         }
@@ -208,7 +210,7 @@ int cmd_local(int argc, char **argv) {
                 cli_error("out of memory");
                 goto out;
         }
-        if ((ret = local_build_children(&L)) != 0)
+        if ((ret = local_build_children(&L)) != 0 || (ret = local_auto_tls(&L)) != 0)
                 goto out;
         announce(&L);
         /* gRPC's threads start here, after every allocation the children need was made. */

@@ -55,6 +55,9 @@ int local_signals_setup(void);
 char *local_find_bin(const char *name);
 /* The children of L (ports, the job copy every child reads, their argv and environment): 0, or the exit
  * status after saying why. */
+/* The job's own credentials when it runs on loopback under security.mode auto (tls_auto_prepare),
+ * then psfleet's calls as admin (cli_secure). Returns 0 or the exit status, after saying why. */
+int local_auto_tls(struct local *L);
 int local_build_children(struct local *L);
 void local_free_children(struct local *L);
 /* Starts the children, waits until each is healthy, follows the chief until the job ends, stops them

@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "authz.h"
 #include "cli_chief.h"
 #include "cli_jobref.h"
 #include "cli_opt.h"
@@ -180,6 +181,20 @@ static int write_job_copy(struct local *L, json_t *cluster) {
                 return 1;
         }
         json_object_set_new(root, "job", json_string(L->cfg->name));
+        /* a job on loopback keeps its own CA and keys with its other state (security.auto_dir) */
+        json_t *sec = json_object_get(root, "security");
+        if (!json_is_object(sec)) {
+                sec = json_object();
+                json_object_set_new(root, "security", sec);
+        }
+        char *auto_dir = strdup_printf("%s/tls", L->state_dir);
+        if (!auto_dir) {
+                json_decref(root);
+                cli_error("out of memory");
+                return 1;
+        }
+        json_object_set_new(sec, "auto_dir", json_string(auto_dir));
+        free(auto_dir);
         json_object_set(root, "cluster", cluster);
         /* model.onnx is relative to the job file, which the copy is not beside */
         json_t *model = json_object_get(root, "model");
@@ -207,6 +222,41 @@ static int write_job_copy(struct local *L, json_t *cluster) {
         config_free(L->cfg);
         L->cfg = NULL;
         return cli_load_job(L->job_copy, &L->cfg);
+}
+
+/* A job on loopback under security.mode auto: its own CA and every task's pair (and the admin's and the
+ * viewer's, for psfleet's commands) in the state directory, made before any daemon starts, so that they
+ * find them rather than race to make them; then our own calls as admin. */
+int local_auto_tls(struct local *L) {
+        if (!tls_job_uses_auto(L->cfg))
+                return 0;       /* cmd_local made its calls secure already */
+        {
+                const char **tasks = calloc(L->n_kids + 2, sizeof(char *));
+                char (*names)[AUTHZ_TASK_MAX] = calloc(L->n_kids, sizeof(*names));
+                char err[2048];
+                int r = tasks && names ? 0 : -ENOMEM;
+                for (uint32_t i = 0; r == 0 && i < L->n_kids; i++) {
+                        const char *t = L->kids[i].task, *colon = strchr(t, ':');
+                        if (i == L->chief)
+                                snprintf(names[i], sizeof(names[i]), "chief");
+                        else
+                                snprintf(names[i], sizeof(names[i]), "%.*s-%s", (int)(colon - t), t, colon + 1);
+                        tasks[i] = names[i];
+                }
+                tasks[L->n_kids] = "admin";
+                tasks[L->n_kids + 1] = "viewer";
+                if (r == 0)
+                        r = tls_auto_prepare(L->cfg, tasks, L->n_kids + 2, err, sizeof(err));
+                else
+                        snprintf(err, sizeof(err), "out of memory");
+                free(tasks);
+                free(names);
+                if (r < 0) {
+                        cli_error("%s", err);
+                        return r == -EINVAL ? CONFIG_EX_CONFIG : 1;
+                }
+        }
+        return cli_secure(L->cfg, "admin");
 }
 
 /* The environment of a child, built before fork (no allocation between fork and exec). Its

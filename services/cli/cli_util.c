@@ -38,10 +38,12 @@ void cli_chief_ref_clear(struct cli_chief_ref *r) {
         free(r->address);
         free(r->job_name);
         free(r->state_dir);
+        free(r->tls_error);
         *r = (struct cli_chief_ref){0};
 }
 
-int cli_chief_locate(const char *cmd, const char *address, const char *job, struct cli_chief_ref *ret) {
+int cli_chief_locate(const char *cmd, const char *address, const char *job, bool offline_ok,
+                     struct cli_chief_ref *ret) {
         *ret = (struct cli_chief_ref){0};
         if (!address == !job) {
                 fprintf(stderr, "psfleet %s: give exactly one of --address HOST:PORT and --job JOB\n", cmd);
@@ -68,8 +70,16 @@ int cli_chief_locate(const char *cmd, const char *address, const char *job, stru
                 cli_error("%s", err);
                 r = CONFIG_EX_CONFIG;
         }
-        if (!r)
-                r = cli_secure(cfg, cli_identity);
+        if (!r) {
+                char why[2048];
+                r = cli_secure_why(cfg, cli_identity, why, sizeof(why));
+                if (r == CONFIG_EX_CONFIG && offline_ok && !(ret->tls_error = strdup(why)))
+                        r = 1;
+                else if (r == CONFIG_EX_CONFIG && offline_ok)
+                        r = 0;
+                else if (r)
+                        cli_error("%s", why);
+        }
         if (!r) {
                 ret->address = strdup(cfg->cluster.chief[0].addr);
                 ret->job_name = strdup(cfg->name);
@@ -87,7 +97,7 @@ int cli_chief_locate(const char *cmd, const char *address, const char *job, stru
 
 int cli_chief_address(const char *cmd, const char *address, const char *job, char **ret) {
         struct cli_chief_ref ref;
-        int r = cli_chief_locate(cmd, address, job, &ref);
+        int r = cli_chief_locate(cmd, address, job, false, &ref);
         if (r)
                 return r;
         *ret = ref.address;
@@ -98,29 +108,34 @@ int cli_chief_address(const char *cmd, const char *address, const char *job, cha
 
 const char *cli_identity;
 
-int cli_secure(const struct job_config *cfg, const char *identity) {
-        char err[2048], key[1024];
+int cli_secure_why(const struct job_config *cfg, const char *identity, char *why, size_t len) {
+        char ca[1024], crt[1024], key[1024];
         struct rpc_tls *tls;
         if (!identity) {
                 /* admin when this user may read its key, else the read-only viewer */
-                identity = tls_expand_path(cfg->security.key, cfg->name, "admin", key, sizeof(key)) == 0 &&
-                           access(key, R_OK) == 0 ? "admin" : "viewer";
+                identity = tls_paths(cfg, "admin", ca, crt, key) == 0 && access(key, R_OK) == 0 ? "admin" : "viewer";
         }
         if (strcmp(identity, "admin") != 0 && strcmp(identity, "viewer") != 0) {
-                cli_error("--identity %s: expected admin or viewer", identity);
+                snprintf(why, len, "--identity %s: expected admin or viewer", identity);
                 return CLI_EX_USAGE;
         }
-        if (tls_from_config(cfg, identity, &tls, err, sizeof(err)) < 0) {
-                cli_error("%s", err);
+        if (tls_from_config(cfg, identity, &tls, why, len) < 0)
                 return CONFIG_EX_CONFIG;
-        }
         int r = rpc_secure(tls);
         rpc_tls_free(tls);
         if (r < 0) {
-                cli_error("out of memory");
+                snprintf(why, len, "out of memory");
                 return 1;
         }
         return 0;
+}
+
+int cli_secure(const struct job_config *cfg, const char *identity) {
+        char why[2048];
+        int r = cli_secure_why(cfg, identity, why, sizeof(why));
+        if (r)
+                cli_error("%s", why);
+        return r;
 }
 
 int cli_parse_number(const char *cmd, const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret) {

@@ -31,14 +31,20 @@ struct cli_chief_ref {
         char *address;          /* "host:port" */
         char *job_name;         /* the job's name; NULL with --address */
         char *state_dir;        /* a running local job's state root (chief's records in STATE_DIR/JOB/) */
+        char *tls_error;        /* offline_ok: why the job's credentials could not be had (no call made) */
 };
-int cli_chief_locate(const char *cmd, const char *address, const char *job, struct cli_chief_ref *ret);
+/* offline_ok: a command that can do without the chief (reading its records) gets 0 also when the
+ * job's credentials are missing or not this user's, with the reason in tls_error instead of printed. */
+int cli_chief_locate(const char *cmd, const char *address, const char *job, bool offline_ok,
+                     struct cli_chief_ref *ret);
 void cli_chief_ref_clear(struct cli_chief_ref *r);   /* frees the strings */
 
 /* The job's security.* for psfleet's own calls, as `identity` (admin or viewer; NULL: admin when its
  * key is readable, else viewer; psfleet local: admin): mutual TLS for every channel made after, or
  * plain TCP where the job allows it. Returns 0, or prints why and returns the exit status. */
 int cli_secure(const struct job_config *cfg, const char *identity);
+/* The same, the reason written into why instead of printed. */
+int cli_secure_why(const struct job_config *cfg, const char *identity, char *why, size_t len);
 
 /* A whole number in [min, max] for option `opt` of `psfleet cmd`: returns 0 with it in *ret; else
  * prints why ("psfleet cmd: --opt "s": expected min..max") and returns CLI_EX_USAGE (*ret untouched). */

@@ -50,9 +50,17 @@ static int daemon_security(const struct daemon_args *a, const char *ident, enum 
         char task[AUTHZ_TASK_MAX];
         struct rpc_tls *tls;
         authz_task_name(peer_of[role], a->task.index, task, sizeof(task));
-        int r = tls_from_config(a->cfg, task, &tls, err, errlen);
+        /* A job on one host: its own CA and pairs, made by whichever daemon starts first (psfleet local
+         * made them already), the admin's and the viewer's with them for psfleet's commands. */
+        const char *const mine[] = {task, "admin", "viewer"};
+        int r = tls_job_uses_auto(a->cfg) ? tls_auto_prepare(a->cfg, mine, ELEMENTSOF(mine), err, errlen) : 0;
         if (r < 0)
                 return r;
+        if ((r = tls_from_config(a->cfg, task, &tls, err, errlen)) < 0)
+                return r;
+        if (!tls && tls_addr_is_loopback(a->listen))
+                log_warning("job %s runs WITHOUT TLS (security.mode: insecure): any process of this host can call "
+                            "anything, read the model and stop the job", a->cfg->name);
         if (!tls && !tls_addr_is_loopback(a->listen) && !a->cfg->security.allow_insecure) {
                 snprintf(err, errlen, "--listen %s is beyond loopback but the job runs without TLS (security.mode); "
                          "use mtls, or set security.allow_insecure: true", a->listen);
@@ -69,7 +77,8 @@ static int daemon_security(const struct daemon_args *a, const char *ident, enum 
         }
         r = rpc_secure(tls);
         if (tls)
-                log_info("mutual TLS as %s of job %s", task, a->cfg->name);
+                log_info("mutual TLS as %s of job %s%s", task, a->cfg->name,
+                         tls_job_uses_auto(a->cfg) ? " (its own CA in security.auto_dir)" : "");
         rpc_tls_free(tls);
         return r;
 }

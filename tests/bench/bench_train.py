@@ -2,8 +2,11 @@
 """Training benchmark: examples/s of the demo model for --standalone, 1 ps + 1 worker and 1 ps + 2
 workers, with the same batch and thread count, measured side by side in one run, with the CPU each run
 used. The distributed modes run as a job on one host runs: tensors between workerd and psd through
-shared memory (rpc.shared_memory, the default); the "-grpc" modes run the same jobs with it off, every
-tensor through loopback gRPC, as between hosts, and the "-grpc-tls" modes the same with mutual TLS
+shared memory (rpc.shared_memory, the default), every other call under mutual TLS with the job's own CA
+(security.mode auto, the default); the "-plain" modes run the same jobs with security.mode insecure
+(what the default costs); the "-grpc" modes run them plain with shared memory off, every
+tensor through loopback gRPC, as between hosts, "-grpc-auto" the same under the default security, and
+the "-grpc-tls" modes the same with mutual TLS
 (certificates from psfleet certs in a temporary directory): what TLS costs; the "-grpc-bf16" modes push
 gradients and get values back in bfloat16 (rpc.wire_dtype), the "-overlap" modes compute the next step
 while a push travels (training.overlap_push). Also the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
@@ -86,11 +89,25 @@ def main():
     sg = subprocess.run([os.path.join(a.build, "tests", "bench", "bench_sgemm")], capture_output=True, text=True)
     sgemm = {j["threads"]: j["gflops"] for j in map(json.loads, sg.stdout.split("\n")[:-1])}
 
-    # the same job with every tensor through gRPC
-    grpc_job = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-grpc-", delete=False)
+    # the job as given runs under its security.mode: by default (auto, every endpoint loopback) mutual TLS
+    # with the job's own CA; the "-plain" modes run it with security.mode insecure, the cost of that
+    # default side by side
+    plain_job = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-plain-", delete=False)
+    pj = json.load(open(a.job))
+    pj.setdefault("job", os.path.splitext(os.path.basename(a.job))[0])
+    pj["security"] = {"mode": "insecure"}
+    json.dump(pj, plain_job)
+    plain_job.close()
+    # the same job with every tensor through gRPC under the default security (auto: mutual TLS)
+    auto_job = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-grpc-auto-", delete=False)
     gj = json.load(open(a.job))
     gj.setdefault("rpc", {})["shared_memory"] = False
     gj.setdefault("job", os.path.splitext(os.path.basename(a.job))[0])
+    json.dump(gj, auto_job)
+    auto_job.close()
+    # and in plain TCP (security.mode insecure), as every "-grpc" mode but the TLS ones
+    grpc_job = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-grpc-", delete=False)
+    gj["security"] = {"mode": "insecure"}
     json.dump(gj, grpc_job)
     grpc_job.close()
     # and over gRPC in bfloat16 (rpc.wire_dtype): half the bytes of pushes and their answers
@@ -108,7 +125,7 @@ def main():
     # and over gRPC with mutual TLS, certificates from psfleet certs (the cost of TLS, side by side)
     tls_dir = tempfile.mkdtemp(prefix="bench-tls-")
     tls_job = os.path.join(tls_dir, "job.json")
-    tj = dict(gj)
+    tj = json.loads(json.dumps(gj))
     tj["security"] = {"mode": "mtls", "ca": tls_dir + "/{job}/ca.crt", "cert": tls_dir + "/{job}/{task}.crt",
                       "key": tls_dir + "/{job}/{task}.key"}
     json.dump(tj, open(tls_job, "w"))
@@ -119,6 +136,9 @@ def main():
     subprocess.run([psfleet, "certs", "--job", tls_job, "--dir", tls_dir], check=True, capture_output=True)
     modes = [("standalone", a.job, ["--standalone"]), ("1ps+1worker", a.job, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers", a.job, ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-plain", plain_job.name, ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers-plain", plain_job.name, ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-grpc-auto", auto_job.name, ["--ps", "1", "--workers", "1"]),
              ("1ps+1worker-grpc", grpc_job.name, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers-grpc", grpc_job.name, ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc-bf16", bf16_job.name, ["--ps", "1", "--workers", "1"]),
@@ -139,15 +159,20 @@ def main():
                 best[name] = r
     sa = best["standalone"]["examples_per_s"]
     os.unlink(grpc_job.name)
+    os.unlink(plain_job.name)
+    os.unlink(auto_job.name)
     os.unlink(bf16_job.name)
     os.unlink(ovl_job.name)
     shutil.rmtree(tls_dir, ignore_errors=True)
     for name, _, _ in modes:
         r = best[name]
         line = {"mode": name, "transport": "none" if name == "standalone" else
-                ("grpc" if name.endswith("-grpc") else "grpc+mtls" if name.endswith("-tls") else
+                ("shared memory, plain (insecure)" if name.endswith("-plain") else
+                 "grpc+mtls (auto, the job's own CA)" if name.endswith("-grpc-auto") else
+                 "grpc" if name.endswith("-grpc") else "grpc+mtls" if name.endswith("-tls") else
                  "grpc, bfloat16" if name.endswith("-bf16") else "grpc, overlapped" if name.endswith("-grpc-overlap")
-                 else "grpc+mtls, overlapped" if name.endswith("-tls-overlap") else "shared memory"), "batch": batch, "threads": threads, "steps": a.steps,
+                 else "grpc+mtls, overlapped" if name.endswith("-tls-overlap") else
+                 "shared memory, mtls (auto, the default)"), "batch": batch, "threads": threads, "steps": a.steps,
                 "examples_per_s": round(r["examples_per_s"], 1), "ratio_to_standalone": round(r["examples_per_s"] / sa, 3),
                 "test_accuracy": r.get("test_accuracy"),
                 # CPU of every process of the run (start-up and the final evaluation included) per step,

@@ -102,8 +102,20 @@ def load_example():
         return json.load(f)
 
 
+_plain = False
+
+
+def plain_rpc():
+    """This test calls the daemons with its own plain gRPC clients (any role, no certificates): the jobs
+    make_job writes from now on run with security.mode insecure, as an operator may ask. Tests without
+    it run the default: mutual TLS with the job's own CA (in the work dir's tls/JOB for daemons started
+    here, in the state directory for `psfleet local`)."""
+    global _plain
+    _plain = True
+
+
 def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None, ps=None, base=None, rpc=None,
-             supervisor=None):
+             supervisor=None, security=None):
     """Writes a job file with a fresh loopback cluster; returns (path, job dict)."""
     job = json.loads(json.dumps(base)) if base else load_example()
     ports = free_ports(1 + n_ps + n_workers)
@@ -122,6 +134,11 @@ def make_job(wd, name="job.json", n_ps=1, n_workers=1, training=None, model=None
         job.setdefault("rpc", {}).update(rpc)
     if supervisor is not None:
         job["supervisor"] = dict(supervisor)
+    sec = job.setdefault("security", {})
+    sec.update(security or {})
+    sec.setdefault("auto_dir", os.path.join(wd.path, "tls", "{job}"))
+    if _plain:
+        sec.setdefault("mode", "insecure")
     path = wd.file(name)
     with open(path, "w") as f:
         json.dump(job, f, indent=2)

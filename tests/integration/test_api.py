@@ -4,6 +4,7 @@ import harness as h
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "chiefd")
     s = h.stubs()
     import grpc

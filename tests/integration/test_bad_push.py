@@ -16,6 +16,7 @@ SHM_CLIENT = os.path.join(h.BUILD_DIR, "tests", "integration", "shm_client")
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "chiefd")
     if not os.access(SHM_CLIENT, os.X_OK):
         h.skip("shm_client not built (%s)" % SHM_CLIENT)

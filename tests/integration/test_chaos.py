@@ -383,6 +383,7 @@ def campaign(opts, trial_cls, base):
 
 
 def test(argv=None):
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     opts = parse(sys.argv[1:] if argv is None else argv)
     h.require("psd", "workerd", "chiefd")
     h.stubs()

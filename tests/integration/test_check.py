@@ -47,6 +47,7 @@ def variant(wd, spec, name, change):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "psfleet")
     wd = h.Workdir()
     # the demo file as shipped, nothing on its ports: all well

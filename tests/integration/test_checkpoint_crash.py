@@ -64,6 +64,7 @@ def pull(s, ps_addr, fingerprint, shapes):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     pyenv.ensure()
     h.require("psd", "workerd", "chiefd")
     import numpy as np

@@ -57,6 +57,7 @@ def wait_step(state_dir, proc, step, timeout=120):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     pyenv.ensure()
     h.require("psd", "workerd", "chiefd", "psfleet")
     import numpy as np

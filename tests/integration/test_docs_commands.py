@@ -140,7 +140,7 @@ def start_background(wd, steps):
         r = subprocess.run([h.BIN["psfleet"], "status", "--job", "fmnist-mlp", "--json"], env=env_for(wd),
                            capture_output=True, text=True)
         if r.returncode == 0 and '"training"' in r.stdout:
-            said = re.search(r"psfleet: job fmnist-mlp: chief at 127\.0\.0\.1:\d+, state in (\S+).*"
+            said = re.search(r"psfleet: job fmnist-mlp: chief at 127\.0\.0\.1:\d+ \(mutual TLS\), state in (\S+).*"
                              r"`psfleet status --job fmnist-mlp` finds it", p.stderr())
             assert said and os.path.isdir(said.group(1)), "psfleet local did not say where its job is:\n" + p.stderr()
             return p

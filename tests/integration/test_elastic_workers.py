@@ -22,6 +22,7 @@ def reports(db, worker, after_us):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd")
     wd = h.Workdir()
     job, spec = h.make_job(wd, n_ps=1, n_workers=2,

@@ -194,6 +194,7 @@ def no_workers():
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd", "psfleet")
     no_workers()
     sticky_failure()

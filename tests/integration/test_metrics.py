@@ -35,6 +35,7 @@ def promtool_ok(text, who):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd")
     if not shutil.which("promtool"):
         h.skip("promtool not installed (Debian's prometheus package)")

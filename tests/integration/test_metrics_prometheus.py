@@ -35,6 +35,7 @@ def ready(api):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd")
     prom = shutil.which("prometheus")
     if not prom:

@@ -6,6 +6,7 @@ import harness as h
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd")
     wd = h.Workdir()
     job, spec = h.make_job(wd, n_ps=1, n_workers=2, training={"max_steps": 150})

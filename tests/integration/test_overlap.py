@@ -10,6 +10,7 @@ STEPS = 2000
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd")
     wd = h.Workdir()
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": STEPS, "overlap_push": True},

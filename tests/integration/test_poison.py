@@ -208,6 +208,7 @@ def poisoned_weights(s):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "chiefd", "workerd", "psfleet")
     s = h.stubs()
     reject_and_reports(s)

@@ -46,6 +46,7 @@ def end_chief(chief):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "chiefd")
     s = h.stubs()
     wd = h.Workdir()

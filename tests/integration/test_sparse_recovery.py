@@ -31,6 +31,7 @@ def maybe(f):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     pyenv.ensure()
     from tensorboard.backend.event_processing import event_accumulator
     h.require_built("psd", "workerd", "chiefd", "psfleet")

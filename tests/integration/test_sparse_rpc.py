@@ -14,6 +14,7 @@ DIM = 8
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     for n in ("psd",):
         if not os.access(h.BIN[n], os.X_OK):
             h.skip("%s not built" % n)

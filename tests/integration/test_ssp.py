@@ -55,6 +55,7 @@ def run(wd, s):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd")
     wd = h.Workdir()
     held = []

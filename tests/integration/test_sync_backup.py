@@ -54,6 +54,7 @@ def measure(wd, name, n_aggregate, slow, span):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd")
     wd = h.Workdir()
     base, _ = measure(wd, "n2-no-straggler", 2, False, 400)

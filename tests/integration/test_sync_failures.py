@@ -31,6 +31,7 @@ def start(wd, name, workers, training, rpc=None):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd")
     wd = h.Workdir()
 

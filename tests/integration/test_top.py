@@ -22,6 +22,7 @@ def top(*args, timeout=30):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
     # long enough to be training throughout; a report every 10 steps: every ~2 s from the slowed worker

@@ -53,6 +53,7 @@ class PtyWatch:
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     pyenv.ensure()
     h.require("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()

@@ -32,6 +32,7 @@ def wait_waiting_for(s, addr, peer, proc, timeout=30):
 
 
 def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
     h.require("psd", "workerd", "chiefd")
     s = h.stubs()
     wd = h.Workdir()

@@ -21,6 +21,7 @@
 #include "cli_jobref.h"
 #include "cli_opt.h"
 #include "cli_util.h"
+#include "tls.h"
 #include "util.h"
 
 /* ---- capturing what a helper prints on stdout or stderr ---- */
@@ -273,6 +274,29 @@ static char *example(void) {
         return strdup_printf("%s/examples/fmnist-mlp.json", src ? src : ".");
 }
 
+/* The example as a job on loopback whose own credentials (security.mode auto) are in DIR/tls, made
+ * as its first daemon would: DIR/fmnist-mlp.json. */
+static char *example_auto(const char *dir) {
+        char *src = example(), *text = NULL, err[1024];
+        size_t n;
+        assert_int_equal(read_file(src, 1 << 20, &text, &n), 0);
+        char *path = strdup_printf("%s/fmnist-mlp.json", dir);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        assert_true(text[0] == '{');
+        fprintf(f, "{\"security\": {\"auto_dir\": \"%s/tls\"},%s", dir, text + 1);
+        fclose(f);
+        struct job_config *cfg;
+        assert_int_equal(cli_load_job(path, &cfg), 0);
+        static const char *const people[] = {"admin", "viewer"};
+        if (tls_auto_prepare(cfg, people, 2, err, sizeof(err)) < 0)
+                fail_msg("%s", err);
+        config_free(cfg);
+        free(text);
+        free(src);
+        return path;
+}
+
 static void test_load_job(void **state) {
         struct job_config *cfg = NULL;
         char *path = example();
@@ -290,8 +314,27 @@ static void test_load_job(void **state) {
         free(got);
 }
 
+/* psfleet status --job path: a config error for want credentials, saying both things. */
+static void refused_for_tls(const char *path, const char *says, const char *and_says) {
+        char *addr = NULL;
+        capture(stderr);
+        assert_int_equal(cli_chief_address("status", NULL, path, &addr), CONFIG_EX_CONFIG);
+        char *why = captured_text(stderr);
+        assert_non_null(strstr(why, says));
+        assert_non_null(strstr(why, and_says));
+        free(why);
+        assert_null(addr);
+}
+
 static void test_chief_address(void **state) {
+        assert_int_equal(scratch_dir_make("cli-address"), 0);
         char *addr = NULL, *path = example();
+        /* on loopback under security.mode auto, the job's own credentials are needed: none, an error */
+        unsetenv("TF_CONFIG");
+        refused_for_tls(path, "security.mode is auto and every endpoint is loopback",
+                        "security.auto_dir (/var/lib/psfleet/tls/fmnist-mlp/ca.crt");
+        free(path);
+        path = example_auto(scratch_dir);
         capture(stderr);
         assert_int_equal(cli_chief_address("status", NULL, NULL, &addr), CLI_EX_USAGE);
         assert_int_equal(cli_chief_address("watch", "h:1", path, &addr), CLI_EX_USAGE);
@@ -319,13 +362,8 @@ static void test_chief_address(void **state) {
         addr = NULL;
         setenv("TF_CONFIG", "{\"cluster\": {\"chief\": [\"10.0.0.9:7000\"], \"ps\": [\"10.0.0.9:7001\"], "
                             "\"worker\": [\"10.0.0.9:7002\"]}}", 1);
-        capture(stderr);
-        assert_int_equal(cli_chief_address("status", NULL, path, &addr), CONFIG_EX_CONFIG);
-        char *why = captured_text(stderr);
-        assert_non_null(strstr(why, "security.mode is mtls (auto: an endpoint is beyond loopback), but security.ca"));
-        assert_non_null(strstr(why, "psfleet certs --job fmnist-mlp"));
-        free(why);
-        assert_null(addr);
+        refused_for_tls(path, "security.mode is mtls (auto: an endpoint is beyond loopback), but security.ca",
+                        "psfleet certs --job fmnist-mlp");
 
         addr = NULL;
         setenv("TF_CONFIG", "{\"cluster\": ", 1);
@@ -337,6 +375,7 @@ static void test_chief_address(void **state) {
         assert_null(addr);
         unsetenv("TF_CONFIG");
         free(path);
+        assert_int_equal(scratch_dir_remove(state), 0);
 }
 
 /* ---- progress display ---- */
@@ -353,7 +392,7 @@ static long dead_pid(void) {
 
 static void test_local_jobs(void **state) {
         assert_int_equal(scratch_dir_make("cli-jobref"), 0);
-        char *dir = scratch_dir, *path = example(), *rec = NULL;
+        char *dir = scratch_dir, *path = example_auto(scratch_dir), *rec = NULL;
         char *src = realpath(path, NULL), *got = NULL, *local_dir, *cfgdir;
         assert_non_null(src);
         setenv("XDG_RUNTIME_DIR", dir, 1);
@@ -371,8 +410,15 @@ static void test_local_jobs(void **state) {
         fprintf(f, "{\"job\": \"fmnist-mlp\", \"cluster\": {\"chief\": [\"127.0.0.1:7100\"], "
                    "\"ps\": [\"127.0.0.1:7101\"], \"worker\": [\"127.0.0.1:7102\"]}, "
                    "\"model\": {\"input\": [4], \"layers\": [{\"type\": \"dense\", \"units\": 2}]}, "
-                   "\"data\": {\"dir\": \"/nonexistent\"}}\n");
+                   "\"data\": {\"dir\": \"/nonexistent\"}, \"security\": {\"auto_dir\": \"%s/tls\"}}\n", dir);
         fclose(f);
+        struct job_config *local_cfg;
+        char err[1024];
+        assert_int_equal(cli_load_job(copy, &local_cfg), 0);
+        static const char *const people[] = {"admin", "viewer"};
+        if (tls_auto_prepare(local_cfg, people, 2, err, sizeof(err)) < 0)
+                fail_msg("%s", err);
+        config_free(local_cfg);
         struct cli_local_job j = {.name = "fmnist-mlp", .chief = "127.0.0.1:7100", .job_file = copy,
                                   .state_dir = dir, .source = src, .pid = (long)getpid()}, found;
         assert_int_equal(cli_local_register(&j, &rec), 0);
@@ -394,7 +440,7 @@ static void test_local_jobs(void **state) {
         assert_string_equal(got, "127.0.0.1:7100");
         free(got);
         struct cli_chief_ref ref;
-        assert_int_equal(cli_chief_locate("checkpoints", NULL, "fmnist-mlp", &ref), 0);
+        assert_int_equal(cli_chief_locate("checkpoints", NULL, "fmnist-mlp", false, &ref), 0);
         assert_string_equal(ref.job_name, "fmnist-mlp");
         assert_string_equal(ref.state_dir, dir);
         cli_chief_ref_clear(&ref);

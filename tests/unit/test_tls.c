@@ -109,13 +109,83 @@ static void test_paths(void **state) {
         assert_false(tls_addr_is_loopback("128.0.0.1:7000"));
 }
 
+/* auto on loopback: mutual TLS with the job's own CA, made in security.auto_dir by the first to start. */
+static void test_auto(void **state) {
+        (void)state;
+        char err[2048], *sec = strdup_printf("{\"auto_dir\": \"%s/auto/{job}\"}", scratch_dir);
+        struct job_config *c = job("127.0.0.1", sec);
+        struct rpc_tls *t = (struct rpc_tls *)1;
+        assert_true(tls_job_uses_mtls(c));
+        assert_true(tls_job_uses_auto(c));
+        /* nothing made yet: an error that names the key and the directory, and says who makes them */
+        assert_int_equal(tls_from_config(c, "ps-0", &t, err, sizeof(err)), -EINVAL);
+        assert_null(t);
+        assert_non_null(strstr(err, "security.auto_dir ("));
+        assert_non_null(strstr(err, "/auto/j/ca.crt: No such file or directory"));
+        assert_non_null(strstr(err, "make them at their first start"));
+
+        static const char *const tasks[] = {"ps-0", "admin"};
+        assert_int_equal(tls_auto_prepare(c, tasks, 2, err, sizeof(err)), 0);
+        char *dir = strdup_printf("%s/auto/j", scratch_dir), *key = strdup_printf("%s/ps-0.key", dir);
+        struct stat st;
+        assert_int_equal(stat(dir, &st), 0);
+        assert_int_equal(st.st_mode & 07777, 0700);
+        assert_int_equal(stat(key, &st), 0);
+        assert_int_equal(st.st_mode & 07777, 0600);
+        assert_int_equal(tls_from_config(c, "ps-0", &t, err, sizeof(err)), 0);
+        assert_non_null(t);
+        rpc_tls_free(t);
+        /* only the tasks asked for */
+        assert_int_equal(tls_from_config(c, "worker-0", &t, err, sizeof(err)), -EINVAL);
+        /* a second start keeps the CA and the pair it finds */
+        char *ca1 = NULL, *ca2 = NULL, *ca = strdup_printf("%s/ca.crt", dir);
+        size_t n;
+        assert_int_equal(read_file(ca, 1 << 20, &ca1, &n), 0);
+        static const char *const more[] = {"ps-0", "worker-0"};
+        assert_int_equal(tls_auto_prepare(c, more, 2, err, sizeof(err)), 0);
+        assert_int_equal(read_file(ca, 1 << 20, &ca2, &n), 0);
+        assert_string_equal(ca1, ca2);
+        assert_int_equal(tls_from_config(c, "worker-0", &t, err, sizeof(err)), 0);
+        rpc_tls_free(t);
+        /* a pair of another CA in its place is issued again, not trusted */
+        char *cmd = strdup_printf("cp %s/other/worker-0.crt %s/worker-0.crt && cp %s/other/worker-0.key %s/worker-0.key",
+                                  scratch_dir, dir, scratch_dir, dir);
+        assert_int_equal(system(cmd), 0);
+        assert_int_equal(tls_from_config(c, "worker-0", &t, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "does not verify"));
+        assert_int_equal(tls_auto_prepare(c, more, 2, err, sizeof(err)), 0);
+        assert_int_equal(tls_from_config(c, "worker-0", &t, err, sizeof(err)), 0);
+        rpc_tls_free(t);
+        /* a directory others may read is refused, naming it and the mode */
+        assert_int_equal(chmod(dir, 0750), 0);
+        assert_int_equal(tls_auto_prepare(c, more, 2, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "is open to others (mode 0750)"));
+        assert_int_equal(chmod(dir, 0700), 0);
+        config_free(c);
+        /* {task} has no meaning in it */
+        free(sec);
+        sec = strdup_printf("{\"auto_dir\": \"%s/auto/{task}\"}", scratch_dir);
+        c = job("127.0.0.1", sec);
+        assert_int_equal(tls_auto_prepare(c, tasks, 2, err, sizeof(err)), -EINVAL);
+        assert_non_null(strstr(err, "only {job} may be replaced"));
+        config_free(c);
+        free(sec);
+        free(cmd);
+        free(ca);
+        free(ca1);
+        free(ca2);
+        free(key);
+        free(dir);
+}
+
 static void test_modes(void **state) {
         (void)state;
         char err[2048];
         struct rpc_tls *t = (struct rpc_tls *)1;
-        struct job_config *c = job("127.0.0.1", NULL);        /* auto, loopback: insecure */
+        struct job_config *c = job("127.0.0.1", "{\"mode\": \"insecure\"}");   /* asked for: plain */
         assert_int_equal(tls_from_config(c, "ps-0", &t, err, sizeof(err)), 0);
         assert_null(t);
+        assert_false(tls_job_uses_mtls(c));
         config_free(c);
 
         c = job("10.0.0.1", NULL);                            /* auto, beyond loopback: mtls, no files */
@@ -311,4 +381,5 @@ static void test_calls(void **state) {
 UNIT_TEST_MAIN(setup, teardown,
         cmocka_unit_test(test_paths),
         cmocka_unit_test(test_modes),
+        cmocka_unit_test(test_auto),
         cmocka_unit_test(test_calls))

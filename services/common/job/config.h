@@ -138,8 +138,9 @@ struct rpc_config {
 
 /* Per node. ca/cert/key may hold {job} and {task} ("chief", "ps-0", "worker-1", "admin", ...). */
 struct security_config {
-        enum security_mode mode;   /* AUTO: INSECURE when every endpoint is loopback, else MTLS */
+        enum security_mode mode;   /* AUTO: MTLS, from auto_dir when every endpoint is loopback */
         char *ca, *cert, *key;
+        char *auto_dir;            /* AUTO on loopback: the job's own CA and credentials, made at start */
         bool allow_insecure;       /* INSECURE with endpoints beyond loopback (a warning at every start) */
 };
 

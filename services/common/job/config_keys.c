@@ -356,8 +356,9 @@ const struct config_key cfg_keys[] = {
 
         K_ENUM("security.mode", security.mode, "auto", security_mode_names,
                "mtls: every gRPC port speaks mutual TLS and every call is authorized by the peer's certificate "
-               "(docs/security.md); insecure: plain TCP, any caller may call anything; auto: insecure when "
-               "every endpoint of the cluster is loopback, else mtls. Each node decides for itself."),
+               "(docs/security.md); insecure: plain TCP, any caller may call anything (a warning at every start); "
+               "auto: mtls, with the job's own CA and certificates made in security.auto_dir when every endpoint "
+               "of the cluster is loopback, else with security.ca/cert/key. Each node decides for itself."),
         K_STR("security.ca", security.ca, "/etc/psfleet/tls/{job}/ca.crt",
               "mtls: the cluster CA's certificate (PEM); {job} is the job name."),
         K_STR("security.cert", security.cert, "/etc/psfleet/tls/{job}/{task}.crt",
@@ -365,6 +366,11 @@ const struct config_key cfg_keys[] = {
               "(the daemons), admin or viewer (psfleet's commands, --identity)."),
         K_STR("security.key", security.key, "/etc/psfleet/tls/{job}/{task}.key",
               "mtls: this task's private key (PEM), readable by the psfleet group only."),
+        K_STR("security.auto_dir", security.auto_dir, "/var/lib/psfleet/tls/{job}",
+              "auto on a job whose every endpoint is loopback: the directory (0700, the job's user's) where the "
+              "first daemon to start makes the job's CA and each task's key and certificate (0600), and where "
+              "psfleet's commands find the admin's; psfleet local puts it in its state directory. {job} is the "
+              "job name."),
         K_BOOL("security.allow_insecure", security.allow_insecure, false,
                "Accept security.mode insecure although some endpoint is beyond loopback (anyone who reaches a "
                "port then owns the job); logs a warning at every start."),

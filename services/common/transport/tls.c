@@ -1,10 +1,15 @@
 /* security.* for one task: the mode in force and the credentials, checked with libcrypto (see tls.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -15,6 +20,7 @@
 #include "log.h"
 #include "tls.h"
 #include "util.h"
+#include "x509.h"
 
 #define PEM_MAX (1 << 20)
 
@@ -163,18 +169,157 @@ out:
 }
 
 bool tls_job_uses_mtls(const struct job_config *c) {
+        return c->security.mode != SECURITY_INSECURE;
+}
+
+bool tls_job_uses_auto(const struct job_config *c) {
         char remote[300];
-        return c->security.mode == SECURITY_MTLS ||
-               (c->security.mode == SECURITY_AUTO && tls_remote_endpoint(c, remote, sizeof(remote)));
+        return c->security.mode == SECURITY_AUTO && !tls_remote_endpoint(c, remote, sizeof(remote));
+}
+
+/* security.auto_dir expanded for the job ({task} has no meaning there). */
+static int auto_dir(const struct job_config *c, char *buf, size_t len) {
+        if (strstr(c->security.auto_dir, "{task}"))
+                return -EINVAL;
+        return tls_expand_path(c->security.auto_dir, c->name, "", buf, len);
+}
+
+int tls_paths(const struct job_config *c, const char *task, char ca[1024], char cert[1024], char key[1024]) {
+        const struct security_config *sc = &c->security;
+        if (tls_job_uses_auto(c)) {
+                char dir[900];
+                int r = auto_dir(c, dir, sizeof(dir));
+                if (r < 0)
+                        return r;
+                snprintf(ca, 1024, "%s/ca.crt", dir);
+                snprintf(cert, 1024, "%s/%s.crt", dir, task);
+                snprintf(key, 1024, "%s/%s.key", dir, task);
+                return 0;
+        }
+        int r = tls_expand_path(sc->ca, c->name, task, ca, 1024);
+        if (r >= 0)
+                r = tls_expand_path(sc->cert, c->name, task, cert, 1024);
+        if (r >= 0)
+                r = tls_expand_path(sc->key, c->name, task, key, 1024);
+        return r;
+}
+
+static bool exists(const char *path) {
+        return access(path, F_OK) == 0;
+}
+
+/* The job's CA in dir: loaded when both files are there, made when neither is. */
+static int auto_ca(const char *dir, const char *job, struct x509_cred **ca, char *err, size_t errlen) {
+        char crt[1024], key[1024];
+        snprintf(crt, sizeof(crt), "%s/ca.crt", dir);
+        snprintf(key, sizeof(key), "%s/ca.key", dir);
+        if (exists(crt) && exists(key)) {
+                int r = x509_cred_load(crt, key, true, ca, err, errlen);
+                if (r >= 0 && x509_cred_not_after(*ca) <= time(NULL)) {
+                        *ca = x509_cred_free(*ca);
+                        return errf(err, errlen, -EINVAL, "security.auto_dir: the job's CA %s has ended: remove %s to "
+                                    "make a new one", crt, dir);
+                }
+                return r;
+        }
+        if (exists(crt) || exists(key))
+                return errf(err, errlen, -EINVAL, "security.auto_dir: %s exists without %s: remove %s to make the "
+                            "job's credentials again", exists(crt) ? crt : key, exists(crt) ? key : crt, dir);
+        char cn[160];
+        snprintf(cn, sizeof(cn), "psfleet CA %s (auto)", job);
+        const struct x509_subject s = {cn, "psfleet", job};
+        const struct x509_file fc = {crt, 0644, (gid_t)-1}, fk = {key, 0600, (gid_t)-1};
+        int r = x509_ca_new(&s, X509_CA_DAYS, ca, err, errlen);
+        if (r >= 0 && (r = x509_cred_save(*ca, &fc, &fk, err, errlen)) < 0)
+                *ca = x509_cred_free(*ca);
+        return r;
+}
+
+/* task's pair in dir, kept when this CA issued it and it is still valid, else issued (again). */
+static int auto_leaf(const char *dir, const char *job, const char *task, const struct x509_cred *ca, char *err,
+                     size_t errlen) {
+        char crt[1024], key[1024], dns[300], cn[AUTHZ_TASK_MAX], why[256];
+        snprintf(crt, sizeof(crt), "%s/%s.crt", dir, task);
+        snprintf(key, sizeof(key), "%s/%s.key", dir, task);
+        struct x509_cred *cred = NULL;
+        if (exists(crt) && exists(key) && x509_cred_load(crt, key, false, &cred, why, sizeof(why)) >= 0) {
+                int v = x509_cred_verify(cred, ca, why, sizeof(why));
+                x509_cred_free(cred);
+                if (v >= 0)
+                        return 0;
+        }
+        if (authz_dns_name(job, task, dns, sizeof(dns)) < 0)
+                return errf(err, errlen, -EINVAL, "security.auto_dir: job name too long for a certificate");
+        snprintf(cn, sizeof(cn), "%s", task);
+        char *dash = strchr(cn, '-');
+        if (dash)
+                *dash = '/';
+        const struct x509_subject s = {cn, "psfleet", job};
+        const struct x509_file fc = {crt, 0644, (gid_t)-1}, fk = {key, 0600, (gid_t)-1};
+        int r = x509_issue(ca, &s, dns, X509_LEAF_DAYS, &cred, err, errlen);
+        if (r >= 0)
+                r = x509_cred_save(cred, &fc, &fk, err, errlen);
+        x509_cred_free(cred);
+        return r;
+}
+
+int tls_auto_prepare(const struct job_config *c, const char *const *tasks, size_t n, char *err, size_t errlen) {
+        char dir[900];
+        int r = auto_dir(c, dir, sizeof(dir));
+        if (r < 0)
+                return errf(err, errlen, -EINVAL, "%s: security.auto_dir: \"%s\": %s", c->path, c->security.auto_dir,
+                            r == -ENAMETOOLONG ? "too long" : "only {job} may be replaced");
+        /* The parents as the job's user's own (a state directory is); the directory itself private. */
+        char *slash = strrchr(dir, '/');
+        if (slash && slash != dir) {
+                *slash = '\0';
+                r = mkdir_p(dir, 0700);
+                *slash = '/';
+                if (r < 0)
+                        return errf(err, errlen, r, "security.auto_dir: cannot make the parent of %s: %s", dir,
+                                    strerror(-r));
+        }
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+                return errf(err, errlen, -errno, "security.auto_dir: cannot make %s: %m", dir);
+        struct stat st;
+        if (lstat(dir, &st) < 0)
+                return errf(err, errlen, -errno, "security.auto_dir: %s: %m", dir);
+        if (!S_ISDIR(st.st_mode))
+                return errf(err, errlen, -EINVAL, "security.auto_dir: %s is not a directory", dir);
+        if (st.st_uid != geteuid())
+                return errf(err, errlen, -EINVAL, "security.auto_dir: %s belongs to uid %u, not to this job's user "
+                            "(uid %u): the job's keys must be its user's only", dir, (unsigned)st.st_uid,
+                            (unsigned)geteuid());
+        if (st.st_mode & 077)
+                return errf(err, errlen, -EINVAL, "security.auto_dir: %s is open to others (mode %04o): it must be "
+                            "0700, since the job's keys are in it", dir, (unsigned)(st.st_mode & 07777));
+        char lock[1024];
+        snprintf(lock, sizeof(lock), "%s/.lock", dir);
+        int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0)
+                return errf(err, errlen, -errno, "security.auto_dir: %s: %m", lock);
+        while (flock(fd, LOCK_EX) < 0)
+                if (errno != EINTR) {
+                        r = errf(err, errlen, -errno, "security.auto_dir: cannot lock %s: %m", lock);
+                        close(fd);
+                        return r;
+                }
+        struct x509_cred *ca = NULL;
+        r = auto_ca(dir, c->name, &ca, err, errlen);
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = auto_leaf(dir, c->name, tasks[i], ca, err, errlen);
+        x509_cred_free(ca);
+        close(fd);      /* and the lock with it */
+        return r < 0 ? r : 0;
 }
 
 int tls_from_config(const struct job_config *c, const char *task, struct rpc_tls **ret, char *err, size_t errlen) {
         const struct security_config *sc = &c->security;
         char remote[300];
         bool is_remote = tls_remote_endpoint(c, remote, sizeof(remote));
-        enum security_mode mode = sc->mode == SECURITY_AUTO ? (is_remote ? SECURITY_MTLS : SECURITY_INSECURE) : sc->mode;
+        bool is_auto = sc->mode == SECURITY_AUTO && !is_remote;
         *ret = NULL;
-        if (mode == SECURITY_INSECURE) {
+        if (sc->mode == SECURITY_INSECURE) {
                 if (!is_remote)
                         return 0;
                 if (!sc->allow_insecure) {
@@ -188,26 +333,43 @@ int tls_from_config(const struct job_config *c, const char *task, struct rpc_tls
                 return 0;
         }
 
-        const struct { const char *key, *pattern; } files[] = {
-                {"security.ca", sc->ca}, {"security.cert", sc->cert}, {"security.key", sc->key},
-        };
+        const char *keys[3] = {"security.ca", "security.cert", "security.key"};
+        const char *patterns[3] = {sc->ca, sc->cert, sc->key};
         char paths[3][1024], missing[2048] = "";
         char *pem[3] = {NULL, NULL, NULL};
         size_t mo = 0;
-        int r = 0;
-        for (size_t i = 0; i < 3; i++) {
-                int e = tls_expand_path(files[i].pattern, c->name, task, paths[i], sizeof(paths[i]));
-                if (e < 0) {
-                        snprintf(err, errlen, "%s: %s: \"%s\": %s", c->path, files[i].key, files[i].pattern,
-                                 e == -EINVAL ? "only {job} and {task} may be replaced" : "too long");
-                        r = -EINVAL;
-                        goto out;
+        int r = 0, denied = 0;
+        if (is_auto)
+                keys[0] = keys[1] = keys[2] = "security.auto_dir";
+        if (tls_paths(c, task, paths[0], paths[1], paths[2]) < 0) {
+                for (size_t i = 0; i < 3; i++) {
+                        const char *pat = is_auto ? sc->auto_dir : patterns[i];
+                        int e = is_auto ? auto_dir(c, paths[i], sizeof(paths[i]))
+                                        : tls_expand_path(pat, c->name, task, paths[i], sizeof(paths[i]));
+                        if (e < 0) {
+                                snprintf(err, errlen, "%s: %s: \"%s\": %s", c->path, keys[i], pat,
+                                         e == -ENAMETOOLONG ? "too long" : is_auto ? "only {job} may be replaced"
+                                         : "only {job} and {task} may be replaced");
+                                return -EINVAL;
+                        }
                 }
+        }
+        for (size_t i = 0; i < 3; i++) {
                 size_t len;
-                e = read_file(paths[i], PEM_MAX, &pem[i], &len);
+                int e = read_file(paths[i], PEM_MAX, &pem[i], &len);
+                denied |= e == -EACCES;
                 if (e < 0 && mo < sizeof(missing))
                         mo += (size_t)snprintf(missing + mo, sizeof(missing) - mo, "%s%s (%s: %s)", mo ? ", " : "",
-                                               files[i].key, paths[i], strerror(-e));
+                                               keys[i], paths[i], strerror(-e));
+        }
+        if (mo && is_auto) {
+                snprintf(err, errlen, "%s: security.mode is auto and every endpoint is loopback, so the job runs under "
+                         "mutual TLS with its own credentials, but %s; %s", c->path, missing,
+                         denied ? "they are the job's user's only: run this as that user (or root)"
+                                : "the job's daemons make them at their first start (psfleet local at its start), "
+                                  "or run it insecure with security.mode: insecure");
+                r = -EINVAL;
+                goto out;
         }
         if (mo) {
                 snprintf(err, errlen, "%s: security.mode is mtls%s, but %s; create them with `psfleet certs --job %s` "
