@@ -293,6 +293,7 @@ def main():
     import random
     rng = random.Random(opts.seed)
     h.stubs()
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role, as test_chaos.py's do
 
     failures = []
 

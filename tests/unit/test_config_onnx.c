@@ -17,6 +17,8 @@
 #include "graph.h"
 #include "onnx_build.h"
 #include "scratch_dir.h"
+#include "sparse_opts.h"
+#include "sparse_table.h"
 #include "unit.h"
 #include "util.h"
 
@@ -60,6 +62,8 @@ static Onnx__ModelProto *ctr(bool first)
 {
         Onnx__ModelProto *m = model_new(17);
         static float emb[100 * 4], fo[100], w[(13 + 104) * 1];
+        for (int i = 0; i < 100 * 4; i++)
+                emb[i] = 0.01f * (float)i;
         add_input(m, "dense", T_FLOAT, "batch,13");
         add_input(m, "ids", T_INT64, "batch,26");
         add_init(m, "emb.weight", T_FLOAT, 2, (int64_t[]){ 100, 4 }, emb, false);
@@ -190,7 +194,38 @@ static void test_ctr_tables_cut(void **state)
         assert_int_equal(model_spec_vars(m, vars, NULL), 1);
         assert_string_equal(vars[0].name, "top.weight");
         assert_int_equal(model_spec_dense_input(m), 13 + 104);
+        /* the initializer's values kept for the table; without vocab its ids are no row numbers, so its
+         * rows start psfleet's way */
+        assert_int_equal(m->emb[0].n_init_rows, 100);
+        assert_float_equal(m->emb[0].init_rows[5 * 4 + 2], 0.01f * 22, 0);
+        struct sparse_table_opts o;
+        sparse_table_opts_from_config(c, 0, &o);
+        assert_null(o.init_rows);
         config_free(c);
+
+        /* a hashed table (vocab): row id starts as the initializer's row id; past its rows, and with
+         * model.init glorot_uniform, psfleet's way */
+        static const char *const vocab_jobs[2] = {
+                "{\"input\": [13], \"head\": \"logistic\", \"onnx\": \"ctr.onnx\", "
+                "\"inputs\": {\"ids\": \"ids:emb\", \"dense\": \"dense\"}, "
+                "\"embeddings\": [{\"name\": \"emb\", \"initializer\": \"emb.weight\", \"vocab\": 120}]}",
+                "{\"input\": [13], \"head\": \"logistic\", \"onnx\": \"ctr.onnx\", \"init\": \"glorot_uniform\", "
+                "\"inputs\": {\"ids\": \"ids:emb\", \"dense\": \"dense\"}, "
+                "\"embeddings\": [{\"name\": \"emb\", \"initializer\": \"emb.weight\", \"vocab\": 120}]}",
+        };
+        for (int j = 0; j < 2; j++) {
+                c = load_ok(vocab_jobs[j], CRITEO);
+                sparse_table_opts_from_config(c, 0, &o);
+                struct sparse_table *st = NULL;
+                assert_int_equal(sparse_table_new(&o, &st), 0);
+                float row[4];
+                sparse_table_init_row(st, 5, row);
+                assert_true((row[2] == 0.01f * 22) == (j == 0));
+                sparse_table_init_row(st, 110, row);
+                assert_true(row[0] != 0.01f * 440);
+                sparse_table_free(st);
+                config_free(c);
+        }
 
         /* two tables looked up with the same ids */
         write_model("deepfm.onnx", ctr(true));

@@ -511,6 +511,8 @@ struct job_config *config_free(struct job_config *c) {
         cfg_cluster_clear(&c->cluster);
         cfg_data_clear(&c->data);
         graph_free(c->model.graph);
+        for (uint32_t e = 0; e < c->model.n_embeddings; e++)
+                free((void *)c->model.emb[e].init_rows);
         free(c->model.onnx_path);
         free(c->path);
         free(c->cluster_origin);

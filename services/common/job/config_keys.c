@@ -158,9 +158,10 @@ const struct config_key cfg_keys[] = {
                   "Rows start truncated-normal with this standard deviation, seeded by model.seed, table and id; 0: zeros."),
         K_SPECIAL("model.embeddings[].initializer", "string", "none", "an initializer of model.onnx's graph, (rows, dim)",
                   "model.onnx: the initializer this table is; the Gather that looks its rows up is cut out of the graph "
-                  "and fed the rows the ps holds (sharded, created on first touch as init_stddev says, the sparse "
-                  "optimizer's), so the table is never a dense variable. Required with model.onnx; dim defaults to "
-                  "its width."),
+                  "and fed the rows the ps holds (sharded, created on first touch, the sparse optimizer's), so the "
+                  "table is never a dense variable. A row starts as the initializer's row of the same number when "
+                  "the table has a vocab (ids are row numbers then) and model.init is file, else as init_stddev "
+                  "says. Required with model.onnx; dim defaults to its width."),
         K_SPECIAL("model.embeddings[].evict_after_steps", "integer", "0", "[0, 9223372036854775807]",
                   "The ps drops a row untouched for this many global steps; 0: never."),
         K_SPECIAL("model.onnx", "string", "none", "a path to an ONNX model (opsets 13..17), relative to the job file's folder",

@@ -125,6 +125,15 @@ static int cut_table(const struct ctx *x, struct model_spec *m, uint32_t e, int3
         int node = find_lookup(x, key, g, init, ids);
         if (node < 0)
                 return node;
+        /* the initializer's values, which a hashed table's rows start from (sparse_opts.c) */
+        size_t n_vals = (size_t)it->shape.dims[0] * es->dim;
+        float *vals = malloc(sizeof(float) * (n_vals ? n_vals : 1));
+        if (!vals)
+                return cfg_failf(x, key, "out of memory for \"%s\"'s %zu values", es->initializer, n_vals);
+        memcpy(vals, it->data, sizeof(float) * n_vals);
+        free((void *)es->init_rows);
+        es->init_rows = vals;
+        es->n_init_rows = (uint64_t)it->shape.dims[0];
         struct graph *cut = NULL;
         char out_name[256];
         snprintf(out_name, sizeof(out_name), "%s", g->tensors[g->nodes[node].out[0]].name);

@@ -60,6 +60,9 @@ struct embedding_spec {
         uint64_t evict_after_steps; /* a row untouched this many global steps is dropped; 0: never */
         char initializer[128];      /* model.onnx: the initializer a Gather looks this table's rows up in
                                      * (cut out of the graph: the rows come from the ps); "" otherwise */
+        const float *init_rows;     /* model.onnx: that initializer's values, (n_init_rows, dim), owned by
+                                     * the job config (copies of the spec share them); NULL otherwise */
+        uint64_t n_init_rows;
 };
 
 struct graph; /* graph.h: the model of model.onnx */

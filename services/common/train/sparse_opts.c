@@ -21,6 +21,12 @@ void sparse_table_opts_from_config(const struct job_config *cfg, uint32_t e, str
                 .initial_accumulator = t->initial_accumulator, .epsilon = t->epsilon,
                 .ftrl_l1 = t->ftrl_l1, .ftrl_l2 = t->ftrl_l2, .ftrl_beta = t->ftrl_beta, .ftrl_lr_power = t->ftrl_lr_power,
         };
+        /* a graph's hashed table starts from its initializer's rows, as its dense variables start from
+         * theirs (model.init "file"): its ids are the initializer's row numbers (id mod vocab) */
+        if (es->init_rows && es->vocab && cfg->model.init == GRAPH_INIT_FILE) {
+                o->init_rows = es->init_rows;
+                o->n_init_rows = es->n_init_rows;
+        }
 }
 
 float sparse_learning_rate(const struct job_config *cfg, uint64_t global_step) {

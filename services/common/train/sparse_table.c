@@ -365,6 +365,10 @@ const struct sparse_table_opts *sparse_table_options(const struct sparse_table *
 void sparse_table_init_row(const struct sparse_table *t, uint64_t id, float *row)
 {
         uint32_t dim = t->o.dim;
+        if (t->o.init_rows && id < t->o.n_init_rows) {
+                memcpy(row, t->o.init_rows + id * dim, dim * sizeof(float));
+                return;
+        }
         if (t->o.init_stddev == 0) {
                 memset(row, 0, dim * sizeof(float));
                 return;

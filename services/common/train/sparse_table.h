@@ -20,6 +20,10 @@ struct sparse_table_opts {
         enum sparse_optimizer optimizer;
         double init_stddev;           /* rows start truncated-normal (2 sigma) with this stddev; 0: zeros */
         uint64_t seed;                /* with the id, the only input of a row's initial value */
+        const float *init_rows;       /* (n_init_rows, dim): row id < n_init_rows starts as init_rows[id]
+                                       * instead (a hashed table of a graph model: its initializer's values);
+                                       * the caller's memory, kept as long as the table; NULL: none */
+        uint64_t n_init_rows;
         double initial_accumulator;   /* adagrad: the accumulator's start (> 0 unless epsilon > 0); ftrl: n's start */
         double epsilon;               /* adagrad: added to sqrt(accumulator), as the dense path's training.epsilon
                                        * (optim_adagrad); 0 is TF 1.x's AdagradOptimizer */
