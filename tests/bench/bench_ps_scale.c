@@ -121,7 +121,9 @@ static int job_write(struct job *j, uint32_t n_shards, uint32_t n_workers, const
         char *json = strdup_printf("{\"job\": \"bench-scale-%u\", \"cluster\": {%s]}, \"model\": {%s},"
                                    "\"data\": {\"dir\": \"/nonexistent\"}, \"training\": {\"optimizer\": \"momentum\","
                                    "\"momentum\": 0.9, \"learning_rate\": 0.001, \"batch_size\": 64},"
-                                   "\"rpc\": {\"shared_memory\": false, \"wire_dtype\": \"%s\"}}\n", j->id, cluster, model,
+                                   "\"rpc\": {\"shared_memory\": false, \"wire_dtype\": \"%s\"},"
+                                   /* the bench's own clients push as any worker, without certificates */
+                                   "\"security\": {\"mode\": \"insecure\"}}\n", j->id, cluster, model,
                                    wire_dtype);
         free(cluster);
         snprintf(j->path, sizeof(j->path), "%s/job%u-%u-%u.json", workdir, j->id, n_shards, n_workers);

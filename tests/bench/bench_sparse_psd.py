@@ -38,6 +38,7 @@ def main():
             "data": {"dir": wd.path, "format": "criteo", "train_files": ["none.tsv"]},
             "training": {"optimizer": "adagrad", "sparse_optimizer": "adagrad", "max_steps": 10 ** 9},
             "supervisor": {"save_checkpoint_steps": 0, "save_checkpoint_secs": 0, "save_summaries_secs": 0}}
+    h.plain_rpc()   # its own gRPC client calls psd as a worker, without certificates
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, base=base)
     chief, ps, fp = h.chief_and_ps(wd, job, spec)
     ps_addr = spec["cluster"]["ps"][0]
