@@ -229,6 +229,7 @@ def test_manifests(wd):
 
 def test():
     h.require("psd", "workerd", "chiefd", "psfleet")
+    h.plain_rpc()   # its readiness probes are plain gRPC health checks (the TLS default: integration.local_secure)
     wd = h.Workdir()
     test_manifests(wd)
     test_sbatch_script()
