@@ -42,7 +42,8 @@ static const char job_json[] =
         "\"layers\": [{\"type\": \"dense\", \"units\": 1}]}, "
         "\"data\": {\"dir\": \"/nonexistent\", \"format\": \"criteo\", \"train_files\": [\"train.tsv\"]}, "
         "\"training\": {\"batch_size\": 4, \"optimizer\": \"sgd\", \"learning_rate\": 0.1, "
-        "\"sparse_optimizer\": \"sgd\", \"sparse_learning_rate\": 0.5, \"max_steps\": 1000000000}}";
+        "\"sparse_optimizer\": \"sgd\", \"sparse_learning_rate\": 0.5, \"max_steps\": 1000000000}, "
+        "\"security\": {\"mode\": \"insecure\"}}"; /* called as any role, without certificates */
 
 /* The table: rows sorted by id. */
 struct table {

@@ -11,7 +11,8 @@
 
 /* A job of two dense layers (a split kernel, so shards hold row ranges) on loopback, in that order:
  * the chief's address, the ps's, data.dir, the optimizer, and more sections (",\"supervisor\": {...}"
- * or ""). Only cluster, model, training and ps make the job's fingerprint. */
+ * or ""). Only cluster, model, training and ps make the job's fingerprint. security.mode insecure: the
+ * harnesses call the daemons as any role, without certificates (the loopback default is mutual TLS). */
 #define FUZZ_JOB_FMT                                                                                     \
         "{\"job\": \"fuzz\", \"cluster\": {\"chief\": [\"%s\"], \"ps\": [\"%s\"], "                     \
         "\"worker\": [\"127.0.0.1:1\"]}, "                                                             \
@@ -20,7 +21,8 @@
         "\"data\": {\"dir\": \"%s\", \"train_images\": \"images\", \"train_labels\": \"labels\", "         \
         "\"test_images\": \"images\", \"test_labels\": \"labels\"}, "                                     \
         "\"training\": {\"batch_size\": 4, \"optimizer\": \"%s\", \"learning_rate\": 0.1, "            \
-        "\"max_steps\": 1000000000}, \"ps\": {\"split_bytes\": 4096}%s}"
+        "\"max_steps\": 1000000000}, \"ps\": {\"split_bytes\": 4096}, "                              \
+        "\"security\": {\"mode\": \"insecure\"}%s}"
 
 /* The job's data in dir: 8 examples of 40 bytes (images, IDX 8x5x8) and their labels (0..3). */
 static inline void fuzz_write_data(const char *dir) {
