@@ -156,8 +156,8 @@ int gk_gather_bwd(struct graph_kctx *k);
 int gk_pad_fwd(struct graph_kctx *k);
 int gk_pad_bwd(struct graph_kctx *k);
 
-/* graph_k_conv.c: Conv, MaxPool, AveragePool, GlobalAveragePool, BatchNormalization,
- * LayerNormalization (NCHW; 2-D convolutions and pools) */
+/* graph_k_conv.c: Conv, MaxPool, AveragePool, GlobalAveragePool (NCHW; 2-D convolutions and pools);
+ * graph_k_norm.c: BatchNormalization, LayerNormalization */
 GRAPH_SHAPE_FN(gs_conv);
 GRAPH_SHAPE_FN(gs_pool);      /* MaxPool, AveragePool */
 GRAPH_SHAPE_FN(gs_gap);
