@@ -12,6 +12,7 @@
 
 #include "chiefd-internal.h"
 #include "chief_metrics.h"
+#include "job.h"
 #include "log.h"
 #include "model.h"
 #include "notify.h"
@@ -671,6 +672,13 @@ int chief_supervise(struct chief *c, int sfd) {
                         pthread_mutex_unlock(&c->st.lock);
                         if (again)
                                 restart(c, &lp);
+                        if (!again && c->exit_at_end) {
+                                pthread_mutex_lock(&c->st.lock);
+                                const char *st = job_state_name(c->st.js.state);
+                                pthread_mutex_unlock(&c->st.lock);
+                                log_info("The job has ended (%s): exiting (--exit-at-end)", st);
+                                return 0;
+                        }
                         lp.next = again ? 0 : UINT64_MAX;
                         break;
                 case CHIEF_PHASE_EXIT:

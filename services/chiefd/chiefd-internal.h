@@ -65,6 +65,7 @@ struct chief {
         int wake_fd;                      /* eventfd: Stop and SaveCheckpoint wake the main loop */
         struct chief_ckpt *ckpts;         /* thread-safe: the handlers list and delete too */
         char *summary_dir;
+        bool exit_at_end;                 /* --exit-at-end: the end of the job ends chiefd */
 
         /* Main thread only. */
         bool force_restore;               /* after Restart: every shard restored (or initialized) anew */

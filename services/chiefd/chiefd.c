@@ -328,6 +328,7 @@ static int run(int argc, char **argv) {
         if ((r = chief_new(cfg, args.state_dir, &c)) < 0)
                 goto out;
 
+        c->exit_at_end = args.exit_at_end;
         struct rpc_method methods[CHIEF_RPC_N_METHODS];
         chief_rpc_methods(c, methods);
         r = chief_watch_new(&c->st, &c->watch);
@@ -348,6 +349,13 @@ static int run(int argc, char **argv) {
         r = chief_supervise(c, sfd);
         notify_stopping();
         ret = r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        if (r >= 0 && c->exit_at_end) {
+                /* A FAILED job stays failed whatever restarts it: a permanent status, never requeued. */
+                pthread_mutex_lock(&c->st.lock);
+                if (c->st.js.state == PSFLEET__V1__JOB_STATE__JOB_STATE_FAILED)
+                        ret = DAEMON_EX_DATAERR;
+                pthread_mutex_unlock(&c->st.lock);
+        }
 out:
         ret = !srv && r < 0 ? daemon_exit_code(r) : ret;   /* before serving: the status systemd acts on */
         if (c)

@@ -146,13 +146,26 @@ static int keep(const struct certs *c, const char *crt, const char *key) {
         return 0;
 }
 
+/* Whether this process may chown a file of its own to group gid: root, or a member of it (an ordinary
+ * user making a Slurm job's certificates on a node that has the packages, hence the group). */
+static bool may_give_to(gid_t gid) {
+        if (geteuid() == 0 || getegid() == gid)
+                return true;
+        gid_t groups[256];
+        int n = getgroups(256, groups);
+        for (int i = 0; i < n; i++)
+                if (groups[i] == gid)
+                        return true;
+        return false;
+}
+
 /* Without a psfleet group the keys keep the writer's: said once, before the first key. */
 static void note_group(struct certs *c) {
         if (c->key_gid != (gid_t)-1 || c->group_noted)
                 return;
         struct group *mine = getgrgid(getegid());
-        fprintf(stderr, "psfleet certs: this machine has no group psfleet: the keys stay in group %s; give them to "
-                "the daemons' group (psfleet) where you install them\n", mine ? mine->gr_name : "(yours)");
+        fprintf(stderr, "psfleet certs: the keys stay in group %s (this machine has no group psfleet, or you are not in "
+                "it): give them to the daemons' group where you install them\n", mine ? mine->gr_name : "(yours)");
         c->group_noted = true;
 }
 
@@ -313,7 +326,7 @@ int cmd_certs(int argc, char **argv) {
                 goto out;
         }
         struct group *g = getgrnam("psfleet");
-        if (g)
+        if (g && may_give_to(g->gr_gid))
                 c.key_gid = g->gr_gid;
         if (!(r = make_dir(dir, &c)) && !(r = load_or_make_ca(&c, (uint32_t)ca_days)))
                 r = issue_all(&c, cfg, tasks);

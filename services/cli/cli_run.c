@@ -299,6 +299,8 @@ int cmd_run(int argc, char **argv) {
         if (t.role != ROLE_CHIEF) {
                 dargv[n++] = "--task-index";
                 dargv[n++] = index;
+        } else {
+                dargv[n++] = "--exit-at-end";   /* the step or the pod ends with the job */
         }
         if (o.state_dir) {
                 dargv[n++] = "--state-dir";

@@ -38,7 +38,10 @@ static void usage(FILE *f, const char *ident, enum role role) {
                 ident, indexed ? " --task-index N" : "", ident, indexed ? ":N" : "",
                 indexed ? "  --task-index N      this task's index in the cluster's list\n" : "",
                 indexed ? ":N" : "  ",
-                role == ROLE_WORKER ? "  --loss-log FILE     append \"global_step loss\" for every step\n" : "");
+                role == ROLE_WORKER ? "  --loss-log FILE     append \"global_step loss\" for every step\n"
+                : role == ROLE_CHIEF ? "  --exit-at-end       exit once the job has ended (DONE: 0, FAILED: 65) instead of staying\n"
+                                       "                      up to answer status; psfleet run passes it\n"
+                                     : "");
         fprintf(f, "Job file keys:\n");
         config_print_keys(f, false);
 }
@@ -105,6 +108,7 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                 {"state-dir", required_argument, NULL, 's'},
                 {"listen", required_argument, NULL, 'l'},
                 {"loss-log", required_argument, NULL, 'L'},
+                {"exit-at-end", no_argument, NULL, 'E'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
@@ -131,6 +135,11 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                                 goto bad_usage;
                         free(a.loss_log);
                         a.loss_log = strdup(optarg);
+                        break;
+                case 'E':
+                        if (role != ROLE_CHIEF)
+                                goto bad_usage;
+                        a.exit_at_end = true;
                         break;
                 case 'h':
                         usage(stdout, ident, role);

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 
 import harness as h
@@ -73,14 +74,18 @@ def test_operator_tf_config(wd):
     # psfleet run became each daemon: the same process, under the daemon's name
     for p, name in ((ps, "psd"), (chief, "chiefd"), (worker, "workerd")):
         h.wait_for("%s to exec %s" % (p.name, name), lambda: proc_name(p.pid) == name, 10, [p])
-    st = h.wait_state(cluster["chief"][0], "DONE", 240, [chief, ps, worker])
-    h.log("state DONE, global_step %d, test accuracy %.4f" % (st.global_step, st.test_accuracy))
-    assert st.global_step >= STEPS, st
-    assert st.test_accuracy >= 0.80, st
-    assert worker.wait(60) == 0, worker.stderr()[-3000:]
-    for p in (chief, ps):
-        p.kill()
-        assert p.wait(60) == 0, p.stderr()[-3000:]
+    # The job's end ends every task: the worker at max_steps, psd on the chief's Stop, and the chief
+    # itself (psfleet run passes --exit-at-end), as a Slurm step or a TFJob's chief pod must.
+    for p in (worker, chief, ps):
+        assert p.wait(240) == 0, p.stderr()[-3000:]
+    assert "The job has ended (done): exiting (--exit-at-end)" in chief.stderr(), chief.stderr()[-3000:]
+    con = sqlite3.connect("file:%s?mode=ro" % os.path.join(state, spec["job"], "chief.db"), uri=True)
+    state_no, step, acc = con.execute("SELECT state, global_step, test_accuracy FROM job").fetchone()
+    con.close()
+    h.log("chief.db: state %d, global_step %d, test accuracy %.4f" % (state_no, step, acc))
+    assert state_no == 6, state_no   # JOB_STATE_DONE
+    assert step >= STEPS, step
+    assert acc >= 0.80, acc
 
 
 def test_slurm_dry_run(wd):
@@ -103,6 +108,7 @@ def test_slurm_dry_run(wd):
         assert os.path.basename(out["exec"][0]) == daemon and os.access(out["exec"][0], os.X_OK), out
         assert out["exec"][1:3] == ["--job", job], out
         assert ("--task-index" in out["exec"]) == (task_type != "chief"), out
+        assert ("--exit-at-end" in out["exec"]) == (task_type == "chief"), out
         if task_type != "chief":
             assert out["exec"][out["exec"].index("--task-index") + 1] == str(index), out
         assert out["env"]["CUDA_VISIBLE_DEVICES"] == gpus, out
