@@ -713,6 +713,12 @@ static void test_bytes_for(void **state)
         struct sparse_table_opts l = o;
         l.evict_policy = SPARSE_EVICT_LFU;
         assert_true(sparse_table_bytes_for(&l, CAP) > want + CAP * 3);
+        /* at 10^7 rows of dim 16 with Adagrad, the table holds < 1.3x the raw rows and slots, lfu too */
+        double raw = 1e7 * D * 4 * 2;
+        print_message("bytes_for(1e7) / raw: age %.3f, lfu %.3f\n", (double)sparse_table_bytes_for(&o, 10000000) / raw,
+                      (double)sparse_table_bytes_for(&l, 10000000) / raw);
+        assert_true((double)sparse_table_bytes_for(&o, 10000000) < 1.3 * raw);
+        assert_true((double)sparse_table_bytes_for(&l, 10000000) < 1.3 * raw);
         free(ids);
         free(w);
         sparse_table_free(t);

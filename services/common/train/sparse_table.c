@@ -90,6 +90,13 @@ const char *sparse_optimizer_slot_name(enum sparse_optimizer o, unsigned slot)
         return slot < sparse_optimizer_n_slots(o) ? sparse_optimizers[o].slot[slot] : NULL;
 }
 
+const char *sparse_evict_policy_name(enum sparse_evict_policy p)
+{
+        static const char *const names[] = {[SPARSE_EVICT_AGE] = "age", [SPARSE_EVICT_LRU] = "lru",
+                                            [SPARSE_EVICT_LFU] = "lfu"};
+        return (unsigned)p < sizeof(names) / sizeof(names[0]) ? names[p] : "?";
+}
+
 /* The stripe mix (murmur3's fmix64) and the shard mix (splitmix64's finalizer) differ, so that the
  * ids of one shard still spread over every stripe. */
 static inline uint64_t stripe_hash(uint64_t id)

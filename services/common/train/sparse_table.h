@@ -60,6 +60,9 @@ const char *sparse_optimizer_name(enum sparse_optimizer o);
 unsigned sparse_optimizer_n_slots(enum sparse_optimizer o);
 const char *sparse_optimizer_slot_name(enum sparse_optimizer o, unsigned slot); /* NULL out of range */
 
+/* "age", "lru", "lfu" */
+const char *sparse_evict_policy_name(enum sparse_evict_policy p);
+
 /* The shard an id's row lives on, of n_shards (every node computes it alike). */
 uint32_t sparse_shard_of(uint64_t id, uint32_t n_shards);
 
