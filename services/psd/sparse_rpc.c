@@ -43,7 +43,7 @@ int sparse_tables_new(struct psd *p) {
         p->m_sparse_out = metric_counter("psfleet_ps_sparse_bytes_total", "Payload bytes of SparseExchange: ids, "
                                          "gradients in, rows out.", "direction", "out");
         if (p->cfg->ps.memory_limit_bytes)
-                metric_set(metric_gauge("psfleet_ps_memory_limit_bytes", "ps.memory_limit_bytes (0: none).", NULL,
+                metric_set(metric_gauge("psfleet_ps_sparse_memory_limit_bytes", "ps.memory_limit_bytes (0: none).", NULL,
                                         NULL), (double)p->cfg->ps.memory_limit_bytes);
         p->tables = calloc(m->n_embeddings, sizeof(*p->tables));
         if (!p->tables)

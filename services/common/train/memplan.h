@@ -12,7 +12,7 @@
 
 /* A psd process before any variable: code, libraries, gRPC's threads and arenas, measured (RSS of a
  * psd of a 1-variable job, docs/sparse.md "Memory"). */
-#define MEMPLAN_BASE_BYTES (24ull << 20)
+#define MEMPLAN_BASE_BYTES (18ull << 20)
 
 /* Where a table's row count comes from. */
 enum memplan_rows {
