@@ -1,6 +1,6 @@
 """Bounded embedding tables on a real psd (docs/sparse.md, "Bounds"): a table with max_rows and lru,
 filled past its bound through SparseExchange, keeps at most its bound and counts the evictions in
-GetShardStatus and /metrics; a table with admit_after 2 gives an id its row on its second pull,
+GetShardStatus, /metrics and `psfleet top`; a table with admit_after 2 gives an id its row on its second pull,
 drops its gradients before, and counts both; the psd's VmRSS is within 10 % of `psfleet plan`'s
 figure for it; a ps.memory_limit_bytes below the dense part stops psd and `psfleet check` with exit 78
 and the figures; a short `psfleet local` job with both keys ends DONE with its checkpointed table
@@ -111,6 +111,19 @@ def exchange_rpc(wd):
             'psfleet_ps_sparse_grads_dropped_total{table="adm"}': 500,
             'psfleet_ps_sparse_rows{table="adm"}': 500}
     h.wait_for("the counters in /metrics", lambda: all(scrape().get(k) == v for k, v in want.items()), 10, [ps])
+
+    # psfleet top shows the same, as text and as JSON
+    chief_addr = spec["cluster"]["chief"][0]
+    r = subprocess.run([h.BIN["psfleet"], "top", "--address", chief_addr, "--once", "--interval-ms", "100"],
+                       capture_output=True, text=True, env=h.child_env(), timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    h.log(r.stdout)
+    assert re.search(r"^ps:0\s+big\s+%d\s+%d\s" % (t.rows, FILL_CAP), r.stdout, re.M), r.stdout
+    assert re.search(r"^ps:0\s+adm\s+500\s+-\s+\S+\s+0\s+0\s+500\s+500\s+500$", r.stdout, re.M), r.stdout
+    r = subprocess.run([h.BIN["psfleet"], "top", "--address", chief_addr, "--once", "--json", "--interval-ms", "100"],
+                       capture_output=True, text=True, env=h.child_env(), timeout=60)
+    tables = json.loads(r.stdout)["shards"][0]["tables"]
+    assert tables[0]["evicted_limit"] == t.evicted_limit and tables[1]["grads_dropped"] == 500, tables
 
     # psfleet plan's figure for this psd against its resident memory
     p = plan(job)[0]
