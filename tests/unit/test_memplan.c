@@ -83,6 +83,13 @@ static void test_dense_and_tables(void **state)
         }
         assert_int_equal(floats, f.L->n_params);
         assert_int_equal(memplan_ps(f.c, f.L, 2, &p[0], err, sizeof(err)), -EINVAL);
+        done(&f);
+        /* a vocab past what a shard can hold is planned at the most its stripes can hold, at once */
+        load(&f, JOB("", "{\"name\": \"a\", \"dim\": 1, \"vocab\": 9223372036854775807}"));
+        assert_int_equal(memplan_ps(f.c, f.L, 0, &p[0], err, sizeof(err)), 0);
+        assert_int_equal(p[0].tables[0].from, MEMPLAN_VOCAB);
+        /* adagrad, dim 1: 20-byte records and 4-byte index slots at a load of 3/8 to 3/4 */
+        assert_true(p[0].tables[0].bytes > (64ull * (3u << 29)) * 25 && p[0].tables[0].bytes < (64ull * (3u << 29)) * 31);
         assert_string_equal(memplan_rows_name(MEMPLAN_LIMIT), "memory limit");
         done(&f);
 }

@@ -688,6 +688,53 @@ static void test_admission(void **state)
         sparse_table_free(t);
 }
 
+struct bounded_arg {
+        struct sparse_table *t;
+        unsigned seed;
+};
+
+static void *bounded_hammer(void *p)
+{
+        struct bounded_arg *a = p;
+        struct rng r;
+        rng_init(&r, a->seed, 1);
+        uint64_t ids[64];
+        float w[64 * 4], g[64 * 4];
+        for (int i = 0; i < 64 * 4; i++)
+                g[i] = 0.01f;
+        for (int round = 0; round < 2000; round++) {
+                for (int i = 0; i < 64; i++)   /* distinct ids in a batch, as the ps client sends them */
+                        ids[i] = (uint64_t)i * 100000 + rng_below(&r, 1000 + (uint32_t)round * 10);
+                assert_int_equal(sparse_table_pull(a->t, ids, 64, w, true, (uint64_t)round), 0);
+                assert_int_equal(sparse_table_push(a->t, ids, 64, g, 0.1f, (uint64_t)round), 0);
+        }
+        return NULL;
+}
+
+/* Threads pulling and pushing through a bounded lfu table with admission: the bound holds at every
+ * moment a reader looks, and the counters add up. */
+static void test_bounded_threads(void **state)
+{
+        enum { CAP = 6400, T = 4 };
+        struct sparse_table *t = bounded(SPARSE_EVICT_LFU, CAP, 2);
+        pthread_t th[T];
+        struct bounded_arg a[T];
+        for (int i = 0; i < T; i++) {
+                a[i] = (struct bounded_arg){t, 17u + (unsigned)i};
+                assert_int_equal(pthread_create(&th[i], NULL, bounded_hammer, &a[i]), 0);
+        }
+        for (int k = 0; k < 200; k++)
+                assert_true(sparse_table_rows(t) <= CAP);
+        for (int i = 0; i < T; i++)
+                pthread_join(th[i], NULL);
+        struct sparse_table_stats st;
+        sparse_table_get_stats(t, &st);
+        assert_true(st.rows <= CAP && st.rows > 0);
+        assert_int_equal(st.admitted, st.rows + st.evicted_limit);
+        assert_true(st.admit_pending > 0 && st.grads_dropped > 0 && st.evicted_limit > 0);
+        sparse_table_free(t);
+}
+
 /* bytes_for is what a full table holds, and rows_within its inverse. */
 static void test_bytes_for(void **state)
 {
@@ -734,4 +781,4 @@ UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_shard_of),      cmocka_unit_test(test_bytes),
         cmocka_unit_test(test_bounded_invalid), cmocka_unit_test(test_max_rows_lru),
         cmocka_unit_test(test_max_rows_lfu),  cmocka_unit_test(test_admission),
-        cmocka_unit_test(test_bytes_for))
+        cmocka_unit_test(test_bytes_for),     cmocka_unit_test(test_bounded_threads))

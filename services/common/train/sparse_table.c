@@ -377,7 +377,7 @@ static void stripe_release(struct stripe *s)
         s->chunks = NULL;
         __atomic_store_n(&s->index, NULL, __ATOMIC_RELEASE);
         __atomic_store_n(&s->cap, 0, __ATOMIC_RELEASE);
-        s->n_chunks = s->chunks_cap = s->live = s->used = s->free_head = 0;
+        s->n_chunks = s->chunks_cap = s->live = s->used = s->free_head = s->lfu_gone = 0;
         s->bytes = 0;
 }
 
@@ -692,11 +692,17 @@ static uint64_t stripe_bytes_for(const struct sparse_table *t, uint64_t c)
 {
         if (!c)
                 return 0;
-        uint32_t n = 0;
-        uint64_t bytes = 0;
-        while (rows_in_chunks(t, n) < c) {
-                bytes += (chunk_rows(t, n) * t->rec_bytes + 63) & ~(uint64_t)63;
+        if (c > ROWS_MAX)   /* a stripe holds no more (a plan of a vocab past what a shard can hold) */
+                c = ROWS_MAX;
+        uint64_t n = 0, bytes = 0;
+        while (n <= t->geo_k && rows_in_chunks(t, (uint32_t)n) < c) {   /* the doubling chunks */
+                bytes += (chunk_rows(t, (uint32_t)n) * t->rec_bytes + 63) & ~(uint64_t)63;
                 n++;
+        }
+        if (c > t->geo_rows) {   /* then full chunks, as many as the rest needs */
+                uint64_t full = (c - t->geo_rows + ((uint64_t)1 << t->max_shift) - 1) >> t->max_shift;
+                bytes += full * ((((uint64_t)1 << t->max_shift) * t->rec_bytes + 63) & ~(uint64_t)63);
+                n += full;
         }
         uint64_t chunks_cap = 8;
         while (chunks_cap < n)
