@@ -463,10 +463,13 @@ static void print_tables(const struct view *v) {
                                (unsigned long long)t->admitted, (unsigned long long)t->admit_pending,
                                (unsigned long long)t->grads_dropped);
                 }
+                uint64_t held = 0;
+                for (size_t k = 0; st && k < st->n_tables; k++)
+                        held += st->tables[k]->bytes;
                 if (st && st->memory_limit_bytes)
-                        printf("%-11s memory: plan %.1f MiB of a limit of %.1f MiB (ps.memory_limit_bytes)\n",
-                               v->s[i].node->task, (double)st->memory_planned_bytes / (1 << 20),
-                               (double)st->memory_limit_bytes / (1 << 20));
+                        printf("%-11s memory: tables hold %.1f MiB; plan %.1f MiB of a limit of %.1f MiB "
+                               "(ps.memory_limit_bytes)\n", v->s[i].node->task, (double)held / (1 << 20),
+                               (double)st->memory_planned_bytes / (1 << 20), (double)st->memory_limit_bytes / (1 << 20));
         }
 }
 

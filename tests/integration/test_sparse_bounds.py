@@ -2,7 +2,8 @@
 filled past its bound through SparseExchange, keeps at most its bound and counts the evictions in
 GetShardStatus, /metrics and `psfleet top`; a table with admit_after 2 gives an id its row on its second pull,
 drops its gradients before, and counts both; the psd's VmRSS is within 10 % of `psfleet plan`'s
-figure for it; a ps.memory_limit_bytes below the dense part stops psd and `psfleet check` with exit 78
+figure for it; under ps.memory_limit_bytes alone a table gets the rows the limit leaves and the psd's
+VmRSS stays under it; a ps.memory_limit_bytes below the dense part stops psd and `psfleet check` with exit 78
 and the figures; a short `psfleet local` job with both keys ends DONE with its checkpointed table
 within its bound."""
 import json
@@ -139,6 +140,44 @@ def exchange_rpc(wd):
     chief.wait(15)
 
 
+def limit_held(wd):
+    """Under ps.memory_limit_bytes alone, an unbounded table gets the rows the limit leaves it, and the
+    psd stays within its limit however many ids come."""
+    h.plain_rpc()
+    s = h.stubs()
+    limit = 48 << 20
+    base = h.load_example()
+    base["data"] = {"dir": wd.path, "format": "criteo", "train_files": ["train.tsv"]}
+    m = model(0)
+    del m["embeddings"][0]["max_rows"]
+    job, spec = h.make_job(wd, "limit.json", n_ps=1, n_workers=1, model=m, base=base, ps={"memory_limit_bytes": limit})
+    p = plan(job)[0]
+    big = p["tables"][0]
+    assert big["rows_from"] == "memory limit" and big["max_rows"] > 0 and p["total"] <= limit, p
+    chief = h.daemon(wd, "chiefd", job)
+    ps = h.daemon(wd, "psd", job, 0)
+    h.wait_healthy(spec["cluster"]["ps"][0], ps)
+    st = h.wait_state(spec["cluster"]["chief"][0], "READY", 60, [chief, ps])
+    caller = s.tensor_pb2.Caller(fingerprint=st.fingerprint, task="worker:0")
+    stub = s.ps_pb2_grpc.ParameterServerStub(h.channel(spec["cluster"]["ps"][0]))
+    page = 16384
+    for at in range(0, 2 * big["max_rows"], page):
+        hdr = s.ps_pb2.SparseExchangeHeader(caller=caller, worker=0, table=0, global_step=1 + at // page, create=True,
+                                            pull_ids=struct.pack("<%dQ" % page, *range(at, at + page)))
+        stub.SparseExchange(s.ps_pb2.SparseExchangeRequest(header=hdr), timeout=60)
+    t = stub.GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=5)
+    rss = vm_rss(ps.pid)
+    h.log("limit %d: big max_rows %d, rows %d, evicted_limit %d; plan %d; VmRSS %d"
+          % (limit, t.tables[0].max_rows, t.tables[0].rows, t.tables[0].evicted_limit, p["total"], rss))
+    assert t.memory_limit_bytes == limit and t.tables[0].max_rows == big["max_rows"], t
+    assert t.tables[0].rows <= big["max_rows"] and t.tables[0].evicted_limit > 0, t
+    assert rss <= limit, (rss, limit)
+    ps.kill()
+    chief.kill()
+    ps.wait(15)
+    chief.wait(15)
+
+
 def limit_refused(wd):
     """A limit below the dense part: psd and psfleet check exit 78 naming the figures."""
     base = h.load_example()
@@ -190,6 +229,7 @@ def test():
     h.require_built("psd", "chiefd", "workerd", "psfleet")
     wd = h.Workdir()
     exchange_rpc(wd)
+    limit_held(wd)
     limit_refused(wd)
     local_job(wd)
 
