@@ -735,6 +735,39 @@ static void test_bounded_threads(void **state)
         sparse_table_free(t);
 }
 
+/* A checkpoint's walk through a table at its bound while rows come and go: no id twice (an import
+ * refuses that), since rows already walked are not evicted while the walk is in their stripe. */
+static void test_bounded_walk(void **state)
+{
+        enum { CAP = 6400, D = 4, PAGE = 10, N = 2 * CAP };
+        struct sparse_table *t = bounded(SPARSE_EVICT_LRU, CAP, 0);
+        static float w[PAGE * D], rows[N * D];
+        static uint64_t got[4 * N], ids[N];
+        for (uint64_t i = 0; i < N; i++)
+                ids[i] = i;
+        assert_int_equal(sparse_table_pull(t, ids, CAP, rows, true, 1), 0);
+        uint64_t cur = 0, step = 2, next;
+        size_t n = 0, k;
+        struct rng r;
+        rng_init(&r, 5, 0);
+        while ((k = sparse_table_export(t, &cur, PAGE, got + n, w, NULL)) > 0) {
+                n += k;
+                assert_true(n + PAGE <= 4 * N);
+                /* between pages, ids old and new come back, each pull at a later step */
+                for (int j = 0; j < 400; j++, step++) {
+                        next = rng_below(&r, N);
+                        assert_int_equal(sparse_table_pull(t, &ids[next], 1, w, true, step), 0);
+                }
+        }
+        struct sparse_table_stats st;
+        sparse_table_get_stats(t, &st);
+        assert_true(st.evicted_limit > 0);
+        qsort(got, n, sizeof(got[0]), cmp_u64);
+        for (size_t i = 1; i < n; i++)
+                assert_true(got[i] != got[i - 1]);
+        sparse_table_free(t);
+}
+
 /* bytes_for is what a full table holds, and rows_within its inverse. */
 static void test_bytes_for(void **state)
 {
@@ -781,4 +814,5 @@ UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_shard_of),      cmocka_unit_test(test_bytes),
         cmocka_unit_test(test_bounded_invalid), cmocka_unit_test(test_max_rows_lru),
         cmocka_unit_test(test_max_rows_lfu),  cmocka_unit_test(test_admission),
-        cmocka_unit_test(test_bytes_for),     cmocka_unit_test(test_bounded_threads))
+        cmocka_unit_test(test_bytes_for),     cmocka_unit_test(test_bounded_threads),
+        cmocka_unit_test(test_bounded_walk))

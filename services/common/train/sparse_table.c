@@ -40,6 +40,7 @@ struct stripe {
         uint32_t free_head; /* row + 1 of the first free row, 0: none */
         uint32_t max_live; /* max_rows' share of this stripe; 0: no bound */
         uint32_t lfu_gone; /* lfu: rows evicted since the counts were last halved */
+        uint32_t walk_at;  /* an export's walk is inside this stripe: rows below it are walked (0: none) */
         char **chunks;
         uint32_t n_chunks, chunks_cap;
         size_t bytes;      /* index, chunk table and chunks */
@@ -377,7 +378,7 @@ static void stripe_release(struct stripe *s)
         s->chunks = NULL;
         __atomic_store_n(&s->index, NULL, __ATOMIC_RELEASE);
         __atomic_store_n(&s->cap, 0, __ATOMIC_RELEASE);
-        s->n_chunks = s->chunks_cap = s->live = s->used = s->free_head = s->lfu_gone = 0;
+        s->n_chunks = s->chunks_cap = s->live = s->used = s->free_head = s->lfu_gone = s->walk_at = 0;
         s->bytes = 0;
 }
 
@@ -497,25 +498,39 @@ static uint32_t select_kth(uint32_t *a, size_t n, size_t k)
         return a[lo];
 }
 
-/* A full stripe (live >= max_live, locked) evicts about 1/32 of its rows, those with the smallest keys,
- * so that the scan is paid once per that many new rows. 0, or -ENOMEM (the scratch of keys). */
-static int stripe_make_room(struct sparse_table *t, struct stripe *s)
+/* The eviction keys of s's live rows from row `from` on, into keys; returns how many. */
+static size_t collect_keys(const struct sparse_table *t, const struct stripe *s, uint32_t from, uint32_t *keys)
 {
-        size_t k = s->max_live / 32 ? s->max_live / 32 : 1, n = 0;
-        uint32_t *keys = malloc((size_t)s->live * sizeof(*keys));
-        if (!keys)
-                return -ENOMEM;
-        for (uint32_t r = 0; r < s->used; r++) {
+        size_t n = 0;
+        for (uint32_t r = from; r < s->used; r++) {
                 char *rec = rec_at(t, s, r);
                 if (*rec_touch(rec))
                         keys[n++] = evict_key(t, rec);
         }
+        return n;
+}
+
+/* A full stripe (live >= max_live, locked) evicts about 1/32 of its rows, those with the smallest keys,
+ * so that the scan is paid once per that many new rows. 0, or -ENOMEM (the scratch of keys). */
+static int stripe_make_room(struct sparse_table *t, struct stripe *s)
+{
+        size_t k = s->max_live / 32 ? s->max_live / 32 : 1;
+        uint32_t *keys = malloc((size_t)s->live * sizeof(*keys));
+        if (!keys)
+                return -ENOMEM;
+        /* while an export walks this stripe, the rows it has given stay: one evicted and made again
+         * past the walk's place would be given twice (a checkpoint no import takes). Only when every
+         * row is behind the walk (one abandoned there) do those go. */
+        uint32_t from = s->walk_at;
+        size_t n = collect_keys(t, s, from, keys);
+        if (!n && from)
+                n = collect_keys(t, s, from = 0, keys);
         uint32_t below = n ? select_kth(keys, n, k - 1 < n ? k - 1 : n - 1) : 0;
         free(keys);
         /* the rows with a key under the k-th smallest go, then rows at it until k went */
         size_t gone = 0;
         for (int pass = 0; pass < 2 && gone < k; pass++)
-                for (uint32_t r = 0; r < s->used && gone < k; r++) {
+                for (uint32_t r = from; r < s->used && gone < k; r++) {
                         char *rec = rec_at(t, s, r);
                         if (!*rec_touch(rec))
                                 continue;
@@ -793,6 +808,7 @@ size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max,
                         n++;
                 }
                 bool done = r >= s->used;
+                s->walk_at = done ? 0 : r;   /* the rows below r are given: kept from eviction at the bound */
                 pthread_mutex_unlock(&s->lock);
                 if (done) {
                         si++;

@@ -106,8 +106,10 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after);
 /* Walks the stored rows in pages: start with *cursor = 0; each call writes up to max rows (ids,
  * values (max x dim), and with slots non-NULL the slots, slot-major: slots[s * max * dim + i * dim +
  * j]) and advances *cursor; returns the rows written, 0 at the end. Rows made during the walk may be
- * missed, none is given twice, and each row is read under its lock. (An id evicted and made again
- * during the walk is a new row: it may come twice. Checkpoints walk with eviction held off.) */
+ * missed, none is given twice, and each row is read under its lock. (An id evicted by
+ * sparse_table_evict and made again during the walk is a new row: it may come twice, so checkpoints
+ * walk with that eviction held off. Eviction at max_rows keeps the rows a walk has given in the stripe
+ * it is in, so it gives no id twice.) */
 size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids, float *values,
                            float *slots);
 
