@@ -2,11 +2,13 @@
 """Admission on power-law ids (docs/sparse.md, "Admission"; docs/performance.md): `psfleet gen-data`'s
 Criteo-like rows (26 fields of tokens with power-law frequencies, labels from a planted logistic
 model), examples/ctr-widedeep.json trained one pass with 1 ps and 2 workers, once as it is and once
-with admit_after N on both tables. Prints, per run, the rows each table holds at the end (from the
-final checkpoint: no eviction, so every row made) and the test AUC, and the planted model's AUC.
+with admit_after N on both tables; with --max-rows M, also bounded to M rows per table under lru and
+under lfu. Prints, per run, the rows each table holds at the end (from the final checkpoint; without
+a bound nothing is evicted, so every row made) and the test AUC, and the planted model's AUC.
 One JSON line.
 
 Usage: tests/bench/bench_admission.py [--build build] [--rows 1000000] [--test-rows 100000] [--admit-after 2]
+                                      [--max-rows M]
 """
 import argparse, json, os, struct, sys
 
@@ -32,6 +34,7 @@ def main():
     ap.add_argument("--rows", type=int, default=10 ** 6)
     ap.add_argument("--test-rows", type=int, default=10 ** 5)
     ap.add_argument("--admit-after", type=int, default=2)
+    ap.add_argument("--max-rows", type=int, default=0)
     a = ap.parse_args()
     import harness as h
     from test_sparse_job import gen
@@ -41,19 +44,21 @@ def main():
     os.makedirs(data)
     meta = gen(wd, a.rows, os.path.join(data, "train.tsv.gz"), a.test_rows, os.path.join(data, "test.tsv.gz"))
     out = {"train_rows": a.rows, "test_rows": a.test_rows, "planted_auc": meta["planted_auc"]}
-    for name, admit in (("plain", 0), ("admit", a.admit_after)):
+    runs = [("plain", {}), ("admit", {"admit_after": a.admit_after})]
+    if a.max_rows:
+        runs += [(pol, {"max_rows": a.max_rows, "evict_policy": pol}) for pol in ("lru", "lfu")]
+    for name, keys in runs:
         with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
             base = json.load(f)
         base["data"]["dir"] = data
         base["job"] = name
         for e in base["model"]["embeddings"]:
-            if admit:
-                e["admit_after"] = admit
+            e.update(keys)
         steps = a.rows // 256
         path, _ = h.make_job(wd, name + ".json", n_ps=1, n_workers=2, base=base,
                              training={"max_steps": steps, "report_every_steps": 100})
         r = h.local_result(wd, path, args=["--keep-state"], name=name, timeout=1800)
-        out[name] = {"admit_after": admit, "test_auc": r["test_auc"], "rows": table_rows(wd, name),
+        out[name] = {"keys": keys, "test_auc": r["test_auc"], "rows": table_rows(wd, name),
                      "examples_per_s": r["examples_per_s"]}
     print(json.dumps(out))
 
