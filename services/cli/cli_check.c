@@ -23,6 +23,8 @@
 #include "data.h"
 #include "graph.h"
 #include "grpc/health/v1/health.pb-c.h"
+#include "job.h"
+#include "memplan.h"
 #include "psfleet/v1/ps.pb-c.h"
 #include "psfleet/v1/supervisor.pb-c.h"
 #include "rpc.h"
@@ -527,6 +529,29 @@ static bool check_certs(struct check *c, const char *identity) {
         return ok;
 }
 
+/* ps.memory_limit_bytes against what each psd needs without its tables (psfleet plan's figures). */
+static void check_memory(struct check *c) {
+        struct job_layout *L = NULL;
+        char err[1024], thing[32];
+        if (!c->cfg->ps.memory_limit_bytes)
+                return;
+        if (job_layout_new(c->cfg, &L) < 0)
+                return;   /* the model's own problem is the data check's */
+        uint64_t most = 0;
+        for (uint32_t s = 0; s < L->n_shards; s++) {
+                struct memplan_ps p;
+                snprintf(thing, sizeof(thing), "ps:%u memory", s);
+                if (memplan_ps(c->cfg, L, s, &p, err, sizeof(err)) < 0)
+                        problem(c, true, thing, "%s", err);
+                else if (p.total > most)
+                        most = p.total;
+        }
+        if (most)
+                checked(c, "memory", "ps.memory_limit_bytes %" PRIu64 ": every psd fits, the largest plans %" PRIu64
+                        " bytes (psfleet plan)", c->cfg->ps.memory_limit_bytes, most);
+        job_layout_free(L);
+}
+
 static int finish(struct check *c, const char *path) {
         int status = c->errors ? CONFIG_EX_CONFIG : 0;
         if (c->json) {
@@ -585,6 +610,7 @@ int cmd_check(int argc, char **argv) {
         c.talk = check_certs(&c, identity);
         check_endpoints(&c);
         check_data(&c);
+        check_memory(&c);
         r = finish(&c, path);
         config_free(cfg);
         return r;

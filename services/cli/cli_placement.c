@@ -29,16 +29,11 @@ int cmd_placement(int argc, char **argv) {
                 return r;
         const char *path = argv[first];
         struct job_config *cfg;
-        if ((r = cli_load_job(path, &cfg)))
-                return r;
         struct job_layout *L = NULL;
+        if ((r = cli_load_job_layout(path, &cfg, &L)))
+                return r;
         struct placement_var *pv = NULL;
         int ret = 1;
-        r = job_layout_new(cfg, &L);
-        if (r < 0) {
-                cli_error("cannot build the model of \"%s\": %s", path, strerror(-r));
-                goto out;
-        }
         pv = calloc(L->n_vars, sizeof(*pv));
         if (!pv) {
                 cli_error("out of memory");

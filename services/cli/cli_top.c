@@ -363,6 +363,22 @@ static json_t *jnum(double x) {
         return isfinite(x) ? json_real(x) : json_null();
 }
 
+/* A shard's embedding tables: rows against their bound, memory, evictions, admission. */
+static json_t *tables_json(const Psfleet__V1__ShardStatus *st) {
+        json_t *a = json_array();
+        for (size_t k = 0; k < st->n_tables; k++) {
+                const Psfleet__V1__SparseTableStatus *t = st->tables[k];
+                json_array_append_new(a, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "name",
+                                                   t->name ? t->name : "", "rows", (json_int_t)t->rows, "max_rows",
+                                                   (json_int_t)t->max_rows, "bytes", (json_int_t)t->bytes,
+                                                   "evicted_age", (json_int_t)t->evicted, "evicted_limit",
+                                                   (json_int_t)t->evicted_limit, "admitted", (json_int_t)t->admitted,
+                                                   "admit_pending", (json_int_t)t->admit_pending, "grads_dropped",
+                                                   (json_int_t)t->grads_dropped));
+        }
+        return a;
+}
+
 static void print_json(const struct view *v) {
         json_t *o = json_object(), *ws = json_array(), *ss = json_array(), *st = json_array();
         json_object_set_new(o, "job", json_string(v->js->job ? v->js->job : ""));
@@ -409,12 +425,52 @@ static void print_json(const struct view *v) {
                 json_object_set_new(x, "clipped", s->now ? json_integer((json_int_t)s->now->clipped) : json_null());
                 json_object_set_new(x, "shared_memory_links",
                                     s->now ? json_integer((json_int_t)s->now->shared_memory_links) : json_null());
+                if (s->now) {
+                        json_object_set_new(x, "memory_limit_bytes", json_integer((json_int_t)s->now->memory_limit_bytes));
+                        json_object_set_new(x, "memory_planned_bytes",
+                                            json_integer((json_int_t)s->now->memory_planned_bytes));
+                        json_object_set_new(x, "tables", tables_json(s->now));
+                }
                 json_array_append_new(ss, x);
         }
         json_object_set_new(o, "workers", ws);
         json_object_set_new(o, "shards", ss);
         json_object_set_new(o, "stragglers", st);
         cli_print_json(stdout, o);
+}
+
+/* One line per table of every shard that has any, and the shard's memory against its limit. */
+static void print_tables(const struct view *v) {
+        bool any = false;
+        for (size_t i = 0; i < v->n_s; i++)
+                any = any || (v->s[i].now && v->s[i].now->n_tables);
+        if (!any)
+                return;
+        printf("%-11s %-12s %11s %11s %9s %9s %9s %10s %10s %10s\n", "SHARD", "TABLE", "ROWS", "MAX_ROWS", "MIB",
+               "EVICT_AGE", "EVICT_LIM", "ADMITTED", "PENDING", "DROPPED");
+        for (size_t i = 0; i < v->n_s; i++) {
+                const Psfleet__V1__ShardStatus *st = v->s[i].now;
+                for (size_t k = 0; st && k < st->n_tables; k++) {
+                        const Psfleet__V1__SparseTableStatus *t = st->tables[k];
+                        char cap[24];
+                        if (t->max_rows)
+                                snprintf(cap, sizeof(cap), "%llu", (unsigned long long)t->max_rows);
+                        else
+                                snprintf(cap, sizeof(cap), "-");
+                        printf("%-11s %-12s %11llu %11s %9.1f %9llu %9llu %10llu %10llu %10llu\n", v->s[i].node->task,
+                               t->name ? t->name : "", (unsigned long long)t->rows, cap, (double)t->bytes / (1 << 20),
+                               (unsigned long long)t->evicted, (unsigned long long)t->evicted_limit,
+                               (unsigned long long)t->admitted, (unsigned long long)t->admit_pending,
+                               (unsigned long long)t->grads_dropped);
+                }
+                uint64_t held = 0;
+                for (size_t k = 0; st && k < st->n_tables; k++)
+                        held += st->tables[k]->bytes;
+                if (st && st->memory_limit_bytes)
+                        printf("%-11s memory: tables hold %.1f MiB; plan %.1f MiB of a limit of %.1f MiB "
+                               "(ps.memory_limit_bytes)\n", v->s[i].node->task, (double)held / (1 << 20),
+                               (double)st->memory_planned_bytes / (1 << 20), (double)st->memory_limit_bytes / (1 << 20));
+        }
 }
 
 /* "12.3", or "-" for unknown. */
@@ -468,6 +524,7 @@ static void print_text(const struct top *t, const struct view *v) {
                        fmt(s->busy * 100, "%.0f%%", e, sizeof(e)), (unsigned long long)s->now->rejected,
                        (unsigned long long)s->now->clipped, s->now->initialized ? "" : "  (not initialized)");
         }
+        print_tables(v);
         if (!t->tty)
                 printf("\n");
         fflush(stdout);

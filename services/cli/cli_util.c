@@ -12,6 +12,7 @@
 #include "cli_jobref.h"
 #include "cli_opt.h"
 #include "cli_util.h"
+#include "job.h"
 #include "rpc.h"
 #include "tls.h"
 #include "util.h"
@@ -30,6 +31,18 @@ int cli_load_job(const char *path, struct job_config **ret) {
         if (config_load(path, ret, err, sizeof(err)) < 0) {
                 cli_error("%s", err);
                 return CONFIG_EX_CONFIG;
+        }
+        return 0;
+}
+
+int cli_load_job_layout(const char *path, struct job_config **cfg_ret, struct job_layout **L_ret) {
+        int r = cli_load_job(path, cfg_ret);
+        if (r)
+                return r;
+        if ((r = job_layout_new(*cfg_ret, L_ret)) < 0) {
+                cli_error("cannot build the model of \"%s\": %s", path, strerror(-r));
+                *cfg_ret = config_free(*cfg_ret);
+                return 1;
         }
         return 0;
 }

@@ -18,6 +18,10 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Loads a job file; on failure prints the config error and returns CONFIG_EX_CONFIG (else 0). The caller
  * frees *ret with config_free. */
 int cli_load_job(const char *path, struct job_config **ret);
+struct job_layout;
+/* cli_load_job, then the model's variables and their placement (*L_ret, job_layout_free); on failure
+ * prints why and returns the exit status (CONFIG_EX_CONFIG, 1), with nothing left to free. */
+int cli_load_job_layout(const char *path, struct job_config **cfg_ret, struct job_layout **L_ret);
 
 /* Which chief to ask: `address`, else the job that `job` names (cli_job_resolve: a job file, a running
  * `psfleet local` job's name, or $PSFLEET_CONFIG_DIR/jobs/JOB.json): its chief entry (TF_CONFIG's

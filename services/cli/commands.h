@@ -9,6 +9,7 @@ int cmd_watch(int argc, char **argv);
 int cmd_top(int argc, char **argv);
 int cmd_checkpoints(int argc, char **argv);
 int cmd_placement(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
 int cmd_restart(int argc, char **argv);
 int cmd_certs(int argc, char **argv);

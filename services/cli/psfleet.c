@@ -32,6 +32,8 @@ static const struct command {
          "                       checkpoint"},
         {"placement", cmd_placement,
          "placement JOB.json   print how the job's variables are spread over its ps shards"},
+        {"plan", cmd_plan,
+         "plan JOB.json        the memory each psd will need: dense variables, tables, buffers"},
         {"export", cmd_export,
          "export --job JOB --out DIR\n"
          "                       a job's trained model as DIR/model.onnx for serving (ONNX Runtime, Triton)"},

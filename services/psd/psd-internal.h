@@ -17,6 +17,7 @@
 #include "rpc.h"
 #include "shard.h"
 #include "shmlink.h"
+#include "memplan.h"
 #include "sparse_table.h"
 #include "ssp.h"
 #include "wire.h"
@@ -58,6 +59,7 @@ struct psd {
         atomic_uint_fast64_t export_us;     /* mono_us of a SparseExport page with more to come (0: the walk
                                              * ended): eviction waits for its end, or 30 s */
         struct metric *m_sparse_ids, *m_sparse_in, *m_sparse_out;
+        struct memplan_ps plan;             /* what the job file says this psd needs (ps.memory_limit_bytes) */
 };
 
 /* One embedding table's rows on this shard, and what its exchanges moved (status, metrics). */
@@ -65,8 +67,10 @@ struct psd_table {
         struct sparse_table *t;
         const struct embedding_spec *spec;
         unsigned n_slots;
-        atomic_uint_fast64_t ids_in, bytes_in, bytes_out, evicted;
-        struct metric *m_rows;
+        atomic_uint_fast64_t ids_in, bytes_in, bytes_out;
+        uint64_t max_rows;         /* this shard's bound (max_rows' share or ps.memory_limit_bytes'); 0: none */
+        struct sparse_table_stats seen;   /* the main loop's last reading, for the counters' increments */
+        struct metric *m_rows, *m_bytes, *m_evicted_limit, *m_evicted_age, *m_admitted, *m_pending, *m_dropped;
 };
 
 /* A worker on this host whose pushes come through its shared-memory segment; served by a thread of
@@ -148,7 +152,8 @@ void psd_on_push(struct rpc_call *call, void *ud);                      /* gRPC 
 void psd_push_link(struct link *k, const struct shmlink_push *push);   /* a push in k's segment */
 
 /* sparse_rpc.c: the embedding tables' RPCs (docs/sparse.md) */
-int sparse_tables_new(struct psd *p);            /* 0, or -errno (logged) */
+/* 0, or -errno (logged): -E2BIG when ps.memory_limit_bytes is below what the dense part needs (exit 78) */
+int sparse_tables_new(struct psd *p);
 void sparse_tables_free(struct psd *p);
 void sparse_tables_tick(struct psd *p);          /* the main loop: eviction, the rows' gauges */
 size_t sparse_max_request(const struct psd *p);  /* the largest legal sparse request, in bytes */

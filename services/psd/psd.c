@@ -383,7 +383,8 @@ static int run(int argc, char **argv) {
         rpc_global_init();
         int ret = DAEMON_EX_FAILURE;
         if ((r = psd_build(&p)) < 0 || (r = links_socket_open(&p)) < 0) {
-                ret = daemon_exit_code(r);
+                /* psd_build's -E2BIG: ps.memory_limit_bytes below what the dense part needs (memplan) */
+                ret = r == -E2BIG ? DAEMON_EX_CONFIG : daemon_exit_code(r);
                 goto out;
         }
 

@@ -24,6 +24,16 @@
 
 int sparse_tables_new(struct psd *p) {
         const struct model_spec *m = &p->cfg->model;
+        char err[600];
+        /* the tables' bounds under ps.memory_limit_bytes: the plan psfleet plan prints */
+        int r = memplan_ps(p->cfg, p->L, p->shard, &p->plan, err, sizeof(err));
+        if (r < 0)
+                return log_error_errno(r, "%s", err);
+        if (p->cfg->ps.memory_limit_bytes)
+                log_info("ps.memory_limit_bytes %" PRIu64 ": dense variables with slots %" PRIu64 ", buffers %" PRIu64
+                         ", process %" PRIu64 ", tables %" PRIu64 " bytes", p->cfg->ps.memory_limit_bytes,
+                         p->plan.dense_bytes, p->plan.buffers, p->plan.base,
+                         p->plan.total - p->plan.dense_bytes - p->plan.buffers - p->plan.base);
         if (!m->n_embeddings)
                 return 0;   /* no series either: a dense job's scrape stays as it was */
         p->m_sparse_ids = metric_counter("psfleet_ps_sparse_ids_total", "Ids received by SparseExchange (pushed "
@@ -32,6 +42,9 @@ int sparse_tables_new(struct psd *p) {
                                         "gradients in, rows out.", "direction", "in");
         p->m_sparse_out = metric_counter("psfleet_ps_sparse_bytes_total", "Payload bytes of SparseExchange: ids, "
                                          "gradients in, rows out.", "direction", "out");
+        if (p->cfg->ps.memory_limit_bytes)
+                metric_set(metric_gauge("psfleet_ps_sparse_memory_limit_bytes", "ps.memory_limit_bytes (0: none).", NULL,
+                                        NULL), (double)p->cfg->ps.memory_limit_bytes);
         p->tables = calloc(m->n_embeddings, sizeof(*p->tables));
         if (!p->tables)
                 return log_error_errno(-ENOMEM, "cannot set up the embedding tables");
@@ -39,14 +52,36 @@ int sparse_tables_new(struct psd *p) {
         for (uint32_t e = 0; e < m->n_embeddings; e++) {
                 struct psd_table *pt = &p->tables[e];
                 struct sparse_table_opts o;
+                const char *name = m->emb[e].name;
                 sparse_table_opts_from_config(p->cfg, e, &o);
-                int r = sparse_table_new(&o, &pt->t);
-                if (r < 0)
-                        return log_error_errno(r, "cannot set up embedding table \"%s\"", m->emb[e].name);
+                o.max_rows = pt->max_rows = p->plan.tables[e].max_rows;
+                if ((r = sparse_table_new(&o, &pt->t)) < 0)
+                        return log_error_errno(r, "cannot set up embedding table \"%s\"", name);
+                if (o.max_rows)
+                        log_info("table \"%s\": at most %" PRIu64 " rows on ps:%u (%s), evicting by %s", name, o.max_rows,
+                                 p->shard, memplan_rows_name(p->plan.tables[e].from == MEMPLAN_LIMIT ? MEMPLAN_LIMIT
+                                                                                                     : MEMPLAN_MAX_ROWS),
+                                 sparse_evict_policy_name(o.evict_policy));
                 pt->spec = &m->emb[e];
                 pt->n_slots = sparse_optimizer_n_slots(o.optimizer);
                 pt->m_rows = metric_gauge("psfleet_ps_sparse_rows", "Rows of an embedding table stored on this "
-                                          "shard.", "table", m->emb[e].name);
+                                          "shard.", "table", name);
+                pt->m_bytes = metric_gauge("psfleet_ps_sparse_table_bytes", "Memory held by an embedding table on "
+                                           "this shard.", "table", name);
+                const struct { struct metric **m; const char *name, *help; } counters[] = {
+                        {&pt->m_evicted_age, "psfleet_ps_sparse_evicted_age_total",
+                         "Rows dropped as untouched for evict_after_steps."},
+                        {&pt->m_evicted_limit, "psfleet_ps_sparse_evicted_limit_total",
+                         "Rows evicted to make room at the table's bound (max_rows or ps.memory_limit_bytes)."},
+                        {&pt->m_admitted, "psfleet_ps_sparse_admitted_total",
+                         "Rows made once their id was pulled admit_after times."},
+                        {&pt->m_pending, "psfleet_ps_sparse_admit_pending_total",
+                         "Pulls of ids not yet admitted, answered with the initial row."},
+                        {&pt->m_dropped, "psfleet_ps_sparse_grads_dropped_total",
+                         "Gradient rows of ids without a row under admission, not applied."},
+                };
+                for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++)
+                        *counters[k].m = metric_counter(counters[k].name, counters[k].help, "table", name);
         }
         return 0;
 }
@@ -69,12 +104,20 @@ void sparse_tables_tick(struct psd *p) {
                 if (after && now > after && !walking) {
                         size_t n = sparse_table_evict(pt->t, now, after);
                         if (n) {
-                                atomic_fetch_add(&pt->evicted, n);
                                 log_info_step(now, "table \"%s\": evicted %zu row(s) untouched for %" PRIu64
                                               " steps", pt->spec->name, n, after);
                         }
                 }
-                metric_set(pt->m_rows, (double)sparse_table_rows(pt->t));
+                struct sparse_table_stats st;
+                sparse_table_get_stats(pt->t, &st);
+                metric_set(pt->m_rows, (double)st.rows);
+                metric_set(pt->m_bytes, (double)st.bytes);
+                metric_add(pt->m_evicted_age, st.evicted_age - pt->seen.evicted_age);
+                metric_add(pt->m_evicted_limit, st.evicted_limit - pt->seen.evicted_limit);
+                metric_add(pt->m_admitted, st.admitted - pt->seen.admitted);
+                metric_add(pt->m_pending, st.admit_pending - pt->seen.admit_pending);
+                metric_add(pt->m_dropped, st.grads_dropped - pt->seen.grads_dropped);
+                pt->seen = st;
         }
 }
 
@@ -85,6 +128,8 @@ size_t sparse_max_request(const struct psd *p) {
 }
 
 int sparse_status(struct psd *p, Psfleet__V1__ShardStatus *st) {
+        st->memory_limit_bytes = p->cfg->ps.memory_limit_bytes;
+        st->memory_planned_bytes = p->plan.total;
         if (!p->n_tables)
                 return 0;
         Psfleet__V1__SparseTableStatus *ts = calloc(p->n_tables, sizeof(*ts));
@@ -98,12 +143,19 @@ int sparse_status(struct psd *p, Psfleet__V1__ShardStatus *st) {
                 struct psd_table *pt = &p->tables[e];
                 psfleet__v1__sparse_table_status__init(&ts[e]);
                 ts[e].name = (char *)pt->spec->name;
-                ts[e].rows = sparse_table_rows(pt->t);
-                ts[e].bytes = sparse_table_bytes(pt->t);
                 ts[e].ids_in = atomic_load(&pt->ids_in);
                 ts[e].bytes_in = atomic_load(&pt->bytes_in);
                 ts[e].bytes_out = atomic_load(&pt->bytes_out);
-                ts[e].evicted = atomic_load(&pt->evicted);
+                struct sparse_table_stats sst;
+                sparse_table_get_stats(pt->t, &sst);
+                ts[e].rows = sst.rows;
+                ts[e].bytes = sst.bytes;
+                ts[e].evicted = sst.evicted_age;
+                ts[e].evicted_limit = sst.evicted_limit;
+                ts[e].max_rows = pt->max_rows;
+                ts[e].admitted = sst.admitted;
+                ts[e].admit_pending = sst.admit_pending;
+                ts[e].grads_dropped = sst.grads_dropped;
                 tp[e] = &ts[e];
         }
         st->n_tables = p->n_tables;

@@ -3,7 +3,8 @@
 1 ps with one table of dim 16 and Adagrad, its chiefd to initialize the shard, and this script as a
 worker creating N rows (default 10^7) through SparseExchange pulls in pages of 65,536 ids. Then
 psd's VmRSS against the raw bytes of the rows and their accumulators (N x 16 x 4 x 2), and against
-the same psd's RSS before any row. Prints one JSON line.
+the same psd's RSS before any row, and against `psfleet plan`'s figure for the psd (the table's
+expected_rows set to N). Prints one JSON line.
 
 Usage: tests/bench/bench_sparse_psd.py [--build build] [--rows 10000000]
 """
@@ -33,7 +34,7 @@ def main():
     s = h.stubs()
     wd = h.Workdir()
     base = {"model": {"input": [13], "head": "logistic", "seed": 1,
-                      "embeddings": [{"name": "t", "fields": "all", "dim": 16}],
+                      "embeddings": [{"name": "t", "fields": "all", "dim": 16, "expected_rows": a.rows}],
                       "layers": [{"type": "dense", "units": 1}]},
             "data": {"dir": wd.path, "format": "criteo", "train_files": ["none.tsv"]},
             "training": {"optimizer": "adagrad", "sparse_optimizer": "adagrad", "max_steps": 10 ** 9},
@@ -58,10 +59,15 @@ def main():
     el = time.monotonic() - t0
     after = rss(ps.pid)
     raw = a.rows * 16 * 4 * 2
+    import subprocess
+    r = subprocess.run([h.BIN["psfleet"], "plan", "--json", job], capture_output=True, text=True,
+                       env=h.child_env(), timeout=60, check=True)
+    planned = json.loads(r.stdout)[0]["total"]
     t = st.tables[0]
     print(json.dumps({"rows": t.rows, "raw_bytes": raw, "table_bytes": t.bytes, "psd_rss": after,
                       "psd_rss_before": before, "rss_over_raw": round(after / raw, 4),
-                      "growth_over_raw": round((after - before) / raw, 4), "rows_per_s": round(a.rows / el)}))
+                      "growth_over_raw": round((after - before) / raw, 4), "rows_per_s": round(a.rows / el),
+                      "plan_bytes": planned, "rss_over_plan": round(after / planned, 4)}))
     assert t.rows == a.rows, t
 
 

@@ -186,6 +186,11 @@ def test():
             'psfleet_ps_sparse_bytes_total{direction="out"}': sum(t.bytes_out for t in st.tables),
             'psfleet_ps_sparse_rows{table="cat"}': st.tables[0].rows,
             'psfleet_ps_sparse_rows{table="site"}': st.tables[1].rows}
+    for t in st.tables:   # the bounds' and admission's counters, each table's own
+        for name, v in (("table_bytes", t.bytes), ("evicted_age_total", t.evicted),
+                        ("evicted_limit_total", t.evicted_limit), ("admitted_total", t.admitted),
+                        ("admit_pending_total", t.admit_pending), ("grads_dropped_total", t.grads_dropped)):
+            want['psfleet_ps_sparse_%s{table="%s"}' % (name, t.name)] = v
     h.wait_for("ps:0's sparse metrics equal to its status", lambda: scrape() == want, 10, ps)
     assert ids > 0 and st.tables[1].rows == 2, st
     for c in chans:

@@ -513,6 +513,18 @@ static const struct bad_case bad_cases[] = {
           "model.embeddings[0].init_stddev: expected a number, got string \"x\"" },
         { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'evict_after_steps': -5")) "}",
           "model.embeddings[0].evict_after_steps: -5 is out of range [0, 9223372036854775807]" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'max_rows': -1")) "}",
+          "model.embeddings[0].max_rows: -1 is out of range [0, 9223372036854775807]" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'max_rows': 63")) "}",
+          "model.embeddings[0].max_rows: 63 is too small: each ps shard holds max_rows / 1 (cluster.ps) rows, at least 64 (0: no bound)" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'admit_after': 256")) "}",
+          "model.embeddings[0].admit_after: 256 is out of range [0, 255]" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'evict_policy': 'fifo'")) "}",
+          "model.embeddings[0].evict_policy: \"fifo\" is not one of age, lru, lfu" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'expected_rows': 'many'")) "}",
+          "model.embeddings[0].expected_rows: expected an integer, got string \"many\"" },
+        { "{" BASE_CTR ", 'ps': {'memory_limit_bytes': -1}, " CTR_MODEL(EMB("'name': 'e', 'dim': 4")) "}",
+          "ps.memory_limit_bytes: -1 is out of range [0, 9223372036854775807]" },
         /* model.input against the record format */
         { "{" BASE_CTR ", 'model': {'input': [12], 'head': 'logistic', 'layers': [{'type': 'dense', 'units': 1}]}}",
           "model.input: [12], but a record of data.format criteo has 13 dense features" },
@@ -1004,8 +1016,10 @@ static void test_sparse_keys(void **state) {
                            "'model': {'input': [13], 'head': 'logistic', 'embeddings': ["
                            "{'name': 'cat', 'fields': 'all', 'dim': 16, 'vocab': 4294967296},"
                            "{'name': 'cross_2', 'fields': [0, 3], 'dim': 8, 'pooling': 'mean', 'init_stddev': 0, "
-                           "'evict_after_steps': 100}], "
+                           "'evict_after_steps': 100, 'max_rows': 1000, 'evict_policy': 'lfu', 'admit_after': 2, "
+                           "'expected_rows': 500}], "
                            "'layers': [{'type': 'dense', 'units': 32}, {'type': 'relu'}, {'type': 'dense', 'units': 1}]}, "
+                           "'ps': {'memory_limit_bytes': 1073741824}, "
                            "'training': {'sparse_optimizer': 'ftrl', 'sparse_learning_rate': 0.05, 'ftrl_l1': 0.1, "
                            "'ftrl_l2': 0.2, 'ftrl_beta': 1, 'ftrl_lr_power': -1}}");
         assert_int_equal(c->data.format, DATA_CRITEO);
@@ -1033,6 +1047,14 @@ static void test_sparse_keys(void **state) {
         assert_int_equal(c->model.emb[1].pooling, POOL_MEAN);
         assert_true(c->model.emb[1].init_stddev == 0);
         assert_int_equal(c->model.emb[1].evict_after_steps, 100);
+        assert_int_equal(c->model.emb[1].max_rows, 1000);
+        assert_int_equal(c->model.emb[1].expected_rows, 500);
+        assert_int_equal(c->model.emb[1].admit_after, 2);
+        assert_int_equal(c->model.emb[1].evict_policy, SPARSE_EVICT_LFU);
+        assert_int_equal(c->model.emb[0].max_rows, 0);
+        assert_int_equal(c->model.emb[0].admit_after, 0);
+        assert_int_equal(c->model.emb[0].evict_policy, SPARSE_EVICT_AGE);
+        assert_true(c->ps.memory_limit_bytes == UINT64_C(1073741824));
         assert_int_equal(c->training.sparse_optimizer, SPARSE_FTRL);
         assert_true(c->training.sparse_learning_rate == 0.05);
         assert_true(c->training.ftrl_l1 == 0.1 && c->training.ftrl_l2 == 0.2);
@@ -1051,8 +1073,10 @@ static void test_sparse_keys(void **state) {
                            "'model': {'input': [13], 'head': 'logistic', 'embeddings': ["
                            "{'name': 'cat', 'fields': 'all', 'dim': 16, 'vocab': 4294967296},"
                            "{'name': 'cross_2', 'fields': [0, 3], 'dim': 4, 'pooling': 'mean', 'init_stddev': 0, "
-                           "'evict_after_steps': 100}], "
+                           "'evict_after_steps': 100, 'max_rows': 1000, 'evict_policy': 'lfu', 'admit_after': 2, "
+                           "'expected_rows': 500}], "
                            "'layers': [{'type': 'dense', 'units': 32}, {'type': 'relu'}, {'type': 'dense', 'units': 1}]}, "
+                           "'ps': {'memory_limit_bytes': 1073741824}, "
                            "'training': {'sparse_optimizer': 'ftrl', 'sparse_learning_rate': 0.05, 'ftrl_l1': 0.1, "
                            "'ftrl_l2': 0.2, 'ftrl_beta': 1, 'ftrl_lr_power': -1}}");
         ja = config_canonical_json(c);

@@ -558,6 +558,252 @@ static void test_bytes(void **state)
         sparse_table_free(t);
 }
 
+static struct sparse_table *bounded(enum sparse_evict_policy pol, uint64_t max_rows, uint32_t admit_after)
+{
+        struct sparse_table_opts o = {.dim = 4, .optimizer = SPARSE_ADAGRAD, .init_stddev = 0.1, .seed = 3,
+                                      .initial_accumulator = 0.1, .max_rows = max_rows, .evict_policy = pol,
+                                      .admit_after = admit_after};
+        struct sparse_table *t = NULL;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        return t;
+}
+
+static void test_bounded_invalid(void **state)
+{
+        struct sparse_table_opts o = {.dim = 4, .optimizer = SPARSE_SGD, .max_rows = SPARSE_MIN_MAX_ROWS - 1};
+        struct sparse_table *t = NULL;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o.max_rows = 0, o.evict_policy = (enum sparse_evict_policy)9;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        o.evict_policy = SPARSE_EVICT_LFU, o.admit_after = 256;
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
+        assert_null(t);
+}
+
+/* At max_rows, each new row first evicts a batch: rows never exceed the bound, and lru keeps the rows
+ * touched lately. */
+static void test_max_rows_lru(void **state)
+{
+        enum { CAP = 6400, N = 20000, D = 4 };
+        for (int pol = SPARSE_EVICT_AGE; pol <= SPARSE_EVICT_LRU; pol++) {
+                struct sparse_table *t = bounded((enum sparse_evict_policy)pol, CAP, 0);
+                static float w[D];
+                uint64_t hot[100];
+                for (int i = 0; i < 100; i++)
+                        hot[i] = 1000000 + (uint64_t)i;
+                static float hw[100 * D];
+                for (uint64_t i = 0; i < N; i++) {
+                        assert_int_equal(sparse_table_pull(t, &i, 1, w, true, 10 + i), 0);
+                        assert_true(sparse_table_rows(t) <= CAP);
+                        if (i % 50 == 0)   /* the hot ids are touched all along */
+                                assert_int_equal(sparse_table_pull(t, hot, 100, hw, true, 10 + i), 0);
+                }
+                struct sparse_table_stats st;
+                sparse_table_get_stats(t, &st);
+                assert_true(st.rows <= CAP && st.rows > CAP * 9 / 10);
+                assert_true(st.evicted_limit >= N + 100 - CAP);
+                assert_int_equal(st.evicted_age, 0);
+                /* every hot id still has its row: a pull without create finds it touched since */
+                uint64_t cur = 0, n, *ids = malloc(CAP * sizeof(*ids));
+                float *vals = malloc((size_t)CAP * D * sizeof(float));
+                n = sparse_table_export(t, &cur, CAP, ids, vals, NULL);
+                assert_int_equal(n, st.rows);
+                unsigned hot_kept = 0, old_kept = 0;
+                for (uint64_t i = 0; i < n; i++) {
+                        hot_kept += ids[i] >= 1000000;
+                        old_kept += ids[i] < N / 2;
+                }
+                assert_int_equal(hot_kept, 100);
+                assert_int_equal(old_kept, 0);
+                free(ids);
+                free(vals);
+                assert_true(sparse_table_bytes(t) <= sparse_table_bytes_for(sparse_table_options(t), CAP));
+                sparse_table_free(t);
+        }
+}
+
+/* lfu keeps the rows used most, whatever their last touch. */
+static void test_max_rows_lfu(void **state)
+{
+        enum { CAP = 6400, D = 4 };
+        struct sparse_table *t = bounded(SPARSE_EVICT_LFU, CAP, 0);
+        static uint64_t fav[500];
+        static float w[500 * D];
+        for (int i = 0; i < 500; i++)
+                fav[i] = 5000000 + (uint64_t)i;
+        for (int r = 0; r < 20; r++)   /* used 20 times early, never again */
+                assert_int_equal(sparse_table_pull(t, fav, 500, w, true, 1), 0);
+        for (uint64_t i = 0; i < 3 * CAP; i++) {   /* a stream of ids used once, later */
+                assert_int_equal(sparse_table_pull(t, &i, 1, w, true, 100 + i), 0);
+                assert_true(sparse_table_rows(t) <= CAP);
+        }
+        uint64_t *ids = malloc(CAP * sizeof(*ids)), cur = 0;
+        float *vals = malloc((size_t)CAP * D * sizeof(float));
+        size_t n = sparse_table_export(t, &cur, CAP, ids, vals, NULL);
+        unsigned kept = 0;
+        for (size_t i = 0; i < n; i++)
+                kept += ids[i] >= 5000000;
+        assert_true(kept >= 450);
+        free(ids);
+        free(vals);
+        sparse_table_free(t);
+}
+
+/* admit_after 3: the first two pulls of an id give its initial row and store nothing, its gradients
+ * are dropped; the third pull makes the row. */
+static void test_admission(void **state)
+{
+        enum { D = 4 };
+        struct sparse_table *t = bounded(SPARSE_EVICT_AGE, 0, 3);
+        uint64_t id = 77;
+        float w[D], init[D], g[D] = {1, 1, 1, 1};
+        sparse_table_init_row(t, id, init);
+        for (int k = 0; k < 2; k++) {
+                assert_int_equal(sparse_table_pull(t, &id, 1, w, true, 1), 0);
+                assert_memory_equal(w, init, sizeof(w));
+                assert_int_equal(sparse_table_rows(t), 0);
+                assert_int_equal(sparse_table_push(t, &id, 1, g, 0.1f, 1), 0);
+                assert_int_equal(sparse_table_rows(t), 0);
+        }
+        /* a pull without create (evaluation) does not count */
+        assert_int_equal(sparse_table_pull(t, &id, 1, w, false, 1), 0);
+        assert_int_equal(sparse_table_rows(t), 0);
+        assert_int_equal(sparse_table_pull(t, &id, 1, w, true, 1), 0);
+        assert_memory_equal(w, init, sizeof(w));
+        assert_int_equal(sparse_table_rows(t), 1);
+        assert_int_equal(sparse_table_push(t, &id, 1, g, 0.1f, 2), 0);
+        assert_int_equal(sparse_table_pull(t, &id, 1, w, false, 2), 0);
+        assert_true(w[0] < init[0]);
+        struct sparse_table_stats st;
+        sparse_table_get_stats(t, &st);
+        assert_int_equal(st.admitted, 1);
+        assert_int_equal(st.admit_pending, 2);
+        assert_int_equal(st.grads_dropped, 2);
+        /* an import (a checkpoint's rows) is never held back */
+        uint64_t other = 99;
+        assert_int_equal(sparse_table_import(t, &other, 1, init, NULL, 3), 0);
+        assert_int_equal(sparse_table_rows(t), 2);
+        /* the sketch is counted in the bytes */
+        assert_true(sparse_table_bytes(t) >= (size_t)SPARSE_SKETCH_DEPTH << SPARSE_SKETCH_WIDTH_LOG2);
+        sparse_table_free(t);
+}
+
+struct bounded_arg {
+        struct sparse_table *t;
+        unsigned seed;
+};
+
+static void *bounded_hammer(void *p)
+{
+        struct bounded_arg *a = p;
+        struct rng r;
+        rng_init(&r, a->seed, 1);
+        uint64_t ids[64];
+        float w[64 * 4], g[64 * 4];
+        for (int i = 0; i < 64 * 4; i++)
+                g[i] = 0.01f;
+        for (int round = 0; round < 2000; round++) {
+                for (int i = 0; i < 64; i++)   /* distinct ids in a batch, as the ps client sends them */
+                        ids[i] = (uint64_t)i * 100000 + rng_below(&r, 1000 + (uint32_t)round * 10);
+                assert_int_equal(sparse_table_pull(a->t, ids, 64, w, true, (uint64_t)round), 0);
+                assert_int_equal(sparse_table_push(a->t, ids, 64, g, 0.1f, (uint64_t)round), 0);
+        }
+        return NULL;
+}
+
+/* Threads pulling and pushing through a bounded lfu table with admission: the bound holds at every
+ * moment a reader looks, and the counters add up. */
+static void test_bounded_threads(void **state)
+{
+        enum { CAP = 6400, T = 4 };
+        struct sparse_table *t = bounded(SPARSE_EVICT_LFU, CAP, 2);
+        pthread_t th[T];
+        struct bounded_arg a[T];
+        for (int i = 0; i < T; i++) {
+                a[i] = (struct bounded_arg){t, 17u + (unsigned)i};
+                assert_int_equal(pthread_create(&th[i], NULL, bounded_hammer, &a[i]), 0);
+        }
+        for (int k = 0; k < 200; k++)
+                assert_true(sparse_table_rows(t) <= CAP);
+        for (int i = 0; i < T; i++)
+                pthread_join(th[i], NULL);
+        struct sparse_table_stats st;
+        sparse_table_get_stats(t, &st);
+        assert_true(st.rows <= CAP && st.rows > 0);
+        assert_int_equal(st.admitted, st.rows + st.evicted_limit);
+        assert_true(st.admit_pending > 0 && st.grads_dropped > 0 && st.evicted_limit > 0);
+        sparse_table_free(t);
+}
+
+/* A checkpoint's walk through a table at its bound while rows come and go: no id twice (an import
+ * refuses that), since rows already walked are not evicted while the walk is in their stripe. */
+static void test_bounded_walk(void **state)
+{
+        enum { CAP = 6400, D = 4, PAGE = 10, N = 2 * CAP };
+        struct sparse_table *t = bounded(SPARSE_EVICT_LRU, CAP, 0);
+        static float w[PAGE * D], rows[N * D];
+        static uint64_t got[4 * N], ids[N];
+        for (uint64_t i = 0; i < N; i++)
+                ids[i] = i;
+        assert_int_equal(sparse_table_pull(t, ids, CAP, rows, true, 1), 0);
+        uint64_t cur = 0, step = 2, next;
+        size_t n = 0, k;
+        struct rng r;
+        rng_init(&r, 5, 0);
+        while ((k = sparse_table_export(t, &cur, PAGE, got + n, w, NULL)) > 0) {
+                n += k;
+                assert_true(n + PAGE <= 4 * N);
+                /* between pages, ids old and new come back, each pull at a later step */
+                for (int j = 0; j < 400; j++, step++) {
+                        next = rng_below(&r, N);
+                        assert_int_equal(sparse_table_pull(t, &ids[next], 1, w, true, step), 0);
+                }
+        }
+        struct sparse_table_stats st;
+        sparse_table_get_stats(t, &st);
+        assert_true(st.evicted_limit > 0);
+        qsort(got, n, sizeof(got[0]), cmp_u64);
+        for (size_t i = 1; i < n; i++)
+                assert_true(got[i] != got[i - 1]);
+        sparse_table_free(t);
+}
+
+/* bytes_for is what a full table holds, and rows_within its inverse. */
+static void test_bytes_for(void **state)
+{
+        enum { CAP = 100000, D = 16 };
+        struct sparse_table_opts o = {.dim = D, .optimizer = SPARSE_ADAGRAD, .init_stddev = 0.1, .seed = 3,
+                                      .initial_accumulator = 0.1, .max_rows = CAP};
+        struct sparse_table *t = NULL;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        uint64_t *ids = malloc(4096 * sizeof(*ids));
+        float *w = malloc(4096 * D * sizeof(float));
+        for (uint64_t at = 0; at < 2 * CAP; at += 4096) {
+                for (int i = 0; i < 4096; i++)
+                        ids[i] = at + (uint64_t)i;
+                assert_int_equal(sparse_table_pull(t, ids, 4096, w, true, at), 0);
+        }
+        uint64_t want = sparse_table_bytes_for(&o, CAP);
+        assert_true(sparse_table_bytes(t) <= want);
+        assert_true(sparse_table_bytes(t) >= want * 95 / 100);
+        uint64_t r = sparse_table_rows_within(&o, want);
+        assert_true(r >= CAP && sparse_table_bytes_for(&o, r) <= want && sparse_table_bytes_for(&o, r + 1) > want);
+        assert_int_equal(sparse_table_rows_within(&o, 100), 0);
+        /* lfu's count costs 4 bytes a row */
+        struct sparse_table_opts l = o;
+        l.evict_policy = SPARSE_EVICT_LFU;
+        assert_true(sparse_table_bytes_for(&l, CAP) > want + CAP * 3);
+        /* at 10^7 rows of dim 16 with Adagrad, the table holds < 1.3x the raw rows and slots, lfu too */
+        double raw = 1e7 * D * 4 * 2;
+        print_message("bytes_for(1e7) / raw: age %.3f, lfu %.3f\n", (double)sparse_table_bytes_for(&o, 10000000) / raw,
+                      (double)sparse_table_bytes_for(&l, 10000000) / raw);
+        assert_true((double)sparse_table_bytes_for(&o, 10000000) < 1.3 * raw);
+        assert_true((double)sparse_table_bytes_for(&l, 10000000) < 1.3 * raw);
+        free(ids);
+        free(w);
+        sparse_table_free(t);
+}
+
 UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_names),         cmocka_unit_test(test_new_invalid),
         cmocka_unit_test(test_init),          cmocka_unit_test(test_pull_create),
@@ -565,4 +811,8 @@ UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_push_ftrl),     cmocka_unit_test(test_export_import),
         cmocka_unit_test(test_evict),         cmocka_unit_test(test_clear),
         cmocka_unit_test(test_growth),        cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_shard_of),      cmocka_unit_test(test_bytes))
+        cmocka_unit_test(test_shard_of),      cmocka_unit_test(test_bytes),
+        cmocka_unit_test(test_bounded_invalid), cmocka_unit_test(test_max_rows_lru),
+        cmocka_unit_test(test_max_rows_lfu),  cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_bytes_for),     cmocka_unit_test(test_bounded_threads),
+        cmocka_unit_test(test_bounded_walk))

@@ -38,7 +38,7 @@ static bool added_later(const char *key) {
         static const char *const keys[] = {
                 "model.head",         "model.init",                "training.sparse_optimizer", "training.sparse_learning_rate",
                 "training.ftrl_l1",   "training.ftrl_l2",          "training.ftrl_beta",
-                "training.ftrl_lr_power",
+                "training.ftrl_lr_power", "ps.memory_limit_bytes",
         };
         for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
                 if (strcmp(key, keys[i]) == 0)
@@ -124,6 +124,13 @@ static json_t *embeddings_json(const struct model_spec *m) {
                               "init_stddev", es->init_stddev, "evict_after_steps", (json_int_t)es->evict_after_steps);
                 if (o && es->initializer[0]) /* added later: only where set */
                         r |= add(o, "initializer", json_string(es->initializer));
+                /* added later too: only where set (expected_rows is psfleet plan's alone) */
+                if (o && es->max_rows)
+                        r |= add(o, "max_rows", json_integer((json_int_t)es->max_rows));
+                if (o && es->admit_after > 1)
+                        r |= add(o, "admit_after", json_integer((json_int_t)es->admit_after));
+                if (o && es->evict_policy != SPARSE_EVICT_AGE)
+                        r |= add(o, "evict_policy", json_string(cfg_evict_policy_names[es->evict_policy]));
                 if (!o || json_array_append_new(a, o) < 0) {
                         json_decref(a);
                         return NULL;

@@ -132,5 +132,8 @@ int cfg_parse_tfrecord(const struct ctx *x, const json_t *data, struct data_conf
 extern const char *const cfg_tfr_compression_names[];
 /* With a record format: model.input is [N], N the format's dense features, and the model has some input. */
 int cfg_check_record_input(const struct ctx *x, const struct job_config *c);
+/* model.embeddings[].max_rows against cluster.ps (config_sparse.c). */
+int cfg_check_table_bounds(const struct ctx *x, const struct job_config *c);
+extern const char *const cfg_evict_policy_names[];
 /* The last dense layer's units against model.head, and the head against data.format. */
 int cfg_check_head(const struct ctx *x, const struct job_config *c);

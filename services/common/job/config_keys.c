@@ -45,6 +45,9 @@ static const char *const sparse_optimizer_names[] = {
         [SPARSE_SGD] = "sgd", [SPARSE_ADAGRAD] = "adagrad", [SPARSE_FTRL] = "ftrl", NULL,
 };
 const char *const cfg_pooling_names[] = { [POOL_SUM] = "sum", [POOL_MEAN] = "mean", NULL };
+const char *const cfg_evict_policy_names[] = {
+        [SPARSE_EVICT_AGE] = "age", [SPARSE_EVICT_LRU] = "lru", [SPARSE_EVICT_LFU] = "lfu", NULL,
+};
 static const char *const schedule_names[] = { "constant", "exponential", NULL };
 static const char *const wire_dtype_names[] = { [RPC_WIRE_FLOAT32] = "float32", [RPC_WIRE_BFLOAT16] = "bfloat16", NULL };
 static const char *const grad_norm_action_names[] = { [GRAD_NORM_REJECT] = "reject", [GRAD_NORM_CLIP] = "clip", NULL };
@@ -164,6 +167,21 @@ const struct config_key cfg_keys[] = {
                   "says. Required with model.onnx; dim defaults to its width."),
         K_SPECIAL("model.embeddings[].evict_after_steps", "integer", "0", "[0, 9223372036854775807]",
                   "The ps drops a row untouched for this many global steps; 0: never."),
+        K_SPECIAL("model.embeddings[].max_rows", "integer", "0", "0, or at least 64 per ps shard",
+                  "The most rows the table holds: each of the N ps shards at most max_rows / N (rounded down), "
+                  "spread over its 64 lock stripes. A new row in a full stripe first evicts about 3 % of the "
+                  "stripe's rows by evict_policy. 0: no bound (but ps.memory_limit_bytes)."),
+        K_SPECIAL("model.embeddings[].evict_policy", "string", "\"age\"", "age, lru, lfu",
+                  "What goes first when the table is at its bound (max_rows or ps.memory_limit_bytes): age and lru "
+                  "the rows touched longest ago, lfu the rows used least (4 more bytes per row; a stripe's counts "
+                  "are halved each time it has evicted as many rows as it holds). evict_after_steps still applies."),
+        K_SPECIAL("model.embeddings[].admit_after", "integer", "0", "[0, 255]",
+                  "An id gets a row on its admit_after-th pull, counted in a count-min sketch (4 x 2^20 one-byte "
+                  "counters, 4 MiB per table on each shard, halved every 10 x 2^20 sightings); until then its pulls "
+                  "give its initial row and its gradients are dropped (counted). 0, 1: a row at once."),
+        K_SPECIAL("model.embeddings[].expected_rows", "integer", "0", "[0, 9223372036854775807]",
+                  "For psfleet plan only: the rows the table is expected to hold when it has no max_rows (nor a "
+                  "vocab); 0: plan reports it unbounded."),
         K_SPECIAL("model.onnx", "string", "none", "a path to an ONNX model (opsets 13..17), relative to the job file's folder",
                   "The model as an ONNX graph (docs/graph.md), instead of model.layers: its float initializers are the "
                   "variables, with their values as the initial ones; its first output is what model.head reads. The "
@@ -329,6 +347,11 @@ const struct config_key cfg_keys[] = {
 
         K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
               "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),
+        K_U64("ps.memory_limit_bytes", ps.memory_limit_bytes, 0, 0, INT64_MAX,
+              "The memory each psd may use for its variables, optimizer slots and tables (psfleet plan shows "
+              "the parts); the embedding tables get what the dense variables and the buffers leave, and evict "
+              "by their evict_policy at that bound. Less than the dense part alone: psd and psfleet check exit "
+              "78. 0: no limit."),
         K_U64("ps.stop_grace_secs", ps.stop_grace_secs, 20, 0, 600,
               "psd, on SIGTERM: keeps serving for up to this many seconds until the chief's Stop arrives (or the chief is gone), so a "
               "chief stopping at the same moment can pull for its final checkpoint; a second SIGTERM ends it at "

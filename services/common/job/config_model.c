@@ -149,7 +149,7 @@ int cfg_parse_model(const struct ctx *x, struct job_config *c, const json_t *obj
         if (n == 1)
                 m->input[0] = m->input[1] = 1;
         if ((r = cfg_parse_embeddings(x, json_object_get(obj, "embeddings"), &c->data, m)) < 0 ||
-            (r = cfg_check_record_input(x, c)) < 0)
+            (r = cfg_check_record_input(x, c)) < 0 || (r = cfg_check_table_bounds(x, c)) < 0)
                 return r;
         if (json_object_get(obj, "onnx"))
                 return cfg_parse_onnx(x, c, obj);

@@ -193,7 +193,8 @@ static int get_int(const struct ctx *x, const json_t *obj, const char *pre, cons
 static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, const struct data_config *f,
                            struct embedding_spec *e) {
         static const char *const known[] = { "name", "fields", "dim", "vocab", "pooling", "init_stddev",
-                                             "evict_after_steps", "initializer" };
+                                             "evict_after_steps", "initializer", "max_rows", "expected_rows",
+                                             "admit_after", "evict_policy" };
         char pre[64], key[96], q[160];
         const char *name;
         const json_t *v;
@@ -244,6 +245,23 @@ static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, c
         if ((r = get_int(x, obj, pre, "evict_after_steps", 0, INT64_MAX, false, 0, &i64)) < 0)
                 return r;
         e->evict_after_steps = (uint64_t)i64;
+        if ((r = get_int(x, obj, pre, "max_rows", 0, INT64_MAX, false, 0, &i64)) < 0)
+                return r;
+        e->max_rows = (uint64_t)i64;
+        if ((r = get_int(x, obj, pre, "expected_rows", 0, INT64_MAX, false, 0, &i64)) < 0)
+                return r;
+        e->expected_rows = (uint64_t)i64;
+        if ((r = get_int(x, obj, pre, "admit_after", 0, 255, false, 0, &i64)) < 0)
+                return r;
+        e->admit_after = (uint32_t)i64;
+        e->evict_policy = SPARSE_EVICT_AGE;
+        if ((v = json_object_get(obj, "evict_policy"))) {
+                int pol;
+                snprintf(key, sizeof(key), "%s.evict_policy", pre);
+                if ((r = cfg_parse_choice(x, key, cfg_evict_policy_names, v, &pol)) < 0)
+                        return r;
+                e->evict_policy = (enum sparse_evict_policy)pol;
+        }
 
         e->pooling = POOL_SUM;
         if ((v = json_object_get(obj, "pooling"))) {
@@ -300,6 +318,23 @@ int cfg_parse_embeddings(const struct ctx *x, const json_t *v, const struct data
                         }
         }
         m->n_embeddings = (uint32_t)n;
+        return 0;
+}
+
+/* Each shard holds max_rows / n_ps rows of a bounded table, at least one per lock stripe (64,
+ * sparse_table.h's SPARSE_MIN_MAX_ROWS). */
+int cfg_check_table_bounds(const struct ctx *x, const struct job_config *c) {
+        const struct model_spec *m = &c->model;
+        uint64_t n_ps = c->cluster.n_ps ? c->cluster.n_ps : 1;
+        char key[64];
+
+        for (uint32_t e = 0; e < m->n_embeddings; e++) {
+                const struct embedding_spec *es = &m->emb[e];
+                snprintf(key, sizeof(key), "model.embeddings[%u].max_rows", e);
+                if (es->max_rows && es->max_rows / n_ps < 64)
+                        return cfg_failf(x, key, "%" PRIu64 " is too small: each ps shard holds max_rows / %" PRIu64
+                                         " (cluster.ps) rows, at least 64 (0: no bound)", es->max_rows, n_ps);
+        }
         return 0;
 }
 

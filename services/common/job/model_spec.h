@@ -49,6 +49,11 @@ enum embedding_pooling { POOL_SUM, POOL_MEAN };
 /* An embedding table (model.embeddings[]): rows of `dim` floats by 64-bit id, sharded by id over every
  * ps shard, created on first touch (docs/sparse.md). Each of its fields is looked up in it and pooled
  * into its own dim-wide slice of the dense layers' input. */
+/* What a table at its bound (max_rows, ps.memory_limit_bytes) evicts first: age and lru the rows touched
+ * longest ago (age also drops rows past evict_after_steps; lru only at the bound), lfu the rows used
+ * least (a stripe's counts halved each time it has evicted as many rows as it holds). */
+enum sparse_evict_policy { SPARSE_EVICT_AGE, SPARSE_EVICT_LRU, SPARSE_EVICT_LFU };
+
 struct embedding_spec {
         char name[32];              /* checkpoints: "emb/<name>", "emb/<name>/ids", "emb/<name>/<slot>" */
         uint32_t dim;               /* 1..1024 */
@@ -58,6 +63,10 @@ struct embedding_spec {
         uint32_t fields[MODEL_MAX_FIELDS]; /* the data's field indices, each one slice of the input */
         double init_stddev;         /* rows start truncated-normal with this stddev (0: zeros) */
         uint64_t evict_after_steps; /* a row untouched this many global steps is dropped; 0: never */
+        uint64_t max_rows;          /* rows of the table over all shards (each shard max_rows / n_ps); 0: no bound */
+        uint64_t expected_rows;     /* psfleet plan's row count of a table without max_rows; 0: unknown */
+        uint32_t admit_after;       /* an id gets a row once pulled this many times; 0, 1: at once */
+        enum sparse_evict_policy evict_policy;
         char initializer[128];      /* model.onnx: the initializer a Gather looks this table's rows up in
                                      * (cut out of the graph: the rows come from the ps); "" otherwise */
         const float *init_rows;     /* model.onnx: that initializer's values, (n_init_rows, dim), owned by

@@ -20,6 +20,8 @@ void sparse_table_opts_from_config(const struct job_config *cfg, uint32_t e, str
                 .seed = sparse_table_seed(cfg->model.seed, e),
                 .initial_accumulator = t->initial_accumulator, .epsilon = t->epsilon,
                 .ftrl_l1 = t->ftrl_l1, .ftrl_l2 = t->ftrl_l2, .ftrl_beta = t->ftrl_beta, .ftrl_lr_power = t->ftrl_lr_power,
+                .max_rows = es->max_rows,
+                .evict_policy = es->evict_policy, .admit_after = es->admit_after,
         };
         /* a graph's hashed table starts from its initializer's rows, as its dense variables start from
          * theirs (model.init "file"): its ids are the initializer's row numbers (id mod vocab) */
@@ -27,6 +29,10 @@ void sparse_table_opts_from_config(const struct job_config *cfg, uint32_t e, str
                 o->init_rows = es->init_rows;
                 o->n_init_rows = es->n_init_rows;
         }
+}
+
+uint64_t sparse_shard_max_rows(const struct job_config *cfg, uint32_t e) {
+        return cfg->model.emb[e].max_rows / (cfg->cluster.n_ps ? cfg->cluster.n_ps : 1);
 }
 
 float sparse_learning_rate(const struct job_config *cfg, uint64_t global_step) {

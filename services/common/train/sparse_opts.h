@@ -15,8 +15,12 @@
 uint64_t sparse_table_seed(uint64_t model_seed, uint32_t e);
 
 /* Table e (< cfg->model.n_embeddings) of the job: its dim, init_stddev, the training.sparse_optimizer
- * and its keys, and sparse_table_seed. */
+ * and its keys, sparse_table_seed, and its max_rows (the whole table's: a ps shard holds its share,
+ * sparse_shard_max_rows), evict_policy and admit_after. */
 void sparse_table_opts_from_config(const struct job_config *cfg, uint32_t e, struct sparse_table_opts *o);
+
+/* The rows table e may hold on one ps shard: max_rows / n_ps (0: no bound). */
+uint64_t sparse_shard_max_rows(const struct job_config *cfg, uint32_t e);
 
 /* The rows' learning rate at global_step: training.sparse_learning_rate, or the dense one's schedule
  * (optim_learning_rate) when that is 0. */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmsketch.h"
 #include "optim.h"
 #include "rng.h"
 
@@ -22,9 +23,10 @@
  * filled at most 3/4. */
 #define ROWS_MAX (3u << 29)
 
-/* A chunk is an array of records, each 12 + 4 * row_floats bytes: the id (8 bytes, unaligned: read with
- * memcpy; a free row's next free row + 1), the last touched step + 1 (uint32, saturating; 0: a free
- * row), then the row's dim floats and each slot's. The key beside its row costs one cache miss less
+/* A chunk is an array of records, each 12 + 4 * row_floats bytes (16 + with evict_policy lfu): the id
+ * (8 bytes, unaligned: read with memcpy; a free row's next free row + 1), the last touched step + 1
+ * (uint32, saturating; 0: a free row), under lfu its use count (uint32, saturating), then the row's dim
+ * floats and each slot's. The key beside its row costs one cache miss less
  * than a separate array. Untouched tails are never written, so a fresh chunk holds no resident memory
  * until its rows are used. */
 struct stripe {
@@ -36,6 +38,9 @@ struct stripe {
         uint32_t live;     /* rows in the index */
         uint32_t used;     /* rows handed out, live or free: the next new row number */
         uint32_t free_head; /* row + 1 of the first free row, 0: none */
+        uint32_t max_live; /* max_rows' share of this stripe; 0: no bound */
+        uint32_t lfu_gone; /* lfu: rows evicted since the counts were last halved */
+        uint32_t walk_at;  /* an export's walk is inside this stripe: rows below it are walked (0: none) */
         char **chunks;
         uint32_t n_chunks, chunks_cap;
         size_t bytes;      /* index, chunk table and chunks */
@@ -45,10 +50,13 @@ struct sparse_table {
         struct sparse_table_opts o;
         unsigned n_slots;
         size_t row_floats;             /* dim * (1 + n_slots) */
-        size_t rec_bytes;              /* a record: id, touch, row_floats floats */
+        size_t rec_bytes;              /* a record: id, touch, [count,] row_floats floats */
+        size_t vals_off;               /* where a record's floats start: 12, or 16 with a use count */
         unsigned geo_k;                /* chunks 0..geo_k double in size; later ones hold 2^max_shift */
         unsigned max_shift;            /* log2(rows of a full chunk) */
         uint64_t geo_rows;             /* rows in chunks 0..geo_k */
+        struct cmsketch *sketch;       /* admit_after > 1: sightings of ids without a row */
+        uint64_t evicted_age, evicted_limit, admitted, admit_pending, grads_dropped; /* atomic */
         struct stripe stripes[N_STRIPES];
 };
 
@@ -81,6 +89,13 @@ unsigned sparse_optimizer_n_slots(enum sparse_optimizer o)
 const char *sparse_optimizer_slot_name(enum sparse_optimizer o, unsigned slot)
 {
         return slot < sparse_optimizer_n_slots(o) ? sparse_optimizers[o].slot[slot] : NULL;
+}
+
+const char *sparse_evict_policy_name(enum sparse_evict_policy p)
+{
+        static const char *const names[] = {[SPARSE_EVICT_AGE] = "age", [SPARSE_EVICT_LRU] = "lru",
+                                            [SPARSE_EVICT_LFU] = "lfu"};
+        return (unsigned)p < sizeof(names) / sizeof(names[0]) ? names[p] : "?";
 }
 
 /* The stripe mix (murmur3's fmix64) and the shard mix (splitmix64's finalizer) differ, so that the
@@ -124,7 +139,8 @@ static uint64_t rows_in_chunks(const struct sparse_table *t, uint32_t n)
         return t->geo_rows + ((uint64_t)(n - t->geo_k - 1) << t->max_shift);
 }
 
-#define REC_VALS 12   /* a record's floats start here, after id (8) and touch (4) */
+#define REC_VALS 12   /* a record's floats start here, after id (8) and touch (4), */
+#define REC_VALS_LFU 16 /* or after id, touch and use count (4) */
 
 static inline char *rec_at(const struct sparse_table *t, const struct stripe *s, uint32_t r)
 {
@@ -158,9 +174,14 @@ static inline uint32_t *rec_touch(char *rec)
         return (uint32_t *)(void *)(rec + 8);
 }
 
-static inline float *rec_vals(char *rec)
+static inline uint32_t *rec_count(char *rec)
 {
-        return (float *)(void *)(rec + REC_VALS);
+        return (uint32_t *)(void *)(rec + REC_VALS);
+}
+
+static inline float *rec_vals(const struct sparse_table *t, char *rec)
+{
+        return (float *)(void *)(rec + t->vals_off);
 }
 
 static int add_chunk(const struct sparse_table *t, struct stripe *s)
@@ -292,6 +313,13 @@ static void slots_init(const struct sparse_table *t, float *row)
         }
 }
 
+/* Stripe i's share of max_rows: the shares add up to max_rows exactly. */
+static uint32_t stripe_share(uint64_t max_rows, unsigned i)
+{
+        uint64_t share = max_rows / N_STRIPES + (i < max_rows % N_STRIPES);
+        return share > ROWS_MAX ? ROWS_MAX : (uint32_t)share;
+}
+
 int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **ret)
 {
         if (!o || o->dim < 1 || o->dim > 1024 ||
@@ -302,6 +330,10 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
                 return -EINVAL;
         /* TF's Adagrad wants a positive start: 0 / sqrt(0) is NaN for a row's first zero gradient */
         if (o->optimizer == SPARSE_ADAGRAD && o->initial_accumulator == 0 && o->epsilon == 0)
+                return -EINVAL;
+        if ((o->max_rows && o->max_rows < SPARSE_MIN_MAX_ROWS) ||
+            (o->evict_policy != SPARSE_EVICT_AGE && o->evict_policy != SPARSE_EVICT_LRU &&
+             o->evict_policy != SPARSE_EVICT_LFU) || o->admit_after > CMSKETCH_MAX)
                 return -EINVAL;
         if (o->optimizer == SPARSE_FTRL &&
             !(o->ftrl_l1 >= 0 && o->ftrl_l2 >= 0 && o->ftrl_beta >= 0 && o->ftrl_lr_power <= 0 &&
@@ -314,15 +346,25 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
         t->o = *o;
         t->n_slots = sparse_optimizer_n_slots(o->optimizer);
         t->row_floats = (size_t)o->dim * (1 + t->n_slots);
-        t->rec_bytes = REC_VALS + t->row_floats * sizeof(float);
+        t->vals_off = o->evict_policy == SPARSE_EVICT_LFU ? REC_VALS_LFU : REC_VALS;
+        t->rec_bytes = t->vals_off + t->row_floats * sizeof(float);
         unsigned max_shift = FIRST_CHUNK_SHIFT;
         while (((size_t)2 << max_shift) * t->rec_bytes <= CHUNK_BYTES_MAX)
                 max_shift++;
         t->max_shift = max_shift;
         t->geo_k = max_shift - FIRST_CHUNK_SHIFT;
         t->geo_rows = (((uint64_t)1 << (t->geo_k + 1)) - 1) << FIRST_CHUNK_SHIFT;
-        for (unsigned i = 0; i < N_STRIPES; i++)
+        if (o->admit_after > 1) {
+                int r = cmsketch_new(SPARSE_SKETCH_WIDTH_LOG2, SPARSE_SKETCH_DEPTH, SPARSE_SKETCH_RESET, &t->sketch);
+                if (r < 0) {
+                        free(t);
+                        return r;
+                }
+        }
+        for (unsigned i = 0; i < N_STRIPES; i++) {
                 pthread_mutex_init(&t->stripes[i].lock, NULL);
+                t->stripes[i].max_live = stripe_share(o->max_rows, i);
+        }
         *ret = t;
         return 0;
 }
@@ -336,7 +378,7 @@ static void stripe_release(struct stripe *s)
         s->chunks = NULL;
         __atomic_store_n(&s->index, NULL, __ATOMIC_RELEASE);
         __atomic_store_n(&s->cap, 0, __ATOMIC_RELEASE);
-        s->n_chunks = s->chunks_cap = s->live = s->used = s->free_head = 0;
+        s->n_chunks = s->chunks_cap = s->live = s->used = s->free_head = s->lfu_gone = s->walk_at = 0;
         s->bytes = 0;
 }
 
@@ -348,6 +390,7 @@ struct sparse_table *sparse_table_free(struct sparse_table *t)
                 stripe_release(&t->stripes[i]);
                 pthread_mutex_destroy(&t->stripes[i].lock);
         }
+        cmsketch_free(t->sketch);
         free(t);
         return NULL;
 }
@@ -400,11 +443,120 @@ static inline void prefetch_index(const struct sparse_table *t, const uint64_t *
                 __builtin_prefetch(&index[(uint32_t)h & (cap - 1)]);
 }
 
-enum lookup { FIND, CREATE, CREATE_BLANK /* the caller writes the row and slots */ };
+enum lookup {
+        FIND,
+        CREATE,
+        CREATE_BLANK,   /* the caller writes the row and slots */
+        ADMIT,          /* CREATE once the sketch has seen the id admit_after times; else as FIND */
+        EXISTING,       /* as FIND, for a push under admission: a missing id's gradient is dropped */
+};
 
-/* The record of ids[i] (of a batch of n) with its stripe locked (*sp), made when missing unless FIND;
- * its last touch becomes step. NULL when missing under FIND, with nothing locked; NULL and *err -ENOMEM
- * when out of memory. */
+/* Frees live row r of s. */
+static void row_drop(const struct sparse_table *t, struct stripe *s, uint32_t r)
+{
+        char *rec = rec_at(t, s, r);
+        bool found;
+        uint64_t id = rec_id(rec);
+        uint32_t pos = index_find(t, s, id, stripe_hash(id), &found);
+        assert(found);
+        index_remove(t, s, pos);
+        *rec_touch(rec) = 0;
+        rec_set_id(rec, s->free_head);
+        s->free_head = r + 1;
+}
+
+/* What a full stripe evicts first: the smallest keys go (the touch for age and lru, the use count for
+ * lfu). */
+static inline uint32_t evict_key(const struct sparse_table *t, char *rec)
+{
+        return t->o.evict_policy == SPARSE_EVICT_LFU ? *rec_count(rec) : *rec_touch(rec);
+}
+
+/* The k-th smallest (0-based, k < n) of a[0..n), reordering a (quickselect, three-way partition). */
+static uint32_t select_kth(uint32_t *a, size_t n, size_t k)
+{
+        size_t lo = 0, hi = n;   /* the k-th lies in a[lo..hi) */
+        while (hi - lo > 1) {
+                uint32_t p = a[lo + (hi - lo) / 2], x;
+                size_t lt = lo, i = lo, gt = hi;
+                while (i < gt) {
+                        if (a[i] < p) {
+                                x = a[lt], a[lt++] = a[i], a[i++] = x;
+                        } else if (a[i] > p) {
+                                x = a[--gt], a[gt] = a[i], a[i] = x;
+                        } else {
+                                i++;
+                        }
+                }
+                if (k < lt)
+                        hi = lt;
+                else if (k >= gt)
+                        lo = gt;
+                else
+                        return p;
+        }
+        return a[lo];
+}
+
+/* The eviction keys of s's live rows from row `from` on, into keys; returns how many. */
+static size_t collect_keys(const struct sparse_table *t, const struct stripe *s, uint32_t from, uint32_t *keys)
+{
+        size_t n = 0;
+        for (uint32_t r = from; r < s->used; r++) {
+                char *rec = rec_at(t, s, r);
+                if (*rec_touch(rec))
+                        keys[n++] = evict_key(t, rec);
+        }
+        return n;
+}
+
+/* A full stripe (live >= max_live, locked) evicts about 1/32 of its rows, those with the smallest keys,
+ * so that the scan is paid once per that many new rows. 0, or -ENOMEM (the scratch of keys). */
+static int stripe_make_room(struct sparse_table *t, struct stripe *s)
+{
+        size_t k = s->max_live / 32 ? s->max_live / 32 : 1;
+        uint32_t *keys = malloc((size_t)s->live * sizeof(*keys));
+        if (!keys)
+                return -ENOMEM;
+        /* while an export walks this stripe, the rows it has given stay: one evicted and made again
+         * past the walk's place would be given twice (a checkpoint no import takes). Only when every
+         * row is behind the walk (one abandoned there) do those go. */
+        uint32_t from = s->walk_at;
+        size_t n = collect_keys(t, s, from, keys);
+        if (!n && from)
+                n = collect_keys(t, s, from = 0, keys);
+        uint32_t below = n ? select_kth(keys, n, k - 1 < n ? k - 1 : n - 1) : 0;
+        free(keys);
+        /* the rows with a key under the k-th smallest go, then rows at it until k went */
+        size_t gone = 0;
+        for (int pass = 0; pass < 2 && gone < k; pass++)
+                for (uint32_t r = from; r < s->used && gone < k; r++) {
+                        char *rec = rec_at(t, s, r);
+                        if (!*rec_touch(rec))
+                                continue;
+                        uint32_t key = evict_key(t, rec);
+                        if (pass == 0 ? key >= below : key != below)
+                                continue;
+                        row_drop(t, s, r);
+                        gone++;
+                }
+        /* lfu: once the stripe has turned over, its counts are halved, so old fame fades */
+        s->lfu_gone += (uint32_t)gone;
+        if (t->o.evict_policy == SPARSE_EVICT_LFU && s->lfu_gone >= s->max_live) {
+                s->lfu_gone = 0;
+                for (uint32_t r = 0; r < s->used; r++) {
+                        char *rec = rec_at(t, s, r);
+                        if (*rec_touch(rec))
+                                *rec_count(rec) >>= 1;
+                }
+        }
+        __atomic_add_fetch(&t->evicted_limit, gone, __ATOMIC_RELAXED);
+        return 0;
+}
+
+/* The record of ids[i] (of a batch of n) with its stripe locked (*sp), made when missing as how says;
+ * its last touch becomes step. NULL when missing and not made, with nothing locked; NULL and *err
+ * -ENOMEM when out of memory. */
 static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, size_t n, enum lookup how,
                         uint64_t step, struct stripe **sp, int *err)
 {
@@ -421,19 +573,42 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
         if (found) {
                 rec = rec_at(t, s, s->index[pos] - 1);
         } else {
-                int64_t r = how == FIND ? -ENOENT : row_new(t, s, id, h, pos);
+                int64_t r = 0;
+                if (how == FIND)
+                        r = -ENOENT;
+                else if (how == EXISTING) {
+                        __atomic_add_fetch(&t->grads_dropped, 1, __ATOMIC_RELAXED);
+                        r = -ENOENT;
+                } else if (how == ADMIT) {
+                        if (cmsketch_add(t->sketch, id) < t->o.admit_after) {
+                                __atomic_add_fetch(&t->admit_pending, 1, __ATOMIC_RELAXED);
+                                r = -ENOENT;
+                        } else {
+                                __atomic_add_fetch(&t->admitted, 1, __ATOMIC_RELAXED);
+                        }
+                }
+                if (r == 0 && s->max_live && s->live >= s->max_live) {
+                        r = stripe_make_room(t, s);
+                        pos = index_find(t, s, id, h, &found);
+                }
+                if (r == 0)
+                        r = row_new(t, s, id, h, pos);
                 if (r < 0) {
                         pthread_mutex_unlock(&s->lock);
                         *err = r == -ENOENT ? 0 : (int)r;
                         return NULL;
                 }
                 rec = rec_at(t, s, (uint32_t)r);
-                if (how == CREATE) {
-                        sparse_table_init_row(t, id, rec_vals(rec));
-                        slots_init(t, rec_vals(rec));
+                if (t->o.evict_policy == SPARSE_EVICT_LFU)
+                        *rec_count(rec) = 0;
+                if (how != CREATE_BLANK) {
+                        sparse_table_init_row(t, id, rec_vals(t, rec));
+                        slots_init(t, rec_vals(t, rec));
                 }
         }
         *rec_touch(rec) = touch_of(step);
+        if (t->o.evict_policy == SPARSE_EVICT_LFU && *rec_count(rec) < UINT32_MAX)
+                (*rec_count(rec))++;
         return rec;
 }
 
@@ -441,18 +616,19 @@ int sparse_table_pull(struct sparse_table *t, const uint64_t *ids, size_t n, flo
                       uint64_t step)
 {
         uint32_t dim = t->o.dim;
+        enum lookup how = !create ? FIND : t->sketch ? ADMIT : CREATE;
         for (size_t i = 0; i < n; i++) {
                 struct stripe *s;
                 int err;
                 float *out = rows + i * dim;
-                char *rec = rec_locked(t, ids, i, n, create ? CREATE : FIND, step, &s, &err);
+                char *rec = rec_locked(t, ids, i, n, how, step, &s, &err);
                 if (err < 0)
                         return err;
                 if (!rec) {
                         sparse_table_init_row(t, ids[i], out);
                         continue;
                 }
-                memcpy(out, rec_vals(rec), dim * sizeof(float));
+                memcpy(out, rec_vals(t, rec), dim * sizeof(float));
                 pthread_mutex_unlock(&s->lock);
         }
         return 0;
@@ -463,13 +639,16 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
 {
         const struct sparse_table_opts *o = &t->o;
         uint32_t dim = o->dim;
+        enum lookup how = t->sketch ? EXISTING : CREATE;
         for (size_t i = 0; i < n; i++) {
                 struct stripe *s;
                 int err;
-                char *rec = rec_locked(t, ids, i, n, CREATE, step, &s, &err);
-                if (!rec)
+                char *rec = rec_locked(t, ids, i, n, how, step, &s, &err);
+                if (err < 0)
                         return err;
-                float *w = rec_vals(rec);
+                if (!rec)
+                        continue;
+                float *w = rec_vals(t, rec);
                 const float *gi = g + i * dim;
                 switch (o->optimizer) {
                 case SPARSE_SGD:
@@ -508,7 +687,78 @@ size_t sparse_table_rows(const struct sparse_table *t)
 
 size_t sparse_table_bytes(const struct sparse_table *t)
 {
-        return sizeof(*t) + stripes_sum(t, true);
+        return sizeof(*t) + (t->sketch ? cmsketch_bytes(t->sketch) : 0) + stripes_sum(t, true);
+}
+
+void sparse_table_get_stats(const struct sparse_table *t, struct sparse_table_stats *st)
+{
+        *st = (struct sparse_table_stats){
+                .rows = sparse_table_rows(t), .bytes = sparse_table_bytes(t),
+                .evicted_age = __atomic_load_n(&t->evicted_age, __ATOMIC_RELAXED),
+                .evicted_limit = __atomic_load_n(&t->evicted_limit, __ATOMIC_RELAXED),
+                .admitted = __atomic_load_n(&t->admitted, __ATOMIC_RELAXED),
+                .admit_pending = __atomic_load_n(&t->admit_pending, __ATOMIC_RELAXED),
+                .grads_dropped = __atomic_load_n(&t->grads_dropped, __ATOMIC_RELAXED),
+        };
+}
+
+/* The bytes of one stripe holding up to c rows, as add_chunk, index_grow and the chunk table count them. */
+static uint64_t stripe_bytes_for(const struct sparse_table *t, uint64_t c)
+{
+        if (!c)
+                return 0;
+        if (c > ROWS_MAX)   /* a stripe holds no more (a plan of a vocab past what a shard can hold) */
+                c = ROWS_MAX;
+        uint64_t n = 0, bytes = 0;
+        while (n <= t->geo_k && rows_in_chunks(t, (uint32_t)n) < c) {   /* the doubling chunks */
+                bytes += (chunk_rows(t, (uint32_t)n) * t->rec_bytes + 63) & ~(uint64_t)63;
+                n++;
+        }
+        if (c > t->geo_rows) {   /* then full chunks, as many as the rest needs */
+                uint64_t full = (c - t->geo_rows + ((uint64_t)1 << t->max_shift) - 1) >> t->max_shift;
+                bytes += full * ((((uint64_t)1 << t->max_shift) * t->rec_bytes + 63) & ~(uint64_t)63);
+                n += full;
+        }
+        uint64_t chunks_cap = 8;
+        while (chunks_cap < n)
+                chunks_cap *= 2;
+        uint64_t cap = INDEX_MIN;
+        while (c * 4 > cap * 3)
+                cap *= 2;
+        return bytes + chunks_cap * sizeof(char *) + cap * sizeof(uint32_t);
+}
+
+uint64_t sparse_table_bytes_for(const struct sparse_table_opts *o, uint64_t rows)
+{
+        /* the layout of a table of o, without its stripes' memory */
+        struct sparse_table *t = NULL;
+        struct sparse_table_opts q = *o;
+        q.max_rows = 0;
+        q.admit_after = 0;
+        if (sparse_table_new(&q, &t) < 0)
+                return 0;
+        uint64_t bytes = sizeof(*t) +
+                         (o->admit_after > 1 ? cmsketch_bytes_for(SPARSE_SKETCH_WIDTH_LOG2, SPARSE_SKETCH_DEPTH) : 0);
+        /* the first stripes' shares are one row larger: count those at their share and the rest at theirs */
+        uint64_t big = rows % N_STRIPES;
+        bytes += big * stripe_bytes_for(t, rows / N_STRIPES + 1) + (N_STRIPES - big) * stripe_bytes_for(t, rows / N_STRIPES);
+        sparse_table_free(t);
+        return bytes;
+}
+
+uint64_t sparse_table_rows_within(const struct sparse_table_opts *o, uint64_t bytes)
+{
+        if (sparse_table_bytes_for(o, SPARSE_MIN_MAX_ROWS) > bytes)
+                return 0;
+        uint64_t lo = SPARSE_MIN_MAX_ROWS, hi = (uint64_t)ROWS_MAX * N_STRIPES;
+        while (lo < hi) {   /* bytes_for grows with rows: the largest rows that fit */
+                uint64_t mid = lo + (hi - lo + 1) / 2;
+                if (sparse_table_bytes_for(o, mid) <= bytes)
+                        lo = mid;
+                else
+                        hi = mid - 1;
+        }
+        return lo;
 }
 
 size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
@@ -526,18 +776,12 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
                         /* a saturated touch (step >= 2^32 - 2) is of unknown age: kept */
                         if (touch == 0 || touch == UINT32_MAX || (uint64_t)(touch - 1) >= before)
                                 continue;
-                        bool found;
-                        uint64_t id = rec_id(rec);
-                        uint32_t pos = index_find(t, s, id, stripe_hash(id), &found);
-                        assert(found);
-                        index_remove(t, s, pos);
-                        *rec_touch(rec) = 0;
-                        rec_set_id(rec, s->free_head);
-                        s->free_head = r + 1;
+                        row_drop(t, s, r);
                         evicted++;
                 }
                 pthread_mutex_unlock(&s->lock);
         }
+        __atomic_add_fetch(&t->evicted_age, evicted, __ATOMIC_RELAXED);
         return evicted;
 }
 
@@ -555,7 +799,7 @@ size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max,
                         char *rec = rec_at(t, s, r);
                         if (!*rec_touch(rec))
                                 continue;
-                        const float *row = rec_vals(rec);
+                        const float *row = rec_vals(t, rec);
                         ids[n] = rec_id(rec);
                         memcpy(values + n * dim, row, dim * sizeof(float));
                         for (unsigned sl = 0; slots && sl < t->n_slots; sl++)
@@ -564,6 +808,7 @@ size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max,
                         n++;
                 }
                 bool done = r >= s->used;
+                s->walk_at = done ? 0 : r;   /* the rows below r are given: kept from eviction at the bound */
                 pthread_mutex_unlock(&s->lock);
                 if (done) {
                         si++;
@@ -584,7 +829,7 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
                 char *rec = rec_locked(t, ids, i, n, CREATE_BLANK, step, &s, &err);
                 if (!rec)
                         return err;
-                float *row = rec_vals(rec);
+                float *row = rec_vals(t, rec);
                 memcpy(row, values + i * dim, dim * sizeof(float));
                 if (slots) {
                         for (unsigned sl = 0; sl < t->n_slots; sl++)

@@ -28,6 +28,30 @@ struct sparse_table_opts {
         double epsilon;               /* adagrad: added to sqrt(accumulator), as the dense path's training.epsilon
                                        * (optim_adagrad); 0 is TF 1.x's AdagradOptimizer */
         double ftrl_l1, ftrl_l2, ftrl_beta, ftrl_lr_power; /* ftrl (TensorFlow's FtrlOptimizer) */
+        uint64_t max_rows;            /* 0: no bound; else >= SPARSE_MIN_MAX_ROWS: each of the 64 stripes holds at
+                                       * most its share (max_rows / 64, the remainder to the first), and a new row
+                                       * in a full stripe first evicts about 3 % of its rows by evict_policy */
+        enum sparse_evict_policy evict_policy; /* lfu adds a 4-byte use count to each row; age, lru use the touch */
+        uint32_t admit_after;         /* > 1: a missing id gets a row on its admit_after-th pull with create,
+                                       * counted in a count-min sketch (SPARSE_SKETCH_*); before that its pulls
+                                       * give its initial row, nothing stored, and a push of it is dropped */
+};
+
+/* The smallest max_rows (one row per stripe), and the admission sketch's shape: 4 rows of 2^20 8-bit
+ * counters (4 MiB per table on each shard), halved every 10 * 2^20 sightings. */
+#define SPARSE_MIN_MAX_ROWS 64u
+#define SPARSE_SKETCH_WIDTH_LOG2 20u
+#define SPARSE_SKETCH_DEPTH 4u
+#define SPARSE_SKETCH_RESET (10ull << SPARSE_SKETCH_WIDTH_LOG2)
+
+/* What a table did (status, metrics); each counter since the table was made. */
+struct sparse_table_stats {
+        uint64_t rows, bytes;
+        uint64_t evicted_age;     /* by sparse_table_evict (evict_after_steps) */
+        uint64_t evicted_limit;   /* to make room at max_rows */
+        uint64_t admitted;        /* rows made after admit_after sightings */
+        uint64_t admit_pending;   /* pulls of ids below admit_after, answered with the initial row */
+        uint64_t grads_dropped;   /* pushed rows of ids without a row under admission, not applied */
 };
 
 /* "sgd", "adagrad", "ftrl" */
@@ -35,6 +59,9 @@ const char *sparse_optimizer_name(enum sparse_optimizer o);
 /* Per-row slots: sgd 0; adagrad 1 ("accumulator"); ftrl 2 ("accum" = n, "linear" = z), as TF names them. */
 unsigned sparse_optimizer_n_slots(enum sparse_optimizer o);
 const char *sparse_optimizer_slot_name(enum sparse_optimizer o, unsigned slot); /* NULL out of range */
+
+/* "age", "lru", "lfu" */
+const char *sparse_evict_policy_name(enum sparse_evict_policy p);
 
 /* The shard an id's row lives on, of n_shards (every node computes it alike). */
 uint32_t sparse_shard_of(uint64_t id, uint32_t n_shards);
@@ -63,6 +90,14 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
 
 size_t sparse_table_rows(const struct sparse_table *t);   /* stored rows */
 size_t sparse_table_bytes(const struct sparse_table *t);  /* memory held, all of it */
+void sparse_table_get_stats(const struct sparse_table *t, struct sparse_table_stats *st);
+
+/* The most memory a table of options o holds with rows rows spread evenly over its stripes, or, with
+ * o->max_rows set and rows == o->max_rows, at its bound (the same layout sparse_table_bytes counts:
+ * records in their chunks, index at its load limit, chunk tables, the sketch). For plans and limits. */
+uint64_t sparse_table_bytes_for(const struct sparse_table_opts *o, uint64_t rows);
+/* The largest row bound whose sparse_table_bytes_for fits in bytes (0 if not even SPARSE_MIN_MAX_ROWS). */
+uint64_t sparse_table_rows_within(const struct sparse_table_opts *o, uint64_t bytes);
 
 /* Removes rows last touched before now - after (after > 0). Returns how many. Steps are kept in 32 bits:
  * a row last touched at step 2^32 - 2 or later is never evicted. */
@@ -71,8 +106,10 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after);
 /* Walks the stored rows in pages: start with *cursor = 0; each call writes up to max rows (ids,
  * values (max x dim), and with slots non-NULL the slots, slot-major: slots[s * max * dim + i * dim +
  * j]) and advances *cursor; returns the rows written, 0 at the end. Rows made during the walk may be
- * missed, none is given twice, and each row is read under its lock. (An id evicted and made again
- * during the walk is a new row: it may come twice. Checkpoints walk with eviction held off.) */
+ * missed, none is given twice, and each row is read under its lock. (An id evicted by
+ * sparse_table_evict and made again during the walk is a new row: it may come twice, so checkpoints
+ * walk with that eviction held off. Eviction at max_rows keeps the rows a walk has given in the stripe
+ * it is in, so it gives no id twice.) */
 size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids, float *values,
                            float *slots);
 
