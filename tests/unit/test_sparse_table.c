@@ -558,6 +558,62 @@ static void test_bytes(void **state)
         sparse_table_free(t);
 }
 
+/* Change tracking: made, pushed and imported rows are dirty, pulled ones not; a cleaning export
+ * unmarks; evicted ids are noted once, and taken once. */
+static void test_track_changes(void **state)
+{
+        (void)state;
+        struct sparse_table *t = table(SPARSE_ADAGRAD, 4, 0.1, 7);
+        sparse_table_track(t, true);
+        uint64_t ids[100], got[200];
+        static float g[100 * 4], rows[100 * 4], vals[200 * 4], slots[200 * 4];
+        for (int i = 0; i < 100; i++)
+                ids[i] = 1000 + (uint64_t)i;
+        for (int i = 0; i < 100 * 4; i++)
+                g[i] = 0.01f * (float)(i % 7);
+        assert_int_equal(sparse_table_push(t, ids, 100, g, 0.1f, 1), 0);
+        uint64_t cur = 0;
+        /* every row made is changed; a clean walk takes them all, a second finds none */
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 100);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 0);
+        /* pulls of stored rows change nothing; a push of 3 ids and a new id pulled (made) do */
+        assert_int_equal(sparse_table_pull(t, ids, 50, rows, true, 2), 0);
+        assert_int_equal(sparse_table_push(t, ids + 10, 3, g, 0.1f, 2), 0);
+        uint64_t fresh = 5;
+        assert_int_equal(sparse_table_pull(t, &fresh, 1, rows, true, 2), 0);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, false), 4);
+        /* not cleaned: the same 4 again; then a full export (not dirty_only) that cleans */
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, false), 4);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, false, true), 101);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 0);
+        /* an import marks */
+        assert_int_equal(sparse_table_import(t, ids + 20, 2, g, NULL, 3), 0);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 2);
+        /* eviction: rows untouched since before step 60 go (all but ids[0]); their ids are noted once */
+        assert_int_equal(sparse_table_push(t, ids, 1, g, 0.1f, 100), 0);
+        assert_int_equal(sparse_table_evict(t, 110, 50), 100);
+        uint64_t *gone = NULL;
+        size_t n_gone = 0;
+        assert_int_equal(sparse_table_take_evicted(t, &gone, &n_gone), 0);
+        assert_int_equal(n_gone, 100);
+        free(gone);
+        gone = NULL;
+        assert_int_equal(sparse_table_take_evicted(t, &gone, &n_gone), 0);
+        assert_int_equal(n_gone, 0);
+        assert_null(gone);
+        /* the survivor (pushed at 100) is the only changed row */
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 1);
+        assert_int_equal(got[0], ids[0]);
+        sparse_table_free(t);
+}
+
 UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_names),         cmocka_unit_test(test_new_invalid),
         cmocka_unit_test(test_init),          cmocka_unit_test(test_pull_create),
@@ -565,4 +621,5 @@ UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_push_ftrl),     cmocka_unit_test(test_export_import),
         cmocka_unit_test(test_evict),         cmocka_unit_test(test_clear),
         cmocka_unit_test(test_growth),        cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_shard_of),      cmocka_unit_test(test_bytes))
+        cmocka_unit_test(test_shard_of),      cmocka_unit_test(test_bytes),
+        cmocka_unit_test(test_track_changes))

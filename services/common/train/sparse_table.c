@@ -39,6 +39,13 @@ struct stripe {
         char **chunks;
         uint32_t n_chunks, chunks_cap;
         size_t bytes;      /* index, chunk table and chunks */
+        /* change tracking for incremental checkpoints (sparse_table_track): one bit per row number,
+         * set when the row is made, pushed or imported, cleared by an export that cleans; and the ids
+         * evicted since the last sparse_table_take_evicted */
+        uint64_t *dirty;   /* (dirty_words) */
+        uint32_t dirty_words, last_row;   /* last_row: the row rec_locked returned */
+        uint64_t *gone;
+        size_t n_gone, gone_cap;
 } __attribute__((aligned(64)));
 
 struct sparse_table {
@@ -49,6 +56,8 @@ struct sparse_table {
         unsigned geo_k;                /* chunks 0..geo_k double in size; later ones hold 2^max_shift */
         unsigned max_shift;            /* log2(rows of a full chunk) */
         uint64_t geo_rows;             /* rows in chunks 0..geo_k */
+        bool track;                    /* change tracking on (set before any row is made) */
+        bool changes_lost;             /* an evicted id could not be noted (atomic) */
         struct stripe stripes[N_STRIPES];
 };
 
@@ -338,6 +347,11 @@ static void stripe_release(struct stripe *s)
         __atomic_store_n(&s->cap, 0, __ATOMIC_RELEASE);
         s->n_chunks = s->chunks_cap = s->live = s->used = s->free_head = 0;
         s->bytes = 0;
+        free(s->dirty);
+        free(s->gone);
+        s->dirty = s->gone = NULL;
+        s->dirty_words = 0;
+        s->n_gone = s->gone_cap = 0;
 }
 
 struct sparse_table *sparse_table_free(struct sparse_table *t)
@@ -400,6 +414,61 @@ static inline void prefetch_index(const struct sparse_table *t, const uint64_t *
                 __builtin_prefetch(&index[(uint32_t)h & (cap - 1)]);
 }
 
+
+/* ---- change tracking (incremental checkpoints) ---- */
+
+/* Makes the dirty bitmap cover row number s->used (the next new row). 0 or -ENOMEM. */
+static int dirty_reserve(struct stripe *s)
+{
+        uint32_t need = s->used / 64 + 1;
+        if (need <= s->dirty_words)
+                return 0;
+        uint32_t words = s->dirty_words ? 2 * s->dirty_words : 16;
+        while (words < need)
+                words *= 2;
+        uint64_t *d = realloc(s->dirty, words * sizeof(*d));
+        if (!d)
+                return -ENOMEM;
+        memset(d + s->dirty_words, 0, (words - s->dirty_words) * sizeof(*d));
+        s->dirty = d;
+        s->dirty_words = words;
+        return 0;
+}
+
+static inline void dirty_set(struct stripe *s, uint32_t r)
+{
+        assert(r / 64 < s->dirty_words);
+        s->dirty[r / 64] |= 1ull << (r % 64);
+}
+
+static inline bool dirty_get(const struct stripe *s, uint32_t r)
+{
+        return r / 64 < s->dirty_words && (s->dirty[r / 64] >> (r % 64) & 1);
+}
+
+static inline void dirty_clear(struct stripe *s, uint32_t r)
+{
+        if (r / 64 < s->dirty_words)
+                s->dirty[r / 64] &= ~(1ull << (r % 64));
+}
+
+/* Notes an evicted id (s locked). A failed allocation loses the note: the table remembers that, and
+ * sparse_table_take_evicted reports it so that the next checkpoint is a full one. */
+static void gone_add(struct sparse_table *t, struct stripe *s, uint64_t id)
+{
+        if (s->n_gone == s->gone_cap) {
+                size_t cap = s->gone_cap ? 2 * s->gone_cap : 64;
+                uint64_t *g = realloc(s->gone, cap * sizeof(*g));
+                if (!g) {
+                        __atomic_store_n(&t->changes_lost, true, __ATOMIC_RELAXED);
+                        return;
+                }
+                s->gone = g;
+                s->gone_cap = cap;
+        }
+        s->gone[s->n_gone++] = id;
+}
+
 enum lookup { FIND, CREATE, CREATE_BLANK /* the caller writes the row and slots */ };
 
 /* The record of ids[i] (of a batch of n) with its stripe locked (*sp), made when missing unless FIND;
@@ -419,15 +488,22 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
         uint32_t pos = index_find(t, s, id, h, &found);
         char *rec;
         if (found) {
-                rec = rec_at(t, s, s->index[pos] - 1);
+                s->last_row = s->index[pos] - 1;
+                rec = rec_at(t, s, s->last_row);
         } else {
-                int64_t r = how == FIND ? -ENOENT : row_new(t, s, id, h, pos);
+                /* with tracking, the bitmap covers a row before it is made, so that marking never fails */
+                int64_t r = how == FIND                         ? -ENOENT
+                            : t->track && dirty_reserve(s) < 0 ? -ENOMEM
+                                                                : row_new(t, s, id, h, pos);
                 if (r < 0) {
                         pthread_mutex_unlock(&s->lock);
                         *err = r == -ENOENT ? 0 : (int)r;
                         return NULL;
                 }
                 rec = rec_at(t, s, (uint32_t)r);
+                s->last_row = (uint32_t)r;
+                if (t->track)
+                        dirty_set(s, (uint32_t)r);
                 if (how == CREATE) {
                         sparse_table_init_row(t, id, rec_vals(rec));
                         slots_init(t, rec_vals(rec));
@@ -469,6 +545,8 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
                 char *rec = rec_locked(t, ids, i, n, CREATE, step, &s, &err);
                 if (!rec)
                         return err;
+                if (t->track)
+                        dirty_set(s, s->last_row);   /* the bitmap covers every row made: cannot fail */
                 float *w = rec_vals(rec);
                 const float *gi = g + i * dim;
                 switch (o->optimizer) {
@@ -531,6 +609,10 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
                         uint32_t pos = index_find(t, s, id, stripe_hash(id), &found);
                         assert(found);
                         index_remove(t, s, pos);
+                        if (t->track) {
+                                dirty_clear(s, r);
+                                gone_add(t, s, id);
+                        }
                         *rec_touch(rec) = 0;
                         rec_set_id(rec, s->free_head);
                         s->free_head = r + 1;
@@ -544,34 +626,7 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
 size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids, float *values,
                            float *slots)
 {
-        uint32_t dim = t->o.dim;
-        size_t n = 0;
-        uint64_t si = *cursor >> 32;
-        uint32_t r = (uint32_t)*cursor;
-        while (n < max && si < N_STRIPES) {
-                struct stripe *s = &t->stripes[si];
-                pthread_mutex_lock(&s->lock);
-                for (; r < s->used && n < max; r++) {
-                        char *rec = rec_at(t, s, r);
-                        if (!*rec_touch(rec))
-                                continue;
-                        const float *row = rec_vals(rec);
-                        ids[n] = rec_id(rec);
-                        memcpy(values + n * dim, row, dim * sizeof(float));
-                        for (unsigned sl = 0; slots && sl < t->n_slots; sl++)
-                                memcpy(slots + (sl * max + n) * dim, row + (size_t)(1 + sl) * dim,
-                                       dim * sizeof(float));
-                        n++;
-                }
-                bool done = r >= s->used;
-                pthread_mutex_unlock(&s->lock);
-                if (done) {
-                        si++;
-                        r = 0;
-                }
-        }
-        *cursor = si << 32 | r;
-        return n;
+        return sparse_table_export_changes(t, cursor, max, ids, values, slots, false, false);
 }
 
 int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, const float *values,
@@ -584,6 +639,8 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
                 char *rec = rec_locked(t, ids, i, n, CREATE_BLANK, step, &s, &err);
                 if (!rec)
                         return err;
+                if (t->track)
+                        dirty_set(s, s->last_row);
                 float *row = rec_vals(rec);
                 memcpy(row, values + i * dim, dim * sizeof(float));
                 if (slots) {
@@ -606,4 +663,76 @@ void sparse_table_clear(struct sparse_table *t)
                 stripe_release(s);
                 pthread_mutex_unlock(&s->lock);
         }
+}
+
+void sparse_table_track(struct sparse_table *t, bool on)
+{
+        t->track = on;
+}
+
+size_t sparse_table_export_changes(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids,
+                                   float *values, float *slots, bool dirty_only, bool clean)
+{
+        uint32_t dim = t->o.dim;
+        size_t n = 0;
+        uint64_t si = *cursor >> 32;
+        uint32_t r = (uint32_t)*cursor;
+        while (n < max && si < N_STRIPES) {
+                struct stripe *s = &t->stripes[si];
+                pthread_mutex_lock(&s->lock);
+                for (; r < s->used && n < max; r++) {
+                        char *rec = rec_at(t, s, r);
+                        if (!*rec_touch(rec) || (dirty_only && !dirty_get(s, r)))
+                                continue;
+                        if (clean)
+                                dirty_clear(s, r);
+                        const float *row = rec_vals(rec);
+                        ids[n] = rec_id(rec);
+                        memcpy(values + n * dim, row, dim * sizeof(float));
+                        for (unsigned sl = 0; slots && sl < t->n_slots; sl++)
+                                memcpy(slots + (sl * max + n) * dim, row + (size_t)(1 + sl) * dim,
+                                       dim * sizeof(float));
+                        n++;
+                }
+                bool done = r >= s->used;
+                pthread_mutex_unlock(&s->lock);
+                if (done) {
+                        si++;
+                        r = 0;
+                }
+        }
+        *cursor = si << 32 | r;
+        return n;
+}
+
+int sparse_table_take_evicted(struct sparse_table *t, uint64_t **ids_ret, size_t *n_ret)
+{
+        size_t n = 0;
+        uint64_t *ids = NULL;
+        int r = 0;
+        for (unsigned i = 0; i < N_STRIPES; i++) {
+                struct stripe *s = &t->stripes[i];
+                pthread_mutex_lock(&s->lock);
+                if (s->n_gone) {
+                        uint64_t *grown = realloc(ids, (n + s->n_gone) * sizeof(*ids));
+                        if (grown) {
+                                ids = grown;
+                                memcpy(ids + n, s->gone, s->n_gone * sizeof(*ids));
+                                n += s->n_gone;
+                        } else {
+                                r = -ENOMEM;
+                        }
+                        s->n_gone = 0;
+                }
+                pthread_mutex_unlock(&s->lock);
+        }
+        if (__atomic_exchange_n(&t->changes_lost, false, __ATOMIC_RELAXED))
+                r = -ENOMEM;
+        if (r < 0) {
+                free(ids);
+                return r;
+        }
+        *ids_ret = ids;
+        *n_ret = n;
+        return 0;
 }
