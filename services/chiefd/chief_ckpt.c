@@ -1,6 +1,7 @@
 /* A job's checkpoints, files and rows: see chief_ckpt.h. */
 #include "chief_ckpt.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -159,110 +160,171 @@ int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slo
         return chief_ckpt_save_tables(s, params, slots, NULL, global_step, stats, ret, err, errlen);
 }
 
-/* Table e's tensors at t[0..2 + n_slots) (names malloc'd into names[]): "emb/<name>/ids", "emb/<name>",
- * "emb/<name>/<slot>"... Returns how many, or -ENOMEM. */
-static int table_tensors(const struct chief_ckpt *s, uint32_t e, const struct ps_sparse_rows *rows,
-                         struct ckpt_tensor *t, char **names) {
-        const char *tn = s->model->emb[e].name;
-        unsigned ns = sparse_optimizer_n_slots(s->sparse_optimizer);
-        names[0] = strdup_printf("emb/%s/ids", tn);
-        names[1] = strdup_printf("emb/%s", tn);
-        for (unsigned sl = 0; sl < ns; sl++)
-                names[2 + sl] = strdup_printf("emb/%s/%s", tn, sparse_optimizer_slot_name(s->sparse_optimizer, sl));
-        for (unsigned k = 0; k < 2 + ns; k++)
-                if (!names[k])
-                        return -ENOMEM;
-        uint32_t n = (uint32_t)rows->n, dim = s->model->emb[e].dim;
-        t[0] = (struct ckpt_tensor){names[0], n, 1, rows->ids, CKPT_U64, 1};
-        t[1] = (struct ckpt_tensor){names[1], n, dim, rows->values, CKPT_F32, 2};
-        for (unsigned sl = 0; sl < ns; sl++)
-                t[2 + sl] = (struct ckpt_tensor){names[2 + sl], n, dim, rows->slots[sl], CKPT_F32, 2};
-        return (int)(2 + ns);
+/* A checkpoint being written: the dense values whole (the caller's, read at commit), each table
+ * streamed page by page into the writer's spools. */
+struct chief_ckpt_writing {
+        struct chief_ckpt *s;
+        struct ckpt_writer *w;
+        char *path;
+        uint64_t global_step, parent_step;
+        bool incremental, dense_slots;
+        uint32_t n_tables;
+        size_t ix[MODEL_MAX_EMBEDDINGS][2 + SPARSE_MAX_SLOTS];   /* ids, values, slots */
+        size_t ix_evicted[MODEL_MAX_EMBEDDINGS];                  /* incremental only */
+};
+
+void chief_ckpt_abort(struct chief_ckpt_writing *w) {
+        if (!w)
+                return;
+        ckpt_writer_free(w->w);
+        free(w->path);
+        free(w);
 }
 
-int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *const *slots,
-                           const struct ps_sparse_rows *tables, uint64_t global_step,
-                           const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
-                           size_t errlen) {
+/* Adds the writer's tensor name (copied) of dtype; streamed when idx is non-NULL, else whole. */
+static int add_named(struct chief_ckpt_writing *w, const struct ckpt_tensor *whole, size_t *idx, enum ckpt_dtype dt,
+                     unsigned ndims, uint32_t cols, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int add_named(struct chief_ckpt_writing *w, const struct ckpt_tensor *whole, size_t *idx, enum ckpt_dtype dt,
+                     unsigned ndims, uint32_t cols, const char *fmt, ...) {
+        char name[320];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(name, sizeof(name), fmt, ap);
+        va_end(ap);
+        if (!idx) {
+                struct ckpt_tensor t = *whole;
+                t.name = name;
+                return ckpt_writer_add(w->w, &t);
+        }
+        return ckpt_writer_stream(w->w, name, dt, ndims, cols, idx);
+}
+
+int chief_ckpt_begin(struct chief_ckpt *s, const float *params, float *const *slots, bool with_tables,
+                     uint64_t global_step, const struct chief_db_checkpoint *parent, struct chief_ckpt_writing **ret,
+                     char *err, size_t errlen) {
         const struct job_layout *L = s->L;
         unsigned ns = slots ? L->n_slots : 0;
-        uint32_t n_tables = tables && s->model ? s->model->n_embeddings : 0;
-        size_t n_dense = (size_t)L->n_vars * (1 + ns);
-        size_t n = n_dense + (size_t)n_tables * (2 + SPARSE_MAX_SLOTS);
-        struct ckpt_tensor *t = calloc(n, sizeof(*t));
-        char **names = calloc(n, sizeof(*names));
-        char *path = chief_ckpt_path(s, global_step);
+        struct chief_ckpt_writing *w = calloc(1, sizeof(*w));
+        int r = w ? 0 : -ENOMEM;
+        if (w) {
+                *w = (struct chief_ckpt_writing){.s = s, .global_step = global_step, .incremental = parent != NULL,
+                                                 .parent_step = parent ? parent->global_step : 0, .dense_slots = ns > 0,
+                                                 .n_tables = with_tables && s->model ? s->model->n_embeddings : 0};
+                w->path = chief_ckpt_path(s, global_step);
+                r = w->path ? ckpt_writer_new(w->path, &w->w) : -ENOMEM;
+        }
+        for (uint32_t v = 0; r >= 0 && v < L->n_vars; v++)
+                for (unsigned sl = 0; r >= 0 && sl <= ns; sl++) {
+                        const struct job_var *jv = &L->vars[v];
+                        const struct ckpt_tensor t = {NULL, jv->rows, jv->cols, (sl ? slots[sl - 1] : params) + jv->offset,
+                                                      CKPT_F32, 2};
+                        r = sl ? add_named(w, &t, NULL, 0, 0, 0, "%s/%s", jv->name, optim_slot_name(L->optimizer, sl - 1))
+                               : add_named(w, &t, NULL, 0, 0, 0, "%s", jv->name);
+                }
+        unsigned nss = sparse_optimizer_n_slots(s->sparse_optimizer);
+        for (uint32_t e = 0; r >= 0 && w && e < w->n_tables; e++) {
+                const char *tn = s->model->emb[e].name;
+                uint32_t dim = s->model->emb[e].dim;
+                r = add_named(w, NULL, &w->ix[e][0], CKPT_U64, 1, 1, "emb/%s/ids", tn);
+                if (r >= 0)
+                        r = add_named(w, NULL, &w->ix[e][1], CKPT_F32, 2, dim, "emb/%s", tn);
+                for (unsigned sl = 0; r >= 0 && sl < nss; sl++)
+                        r = add_named(w, NULL, &w->ix[e][2 + sl], CKPT_F32, 2, dim, "emb/%s/%s", tn,
+                                      sparse_optimizer_slot_name(s->sparse_optimizer, sl));
+                if (r >= 0 && w->incremental)
+                        r = add_named(w, NULL, &w->ix_evicted[e], CKPT_U64, 1, 1, "emb/%s/evicted", tn);
+        }
+        if (r < 0) {
+                chief_ckpt_abort(w);
+                return errf(err, errlen, r, "cannot start the checkpoint of global_step %" PRIu64 " in \"%s\": %s",
+                            global_step, s->dir, strerror(-r));
+        }
+        *ret = w;
+        return 0;
+}
+
+int chief_ckpt_put_rows(struct chief_ckpt_writing *w, uint32_t e, const struct ps_sparse_rows *page, char *err,
+                        size_t errlen) {
+        assert(e < w->n_tables);
+        unsigned ns = sparse_optimizer_n_slots(w->s->sparse_optimizer);
+        int r = ckpt_writer_append(w->w, w->ix[e][0], page->ids, page->n);
+        if (r >= 0)
+                r = ckpt_writer_append(w->w, w->ix[e][1], page->values, page->n);
+        for (unsigned sl = 0; r >= 0 && sl < ns; sl++)
+                r = ckpt_writer_append(w->w, w->ix[e][2 + sl], page->slots[sl], page->n);
+        if (r < 0)
+                return errf(err, errlen, r, "cannot spool table %s of \"%s\": %s", w->s->model->emb[e].name, w->path,
+                            strerror(-r));
+        return 0;
+}
+
+int chief_ckpt_put_evicted(struct chief_ckpt_writing *w, uint32_t e, const uint64_t *ids, size_t n, char *err,
+                           size_t errlen) {
+        assert(e < w->n_tables && w->incremental);
+        int r = ckpt_writer_append(w->w, w->ix_evicted[e], ids, n);
+        if (r < 0)
+                return errf(err, errlen, r, "cannot spool the evicted ids of table %s of \"%s\": %s",
+                            w->s->model->emb[e].name, w->path, strerror(-r));
+        return 0;
+}
+
+int chief_ckpt_commit(struct chief_ckpt_writing *w, const struct chief_db_checkpoint *stats,
+                      struct chief_db_checkpoint *ret, char *err, size_t errlen) {
+        struct chief_ckpt *s = w->s;
+        const struct job_layout *L = s->L;
+        uint64_t global_step = w->global_step;
+        const char *path = w->path;
         struct chief_db_checkpoint *removed = NULL;
         size_t n_removed = 0;
-        int r = 0;
-        if (!t || !names || !path) {
-                r = errf(err, errlen, -ENOMEM, "out of memory");
-                goto out;
-        }
-        for (uint32_t v = 0, k = 0; v < L->n_vars; v++)
-                for (unsigned sl = 0; sl <= ns; sl++, k++) {
-                        const struct job_var *jv = &L->vars[v];
-                        names[k] = sl ? strdup_printf("%s/%s", jv->name, optim_slot_name(L->optimizer, sl - 1))
-                                      : strdup(jv->name);
-                        if (!names[k]) {
-                                r = errf(err, errlen, -ENOMEM, "out of memory");
-                                goto out;
-                        }
-                        t[k] = (struct ckpt_tensor){names[k], jv->rows, jv->cols,
-                                                    (sl ? slots[sl - 1] : params) + jv->offset, CKPT_F32, 2};
-                }
-        for (uint32_t e = 0, k = (uint32_t)n_dense; e < n_tables; e++) {
-                int m = tables[e].n > UINT32_MAX ? -E2BIG : table_tensors(s, e, &tables[e], t + k, names + k);
-                if (m < 0) {
-                        r = errf(err, errlen, m, "table %s: %s", s->model->emb[e].name, strerror(-m));
-                        goto out;
-                }
-                k += (uint32_t)m;
-                if (e + 1 == n_tables)
-                        n = k;
-        }
-        char step[24], fp[24], tus[24], slot_list[64] = "";
+        char step[24], fp[24], tus[24], parent[24], slot_list[64] = "", sparse_slots[64] = "";
         uint64_t time_us = now_us();
         snprintf(step, sizeof(step), "%" PRIu64, global_step);
         snprintf(fp, sizeof(fp), "%016" PRIx64, s->fingerprint);
         snprintf(tus, sizeof(tus), "%" PRIu64, time_us);
-        for (unsigned sl = 0; sl < ns; sl++)
+        snprintf(parent, sizeof(parent), "%" PRIu64, w->parent_step);
+        for (unsigned sl = 0; w->dense_slots && sl < L->n_slots; sl++)
                 snprintf(slot_list + strlen(slot_list), sizeof(slot_list) - strlen(slot_list), "%s%s", sl ? "," : "",
                          optim_slot_name(L->optimizer, sl));
-        char sparse_slots[64] = "";
         for (unsigned sl = 0; sl < sparse_optimizer_n_slots(s->sparse_optimizer); sl++)
                 snprintf(sparse_slots + strlen(sparse_slots), sizeof(sparse_slots) - strlen(sparse_slots), "%s%s",
                          sl ? "," : "", sparse_optimizer_slot_name(s->sparse_optimizer, sl));
-        const struct ckpt_kv meta[] = {
+        struct ckpt_kv meta[16] = {
                 {"format", FORMAT},     {"job", s->job},
                 {"global_step", step},  {"fingerprint", fp},
                 {"optimizer", optim_name(L->optimizer)}, {"slots", slot_list},
                 {"time_us", tus},       {"writer", "psfleet chiefd " PSFLEET_VERSION},
-                /* with embedding tables only */
-                {"sparse_optimizer", sparse_optimizer_name(s->sparse_optimizer)}, {"sparse_slots", sparse_slots},
+                {"checkpoint", w->incremental ? "incremental" : "full"},
         };
-        size_t n_meta = ELEMENTSOF(meta) - (n_tables ? 0 : 2);
+        size_t n_meta = 9;
+        if (w->incremental)
+                meta[n_meta++] = (struct ckpt_kv){"parent_step", parent};
+        if (w->n_tables) {   /* with embedding tables only */
+                meta[n_meta++] = (struct ckpt_kv){"sparse_optimizer", sparse_optimizer_name(s->sparse_optimizer)};
+                meta[n_meta++] = (struct ckpt_kv){"sparse_slots", sparse_slots};
+        }
 
         pthread_mutex_lock(&s->mu);
         /* A row must always describe the file at its path: forget an older checkpoint of this step
          * before its file is replaced. */
-        r = chief_db_delete_checkpoint(s->db, global_step, NULL);
+        int r = chief_db_delete_checkpoint(s->db, global_step, NULL);
         if (r < 0 && r != -ENOENT) {
                 errf(err, errlen, r, "cannot update the record of global_step %" PRIu64 ": %s", global_step,
                      strerror(-r));
                 goto unlock;
         }
-        struct ckpt_written w;
-        r = ckpt_write(path, t, n, meta, n_meta, &w, err, errlen);
+        struct ckpt_written wr;
+        r = ckpt_writer_finish(w->w, meta, n_meta, &wr, err, errlen);
         if (r < 0)
                 goto unlock;
         ckpt_test_delay();   /* test hook: the file is in place, its row not yet */
         struct chief_db_checkpoint row = *stats;
         row.global_step = global_step;
         row.time_us = time_us;
-        row.bytes = w.bytes;
+        row.bytes = wr.bytes;
+        row.incremental = w->incremental;
+        row.parent_step = w->parent_step;
         snprintf(row.path, sizeof(row.path), "%s", path);
-        ckpt_format_checksum(w.crc32c, row.checksum, sizeof(row.checksum));
+        ckpt_format_checksum(wr.crc32c, row.checksum, sizeof(row.checksum));
         r = chief_db_add_checkpoint(s->db, &row, s->keep, &removed, &n_removed);
         if (r < 0) {
                 unlink(path);
@@ -283,14 +345,26 @@ int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *con
                 *ret = row;
 unlock:
         pthread_mutex_unlock(&s->mu);
-out:
-        for (size_t i = 0; names && i < n; i++)
-                free(names[i]);
-        free(names);
-        free(t);
-        free(path);
         free(removed);
+        chief_ckpt_abort(w);
         return r;
+}
+
+int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *const *slots,
+                           const struct ps_sparse_rows *tables, uint64_t global_step,
+                           const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
+                           size_t errlen) {
+        struct chief_ckpt_writing *w;
+        int r = chief_ckpt_begin(s, params, slots, tables != NULL, global_step, NULL, &w, err, errlen);
+        if (r < 0)
+                return r;
+        for (uint32_t e = 0; e < w->n_tables && r >= 0; e++)
+                r = chief_ckpt_put_rows(w, e, &tables[e], err, errlen);
+        if (r < 0) {
+                chief_ckpt_abort(w);
+                return r;
+        }
+        return chief_ckpt_commit(w, stats, ret, err, errlen);
 }
 
 /* ---- loading ---- */
