@@ -380,7 +380,7 @@ static bool table_tensor(const struct chief_ckpt *s, const char *name) {
                 if (strncmp(rest, tn, len) != 0)
                         continue;
                 rest += len;
-                if (!*rest || !strcmp(rest, "/ids"))
+                if (!*rest || !strcmp(rest, "/ids") || !strcmp(rest, "/evicted"))
                         return true;
                 for (unsigned sl = 0; *rest == '/' && sl < sparse_optimizer_n_slots(s->sparse_optimizer); sl++)
                         if (!strcmp(rest + 1, sparse_optimizer_slot_name(s->sparse_optimizer, sl)))
@@ -449,14 +449,39 @@ static int load_table(const struct chief_ckpt *s, const struct ckpt *ck, uint32_
         return 0;
 }
 
+/* An incremental checkpoint's "emb/<name>/evicted" of table e (U64 [m]) into out->ids, out->n. */
+static int load_evicted(const struct chief_ckpt *s, const struct ckpt *ck, uint32_t e, struct ps_sparse_rows *out,
+                        char *err, size_t errlen) {
+        enum ckpt_dtype dt;
+        unsigned nd;
+        uint64_t shape[CKPT_MAX_DIMS];
+        const void *data;
+        char name[80];
+        snprintf(name, sizeof(name), "emb/%s/evicted", s->model->emb[e].name);
+        if (ckpt_view(ck, name, &dt, &nd, shape, &data) < 0 || dt != CKPT_U64 || nd != 1)
+                return errf(err, errlen, -EBADMSG, "an incremental checkpoint without a U64 tensor \"%s\"", name);
+        if (!out)
+                return 0;
+        out->ids = malloc(shape[0] * sizeof(uint64_t) + 1);
+        if (!out->ids)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        memcpy(out->ids, data, shape[0] * sizeof(uint64_t));
+        out->n = shape[0];
+        return 0;
+}
+
+/* Reads and checks one checkpoint file against its row. With evicted (an incremental row), each
+ * table's evicted ids go to evicted[e].ids. */
 static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
-                       bool *slots_loaded, struct ps_sparse_rows *tables, char *err, size_t errlen) {
+                       bool *slots_loaded, struct ps_sparse_rows *tables, struct ps_sparse_rows *evicted, char *err,
+                       size_t errlen) {
         const struct job_layout *L = s->L;
         uint64_t max = (uint64_t)L->n_params * sizeof(float) * (1 + OPTIM_MAX_SLOTS) + (16u << 20);
         if (s->model && s->model->n_embeddings)
                 max += 1ull << 36;   /* the tables' rows: as many as the job touched */
         struct ckpt *ck = NULL;
         struct ps_sparse_rows tmp_tables[MODEL_MAX_EMBEDDINGS] = {0};   /* the caller's only once all is read */
+        struct ps_sparse_rows tmp_evicted[MODEL_MAX_EMBEDDINGS] = {0};
         char e[512], sum[32];
         /* read into a scratch block first: a file refused half-way must leave the caller's values as
          * they were (the previous checkpoint's, or the initializers') */
@@ -491,6 +516,18 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
                          gs ? gs : "(none)", row->global_step);
                 goto out;
         }
+        /* an incremental one must be the link its row says (files older than incremental checkpoints
+         * have no "checkpoint": full) */
+        const char *kind = ckpt_meta(ck, "checkpoint"), *ps = ckpt_meta(ck, "parent_step");
+        bool inc = kind && strcmp(kind, "incremental") == 0;
+        uint64_t parent = 0;
+        if (inc != row->incremental || (inc && (!ps || parse_u64(ps, 0, UINT64_MAX, &parent) < 0 ||
+                                                 parent != row->parent_step))) {
+                r = errf(err, errlen, -EBADMSG, "its metadata says checkpoint \"%s\", parent_step \"%s\"; a%s checkpoint%s "
+                         "was recorded", kind ? kind : "full", ps ? ps : "(none)",
+                         row->incremental ? "n incremental" : " full", row->incremental ? " on another step" : "");
+                goto out;
+        }
         /* Every tensor must belong to the model: "<var>" or "<var>/<slot>". */
         for (size_t i = 0; i < ckpt_n_tensors(ck); i++) {
                 char name[300];
@@ -517,7 +554,8 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
         }
         uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
         for (uint32_t t = 0; t < n_tables; t++)
-                if ((r = load_table(s, ck, t, tables ? &tmp_tables[t] : NULL, e, sizeof(e))) < 0) {
+                if ((r = load_table(s, ck, t, tables ? &tmp_tables[t] : NULL, e, sizeof(e))) < 0 ||
+                    (inc && (r = load_evicted(s, ck, t, tables && evicted ? &tmp_evicted[t] : NULL, e, sizeof(e))) < 0)) {
                         errf(err, errlen, r, "%s", e);
                         goto out;
                 }
@@ -555,11 +593,17 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
         for (uint32_t t = 0; tables && t < n_tables; t++) {
                 tables[t] = tmp_tables[t];
                 tmp_tables[t] = (struct ps_sparse_rows){0};
+                if (evicted) {
+                        evicted[t] = tmp_evicted[t];
+                        tmp_evicted[t] = (struct ps_sparse_rows){0};
+                }
         }
         r = 0;
 out:
-        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
+        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++) {
                 ps_sparse_rows_clear(&tmp_tables[t]);
+                ps_sparse_rows_clear(&tmp_evicted[t]);
+        }
         free(tmp);
         ckpt_free(ck);
         return r;
@@ -568,7 +612,7 @@ out:
 int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
                     bool *slots_loaded, char *err, size_t errlen) {
         pthread_mutex_lock(&s->mu);
-        int r = load_locked(s, row, params, slots, slots_loaded, NULL, err, errlen);
+        int r = load_locked(s, row, params, slots, slots_loaded, NULL, NULL, err, errlen);
         pthread_mutex_unlock(&s->mu);
         return r;
 }
@@ -576,6 +620,223 @@ int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row,
 int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
                            struct chief_db_checkpoint *ret, char *err, size_t errlen) {
         return chief_ckpt_load_latest_tables(s, params, slots, slots_loaded, NULL, ret, err, errlen);
+}
+
+/* ---- chains of incremental checkpoints ---- */
+
+/* An index of a table's ids (open addressing over row numbers + 1). */
+struct id_index {
+        uint32_t *slot;
+        size_t mask;
+};
+
+static size_t id_hash(uint64_t id) {
+        id ^= id >> 33;
+        id *= 0xff51afd7ed558ccdULL;
+        id ^= id >> 33;
+        return (size_t)id;
+}
+
+/* The slot of id in x over ids (found: *row), or the empty slot where it goes. */
+static size_t id_find(const struct id_index *x, const uint64_t *ids, uint64_t id, size_t *row, bool *found) {
+        size_t pos = id_hash(id) & x->mask;
+        for (; x->slot[pos]; pos = (pos + 1) & x->mask)
+                if (ids[x->slot[pos] - 1] == id) {
+                        *row = x->slot[pos] - 1;
+                        *found = true;
+                        return pos;
+                }
+        *found = false;
+        return pos;
+}
+
+/* Applies an increment to acc: the evicted ids go, then each of inc's rows replaces or joins acc's
+ * (an id evicted and made again since the parent is in both). Order: acc's rows keep theirs, new ones
+ * follow. 0 or -ENOMEM (acc unchanged but maybe grown). */
+static int apply_increment(struct ps_sparse_rows *acc, const struct ps_sparse_rows *inc, const struct ps_sparse_rows *ev) {
+        size_t dim = acc->dim, cap = acc->n + inc->n, want = 16;
+        while (want < 2 * cap)
+                want *= 2;
+        if (cap >= UINT32_MAX)
+                return -E2BIG;
+        struct id_index x = {calloc(want, sizeof(uint32_t)), want - 1};
+        bool *dead = calloc(cap + 1, sizeof(bool));
+        int r = x.slot && dead ? 0 : -ENOMEM;
+        uint64_t *ids = r >= 0 ? realloc(acc->ids, (cap + 1) * sizeof(uint64_t)) : NULL;
+        if (ids)
+                acc->ids = ids;
+        else
+                r = -ENOMEM;
+        for (unsigned sl = 0; r >= 0 && sl <= acc->n_slots; sl++) {
+                float **a = sl ? &acc->slots[sl - 1] : &acc->values;
+                float *grown = realloc(*a, (cap + 1) * dim * sizeof(float));
+                if (grown)
+                        *a = grown;
+                else
+                        r = -ENOMEM;
+        }
+        size_t row;
+        bool found;
+        for (size_t i = 0; r >= 0 && i < acc->n; i++)
+                x.slot[id_find(&x, acc->ids, acc->ids[i], &row, &found)] = (uint32_t)i + 1;
+        for (size_t i = 0; r >= 0 && i < ev->n; i++) {
+                id_find(&x, acc->ids, ev->ids[i], &row, &found);
+                if (found)
+                        dead[row] = true;
+        }
+        for (size_t i = 0; r >= 0 && i < inc->n; i++) {
+                size_t pos = id_find(&x, acc->ids, inc->ids[i], &row, &found);
+                if (!found) {
+                        row = acc->n++;
+                        acc->ids[row] = inc->ids[i];
+                        x.slot[pos] = (uint32_t)row + 1;
+                }
+                dead[row] = false;
+                for (unsigned sl = 0; sl <= acc->n_slots; sl++)
+                        memcpy((sl ? acc->slots[sl - 1] : acc->values) + row * dim,
+                               (sl ? inc->slots[sl - 1] : inc->values) + i * dim, dim * sizeof(float));
+        }
+        /* the evicted rows out, the others in their order */
+        size_t k = 0;
+        for (size_t i = 0; r >= 0 && i < acc->n; i++) {
+                if (dead[i])
+                        continue;
+                if (k != i) {
+                        acc->ids[k] = acc->ids[i];
+                        for (unsigned sl = 0; sl <= acc->n_slots; sl++) {
+                                float *a = sl ? acc->slots[sl - 1] : acc->values;
+                                memcpy(a + k * dim, a + i * dim, dim * sizeof(float));
+                        }
+                }
+                k++;
+        }
+        if (r >= 0)
+                acc->n = k;
+        free(x.slot);
+        free(dead);
+        return r;
+}
+
+/* Forgets row (its record, durably), moving its file aside to "<path>.corrupt" when aside, else
+ * removing it; logs why. */
+static void forget_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *row, bool aside, const char *what,
+                          const char *why, const char *next) {
+        char *moved = NULL;
+        if (aside && (moved = strdup_printf("%s.corrupt", row->path)) && rename(row->path, moved) < 0) {
+                free(moved);
+                moved = NULL;
+        }
+        if (!aside)
+                unlink(row->path);
+        int d = chief_db_delete_checkpoint(s->db, row->global_step, NULL);
+        log_warning("Checkpoint \"%s\" (global_step %" PRIu64 ") is %s: %s; %s%s%s; %s", row->path, row->global_step,
+                    what, why, d < 0 ? "could not forget it" : "forgot it", moved ? ", moved the file aside to " : "",
+                    moved ? moved : (aside ? "" : ", removed the file"), next);
+        free(moved);
+        if (aside)
+                prune_corrupt_locked(s);
+}
+
+/* The rows of row i's chain, full one first, into chain[] (*k of them). -ENOENT when a link's parent
+ * is not recorded (or already forgotten, gone[]): *broken is then the row whose parent is missing. */
+static int chain_of(const struct chief_db_checkpoint *rows, size_t n, const bool *gone, size_t i, size_t *chain,
+                    size_t *k, size_t *broken) {
+        size_t m = 0;
+        for (size_t at = i;;) {
+                if (m == n)
+                        return -ELOOP;   /* a cycle: no full checkpoint under it */
+                chain[m++] = at;
+                if (!rows[at].incremental)
+                        break;
+                size_t j = n;
+                for (size_t q = 0; q < n; q++)
+                        if (!gone[q] && rows[q].global_step == rows[at].parent_step && q != at)
+                                j = q;
+                if (j == n) {
+                        *broken = at;
+                        return -ENOENT;
+                }
+                at = j;
+        }
+        for (size_t a = 0; a < m / 2; a++) {
+                size_t t = chain[a];
+                chain[a] = chain[m - 1 - a];
+                chain[m - 1 - a] = t;
+        }
+        *k = m;
+        return 0;
+}
+
+/* Loads row i's chain into params, slots and tables: its full checkpoint, then each increment in order.
+ * A link missing or corrupt stops there: the values are those of the link before it (*used, which is
+ * then not i), the bad link is set aside and forgotten and so are the links after it. Returns 0; or
+ * the full checkpoint's error (nothing loaded), with *bad its index. */
+static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, size_t n, bool *gone,
+                             const size_t *chain, size_t k, float *params, float *const *slots, bool *slots_loaded,
+                             struct ps_sparse_rows *tables, size_t *used, char *err, size_t errlen) {
+        const struct job_layout *L = s->L;
+        uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
+        int r = load_locked(s, &rows[chain[0]], params, slots, slots_loaded, tables, NULL, err, errlen);
+        if (r < 0 || k == 1) {
+                *used = chain[0];
+                return r;
+        }
+        float *p2 = malloc(L->n_params * (1 + L->n_slots) * sizeof(float) + sizeof(float)), *s2[OPTIM_MAX_SLOTS];
+        if (!p2)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        for (unsigned sl = 0; sl < L->n_slots; sl++)
+                s2[sl] = p2 + (1 + sl) * L->n_params;
+        size_t good = 0;
+        for (size_t j = 1; j < k; j++) {
+                const struct chief_db_checkpoint *row = &rows[chain[j]];
+                struct ps_sparse_rows inc[MODEL_MAX_EMBEDDINGS] = {0}, ev[MODEL_MAX_EMBEDDINGS] = {0};
+                bool sl2 = false;
+                char e[600];
+                int l = load_locked(s, row, p2, slots ? s2 : NULL, &sl2, tables ? inc : NULL, tables ? ev : NULL, e,
+                                    sizeof(e));
+                for (uint32_t t = 0; l >= 0 && tables && t < n_tables; t++)
+                        if ((l = apply_increment(&tables[t], &inc[t], &ev[t])) < 0)
+                                errf(e, sizeof(e), l, "applying it to table %s: %s", s->model->emb[t].name, strerror(-l));
+                for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++) {
+                        ps_sparse_rows_clear(&inc[t]);
+                        ps_sparse_rows_clear(&ev[t]);
+                }
+                if (l == -EINVAL) {
+                        free(p2);
+                        return errf(err, errlen, l, "%s", e);
+                }
+                if (l < 0) {
+                        /* a broken link: the chain restores to the link before it */
+                        char next[200];
+                        snprintf(next, sizeof(next), "the chain restores to global_step %" PRIu64,
+                                 rows[chain[good]].global_step);
+                        bool corrupt = l == -ENOENT || l == -EBADMSG;
+                        if (corrupt) {
+                                forget_locked(s, row, l == -EBADMSG, l == -ENOENT ? "missing" : "corrupt", e, next);
+                                gone[chain[j]] = true;
+                        } else {
+                                log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
+                                            row->global_step, e, next);
+                        }
+                        for (size_t q = j + 1; corrupt && q < k; q++) {
+                                char why[160];
+                                snprintf(why, sizeof(why), "it is chained to global_step %" PRIu64 ", which is lost",
+                                         row->global_step);
+                                forget_locked(s, &rows[chain[q]], false, "unusable", why, next);
+                                gone[chain[q]] = true;
+                        }
+                        break;
+                }
+                memcpy(params, p2, L->n_params * sizeof(float));
+                for (unsigned sl = 0; slots && sl < L->n_slots; sl++)
+                        memcpy(slots[sl], s2[sl], L->n_params * sizeof(float));
+                *slots_loaded = *slots_loaded && sl2;
+                good = j;
+        }
+        free(p2);
+        *used = chain[good];
+        (void)n;
+        return 0;
 }
 
 int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
@@ -586,17 +847,46 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
         int r = chief_db_list_checkpoints(s->db, &rows, &n);
         if (r < 0)
                 return errf(err, errlen, r, "cannot list the checkpoints: %s", strerror(-r));
+        bool *gone = calloc(n + 1, sizeof(*gone));
+        size_t *chain = calloc(n + 1, sizeof(*chain));
+        if (!gone || !chain) {
+                free(rows);
+                free(gone);
+                free(chain);
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        }
+        /* the chain's values are built in scratch tables: the caller's only once one loads */
+        struct ps_sparse_rows scratch[MODEL_MAX_EMBEDDINGS] = {0};
         pthread_mutex_lock(&s->mu);
         r = 0;
         for (size_t i = 0; i < n; i++) {
-                const struct chief_db_checkpoint *row = &rows[i];
+                if (gone[i])
+                        continue;
+                const char *next = i + 1 < n ? "trying the previous one" : "no older checkpoint is left";
+                size_t k = 0, broken = i, used = i;
                 char e[600];
-                int l = load_locked(s, row, params, slots, slots_loaded, tables, e, sizeof(e));
+                int c = chain_of(rows, n, gone, i, chain, &k, &broken);
+                if (c < 0) {
+                        char why[200];
+                        snprintf(why, sizeof(why), c == -ENOENT ? "it is incremental on global_step %" PRIu64 ", which is "
+                                 "not recorded (the chain points nowhere)" : "its chain never reaches a full checkpoint",
+                                 rows[broken].parent_step);
+                        forget_locked(s, &rows[i], false, "unusable", why, next);
+                        gone[i] = true;
+                        continue;
+                }
+                int l = load_chain_locked(s, rows, n, gone, chain, k, params, slots, slots_loaded,
+                                          tables ? scratch : NULL, &used, e, sizeof(e));
                 if (l == 0) {
-                        *ret = *row;
+                        *ret = rows[used];
                         r = 1;
+                        for (uint32_t t = 0; tables && t < MODEL_MAX_EMBEDDINGS; t++) {
+                                tables[t] = scratch[t];
+                                scratch[t] = (struct ps_sparse_rows){0};
+                        }
                         break;
                 }
+                const struct chief_db_checkpoint *row = &rows[chain[0]];
                 if (l == -EINVAL) {
                         r = errf(err, errlen, l,
                                  "checkpoint \"%s\" (global_step %" PRIu64 ") holds a different model: %s; to start "
@@ -604,28 +894,24 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
                                  row->path, row->global_step, e);
                         break;
                 }
-                const char *next = i + 1 < n ? "trying the previous one" : "no older checkpoint is left";
                 if (l == -ENOENT || l == -EBADMSG) {
-                        char *aside = NULL;
-                        if (l == -EBADMSG && (aside = strdup_printf("%s.corrupt", row->path)) && rename(row->path, aside) < 0) {
-                                free(aside);
-                                aside = NULL;
-                        }
-                        int d = chief_db_delete_checkpoint(s->db, row->global_step, NULL);
-                        log_warning("Checkpoint \"%s\" (global_step %" PRIu64 ") is %s: %s; %s%s%s; %s", row->path,
-                                    row->global_step, l == -ENOENT ? "missing" : "corrupt", e,
-                                    d < 0 ? "could not forget it" : "forgot it", aside ? ", moved the file aside to " : "",
-                                    aside ? aside : "", next);
-                        free(aside);
-                        prune_corrupt_locked(s);
+                        /* the full checkpoint under the chain: every increment on it is lost with it */
+                        forget_locked(s, row, l == -EBADMSG, l == -ENOENT ? "missing" : "corrupt", e, next);
+                        gone[chain[0]] = true;
                 } else {
                         /* Not the file's fault (permissions, I/O, memory): leave it recorded. */
                         log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
                                     row->global_step, e, next);
+                        for (size_t q = 0; q < k; q++)
+                                gone[chain[q]] = true;   /* not tried again in this pass */
                 }
         }
         pthread_mutex_unlock(&s->mu);
+        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
+                ps_sparse_rows_clear(&scratch[t]);
         free(rows);
+        free(gone);
+        free(chain);
         return r;
 }
 
