@@ -1024,4 +1024,6 @@ void chief_checkpoint_msg(const struct chief_db_checkpoint *row, Psfleet__V1__Ch
         m->eval_accuracy = row->eval_accuracy;
         m->eval_loss = row->eval_loss;
         m->trigger = (char *)row->trigger;
+        m->incremental = row->incremental;
+        m->parent_step = row->parent_step;
 }
