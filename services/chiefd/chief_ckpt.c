@@ -79,10 +79,12 @@ char *chief_ckpt_path(const struct chief_ckpt *s, uint64_t global_step) {
 
 /* "ckpt-<digits>.safetensors" -> its step; false for any other name. */
 static bool parse_name(const char *name, uint64_t *step) {
+        if (strncmp(name, "ckpt-", 5) != 0)
+                return false;   /* before reading past the prefix: a shorter name ends inside it */
         const char *p = name + 5;
         size_t n = strspn(p, "0123456789");
         char digits[24];
-        if (strncmp(name, "ckpt-", 5) != 0 || n == 0 || n >= sizeof(digits) || strcmp(p + n, ".safetensors") != 0)
+        if (n == 0 || n >= sizeof(digits) || strcmp(p + n, ".safetensors") != 0)
                 return false;
         memcpy(digits, p, n);
         digits[n] = 0;
