@@ -115,6 +115,12 @@ int chief_save(struct chief_save *v, uint64_t gs, bool with_slots, const char *t
         uint32_t every = v->cfg->supervisor.full_checkpoint_every;
         bool incremental = every > 1 && v->chain_ok && v->since_full + 1 < every && v->chain_last.global_step != gs &&
                            v->cfg->model.n_embeddings > 0;
+        struct chief_db_checkpoint newest;
+        if (incremental && (chief_ckpt_newest(v->ckpts, &newest, NULL) < 0 ||
+                            newest.global_step != v->chain_last.global_step)) {
+                /* the parent is no longer the newest record (deleted meanwhile): a chain on it would point nowhere */
+                incremental = false;
+        }
         int r = write_checkpoint(v, gs, with_slots, incremental ? &v->chain_last : NULL, &stats, &row, err, errlen);
         if (r == -ESTALE) {
                 log_full(LOG_NOTICE, 0, gs, "%s; writing a full checkpoint instead of an incremental one", err);
