@@ -3,7 +3,9 @@ worker, a checkpoint every 50 steps, only the first one full): the chief writes 
 checkpoint before (chief.db's parent_step, the file's metadata), smaller than the full ones, never
 prunes a full checkpoint that a kept increment needs; a ps shard killed (-9) after a checkpoint taken
 with the worker stopped comes back from the chain (the full one, then each increment) with exactly the
-rows it had, at that checkpoint's global_step, and the job finishes DONE."""
+rows it had, at that checkpoint's global_step; with that increment corrupt and the shard killed again,
+the chain restores to the link before it and the steps after it are recorded as lost; the job
+finishes DONE."""
 import json
 import os
 import signal
@@ -132,6 +134,32 @@ def test():
         # nothing trained between that checkpoint and the kill: the chain gives back every row
         assert newest[0] == saved["global_step"] and got == want, (got, want, saved)
     assert all(n > 0 for n in got.values()), got
+
+    # a broken link: the newest increment corrupt, the shard killed again: the chain restores to the
+    # link before it, and the steps after it are reported lost
+    newest_path, prev_step = newest[1], records(db)[-2][0]
+    with open(newest_path, "r+b") as f:
+        f.seek(os.path.getsize(newest_path) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    ps.kill(signal.SIGKILL)
+    ps.p.wait(10)
+    h._procs.remove(ps)
+    time.sleep(1.0)
+    ps = start("psd", 0, 3)
+    procs = [ps, chief, worker]
+    st = h.wait_for("ps:0 restored from the chain's last good link",
+                    lambda: (lambda s: s if s is not None and s.initialized else None)(
+                        maybe(lambda: shard_status(ps_addr))), 60, [ps, chief])
+    h.log("after the broken link: restored at %d (the link before %d)" % (st.global_step, newest[0]))
+    assert st.global_step == prev_step, (st.global_step, prev_step)
+    assert os.path.exists(newest_path + ".corrupt") and newest[0] not in [r[0] for r in records(db)]
+    con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
+    losses = con.execute("SELECT restored_step, job_step, steps_lost FROM losses").fetchall()
+    con.close()
+    h.log("losses: %s" % losses)
+    assert (prev_step, newest[0], newest[0] - prev_step) in losses, losses
     worker.kill(signal.SIGCONT)
     final = h.wait_state(chief_addr, "DONE", 300, procs)
     h.log("done: global_step %d, test AUC %.4f" % (final.global_step, final.test_auc))
