@@ -1,6 +1,7 @@
 /* A job's checkpoints, files and rows: see chief_ckpt.h. */
 #include "chief_ckpt.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -78,10 +79,12 @@ char *chief_ckpt_path(const struct chief_ckpt *s, uint64_t global_step) {
 
 /* "ckpt-<digits>.safetensors" -> its step; false for any other name. */
 static bool parse_name(const char *name, uint64_t *step) {
+        if (strncmp(name, "ckpt-", 5) != 0)
+                return false;   /* before reading past the prefix: a shorter name ends inside it */
         const char *p = name + 5;
         size_t n = strspn(p, "0123456789");
         char digits[24];
-        if (strncmp(name, "ckpt-", 5) != 0 || n == 0 || n >= sizeof(digits) || strcmp(p + n, ".safetensors") != 0)
+        if (n == 0 || n >= sizeof(digits) || strcmp(p + n, ".safetensors") != 0)
                 return false;
         memcpy(digits, p, n);
         digits[n] = 0;
@@ -159,110 +162,171 @@ int chief_ckpt_save(struct chief_ckpt *s, const float *params, float *const *slo
         return chief_ckpt_save_tables(s, params, slots, NULL, global_step, stats, ret, err, errlen);
 }
 
-/* Table e's tensors at t[0..2 + n_slots) (names malloc'd into names[]): "emb/<name>/ids", "emb/<name>",
- * "emb/<name>/<slot>"... Returns how many, or -ENOMEM. */
-static int table_tensors(const struct chief_ckpt *s, uint32_t e, const struct ps_sparse_rows *rows,
-                         struct ckpt_tensor *t, char **names) {
-        const char *tn = s->model->emb[e].name;
-        unsigned ns = sparse_optimizer_n_slots(s->sparse_optimizer);
-        names[0] = strdup_printf("emb/%s/ids", tn);
-        names[1] = strdup_printf("emb/%s", tn);
-        for (unsigned sl = 0; sl < ns; sl++)
-                names[2 + sl] = strdup_printf("emb/%s/%s", tn, sparse_optimizer_slot_name(s->sparse_optimizer, sl));
-        for (unsigned k = 0; k < 2 + ns; k++)
-                if (!names[k])
-                        return -ENOMEM;
-        uint32_t n = (uint32_t)rows->n, dim = s->model->emb[e].dim;
-        t[0] = (struct ckpt_tensor){names[0], n, 1, rows->ids, CKPT_U64, 1};
-        t[1] = (struct ckpt_tensor){names[1], n, dim, rows->values, CKPT_F32, 2};
-        for (unsigned sl = 0; sl < ns; sl++)
-                t[2 + sl] = (struct ckpt_tensor){names[2 + sl], n, dim, rows->slots[sl], CKPT_F32, 2};
-        return (int)(2 + ns);
+/* A checkpoint being written: the dense values whole (the caller's, read at commit), each table
+ * streamed page by page into the writer's spools. */
+struct chief_ckpt_writing {
+        struct chief_ckpt *s;
+        struct ckpt_writer *w;
+        char *path;
+        uint64_t global_step, parent_step;
+        bool incremental, dense_slots;
+        uint32_t n_tables;
+        size_t ix[MODEL_MAX_EMBEDDINGS][2 + SPARSE_MAX_SLOTS];   /* ids, values, slots */
+        size_t ix_evicted[MODEL_MAX_EMBEDDINGS];                  /* incremental only */
+};
+
+void chief_ckpt_abort(struct chief_ckpt_writing *w) {
+        if (!w)
+                return;
+        ckpt_writer_free(w->w);
+        free(w->path);
+        free(w);
 }
 
-int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *const *slots,
-                           const struct ps_sparse_rows *tables, uint64_t global_step,
-                           const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
-                           size_t errlen) {
+/* Adds the writer's tensor name (copied) of dtype; streamed when idx is non-NULL, else whole. */
+static int add_named(struct chief_ckpt_writing *w, const struct ckpt_tensor *whole, size_t *idx, enum ckpt_dtype dt,
+                     unsigned ndims, uint32_t cols, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int add_named(struct chief_ckpt_writing *w, const struct ckpt_tensor *whole, size_t *idx, enum ckpt_dtype dt,
+                     unsigned ndims, uint32_t cols, const char *fmt, ...) {
+        char name[320];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(name, sizeof(name), fmt, ap);
+        va_end(ap);
+        if (!idx) {
+                struct ckpt_tensor t = *whole;
+                t.name = name;
+                return ckpt_writer_add(w->w, &t);
+        }
+        return ckpt_writer_stream(w->w, name, dt, ndims, cols, idx);
+}
+
+int chief_ckpt_begin(struct chief_ckpt *s, const float *params, float *const *slots, bool with_tables,
+                     uint64_t global_step, const struct chief_db_checkpoint *parent, struct chief_ckpt_writing **ret,
+                     char *err, size_t errlen) {
         const struct job_layout *L = s->L;
         unsigned ns = slots ? L->n_slots : 0;
-        uint32_t n_tables = tables && s->model ? s->model->n_embeddings : 0;
-        size_t n_dense = (size_t)L->n_vars * (1 + ns);
-        size_t n = n_dense + (size_t)n_tables * (2 + SPARSE_MAX_SLOTS);
-        struct ckpt_tensor *t = calloc(n, sizeof(*t));
-        char **names = calloc(n, sizeof(*names));
-        char *path = chief_ckpt_path(s, global_step);
+        struct chief_ckpt_writing *w = calloc(1, sizeof(*w));
+        int r = w ? 0 : -ENOMEM;
+        if (w) {
+                *w = (struct chief_ckpt_writing){.s = s, .global_step = global_step, .incremental = parent != NULL,
+                                                 .parent_step = parent ? parent->global_step : 0, .dense_slots = ns > 0,
+                                                 .n_tables = with_tables && s->model ? s->model->n_embeddings : 0};
+                w->path = chief_ckpt_path(s, global_step);
+                r = w->path ? ckpt_writer_new(w->path, &w->w) : -ENOMEM;
+        }
+        for (uint32_t v = 0; r >= 0 && v < L->n_vars; v++)
+                for (unsigned sl = 0; r >= 0 && sl <= ns; sl++) {
+                        const struct job_var *jv = &L->vars[v];
+                        const struct ckpt_tensor t = {NULL, jv->rows, jv->cols, (sl ? slots[sl - 1] : params) + jv->offset,
+                                                      CKPT_F32, 2};
+                        r = sl ? add_named(w, &t, NULL, 0, 0, 0, "%s/%s", jv->name, optim_slot_name(L->optimizer, sl - 1))
+                               : add_named(w, &t, NULL, 0, 0, 0, "%s", jv->name);
+                }
+        unsigned nss = sparse_optimizer_n_slots(s->sparse_optimizer);
+        for (uint32_t e = 0; r >= 0 && w && e < w->n_tables; e++) {
+                const char *tn = s->model->emb[e].name;
+                uint32_t dim = s->model->emb[e].dim;
+                r = add_named(w, NULL, &w->ix[e][0], CKPT_U64, 1, 1, "emb/%s/ids", tn);
+                if (r >= 0)
+                        r = add_named(w, NULL, &w->ix[e][1], CKPT_F32, 2, dim, "emb/%s", tn);
+                for (unsigned sl = 0; r >= 0 && sl < nss; sl++)
+                        r = add_named(w, NULL, &w->ix[e][2 + sl], CKPT_F32, 2, dim, "emb/%s/%s", tn,
+                                      sparse_optimizer_slot_name(s->sparse_optimizer, sl));
+                if (r >= 0 && w->incremental)
+                        r = add_named(w, NULL, &w->ix_evicted[e], CKPT_U64, 1, 1, "emb/%s/evicted", tn);
+        }
+        if (r < 0) {
+                chief_ckpt_abort(w);
+                return errf(err, errlen, r, "cannot start the checkpoint of global_step %" PRIu64 " in \"%s\": %s",
+                            global_step, s->dir, strerror(-r));
+        }
+        *ret = w;
+        return 0;
+}
+
+int chief_ckpt_put_rows(struct chief_ckpt_writing *w, uint32_t e, const struct ps_sparse_rows *page, char *err,
+                        size_t errlen) {
+        assert(e < w->n_tables);
+        unsigned ns = sparse_optimizer_n_slots(w->s->sparse_optimizer);
+        int r = ckpt_writer_append(w->w, w->ix[e][0], page->ids, page->n);
+        if (r >= 0)
+                r = ckpt_writer_append(w->w, w->ix[e][1], page->values, page->n);
+        for (unsigned sl = 0; r >= 0 && sl < ns; sl++)
+                r = ckpt_writer_append(w->w, w->ix[e][2 + sl], page->slots[sl], page->n);
+        if (r < 0)
+                return errf(err, errlen, r, "cannot spool table %s of \"%s\": %s", w->s->model->emb[e].name, w->path,
+                            strerror(-r));
+        return 0;
+}
+
+int chief_ckpt_put_evicted(struct chief_ckpt_writing *w, uint32_t e, const uint64_t *ids, size_t n, char *err,
+                           size_t errlen) {
+        assert(e < w->n_tables && w->incremental);
+        int r = ckpt_writer_append(w->w, w->ix_evicted[e], ids, n);
+        if (r < 0)
+                return errf(err, errlen, r, "cannot spool the evicted ids of table %s of \"%s\": %s",
+                            w->s->model->emb[e].name, w->path, strerror(-r));
+        return 0;
+}
+
+int chief_ckpt_commit(struct chief_ckpt_writing *w, const struct chief_db_checkpoint *stats,
+                      struct chief_db_checkpoint *ret, char *err, size_t errlen) {
+        struct chief_ckpt *s = w->s;
+        const struct job_layout *L = s->L;
+        uint64_t global_step = w->global_step;
+        const char *path = w->path;
         struct chief_db_checkpoint *removed = NULL;
         size_t n_removed = 0;
-        int r = 0;
-        if (!t || !names || !path) {
-                r = errf(err, errlen, -ENOMEM, "out of memory");
-                goto out;
-        }
-        for (uint32_t v = 0, k = 0; v < L->n_vars; v++)
-                for (unsigned sl = 0; sl <= ns; sl++, k++) {
-                        const struct job_var *jv = &L->vars[v];
-                        names[k] = sl ? strdup_printf("%s/%s", jv->name, optim_slot_name(L->optimizer, sl - 1))
-                                      : strdup(jv->name);
-                        if (!names[k]) {
-                                r = errf(err, errlen, -ENOMEM, "out of memory");
-                                goto out;
-                        }
-                        t[k] = (struct ckpt_tensor){names[k], jv->rows, jv->cols,
-                                                    (sl ? slots[sl - 1] : params) + jv->offset, CKPT_F32, 2};
-                }
-        for (uint32_t e = 0, k = (uint32_t)n_dense; e < n_tables; e++) {
-                int m = tables[e].n > UINT32_MAX ? -E2BIG : table_tensors(s, e, &tables[e], t + k, names + k);
-                if (m < 0) {
-                        r = errf(err, errlen, m, "table %s: %s", s->model->emb[e].name, strerror(-m));
-                        goto out;
-                }
-                k += (uint32_t)m;
-                if (e + 1 == n_tables)
-                        n = k;
-        }
-        char step[24], fp[24], tus[24], slot_list[64] = "";
+        char step[24], fp[24], tus[24], parent[24], slot_list[64] = "", sparse_slots[64] = "";
         uint64_t time_us = now_us();
         snprintf(step, sizeof(step), "%" PRIu64, global_step);
         snprintf(fp, sizeof(fp), "%016" PRIx64, s->fingerprint);
         snprintf(tus, sizeof(tus), "%" PRIu64, time_us);
-        for (unsigned sl = 0; sl < ns; sl++)
+        snprintf(parent, sizeof(parent), "%" PRIu64, w->parent_step);
+        for (unsigned sl = 0; w->dense_slots && sl < L->n_slots; sl++)
                 snprintf(slot_list + strlen(slot_list), sizeof(slot_list) - strlen(slot_list), "%s%s", sl ? "," : "",
                          optim_slot_name(L->optimizer, sl));
-        char sparse_slots[64] = "";
         for (unsigned sl = 0; sl < sparse_optimizer_n_slots(s->sparse_optimizer); sl++)
                 snprintf(sparse_slots + strlen(sparse_slots), sizeof(sparse_slots) - strlen(sparse_slots), "%s%s",
                          sl ? "," : "", sparse_optimizer_slot_name(s->sparse_optimizer, sl));
-        const struct ckpt_kv meta[] = {
+        struct ckpt_kv meta[16] = {
                 {"format", FORMAT},     {"job", s->job},
                 {"global_step", step},  {"fingerprint", fp},
                 {"optimizer", optim_name(L->optimizer)}, {"slots", slot_list},
                 {"time_us", tus},       {"writer", "psfleet chiefd " PSFLEET_VERSION},
-                /* with embedding tables only */
-                {"sparse_optimizer", sparse_optimizer_name(s->sparse_optimizer)}, {"sparse_slots", sparse_slots},
+                {"checkpoint", w->incremental ? "incremental" : "full"},
         };
-        size_t n_meta = ELEMENTSOF(meta) - (n_tables ? 0 : 2);
+        size_t n_meta = 9;
+        if (w->incremental)
+                meta[n_meta++] = (struct ckpt_kv){"parent_step", parent};
+        if (w->n_tables) {   /* with embedding tables only */
+                meta[n_meta++] = (struct ckpt_kv){"sparse_optimizer", sparse_optimizer_name(s->sparse_optimizer)};
+                meta[n_meta++] = (struct ckpt_kv){"sparse_slots", sparse_slots};
+        }
 
         pthread_mutex_lock(&s->mu);
         /* A row must always describe the file at its path: forget an older checkpoint of this step
          * before its file is replaced. */
-        r = chief_db_delete_checkpoint(s->db, global_step, NULL);
+        int r = chief_db_delete_checkpoint(s->db, global_step, NULL);
         if (r < 0 && r != -ENOENT) {
                 errf(err, errlen, r, "cannot update the record of global_step %" PRIu64 ": %s", global_step,
                      strerror(-r));
                 goto unlock;
         }
-        struct ckpt_written w;
-        r = ckpt_write(path, t, n, meta, n_meta, &w, err, errlen);
+        struct ckpt_written wr;
+        r = ckpt_writer_finish(w->w, meta, n_meta, &wr, err, errlen);
         if (r < 0)
                 goto unlock;
         ckpt_test_delay();   /* test hook: the file is in place, its row not yet */
         struct chief_db_checkpoint row = *stats;
         row.global_step = global_step;
         row.time_us = time_us;
-        row.bytes = w.bytes;
+        row.bytes = wr.bytes;
+        row.incremental = w->incremental;
+        row.parent_step = w->parent_step;
         snprintf(row.path, sizeof(row.path), "%s", path);
-        ckpt_format_checksum(w.crc32c, row.checksum, sizeof(row.checksum));
+        ckpt_format_checksum(wr.crc32c, row.checksum, sizeof(row.checksum));
         r = chief_db_add_checkpoint(s->db, &row, s->keep, &removed, &n_removed);
         if (r < 0) {
                 unlink(path);
@@ -283,14 +347,26 @@ int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *con
                 *ret = row;
 unlock:
         pthread_mutex_unlock(&s->mu);
-out:
-        for (size_t i = 0; names && i < n; i++)
-                free(names[i]);
-        free(names);
-        free(t);
-        free(path);
         free(removed);
+        chief_ckpt_abort(w);
         return r;
+}
+
+int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *const *slots,
+                           const struct ps_sparse_rows *tables, uint64_t global_step,
+                           const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
+                           size_t errlen) {
+        struct chief_ckpt_writing *w;
+        int r = chief_ckpt_begin(s, params, slots, tables != NULL, global_step, NULL, &w, err, errlen);
+        if (r < 0)
+                return r;
+        for (uint32_t e = 0; e < w->n_tables && r >= 0; e++)
+                r = chief_ckpt_put_rows(w, e, &tables[e], err, errlen);
+        if (r < 0) {
+                chief_ckpt_abort(w);
+                return r;
+        }
+        return chief_ckpt_commit(w, stats, ret, err, errlen);
 }
 
 /* ---- loading ---- */
@@ -306,7 +382,7 @@ static bool table_tensor(const struct chief_ckpt *s, const char *name) {
                 if (strncmp(rest, tn, len) != 0)
                         continue;
                 rest += len;
-                if (!*rest || !strcmp(rest, "/ids"))
+                if (!*rest || !strcmp(rest, "/ids") || !strcmp(rest, "/evicted"))
                         return true;
                 for (unsigned sl = 0; *rest == '/' && sl < sparse_optimizer_n_slots(s->sparse_optimizer); sl++)
                         if (!strcmp(rest + 1, sparse_optimizer_slot_name(s->sparse_optimizer, sl)))
@@ -375,14 +451,39 @@ static int load_table(const struct chief_ckpt *s, const struct ckpt *ck, uint32_
         return 0;
 }
 
+/* An incremental checkpoint's "emb/<name>/evicted" of table e (U64 [m]) into out->ids, out->n. */
+static int load_evicted(const struct chief_ckpt *s, const struct ckpt *ck, uint32_t e, struct ps_sparse_rows *out,
+                        char *err, size_t errlen) {
+        enum ckpt_dtype dt;
+        unsigned nd;
+        uint64_t shape[CKPT_MAX_DIMS];
+        const void *data;
+        char name[80];
+        snprintf(name, sizeof(name), "emb/%s/evicted", s->model->emb[e].name);
+        if (ckpt_view(ck, name, &dt, &nd, shape, &data) < 0 || dt != CKPT_U64 || nd != 1)
+                return errf(err, errlen, -EBADMSG, "an incremental checkpoint without a U64 tensor \"%s\"", name);
+        if (!out)
+                return 0;
+        out->ids = malloc(shape[0] * sizeof(uint64_t) + 1);
+        if (!out->ids)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        memcpy(out->ids, data, shape[0] * sizeof(uint64_t));
+        out->n = shape[0];
+        return 0;
+}
+
+/* Reads and checks one checkpoint file against its row. With evicted (an incremental row), each
+ * table's evicted ids go to evicted[e].ids. */
 static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
-                       bool *slots_loaded, struct ps_sparse_rows *tables, char *err, size_t errlen) {
+                       bool *slots_loaded, struct ps_sparse_rows *tables, struct ps_sparse_rows *evicted, char *err,
+                       size_t errlen) {
         const struct job_layout *L = s->L;
         uint64_t max = (uint64_t)L->n_params * sizeof(float) * (1 + OPTIM_MAX_SLOTS) + (16u << 20);
         if (s->model && s->model->n_embeddings)
                 max += 1ull << 36;   /* the tables' rows: as many as the job touched */
         struct ckpt *ck = NULL;
         struct ps_sparse_rows tmp_tables[MODEL_MAX_EMBEDDINGS] = {0};   /* the caller's only once all is read */
+        struct ps_sparse_rows tmp_evicted[MODEL_MAX_EMBEDDINGS] = {0};
         char e[512], sum[32];
         /* read into a scratch block first: a file refused half-way must leave the caller's values as
          * they were (the previous checkpoint's, or the initializers') */
@@ -417,6 +518,18 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
                          gs ? gs : "(none)", row->global_step);
                 goto out;
         }
+        /* an incremental one must be the link its row says (files older than incremental checkpoints
+         * have no "checkpoint": full) */
+        const char *kind = ckpt_meta(ck, "checkpoint"), *ps = ckpt_meta(ck, "parent_step");
+        bool inc = kind && strcmp(kind, "incremental") == 0;
+        uint64_t parent = 0;
+        if (inc != row->incremental || (inc && (!ps || parse_u64(ps, 0, UINT64_MAX, &parent) < 0 ||
+                                                 parent != row->parent_step))) {
+                r = errf(err, errlen, -EBADMSG, "its metadata says checkpoint \"%s\", parent_step \"%s\"; a%s checkpoint%s "
+                         "was recorded", kind ? kind : "full", ps ? ps : "(none)",
+                         row->incremental ? "n incremental" : " full", row->incremental ? " on another step" : "");
+                goto out;
+        }
         /* Every tensor must belong to the model: "<var>" or "<var>/<slot>". */
         for (size_t i = 0; i < ckpt_n_tensors(ck); i++) {
                 char name[300];
@@ -443,7 +556,8 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
         }
         uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
         for (uint32_t t = 0; t < n_tables; t++)
-                if ((r = load_table(s, ck, t, tables ? &tmp_tables[t] : NULL, e, sizeof(e))) < 0) {
+                if ((r = load_table(s, ck, t, tables ? &tmp_tables[t] : NULL, e, sizeof(e))) < 0 ||
+                    (inc && (r = load_evicted(s, ck, t, tables && evicted ? &tmp_evicted[t] : NULL, e, sizeof(e))) < 0)) {
                         errf(err, errlen, r, "%s", e);
                         goto out;
                 }
@@ -481,11 +595,17 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
         for (uint32_t t = 0; tables && t < n_tables; t++) {
                 tables[t] = tmp_tables[t];
                 tmp_tables[t] = (struct ps_sparse_rows){0};
+                if (evicted) {
+                        evicted[t] = tmp_evicted[t];
+                        tmp_evicted[t] = (struct ps_sparse_rows){0};
+                }
         }
         r = 0;
 out:
-        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
+        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++) {
                 ps_sparse_rows_clear(&tmp_tables[t]);
+                ps_sparse_rows_clear(&tmp_evicted[t]);
+        }
         free(tmp);
         ckpt_free(ck);
         return r;
@@ -494,7 +614,7 @@ out:
 int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
                     bool *slots_loaded, char *err, size_t errlen) {
         pthread_mutex_lock(&s->mu);
-        int r = load_locked(s, row, params, slots, slots_loaded, NULL, err, errlen);
+        int r = load_locked(s, row, params, slots, slots_loaded, NULL, NULL, err, errlen);
         pthread_mutex_unlock(&s->mu);
         return r;
 }
@@ -502,6 +622,223 @@ int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row,
 int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
                            struct chief_db_checkpoint *ret, char *err, size_t errlen) {
         return chief_ckpt_load_latest_tables(s, params, slots, slots_loaded, NULL, ret, err, errlen);
+}
+
+/* ---- chains of incremental checkpoints ---- */
+
+/* An index of a table's ids (open addressing over row numbers + 1). */
+struct id_index {
+        uint32_t *slot;
+        size_t mask;
+};
+
+static size_t id_hash(uint64_t id) {
+        id ^= id >> 33;
+        id *= 0xff51afd7ed558ccdULL;
+        id ^= id >> 33;
+        return (size_t)id;
+}
+
+/* The slot of id in x over ids (found: *row), or the empty slot where it goes. */
+static size_t id_find(const struct id_index *x, const uint64_t *ids, uint64_t id, size_t *row, bool *found) {
+        size_t pos = id_hash(id) & x->mask;
+        for (; x->slot[pos]; pos = (pos + 1) & x->mask)
+                if (ids[x->slot[pos] - 1] == id) {
+                        *row = x->slot[pos] - 1;
+                        *found = true;
+                        return pos;
+                }
+        *found = false;
+        return pos;
+}
+
+/* Applies an increment to acc: the evicted ids go, then each of inc's rows replaces or joins acc's
+ * (an id evicted and made again since the parent is in both). Order: acc's rows keep theirs, new ones
+ * follow. 0 or -ENOMEM (acc unchanged but maybe grown). */
+static int apply_increment(struct ps_sparse_rows *acc, const struct ps_sparse_rows *inc, const struct ps_sparse_rows *ev) {
+        size_t dim = acc->dim, cap = acc->n + inc->n, want = 16;
+        while (want < 2 * cap)
+                want *= 2;
+        if (cap >= UINT32_MAX)
+                return -E2BIG;
+        struct id_index x = {calloc(want, sizeof(uint32_t)), want - 1};
+        bool *dead = calloc(cap + 1, sizeof(bool));
+        int r = x.slot && dead ? 0 : -ENOMEM;
+        uint64_t *ids = r >= 0 ? realloc(acc->ids, (cap + 1) * sizeof(uint64_t)) : NULL;
+        if (ids)
+                acc->ids = ids;
+        else
+                r = -ENOMEM;
+        for (unsigned sl = 0; r >= 0 && sl <= acc->n_slots; sl++) {
+                float **a = sl ? &acc->slots[sl - 1] : &acc->values;
+                float *grown = realloc(*a, (cap + 1) * dim * sizeof(float));
+                if (grown)
+                        *a = grown;
+                else
+                        r = -ENOMEM;
+        }
+        size_t row;
+        bool found;
+        for (size_t i = 0; r >= 0 && i < acc->n; i++)
+                x.slot[id_find(&x, acc->ids, acc->ids[i], &row, &found)] = (uint32_t)i + 1;
+        for (size_t i = 0; r >= 0 && i < ev->n; i++) {
+                id_find(&x, acc->ids, ev->ids[i], &row, &found);
+                if (found)
+                        dead[row] = true;
+        }
+        for (size_t i = 0; r >= 0 && i < inc->n; i++) {
+                size_t pos = id_find(&x, acc->ids, inc->ids[i], &row, &found);
+                if (!found) {
+                        row = acc->n++;
+                        acc->ids[row] = inc->ids[i];
+                        x.slot[pos] = (uint32_t)row + 1;
+                }
+                dead[row] = false;
+                for (unsigned sl = 0; sl <= acc->n_slots; sl++)
+                        memcpy((sl ? acc->slots[sl - 1] : acc->values) + row * dim,
+                               (sl ? inc->slots[sl - 1] : inc->values) + i * dim, dim * sizeof(float));
+        }
+        /* the evicted rows out, the others in their order */
+        size_t k = 0;
+        for (size_t i = 0; r >= 0 && i < acc->n; i++) {
+                if (dead[i])
+                        continue;
+                if (k != i) {
+                        acc->ids[k] = acc->ids[i];
+                        for (unsigned sl = 0; sl <= acc->n_slots; sl++) {
+                                float *a = sl ? acc->slots[sl - 1] : acc->values;
+                                memcpy(a + k * dim, a + i * dim, dim * sizeof(float));
+                        }
+                }
+                k++;
+        }
+        if (r >= 0)
+                acc->n = k;
+        free(x.slot);
+        free(dead);
+        return r;
+}
+
+/* Forgets row (its record, durably), moving its file aside to "<path>.corrupt" when aside, else
+ * removing it; logs why. */
+static void forget_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *row, bool aside, const char *what,
+                          const char *why, const char *next) {
+        char *moved = NULL;
+        if (aside && (moved = strdup_printf("%s.corrupt", row->path)) && rename(row->path, moved) < 0) {
+                free(moved);
+                moved = NULL;
+        }
+        if (!aside)
+                unlink(row->path);
+        int d = chief_db_delete_checkpoint(s->db, row->global_step, NULL);
+        log_warning("Checkpoint \"%s\" (global_step %" PRIu64 ") is %s: %s; %s%s%s; %s", row->path, row->global_step,
+                    what, why, d < 0 ? "could not forget it" : "forgot it", moved ? ", moved the file aside to " : "",
+                    moved ? moved : (aside ? "" : ", removed the file"), next);
+        free(moved);
+        if (aside)
+                prune_corrupt_locked(s);
+}
+
+/* The rows of row i's chain, full one first, into chain[] (*k of them). -ENOENT when a link's parent
+ * is not recorded (or already forgotten, gone[]): *broken is then the row whose parent is missing. */
+static int chain_of(const struct chief_db_checkpoint *rows, size_t n, const bool *gone, size_t i, size_t *chain,
+                    size_t *k, size_t *broken) {
+        size_t m = 0;
+        for (size_t at = i;;) {
+                if (m == n)
+                        return -ELOOP;   /* a cycle: no full checkpoint under it */
+                chain[m++] = at;
+                if (!rows[at].incremental)
+                        break;
+                size_t j = n;
+                for (size_t q = 0; q < n; q++)
+                        if (!gone[q] && rows[q].global_step == rows[at].parent_step && q != at)
+                                j = q;
+                if (j == n) {
+                        *broken = at;
+                        return -ENOENT;
+                }
+                at = j;
+        }
+        for (size_t a = 0; a < m / 2; a++) {
+                size_t t = chain[a];
+                chain[a] = chain[m - 1 - a];
+                chain[m - 1 - a] = t;
+        }
+        *k = m;
+        return 0;
+}
+
+/* Loads row i's chain into params, slots and tables: its full checkpoint, then each increment in order.
+ * A link missing or corrupt stops there: the values are those of the link before it (*used, which is
+ * then not i), the bad link is set aside and forgotten and so are the links after it. Returns 0; or
+ * the full checkpoint's error (nothing loaded), with *bad its index. */
+static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, size_t n, bool *gone,
+                             const size_t *chain, size_t k, float *params, float *const *slots, bool *slots_loaded,
+                             struct ps_sparse_rows *tables, size_t *used, char *err, size_t errlen) {
+        const struct job_layout *L = s->L;
+        uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
+        int r = load_locked(s, &rows[chain[0]], params, slots, slots_loaded, tables, NULL, err, errlen);
+        if (r < 0 || k == 1) {
+                *used = chain[0];
+                return r;
+        }
+        float *p2 = malloc(L->n_params * (1 + L->n_slots) * sizeof(float) + sizeof(float)), *s2[OPTIM_MAX_SLOTS];
+        if (!p2)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        for (unsigned sl = 0; sl < L->n_slots; sl++)
+                s2[sl] = p2 + (1 + sl) * L->n_params;
+        size_t good = 0;
+        for (size_t j = 1; j < k; j++) {
+                const struct chief_db_checkpoint *row = &rows[chain[j]];
+                struct ps_sparse_rows inc[MODEL_MAX_EMBEDDINGS] = {0}, ev[MODEL_MAX_EMBEDDINGS] = {0};
+                bool sl2 = false;
+                char e[600];
+                int l = load_locked(s, row, p2, slots ? s2 : NULL, &sl2, tables ? inc : NULL, tables ? ev : NULL, e,
+                                    sizeof(e));
+                for (uint32_t t = 0; l >= 0 && tables && t < n_tables; t++)
+                        if ((l = apply_increment(&tables[t], &inc[t], &ev[t])) < 0)
+                                errf(e, sizeof(e), l, "applying it to table %s: %s", s->model->emb[t].name, strerror(-l));
+                for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++) {
+                        ps_sparse_rows_clear(&inc[t]);
+                        ps_sparse_rows_clear(&ev[t]);
+                }
+                if (l == -EINVAL) {
+                        free(p2);
+                        return errf(err, errlen, l, "%s", e);
+                }
+                if (l < 0) {
+                        /* a broken link: the chain restores to the link before it */
+                        char next[200];
+                        snprintf(next, sizeof(next), "the chain restores to global_step %" PRIu64,
+                                 rows[chain[good]].global_step);
+                        bool corrupt = l == -ENOENT || l == -EBADMSG;
+                        if (corrupt) {
+                                forget_locked(s, row, l == -EBADMSG, l == -ENOENT ? "missing" : "corrupt", e, next);
+                                gone[chain[j]] = true;
+                        } else {
+                                log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
+                                            row->global_step, e, next);
+                        }
+                        for (size_t q = j + 1; corrupt && q < k; q++) {
+                                char why[160];
+                                snprintf(why, sizeof(why), "it is chained to global_step %" PRIu64 ", which is lost",
+                                         row->global_step);
+                                forget_locked(s, &rows[chain[q]], false, "unusable", why, next);
+                                gone[chain[q]] = true;
+                        }
+                        break;
+                }
+                memcpy(params, p2, L->n_params * sizeof(float));
+                for (unsigned sl = 0; slots && sl < L->n_slots; sl++)
+                        memcpy(slots[sl], s2[sl], L->n_params * sizeof(float));
+                *slots_loaded = *slots_loaded && sl2;
+                good = j;
+        }
+        free(p2);
+        *used = chain[good];
+        (void)n;
+        return 0;
 }
 
 int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
@@ -512,17 +849,46 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
         int r = chief_db_list_checkpoints(s->db, &rows, &n);
         if (r < 0)
                 return errf(err, errlen, r, "cannot list the checkpoints: %s", strerror(-r));
+        bool *gone = calloc(n + 1, sizeof(*gone));
+        size_t *chain = calloc(n + 1, sizeof(*chain));
+        if (!gone || !chain) {
+                free(rows);
+                free(gone);
+                free(chain);
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        }
+        /* the chain's values are built in scratch tables: the caller's only once one loads */
+        struct ps_sparse_rows scratch[MODEL_MAX_EMBEDDINGS] = {0};
         pthread_mutex_lock(&s->mu);
         r = 0;
         for (size_t i = 0; i < n; i++) {
-                const struct chief_db_checkpoint *row = &rows[i];
+                if (gone[i])
+                        continue;
+                const char *next = i + 1 < n ? "trying the previous one" : "no older checkpoint is left";
+                size_t k = 0, broken = i, used = i;
                 char e[600];
-                int l = load_locked(s, row, params, slots, slots_loaded, tables, e, sizeof(e));
+                int c = chain_of(rows, n, gone, i, chain, &k, &broken);
+                if (c < 0) {
+                        char why[200];
+                        snprintf(why, sizeof(why), c == -ENOENT ? "it is incremental on global_step %" PRIu64 ", which is "
+                                 "not recorded (the chain points nowhere)" : "its chain never reaches a full checkpoint",
+                                 rows[broken].parent_step);
+                        forget_locked(s, &rows[i], false, "unusable", why, next);
+                        gone[i] = true;
+                        continue;
+                }
+                int l = load_chain_locked(s, rows, n, gone, chain, k, params, slots, slots_loaded,
+                                          tables ? scratch : NULL, &used, e, sizeof(e));
                 if (l == 0) {
-                        *ret = *row;
+                        *ret = rows[used];
                         r = 1;
+                        for (uint32_t t = 0; tables && t < MODEL_MAX_EMBEDDINGS; t++) {
+                                tables[t] = scratch[t];
+                                scratch[t] = (struct ps_sparse_rows){0};
+                        }
                         break;
                 }
+                const struct chief_db_checkpoint *row = &rows[chain[0]];
                 if (l == -EINVAL) {
                         r = errf(err, errlen, l,
                                  "checkpoint \"%s\" (global_step %" PRIu64 ") holds a different model: %s; to start "
@@ -530,28 +896,24 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
                                  row->path, row->global_step, e);
                         break;
                 }
-                const char *next = i + 1 < n ? "trying the previous one" : "no older checkpoint is left";
                 if (l == -ENOENT || l == -EBADMSG) {
-                        char *aside = NULL;
-                        if (l == -EBADMSG && (aside = strdup_printf("%s.corrupt", row->path)) && rename(row->path, aside) < 0) {
-                                free(aside);
-                                aside = NULL;
-                        }
-                        int d = chief_db_delete_checkpoint(s->db, row->global_step, NULL);
-                        log_warning("Checkpoint \"%s\" (global_step %" PRIu64 ") is %s: %s; %s%s%s; %s", row->path,
-                                    row->global_step, l == -ENOENT ? "missing" : "corrupt", e,
-                                    d < 0 ? "could not forget it" : "forgot it", aside ? ", moved the file aside to " : "",
-                                    aside ? aside : "", next);
-                        free(aside);
-                        prune_corrupt_locked(s);
+                        /* the full checkpoint under the chain: every increment on it is lost with it */
+                        forget_locked(s, row, l == -EBADMSG, l == -ENOENT ? "missing" : "corrupt", e, next);
+                        gone[chain[0]] = true;
                 } else {
                         /* Not the file's fault (permissions, I/O, memory): leave it recorded. */
                         log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
                                     row->global_step, e, next);
+                        for (size_t q = 0; q < k; q++)
+                                gone[chain[q]] = true;   /* not tried again in this pass */
                 }
         }
         pthread_mutex_unlock(&s->mu);
+        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
+                ps_sparse_rows_clear(&scratch[t]);
         free(rows);
+        free(gone);
+        free(chain);
         return r;
 }
 
@@ -664,4 +1026,6 @@ void chief_checkpoint_msg(const struct chief_db_checkpoint *row, Psfleet__V1__Ch
         m->eval_accuracy = row->eval_accuracy;
         m->eval_loss = row->eval_loss;
         m->trigger = (char *)row->trigger;
+        m->incremental = row->incremental;
+        m->parent_step = row->parent_step;
 }

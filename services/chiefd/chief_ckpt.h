@@ -68,6 +68,25 @@ int chief_ckpt_save_tables(struct chief_ckpt *s, const float *params, float *con
                            const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *ret, char *err,
                            size_t errlen);
 
+/* A checkpoint written as the shards' rows come (docs/checkpoints.md, "Streaming"): begin, the pages of
+ * each table in any order (put_rows, and for an incremental one put_evicted), then commit, which
+ * writes the file and records it as chief_ckpt_save_tables does, or abort. The chief holds no table:
+ * each page is spooled to disk as it is put. params and slots are read at commit: keep them unchanged
+ * until then. parent: NULL for a full checkpoint; else the row of the checkpoint this one holds the
+ * changes since (rows made, pushed or imported, ids evicted). Not thread-safe per writing. */
+struct chief_ckpt_writing;
+int chief_ckpt_begin(struct chief_ckpt *s, const float *params, float *const *slots, bool with_tables,
+                     uint64_t global_step, const struct chief_db_checkpoint *parent, struct chief_ckpt_writing **ret,
+                     char *err, size_t errlen);
+int chief_ckpt_put_rows(struct chief_ckpt_writing *w, uint32_t e, const struct ps_sparse_rows *page, char *err,
+                        size_t errlen);
+int chief_ckpt_put_evicted(struct chief_ckpt_writing *w, uint32_t e, const uint64_t *ids, size_t n, char *err,
+                           size_t errlen);
+/* Writes and records; w is freed either way. 0 and *ret, or -errno with err (nothing recorded). */
+int chief_ckpt_commit(struct chief_ckpt_writing *w, const struct chief_db_checkpoint *stats,
+                      struct chief_db_checkpoint *ret, char *err, size_t errlen);
+void chief_ckpt_abort(struct chief_ckpt_writing *w);   /* NULL-safe: drops what was spooled */
+
 /* Reads and verifies one checkpoint into params (and slots when the file's optimizer is the job's;
  * *slots_loaded says whether they were). Checks: the file exists, its size and CRC-32C match the row,
  * it parses, its global_step matches, and it holds exactly the model's variables with their shapes

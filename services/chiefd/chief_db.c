@@ -15,7 +15,7 @@
 #include "util.h"
 
 /* 3: the job's reason and state_since_us, the losses table, paths relative to the directory. */
-#define CHIEF_DB_SCHEMA_VERSION 4
+#define CHIEF_DB_SCHEMA_VERSION 5
 
 struct chief_db {
         sqlite3 *h;
@@ -137,7 +137,10 @@ static const char schema[] =
         "  eval_step INTEGER NOT NULL,"
         "  eval_accuracy REAL NOT NULL,"
         "  eval_loss REAL NOT NULL,"
-        "  trigger TEXT NOT NULL);"
+        "  trigger TEXT NOT NULL,"
+        /* Version 5. An incremental checkpoint's parent (the checkpoint it holds the changes since);
+         * NULL: a full one. */
+        "  parent_step INTEGER);"
         "CREATE INDEX IF NOT EXISTS checkpoints_time ON checkpoints (time_us, global_step);";
 
 static int exec_sql(struct chief_db *db, const char *sql) {
@@ -162,8 +165,14 @@ static int add_job_column(struct chief_db *db, const char *column) {
 }
 
 /* Before version 3, the job's row had no reason and paths were absolute: those under the directory
- * become relative to it. Before version 4, the row had no AUC or RMSE. */
+ * become relative to it. Before version 4, the row had no AUC or RMSE. Before version 5, every
+ * checkpoint was full: no parent_step. */
 static int migrate(struct chief_db *db, int from) {
+        if (from > 0 && from < 5) {
+                int a = exec_sql(db, "ALTER TABLE checkpoints ADD COLUMN parent_step INTEGER;");
+                if (a < 0 && a != -EINVAL)   /* -EINVAL: it exists (an interrupted migration) */
+                        return a;
+        }
         static const char *const added[][2] = {
                 {"reason TEXT NOT NULL DEFAULT ''", "3"}, {"state_since_us INTEGER NOT NULL DEFAULT 0", "3"},
                 {"test_auc REAL NOT NULL DEFAULT -1", "4"}, {"test_rmse REAL NOT NULL DEFAULT -1", "4"},
@@ -572,7 +581,8 @@ int chief_db_last_evaluation(struct chief_db *db, uint64_t *step_ret, float *los
 
 /* ---- checkpoints ---- */
 
-#define CKPT_COLUMNS "global_step, time_us, path, bytes, checksum, loss, eval_step, eval_accuracy, eval_loss, trigger"
+#define CKPT_COLUMNS \
+        "global_step, time_us, path, bytes, checksum, loss, eval_step, eval_accuracy, eval_loss, trigger, parent_step"
 
 static const char *text_or_empty(sqlite3_stmt *st, int col) {
         const char *t = (const char *)sqlite3_column_text(st, col);
@@ -591,6 +601,8 @@ static void read_ckpt(sqlite3_stmt *st, struct chief_db_checkpoint *c) {
         c->eval_accuracy = (float)sqlite3_column_double(st, 7);
         c->eval_loss = (float)sqlite3_column_double(st, 8);
         snprintf(c->trigger, sizeof(c->trigger), "%s", text_or_empty(st, 9));
+        c->incremental = sqlite3_column_type(st, 10) != SQLITE_NULL;
+        c->parent_step = c->incremental ? (uint64_t)sqlite3_column_int64(st, 10) : 0;
 }
 
 static int push_ckpt(struct chief_db_checkpoint **a, size_t *n, const struct chief_db_checkpoint *c) {
@@ -648,6 +660,26 @@ static int delete_ckpt_row(struct chief_db *db, uint64_t global_step) {
         return exec_one_locked(db, "DELETE FROM checkpoints WHERE global_step = ?", bind_u64, &global_step, NULL, NULL);
 }
 
+/* Marks in kept[] the `keep` newest of rows (newest first) and every checkpoint a kept incremental
+ * one needs: its parent, the parent's parent, down to the full one. */
+static void keep_chains(const struct chief_db_checkpoint *rows, size_t n, uint32_t keep, bool *kept) {
+        for (size_t i = 0; i < n && i < keep; i++)
+                kept[i] = true;
+        /* parents are older, so usually later in the list; loop until nothing changes to be sure */
+        for (bool changed = true; changed;) {
+                changed = false;
+                for (size_t i = 0; i < n; i++) {
+                        if (!kept[i] || !rows[i].incremental)
+                                continue;
+                        for (size_t j = 0; j < n; j++)
+                                if (!kept[j] && rows[j].global_step == rows[i].parent_step) {
+                                        kept[j] = changed = true;
+                                        break;
+                                }
+                }
+        }
+}
+
 int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoint *ck, uint32_t keep,
                             struct chief_db_checkpoint **removed_ret, size_t *n_removed_ret) {
         struct chief_db_checkpoint *old = NULL, *gone = NULL;
@@ -662,7 +694,7 @@ int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoin
                 r = push_ckpt(&gone, &n_gone, &old[0]);
         if (r >= 0) {
                 int rc = sqlite3_prepare_v2(db->h, "INSERT OR REPLACE INTO checkpoints (" CKPT_COLUMNS ")"
-                                            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", -1, &st, NULL);
+                                            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", -1, &st, NULL);
                 if (rc == SQLITE_OK) {
                         sqlite3_bind_int64(st, 1, (sqlite3_int64)ck->global_step);
                         sqlite3_bind_int64(st, 2, (sqlite3_int64)ck->time_us);
@@ -679,22 +711,34 @@ int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoin
                         sqlite3_bind_double(st, 8, ck->eval_accuracy);
                         sqlite3_bind_double(st, 9, ck->eval_loss);
                         sqlite3_bind_text(st, 10, ck->trigger, -1, SQLITE_TRANSIENT);
+                        if (ck->incremental)
+                                sqlite3_bind_int64(st, 11, (sqlite3_int64)ck->parent_step);
+                        else
+                                sqlite3_bind_null(st, 11);
                         rc = sqlite3_step(st);
                 }
                 r = db_errno(db->h, rc);
                 sqlite3_finalize(st);
         }
-        struct chief_db_checkpoint *beyond = NULL;
-        size_t n_beyond = 0;
+        struct chief_db_checkpoint *all = NULL;
+        size_t n_all = 0;
+        bool *kept = NULL;
         if (r >= 0)
-                r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints ORDER BY time_us DESC, global_step DESC"
-                                 " LIMIT -1 OFFSET ?", (int64_t)keep, &beyond, &n_beyond);
-        for (size_t i = 0; r >= 0 && i < n_beyond; i++) {
-                r = delete_ckpt_row(db, beyond[i].global_step);
+                r = select_ckpts(db, "SELECT " CKPT_COLUMNS " FROM checkpoints ORDER BY time_us DESC, global_step DESC",
+                                 -1, &all, &n_all);
+        if (r >= 0 && n_all > keep && !(kept = calloc(n_all, sizeof(*kept))))
+                r = -ENOMEM;
+        if (r >= 0 && kept)
+                keep_chains(all, n_all, keep, kept);
+        for (size_t i = 0; r >= 0 && kept && i < n_all; i++) {
+                if (kept[i])
+                        continue;
+                r = delete_ckpt_row(db, all[i].global_step);
                 if (r >= 0)
-                        r = push_ckpt(&gone, &n_gone, &beyond[i]);
+                        r = push_ckpt(&gone, &n_gone, &all[i]);
         }
-        free(beyond);
+        free(kept);
+        free(all);
         r = durable_end(db, r, begun);
         free(old);
         if (r < 0) {

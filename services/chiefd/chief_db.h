@@ -4,6 +4,7 @@
  * are stored relative to it, so that a copied state directory refers to its own files; the calls take
  * and return absolute paths. Thread-safe: every call takes the database's own lock. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -87,10 +88,13 @@ struct chief_db_checkpoint {
         uint64_t eval_step;     /* 0: no evaluation yet */
         float eval_accuracy, eval_loss;   /* -1: none */
         char trigger[16];       /* "steps", "secs", "request", "end" */
+        bool incremental;       /* holds the changes since parent_step's checkpoint (docs/checkpoints.md) */
+        uint64_t parent_step;   /* incremental only */
 };
 
 /* In one durable transaction (synchronous=FULL): records ck, replacing a row of the same global_step,
- * and deletes every row beyond the `keep` newest (by time, then step). The deleted rows (and a
+ * and deletes every row beyond the `keep` newest (by time, then step), but for the checkpoints that a
+ * kept incremental one is chained to (its parent, down to the full one), which stay. The deleted rows (and a
  * replaced row whose path differs) come back in *removed_ret (malloc'd, *n_removed_ret of them; the
  * caller frees) so that their files can be removed after the commit. Returns 0 or -errno (nothing
  * changed). */

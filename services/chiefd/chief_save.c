@@ -33,15 +33,53 @@ int chief_pull(struct chief_save *v, bool with_slots, uint64_t *gs_ret, char *er
         return r;
 }
 
-/* Every embedding table's rows, with their slots, from every shard into tables[0..n_embeddings)
- * (cleared by the caller, also on failure). */
-static int export_tables(struct chief_save *v, struct ps_sparse_rows *tables, char *err, size_t errlen) {
-        for (uint32_t e = 0; e < v->cfg->model.n_embeddings; e++) {
-                int r = ps_client_sparse_export(v->pc, e, &tables[e], err, errlen);
-                if (r < 0)
-                        return r;
+/* Where a table's pages go while a checkpoint is written. */
+struct sink {
+        struct chief_ckpt_writing *w;
+        uint32_t e;
+        bool incremental, lost;
+};
+
+static int sink_page(const struct ps_sparse_page *pg, void *ud, char *err, size_t errlen) {
+        struct sink *k = ud;
+        int r = pg->rows->n ? chief_ckpt_put_rows(k->w, k->e, pg->rows, err, errlen) : 0;
+        if (r >= 0 && pg->last && k->incremental) {
+                if (pg->changes_lost)
+                        k->lost = true;
+                else if (pg->n_evicted)
+                        r = chief_ckpt_put_evicted(k->w, k->e, pg->evicted, pg->n_evicted, err, errlen);
         }
-        return 0;
+        return r;
+}
+
+/* Writes the checkpoint of gs: the pulled dense values, and each table streamed from the shards page by
+ * page into the file (never held whole here); with parent, only the rows changed since it and the ids
+ * evicted since. -ESTALE when a shard cannot tell what changed (the caller writes a full one). */
+static int write_checkpoint(struct chief_save *v, uint64_t gs, bool with_slots, const struct chief_db_checkpoint *parent,
+                            const struct chief_db_checkpoint *stats, struct chief_db_checkpoint *row, char *err,
+                            size_t errlen) {
+        const struct job_config *cfg = v->cfg;
+        bool track = cfg->supervisor.full_checkpoint_every > 1;
+        struct chief_ckpt_writing *w;
+        int r = chief_ckpt_begin(v->ckpts, model_params(v->model), with_slots && v->n_slots ? v->slots : NULL,
+                                 cfg->model.n_embeddings > 0, gs, parent, &w, err, errlen);
+        if (r < 0)
+                return r;
+        /* with tracking on, every walk takes the shards' marks, full ones too: the next increment holds
+         * what changed since this checkpoint */
+        const struct ps_sparse_export_opts o = {.dirty_only = parent != NULL, .clean = track, .take_evicted = track};
+        for (uint32_t e = 0; e < cfg->model.n_embeddings && r >= 0; e++) {
+                struct sink k = {w, e, parent != NULL, false};
+                r = ps_client_sparse_export_pages(v->pc, e, &o, sink_page, &k, err, errlen);
+                if (r >= 0 && k.lost)
+                        r = errf(err, errlen, -ESTALE, "table %s: a shard lost track of its changes",
+                                 cfg->model.emb[e].name);
+        }
+        if (r < 0) {
+                chief_ckpt_abort(w);
+                return r;
+        }
+        return chief_ckpt_commit(w, stats, row, err, errlen);
 }
 
 /* Writes and records the pulled values (with the slots when pulled), and the embedding tables as the
@@ -72,14 +110,28 @@ int chief_save(struct chief_save *v, uint64_t gs, bool with_slots, const char *t
         }
         struct chief_db_checkpoint row;
         uint64_t t0 = mono_us();
-        /* the whole file is built in memory: the tables' rows are held here until it is written */
-        struct ps_sparse_rows tables[MODEL_MAX_EMBEDDINGS] = {0};
-        int r = export_tables(v, tables, err, errlen);
-        if (r >= 0)
-                r = chief_ckpt_save_tables(v->ckpts, model_params(v->model), with_slots && v->n_slots ? v->slots : NULL,
-                                           v->cfg->model.n_embeddings ? tables : NULL, gs, &stats, &row, err, errlen);
-        for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++)
-                ps_sparse_rows_clear(&tables[e]);
+        /* every full_checkpoint_every-th one full, incremental ones chained between; never chained to a
+         * checkpoint of this same step, which this one replaces */
+        uint32_t every = v->cfg->supervisor.full_checkpoint_every;
+        bool incremental = every > 1 && v->chain_ok && v->since_full + 1 < every && v->chain_last.global_step != gs &&
+                           v->cfg->model.n_embeddings > 0;
+        struct chief_db_checkpoint newest;
+        if (incremental && (chief_ckpt_newest(v->ckpts, &newest, NULL) < 0 ||
+                            newest.global_step != v->chain_last.global_step)) {
+                /* the parent is no longer the newest record (deleted meanwhile): a chain on it would point nowhere */
+                incremental = false;
+        }
+        int r = write_checkpoint(v, gs, with_slots, incremental ? &v->chain_last : NULL, &stats, &row, err, errlen);
+        if (r == -ESTALE) {
+                log_full(LOG_NOTICE, 0, gs, "%s; writing a full checkpoint instead of an incremental one", err);
+                incremental = false;
+                r = write_checkpoint(v, gs, with_slots, NULL, &stats, &row, err, errlen);
+        }
+        v->chain_ok = r >= 0;
+        if (r >= 0) {
+                v->chain_last = row;
+                v->since_full = incremental ? v->since_full + 1 : 0;
+        }
         chief_metrics_checkpoint(r, mono_us() - t0, &row);
         pthread_mutex_lock(&v->st->lock);
         chief_strfmt(v->st->last_ckpt_error, sizeof(v->st->last_ckpt_error), "%s", r < 0 ? err : "");
@@ -90,8 +142,13 @@ int chief_save(struct chief_save *v, uint64_t gs, bool with_slots, const char *t
         v->last_save_mono = mono_us();
         chief_refresh_ckpt_info(v->st);
         chief_session_log(v->ev, gs, SUMMARY_SESSION_CHECKPOINT, row.path, NULL);
-        log_info_step(gs, "Saved checkpoint \"%s\" at global_step %" PRIu64 " (%s): %" PRIu64 " bytes, %s", row.path, gs,
-                      trigger, row.bytes, row.checksum);
+        if (row.incremental)
+                log_info_step(gs, "Saved incremental checkpoint \"%s\" at global_step %" PRIu64 " (%s), on global_step %"
+                              PRIu64 ": %" PRIu64 " bytes, %s", row.path, gs, trigger, row.parent_step, row.bytes,
+                              row.checksum);
+        else
+                log_info_step(gs, "Saved checkpoint \"%s\" at global_step %" PRIu64 " (%s): %" PRIu64 " bytes, %s",
+                              row.path, gs, trigger, row.bytes, row.checksum);
         if (ret)
                 *ret = row;
         return 0;
@@ -138,6 +195,7 @@ int chief_restore_shards(struct chief_save *v, const bool *which, char *why, siz
         int r = chief_ckpt_load_latest_tables(v->ckpts, model_params(v->model), v->n_slots ? v->slots : NULL,
                                               &slots_loaded, tables, &row, err, sizeof(err));
         chief_refresh_ckpt_info(v->st);
+        v->chain_ok = false;   /* the shards' change marks no longer describe the newest checkpoint */
         if (r <= 0) {
                 chief_strfmt(why, len, "%s", r == 0 ? "no usable checkpoint" : err);
                 return r;

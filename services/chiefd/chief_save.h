@@ -29,6 +29,12 @@ struct chief_save {
         unsigned n_slots;
         struct chief_eval *ev;            /* session lines; a restore starts its evaluations over */
         uint64_t last_save_step, last_save_mono;
+        /* incremental checkpoints (supervisor.full_checkpoint_every > 1): the newest checkpoint this
+         * chiefd wrote while the shards tracked their changes since it; false at start, after a restore
+         * and after a failed save, so that the next one is full */
+        bool chain_ok;
+        struct chief_db_checkpoint chain_last;
+        uint32_t since_full;              /* incremental ones written since the last full one */
 };
 
 /* Reads every shard into the model's block (and the slots when with_slots); *gs_ret from shard 0. */

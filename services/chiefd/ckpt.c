@@ -1,6 +1,7 @@
 /* Checkpoint files in the safetensors format: see ckpt.h. */
 #include "ckpt.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -99,18 +100,188 @@ void ckpt_test_delay(void) {
                 ;
 }
 
-int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, const struct ckpt_kv *meta,
-               size_t n_meta, struct ckpt_written *ret, char *err, size_t errlen) {
-        for (size_t i = 0; i < n; i++)
-                for (size_t j = 0; j < i; j++)
-                        if (strcmp(tensors[i].name, tensors[j].name) == 0)
-                                return errf(err, errlen, -EINVAL, "tensor \"%s\" given twice", tensors[i].name);
-        size_t hlen;
-        char *header = build_header(tensors, n, meta, n_meta, &hlen);
-        char *tmp = ckpt_temp_path(path);
+/* ---- the writer: tensors given whole, or streamed in parts ----
+ *
+ * A streamed tensor's bytes go to a spool file of its own as they come (an unlinked file beside the
+ * checkpoint: a crash leaves nothing behind). The header, which needs every tensor's length, is known
+ * once the last part is in; then the checkpoint's temp file is written start to end: its length, the
+ * header, the whole tensors, and each spool copied in through one buffer, the CRC-32C computed on the
+ * way. Memory stays at that buffer and the header, whatever the size of the tables. */
+
+#define COPY_BUF (1u << 20)
+
+struct ckpt_entry {
+        struct ckpt_tensor t;           /* t.name owned; t.rows counts the rows streamed so far */
+        int spool;                      /* -1: t.data is the caller's, whole */
+        uint64_t rows;                  /* streamed rows (may pass 2^32 - 1: refused at finish) */
+};
+
+struct ckpt_writer {
+        char *path, *dir;
+        struct ckpt_entry *e;
+        size_t n, cap;
+};
+
+int ckpt_writer_new(const char *path, struct ckpt_writer **ret) {
+        struct ckpt_writer *w = calloc(1, sizeof(*w));
+        if (!w)
+                return -ENOMEM;
+        w->path = strdup(path);
+        const char *slash = strrchr(path, '/');
+        w->dir = slash ? strndup(path, (size_t)(slash - path + (slash == path))) : strdup(".");
+        if (!w->path || !w->dir) {
+                ckpt_writer_free(w);
+                return -ENOMEM;
+        }
+        *ret = w;
+        return 0;
+}
+
+struct ckpt_writer *ckpt_writer_free(struct ckpt_writer *w) {
+        if (!w)
+                return NULL;
+        for (size_t i = 0; i < w->n; i++) {
+                free((char *)w->e[i].t.name);
+                if (w->e[i].spool >= 0)
+                        close(w->e[i].spool);
+        }
+        free(w->e);
+        free(w->path);
+        free(w->dir);
+        free(w);
+        return NULL;
+}
+
+static int entry_new(struct ckpt_writer *w, const char *name, struct ckpt_entry **ret) {
+        for (size_t i = 0; i < w->n; i++)
+                if (strcmp(w->e[i].t.name, name) == 0)
+                        return -EEXIST;
+        char *copy = strdup(name);
+        if (!copy || grow_array((void **)&w->e, &w->cap, w->n + 1, sizeof(*w->e), 16) < 0) {
+                free(copy);
+                return -ENOMEM;
+        }
+        struct ckpt_entry *e = &w->e[w->n++];
+        *e = (struct ckpt_entry){.t = {.name = copy}, .spool = -1};
+        *ret = e;
+        return 0;
+}
+
+int ckpt_writer_add(struct ckpt_writer *w, const struct ckpt_tensor *t) {
+        struct ckpt_entry *e;
+        int r = entry_new(w, t->name, &e);
+        if (r < 0)
+                return r;
+        const char *name = e->t.name;
+        e->t = *t;
+        e->t.name = name;
+        e->rows = t->rows;
+        return 0;
+}
+
+/* An unlinked file in dir, read-write. */
+static int spool_open(const char *dir) {
+        int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != ENOENT))
+                return fd >= 0 ? fd : -errno;
+        char *tmpl = strdup_printf("%s/.ckpt-spool-XXXXXX", dir);
+        if (!tmpl)
+                return -ENOMEM;
+        fd = mkostemp(tmpl, O_CLOEXEC);
+        int r = fd >= 0 ? fd : -errno;
+        if (fd >= 0)
+                unlink(tmpl);
+        free(tmpl);
+        return r;
+}
+
+int ckpt_writer_stream(struct ckpt_writer *w, const char *name, enum ckpt_dtype dtype, unsigned ndims,
+                       uint32_t cols, size_t *idx_ret) {
+        struct ckpt_entry *e;
+        int fd = spool_open(w->dir);
+        if (fd < 0)
+                return fd;
+        int r = entry_new(w, name, &e);
+        if (r < 0) {
+                close(fd);
+                return r;
+        }
+        e->t.dtype = dtype;
+        e->t.ndims = ndims;
+        e->t.cols = ndims == 1 ? 1 : cols;
+        e->spool = fd;
+        *idx_ret = w->n - 1;
+        return 0;
+}
+
+static int write_full(int fd, const void *p, size_t n) {
+        const char *b = p;
+        while (n) {
+                ssize_t k = write(fd, b, n);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0)
+                        return -errno;
+                b += k;
+                n -= (size_t)k;
+        }
+        return 0;
+}
+
+int ckpt_writer_append(struct ckpt_writer *w, size_t idx, const void *data, uint64_t rows) {
+        assert(idx < w->n && w->e[idx].spool >= 0);
+        struct ckpt_entry *e = &w->e[idx];
+        int r = write_full(e->spool, data, (size_t)(rows * (e->t.ndims == 1 ? 1 : e->t.cols) * dtype_sizes[e->t.dtype]));
+        if (r >= 0)
+                e->rows += rows;
+        return r;
+}
+
+uint64_t ckpt_writer_rows(const struct ckpt_writer *w, size_t idx) {
+        assert(idx < w->n);
+        return w->e[idx].rows;
+}
+
+/* Copies spool fd (bytes long) to the end of af through buf. */
+static int copy_spool(struct atomic_file *af, int fd, uint64_t bytes, char *buf, uint32_t *crc) {
+        if (lseek(fd, 0, SEEK_SET) < 0)
+                return -errno;
+        while (bytes) {
+                size_t want = bytes < COPY_BUF ? (size_t)bytes : COPY_BUF;
+                ssize_t k = read(fd, buf, want);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0)
+                        return -errno;
+                if (k == 0)
+                        return -EIO;   /* the spool is shorter than what was written to it */
+                int r = put(af, buf, (size_t)k, crc);
+                if (r < 0)
+                        return r;
+                bytes -= (uint64_t)k;
+        }
+        return 0;
+}
+
+int ckpt_writer_finish(struct ckpt_writer *w, const struct ckpt_kv *meta, size_t n_meta, struct ckpt_written *ret,
+                       char *err, size_t errlen) {
+        const char *path = w->path;
+        struct ckpt_tensor *tensors = calloc(w->n ? w->n : 1, sizeof(*tensors));
+        for (size_t i = 0; tensors && i < w->n; i++) {
+                if (w->e[i].rows > UINT32_MAX) {
+                        free(tensors);
+                        return errf(err, errlen, -E2BIG, "tensor \"%s\": %" PRIu64 " rows, more than a checkpoint holds",
+                                    w->e[i].t.name, w->e[i].rows);
+                }
+                tensors[i] = w->e[i].t;
+                tensors[i].rows = (uint32_t)w->e[i].rows;
+        }
+        size_t hlen = 0;
+        char *header = tensors ? build_header(tensors, w->n, meta, n_meta, &hlen) : NULL;
+        char *tmp = ckpt_temp_path(path), *buf = malloc(COPY_BUF);
         struct atomic_file *af = NULL;
         int r;
-        if (!header || !tmp) {
+        if (!header || !tmp || !buf) {
                 r = errf(err, errlen, -ENOMEM, "out of memory");
                 goto out;
         }
@@ -128,9 +299,10 @@ int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, co
         r = put(af, lenb, 8, &crc);
         if (r >= 0)
                 r = put(af, header, hlen, &crc);
-        for (size_t i = 0; i < n && r >= 0; i++) {
-                size_t bytes = (size_t)tensor_bytes(&tensors[i]);
-                r = put(af, tensors[i].data, bytes, &crc);
+        for (size_t i = 0; i < w->n && r >= 0; i++) {
+                uint64_t bytes = tensor_bytes(&tensors[i]);
+                r = w->e[i].spool < 0 ? put(af, tensors[i].data, (size_t)bytes, &crc)
+                                      : copy_spool(af, w->e[i].spool, bytes, buf, &crc);
                 total += bytes;
         }
         if (r < 0) {
@@ -160,7 +332,26 @@ out:
         atomic_file_abort(af);
         free(header);
         free(tmp);
+        free(buf);
+        free(tensors);
         return r;
+}
+
+int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, const struct ckpt_kv *meta,
+               size_t n_meta, struct ckpt_written *ret, char *err, size_t errlen) {
+        struct ckpt_writer *w = NULL;
+        int r = ckpt_writer_new(path, &w);
+        if (r < 0)
+                return errf(err, errlen, r, "out of memory");
+        for (size_t i = 0; i < n && r >= 0; i++)
+                if ((r = ckpt_writer_add(w, &tensors[i])) == -EEXIST)
+                        errf(err, errlen, -EINVAL, "tensor \"%s\" given twice", tensors[i].name);
+                else if (r < 0)
+                        errf(err, errlen, r, "out of memory");
+        if (r >= 0)
+                r = ckpt_writer_finish(w, meta, n_meta, ret, err, errlen);
+        ckpt_writer_free(w);
+        return r == -EEXIST ? -EINVAL : r;
 }
 
 /* ---- reading ---- */

@@ -47,6 +47,28 @@ struct ckpt_written {
 int ckpt_write(const char *path, const struct ckpt_tensor *tensors, size_t n, const struct ckpt_kv *meta,
                size_t n_meta, struct ckpt_written *ret, char *err, size_t errlen);
 
+/* A checkpoint written as its values come (docs/checkpoints.md, "Streaming"): tensors given whole
+ * (ckpt_writer_add: the caller's memory, read at finish) and tensors streamed in parts of whole rows
+ * (ckpt_writer_stream, then ckpt_writer_append as they come: spooled to an unlinked file beside path),
+ * in one file at path written by ckpt_writer_finish as ckpt_write writes (same format, temp file,
+ * fsync, rename, CRC). The writer holds no tensor's data: memory is a 1 MiB copy buffer and the header.
+ * Not thread-safe: one writer, one thread. */
+struct ckpt_writer;
+int ckpt_writer_new(const char *path, struct ckpt_writer **ret);          /* 0 or -ENOMEM */
+struct ckpt_writer *ckpt_writer_free(struct ckpt_writer *w);             /* NULL-safe; drops the spools */
+/* 0; -EEXIST when the name is taken; -ENOMEM. */
+int ckpt_writer_add(struct ckpt_writer *w, const struct ckpt_tensor *t);
+/* A tensor of rows of cols elements ([rows] when ndims is 1), 0 rows so far; *idx_ret names it to
+ * ckpt_writer_append. 0; -EEXIST; -errno when its spool cannot be made. */
+int ckpt_writer_stream(struct ckpt_writer *w, const char *name, enum ckpt_dtype dtype, unsigned ndims,
+                       uint32_t cols, size_t *idx_ret);
+/* Appends rows rows of data to streamed tensor idx. 0, or -errno from the file system (-ENOSPC...). */
+int ckpt_writer_append(struct ckpt_writer *w, size_t idx, const void *data, uint64_t rows);
+uint64_t ckpt_writer_rows(const struct ckpt_writer *w, size_t idx);      /* rows streamed so far */
+/* Writes the file, as ckpt_write (same returns); the writer is spent either way (free it). */
+int ckpt_writer_finish(struct ckpt_writer *w, const struct ckpt_kv *meta, size_t n_meta, struct ckpt_written *ret,
+                       char *err, size_t errlen);
+
 /* The test hook PSFLEET_TEST_CHECKPOINT_DELAY_MS (supervisor.test_checkpoint_delay_ms), 0 outside
  * tests: every ckpt_write sleeps ms before its rename, and ckpt_test_delay() sleeps as long (the
  * checkpoint store calls it before recording a file). Set once at start, before any checkpoint is

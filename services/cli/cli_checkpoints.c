@@ -66,14 +66,16 @@ static const char *fmt_bytes(uint64_t b, char *buf, size_t len) {
 }
 
 static void print_row(const Psfleet__V1__Checkpoint *c) {
-        char t[32], b[32], loss[16] = "-", acc[16] = "-";
+        char t[32], b[32], loss[16] = "-", acc[16] = "-", kind[24] = "full";
         if (isfinite(c->loss))
                 snprintf(loss, sizeof(loss), "%.4f", c->loss);
         if (c->eval_accuracy >= 0)
                 snprintf(acc, sizeof(acc), "%.4f", c->eval_accuracy);
-        printf("%10llu  %s  %9s  %-8s  %-8s  %-7s  %s  %s\n", (unsigned long long)c->global_step,
+        if (c->incremental)
+                snprintf(kind, sizeof(kind), "+%llu", (unsigned long long)c->parent_step);
+        printf("%10llu  %s  %9s  %-8s  %-8s  %-7s  %-11s  %s  %s\n", (unsigned long long)c->global_step,
                cli_format_time(c->time_us, false, t, sizeof(t)), fmt_bytes(c->bytes, b, sizeof(b)), loss, acc,
-               c->trigger ? c->trigger : "", c->checksum ? c->checksum : "", c->path ? c->path : "");
+               c->trigger ? c->trigger : "", kind, c->checksum ? c->checksum : "", c->path ? c->path : "");
 }
 
 /* The listing, from the chief's reply or from its records. */
@@ -99,8 +101,8 @@ static void print_list(Psfleet__V1__Checkpoint **c, size_t n, const char *dir, u
         else
                 printf("%zu checkpoint%s in %s (keeping the last %u)\n", n, n == 1 ? "" : "s", dir, keep);
         if (n)
-                printf("%10s  %-19s  %9s  %-8s  %-8s  %-7s  %-15s  %s\n", "STEP", "TIME", "SIZE", "LOSS", "EVAL ACC",
-                       "TRIGGER", "CHECKSUM", "PATH");
+                printf("%10s  %-19s  %9s  %-8s  %-8s  %-7s  %-11s  %-15s  %s\n", "STEP", "TIME", "SIZE", "LOSS",
+                       "EVAL ACC", "TRIGGER", "OF", "CHECKSUM", "PATH");
         for (size_t i = 0; i < n; i++)
                 print_row(c[i]);
 }

@@ -283,6 +283,16 @@ int cmd_export(int argc, char **argv) {
         if ((r = find_checkpoint(file, state_dir, &local, cfg, step, &ck, &ck_path)) != 0 ||
             (r = read_params(cfg, ck, ck_path, &params)) != 0)
                 goto out;
+        const char *kind = ckpt_meta(ck, "checkpoint"), *parent = ckpt_meta(ck, "parent_step");
+        if (spec->n_embeddings && kind && strcmp(kind, "incremental") == 0) {
+                /* its tables hold only the rows changed since its parent: exporting them would drop the rest */
+                cli_error("export: checkpoint %s is incremental (the embedding rows changed since global_step %s): "
+                          "its tables are not whole; export a full checkpoint (--step of one that psfleet checkpoints "
+                          "list shows as full), or save one with supervisor.full_checkpoint_every 1",
+                          ck_path, parent ? parent : "?");
+                r = EX_DATAERR;
+                goto out;
+        }
         if (spec->n_embeddings && (r = export_tables_load(cfg, g, ck, ck_path, max_inline, &tables)) != 0)
                 goto out;
         const char *gs = ckpt_meta(ck, "global_step");

@@ -35,6 +35,9 @@ json_t *cli_checkpoint_json(const Psfleet__V1__Checkpoint *c) {
         json_object_set_new(o, "eval_accuracy", c->eval_accuracy >= 0 ? json_real(c->eval_accuracy) : json_null());
         json_object_set_new(o, "eval_loss", c->eval_loss >= 0 ? json_real(c->eval_loss) : json_null());
         json_object_set_new(o, "trigger", json_string(c->trigger ? c->trigger : ""));
+        json_object_set_new(o, "incremental", json_boolean(c->incremental));
+        if (c->incremental)
+                json_object_set_new(o, "parent_step", json_integer((json_int_t)c->parent_step));
         return o;
 }
 

@@ -64,6 +64,8 @@ int sparse_tables_new(struct psd *p) {
                                  sparse_evict_policy_name(o.evict_policy));
                 pt->spec = &m->emb[e];
                 pt->n_slots = sparse_optimizer_n_slots(o.optimizer);
+                /* incremental checkpoints need to know which rows changed and which ids went */
+                sparse_table_track(pt->t, p->cfg->supervisor.full_checkpoint_every > 1);
                 pt->m_rows = metric_gauge("psfleet_ps_sparse_rows", "Rows of an embedding table stored on this "
                                           "shard.", "table", name);
                 pt->m_bytes = metric_gauge("psfleet_ps_sparse_table_bytes", "Memory held by an embedding table on "
@@ -419,8 +421,17 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         }
         slots = (float *)(ids + max);   /* (n_slots, max, dim) */
         uint64_t cursor = h->cursor;
-        size_t n = sparse_table_export(pt->t, &cursor, max, ids, vals, pt->n_slots ? slots : NULL);
+        size_t n = sparse_table_export_changes(pt->t, &cursor, max, ids, vals, pt->n_slots ? slots : NULL,
+                                               h->dirty_only, h->clean);
         atomic_store(&p->export_us, n ? mono_us() : 0);
+        uint64_t *gone = NULL;
+        size_t n_gone = 0;
+        bool lost = false;
+        if (n == 0 && h->take_evicted) {
+                /* the walk is over; eviction was held off during it, so these are the ids it missed */
+                lost = p->cfg->supervisor.full_checkpoint_every <= 1 ||
+                       sparse_table_take_evicted(pt->t, &gone, &n_gone) < 0;
+        }
 
         Psfleet__V1__SparseExportReplyHeader rh = PSFLEET__V1__SPARSE_EXPORT_REPLY_HEADER__INIT;
         const char *slot_names[SPARSE_MAX_SLOTS];
@@ -433,11 +444,15 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
                 slot_names[s] = sparse_optimizer_slot_name(p->cfg->training.sparse_optimizer, s);
         rh.n_slots = pt->n_slots;
         rh.slots = (char **)slot_names;
+        rh.evicted = (ProtobufCBinaryData){n_gone * sizeof(uint64_t), (uint8_t *)gone};
+        rh.changes_lost = lost;
         if (wire_out_new(&o) < 0) {
+                free(gone);
                 r = END_OUT_OF_MEMORY;
                 goto out;
         }
         wire_out_header(o, &rh.base);
+        free(gone);   /* the header is packed */
         r = put_rows(o, "rows", vals, n, dim);
         vals = NULL;
         for (unsigned s = 0; s < pt->n_slots && r >= 0; s++)

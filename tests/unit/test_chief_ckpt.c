@@ -27,6 +27,7 @@
 #include "log.h"
 #include "model.h"
 #include "optim.h"
+#include "sparse_table.h"
 #include "util.h"
 
 
@@ -402,7 +403,178 @@ static void test_tables(void **state) {
         chief_ckpt_free(s);
 }
 
+/* ---- incremental checkpoints ---- */
+
+/* A table's rows sorted by id (for comparing two restores bit for bit). */
+static void sort_rows(struct ps_sparse_rows *r) {
+        for (size_t i = 1; i < r->n; i++)
+                for (size_t j = i; j > 0 && r->ids[j - 1] > r->ids[j]; j--) {
+                        uint64_t t = r->ids[j];
+                        r->ids[j] = r->ids[j - 1];
+                        r->ids[j - 1] = t;
+                        for (unsigned sl = 0; sl <= r->n_slots; sl++) {
+                                float *a = sl ? r->slots[sl - 1] : r->values, tmp[16];
+                                memcpy(tmp, a + j * r->dim, r->dim * sizeof(float));
+                                memcpy(a + j * r->dim, a + (j - 1) * r->dim, r->dim * sizeof(float));
+                                memcpy(a + (j - 1) * r->dim, tmp, r->dim * sizeof(float));
+                        }
+                }
+}
+
+static void assert_same_rows(struct ps_sparse_rows *a, struct ps_sparse_rows *b) {
+        sort_rows(a);
+        sort_rows(b);
+        assert_int_equal(a->n, b->n);
+        assert_memory_equal(a->ids, b->ids, a->n * sizeof(uint64_t));
+        assert_memory_equal(a->values, b->values, a->n * a->dim * sizeof(float));
+        for (unsigned sl = 0; sl < a->n_slots; sl++)
+                assert_memory_equal(a->slots[sl], b->slots[sl], a->n * a->dim * sizeof(float));
+}
+
+/* Walks t as psd's SparseExport does for a checkpoint, in pages of 7 rows, into w. */
+static void walk_into(struct sparse_table *t, struct chief_ckpt_writing *w, bool incremental) {
+        enum { PAGE = 7, DIM = 3 };
+        uint64_t ids[PAGE], cur = 0;
+        float vals[PAGE * DIM], acc[PAGE * DIM];
+        char err[256];
+        for (size_t n; (n = sparse_table_export_changes(t, &cur, PAGE, ids, vals, acc, incremental, true));) {
+                struct ps_sparse_rows pg = {.n = n, .dim = DIM, .n_slots = 1, .ids = ids, .values = vals, .slots = {acc}};
+                /* slot-major with max = PAGE rows: slot 0 starts at acc, as the page's n rows need */
+                assert_int_equal(chief_ckpt_put_rows(w, 0, &pg, err, sizeof(err)), 0);
+        }
+        uint64_t *gone = NULL;
+        size_t n_gone = 0;
+        assert_int_equal(sparse_table_take_evicted(t, &gone, &n_gone), 0);
+        if (incremental)
+                assert_int_equal(chief_ckpt_put_evicted(w, 0, gone, n_gone, err, sizeof(err)), 0);
+        free(gone);
+}
+
+static void save_walk(struct fx *f, struct chief_ckpt *s, struct sparse_table *t, uint64_t step,
+                      const struct chief_db_checkpoint *parent, struct chief_db_checkpoint *row) {
+        struct chief_db_checkpoint stats = {.eval_accuracy = -1, .eval_loss = -1, .trigger = "steps"};
+        struct chief_ckpt_writing *w;
+        char err[600];
+        fill(f, (float)step);
+        assert_int_equal(chief_ckpt_begin(s, f->p, f->slots, true, step, parent, &w, err, sizeof(err)), 0);
+        walk_into(t, w, parent != NULL);
+        if (chief_ckpt_commit(w, &stats, row, err, sizeof(err)) < 0)
+                fail_msg("%s", err);
+        assert_int_equal(row->incremental, parent != NULL);
+}
+
+/* The whole table as it stands, not cleaning its marks. */
+static void snapshot(struct sparse_table *t, struct ps_sparse_rows *out) {
+        size_t n = sparse_table_rows(t);
+        *out = (struct ps_sparse_rows){.n = n, .dim = 3, .n_slots = 1, .ids = malloc(n * 8 + 8),
+                                       .values = malloc(n * 12 + 12), .slots = {malloc(n * 12 + 12)}};
+        uint64_t cur = 0;
+        float *acc = malloc(n * 12 + 12);
+        assert_int_equal(sparse_table_export(t, &cur, n, out->ids, out->values, acc), n);
+        memcpy(out->slots[0], acc, n * 12);
+        free(acc);
+}
+
+static void train(struct sparse_table *t, uint64_t first, uint64_t n, uint64_t step) {
+        float g[3] = {0.25f, -0.5f, (float)step * 0.01f};
+        for (uint64_t id = first; id < first + n; id++)
+                assert_int_equal(sparse_table_push(t, &id, 1, g, 0.1f, step), 0);
+}
+
+/* A full checkpoint at 10, increments at 20 and 30 (rows changed, made, evicted and made again)
+ * restore to exactly the rows of a full checkpoint at 30, bit for bit; then a broken link: the
+ * increment at 20 corrupt restores the chain to 10 (its rows as they were), 20 set aside, 30 forgotten;
+ * and an increment whose parent is not recorded is forgotten. */
+static void test_incremental_chain(void **state) {
+        struct fx *f = *state;
+        struct model_spec spec;
+        struct chief_ckpt *s = table_store(f, &spec, 3, SPARSE_ADAGRAD);
+        struct sparse_table_opts o = {.dim = 3, .optimizer = SPARSE_ADAGRAD, .init_stddev = 0.1, .seed = 5,
+                                      .initial_accumulator = 0.1};
+        struct sparse_table *t;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        sparse_table_track(t, true);
+        struct chief_db_checkpoint r10, r20, r30, back;
+        struct ps_sparse_rows at10, full30, got[MODEL_MAX_EMBEDDINGS] = {0};
+        char err[600];
+        bool sl;
+
+        train(t, 0, 200, 1);
+        snapshot(t, &at10);
+        save_walk(f, s, t, 10, NULL, &r10);
+        train(t, 50, 10, 12);        /* changed */
+        train(t, 300, 10, 12);       /* made */
+        assert_int_equal(sparse_table_evict(t, 14, 2), 190);   /* all but the 20 touched at 12 */
+        train(t, 0, 5, 15);          /* evicted and made again */
+        save_walk(f, s, t, 20, &r10, &r20);
+        train(t, 300, 3, 25);
+        assert_int_equal(sparse_table_evict(t, 40, 20), 22);   /* those touched at 12 and 15 but 300..302 */
+        train(t, 1000, 4, 26);
+        save_walk(f, s, t, 30, &r20, &r30);
+        assert_int_equal(r30.parent_step, 20);
+        assert_true(r20.bytes < r10.bytes);
+
+        /* the same rows through a full checkpoint at 30, in a store of its own */
+        struct chief_db *db2;
+        char dbp[sizeof(scratch_dir) + 32], d2[sizeof(scratch_dir) + 32];
+        snprintf(dbp, sizeof(dbp), "%s/full.db", scratch_dir);
+        snprintf(d2, sizeof(d2), "%s/full", scratch_dir);
+        assert_int_equal(chief_db_open(dbp, &db2), 0);
+        struct chief_ckpt_config cc = {.dir = d2, .L = f->job.L, .model = &spec, .sparse_optimizer = SPARSE_ADAGRAD,
+                                       .job = "t", .fingerprint = 0x1234, .keep = 2, .keep_corrupt = 3};
+        struct chief_ckpt *s2;
+        struct chief_db_checkpoint f30;
+        assert_int_equal(chief_ckpt_new(db2, &cc, &s2, err, sizeof(err)), 0);
+        save_walk(f, s2, t, 30, NULL, &f30);
+        assert_int_equal(chief_ckpt_load_latest_tables(s2, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        full30 = got[0];
+        got[0] = (struct ps_sparse_rows){0};
+        assert_int_equal(full30.n, 7);   /* 300..302 and 1000..1003 */
+
+        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(back.global_step, 30);
+        fill(f, 30);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_true(sl);
+        assert_same_rows(&got[0], &full30);
+        ps_sparse_rows_clear(&got[0]);
+
+        /* a broken link: 20 corrupt; the chain restores to 10, as the table was then */
+        flip_byte(r20.path, 5);
+        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(back.global_step, 10);
+        fill(f, 10);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_same_rows(&got[0], &at10);
+        ps_sparse_rows_clear(&got[0]);
+        char aside[sizeof(r20.path) + 16];
+        snprintf(aside, sizeof(aside), "%s.corrupt", r20.path);
+        assert_int_equal(access(aside, F_OK), 0);
+        assert_int_equal(access(r30.path, F_OK), -1);
+        struct chief_db_checkpoint newest;
+        uint32_t count;
+        assert_int_equal(chief_ckpt_newest(s, &newest, &count), 0);
+        assert_int_equal(count, 1);
+        assert_int_equal(newest.global_step, 10);
+
+        /* a chain pointing nowhere: an increment on a step not recorded is forgotten, 10 restored */
+        save_walk(f, s, t, 40, &r30, &back);
+        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(back.global_step, 10);
+        ps_sparse_rows_clear(&got[0]);
+        assert_int_equal(chief_ckpt_newest(s, &newest, &count), 0);
+        assert_int_equal(count, 1);
+
+        ps_sparse_rows_clear(&at10);
+        ps_sparse_rows_clear(&full30);
+        chief_ckpt_free(s2);
+        chief_db_close(db2);
+        chief_ckpt_free(s);
+        sparse_table_free(t);
+}
+
 UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test_setup_teardown(test_incremental_chain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_save_rotate_load, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tables, setup, teardown),
         cmocka_unit_test_setup_teardown(test_same_step_replaced, setup, teardown),

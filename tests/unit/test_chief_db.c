@@ -241,6 +241,12 @@ static void test_migration(void **state) {
         assert_int_equal(j.state, 6);
         assert_string_equal(j.reason, "");
         assert_true(j.test_accuracy == 0.5f && j.test_auc == -1 && j.test_rmse == -1);   /* version 4's columns */
+        struct chief_db_checkpoint *rows = NULL;
+        size_t n = 0;
+        assert_int_equal(chief_db_list_checkpoints(db, &rows, &n), 0);   /* version 5's parent_step */
+        assert_int_equal(n, 2);
+        assert_false(rows[0].incremental || rows[1].incremental);
+        free(rows);
         chief_db_close(db);
         stored_path(f->path, 5, stored, sizeof(stored));
         assert_string_equal(stored, "checkpoints/ckpt-0000000005.safetensors");
@@ -256,10 +262,47 @@ static void test_migration(void **state) {
         assert_string_equal(stored, "checkpoints/ckpt-0000000005.safetensors");
 }
 
+/* Pruning keeps what a kept incremental checkpoint is chained to: 10 full, 20 and 30 increments of
+ * it, 40 full; keep 2 (30 and 40) keeps 20 and 10 too; the parent survives a reopen. */
+static void test_prune_keeps_chains(void **state) {
+        struct fx *f = *state;
+        struct chief_db *db;
+        struct chief_db_checkpoint *gone = NULL, *rows = NULL;
+        size_t n_gone = 0, n = 0;
+        assert_int_equal(chief_db_open(f->path, &db), 0);
+        struct chief_db_checkpoint c[5] = {ckpt(5, "/x/5"), ckpt(10, "/x/10"), ckpt(20, "/x/20"), ckpt(30, "/x/30"),
+                                           ckpt(40, "/x/40")};
+        c[2].incremental = c[3].incremental = true;
+        c[2].parent_step = 10;
+        c[3].parent_step = 20;
+        for (int i = 0; i < 4; i++) {
+                assert_int_equal(chief_db_add_checkpoint(db, &c[i], 2, &gone, &n_gone), 0);
+                free(gone);
+        }
+        /* keep 2 at step 30: 30 and 20 by age, 10 for the chain; 5 goes */
+        assert_int_equal(chief_db_list_checkpoints(db, &rows, &n), 0);
+        assert_int_equal(n, 3);
+        assert_int_equal(rows[0].global_step, 30);
+        assert_true(rows[0].incremental);
+        assert_int_equal(rows[0].parent_step, 20);
+        assert_false(rows[2].incremental);
+        free(rows);
+        assert_int_equal(chief_db_add_checkpoint(db, &c[4], 2, &gone, &n_gone), 0);
+        assert_int_equal(n_gone, 0);   /* 40 and 30 kept, and 30's chain */
+        free(gone);
+        /* keep 1 at a later full one: the chain goes */
+        struct chief_db_checkpoint c50 = ckpt(50, "/x/50");
+        assert_int_equal(chief_db_add_checkpoint(db, &c50, 1, &gone, &n_gone), 0);
+        assert_int_equal(n_gone, 4);
+        free(gone);
+        chief_db_close(db);
+}
+
 UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test_setup_teardown(test_state_sticky, setup, teardown),
         cmocka_unit_test_setup_teardown(test_losses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_loss, setup, teardown),
         cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_migration, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_readonly, setup, teardown))
+        cmocka_unit_test_setup_teardown(test_readonly, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prune_keeps_chains, setup, teardown))

@@ -1,5 +1,6 @@
 /* Checkpoint files in the safetensors format: the bytes on disk (header length, JSON, alignment,
  * contiguous offsets), reading back, and every way a file can be refused. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -281,6 +282,70 @@ static void test_write_errors(void **state) {
         free(p);
 }
 
+/* A table streamed in pages through ckpt_writer is byte for byte the file ckpt_write makes of the whole
+ * tensors, and leaves no spool behind. */
+static void test_stream_in_parts(void **state) {
+        (void)state;
+        enum { N = 1000, DIM = 3 };
+        static uint64_t ids[N];
+        static float rows[N * DIM], acc[N * DIM];
+        for (int i = 0; i < N; i++)
+                ids[i] = (uint64_t)i * 7919u + 3;
+        for (int i = 0; i < N * DIM; i++) {
+                rows[i] = (float)i * 0.25f;
+                acc[i] = 1.0f / (float)(i + 1);
+        }
+        const struct ckpt_kv meta[] = {{"global_step", "9"}, {"checkpoint", "full"}};
+        const struct ckpt_tensor whole[] = {{"dense0/kernel", 2, 3, A, CKPT_F32, 2}, {"emb/cat/ids", N, 1, ids, CKPT_U64, 1},
+                                            {"emb/cat", N, DIM, rows, CKPT_F32, 2},
+                                            {"emb/cat/accumulator", N, DIM, acc, CKPT_F32, 2}};
+        char *p1 = path_of("whole.safetensors"), *p2 = path_of("streamed.safetensors"), err[256];
+        struct ckpt_written w1, w2;
+        assert_int_equal(ckpt_write(p1, whole, 4, meta, 2, &w1, err, sizeof(err)), 0);
+        struct ckpt_writer *w;
+        size_t ix[3];
+        assert_int_equal(ckpt_writer_new(p2, &w), 0);
+        assert_int_equal(ckpt_writer_add(w, &whole[0]), 0);
+        assert_int_equal(ckpt_writer_add(w, &whole[0]), -EEXIST);
+        assert_int_equal(ckpt_writer_stream(w, "emb/cat/ids", CKPT_U64, 1, 1, &ix[0]), 0);
+        assert_int_equal(ckpt_writer_stream(w, "emb/cat", CKPT_F32, 2, DIM, &ix[1]), 0);
+        assert_int_equal(ckpt_writer_stream(w, "emb/cat/accumulator", CKPT_F32, 2, DIM, &ix[2]), 0);
+        /* pages of uneven sizes, as shards answer */
+        for (size_t at = 0, page = 1; at < N; at += page, page = page * 3 % 257 + 1) {
+                size_t n = at + page > N ? N - at : page;
+                assert_int_equal(ckpt_writer_append(w, ix[0], ids + at, n), 0);
+                assert_int_equal(ckpt_writer_append(w, ix[1], rows + at * DIM, n), 0);
+                assert_int_equal(ckpt_writer_append(w, ix[2], acc + at * DIM, n), 0);
+        }
+        assert_int_equal(ckpt_writer_rows(w, ix[1]), N);
+        assert_int_equal(ckpt_writer_finish(w, meta, 2, &w2, err, sizeof(err)), 0);
+        ckpt_writer_free(w);
+        assert_int_equal(w1.bytes, w2.bytes);
+        assert_int_equal(w1.crc32c, w2.crc32c);
+        size_t l1, l2;
+        uint8_t *d1 = slurp(p1, &l1), *d2 = slurp(p2, &l2);
+        assert_int_equal(l1, l2);
+        assert_memory_equal(d1, d2, l1);
+        assert_int_equal(crc32c(d2, l2), w2.crc32c);
+        free(d1);
+        free(d2);
+        /* no spool is left in the directory: they were never linked, or unlinked at once */
+        DIR *dir = opendir(scratch_dir);
+        for (struct dirent *e; (e = readdir(dir));)
+                assert_false(strncmp(e->d_name, ".ckpt-spool", 11) == 0 || strstr(e->d_name, ".tmp"));
+        closedir(dir);
+        /* a writer dropped before finishing leaves nothing */
+        char *p3 = path_of("dropped.safetensors");
+        assert_int_equal(ckpt_writer_new(p3, &w), 0);
+        assert_int_equal(ckpt_writer_stream(w, "emb/cat/ids", CKPT_U64, 1, 1, &ix[0]), 0);
+        assert_int_equal(ckpt_writer_append(w, ix[0], ids, N), 0);
+        ckpt_writer_free(w);
+        assert_int_equal(access(p3, F_OK), -1);
+        free(p1);
+        free(p2);
+        free(p3);
+}
+
 UNIT_TEST_MAIN(setup, scratch_dir_remove,
         cmocka_unit_test(test_layout_on_disk),
         cmocka_unit_test(test_read_back),
@@ -288,4 +353,5 @@ UNIT_TEST_MAIN(setup, scratch_dir_remove,
         cmocka_unit_test(test_foreign_file),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_bit_flip_changes_checksum),
-        cmocka_unit_test(test_write_errors))
+        cmocka_unit_test(test_write_errors),
+        cmocka_unit_test(test_stream_in_parts))

@@ -569,7 +569,7 @@ static void test_status_json(void **state) {
                                     "\"examples_per_s\":null,\"eta_s\":null,\"loss\":null,"));
         assert_non_null(strstr(buf, "\"last_checkpoint\":{\"global_step\":100,\"time_us\":0,"
                                     "\"path\":\"/ck/100.safetensors\",\"bytes\":0,\"checksum\":\"\",\"loss\":null,"
-                                    "\"eval_step\":null,\"eval_accuracy\":null,\"eval_loss\":null,\"trigger\":\"\"}"));
+                                    "\"eval_step\":null,\"eval_accuracy\":null,\"eval_loss\":null,\"trigger\":\"\",\"incremental\":false}"));
         assert_non_null(strstr(buf, "\"restored_step\":null,\"restored_from\":null,"));
         assert_non_null(strstr(buf, "\"nodes\":[]}\n"));
         assert_int_equal(strchr(buf, '\n') - buf, (long)strlen(buf) - 1);    /* one line */

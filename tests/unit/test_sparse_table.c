@@ -801,6 +801,96 @@ static void test_bytes_for(void **state)
         assert_true((double)sparse_table_bytes_for(&l, 10000000) < 1.3 * raw);
         free(ids);
         free(w);
+}
+
+/* Change tracking: made, pushed and imported rows are dirty, pulled ones not; a cleaning export
+ * unmarks; evicted ids are noted once, and taken once. */
+static void test_track_changes(void **state)
+{
+        (void)state;
+        struct sparse_table *t = table(SPARSE_ADAGRAD, 4, 0.1, 7);
+        sparse_table_track(t, true);
+        uint64_t ids[100], got[200];
+        static float g[100 * 4], rows[100 * 4], vals[200 * 4], slots[200 * 4];
+        for (int i = 0; i < 100; i++)
+                ids[i] = 1000 + (uint64_t)i;
+        for (int i = 0; i < 100 * 4; i++)
+                g[i] = 0.01f * (float)(i % 7);
+        assert_int_equal(sparse_table_push(t, ids, 100, g, 0.1f, 1), 0);
+        uint64_t cur = 0;
+        /* every row made is changed; a clean walk takes them all, a second finds none */
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 100);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 0);
+        /* pulls of stored rows change nothing; a push of 3 ids and a new id pulled (made) do */
+        assert_int_equal(sparse_table_pull(t, ids, 50, rows, true, 2), 0);
+        assert_int_equal(sparse_table_push(t, ids + 10, 3, g, 0.1f, 2), 0);
+        uint64_t fresh = 5;
+        assert_int_equal(sparse_table_pull(t, &fresh, 1, rows, true, 2), 0);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, false), 4);
+        /* not cleaned: the same 4 again; then a full export (not dirty_only) that cleans */
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, false), 4);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, false, true), 101);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 0);
+        /* an import marks */
+        assert_int_equal(sparse_table_import(t, ids + 20, 2, g, NULL, 3), 0);
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 2);
+        /* eviction: rows untouched since before step 60 go (all but ids[0]); their ids are noted once */
+        assert_int_equal(sparse_table_push(t, ids, 1, g, 0.1f, 100), 0);
+        assert_int_equal(sparse_table_evict(t, 110, 50), 100);
+        uint64_t *gone = NULL;
+        size_t n_gone = 0;
+        assert_int_equal(sparse_table_take_evicted(t, &gone, &n_gone), 0);
+        assert_int_equal(n_gone, 100);
+        free(gone);
+        gone = NULL;
+        assert_int_equal(sparse_table_take_evicted(t, &gone, &n_gone), 0);
+        assert_int_equal(n_gone, 0);
+        assert_null(gone);
+        /* the survivor (pushed at 100) is the only changed row */
+        cur = 0;
+        assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 1);
+        assert_int_equal(got[0], ids[0]);
+        sparse_table_free(t);
+}
+
+/* A table both bounded and tracked: every id evicted at max_rows is noted for the next incremental
+ * checkpoint, once, and never among the rows it gives as changed. */
+static void test_bounded_tracked(void **state)
+{
+        (void)state;
+        enum { CAP = 640, N = 3000, D = 4 };
+        struct sparse_table *t = bounded(SPARSE_EVICT_LRU, CAP, 0);
+        sparse_table_track(t, true);
+        static float w[D];
+        for (uint64_t i = 0; i < N; i++)
+                assert_int_equal(sparse_table_pull(t, &i, 1, w, true, 10 + i), 0);
+        struct sparse_table_stats st;
+        sparse_table_get_stats(t, &st);
+        uint64_t *gone = NULL;
+        size_t n_gone = 0;
+        assert_int_equal(sparse_table_take_evicted(t, &gone, &n_gone), 0);
+        assert_int_equal(n_gone, st.evicted_limit);
+        assert_int_equal(n_gone + st.rows, N);
+        /* the rows left and the ids gone make up every id, each once */
+        static uint64_t ids[CAP];
+        static float vals[CAP * D];
+        uint64_t cur = 0;
+        size_t n = sparse_table_export_changes(t, &cur, CAP, ids, vals, NULL, true, false);
+        assert_int_equal(n, st.rows);
+        static unsigned char seen[N];
+        for (size_t i = 0; i < n; i++)
+                seen[ids[i]]++;
+        for (size_t i = 0; i < n_gone; i++)
+                seen[gone[i]]++;
+        for (unsigned i = 0; i < N; i++)
+                assert_int_equal(seen[i], 1);
+        free(gone);
         sparse_table_free(t);
 }
 
@@ -815,4 +905,5 @@ UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_bounded_invalid), cmocka_unit_test(test_max_rows_lru),
         cmocka_unit_test(test_max_rows_lfu),  cmocka_unit_test(test_admission),
         cmocka_unit_test(test_bytes_for),     cmocka_unit_test(test_bounded_threads),
-        cmocka_unit_test(test_bounded_walk))
+        cmocka_unit_test(test_bounded_walk), cmocka_unit_test(test_track_changes),
+        cmocka_unit_test(test_bounded_tracked))

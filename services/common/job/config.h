@@ -114,6 +114,7 @@ struct supervisor_config {
         uint64_t save_checkpoint_steps;       /* 0: off */
         uint64_t save_checkpoint_secs;        /* 0: off */
         uint32_t keep_checkpoints;
+        uint32_t full_checkpoint_every;       /* 1: all full; N: every Nth full, incremental between */
         uint64_t save_summaries_secs;
         uint64_t eval_every_steps;            /* 0: only at the end */
         uint64_t ready_timeout_secs;          /* how long a worker waits for the job to become ready; the

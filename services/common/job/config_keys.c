@@ -330,6 +330,8 @@ const struct config_key cfg_keys[] = {
               "Save a checkpoint every this many seconds; 0: off."),
         K_U32("supervisor.keep_checkpoints", supervisor.keep_checkpoints, 5, 1, 1000,
               "How many recent checkpoints to keep."),
+        K_U32("supervisor.full_checkpoint_every", supervisor.full_checkpoint_every, 1, 1, 1000,
+              "Every this many checkpoints one is full; those between hold only the embedding rows changed and the ids evicted since the previous checkpoint, chained to it (docs/checkpoints.md). 1: every checkpoint is full."),
         K_U64("supervisor.save_summaries_secs", supervisor.save_summaries_secs, 10, 0, 31536000,
               "Write summaries every this many seconds; 0: off."),
         K_U64("supervisor.eval_every_steps", supervisor.eval_every_steps, 0, 0, INT64_MAX,

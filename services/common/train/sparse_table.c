@@ -44,6 +44,13 @@ struct stripe {
         char **chunks;
         uint32_t n_chunks, chunks_cap;
         size_t bytes;      /* index, chunk table and chunks */
+        /* change tracking for incremental checkpoints (sparse_table_track): one bit per row number,
+         * set when the row is made, pushed or imported, cleared by an export that cleans; and the ids
+         * evicted since the last sparse_table_take_evicted */
+        uint64_t *dirty;   /* (dirty_words) */
+        uint32_t dirty_words, last_row;   /* last_row: the row rec_locked returned */
+        uint64_t *gone;
+        size_t n_gone, gone_cap;
 } __attribute__((aligned(64)));
 
 struct sparse_table {
@@ -57,6 +64,8 @@ struct sparse_table {
         uint64_t geo_rows;             /* rows in chunks 0..geo_k */
         struct cmsketch *sketch;       /* admit_after > 1: sightings of ids without a row */
         uint64_t evicted_age, evicted_limit, admitted, admit_pending, grads_dropped; /* atomic */
+        bool track;                    /* change tracking on (set before any row is made) */
+        bool changes_lost;             /* an evicted id could not be noted (atomic) */
         struct stripe stripes[N_STRIPES];
 };
 
@@ -380,6 +389,11 @@ static void stripe_release(struct stripe *s)
         __atomic_store_n(&s->cap, 0, __ATOMIC_RELEASE);
         s->n_chunks = s->chunks_cap = s->live = s->used = s->free_head = s->lfu_gone = s->walk_at = 0;
         s->bytes = 0;
+        free(s->dirty);
+        free(s->gone);
+        s->dirty = s->gone = NULL;
+        s->dirty_words = 0;
+        s->n_gone = s->gone_cap = 0;
 }
 
 struct sparse_table *sparse_table_free(struct sparse_table *t)
@@ -443,6 +457,61 @@ static inline void prefetch_index(const struct sparse_table *t, const uint64_t *
                 __builtin_prefetch(&index[(uint32_t)h & (cap - 1)]);
 }
 
+
+/* ---- change tracking (incremental checkpoints) ---- */
+
+/* Makes the dirty bitmap cover row number s->used (the next new row). 0 or -ENOMEM. */
+static int dirty_reserve(struct stripe *s)
+{
+        uint32_t need = s->used / 64 + 1;
+        if (need <= s->dirty_words)
+                return 0;
+        uint32_t words = s->dirty_words ? 2 * s->dirty_words : 16;
+        while (words < need)
+                words *= 2;
+        uint64_t *d = realloc(s->dirty, words * sizeof(*d));
+        if (!d)
+                return -ENOMEM;
+        memset(d + s->dirty_words, 0, (words - s->dirty_words) * sizeof(*d));
+        s->dirty = d;
+        s->dirty_words = words;
+        return 0;
+}
+
+static inline void dirty_set(struct stripe *s, uint32_t r)
+{
+        assert(r / 64 < s->dirty_words);
+        s->dirty[r / 64] |= 1ull << (r % 64);
+}
+
+static inline bool dirty_get(const struct stripe *s, uint32_t r)
+{
+        return r / 64 < s->dirty_words && (s->dirty[r / 64] >> (r % 64) & 1);
+}
+
+static inline void dirty_clear(struct stripe *s, uint32_t r)
+{
+        if (r / 64 < s->dirty_words)
+                s->dirty[r / 64] &= ~(1ull << (r % 64));
+}
+
+/* Notes an evicted id (s locked). A failed allocation loses the note: the table remembers that, and
+ * sparse_table_take_evicted reports it so that the next checkpoint is a full one. */
+static void gone_add(struct sparse_table *t, struct stripe *s, uint64_t id)
+{
+        if (s->n_gone == s->gone_cap) {
+                size_t cap = s->gone_cap ? 2 * s->gone_cap : 64;
+                uint64_t *g = realloc(s->gone, cap * sizeof(*g));
+                if (!g) {
+                        __atomic_store_n(&t->changes_lost, true, __ATOMIC_RELAXED);
+                        return;
+                }
+                s->gone = g;
+                s->gone_cap = cap;
+        }
+        s->gone[s->n_gone++] = id;
+}
+
 enum lookup {
         FIND,
         CREATE,
@@ -452,7 +521,7 @@ enum lookup {
 };
 
 /* Frees live row r of s. */
-static void row_drop(const struct sparse_table *t, struct stripe *s, uint32_t r)
+static void row_drop(struct sparse_table *t, struct stripe *s, uint32_t r)
 {
         char *rec = rec_at(t, s, r);
         bool found;
@@ -460,6 +529,10 @@ static void row_drop(const struct sparse_table *t, struct stripe *s, uint32_t r)
         uint32_t pos = index_find(t, s, id, stripe_hash(id), &found);
         assert(found);
         index_remove(t, s, pos);
+        if (t->track) {   /* the next incremental checkpoint drops it */
+                dirty_clear(s, r);
+                gone_add(t, s, id);
+        }
         *rec_touch(rec) = 0;
         rec_set_id(rec, s->free_head);
         s->free_head = r + 1;
@@ -571,7 +644,8 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
         uint32_t pos = index_find(t, s, id, h, &found);
         char *rec;
         if (found) {
-                rec = rec_at(t, s, s->index[pos] - 1);
+                s->last_row = s->index[pos] - 1;
+                rec = rec_at(t, s, s->last_row);
         } else {
                 int64_t r = 0;
                 if (how == FIND)
@@ -591,6 +665,9 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                         r = stripe_make_room(t, s);
                         pos = index_find(t, s, id, h, &found);
                 }
+                /* with tracking, the bitmap covers a row before it is made, so that marking never fails */
+                if (r == 0 && t->track && dirty_reserve(s) < 0)
+                        r = -ENOMEM;
                 if (r == 0)
                         r = row_new(t, s, id, h, pos);
                 if (r < 0) {
@@ -599,6 +676,9 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                         return NULL;
                 }
                 rec = rec_at(t, s, (uint32_t)r);
+                s->last_row = (uint32_t)r;
+                if (t->track)
+                        dirty_set(s, (uint32_t)r);
                 if (t->o.evict_policy == SPARSE_EVICT_LFU)
                         *rec_count(rec) = 0;
                 if (how != CREATE_BLANK) {
@@ -648,6 +728,8 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
                         return err;
                 if (!rec)
                         continue;
+                if (t->track)
+                        dirty_set(s, s->last_row);   /* the bitmap covers every row made: cannot fail */
                 float *w = rec_vals(t, rec);
                 const float *gi = g + i * dim;
                 switch (o->optimizer) {
@@ -788,35 +870,7 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
 size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids, float *values,
                            float *slots)
 {
-        uint32_t dim = t->o.dim;
-        size_t n = 0;
-        uint64_t si = *cursor >> 32;
-        uint32_t r = (uint32_t)*cursor;
-        while (n < max && si < N_STRIPES) {
-                struct stripe *s = &t->stripes[si];
-                pthread_mutex_lock(&s->lock);
-                for (; r < s->used && n < max; r++) {
-                        char *rec = rec_at(t, s, r);
-                        if (!*rec_touch(rec))
-                                continue;
-                        const float *row = rec_vals(t, rec);
-                        ids[n] = rec_id(rec);
-                        memcpy(values + n * dim, row, dim * sizeof(float));
-                        for (unsigned sl = 0; slots && sl < t->n_slots; sl++)
-                                memcpy(slots + (sl * max + n) * dim, row + (size_t)(1 + sl) * dim,
-                                       dim * sizeof(float));
-                        n++;
-                }
-                bool done = r >= s->used;
-                s->walk_at = done ? 0 : r;   /* the rows below r are given: kept from eviction at the bound */
-                pthread_mutex_unlock(&s->lock);
-                if (done) {
-                        si++;
-                        r = 0;
-                }
-        }
-        *cursor = si << 32 | r;
-        return n;
+        return sparse_table_export_changes(t, cursor, max, ids, values, slots, false, false);
 }
 
 int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, const float *values,
@@ -829,6 +883,8 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
                 char *rec = rec_locked(t, ids, i, n, CREATE_BLANK, step, &s, &err);
                 if (!rec)
                         return err;
+                if (t->track)
+                        dirty_set(s, s->last_row);
                 float *row = rec_vals(t, rec);
                 memcpy(row, values + i * dim, dim * sizeof(float));
                 if (slots) {
@@ -851,4 +907,83 @@ void sparse_table_clear(struct sparse_table *t)
                 stripe_release(s);
                 pthread_mutex_unlock(&s->lock);
         }
+}
+
+void sparse_table_track(struct sparse_table *t, bool on)
+{
+        t->track = on;
+}
+
+size_t sparse_table_export_changes(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids,
+                                   float *values, float *slots, bool dirty_only, bool clean)
+{
+        uint32_t dim = t->o.dim;
+        size_t n = 0;
+        uint64_t si = *cursor >> 32;
+        uint32_t r = (uint32_t)*cursor;
+        while (n < max && si < N_STRIPES) {
+                struct stripe *s = &t->stripes[si];
+                pthread_mutex_lock(&s->lock);
+                for (; r < s->used && n < max; r++) {
+                        if (dirty_only && !dirty_get(s, r)) {
+                                /* the bitmap first: 64 unchanged rows are one word, their records untouched */
+                                if (r % 64 == 0 && (r / 64 >= s->dirty_words || !s->dirty[r / 64]))
+                                        r += 63;
+                                continue;
+                        }
+                        char *rec = rec_at(t, s, r);
+                        if (!*rec_touch(rec))
+                                continue;
+                        if (clean)
+                                dirty_clear(s, r);
+                        const float *row = rec_vals(t, rec);
+                        ids[n] = rec_id(rec);
+                        memcpy(values + n * dim, row, dim * sizeof(float));
+                        for (unsigned sl = 0; slots && sl < t->n_slots; sl++)
+                                memcpy(slots + (sl * max + n) * dim, row + (size_t)(1 + sl) * dim,
+                                       dim * sizeof(float));
+                        n++;
+                }
+                bool done = r >= s->used;
+                s->walk_at = done ? 0 : r;   /* the rows below r are given: kept from eviction at the bound */
+                pthread_mutex_unlock(&s->lock);
+                if (done) {
+                        si++;
+                        r = 0;
+                }
+        }
+        *cursor = si << 32 | r;
+        return n;
+}
+
+int sparse_table_take_evicted(struct sparse_table *t, uint64_t **ids_ret, size_t *n_ret)
+{
+        size_t n = 0;
+        uint64_t *ids = NULL;
+        int r = 0;
+        for (unsigned i = 0; i < N_STRIPES; i++) {
+                struct stripe *s = &t->stripes[i];
+                pthread_mutex_lock(&s->lock);
+                if (s->n_gone) {
+                        uint64_t *grown = realloc(ids, (n + s->n_gone) * sizeof(*ids));
+                        if (grown) {
+                                ids = grown;
+                                memcpy(ids + n, s->gone, s->n_gone * sizeof(*ids));
+                                n += s->n_gone;
+                        } else {
+                                r = -ENOMEM;
+                        }
+                        s->n_gone = 0;
+                }
+                pthread_mutex_unlock(&s->lock);
+        }
+        if (__atomic_exchange_n(&t->changes_lost, false, __ATOMIC_RELAXED))
+                r = -ENOMEM;
+        if (r < 0) {
+                free(ids);
+                return r;
+        }
+        *ids_ret = ids;
+        *n_ret = n;
+        return 0;
 }

@@ -119,5 +119,20 @@ size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max,
 int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, const float *values,
                         const float *slots, uint64_t step);
 
+/* Change tracking for incremental checkpoints (docs/checkpoints.md), off by default; turn it on before
+ * the first row is made. While on, a row is marked changed when it is made, pushed or imported (a pull
+ * of a stored row does not mark it), and evicted ids are noted until taken. Costs one bit per row. */
+void sparse_table_track(struct sparse_table *t, bool on);
+
+/* As sparse_table_export; with dirty_only, only the rows marked changed; with clean, the rows given
+ * are unmarked (a row changed again after it was read is marked again). */
+size_t sparse_table_export_changes(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids,
+                                   float *values, float *slots, bool dirty_only, bool clean);
+
+/* The ids evicted since the last call (malloc'd into *ids_ret, *n_ret of them, maybe twice; NULL when
+ * none), and forgets them. -ENOMEM when some could not be noted or returned: the caller must then
+ * treat every id as changed (write a full checkpoint). */
+int sparse_table_take_evicted(struct sparse_table *t, uint64_t **ids_ret, size_t *n_ret);
+
 /* Drops every row (a shard made uninitialized again). */
 void sparse_table_clear(struct sparse_table *t);

@@ -144,6 +144,29 @@ void ps_sparse_rows_clear(struct ps_sparse_rows *r);
  * in parallel), into out (zeroed first; the caller clears it). Rows made meanwhile may be missed, as
  * in any async checkpoint. Returns 0, or -errno with why in err (out cleared). */
 int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_rows *out, char *err, size_t errlen);
+/* A streaming export (a checkpoint's walk): what to ask each shard. */
+struct ps_sparse_export_opts {
+        uint32_t max_rows;      /* rows per page of a shard; 0: psd's default */
+        bool dirty_only;        /* only rows changed since the last clean walk (incremental checkpoints) */
+        bool clean;             /* mark the rows sent unchanged */
+        bool take_evicted;      /* each shard's last page carries the ids evicted since the last such walk */
+};
+/* One page of one shard, lent to the callback for the length of the call. */
+struct ps_sparse_page {
+        uint32_t shard;
+        const struct ps_sparse_rows *rows;   /* n rows (maybe 0 on the last page) */
+        bool last;                           /* take_evicted: the shard's last page, with: */
+        const uint64_t *evicted;             /* (n_evicted) */
+        size_t n_evicted;
+        bool changes_lost;                   /* the shard cannot tell what changed: no increment possible */
+};
+/* Returns 0, or -errno with err (which stops the walk). */
+typedef int (*ps_sparse_page_fn)(const struct ps_sparse_page *pg, void *ud, char *err, size_t errlen);
+/* Pages through table e on every shard as ps_client_sparse_export does (o NULL: defaults), handing each
+ * page to fn as it comes, so that no more than one page per shard is held at a time. 0, or -errno with
+ * err (fn's, or the shard's). */
+int ps_client_sparse_export_pages(struct ps_client *pc, uint32_t e, const struct ps_sparse_export_opts *o,
+                                  ps_sparse_page_fn fn, void *ud, char *err, size_t errlen);
 /* Stores rows (their slots as given, n_slots the optimizer's) into table e of the shards in which[]
  * (NULL: every shard), each id on sparse_shard_of(id, n_ps), in pages; each of those shards' table
  * is emptied first (so a shard that gets no row ends empty). global_step: the rows' last touch.

@@ -238,6 +238,24 @@ void ps_sparse_rows_clear(struct ps_sparse_rows *r) {
         memset(r, 0, sizeof(*r));
 }
 
+/* Makes out's arrays (*cap rows) hold want rows. 0 or -ENOMEM. */
+static int rows_reserve(struct ps_sparse_rows *out, size_t *cap, size_t want) {
+        if (want <= *cap)
+                return 0;
+        size_t c = *cap;
+        int r = grow_array((void **)&out->ids, &c, want, sizeof(uint64_t), 4096);
+        for (unsigned s = 0; s <= out->n_slots && r >= 0; s++) {
+                float **a = s ? &out->slots[s - 1] : &out->values;
+                float *grown = realloc(*a, c * out->dim * sizeof(float));
+                r = grown ? 0 : -ENOMEM;
+                if (grown)
+                        *a = grown;
+        }
+        if (r >= 0)
+                *cap = c;
+        return r;
+}
+
 /* Appends one SparseExport page (parsed reply in) to out. */
 static int append_page(struct ps_sparse_rows *out, size_t *cap, const struct wire_in *in,
                        const Psfleet__V1__SparseExportReplyHeader *h, char *err, size_t errlen) {
@@ -250,20 +268,8 @@ static int append_page(struct ps_sparse_rows *out, size_t *cap, const struct wir
                 if (!(t[s] = reply_rows(in, s ? h->slots[s - 1] : "rows", n, out->dim)))
                         return errf(err, errlen, -EPROTO, "no float32 tensor \"%s\" of (%zu, %u)",
                                     s ? h->slots[s - 1] : "rows", n, out->dim);
-        if (out->n + n > *cap) {
-                size_t c = *cap, want = out->n + n;
-                int r = grow_array((void **)&out->ids, &c, want, sizeof(uint64_t), 4096);
-                for (unsigned s = 0; s <= out->n_slots && r >= 0; s++) {
-                        float **a = s ? &out->slots[s - 1] : &out->values;
-                        float *grown = realloc(*a, c * dim * sizeof(float));
-                        r = grown ? 0 : -ENOMEM;
-                        if (grown)
-                                *a = grown;
-                }
-                if (r < 0)
-                        return errf(err, errlen, -ENOMEM, "out of memory for %zu rows", want);
-                *cap = c;
-        }
+        if (rows_reserve(out, cap, out->n + n) < 0)
+                return errf(err, errlen, -ENOMEM, "out of memory for %zu rows", out->n + n);
         memcpy(out->ids + out->n, h->ids.data, n * sizeof(uint64_t));
         for (unsigned s = 0; s <= out->n_slots; s++)
                 wire_tensor_copy_f32(t[s], (s ? out->slots[s - 1] : out->values) + out->n * dim);
@@ -274,6 +280,7 @@ static int append_page(struct ps_sparse_rows *out, size_t *cap, const struct wir
 /* Where an export of table e stands: each shard's next page, and whether it has sent its last. */
 struct export {
         uint32_t e;
+        const struct ps_sparse_export_opts *o;
         const uint64_t *cursor;         /* (n_shards) */
         const bool *done;               /* (n_shards) */
 };
@@ -289,27 +296,42 @@ static int export_build(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *c
         h.caller = caller;
         h.table = x->e;
         h.cursor = x->cursor[s];
+        h.max_rows = x->o->max_rows;
+        h.dirty_only = x->o->dirty_only;
+        h.clean = x->o->clean;
+        h.take_evicted = x->o->take_evicted;
         Psfleet__V1__SparseExportRequest q = PSFLEET__V1__SPARSE_EXPORT_REQUEST__INIT;
         q.header = &h;
         *bb = wire_pack(&q.base);
         return 0;
 }
 
-int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_rows *out, char *err, size_t errlen) {
+/* One shard's page (parsed reply in) as a ps_sparse_rows into page (whose arrays grow to hold it). */
+static int page_of(struct ps_sparse_rows *page, size_t *cap, const struct wire_in *in,
+                   const Psfleet__V1__SparseExportReplyHeader *h, char *err, size_t errlen) {
+        page->n = 0;
+        return append_page(page, cap, in, h, err, errlen);
+}
+
+int ps_client_sparse_export_pages(struct ps_client *pc, uint32_t e, const struct ps_sparse_export_opts *o,
+                                  ps_sparse_page_fn fn, void *ud, char *err, size_t errlen) {
         const struct model_spec *m = &pc->cfg->model;
-        memset(out, 0, sizeof(*out));
         if (e >= m->n_embeddings)
                 return errf(err, errlen, -EINVAL, "table %u: the model has %u embedding table(s)", e, m->n_embeddings);
+        static const struct ps_sparse_export_opts none = {0};
+        if (!o)
+                o = &none;
         uint32_t N = pc->L->n_shards;
-        out->dim = m->emb[e].dim;
-        out->n_slots = sparse_optimizer_n_slots(pc->cfg->training.sparse_optimizer);
+        struct ps_sparse_rows page = {.dim = m->emb[e].dim,
+                                      .n_slots = sparse_optimizer_n_slots(pc->cfg->training.sparse_optimizer)};
         uint64_t *cursor = calloc(N, sizeof(*cursor));
         bool *done = calloc(N, sizeof(*done));
         struct rpc_pending **pend = calloc(N, sizeof(*pend));
-        struct export x = {e, cursor, done};
+        struct export x = {e, o, cursor, done};
         size_t cap = 0;
         int r = cursor && done && pend ? 0 : errf(err, errlen, -ENOMEM, "out of memory");
-        /* one page of every shard not done yet at a time, all in parallel */
+        /* one page of every shard not done yet at a time, all in parallel; each handed over before the next
+         * round, so that no more than one page per shard is held */
         for (bool more = true; more && r >= 0;) {
                 struct rpc_batch *b;
                 if ((r = rpc_batch_new(&b)) < 0)
@@ -337,7 +359,28 @@ int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_r
                         if (r >= 0) {
                                 const Psfleet__V1__SparseExportReplyHeader *h =
                                         (const Psfleet__V1__SparseExportReplyHeader *)hm;
-                                r = append_page(out, &cap, in, h, e2, sizeof(e2));
+                                struct ps_sparse_page pg = {.shard = s, .rows = &page};
+                                r = page_of(&page, &cap, in, h, e2, sizeof(e2));
+                                if (r >= 0 && h->done && o->take_evicted) {
+                                        if (h->evicted.len % sizeof(uint64_t))
+                                                r = errf(e2, sizeof(e2), -EPROTO, "%zu bytes of evicted ids",
+                                                         h->evicted.len);
+                                        pg.n_evicted = h->evicted.len / sizeof(uint64_t);
+                                        pg.changes_lost = h->changes_lost;
+                                        pg.last = true;
+                                }
+                                uint64_t *ev = NULL;
+                                if (r >= 0 && pg.n_evicted) {
+                                        ev = malloc(pg.n_evicted * sizeof(*ev));
+                                        r = ev ? 0 : errf(e2, sizeof(e2), -ENOMEM, "out of memory");
+                                        if (ev)
+                                                memcpy(ev, h->evicted.data, pg.n_evicted * sizeof(*ev));
+                                        pg.evicted = ev;
+                                }
+                                if (r >= 0 && (page.n || pg.last)) {
+                                        r = fn(&pg, ud, e2, sizeof(e2));
+                                }
+                                free(ev);
                                 done[s] = h->done;
                                 cursor[s] = h->next_cursor;
                                 more |= !h->done;
@@ -353,6 +396,34 @@ int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_r
         free(cursor);
         free(done);
         free(pend);
+        ps_sparse_rows_clear(&page);
+        return r;
+}
+
+/* Appends each page to the caller's rows. */
+static int collect_page(const struct ps_sparse_page *pg, void *ud, char *err, size_t errlen) {
+        struct { struct ps_sparse_rows *out; size_t cap; } *c = ud;
+        struct ps_sparse_rows *out = c->out;
+        const struct ps_sparse_rows *p = pg->rows;
+        size_t n = p->n, dim = out->dim;
+        if (rows_reserve(out, &c->cap, out->n + n) < 0)
+                return errf(err, errlen, -ENOMEM, "out of memory for %zu rows", out->n + n);
+        memcpy(out->ids + out->n, p->ids, n * sizeof(uint64_t));
+        for (unsigned s = 0; s <= out->n_slots; s++)
+                memcpy((s ? out->slots[s - 1] : out->values) + out->n * dim, s ? p->slots[s - 1] : p->values,
+                       n * dim * sizeof(float));
+        out->n += n;
+        return 0;
+}
+
+int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_rows *out, char *err, size_t errlen) {
+        memset(out, 0, sizeof(*out));
+        if (e < pc->cfg->model.n_embeddings) {
+                out->dim = pc->cfg->model.emb[e].dim;
+                out->n_slots = sparse_optimizer_n_slots(pc->cfg->training.sparse_optimizer);
+        }
+        struct { struct ps_sparse_rows *out; size_t cap; } c = {out, 0};
+        int r = ps_client_sparse_export_pages(pc, e, NULL, collect_page, &c, err, errlen);
         if (r < 0)
                 ps_sparse_rows_clear(out);
         return r;
