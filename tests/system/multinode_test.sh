@@ -38,29 +38,17 @@ deb() { local p; for p in "${debs[@]}"; do [[ ${p##*/} == "$1"_* ]] && echo "$p"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/psfleet-multinode.XXXXXX")
 id=$$
-br=pfbr$id
-nodes=(a b c)
 declare -A ADDR=([a]=10.77.0.11 [b]=10.77.0.12 [c]=10.77.0.13) HOST=([a]=node1 [b]=node2 [c]=node3)
-declare -A ST NS HV
-for n in "${nodes[@]}"; do
-        NS[$n]=pfns$id$n      # the node's network namespace: it outlives the container's restarts
-        HV[$n]=pfv$id$n       # the host's end of its veth pair, on the bridge
-done
+. "$here/nodes.sh"
+nodes_init "$id" a b c
+br=$nodes_br
 dly0=pfd${id}0 dly1=pfd${id}1  # the impaired link: HV[c] <-> l2delay.py <-> dly0 = dly1 on the bridge
 fwd_pid=
-made_br=
-
-# on NODE: make NODE's container the current one (ct, ct_sh, prop run there).
-on() { ct_load "${ST[$1]}"; }
-# ssh_node NODE 'COMMAND': as `ssh NODE 'COMMAND'` in docs/operations.md (stdin passes through).
-ssh_node() { on "$1"; ct bash -c "$2"; }
-prop() { ct systemctl show -P "$2" "$1"; }
 
 dump_logs() {
         local n
-        for n in "${nodes[@]}"; do
-                [ -n "${ST[$n]:-}" ] || continue
-                on "$n"
+        for n in "${NODES[@]}"; do
+                on "$n" || continue
                 [ -n "$CT_INIT_PID" ] || continue
                 ct_log "${HOST[$n]}: the psfleet units and their journal:"
                 ct systemctl list-units --all --no-pager 'psfleet*' >&2 || true
@@ -83,36 +71,12 @@ impair_off() {
 }
 
 cleanup() {
-        local rc=$? n
+        local rc=$?
         trap - EXIT
-        [ -z "$deadline_pid" ] || kill "$deadline_pid" 2>/dev/null || true
         [ $rc -ne 0 ] && dump_logs
-        # All three power off at once: a psd whose chief is still up would wait out its stop grace.
-        for n in "${nodes[@]}"; do
-                [ -n "${ST[$n]:-}" ] || continue
-                on "$n"
-                [ -z "$CT_INIT_PID" ] || kill -s RTMIN+4 "$CT_INIT_PID" 2>/dev/null || true
-        done
-        for n in c b a; do
-                [ -n "${ST[$n]:-}" ] || continue
-                on "$n"
-                local name=$CT_NAME
-                ct_stop || rc=1
-                node_unmount "$n" || { ct_log "cannot unmount $work/$n/root"; rc=1; }
-                ct_teardown || rc=1
-                # /run is no tmpfs here: nspawn will not remove this one itself.
-                rmdir "/run/systemd/nspawn/propagate/$name" 2>/dev/null || true
-        done
+        nodes_teardown || rc=1
         impair_off
-        for n in "${nodes[@]}"; do
-                ip netns del "${NS[$n]}" 2>/dev/null || true
-                ip link del "${HV[$n]}" 2>/dev/null || true
-        done
-        [ -z "$made_br" ] || ip link del "$br" 2>/dev/null || true
-        for n in "${nodes[@]}"; do
-                ! ip netns list | grep -q "^${NS[$n]}\b" || { ct_log "netns ${NS[$n]} left behind"; rc=1; }
-        done
-        ! ip link show "$br" >/dev/null 2>&1 || { ct_log "bridge $br left behind"; rc=1; }
+        nodes_net_down || rc=1
         if grep -q " $work/" /proc/self/mounts; then
                 ct_log "mounts left below $work: not deleting it"
                 rc=1
@@ -123,56 +87,13 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-# The test's own limit, below CTest's TIMEOUT (which kills without a teardown): a SIGTERM to this shell
-# runs the EXIT trap once the command in progress (each one bounded) returns.
-deadline_pid=
-(
-        trap 'kill "$sp" 2>/dev/null; exit 0' TERM
-        sleep "${PSFLEET_MULTINODE_LIMIT:-600}" &
-        sp=$!
-        wait "$sp"
-        echo "multinode_test: over ${PSFLEET_MULTINODE_LIMIT:-600} s: stopping" >&2
-        kill -TERM $$
-) </dev/null &
-deadline_pid=$!
+nodes_deadline "${PSFLEET_MULTINODE_LIMIT:-600}" multinode_test
 
 step "network: bridge $br, a namespace per node"
-ip link add "$br" type bridge
-made_br=1
-ip link set "$br" up
-for n in "${nodes[@]}"; do
-        ip netns add "${NS[$n]}"
-        ip link add "${HV[$n]}" type veth peer name host0 netns "${NS[$n]}"
-        sysctl -qw "net.ipv6.conf.${HV[$n]}.disable_ipv6=1"
-        ip link set "${HV[$n]}" master "$br"
-        ip link set "${HV[$n]}" up
-        ip -n "${NS[$n]}" link set lo up
-        ip -n "${NS[$n]}" addr add "${ADDR[$n]}/24" dev host0
-        ip -n "${NS[$n]}" link set host0 up
-done
-
-# A node's root: an overlay of its own upper directory on the one unpacked rootfs (a third of the
-# unpacking; what a node installs stays in its upper directory across its restarts).
-node_root() {
-        local d=$work/$1
-        mkdir -p "$d/upper" "$d/ovl" "$d/root"
-        mount -t overlay "mn$id$1" -o "lowerdir=$work/base,upperdir=$d/upper,workdir=$d/ovl" "$d/root"
-}
-node_unmount() { ! mountpoint -q "$work/$1/root" || umount "$work/$1/root"; }
-boot_node() {
-        ct_start "mn$id$1" "$work/$1" "${CT_OPTS[@]}" --network-namespace-path="/run/netns/${NS[$1]}"
-}
+nodes_net_up
 
 step "boot node1, node2, node3"
-ct_psfleet_rootfs "$cache" "$pkgdir" "$data"
-mkdir -p "$work/base"
-tar -C "$work/base" --numeric-owner -xf "$CT_TARBALL"
-for n in "${nodes[@]}"; do
-        node_root "$n"
-        echo "${HOST[$n]}" >"$work/$n/root/etc/hostname"
-        boot_node "$n" || fail "${HOST[$n]} did not boot"
-        ST[$n]=$(ct_save)
-done
+nodes_boot
 
 step "apt install, per node the packages of its roles (docs/operations.md)"
 on a; ct_install "$work/apt-a.log" "$(deb psfleet-common)" "$(deb psfleet-chiefd)" "$(deb psfleet-psd)" "$(deb psfleet)" ||
@@ -188,22 +109,7 @@ dpkg-deb -x "$pkgdir/$(basename "$(deb psfleet)")" "$admin"
 psfleet() { "$admin/usr/bin/psfleet" "$@"; }
 psfleet --help >/dev/null 2>&1 || fail "the packaged psfleet does not run on this host"
 
-# The nodes reach each other through the bridge (tcp_rtt FROM ADDR PORT: median connect time in ms
-# from node FROM's namespace, to a port that need not be open: a refusal is an answer too).
-tcp_rtt() {
-        ip netns exec "${NS[$1]}" python3 - "$2" "$3" <<'PY'
-import socket, statistics, sys, time
-ts = []
-for _ in range(15):
-    s = socket.socket(); s.settimeout(3); t = time.monotonic()
-    try:
-        s.connect((sys.argv[1], int(sys.argv[2])))
-    except ConnectionRefusedError:
-        pass
-    ts.append((time.monotonic() - t) * 1e3); s.close()
-print("%.2f" % statistics.median(ts))
-PY
-}
+# The nodes reach each other through the bridge.
 for n in b c; do
         rtt=$(tcp_rtt a "${ADDR[$n]}" 9) || fail "node1 cannot reach ${HOST[$n]} at ${ADDR[$n]}"
         ct_log "node1 -> ${HOST[$n]}: TCP connect $rtt ms"
@@ -221,18 +127,7 @@ job_file() {
     "ps":     ["${ADDR[a]}:2223", "${ADDR[b]}:2223"],
     "worker": ["${ADDR[b]}:2224", "${ADDR[c]}:2224"]
   },
-  "model": {
-    "input": [784], "seed": 1,
-    "layers": [{"type": "dense", "units": 256}, {"type": "relu"},
-               {"type": "dense", "units": 128}, {"type": "relu"},
-               {"type": "dense", "units": 64}, {"type": "relu"},
-               {"type": "dense", "units": 10}]
-  },
-  "data": {"dir": "$data"},
-  "training": {"batch_size": 64, "optimizer": "momentum", "momentum": 0.9, "nesterov": true,
-               "learning_rate": 0.02, "lr_schedule": "exponential", "lr_decay_rate": 0.5,
-               "lr_decay_steps": 1000, "max_steps": $steps, "report_every_steps": 50,
-               "threads": 1, "seed": 1},
+$(demo_model "$steps"),
   "rpc": {"shared_memory": false}
 }
 EOF
@@ -374,7 +269,6 @@ poweroff_c() {
         at_step "$steps" && fail "the job finished while node3 was off: too short to tell"
         on c
         boot_node c || fail "node3 did not boot again"
-        ST[c]=$(ct_save)
         ct_wait_for 60 "worker 1 to start again on node3" is_active "psfleet-workerd@$job:1.service"
         ct_log "node3 booted again, worker 1 active; chief: $(chief_status)"
         # it rejoins where the job is (check_job: and makes steps of its own in this boot)
