@@ -77,13 +77,7 @@ cleanup() {
         nodes_teardown || rc=1
         impair_off
         nodes_net_down || rc=1
-        if grep -q " $work/" /proc/self/mounts; then
-                ct_log "mounts left below $work: not deleting it"
-                rc=1
-                work=
-        fi
-        CT_DIR=
-        ct_finish $rc "$work" "three-node test"
+        nodes_finish $rc "three-node test"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

@@ -11,6 +11,8 @@
 #   on NODE / ssh_node NODE 'CMD' / prop UNIT PROPERTY
 #   tcp_rtt FROM ADDR PORT            median TCP connect time in ms from node FROM's namespace
 #   nodes_deadline SECONDS WHO        a SIGTERM to this shell after SECONDS (the EXIT trap tears down)
+#   nodes_finish RC WHAT              the end of the EXIT trap, after nodes_net_down: work removed (unless
+#                                     something is still mounted below it), ct_finish's last line
 #   demo_model STEPS                  the model, data and training entries of a job file: the demo MLP of
 #                                     examples/fmnist-mlp.json, batch 64, STEPS steps (5,000 steps with two
 #                                     asynchronous workers reach 0.87-0.88; 4,000 only 0.871-0.873)
@@ -157,6 +159,17 @@ nodes_net_down() {
         done
         ! ip link show "$nodes_br" >/dev/null 2>&1 || { ct_log "bridge $nodes_br left behind"; rc=1; }
         return $rc
+}
+
+nodes_finish() {
+        local rc=$1
+        if grep -q " $work/" /proc/self/mounts; then
+                ct_log "mounts left below $work: not deleting it"
+                rc=1
+                work=
+        fi
+        CT_DIR=
+        ct_finish "$rc" "$work" "$2"
 }
 
 demo_model() {

@@ -57,13 +57,7 @@ cleanup() {
         [ $rc -ne 0 ] && dump_logs
         nodes_teardown || rc=1
         nodes_net_down || rc=1
-        if grep -q " $work/" /proc/self/mounts; then
-                ct_log "mounts left below $work: not deleting it"
-                rc=1
-                work=
-        fi
-        CT_DIR=
-        ct_finish $rc "$work" "Slurm test"
+        nodes_finish $rc "Slurm test"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
