@@ -32,6 +32,8 @@ enum grad_norm_action { GRAD_NORM_REJECT, GRAD_NORM_CLIP };
  * training"). */
 enum training_mode { MODE_ASYNC, MODE_SYNC, MODE_SSP };
 enum security_mode { SECURITY_AUTO, SECURITY_MTLS, SECURITY_INSECURE };
+/* supervisor.recovery: what a lost shard costs (docs/checkpoints.md) */
+enum recovery_mode { RECOVERY_JOB, RECOVERY_SHARD };
 enum rpc_wire_dtype { RPC_WIRE_FLOAT32, RPC_WIRE_BFLOAT16 };
 
 struct training_config {
@@ -121,6 +123,7 @@ struct supervisor_config {
         uint64_t worker_timeout_secs;         /* a worker that reported within this is live */
         uint32_t keep_corrupt;                /* .corrupt checkpoint files kept */
         uint64_t test_checkpoint_delay_ms;    /* test hook PSFLEET_TEST_CHECKPOINT_DELAY_MS; 0: off */
+        enum recovery_mode recovery;          /* JOB: every shard back to the checkpoint; SHARD: only the lost one */
 };
 
 struct ps_config {

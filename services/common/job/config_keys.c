@@ -49,6 +49,7 @@ static const char *const schedule_names[] = { "constant", "exponential", NULL };
 static const char *const wire_dtype_names[] = { [RPC_WIRE_FLOAT32] = "float32", [RPC_WIRE_BFLOAT16] = "bfloat16", NULL };
 static const char *const grad_norm_action_names[] = { [GRAD_NORM_REJECT] = "reject", [GRAD_NORM_CLIP] = "clip", NULL };
 static const char *const training_mode_names[] = { [MODE_ASYNC] = "async", [MODE_SYNC] = "sync", [MODE_SSP] = "ssp", NULL };
+static const char *const recovery_names[] = { [RECOVERY_JOB] = "job", [RECOVERY_SHARD] = "shard", NULL };
 static const char *const security_mode_names[] = {
         [SECURITY_AUTO] = "auto", [SECURITY_MTLS] = "mtls", [SECURITY_INSECURE] = "insecure", NULL,
 };
@@ -326,6 +327,11 @@ const struct config_key cfg_keys[] = {
               "Test hook, chiefd only (tests/integration/test_checkpoint_crash.py): every checkpoint write sleeps "
               "this many milliseconds before its rename and again before its record, logged as a warning at "
               "start; 0: off. Never set it outside tests.", .env = "PSFLEET_TEST_CHECKPOINT_DELAY_MS"),
+        K_ENUM("supervisor.recovery", supervisor.recovery, "job", recovery_names,
+               "What chiefd restores when a psd loses its variables (docs/checkpoints.md): job, every shard "
+               "from the newest checkpoint and global_step back to its step; shard, only the lost shard from "
+               "it, the other shards and global_step left as they are (that shard's values are then older "
+               "than the rest)."),
 
         K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
               "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),
