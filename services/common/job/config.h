@@ -21,6 +21,9 @@ struct endpoint {
 struct cluster {
         struct endpoint *chief, *ps, *worker;
         uint32_t n_chief, n_ps, n_worker;
+        /* cluster.ps_backup (ps.replicas 2): ps_backup[i] is the other psd of shard i; 0 entries: none */
+        struct endpoint *ps_backup;
+        uint32_t n_ps_backup;
 };
 
 enum optimizer_kind { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAGRAD };
@@ -127,6 +130,9 @@ struct supervisor_config {
 };
 
 struct ps_config {
+        uint32_t replicas;      /* 1, or 2: every shard has a backup psd (cluster.ps_backup) */
+        uint64_t replica_timeout_ms;   /* a backup that does not acknowledge within this is dropped */
+        uint64_t failover_ms;   /* the chief promotes a shard's backup once its primary is lost this long */
         uint64_t split_bytes;   /* variables larger than this are split into row ranges */
         uint64_t stop_grace_secs; /* psd on SIGTERM: serves this long for the chief's Stop (its final pull) */
 };

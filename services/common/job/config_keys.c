@@ -333,6 +333,16 @@ const struct config_key cfg_keys[] = {
                "it, the other shards and global_step left as they are (that shard's values are then older "
                "than the rest)."),
 
+        K_U32("ps.replicas", ps.replicas, 1, 1, 2,
+              "Copies of each shard: 2 gives every shard a backup psd (cluster.ps_backup[i], the same order as "
+              "cluster.ps) to which its primary forwards every update before answering the push; the chief "
+              "promotes the backup when the primary is lost (docs/operations.md, \"Replicated shards\")."),
+        K_U64("ps.replica_timeout_ms", ps.replica_timeout_ms, 2000, 10, 600000,
+              "ps.replicas 2: a backup that has not acknowledged a forwarded update within this many "
+              "milliseconds is dropped with a warning, and the shard runs unreplicated until it rejoins."),
+        K_U64("ps.failover_ms", ps.failover_ms, 1000, 50, 600000,
+              "ps.replicas 2: the chief promotes a shard's backup once its primary has not answered for this many "
+              "milliseconds; the workers switch to it within as long again."),
         K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
               "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),
         K_U64("ps.stop_grace_secs", ps.stop_grace_secs, 20, 0, 600,
