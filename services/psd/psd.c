@@ -100,6 +100,15 @@ static void on_pull(struct rpc_call *call, void *ud) {
                 goto reject;
         if (!psd_ready_or_refuse(p, call))
                 goto out;
+        /* ps.replicas 2: workers read the primary, whose values are the newest (a backup's trail it by
+         * the update in flight); the chief may read either (to compare them) */
+        if (!replica_is_primary(p->rep) && h->caller && h->caller->task && !strncmp(h->caller->task, "worker", 6)) {
+                r = -EAGAIN;
+                snprintf(err, sizeof(err), "ps:%u at %s is its shard's backup: read the primary", p->shard,
+                         p->args.listen);
+                rpc_call_fail_errno(call, r, "%s", err);
+                goto out;
+        }
         unsigned ns = h->with_slots ? p->s->n_slots : 0;
         struct psd_lent *vals = malloc(sizeof(*vals) + p->s->n_floats * (1 + ns) * sizeof(float));
         struct wire_out *o;
