@@ -50,7 +50,7 @@ class Job:
         self.starts = {}
         self.procs = {}
         self.addr = {("ps", i): a for i, a in enumerate(spec["cluster"]["ps"])}
-        self.addr.update({("backup", i): a for i, a in enumerate(spec["cluster"]["ps_backup"])})
+        self.addr.update({("backup", i): a for i, a in enumerate(spec["cluster"].get("ps_backup", []))})
         self.chief_addr = spec["cluster"]["chief"][0]
 
     def start(self, kind, index=None):
@@ -68,7 +68,8 @@ class Job:
     def start_all(self):
         for i in range(len(self.spec["cluster"]["ps"])):
             self.start("ps", i)
-            self.start("backup", i)
+            if self.spec["cluster"].get("ps_backup"):
+                self.start("backup", i)
         self.start("chiefd")
         for i in range(len(self.spec["cluster"]["worker"])):
             self.start("workerd", i)

@@ -126,6 +126,9 @@ const struct config_key cfg_keys[] = {
                   "Parameter servers (psd), one per index."),
         K_SPECIAL("cluster.worker", "list of host:port", "required", "1 or more entries",
                   "Workers (workerd), one per index. An endpoint may appear only once in the cluster."),
+        K_SPECIAL("cluster.ps_backup", "list of host:port", "none", "as many entries as cluster.ps",
+                  "ps.replicas 2: the backup psd of each shard, in cluster.ps's order (psd --backup --task-index N "
+                  "listens on entry N); a backup equal to its primary is an error."),
         K_SPECIAL("model.input", "list of integers", "required", "[N] or [C, H, W], each 1..1048576; [0] with a record format",
                   "Shape of one example; [784] means (1, 1, 784). With a record format (data.format) it is [N], the "
                   "dense features of a record: 13 for criteo, 0 for libsvm, data.csv_features for csv when set, "
