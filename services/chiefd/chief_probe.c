@@ -70,6 +70,7 @@ static const char *sync_state(const struct job_config *cfg, const Psfleet__V1__S
 
 #define ROLE_PRIMARY PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY
 #define ROLE_BACKUP PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_BACKUP
+#define REPLICA_PROBE_MS 500   /* a frozen psd holds a pass this long, twice at most (ps.failover_ms counts on it) */
 
 static bool is_primary(const Psfleet__V1__ShardStatus *st) {
         return st && st->replica && st->replica->role == ROLE_PRIMARY;
@@ -80,12 +81,16 @@ static bool is_primary(const Psfleet__V1__ShardStatus *st) {
  * variables, while its backup held every update, is replaced by the backup at the next epoch; the
  * other psd, when it answers at an older epoch, is told to be the backup (it then gets the primary's
  * state). The client then talks to the primary. Main thread. */
-static void manage_replicas(struct chief_status *status, struct ps_client *pc, uint32_t s) {
+/* Returns the primary's status (*ret, the caller's to free) as ps_client_probe would, or -errno with
+ * why in err: the primary is probed once per pass. */
+static int manage_replicas(struct chief_status *status, struct ps_client *pc, uint32_t s, ProtobufCMessage **ret,
+                           char *err, size_t errlen) {
         const struct job_config *cfg = status->cfg;
         Psfleet__V1__ShardStatus *st[2] = {NULL, NULL};
-        char e[512];
+        char e[512], why[2][512];
+        int pr[2];
         for (uint32_t w = 0; w < 2; w++)
-                if (ps_client_probe_psd(pc, s, w, PROBE_TIMEOUT_MS, (void **)&st[w], e, sizeof(e)) < 0)
+                if ((pr[w] = ps_client_probe_psd(pc, s, w, REPLICA_PROBE_MS, (void **)&st[w], why[w], sizeof(why[w]))) < 0)
                         st[w] = NULL;
         pthread_mutex_lock(&status->lock);
         struct ps_info *pi = &status->ps[s];
@@ -159,9 +164,16 @@ static void manage_replicas(struct chief_status *status, struct ps_client *pc, u
                 pthread_mutex_unlock(&status->lock);
         }
 out:
+        cur = ps_client_primary(pc, s);
+        int r0 = pr[cur];
+        if (r0 < 0)
+                chief_strfmt(err, errlen, "%s", why[cur]);
+        else
+                *ret = &st[cur]->base;
         for (uint32_t w = 0; w < 2; w++)
-                if (st[w])
+                if (st[w] && (r0 < 0 || w != cur))
                         psfleet__v1__shard_status__free_unpacked(st[w], NULL);
+        return r0;
 }
 
 /* Asks every shard for its status and records it. Returns the number of shards reachable; *n_init gets
@@ -172,9 +184,8 @@ uint32_t chief_probe_shards(struct chief_status *status, struct ps_client *pc, u
         for (uint32_t s = 0; s < status->cfg->cluster.n_ps; s++) {
                 ProtobufCMessage *m = NULL;
                 char e[512];
-                if (status->cfg->cluster.n_ps_backup)
-                        manage_replicas(status, pc, s);
-                int r = ps_client_probe(pc, s, PROBE_TIMEOUT_MS, (void **)&m, e, sizeof(e));
+                int r = status->cfg->cluster.n_ps_backup ? manage_replicas(status, pc, s, &m, e, sizeof(e))
+                                                          : ps_client_probe(pc, s, PROBE_TIMEOUT_MS, (void **)&m, e, sizeof(e));
                 uint64_t t = mono_us();
                 pthread_mutex_lock(&status->lock);
                 struct ps_info *pi = &status->ps[s];

@@ -7,10 +7,13 @@
      no restore from a checkpoint (JobStatus.losses stays empty), global_step, polled throughout, never
      goes back. Fail-over time: from the kill until the shard's new primary counts steps again; p50
      and max printed. Before the next kill the shard's new backup must be in sync.
-  3. Frozen again at the end: primary and backup bit-equal after the fail-overs and transfers; the
+  3. Gray failures (unless --no-gray): a backup stopped (SIGSTOP) is dropped and the shard trains on
+     unreplicated, then rejoins; a primary stopped past ps.failover_ms is failed over and, resumed, is at
+     an older epoch: it becomes the backup and rejoins by a state transfer.
+  4. Frozen again at the end: primary and backup bit-equal after the fail-overs and transfers; the
      job finishes DONE with an accuracy near an undisturbed run's (--accuracy-of gives that run's).
 
-  test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--accuracy-of A --tolerance 0.5]
+  test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--accuracy-of A --tolerance 0.5] [--no-gray]
 """
 import argparse
 import json
@@ -32,6 +35,8 @@ def pull(addr, fingerprint):
 
 
 def make_replicated_job(wd, steps, n_ps=2, n_workers=2, rpc=None):
+    # a push to a frozen primary gives up after rpc.deadline_ms: the workers' switch is bounded by it
+    rpc = dict(rpc or {}, deadline_ms=3000)
     job, spec = h.make_job(wd, n_ps=n_ps, n_workers=n_workers, rpc=rpc,
                            training={"max_steps": steps, "report_every_steps": 20},
                            supervisor={"save_checkpoint_steps": 500, "save_checkpoint_secs": 0,
@@ -117,6 +122,53 @@ def wait_in_sync(j, timeout=60):
         n.replicated for n in sh.values()) and sh)(j.shards()), timeout, j.daemons())
 
 
+def step_now(j):
+    return h.job_status(j.chief_addr).global_step
+
+
+def gray(j):
+    """A backup that stops answering (SIGSTOP) is dropped, the shard trains on unreplicated and says so;
+    resumed, it rejoins. A primary stopped past ps.failover_ms is failed over; resumed, it is at an older
+    epoch: the chief makes it the backup and it rejoins by a state transfer."""
+    wait_in_sync(j)
+    n = j.shards()[0]
+    b = j.procs[j.key_of(n.backup)]
+    b.kill(signal.SIGSTOP)
+    try:
+        h.wait_for("ps:0 unreplicated", lambda: not j.shards()[0].replicated, 30, [j.procs[("chiefd", None)]])
+        g = step_now(j)
+        h.wait_for("training on without the backup", lambda: step_now(j) >= g + 50, 30, [j.procs[("chiefd", None)]])
+        h.log("gray: ps:0's backup %s stopped: dropped, the shard trains on unreplicated (%s)"
+              % (n.backup, j.shards()[0].state.split("; ")[-1]))
+    finally:
+        b.kill(signal.SIGCONT)
+    wait_in_sync(j)
+    h.log("gray: ps:0's backup resumed and in sync again")
+    n = j.shards()[1]
+    epoch = n.epoch
+    old = j.procs[j.key_of(n.address)]
+    old.kill(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        h.wait_for("ps:1 failed over from its stopped primary", lambda: j.shards()[1].epoch > epoch, 30,
+                   [j.procs[("chiefd", None)]])
+        took = time.monotonic() - t0
+        g = step_now(j)
+        h.wait_for("training on the promoted backup", lambda: step_now(j) >= g + 50, 30, [j.procs[("chiefd", None)]])
+    finally:
+        old.kill(signal.SIGCONT)
+    now = j.shards()[1]
+
+    def rejoined():
+        st = maybe(lambda: shard_status(n.address))
+        return st is not None and st.replica.role == 2 and st.replica.epoch == now.epoch and st
+    st = h.wait_for("the old primary back as the backup", rejoined, 30, j.daemons())
+    h.log("gray: ps:1's primary %s stopped: its backup %s promoted at epoch %d after %.2f s; resumed, the old "
+          "primary is the backup of epoch %d (%d writes refused as fenced)" % (n.address, now.address, now.epoch,
+                                                                               took, st.replica.epoch,
+                                                                               st.replica.fenced_writes))
+
+
 def run(opts):
     h.plain_rpc()
     h.require_built("psd", "workerd", "chiefd")
@@ -178,6 +230,8 @@ def run(opts):
             failovers.append(took)
             h.log("kill %d: ps:%d's primary %s (epoch %d) killed; training again on its backup after %.3f s"
                   % (k + 1, s, n.address, epoch, took))
+        if opts.gray:
+            gray(j)
         wait_in_sync(j)
         j.frozen_compare("after %d fail-overs" % opts.kills)
         final = h.wait_state(j.chief_addr, "DONE", 600, j.daemons())
@@ -212,6 +266,7 @@ def main():
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--accuracy-of", type=float)
     ap.add_argument("--tolerance", type=float, default=0.5)
+    ap.add_argument("--no-gray", dest="gray", action="store_false", help="skip the SIGSTOP of a backup and a primary")
     opts = ap.parse_args()
     h.main(lambda: run(opts))
 
