@@ -105,7 +105,7 @@ static int manage_replicas(struct chief_status *status, struct ps_client *pc, ui
                         if (is_primary(st[w]) && (best < 0 || st[w]->replica->epoch > st[best]->replica->epoch))
                                 best = (int)w;
                 uint64_t epoch = best >= 0 ? st[best]->replica->epoch : 1;
-                if (best < 0 && st[0] && (r = ps_client_set_role(pc, s, 0, ROLE_PRIMARY, 1, e, sizeof(e))) < 0) {
+                if (best < 0 && st[0] && (r = ps_client_set_role(pc, s, 0, ROLE_PRIMARY, 1, true, e, sizeof(e))) < 0) {
                         log_warning("Cannot make ps:%u's %s its primary: %s", s, cfg->cluster.ps[s].addr, e);
                         goto out;
                 }
@@ -131,7 +131,7 @@ static int manage_replicas(struct chief_status *status, struct ps_client *pc, ui
         bool due = lost && (p || t - pi->primary_lost_mono >= cfg->ps.failover_ms * 1000u);
         if (due && b && b->initialized && b->replica && b->replica->role == ROLE_BACKUP && pi->replicated) {
                 uint64_t epoch = pi->epoch + 1, since = pi->primary_lost_mono;
-                if ((r = ps_client_set_role(pc, s, other, ROLE_PRIMARY, epoch, e, sizeof(e))) < 0) {
+                if ((r = ps_client_set_role(pc, s, other, ROLE_PRIMARY, epoch, true, e, sizeof(e))) < 0) {
                         log_warning("Cannot promote ps:%u's backup %s: %s; trying again", s, ps_client_addr(pc, s, other), e);
                         goto out;
                 }
@@ -155,13 +155,23 @@ static int manage_replicas(struct chief_status *status, struct ps_client *pc, ui
         }
         /* the other psd at an older epoch (restarted, or a primary that was frozen): the backup */
         if (b && b->replica && b->replica->epoch < pi->epoch &&
-            (r = ps_client_set_role(pc, s, other, ROLE_BACKUP, pi->epoch, e, sizeof(e))) < 0)
+            (r = ps_client_set_role(pc, s, other, ROLE_BACKUP, pi->epoch, false, e, sizeof(e))) < 0)
                 log_warning("Cannot make %s ps:%u's backup: %s", ps_client_addr(pc, s, other), s, e);
         if (p && p->replica && p->replica->role == ROLE_PRIMARY && p->replica->epoch == pi->epoch) {
                 pthread_mutex_lock(&status->lock);
                 pi->replicated = p->replica->replicating;
                 pi->lag_us = p->replica->lag_us;
                 pthread_mutex_unlock(&status->lock);
+                /* it dropped its backup: recorded above (no promotion of that backup from now on), then
+                 * it may answer writes again */
+                if (p->replica->awaiting_chief) {
+                        if ((r = ps_client_set_role(pc, s, cur, ROLE_PRIMARY, pi->epoch, true, e, sizeof(e))) < 0)
+                                log_warning("Cannot tell ps:%u's primary that it runs unreplicated: %s", s, e);
+                        else
+                                log_warning("ps:%u: its primary %s dropped its backup %s: running unreplicated until "
+                                            "the backup has caught up", s, ps_client_addr(pc, s, cur),
+                                            ps_client_addr(pc, s, other));
+                }
         }
 out:
         cur = ps_client_primary(pc, s);

@@ -37,6 +37,8 @@ struct replica {
         char peer_addr[300];
         struct rpc_channel *peer;    /* mu */
         atomic_bool replicating;     /* primary: the backup holds every update (written under mu) */
+        atomic_bool unreplicated_ok; /* primary: the chief knows the backup is out (it promoted this psd,
+                                      * or confirmed a drop): writes may be answered without it */
         uint64_t seq, acked, lag_us; /* mu: updates since the last snapshot; the last acknowledged */
         atomic_uint_fast64_t fenced, dropped;
         pthread_mutex_t err_mu;
@@ -78,6 +80,9 @@ static void step_down(struct replica *r, uint64_t epoch, const char *why) {
  * back by a state transfer. */
 static void drop_backup(struct replica *r, const char *why) {
         atomic_store(&r->replicating, false);
+        /* until the chief has recorded it, no write is answered: a chief that still took the backup
+         * for in sync could otherwise promote it without updates this psd answered */
+        atomic_store(&r->unreplicated_ok, false);
         atomic_fetch_add(&r->dropped, 1);
         log_warning("ps:%u: dropped its backup %s: %s; the shard runs unreplicated until it catches up", r->p->shard,
                     r->peer_addr, why);
@@ -124,9 +129,13 @@ int replica_write_begin(struct replica *r, char *err, size_t errlen) {
         if (!r)
                 return 0;
         pthread_mutex_lock(&r->mu);
-        if (atomic_load(&r->role) == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY)
+        bool primary = atomic_load(&r->role) == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY;
+        if (primary && (atomic_load(&r->replicating) || atomic_load(&r->unreplicated_ok)))
                 return 0;
         pthread_mutex_unlock(&r->mu);
+        if (primary)
+                return errf(err, errlen, -EAGAIN, "ps:%u at %s dropped its backup %s: waiting for the chief to "
+                            "record that the shard runs unreplicated", r->p->shard, r->p->args.listen, r->peer_addr);
         atomic_fetch_add(&r->fenced, 1);
         return errf(err, errlen, -EAGAIN, "ps:%u at %s is its shard's backup (epoch %" PRIu64 "): writes go to the "
                     "primary", r->p->shard, r->p->args.listen, atomic_load(&r->epoch));
@@ -141,6 +150,7 @@ int replica_write_end(struct replica *r, struct shard_part *const *parts, uint32
                 goto out;
         if (!grads) {
                 drop_backup(r, "out of memory for the update's copy");
+                ret = errf(err, errlen, -ENOMEM, "ps:%u: out of memory", r->p->shard);
                 goto out;
         }
         Psfleet__V1__ReplicateHeader h;
@@ -152,6 +162,7 @@ int replica_write_end(struct replica *r, struct shard_part *const *parts, uint32
         struct wire_out *o;
         if (wire_out_new(&o) < 0) {
                 drop_backup(r, "out of memory");
+                ret = errf(err, errlen, -ENOMEM, "ps:%u: out of memory", r->p->shard);
                 goto out;
         }
         wire_out_header(o, &h.base);
@@ -171,7 +182,10 @@ int replica_write_end(struct replica *r, struct shard_part *const *parts, uint32
                 ret = errf(err, errlen, -EAGAIN, "ps:%u at %s was fenced by a newer primary of its shard: %s", r->p->shard,
                            r->p->args.listen, why);
         } else {
+                /* the backup may not have it: the push is not answered as done (the worker pulls again) */
                 drop_backup(r, why);
+                ret = errf(err, errlen, -EAGAIN, "ps:%u: its backup did not acknowledge the update: %s", r->p->shard,
+                           why);
         }
 out:
         pthread_mutex_unlock(&r->mu);
@@ -410,6 +424,12 @@ void replica_on_set_role(struct rpc_call *call, void *ud) {
                 step_down(r, q->epoch, "the chief says so");
         atomic_store(&r->epoch, q->epoch);
         atomic_store(&r->role, q->role);
+        if (want == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY && (was != want || q->unreplicated_ok))
+                atomic_store(&r->unreplicated_ok, true);   /* the chief knows: it just decided so */
+        if (want == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY && was == want && q->unreplicated_ok &&
+            q->epoch == mine && !atomic_load(&r->replicating))
+                log_info("ps:%u: the chief recorded that the shard runs unreplicated: answering writes again",
+                         p->shard);
         if (q->role == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY && was != want) {
                 atomic_store(&r->replicating, false);   /* its backup is brought in by a state transfer */
                 log_notice("ps:%u at %s is its shard's primary from epoch %" PRIu64 "%s", p->shard, p->args.listen,
@@ -439,6 +459,8 @@ void replica_status(struct replica *r, Psfleet__V1__ReplicaStatus *st, char *err
         st->epoch = atomic_load(&r->epoch);
         st->peer = r->peer_addr;
         st->replicating = atomic_load(&r->replicating);
+        st->awaiting_chief = st->role == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY && !st->replicating &&
+                             !atomic_load(&r->unreplicated_ok);
         /* seq, acked and lag are the lock's; a status must not wait behind a write, so they are read as
          * they are (a torn read shows a lag a moment old) */
         st->seq = r->seq;

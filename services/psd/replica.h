@@ -4,7 +4,9 @@
  * the same order and its variables and slots stay bit-equal. The chief alone sets the roles
  * (SetRole), each with an epoch; a psd refuses writes unless it is the primary, and a primary whose
  * backup answers with a newer epoch steps down (fenced). A backup that does not answer within
- * ps.replica_timeout_ms is dropped and the shard runs unreplicated; the replica's thread brings a
+ * ps.replica_timeout_ms is dropped (the write that found it so fails) and, once the chief has
+ * recorded it (SetRole unreplicated_ok; writes are refused until then), the shard runs unreplicated;
+ * the replica's thread brings a
  * backup (back) by a state transfer: the primary's whole state (a snapshot, under the lock), then
  * the updates since. Thread-safe. */
 #pragma once
@@ -29,8 +31,9 @@ struct replica *replica_free(struct replica *r);   /* NULL-safe; stops the threa
 int replica_write_begin(struct replica *r, char *err, size_t errlen);
 /* The write applied: parts[0..n) got grads (float32, as applied: scaled), gs is global_step after it.
  * Forwards it to the backup and waits for its acknowledgement (bounded: ps.replica_timeout_ms), then
- * releases the lock (grads NULL: it cannot be forwarded, the backup is dropped). 0 (acknowledged, or the shard runs unreplicated), or -EAGAIN with err when this
- * psd was found fenced (it is no longer the primary: the caller fails the push). */
+ * releases the lock (grads NULL: it cannot be forwarded, the backup is dropped). 0 (acknowledged, or
+ * the shard runs unreplicated), or -errno with err when the write must not be answered as done: this
+ * psd was found fenced (no longer the primary), or the backup did not acknowledge it (dropped). */
 int replica_write_end(struct replica *r, struct shard_part *const *parts, uint32_t n, const float *grads, uint64_t gs,
                       char *err, size_t errlen);
 

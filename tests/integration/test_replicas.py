@@ -143,7 +143,10 @@ def gray(j):
     finally:
         b.kill(signal.SIGCONT)
     wait_in_sync(j)
-    h.log("gray: ps:0's backup resumed and in sync again")
+    st = shard_status(j.shards()[0].address)
+    assert st.replica.dropped >= 1 and not st.replica.awaiting_chief, st.replica
+    h.log("gray: ps:0's backup resumed and in sync again (its primary dropped it %d time(s); the chief's record "
+          "of the drop let it answer writes again)" % st.replica.dropped)
     n = j.shards()[1]
     epoch = n.epoch
     old = j.procs[j.key_of(n.address)]

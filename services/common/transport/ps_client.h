@@ -47,9 +47,10 @@ const char *ps_client_addr(const struct ps_client *pc, uint32_t shard, uint32_t 
 uint32_t ps_client_primary(const struct ps_client *pc, uint32_t shard);
 /* Talks to psd `which` of the shard from now on (call with no push in flight: its link is closed). */
 void ps_client_use(struct ps_client *pc, uint32_t shard, uint32_t which);
-/* SetRole (PSFLEET__V1__REPLICA_ROLE__*) at epoch on psd `which` of the shard (the chief). 0 or -errno. */
-int ps_client_set_role(struct ps_client *pc, uint32_t shard, uint32_t which, int role, uint64_t epoch, char *err,
-                       size_t errlen);
+/* SetRole (PSFLEET__V1__REPLICA_ROLE__*) at epoch on psd `which` of the shard (the chief);
+ * unreplicated_ok: the chief has recorded that its backup is out. 0 or -errno. */
+int ps_client_set_role(struct ps_client *pc, uint32_t shard, uint32_t which, int role, uint64_t epoch,
+                       bool unreplicated_ok, char *err, size_t errlen);
 /* After a failed call to the shard: its psd that says it is the initialized primary of the newest
  * epoch, if it is not the one the client talks to, is used from now on. Two status calls with short
  * deadlines; returns true when it switched. No-op without replicas. */

@@ -36,8 +36,8 @@ void ps_client_use(struct ps_client *pc, uint32_t shard, uint32_t which) {
         }
 }
 
-int ps_client_set_role(struct ps_client *pc, uint32_t shard, uint32_t which, int role, uint64_t epoch, char *err,
-                       size_t errlen) {
+int ps_client_set_role(struct ps_client *pc, uint32_t shard, uint32_t which, int role, uint64_t epoch,
+                       bool unreplicated_ok, char *err, size_t errlen) {
         void *st;
         struct ps_shard *sh = &pc->shard[shard];
         /* the probe makes the channel when there is none yet */
@@ -51,6 +51,7 @@ int ps_client_set_role(struct ps_client *pc, uint32_t shard, uint32_t which, int
         q.caller = &c;
         q.role = (Psfleet__V1__ReplicaRole)role;
         q.epoch = epoch;
+        q.unreplicated_ok = unreplicated_ok;
         ProtobufCMessage *m;
         r = rpc_call_msg(which == sh->cur ? sh->ch : sh->alt, "/psfleet.v1.ParameterServer/SetRole", &q.base,
                          &psfleet__v1__set_role_reply__descriptor, pc->deadline_ms < 2000 ? pc->deadline_ms : 2000,
