@@ -152,7 +152,8 @@ static void psd_push_serve(struct psd *p, struct psd_push *u) {
                 struct shard_part *const *parts = NULL;
                 uint32_t n = 0;
                 const float *g = ops->applied(u, &parts, &n);
-                if ((r = replica_write_end(p->rep, parts, n, g, gs, err, sizeof(err))) < 0) {
+                struct replica_push who = {.worker = u->worker, .local_step = u->local_step, .count_step = u->count_step};
+                if ((r = replica_write_end(p->rep, parts, n, g, gs, &who, err, sizeof(err))) < 0) {
                         ops->fail(u, r, err);
                         return;
                 }

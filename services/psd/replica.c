@@ -1,7 +1,7 @@
 /* ps.replicas 2: a shard's primary forwards every update it applies to its backup, in order, and the
  * chief moves the roles (replica.h). What is replicated: dense pushes of training.mode async, through
- * gRPC and shared memory alike, with global_step; sync, ssp and embedding tables are refused at
- * start (config) until they are. */
+ * gRPC and shared memory alike, with global_step, and under training.mode ssp the workers' clocks;
+ * sync and embedding tables are refused at start (config) until they are. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -142,7 +142,7 @@ int replica_write_begin(struct replica *r, char *err, size_t errlen) {
 }
 
 int replica_write_end(struct replica *r, struct shard_part *const *parts, uint32_t n, const float *grads, uint64_t gs,
-                      char *err, size_t errlen) {
+                      const struct replica_push *push, char *err, size_t errlen) {
         if (!r)
                 return 0;
         int ret = 0;
@@ -159,6 +159,9 @@ int replica_write_end(struct replica *r, struct shard_part *const *parts, uint32
         header_init(r, &h, &c, task, sizeof(task));
         h.seq = r->seq + 1;
         h.global_step = gs;
+        h.count_step = push->count_step;
+        h.worker = push->worker;
+        h.local_step = push->local_step;
         struct wire_out *o;
         if (wire_out_new(&o) < 0) {
                 drop_backup(r, "out of memory");
@@ -223,9 +226,11 @@ static int transfer(struct replica *r, char *why, size_t len) {
         unsigned ns = s->n_slots;
         float *buf = malloc(s->n_floats * (1 + ns) * sizeof(float) + 1);
         uint64_t *updates = calloc(s->n_parts + 1, sizeof(*updates));
+        uint32_t W = p->ssp ? ssp_n_workers(p->ssp) : 0;
+        uint64_t *clocks = calloc(2 * (size_t)W + 1, sizeof(*clocks));
         struct wire_out *o = NULL;
         int e = -ENOMEM;
-        if (!buf || !updates || wire_out_new(&o) < 0) {
+        if (!buf || !updates || !clocks || wire_out_new(&o) < 0) {
                 errf(why, len, e, "out of memory");
                 goto out;
         }
@@ -237,6 +242,12 @@ static int transfer(struct replica *r, char *why, size_t len) {
         h.global_step = atomic_load(&s->global_step);
         h.n_updates = s->n_parts;
         h.updates = updates;
+        if (W) {   /* the workers' clocks with the values: no push can move them meanwhile (the lock) */
+                ssp_copy_out(p->ssp, clocks, clocks + W);
+                h.n_clocks = h.n_raw_steps = W;
+                h.clocks = clocks;
+                h.raw_steps = clocks + W;
+        }
         size_t at = 0;
         for (uint32_t k = 0; k < s->n_parts; k++) {
                 const struct shard_part *pt = &s->parts[k];
@@ -258,6 +269,7 @@ static int transfer(struct replica *r, char *why, size_t len) {
                 step_down(r, epoch, why);
 out:
         wire_out_free(o);
+        free(clocks);
         free(updates);
         free(buf);
         return e;
@@ -317,6 +329,8 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                         s->parts[k].a.updates = h->updates[k];
                         pthread_mutex_unlock(&s->parts[k].mu);
                 }
+                if (r->p->ssp && h->n_clocks == ssp_n_workers(r->p->ssp) && h->n_raw_steps == h->n_clocks)
+                        ssp_copy_in(r->p->ssp, h->clocks, h->raw_steps);
                 r->seq = 0;
                 return 0;
         }
@@ -339,6 +353,8 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
         free(parts);
         if (s->index == 0)
                 atomic_store(&s->global_step, h->global_step);
+        if (h->count_step && r->p->ssp)
+                ssp_note(r->p->ssp, h->worker, h->local_step);
         r->seq = h->seq;
         return 0;
 }

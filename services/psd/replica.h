@@ -25,6 +25,13 @@ struct replica;
 int replica_new(struct psd *p, struct replica **ret);
 struct replica *replica_free(struct replica *r);   /* NULL-safe; stops the thread */
 
+/* Whose push an update was: training.mode ssp moves the worker's clock on the backup with it. */
+struct replica_push {
+        uint32_t worker;
+        uint64_t local_step;
+        bool count_step;
+};
+
 /* A write (a push) begins: 0 with the replica's lock held (the caller applies, then calls
  * replica_write_end), or -EAGAIN with err saying this psd is not the shard's primary (counted as
  * fenced; nothing held). */
@@ -35,7 +42,7 @@ int replica_write_begin(struct replica *r, char *err, size_t errlen);
  * the shard runs unreplicated), or -errno with err when the write must not be answered as done: this
  * psd was found fenced (no longer the primary), or the backup did not acknowledge it (dropped). */
 int replica_write_end(struct replica *r, struct shard_part *const *parts, uint32_t n, const float *grads, uint64_t gs,
-                      char *err, size_t errlen);
+                      const struct replica_push *push, char *err, size_t errlen);
 
 /* Whether p may serve a write now (a primary; true without replicas). */
 bool replica_is_primary(struct replica *r);

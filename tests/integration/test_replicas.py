@@ -14,6 +14,7 @@
      job finishes DONE with an accuracy near an undisturbed run's (--accuracy-of gives that run's).
 
   test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--accuracy-of A --tolerance 0.5] [--no-gray]
+                   [--mode async|ssp]
 """
 import argparse
 import json
@@ -34,11 +35,11 @@ def pull(addr, fingerprint):
         return h.pull_shard(s.ps_pb2_grpc.ParameterServerStub(ch), fingerprint, task="chief:0")
 
 
-def make_replicated_job(wd, steps, n_ps=2, n_workers=2, rpc=None):
+def make_replicated_job(wd, steps, n_ps=2, n_workers=2, rpc=None, mode="async"):
     # a push to a frozen primary gives up after rpc.deadline_ms: the workers' switch is bounded by it
     rpc = dict(rpc or {}, deadline_ms=3000)
     job, spec = h.make_job(wd, n_ps=n_ps, n_workers=n_workers, rpc=rpc,
-                           training={"max_steps": steps, "report_every_steps": 20},
+                           training={"max_steps": steps, "report_every_steps": 20, "mode": mode},
                            supervisor={"save_checkpoint_steps": 500, "save_checkpoint_secs": 0,
                                        "save_summaries_secs": 0})
     spec["cluster"]["ps_backup"] = ["127.0.0.1:%d" % p for p in h.free_ports(n_ps)]
@@ -110,8 +111,11 @@ class Job:
                 assert not diff, "%s: ps:%d's primary %s and backup %s differ in %s" % (what, s, n.address, n.backup,
                                                                                       diff[:4])
                 assert ga == gb, (what, s, ga, gb)
-                h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots, global_step %d, epoch %d)"
-                      % (what, s, n.address, n.backup, len(a), ga, n.epoch))
+                ca = [(c.worker, c.clock) for c in shard_status(n.address).clocks]
+                cb = [(c.worker, c.clock) for c in shard_status(n.backup).clocks]
+                assert ca == cb, "%s: ps:%d's ssp clocks differ: primary %s, backup %s" % (what, s, ca, cb)
+                h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots, global_step %d, epoch %d%s)"
+                      % (what, s, n.address, n.backup, len(a), ga, n.epoch, ", ssp clocks %s" % ca if ca else ""))
         finally:
             for w in self.workers():
                 w.kill(signal.SIGCONT)
@@ -176,7 +180,7 @@ def run(opts):
     h.plain_rpc()
     h.require_built("psd", "workerd", "chiefd")
     wd = h.Workdir()
-    job, spec = make_replicated_job(wd, opts.steps)
+    job, spec = make_replicated_job(wd, opts.steps, mode=opts.mode)
     j = Job(wd, job, spec)
     j.start_all()
     rng = random.Random(opts.seed)
@@ -269,6 +273,7 @@ def main():
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--accuracy-of", type=float)
     ap.add_argument("--tolerance", type=float, default=0.5)
+    ap.add_argument("--mode", choices=("async", "ssp"), default="async", help="training.mode")
     ap.add_argument("--no-gray", dest="gray", action="store_false", help="skip the SIGSTOP of a backup and a primary")
     opts = ap.parse_args()
     h.main(lambda: run(opts))
