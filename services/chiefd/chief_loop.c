@@ -296,9 +296,10 @@ static void notify_progress(struct chief *c, struct loop *lp) {
         }
 }
 
-/* Every shard went back to the checkpoint of restored_step while the job was at job_step: one row and
- * one journal line per lost shard. */
+/* The lost shards (every shard with recovery job) went back to the checkpoint of restored_step while
+ * the job was at job_step: one row and one journal line per lost shard. */
 static void record_losses(struct chief *c, const bool *gone, uint64_t job_step) {
+        bool only = c->cfg->supervisor.recovery == RECOVERY_SHARD;
         pthread_mutex_lock(&c->st.lock);
         uint64_t S = c->st.restored_step;
         pthread_mutex_unlock(&c->st.lock);
@@ -308,10 +309,17 @@ static void record_losses(struct chief *c, const bool *gone, uint64_t job_step) 
                 struct chief_db_loss l = {.time_us = now_us(), .shard = s, .restored_step = S, .job_step = job_step,
                                           .steps_lost = job_step > S ? job_step - S : 0};
                 chief_add_loss(&c->st, &l);
-                log_full(LOG_WARNING, 0, S,
-                         "ps:%u lost its variables: every shard restored from the checkpoint of global_step %" PRIu64
-                         "; %" PRIu64 " steps of updates lost (the job was at global_step %" PRIu64 ")",
-                         s, S, l.steps_lost, job_step);
+                if (only)
+                        log_full(LOG_WARNING, 0, job_step,
+                                 "ps:%u lost its variables: it alone restored from the checkpoint of global_step %" PRIu64
+                                 "; %" PRIu64 " steps of its updates lost, its values now older than the other "
+                                 "shards' (the job stays at global_step %" PRIu64 ")",
+                                 s, S, l.steps_lost, job_step);
+                else
+                        log_full(LOG_WARNING, 0, S,
+                                 "ps:%u lost its variables: every shard restored from the checkpoint of global_step %" PRIu64
+                                 "; %" PRIu64 " steps of updates lost (the job was at global_step %" PRIu64 ")",
+                                 s, S, l.steps_lost, job_step);
         }
 }
 
@@ -391,23 +399,32 @@ static int phase_poll(struct chief *c, struct loop *lp) {
         if (!waiting)
                 c->st.wait.on = false;
         uint64_t job_step = c->st.global_step;
+        /* a lost shard 0 took global_step with it: the job's step is the highest the chief saw, from
+         * its polls or the workers' reports since the last restore */
+        for (uint32_t w = 0; w < cfg->cluster.n_worker; w++)
+                if (c->st.workers[w].step_known && c->st.workers[w].global_step > job_step)
+                        job_step = c->st.workers[w].global_step;
+        bool only = cfg->supervisor.recovery == RECOVERY_SHARD;
         pthread_mutex_unlock(&c->st.lock);
         if (lost) {
                 /* A psd restarted (new incarnation, uninitialized). Every shard goes back to the newest
                  * checkpoint, not only the lost one, as TensorFlow's Supervisor restores the whole model:
                  * the parameters then hold one step, and global_step says which. Pushes fail meanwhile,
-                 * so the workers drain, wait and pull again. */
+                 * so the workers drain, wait and pull again. With recovery shard, only the lost shards go
+                 * back, and global_step stays. */
                 for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
-                        which[s] = true;
+                        which[s] = only ? gone[s] : true;
                 if (!lp->restore_since) {
                         lp->restore_since = t;
                         for (uint32_t s = 0; s < cfg->cluster.n_ps; s++)
                                 if (gone[s])
                                         log_warning("ps:%u (%s) restarted (incarnation %" PRIu64 ") without its variables: "
-                                                    "restoring every shard from the newest checkpoint while the workers wait",
-                                                    s, cfg->cluster.ps[s].addr, c->st.ps[s].incarnation);
+                                                    "restoring %s from the newest checkpoint while the workers wait",
+                                                    s, cfg->cluster.ps[s].addr, c->st.ps[s].incarnation,
+                                                    only ? "it alone" : "every shard");
                 }
-                int r = chief_restore_shards(&c->sv, which, why, sizeof(why));
+                int r = only ? chief_restore_shards_at(&c->sv, which, job_step, why, sizeof(why))
+                             : chief_restore_shards(&c->sv, which, why, sizeof(why));
                 free(which);
                 if (r > 0)
                         record_losses(c, gone, job_step);

@@ -10,6 +10,7 @@
 
 #include "chief_status.h"
 #include "config.h"
+#include "log.h"
 #include "rpc.h"
 #include "ps_client.h"
 #include "util.h"
@@ -65,6 +66,126 @@ static const char *sync_state(const struct job_config *cfg, const Psfleet__V1__S
         return buf;
 }
 
+/* ---- ps.replicas 2: the chief alone decides which psd of a shard is its primary ---- */
+
+#define ROLE_PRIMARY PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY
+#define ROLE_BACKUP PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_BACKUP
+#define REPLICA_PROBE_MS 500   /* a frozen psd holds a pass this long, twice at most (ps.failover_ms counts on it) */
+
+static bool is_primary(const Psfleet__V1__ShardStatus *st) {
+        return st && st->replica && st->replica->role == ROLE_PRIMARY;
+}
+
+/* Shard s's two psds looked at: at the chief's start it adopts the primary of the newest epoch (or
+ * makes cluster.ps[s] the primary of epoch 1); a primary lost for ps.failover_ms, or back without its
+ * variables, while its backup held every update, is replaced by the backup at the next epoch; the
+ * other psd, when it answers at an older epoch, is told to be the backup (it then gets the primary's
+ * state). The client then talks to the primary. Main thread. */
+/* Returns the primary's status (*ret, the caller's to free) as ps_client_probe would, or -errno with
+ * why in err: the primary is probed once per pass. */
+static int manage_replicas(struct chief_status *status, struct ps_client *pc, uint32_t s, ProtobufCMessage **ret,
+                           char *err, size_t errlen) {
+        const struct job_config *cfg = status->cfg;
+        Psfleet__V1__ShardStatus *st[2] = {NULL, NULL};
+        char e[512], why[2][512];
+        int pr[2];
+        for (uint32_t w = 0; w < 2; w++)
+                if ((pr[w] = ps_client_probe_psd(pc, s, w, REPLICA_PROBE_MS, (void **)&st[w], why[w], sizeof(why[w]))) < 0)
+                        st[w] = NULL;
+        pthread_mutex_lock(&status->lock);
+        struct ps_info *pi = &status->ps[s];
+        uint32_t cur = pi->primary, other = !cur;
+        uint64_t t = mono_us();
+        pthread_mutex_unlock(&status->lock);
+        int r;
+        if (!pi->epoch) {
+                /* the chief's start: a primary already there (chiefd restarted), else ps[s] at epoch 1 */
+                int best = -1;
+                for (uint32_t w = 0; w < 2; w++)
+                        if (is_primary(st[w]) && (best < 0 || st[w]->replica->epoch > st[best]->replica->epoch))
+                                best = (int)w;
+                uint64_t epoch = best >= 0 ? st[best]->replica->epoch : 1;
+                if (best < 0 && st[0] && (r = ps_client_set_role(pc, s, 0, ROLE_PRIMARY, 1, true, e, sizeof(e))) < 0) {
+                        log_warning("Cannot make ps:%u's %s its primary: %s", s, cfg->cluster.ps[s].addr, e);
+                        goto out;
+                }
+                if (best < 0 && !st[0])
+                        goto out;   /* ps[s] is not up yet: decided when it is */
+                cur = best >= 0 ? (uint32_t)best : 0;
+                other = !cur;
+                pthread_mutex_lock(&status->lock);
+                pi->epoch = epoch;
+                pi->primary = cur;
+                pthread_mutex_unlock(&status->lock);
+                ps_client_use(pc, s, cur);
+                log_info("ps:%u: primary %s, backup %s, epoch %" PRIu64, s, ps_client_addr(pc, s, cur),
+                         ps_client_addr(pc, s, other), epoch);
+        }
+        const Psfleet__V1__ShardStatus *p = st[cur], *b = st[other];
+        bool lost = !p || (!p->initialized && b && b->initialized) || (p->replica && p->replica->epoch > pi->epoch);
+        if (!lost)
+                pi->primary_lost_mono = 0;
+        else if (!pi->primary_lost_mono)
+                pi->primary_lost_mono = t;
+        /* back without its variables: at once; not answering: after ps.failover_ms */
+        bool due = lost && (p || t - pi->primary_lost_mono >= cfg->ps.failover_ms * 1000u);
+        if (due && b && b->initialized && b->replica && b->replica->role == ROLE_BACKUP && pi->replicated) {
+                uint64_t epoch = pi->epoch + 1, since = pi->primary_lost_mono;
+                if ((r = ps_client_set_role(pc, s, other, ROLE_PRIMARY, epoch, true, e, sizeof(e))) < 0) {
+                        log_warning("Cannot promote ps:%u's backup %s: %s; trying again", s, ps_client_addr(pc, s, other), e);
+                        goto out;
+                }
+                ps_client_use(pc, s, other);
+                pthread_mutex_lock(&status->lock);
+                pi->epoch = epoch;
+                pi->primary = other;
+                pi->failovers++;
+                pi->last_failover_us = t - since;
+                pi->primary_lost_mono = 0;
+                pi->replicated = false;   /* until its new backup is in sync */
+                pthread_mutex_unlock(&status->lock);
+                log_notice("ps:%u: its primary %s %s; promoted its backup %s at epoch %" PRIu64 " after %" PRIu64
+                           " ms: no update lost", s, ps_client_addr(pc, s, cur),
+                           p ? "came back without its variables" : "is lost", ps_client_addr(pc, s, other), epoch,
+                           (t - since) / 1000);
+                cur = other;
+                other = !cur;
+                p = st[cur];
+                b = st[other];
+        }
+        /* the other psd at an older epoch (restarted, or a primary that was frozen): the backup */
+        if (b && b->replica && b->replica->epoch < pi->epoch &&
+            (r = ps_client_set_role(pc, s, other, ROLE_BACKUP, pi->epoch, false, e, sizeof(e))) < 0)
+                log_warning("Cannot make %s ps:%u's backup: %s", ps_client_addr(pc, s, other), s, e);
+        if (p && p->replica && p->replica->role == ROLE_PRIMARY && p->replica->epoch == pi->epoch) {
+                pthread_mutex_lock(&status->lock);
+                pi->replicated = p->replica->replicating;
+                pi->lag_us = p->replica->lag_us;
+                pthread_mutex_unlock(&status->lock);
+                /* it dropped its backup: recorded above (no promotion of that backup from now on), then
+                 * it may answer writes again */
+                if (p->replica->awaiting_chief) {
+                        if ((r = ps_client_set_role(pc, s, cur, ROLE_PRIMARY, pi->epoch, true, e, sizeof(e))) < 0)
+                                log_warning("Cannot tell ps:%u's primary that it runs unreplicated: %s", s, e);
+                        else
+                                log_warning("ps:%u: its primary %s dropped its backup %s: running unreplicated until "
+                                            "the backup has caught up", s, ps_client_addr(pc, s, cur),
+                                            ps_client_addr(pc, s, other));
+                }
+        }
+out:
+        cur = ps_client_primary(pc, s);
+        int r0 = pr[cur];
+        if (r0 < 0)
+                chief_strfmt(err, errlen, "%s", why[cur]);
+        else
+                *ret = &st[cur]->base;
+        for (uint32_t w = 0; w < 2; w++)
+                if (st[w] && (r0 < 0 || w != cur))
+                        psfleet__v1__shard_status__free_unpacked(st[w], NULL);
+        return r0;
+}
+
 /* Asks every shard for its status and records it. Returns the number of shards reachable; *n_init gets
  * the number initialized; why gets the first failure. */
 uint32_t chief_probe_shards(struct chief_status *status, struct ps_client *pc, uint32_t *n_init, char *why, size_t len) {
@@ -73,7 +194,8 @@ uint32_t chief_probe_shards(struct chief_status *status, struct ps_client *pc, u
         for (uint32_t s = 0; s < status->cfg->cluster.n_ps; s++) {
                 ProtobufCMessage *m = NULL;
                 char e[512];
-                int r = ps_client_probe(pc, s, PROBE_TIMEOUT_MS, (void **)&m, e, sizeof(e));
+                int r = status->cfg->cluster.n_ps_backup ? manage_replicas(status, pc, s, &m, e, sizeof(e))
+                                                          : ps_client_probe(pc, s, PROBE_TIMEOUT_MS, (void **)&m, e, sizeof(e));
                 uint64_t t = mono_us();
                 pthread_mutex_lock(&status->lock);
                 struct ps_info *pi = &status->ps[s];
@@ -103,6 +225,14 @@ uint32_t chief_probe_shards(struct chief_status *status, struct ps_client *pc, u
                                          st->waiting_for ? "; " : "", st->waiting_for ? st->waiting_for->last_error : "");
                         else
                                 chief_strfmt(pi->state, sizeof(pi->state), "uninitialized");
+                        if (status->cfg->cluster.n_ps_backup)
+                                chief_strfmt(pi->state + strlen(pi->state), sizeof(pi->state) - strlen(pi->state),
+                                             "; primary %s (epoch %" PRIu64 "), backup %s %s, lag %" PRIu64 " us, %"
+                                             PRIu64 " fail-over(s)",
+                                             ps_client_addr(pc, s, pi->primary), pi->epoch,
+                                             ps_client_addr(pc, s, !pi->primary),
+                                             pi->replicated ? "in sync" : "not in sync (unreplicated)", pi->lag_us,
+                                             pi->failovers);
                         n_ok++;
                         n_in += st->initialized;
                         protobuf_c_message_free_unpacked(m, NULL);

@@ -181,10 +181,11 @@ int chief_import_tables(struct chief_save *v, const bool *which, const struct ps
         return r;
 }
 
-/* Restores the shards in which[] from the newest usable checkpoint. Returns 1 (restored), 0 (no
- * usable checkpoint: nothing done), -EINVAL (the checkpoints hold a different model: fatal) or
- * another -errno (assigning failed: retry); why says what happened. */
-int chief_restore_shards(struct chief_save *v, const bool *which, char *why, size_t len) {
+/* Restores the shards in which[] from the newest usable checkpoint; with keep_step, global_step and
+ * the update counters are set to *keep_step instead of the checkpoint's (supervisor.recovery shard).
+ * Returns 1 (restored), 0 (no usable checkpoint: nothing done), -EINVAL (the checkpoints hold a
+ * different model: fatal) or another -errno (assigning failed: retry); why says what happened. */
+static int restore(struct chief_save *v, const bool *which, const uint64_t *keep_step, char *why, size_t len) {
         char shards[128], err[1024];
         struct chief_db_checkpoint row;
         bool slots_loaded = false;
@@ -205,22 +206,31 @@ int chief_restore_shards(struct chief_save *v, const bool *which, char *why, siz
         notify_status("restoring %s from %s", shards, row.path);
         /* the tables first (each shard's emptied, then filled): the Assign that follows makes the shard
          * initialized, so no worker sees a restored shard's rows before they are back */
-        r = chief_import_tables(v, which, tables, row.global_step, err, sizeof(err));
+        uint64_t gs = keep_step ? *keep_step : row.global_step;
+        r = chief_import_tables(v, which, tables, gs, err, sizeof(err));
         if (r >= 0)
-                r = ps_client_assign(v->pc, which, model_params(v->model), slots_loaded ? v->slots : NULL,
-                                     row.global_step, err, sizeof(err));
+                r = ps_client_assign(v->pc, which, model_params(v->model), slots_loaded ? v->slots : NULL, gs, err,
+                                     sizeof(err));
         for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++)
                 ps_sparse_rows_clear(&tables[e]);
         if (r < 0) {
                 chief_strfmt(why, len, "restoring %s from \"%s\": %s", shards, row.path, err);
                 return r == -EINVAL ? -EIO : r;
         }
-        log_info_step(row.global_step, "Restored %s from checkpoint \"%s\" at global_step %" PRIu64 "%s", shards,
-                      row.path, row.global_step, slots_loaded ? ", with the optimizer's slots" : "");
+        log_info_step(gs, "Restored %s from checkpoint \"%s\" at global_step %" PRIu64 "%s%s", shards, row.path,
+                      row.global_step, slots_loaded ? ", with the optimizer's slots" : "",
+                      keep_step ? "; global_step kept" : "");
         pthread_mutex_lock(&v->st->lock);
-        chief_forget_report_steps_locked(v->st);
         v->st->restored_step = row.global_step;
         chief_strfmt(v->st->restored_from, sizeof(v->st->restored_from), "%s", row.path);
+        if (keep_step) {
+                /* global_step did not go back: the rates and the schedule carry on */
+                if (which[0] && *keep_step > v->st->global_step)
+                        v->st->global_step = *keep_step;
+                pthread_mutex_unlock(&v->st->lock);
+                return 1;
+        }
+        chief_forget_report_steps_locked(v->st);
         if (which[0]) {
                 /* global_step goes back to the checkpoint's: the rates start over. */
                 v->st->global_step = row.global_step;
@@ -235,4 +245,12 @@ int chief_restore_shards(struct chief_save *v, const bool *which, char *why, siz
         }
         v->last_save_mono = mono_us();
         return 1;
+}
+
+int chief_restore_shards(struct chief_save *v, const bool *which, char *why, size_t len) {
+        return restore(v, which, NULL, why, len);
+}
+
+int chief_restore_shards_at(struct chief_save *v, const bool *which, uint64_t global_step, char *why, size_t len) {
+        return restore(v, which, &global_step, why, len);
 }

@@ -48,6 +48,10 @@ int chief_save(struct chief_save *v, uint64_t gs, bool with_slots, const char *t
  * usable checkpoint: nothing done), -EINVAL (the checkpoints hold a different model: fatal) or
  * another -errno (assigning failed: retry); why says what happened. */
 int chief_restore_shards(struct chief_save *v, const bool *which, char *why, size_t len);
+/* As chief_restore_shards, for supervisor.recovery shard: only the values and slots come from the
+ * checkpoint; global_step (shard 0) and the update counters are set to global_step, the job's step,
+ * so that nothing the workers saw goes back. */
+int chief_restore_shards_at(struct chief_save *v, const bool *which, uint64_t global_step, char *why, size_t len);
 /* The shards in which[] (NULL: all) get every embedding table as tables[e] holds it (each shard its own
  * ids), or empty when tables is NULL (a fresh start); before the Assign that makes a shard initialized.
  * 0, or -errno with why in err. */

@@ -341,6 +341,14 @@ grpc_byte_buffer *chief_status_pack(struct chief_status *s) {
                 chief_strfmt(tasks[i], sizeof(tasks[i]), "ps:%u", i);
                 ns->task = tasks[i];
                 ns->address = cl->ps[i].addr;
+                if (cl->n_ps_backup) {
+                        ns->address = pi->primary ? cl->ps_backup[i].addr : cl->ps[i].addr;
+                        ns->backup = pi->primary ? cl->ps[i].addr : cl->ps_backup[i].addr;
+                        ns->epoch = pi->epoch;
+                        ns->replicated = pi->replicated;
+                        ns->replication_lag_us = pi->lag_us;
+                        ns->failovers = pi->failovers;
+                }
                 ns->state = (char *)(pi->state[0] ? pi->state : "unknown");
                 ns->local_step = pi->global_step;
                 ns->last_report_us = pi->last_seen_us;

@@ -36,6 +36,12 @@ struct ps_info {
         uint64_t incarnation, global_step, last_seen_us;
         uint64_t lost_since_mono;       /* 0 while reachable */
         char state[640];                /* with, in sync mode, the step it holds pushes for and whose it lacks */
+        /* ps.replicas 2 (chief_probe.c): which psd is the shard's primary, at which epoch */
+        uint32_t primary;               /* 0: cluster.ps[s], 1: cluster.ps_backup[s] */
+        uint64_t epoch;                 /* 0: not decided yet */
+        bool replicated;                /* the primary's last status: its backup acknowledges every update */
+        uint64_t lag_us, failovers, last_failover_us;
+        uint64_t primary_lost_mono;     /* the primary has not answered since (0: it answers) */
 };
 
 struct sample {

@@ -118,6 +118,13 @@ void cli_print_status_json(FILE *f, const Psfleet__V1__JobStatus *s) {
                 json_object_set_new(no, "loss", num_or_null(n->loss));
                 json_object_set_new(no, "examples_per_s", num_or_null(n->examples_per_s));
                 json_object_set_new(no, "last_report_us", json_integer((json_int_t)n->last_report_us));
+                if (n->backup && *n->backup) {   /* ps.replicas 2 */
+                        json_object_set_new(no, "backup", json_string(n->backup));
+                        json_object_set_new(no, "epoch", json_integer((json_int_t)n->epoch));
+                        json_object_set_new(no, "replicated", json_boolean(n->replicated));
+                        json_object_set_new(no, "replication_lag_us", json_integer((json_int_t)n->replication_lag_us));
+                        json_object_set_new(no, "failovers", json_integer((json_int_t)n->failovers));
+                }
                 json_array_append_new(nodes, no);
         }
         json_object_set_new(o, "nodes", nodes);

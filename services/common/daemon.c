@@ -41,6 +41,7 @@ static void usage(FILE *f, const char *ident, enum role role) {
                 role == ROLE_WORKER ? "  --loss-log FILE     append \"global_step loss\" for every step\n"
                 : role == ROLE_CHIEF ? "  --exit-at-end       exit once the job has ended (DONE: 0, FAILED: 65) instead of staying\n"
                                        "                      up to answer status; psfleet run passes it\n"
+                : role == ROLE_PS    ? "  --backup            be the shard's other psd, cluster.ps_backup[N] (ps.replicas 2)\n"
                                      : "");
         fprintf(f, "Job file keys:\n");
         config_print_keys(f, false);
@@ -109,6 +110,7 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                 {"listen", required_argument, NULL, 'l'},
                 {"loss-log", required_argument, NULL, 'L'},
                 {"exit-at-end", no_argument, NULL, 'E'},
+                {"backup", no_argument, NULL, 'b'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
@@ -140,6 +142,11 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                         if (role != ROLE_CHIEF)
                                 goto bad_usage;
                         a.exit_at_end = true;
+                        break;
+                case 'b':
+                        if (role != ROLE_PS)
+                                goto bad_usage;
+                        a.backup = true;
                         break;
                 case 'h':
                         usage(stdout, ident, role);
@@ -241,8 +248,14 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                 if (colon)
                         *colon = 0;
         }
+        if (a.backup && a.task.index >= a.cfg->cluster.n_ps_backup) {
+                fprintf(stderr, "%s: --backup: cluster.ps_backup has no entry %u (ps.replicas 2 lists one per shard)\n",
+                        ident, a.task.index);
+                goto bad;
+        }
         if (!a.listen)
-                a.listen = strdup(config_endpoint(a.cfg, a.task)->addr);
+                a.listen = strdup(a.backup ? a.cfg->cluster.ps_backup[a.task.index].addr
+                                           : config_endpoint(a.cfg, a.task)->addr);
         if (daemon_security(&a, ident, role, err, sizeof(err)) < 0) {
                 fprintf(stderr, "%s: %s\n", ident, err);
                 goto bad;

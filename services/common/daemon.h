@@ -32,6 +32,7 @@ struct daemon_args {
         char *listen;           /* --listen, else the task's own cluster entry */
         char *loss_log;         /* --loss-log FILE (workerd): "global_step loss" per step */
         bool exit_at_end;       /* --exit-at-end (chiefd): exit once the job has ended instead of staying up */
+        bool backup;            /* --backup (psd): this is cluster.ps_backup[index], the shard's other psd */
 };
 
 /* The log.* keys for this process (log_set_max_level, log_set_time): c's (a loaded job) or, with c NULL,

@@ -190,6 +190,12 @@ void links_on_attach(struct rpc_call *call, void *ud) {
                          q->worker, log_peer_str(rpc_call_identity(call)->name, who, sizeof(who)), q->worker);
                 goto reject;
         }
+        if (!replica_is_primary(p->rep)) {
+                r = -EAGAIN;
+                snprintf(err, sizeof(err), "ps:%u at %s is its shard's backup: no shared memory with it", p->shard,
+                         p->args.listen);
+                goto reject;
+        }
         if (!p->attach) {
                 /* the worker cannot have reached us: not its fault */
                 rpc_call_fail(call, GRPC_STATUS_FAILED_PRECONDITION, "ps:%u offers no shared memory (it has no socket "
@@ -266,6 +272,12 @@ out:
  * gRPC; only a live psd of the same name there is fatal (as an address in use). */
 int links_socket_open(struct psd *p) {
         char path[256], err[600];
+        if (p->args.backup) {
+                /* the socket's name is the shard's, its primary's: workers push to the backup (once promoted)
+                 * through gRPC */
+                log_info("no shared memory as cluster.ps_backup[%u]: workers push to it through gRPC", p->shard);
+                return 0;
+        }
         int r = shmlink_socket_path(p->cfg->rpc.runtime_dir, p->cfg->name, p->shard, path, sizeof(path), err, sizeof(err));
         if (r == 0)
                 r = shmlink_server_new(path, on_attach_refused, p, &p->attach, err, sizeof(err));

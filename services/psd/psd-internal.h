@@ -22,6 +22,7 @@
 #include "ssp.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
+#include "replica.h"
 
 /* How long a link's thread spins for the next push before it sleeps: not at all. Its core is the one a
  * second worker on this host computes on; spinning there for 100 µs after each push cost 1 ps + 2
@@ -37,6 +38,7 @@ struct psd {
         struct shard *s;         /* the variables */
         struct agg *agg;         /* training.mode sync: the step's gradients and held pushes; else NULL */
         struct ssp *ssp;         /* training.mode ssp, shard 0: the workers' clocks and held answers; else NULL */
+        struct replica *rep;     /* ps.replicas 2: this psd's place in its shard (replica.h); else NULL */
         uint64_t incarnation;
         atomic_uint_fast64_t pushes, rejected;
         atomic_uint_fast64_t bytes_in, bytes_out, apply_us;   /* of the pushes applied (status, psfleet top) */

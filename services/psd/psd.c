@@ -100,6 +100,15 @@ static void on_pull(struct rpc_call *call, void *ud) {
                 goto reject;
         if (!psd_ready_or_refuse(p, call))
                 goto out;
+        /* ps.replicas 2: workers read the primary, whose values are the newest (a backup's trail it by
+         * the update in flight); the chief may read either (to compare them) */
+        if (!replica_is_primary(p->rep) && h->caller && h->caller->task && !strncmp(h->caller->task, "worker", 6)) {
+                r = -EAGAIN;
+                snprintf(err, sizeof(err), "ps:%u at %s is its shard's backup: read the primary", p->shard,
+                         p->args.listen);
+                rpc_call_fail_errno(call, r, "%s", err);
+                goto out;
+        }
         unsigned ns = h->with_slots ? p->s->n_slots : 0;
         struct psd_lent *vals = malloc(sizeof(*vals) + p->s->n_floats * (1 + ns) * sizeof(float));
         struct wire_out *o;
@@ -168,6 +177,12 @@ static void on_status(struct rpc_call *call, void *ud) {
         pthread_mutex_unlock(&p->err_mu);
         st.last_error = last;
         st.shared_memory_links = links_count(p);
+        Psfleet__V1__ReplicaStatus rs;
+        char rerr[300];
+        if (p->rep) {
+                replica_status(p->rep, &rs, rerr, sizeof(rerr));
+                st.replica = &rs;
+        }
         if (sparse_status(p, &st) < 0) {
                 psd_out_of_memory(p, call);
                 return;
@@ -275,6 +290,8 @@ static int psd_build(struct psd *p) {
             (r = ssp_new(p->cfg->cluster.n_worker, p->cfg->training.staleness,
                          p->cfg->supervisor.worker_timeout_secs * 1000000u, &p->ssp)) < 0)
                 return log_error_errno(r, "cannot set up the workers' clocks");
+        if ((r = replica_new(p, &p->rep)) < 0)
+                return log_error_errno(r, "cannot set up the replica");
         psd_metrics(p);
         return sparse_tables_new(p);
 }
@@ -285,6 +302,7 @@ static void psd_done(struct psd *p) {
         p->links = NULL;
         p->agg = agg_free(p->agg);   /* after the links: nothing is held any more */
         p->ssp = ssp_free(p->ssp);
+        p->rep = replica_free(p->rep);   /* after the server: no write can come any more */
         p->attach = shmlink_server_free(p->attach);   /* closes the descriptors still pending, removes the socket */
         sparse_tables_free(p);
         shard_free(p->s);
@@ -399,6 +417,8 @@ static int run(int argc, char **argv) {
                 {"/psfleet.v1.ParameterServer/SparseExchange", on_sparse_exchange, &p},
                 {"/psfleet.v1.ParameterServer/SparseExport", on_sparse_export, &p},
                 {"/psfleet.v1.ParameterServer/SparseImport", on_sparse_import, &p},
+                {"/psfleet.v1.ParameterServer/Replicate", replica_on_replicate, &p},
+                {"/psfleet.v1.ParameterServer/SetRole", replica_on_set_role, &p},
                 {RPC_HEALTH_CHECK, rpc_health_handler, (void *)services},
         };
         /* One server thread per training.threads (default 1). A single thread both polls the socket and

@@ -48,6 +48,9 @@ struct psd_push_ops {
         void (*fail)(struct psd_push *u, int r, const char *msg);
         /* a held push let go (status 0: the values read now) or ended (-ETIMEDOUT, -ECANCELED: msg) */
         void (*answer)(struct psd_held *hd, int status, uint64_t gs, const char *msg);
+        /* ps.replicas 2: the gradients as applied (float32, scaled) and their parts, for the backup;
+         * NULL when out of memory */
+        const float *(*applied)(struct psd_push *u, struct shard_part *const **parts, uint32_t *n);
 };
 
 /* ---- the pipeline ---- */
@@ -134,11 +137,27 @@ static void psd_push_serve(struct psd *p, struct psd_push *u) {
                 push_sync(p, u);
                 return;
         }
+        /* replicated: applied and forwarded to the backup one push at a time, so that it applies them
+         * in the same order; answered once the backup has it */
+        if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0) {
+                ops->fail(u, r, err);
+                return;
+        }
         count_bytes(p, u);
         uint64_t t_apply = mono_us();
         ops->apply(u);
         metric_observe_us(p->m_apply, mono_us() - t_apply);
         uint64_t gs = psd_count_push(p, u->count_step, u->bytes, u->bytes_back, u->t0);
+        if (p->rep) {
+                struct shard_part *const *parts = NULL;
+                uint32_t n = 0;
+                const float *g = ops->applied(u, &parts, &n);
+                struct replica_push who = {.worker = u->worker, .local_step = u->local_step, .count_step = u->count_step};
+                if ((r = replica_write_end(p->rep, parts, n, g, gs, &who, err, sizeof(err))) < 0) {
+                        ops->fail(u, r, err);
+                        return;
+                }
+        }
         if (p->ssp && u->count_step && push_ssp_held(p, u))
                 return;   /* answered when the slowest worker is near enough */
         ops->reply(u, gs);
@@ -293,9 +312,16 @@ static void grpc_answer(struct psd_held *hd, int status, uint64_t gs, const char
         free(hc);
 }
 
+static const float *grpc_applied(struct psd_push *u, struct shard_part *const **parts, uint32_t *n) {
+        struct grpc_push *gp = (struct grpc_push *)u;
+        *parts = gp->parts;
+        *n = (uint32_t)gp->q.in->n_tensors;
+        return grpc_gradients(u);
+}
+
 static const struct psd_push_ops grpc_ops = {
         .check = grpc_check, .apply = grpc_apply, .gradients = grpc_gradients, .hold = grpc_hold,
-        .drop = grpc_drop, .reply = grpc_reply, .fail = grpc_fail, .answer = grpc_answer,
+        .drop = grpc_drop, .reply = grpc_reply, .fail = grpc_fail, .answer = grpc_answer, .applied = grpc_applied,
 };
 
 /* gRPC Push: received, its sender checked, then the pipeline. */
@@ -337,6 +363,7 @@ struct link_push {
         uint32_t gi, g, seq;      /* the group: its index in k's, its record in the segment; the push's seq */
         const uint32_t *parts;    /* (n) indices into the shard's parts */
         uint32_t n;
+        struct shard_part **applied;  /* (n) ps.replicas 2: the parts themselves, for the backup */
 };
 
 /* copied out of the segment first, so the values checked are the values applied whatever the other
@@ -403,9 +430,21 @@ static void link_answer(struct psd_held *hd, int status, uint64_t gs, const char
         shmlink_reply(k->l, lh->g, lh->seq, status, gs, msg);
 }
 
+static const float *link_applied(struct psd_push *u, struct shard_part *const **parts, uint32_t *n) {
+        struct link_push *lp = (struct link_push *)u;
+        struct shard *s = lp->k->p->s;
+        if (!(lp->applied = calloc(lp->n + 1, sizeof(*lp->applied))))
+                return NULL;
+        for (uint32_t i = 0; i < lp->n; i++)
+                lp->applied[i] = &s->parts[lp->parts[i]];
+        *parts = lp->applied;
+        *n = lp->n;
+        return lp->k->scratch;
+}
+
 static const struct psd_push_ops link_ops = {
         .check = link_check, .apply = link_apply, .gradients = link_gradients, .hold = link_hold,
-        .drop = link_drop, .reply = link_reply, .fail = link_fail, .answer = link_answer,
+        .drop = link_drop, .reply = link_reply, .fail = link_fail, .answer = link_answer, .applied = link_applied,
 };
 
 /* A push in k's segment (its link's thread): the pipeline. */
@@ -418,4 +457,5 @@ void psd_push_link(struct link *k, const struct shmlink_push *push) {
                 .n = k->count[gi],
         };
         psd_push_serve(k->p, &lp.u);
+        free(lp.applied);
 }

@@ -103,12 +103,8 @@ static void sweep(struct ssp *s, uint64_t now) {
         }
 }
 
-bool ssp_arrive(struct ssp *s, struct agg_waiter *w, uint64_t local_step, uint64_t wait_us) {
-        uint32_t k = w->worker;
-        if (k >= s->W)
-                return false;
-        uint64_t now = now_us();
-        pthread_mutex_lock(&s->mu);
+/* worker k's clock moves for its step local_step (mu held) */
+static void move(struct ssp *s, uint32_t k, uint64_t local_step, uint64_t now) {
         bool joins = !live(s, k, now) || local_step + 1 <= s->raw[k];
         if (joins) {
                 /* new, back, or restarted (its local steps start over): it joins at the slowest clock */
@@ -119,6 +115,44 @@ bool ssp_arrive(struct ssp *s, struct agg_waiter *w, uint64_t local_step, uint64
         s->raw[k] = local_step + 1;
         s->last_us[k] = now;
         sweep(s, now);   /* the move may let others go */
+}
+
+void ssp_note(struct ssp *s, uint32_t worker, uint64_t local_step) {
+        if (worker >= s->W)
+                return;
+        pthread_mutex_lock(&s->mu);
+        move(s, worker, local_step, now_us());
+        pthread_mutex_unlock(&s->mu);
+}
+
+void ssp_copy_out(struct ssp *s, uint64_t *clock, uint64_t *raw) {
+        pthread_mutex_lock(&s->mu);
+        memcpy(clock, s->clock, s->W * sizeof(*clock));
+        memcpy(raw, s->raw, s->W * sizeof(*raw));
+        pthread_mutex_unlock(&s->mu);
+}
+
+void ssp_copy_in(struct ssp *s, const uint64_t *clock, const uint64_t *raw) {
+        uint64_t now = now_us();
+        pthread_mutex_lock(&s->mu);
+        memcpy(s->clock, clock, s->W * sizeof(*clock));
+        memcpy(s->raw, raw, s->W * sizeof(*raw));
+        for (uint32_t k = 0; k < s->W; k++)
+                s->last_us[k] = raw[k] ? now : 0;
+        pthread_mutex_unlock(&s->mu);
+}
+
+uint32_t ssp_n_workers(const struct ssp *s) {
+        return s->W;
+}
+
+bool ssp_arrive(struct ssp *s, struct agg_waiter *w, uint64_t local_step, uint64_t wait_us) {
+        uint32_t k = w->worker;
+        if (k >= s->W)
+                return false;
+        uint64_t now = now_us();
+        pthread_mutex_lock(&s->mu);
+        move(s, k, local_step, now);
         bool held = !may_go(s, k, now);
         if (held)
                 waiters_append(&s->head, w, wait_us);

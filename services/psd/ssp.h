@@ -23,6 +23,14 @@ struct ssp *ssp_free(struct ssp *s);   /* NULL-safe; returns NULL; releases no w
  * now); true when w is held until the slowest live worker is within the bound, or wait_us passes
  * (then released with -ETIMEDOUT and why). Other held workers the move lets go are released. */
 bool ssp_arrive(struct ssp *s, struct agg_waiter *w, uint64_t local_step, uint64_t wait_us);
+/* As ssp_arrive, on a shard's backup psd (ps.replicas 2): the worker's clock moves the same way, and
+ * nobody is held (the backup answers no push). */
+void ssp_note(struct ssp *s, uint32_t worker, uint64_t local_step);
+/* A backup's state transfer (ps.replicas 2): the workers' clocks and local steps (n_workers each) out
+ * of the primary's, and into the backup's (a worker with a step counts as live from now). */
+void ssp_copy_out(struct ssp *s, uint64_t *clock, uint64_t *raw);
+void ssp_copy_in(struct ssp *s, const uint64_t *clock, const uint64_t *raw);
+uint32_t ssp_n_workers(const struct ssp *s);
 /* The job has reached max_steps: nobody waits any more (held workers go, none is held again). */
 void ssp_finish(struct ssp *s);
 /* Releases the held workers whose deadline passed, and those a worker that stopped being live no

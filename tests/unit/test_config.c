@@ -409,6 +409,20 @@ static const struct bad_case bad_cases[] = {
           "cluster.worker[0]: \"127.0.0.1:7001\" duplicates cluster.ps[0]" },
         { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3', 'b:3', 'A:3']}}",
           "cluster.worker[2]: \"A:3\" duplicates cluster.worker[0]" },
+        /* ps.replicas 2 */
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'ps_backup': ['a:2']}, "
+          "'ps': {'replicas': 2}}",
+          "cluster.ps_backup[0]: \"a:2\" duplicates cluster.ps[0]: a shard's backup must be another psd than its primary" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2', 'a:4'], 'worker': ['a:3'], 'ps_backup': ['a:5']}, "
+          "'ps': {'replicas': 2}}",
+          "cluster.ps_backup: has 1 entries, cluster.ps 2: a backup for each shard, in the same order" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3']}, 'ps': {'replicas': 2}}",
+          "ps.replicas: is 2, but cluster.ps_backup lists no backup psd" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'ps_backup': ['a:5']}}",
+          "cluster.ps_backup: lists backups, but ps.replicas is 1 (set it to 2 to use them)" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'ps_backup': ['a:5']}, "
+          "'ps': {'replicas': 2}, 'training': {'mode': 'sync'}}",
+          "ps.replicas: 2 replicates training.mode async and ssp only (this job: sync)" },
         /* model */
         { "{" CLUSTER "}", "model: missing" },
         { "{" CLUSTER ", 'model': {'layers': [{'type': 'dense', 'units': 10}]}}", "model.input: missing" },

@@ -67,5 +67,40 @@ static void test_ssp_clocks(void **state) {
         ssp_free(sp);
 }
 
+/* ps.replicas 2: a backup's clocks follow the primary's pushes (ssp_note, nobody held) and a state
+ * transfer copies the table */
+static void test_ssp_backup(void **state) {
+        struct ssp *primary, *backup, *fresh;
+        struct rec a, b;
+        uint64_t clock[2], raw[2], c2[2], r2[2];
+        (void)state;
+        assert_int_equal(ssp_new(2, 1, 10000000u, &primary), 0);
+        assert_int_equal(ssp_new(2, 1, 10000000u, &backup), 0);
+        assert_int_equal(ssp_new(2, 1, 10000000u, &fresh), 0);
+        rec_init(&a, 0, 0, NULL, 0);
+        rec_init(&b, 1, 0, NULL, 0);
+        uint64_t steps[][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}, {0, 2}, {0, 3}};
+        for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+                struct rec *r = steps[i][0] ? &b : &a;
+                rec_init(r, (uint32_t)steps[i][0], 0, NULL, 0);
+                ssp_arrive(primary, &r->w, steps[i][1], 1000000);
+                ssp_note(backup, (uint32_t)steps[i][0], steps[i][1]);
+        }
+        ssp_copy_out(primary, clock, raw);
+        ssp_copy_out(backup, c2, r2);
+        assert_memory_equal(clock, c2, sizeof(clock));
+        assert_memory_equal(raw, r2, sizeof(raw));
+        assert_true(clock[0] == 4 && clock[1] == 2);
+        ssp_copy_in(fresh, clock, raw);
+        ssp_copy_out(fresh, c2, r2);
+        assert_memory_equal(clock, c2, sizeof(clock));
+        assert_int_equal(ssp_n_workers(fresh), 2);
+        ssp_tick(primary, UINT64_MAX);
+        ssp_free(primary);
+        ssp_free(backup);
+        ssp_free(fresh);
+}
+
 UNIT_TEST_MAIN(NULL, NULL,
-        cmocka_unit_test(test_ssp_clocks))
+        cmocka_unit_test(test_ssp_clocks),
+        cmocka_unit_test(test_ssp_backup))

@@ -444,6 +444,19 @@ int cfg_check_training(const struct ctx *x, const struct training_config *t, uin
         return 0;
 }
 
+int cfg_check_replicas(const struct ctx *x, const struct job_config *c) {
+        if (c->ps.replicas > 1 && c->cluster.n_ps_backup == 0)
+                return cfg_failf(x, "ps.replicas", "is %u, but cluster.ps_backup lists no backup psd", c->ps.replicas);
+        /* what is replicated so far: dense pushes of async and ssp training (replica.c) */
+        if (c->ps.replicas > 1 && c->training.mode == MODE_SYNC)
+                return cfg_failf(x, "ps.replicas", "2 replicates training.mode async and ssp only (this job: sync)");
+        if (c->ps.replicas > 1 && c->model.n_embeddings)
+                return cfg_failf(x, "ps.replicas", "2 does not replicate embedding tables (model.embeddings) yet");
+        if (c->ps.replicas == 1 && c->cluster.n_ps_backup)
+                return cfg_failf(x, "cluster.ps_backup", "lists backups, but ps.replicas is 1 (set it to 2 to use them)");
+        return 0;
+}
+
 static int load_buffer(const char *buf, size_t len, const char *origin, struct job_config **ret,
                        char *err, size_t errlen) {
         const struct ctx x = { .origin = origin, .err = err, .errlen = errlen };
@@ -466,7 +479,8 @@ static int load_buffer(const char *buf, size_t len, const char *origin, struct j
                 goto out;
         }
         r = parse_root(&x, root, c);
-        if (r < 0 || (r = cfg_check_training(&x, &c->training, c->cluster.n_worker)) < 0)
+        if (r < 0 || (r = cfg_check_training(&x, &c->training, c->cluster.n_worker)) < 0 ||
+            (r = cfg_check_replicas(&x, c)) < 0)
                 goto out;
         *ret = c;
         c = NULL;

@@ -21,6 +21,9 @@ struct endpoint {
 struct cluster {
         struct endpoint *chief, *ps, *worker;
         uint32_t n_chief, n_ps, n_worker;
+        /* cluster.ps_backup (ps.replicas 2): ps_backup[i] is the other psd of shard i; 0 entries: none */
+        struct endpoint *ps_backup;
+        uint32_t n_ps_backup;
 };
 
 enum optimizer_kind { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAGRAD };
@@ -32,6 +35,8 @@ enum grad_norm_action { GRAD_NORM_REJECT, GRAD_NORM_CLIP };
  * training"). */
 enum training_mode { MODE_ASYNC, MODE_SYNC, MODE_SSP };
 enum security_mode { SECURITY_AUTO, SECURITY_MTLS, SECURITY_INSECURE };
+/* supervisor.recovery: what a lost shard costs (docs/checkpoints.md) */
+enum recovery_mode { RECOVERY_JOB, RECOVERY_SHARD };
 enum rpc_wire_dtype { RPC_WIRE_FLOAT32, RPC_WIRE_BFLOAT16 };
 
 struct training_config {
@@ -122,9 +127,13 @@ struct supervisor_config {
         uint64_t worker_timeout_secs;         /* a worker that reported within this is live */
         uint32_t keep_corrupt;                /* .corrupt checkpoint files kept */
         uint64_t test_checkpoint_delay_ms;    /* test hook PSFLEET_TEST_CHECKPOINT_DELAY_MS; 0: off */
+        enum recovery_mode recovery;          /* JOB: every shard back to the checkpoint; SHARD: only the lost one */
 };
 
 struct ps_config {
+        uint32_t replicas;      /* 1, or 2: every shard has a backup psd (cluster.ps_backup) */
+        uint64_t replica_timeout_ms;   /* a backup that does not acknowledge within this is dropped */
+        uint64_t failover_ms;   /* the chief promotes a shard's backup once its primary is lost this long */
         uint64_t split_bytes;   /* variables larger than this are split into row ranges */
         uint64_t stop_grace_secs; /* psd on SIGTERM: serves this long for the chief's Stop (its final pull) */
         uint64_t memory_limit_bytes; /* per psd: dense variables, tables, buffers; 0: none (psd_memory.h) */

@@ -39,6 +39,7 @@ static bool added_later(const char *key) {
                 "model.head",         "model.init",                "training.sparse_optimizer", "training.sparse_learning_rate",
                 "training.ftrl_l1",   "training.ftrl_l2",          "training.ftrl_beta",
                 "training.ftrl_lr_power", "ps.memory_limit_bytes",
+                "ps.replicas",        "ps.replica_timeout_ms",     "ps.failover_ms",
         };
         for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
                 if (strcmp(key, keys[i]) == 0)
@@ -150,6 +151,8 @@ char *config_canonical_json(const struct job_config *c) {
         r |= add(cl, "chief", endpoints_json(c->cluster.chief, c->cluster.n_chief));
         r |= add(cl, "ps", endpoints_json(c->cluster.ps, c->cluster.n_ps));
         r |= add(cl, "worker", endpoints_json(c->cluster.worker, c->cluster.n_worker));
+        if (c->cluster.n_ps_backup)
+                r |= add(cl, "ps_backup", endpoints_json(c->cluster.ps_backup, c->cluster.n_ps_backup));
         r |= add(root, "cluster", cl);
         cl = NULL;
 

@@ -18,10 +18,10 @@
 /* ---- cluster -------------------------------------------------------------------------------- */
 
 void cfg_cluster_clear(struct cluster *cl) {
-        struct endpoint *lists[] = { cl->chief, cl->ps, cl->worker };
-        uint32_t counts[] = { cl->n_chief, cl->n_ps, cl->n_worker };
+        struct endpoint *lists[] = { cl->chief, cl->ps, cl->worker, cl->ps_backup };
+        uint32_t counts[] = { cl->n_chief, cl->n_ps, cl->n_worker, cl->n_ps_backup };
 
-        for (size_t l = 0; l < 3; l++) {
+        for (size_t l = 0; l < 4; l++) {
                 for (uint32_t i = 0; i < counts[l]; i++)
                         free(lists[l][i].addr);
                 free(lists[l]);
@@ -116,20 +116,23 @@ static int parse_hostport(const char *s, struct endpoint *ep, char *why, size_t 
         return 0;
 }
 
-static const char *const cluster_keys[] = { "chief", "ps", "worker", NULL };
+/* the three roles' lists, then the optional ps_backup (list 3) */
+#define LIST_PS_BACKUP 3
+static const char *const cluster_keys[] = { "chief", "ps", "worker", "ps_backup", NULL };
 
 static struct endpoint **cluster_list(struct cluster *cl, int role, uint32_t **n) {
         switch (role) {
         case ROLE_CHIEF: *n = &cl->n_chief; return &cl->chief;
         case ROLE_PS: *n = &cl->n_ps; return &cl->ps;
+        case LIST_PS_BACKUP: *n = &cl->n_ps_backup; return &cl->ps_backup;
         default: *n = &cl->n_worker; return &cl->worker;
         }
 }
 
 int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *ret) {
         struct cluster cl = { 0 };
-        const char *name, *listname[3] = { "chief", "ps", "worker" };
-        const json_t *lists[3] = { NULL, NULL, NULL };
+        const char *name, *listname[4] = { "chief", "ps", "worker", "ps_backup" };
+        const json_t *lists[4] = { NULL, NULL, NULL, NULL };
         json_t *v;
         char key[96], why[128], q[300], d[160];
         int r;
@@ -152,13 +155,15 @@ int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *re
                 lists[i] = v;
         }
 
-        for (int role = 0; role < 3; role++) {
+        for (int role = 0; role < 4; role++) {
                 const json_t *a = lists[role];
                 struct endpoint **eps;
                 uint32_t *n;
                 size_t len;
 
                 snprintf(key, sizeof(key), "cluster.%s", listname[role]);
+                if (!a && role == LIST_PS_BACKUP)
+                        break;   /* optional: ps.replicas 1 */
                 if (!a) {
                         r = cfg_failf(x, key, "missing");
                         goto fail;
@@ -170,6 +175,11 @@ int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *re
                 len = json_array_size(a);
                 if (len == 0) {
                         r = cfg_failf(x, key, "must not be empty");
+                        goto fail;
+                }
+                if (role == LIST_PS_BACKUP && len != cl.n_ps) {
+                        r = cfg_failf(x, key, "has %zu entries, cluster.ps %" PRIu32 ": a backup for each shard, "
+                                      "in the same order", len, cl.n_ps);
                         goto fail;
                 }
                 if (role == ROLE_CHIEF && len != 1) {
@@ -215,8 +225,11 @@ int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *re
                                         if (&other[j] == ep)
                                                 break;
                                         if (other[j].port == ep->port && strcasecmp(other[j].host, ep->host) == 0) {
-                                                r = cfg_failf(x, key, "%s duplicates cluster.%s[%" PRIu32 "]",
-                                                          cfg_quote_json(e, q, sizeof(q)), listname[pr], j);
+                                                r = cfg_failf(x, key, "%s duplicates cluster.%s[%" PRIu32 "]%s",
+                                                          cfg_quote_json(e, q, sizeof(q)), listname[pr], j,
+                                                          role == LIST_PS_BACKUP && pr == ROLE_PS && j == i
+                                                                  ? ": a shard's backup must be another psd than its primary"
+                                                                  : "");
                                                 goto fail;
                                         }
                                 }

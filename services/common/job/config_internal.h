@@ -94,6 +94,8 @@ int cfg_parse_choice(const struct ctx *x, const char *key, const char *const *ch
 int cfg_load_json(const struct ctx *x, const char *buf, size_t len, json_t **ret);
 /* The training.mode keys against each other and the cluster's n_worker workers: 0, or -EINVAL naming
  * the key. */
+/* ps.replicas against cluster.ps_backup: replicas without backups, or backups without replicas. */
+int cfg_check_replicas(const struct ctx *x, const struct job_config *c);
 int cfg_check_training(const struct ctx *x, const struct training_config *t, uint32_t n_worker);
 
 /* A key's field in c, and setting it (strings copied: -ENOMEM) or to the key's default. */

@@ -52,6 +52,7 @@ static const char *const schedule_names[] = { "constant", "exponential", NULL };
 static const char *const wire_dtype_names[] = { [RPC_WIRE_FLOAT32] = "float32", [RPC_WIRE_BFLOAT16] = "bfloat16", NULL };
 static const char *const grad_norm_action_names[] = { [GRAD_NORM_REJECT] = "reject", [GRAD_NORM_CLIP] = "clip", NULL };
 static const char *const training_mode_names[] = { [MODE_ASYNC] = "async", [MODE_SYNC] = "sync", [MODE_SSP] = "ssp", NULL };
+static const char *const recovery_names[] = { [RECOVERY_JOB] = "job", [RECOVERY_SHARD] = "shard", NULL };
 static const char *const security_mode_names[] = {
         [SECURITY_AUTO] = "auto", [SECURITY_MTLS] = "mtls", [SECURITY_INSECURE] = "insecure", NULL,
 };
@@ -128,6 +129,9 @@ const struct config_key cfg_keys[] = {
                   "Parameter servers (psd), one per index."),
         K_SPECIAL("cluster.worker", "list of host:port", "required", "1 or more entries",
                   "Workers (workerd), one per index. An endpoint may appear only once in the cluster."),
+        K_SPECIAL("cluster.ps_backup", "list of host:port", "none", "as many entries as cluster.ps",
+                  "ps.replicas 2: the backup psd of each shard, in cluster.ps's order (psd --backup --task-index N "
+                  "listens on entry N); a backup equal to its primary is an error."),
         K_SPECIAL("model.input", "list of integers", "required", "[N] or [C, H, W], each 1..1048576; [0] with a record format",
                   "Shape of one example; [784] means (1, 1, 784). With a record format (data.format) it is [N], the "
                   "dense features of a record: 13 for criteo, 0 for libsvm, data.csv_features for csv when set, "
@@ -346,7 +350,22 @@ const struct config_key cfg_keys[] = {
               "Test hook, chiefd only (tests/integration/test_checkpoint_crash.py): every checkpoint write sleeps "
               "this many milliseconds before its rename and again before its record, logged as a warning at "
               "start; 0: off. Never set it outside tests.", .env = "PSFLEET_TEST_CHECKPOINT_DELAY_MS"),
+        K_ENUM("supervisor.recovery", supervisor.recovery, "job", recovery_names,
+               "What chiefd restores when a psd loses its variables (docs/checkpoints.md): job, every shard "
+               "from the newest checkpoint and global_step back to its step; shard, only the lost shard from "
+               "it, the other shards and global_step left as they are (that shard's values are then older "
+               "than the rest)."),
 
+        K_U32("ps.replicas", ps.replicas, 1, 1, 2,
+              "Copies of each shard: 2 gives every shard a backup psd (cluster.ps_backup[i], the same order as "
+              "cluster.ps) to which its primary forwards every update before answering the push; the chief "
+              "promotes the backup when the primary is lost (docs/operations.md, \"Replicated shards\")."),
+        K_U64("ps.replica_timeout_ms", ps.replica_timeout_ms, 2000, 10, 600000,
+              "ps.replicas 2: a backup that has not acknowledged a forwarded update within this many "
+              "milliseconds is dropped with a warning, and the shard runs unreplicated until it rejoins."),
+        K_U64("ps.failover_ms", ps.failover_ms, 1000, 50, 600000,
+              "ps.replicas 2: the chief promotes a shard's backup once its primary has not answered for this many "
+              "milliseconds; the workers switch to it within as long again."),
         K_U64("ps.split_bytes", ps.split_bytes, 262144, 4096, INT64_MAX,
               "Variables larger than this are split into row ranges: spread over the ps shards, and pushed a block at a time so transfer overlaps compute."),
         K_U64("ps.memory_limit_bytes", ps.memory_limit_bytes, 0, 0, INT64_MAX,

@@ -25,6 +25,8 @@ static const struct authz_rule rules[] = {
         {PS "SparseExport", AUTHZ_CHIEF, NULL},
         {PS "SparseImport", AUTHZ_CHIEF, NULL},
         {PS "Stop", AUTHZ_CHIEF, NULL},
+        {PS "Replicate", AUTHZ_PS, "only from the other psd of the same shard (ps.replicas 2)"},
+        {PS "SetRole", AUTHZ_CHIEF, NULL},
         {PS "GetShardStatus", AUTHZ_ANY, NULL},
         {SUP "Join", AUTHZ_WORKER, "only as the worker the certificate names"},
         {SUP "Report", AUTHZ_WORKER, "only as the worker the certificate names"},

@@ -48,7 +48,9 @@ struct shard_link {
 
 /* What the client keeps of one shard. */
 struct ps_shard {
-        struct rpc_channel *ch;
+        struct rpc_channel *ch;         /* to its primary: cluster.ps[s], or cluster.ps_backup[s] when cur is 1 */
+        struct rpc_channel *alt;        /* ps.replicas 2: to the other psd (status, roles); NULL until used */
+        uint32_t cur;
         struct shard_link link;         /* meaningful only while pc->link is there */
         uint64_t sparse_inc;            /* the incarnation it last answered an exchange with (0: none yet) */
 };
@@ -97,3 +99,6 @@ typedef int (*ps_client_build_fn)(struct ps_client *pc, uint32_t s, Psfleet__V1_
  * first failure to build or start (the shards after it are not started). */
 int ps_client_fan_out(struct ps_client *pc, struct rpc_batch *b, const char *method, bool wait_for_ready,
                       ps_client_build_fn build, void *ud, struct rpc_pending **pend);
+
+/* The shard's shared-memory link closed (its pushes go through gRPC until linked again). */
+void ps_client_link_down(struct ps_client *pc, uint32_t shard);

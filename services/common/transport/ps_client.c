@@ -66,8 +66,10 @@ struct ps_client *ps_client_free(struct ps_client *pc) {
         }
         free(pc->fl);
         shmlink_free(pc->link);
-        for (uint32_t s = 0; pc->shard && s < pc->L->n_shards; s++)
+        for (uint32_t s = 0; pc->shard && s < pc->L->n_shards; s++) {
                 rpc_channel_free(pc->shard[s].ch);
+                rpc_channel_free(pc->shard[s].alt);
+        }
         free(pc->shard);
         pthread_cond_destroy(&pc->cond);
         pthread_mutex_destroy(&pc->mu);
@@ -210,6 +212,9 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
                 if (res->err) {
                         r = res->err;
                         errf(err, errlen, r, "%s", res->message);
+                        /* ps.replicas 2: the shard's primary may have moved; the next pull goes there */
+                        if (ps_client_find_primary(pc, s))
+                                r = -EAGAIN;
                         break;
                 }
                 struct wire_in *in;
@@ -259,10 +264,28 @@ int ps_client_status(struct ps_client *pc, uint32_t shard, void **status_ret, ch
         return r;
 }
 
+const char *ps_client_addr(const struct ps_client *pc, uint32_t s, uint32_t which) {
+        return which ? pc->cfg->cluster.ps_backup[s].addr : pc->cfg->cluster.ps[s].addr;
+}
+
 int ps_client_probe(struct ps_client *pc, uint32_t shard, uint64_t timeout_ms, void **status_ret, char *err,
                     size_t errlen) {
+        return ps_client_probe_psd(pc, shard, pc->shard[shard].cur, timeout_ms, status_ret, err, errlen);
+}
+
+int ps_client_probe_psd(struct ps_client *pc, uint32_t shard, uint32_t which, uint64_t timeout_ms, void **status_ret,
+                        char *err, size_t errlen) {
         Psfleet__V1__ShardStatusRequest q = PSFLEET__V1__SHARD_STATUS_REQUEST__INIT;
-        struct rpc_channel *ch = pc->shard[shard].ch;
+        struct rpc_channel **chp = which == pc->shard[shard].cur ? &pc->shard[shard].ch : &pc->shard[shard].alt;
+        if (!*chp) {
+                char name[32];
+                snprintf(name, sizeof(name), "ps:%u", shard);
+                int e = rpc_channel_new(ps_client_addr(pc, shard, which), name, chp);
+                if (e < 0)
+                        return errf(err, errlen, e, "ps:%u (%s): cannot make a channel", shard,
+                                    ps_client_addr(pc, shard, which));
+        }
+        struct rpc_channel *ch = *chp;
         struct rpc_result res;
         int r = rpc_call(ch, "/psfleet.v1.ParameterServer/GetShardStatus", wire_pack(&q.base), timeout_ms, false, &res);
         if (r < 0) {
@@ -271,9 +294,9 @@ int ps_client_probe(struct ps_client *pc, uint32_t shard, uint64_t timeout_ms, v
                 /* gRPC backs off reconnecting (up to minutes) and fails calls fast meanwhile; a fresh
                  * channel notices a shard that has just come up at the next probe. */
                 struct rpc_channel *fresh;
-                if (rpc_channel_new(pc->cfg->cluster.ps[shard].addr, rpc_channel_name(ch), &fresh) >= 0) {
+                if (rpc_channel_new(ps_client_addr(pc, shard, which), rpc_channel_name(ch), &fresh) >= 0) {
                         rpc_channel_free(ch);
-                        pc->shard[shard].ch = fresh;
+                        *chp = fresh;
                 }
         } else {
                 ProtobufCMessage *m;
@@ -483,7 +506,7 @@ static int link_attach(struct ps_client *pc, uint32_t shard, uint32_t gen, uint3
 }
 
 /* Pushes to `shard` go through gRPC from now on (until ps_client_link_shards links it again). */
-static void link_down(struct ps_client *pc, uint32_t shard) {
+void ps_client_link_down(struct ps_client *pc, uint32_t shard) {
         if (!pc->link || !pc->shard[shard].link.up)
                 return;
         pc->shard[shard].link.up = false;
@@ -580,7 +603,7 @@ static int link_settle(struct ps_client *pc, uint32_t g, char *err, size_t errle
         if (r < 0) {
                 errf(err, errlen, r, "ps:%u through shared memory: %s", s, e);
                 if (r == -ETIMEDOUT || r == -ECONNRESET || r == -EPROTO)
-                        link_down(pc, s);
+                        ps_client_link_down(pc, s);
         }
         return r;
 }

@@ -35,6 +35,27 @@ int ps_client_status(struct ps_client *pc, uint32_t shard, void **status_ret, ch
  * and its address. Not thread-safe against other calls on the same shard. */
 int ps_client_probe(struct ps_client *pc, uint32_t shard, uint64_t timeout_ms, void **status_ret, char *err,
                     size_t errlen);
+/* ---- ps.replicas 2: each shard's two psds (0: cluster.ps[s], 1: cluster.ps_backup[s]) ----
+ * The client talks to one of them, its primary as far as it knows (0 at first). */
+
+/* As ps_client_probe, of psd `which` of the shard. */
+int ps_client_probe_psd(struct ps_client *pc, uint32_t shard, uint32_t which, uint64_t timeout_ms, void **status_ret,
+                        char *err, size_t errlen);
+/* The address of psd `which` of the shard. */
+const char *ps_client_addr(const struct ps_client *pc, uint32_t shard, uint32_t which);
+/* Which psd of the shard the client talks to. */
+uint32_t ps_client_primary(const struct ps_client *pc, uint32_t shard);
+/* Talks to psd `which` of the shard from now on (call with no push in flight: its link is closed). */
+void ps_client_use(struct ps_client *pc, uint32_t shard, uint32_t which);
+/* SetRole (PSFLEET__V1__REPLICA_ROLE__*) at epoch on psd `which` of the shard (the chief);
+ * unreplicated_ok: the chief has recorded that its backup is out. 0 or -errno. */
+int ps_client_set_role(struct ps_client *pc, uint32_t shard, uint32_t which, int role, uint64_t epoch,
+                       bool unreplicated_ok, char *err, size_t errlen);
+/* After a failed call to the shard: its psd that says it is the initialized primary of the newest
+ * epoch, if it is not the one the client talks to, is used from now on. Two status calls with short
+ * deadlines; returns true when it switched. No-op without replicas. */
+bool ps_client_find_primary(struct ps_client *pc, uint32_t shard);
+
 /* Tells every shard to stop (best effort; returns the first error). */
 int ps_client_stop(struct ps_client *pc, const char *reason);
 

@@ -1,0 +1,283 @@
+"""ps.replicas 2 (issue 30): a 2 ps + 2 workers job where every shard has a backup psd.
+
+  1. Undisturbed, the workers frozen a moment (SIGSTOP): each shard's primary and backup hold the same
+     variables and optimizer slots, bit for bit (Pull of both).
+  2. --kills times: kill -9 of a random shard's primary while the workers train, the psd started again
+     at once (it rejoins as the backup and gets the state by a transfer). The chief promotes the backup:
+     no restore from a checkpoint (JobStatus.losses stays empty), global_step, polled throughout, never
+     goes back. Fail-over time: from the kill until the shard's new primary counts steps again; p50
+     and max printed. Before the next kill the shard's new backup must be in sync.
+  3. Gray failures (unless --no-gray): a backup stopped (SIGSTOP) is dropped and the shard trains on
+     unreplicated, then rejoins; a primary stopped past ps.failover_ms is failed over and, resumed, is at
+     an older epoch: it becomes the backup and rejoins by a state transfer.
+  4. Frozen again at the end: primary and backup bit-equal after the fail-overs and transfers; the
+     job finishes DONE with an accuracy near an undisturbed run's (--accuracy-of gives that run's).
+
+  test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--accuracy-of A --tolerance 0.5] [--no-gray]
+                   [--mode async|ssp]
+"""
+import argparse
+import json
+import random
+import signal
+import statistics
+import sys
+import threading
+import time
+
+import harness as h
+from test_chaos import rpc_or_none as maybe, shard_status
+
+
+def pull(addr, fingerprint):
+    s = h.stubs()
+    with h.channel(addr) as ch:
+        return h.pull_shard(s.ps_pb2_grpc.ParameterServerStub(ch), fingerprint, task="chief:0")
+
+
+def make_replicated_job(wd, steps, n_ps=2, n_workers=2, rpc=None, mode="async"):
+    # a push to a frozen primary gives up after rpc.deadline_ms: the workers' switch is bounded by it
+    rpc = dict(rpc or {}, deadline_ms=3000)
+    job, spec = h.make_job(wd, n_ps=n_ps, n_workers=n_workers, rpc=rpc,
+                           training={"max_steps": steps, "report_every_steps": 20, "mode": mode},
+                           supervisor={"save_checkpoint_steps": 500, "save_checkpoint_secs": 0,
+                                       "save_summaries_secs": 0})
+    spec["cluster"]["ps_backup"] = ["127.0.0.1:%d" % p for p in h.free_ports(n_ps)]
+    spec.setdefault("ps", {}).update({"replicas": 2, "failover_ms": 500, "replica_timeout_ms": 2000})
+    with open(job, "w") as f:
+        json.dump(spec, f, indent=2)
+    return job, spec
+
+
+class Job:
+    def __init__(self, wd, job, spec):
+        self.wd, self.job, self.spec = wd, job, spec
+        self.state = wd.file("state")
+        self.starts = {}
+        self.procs = {}
+        self.addr = {("ps", i): a for i, a in enumerate(spec["cluster"]["ps"])}
+        self.addr.update({("backup", i): a for i, a in enumerate(spec["cluster"].get("ps_backup", []))})
+        self.chief_addr = spec["cluster"]["chief"][0]
+
+    def start(self, kind, index=None):
+        key = (kind, index)
+        n = self.starts[key] = self.starts.get(key, 0) + 1
+        exe = {"ps": "psd", "backup": "psd"}.get(kind, kind)
+        argv = [h.BIN[exe], "--job", self.job, "--state-dir", self.state]
+        if index is not None:
+            argv += ["--task-index", str(index)]
+        if kind == "backup":
+            argv.append("--backup")
+        self.procs[key] = h.Proc(self.wd, "%s%s.%d" % (kind, "" if index is None else ":%d" % index, n), argv)
+        return self.procs[key]
+
+    def start_all(self):
+        for i in range(len(self.spec["cluster"]["ps"])):
+            self.start("ps", i)
+            if self.spec["cluster"].get("ps_backup"):
+                self.start("backup", i)
+        self.start("chiefd")
+        for i in range(len(self.spec["cluster"]["worker"])):
+            self.start("workerd", i)
+
+    def workers(self):
+        return [p for (k, _), p in self.procs.items() if k == "workerd"]
+
+    def daemons(self):
+        return [p for (k, _), p in self.procs.items() if k != "workerd"]
+
+    def shards(self):
+        """{shard: NodeStatus} from the chief."""
+        js = maybe(lambda: h.job_status(self.chief_addr))
+        if js is None:
+            return None
+        return {int(n.task.split(":")[1]): n for n in js.nodes if n.task.startswith("ps:")}
+
+    def key_of(self, addr):
+        return [k for k, a in self.addr.items() if a == addr][0]
+
+    def frozen_compare(self, what):
+        """Workers stopped, every shard's primary and backup pulled: bit-equal."""
+        for w in self.workers():
+            w.kill(signal.SIGSTOP)
+        try:
+            time.sleep(0.5)
+            fp = h.job_status(self.chief_addr).fingerprint
+            for s, n in sorted(self.shards().items()):
+                a, ga = pull(n.address, fp)
+                b, gb = pull(n.backup, fp)
+                assert a.keys() == b.keys(), (s, a.keys(), b.keys())
+                diff = [k for k in a if a[k] != b[k]]
+                assert not diff, "%s: ps:%d's primary %s and backup %s differ in %s" % (what, s, n.address, n.backup,
+                                                                                      diff[:4])
+                assert ga == gb, (what, s, ga, gb)
+                ca = [(c.worker, c.clock) for c in shard_status(n.address).clocks]
+                cb = [(c.worker, c.clock) for c in shard_status(n.backup).clocks]
+                assert ca == cb, "%s: ps:%d's ssp clocks differ: primary %s, backup %s" % (what, s, ca, cb)
+                h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots, global_step %d, epoch %d%s)"
+                      % (what, s, n.address, n.backup, len(a), ga, n.epoch, ", ssp clocks %s" % ca if ca else ""))
+        finally:
+            for w in self.workers():
+                w.kill(signal.SIGCONT)
+
+
+def wait_in_sync(j, timeout=60):
+    return h.wait_for("every shard's backup in sync", lambda: (lambda sh: sh is not None and all(
+        n.replicated for n in sh.values()) and sh)(j.shards()), timeout, j.daemons())
+
+
+def step_now(j):
+    return h.job_status(j.chief_addr).global_step
+
+
+def gray(j):
+    """A backup that stops answering (SIGSTOP) is dropped, the shard trains on unreplicated and says so;
+    resumed, it rejoins. A primary stopped past ps.failover_ms is failed over; resumed, it is at an older
+    epoch: the chief makes it the backup and it rejoins by a state transfer."""
+    wait_in_sync(j)
+    n = j.shards()[0]
+    b = j.procs[j.key_of(n.backup)]
+    b.kill(signal.SIGSTOP)
+    try:
+        h.wait_for("ps:0 unreplicated", lambda: not j.shards()[0].replicated, 30, [j.procs[("chiefd", None)]])
+        g = step_now(j)
+        h.wait_for("training on without the backup", lambda: step_now(j) >= g + 50, 30, [j.procs[("chiefd", None)]])
+        h.log("gray: ps:0's backup %s stopped: dropped, the shard trains on unreplicated (%s)"
+              % (n.backup, j.shards()[0].state.split("; ")[-1]))
+    finally:
+        b.kill(signal.SIGCONT)
+    wait_in_sync(j)
+    st = shard_status(j.shards()[0].address)
+    assert st.replica.dropped >= 1 and not st.replica.awaiting_chief, st.replica
+    h.log("gray: ps:0's backup resumed and in sync again (its primary dropped it %d time(s); the chief's record "
+          "of the drop let it answer writes again)" % st.replica.dropped)
+    n = j.shards()[1]
+    epoch = n.epoch
+    old = j.procs[j.key_of(n.address)]
+    old.kill(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        h.wait_for("ps:1 failed over from its stopped primary", lambda: j.shards()[1].epoch > epoch, 30,
+                   [j.procs[("chiefd", None)]])
+        took = time.monotonic() - t0
+        g = step_now(j)
+        h.wait_for("training on the promoted backup", lambda: step_now(j) >= g + 50, 30, [j.procs[("chiefd", None)]])
+    finally:
+        old.kill(signal.SIGCONT)
+    now = j.shards()[1]
+
+    def rejoined():
+        st = maybe(lambda: shard_status(n.address))
+        return st is not None and st.replica.role == 2 and st.replica.epoch == now.epoch and st
+    st = h.wait_for("the old primary back as the backup", rejoined, 30, j.daemons())
+    h.log("gray: ps:1's primary %s stopped: its backup %s promoted at epoch %d after %.2f s; resumed, the old "
+          "primary is the backup of epoch %d (%d writes refused as fenced)" % (n.address, now.address, now.epoch,
+                                                                               took, st.replica.epoch,
+                                                                               st.replica.fenced_writes))
+
+
+def run(opts):
+    h.plain_rpc()
+    h.require_built("psd", "workerd", "chiefd")
+    wd = h.Workdir()
+    job, spec = make_replicated_job(wd, opts.steps, mode=opts.mode)
+    j = Job(wd, job, spec)
+    j.start_all()
+    rng = random.Random(opts.seed)
+    h.log("seed %d" % opts.seed)
+
+    seen, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            js = maybe(lambda: h.job_status(j.chief_addr, timeout=1))
+            if js is not None and js.global_step:
+                seen.append(js.global_step)
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    failovers = []
+    try:
+        wait_in_sync(j)
+        h.wait_for("global_step 300", lambda: (lambda js: js is not None and js.global_step >= 300)(
+            maybe(lambda: h.job_status(j.chief_addr))), 120, j.daemons())
+        j.frozen_compare("undisturbed")
+        span = opts.steps * 0.8 / max(1, opts.kills)
+        for k in range(opts.kills):
+            wait_in_sync(j)
+            js = h.job_status(j.chief_addr)
+            at = js.global_step + rng.randint(20, max(21, int(span * 0.6)))
+            h.wait_for("global_step %d" % at, lambda: (lambda x: x is not None and x.global_step >= at)(
+                maybe(lambda: h.job_status(j.chief_addr))), 120, j.daemons())
+            s = rng.randrange(len(spec["cluster"]["ps"]))
+            n = j.shards()[s]
+            key, epoch = j.key_of(n.address), n.epoch
+            victim = j.procs[key]
+            victim.kill(signal.SIGKILL)
+            t0 = time.monotonic()
+            victim.p.wait(10)
+            h._procs.remove(victim)
+            j.start(*key)   # rejoins as the backup
+            # failed over: a newer epoch whose primary counts steps again
+            g0 = [None]
+
+            def moved():
+                sh = j.shards()
+                if sh is None or sh[s].epoch <= epoch:
+                    return None
+                st = maybe(lambda: shard_status(sh[0].address))
+                if st is None or not st.initialized:
+                    return None
+                if g0[0] is None:
+                    g0[0] = st.global_step
+                return st.global_step > g0[0]
+            h.wait_for("ps:%d failed over" % s, moved, 60, [p for p in j.daemons() if p is not victim])
+            took = time.monotonic() - t0
+            failovers.append(took)
+            h.log("kill %d: ps:%d's primary %s (epoch %d) killed; training again on its backup after %.3f s"
+                  % (k + 1, s, n.address, epoch, took))
+        if opts.gray:
+            gray(j)
+        wait_in_sync(j)
+        j.frozen_compare("after %d fail-overs" % opts.kills)
+        final = h.wait_state(j.chief_addr, "DONE", 600, j.daemons())
+    finally:
+        stop.set()
+        poller.join(5)
+    back = [(a, b) for a, b in zip(seen, seen[1:]) if b < a]
+    h.log("done at global_step %d, test accuracy %.4f; %d polls of global_step; checkpoint restores: %d"
+          % (final.global_step, final.test_accuracy, len(seen), len(final.losses)))
+    if failovers:
+        h.log("fail-over time over %d kills: p50 %.3f s, max %.3f s" % (len(failovers), statistics.median(failovers),
+                                                                       max(failovers)))
+    assert not back, "global_step went back: %s" % back[:5]
+    assert not final.losses and final.steps_lost == 0, final.losses
+    assert final.global_step >= opts.steps
+    if opts.accuracy_of is not None:
+        assert abs(final.test_accuracy - opts.accuracy_of) * 100 <= opts.tolerance, (final.test_accuracy,
+                                                                                      opts.accuracy_of)
+    else:
+        assert final.test_accuracy > 0.5, final.test_accuracy
+    print(json.dumps({"kills": opts.kills, "failover_s": [round(x, 3) for x in failovers],
+                      "failover_p50_s": round(statistics.median(failovers), 3) if failovers else None,
+                      "failover_max_s": round(max(failovers), 3) if failovers else None,
+                      "test_accuracy": final.test_accuracy, "global_step": final.global_step,
+                      "steps_lost": final.steps_lost}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kills", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    ap.add_argument("--accuracy-of", type=float)
+    ap.add_argument("--tolerance", type=float, default=0.5)
+    ap.add_argument("--mode", choices=("async", "ssp"), default="async", help="training.mode")
+    ap.add_argument("--no-gray", dest="gray", action="store_false", help="skip the SIGSTOP of a backup and a primary")
+    opts = ap.parse_args()
+    h.main(lambda: run(opts))
+
+
+if __name__ == "__main__":
+    main()
