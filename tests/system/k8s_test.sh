@@ -5,7 +5,7 @@
 #     apt inside installs the .debs' dependencies and the data from the host's mirror.
 #  2. Every replica of deploy/kubernetes/tfjob.yaml runs as a container from that image, as the
 #     training-operator would start its pod: the replica's own arguments after the image's ENTRYPOINT
-#     (`psfleet run`, which the manifest's `command:` names), TF_CONFIG exactly as the operator writes it
+#     (`psfleet run`, which the manifest's `command:` names), TF_CONFIG in the shape the operator writes
 #     (cluster of JOB-ROLE-I.NAMESPACE.svc:PORT, the pod's task, "environment": "cloud"), those names as
 #     network aliases on one podman network (what a pod's DNS name is), the ConfigMap's job file, the
 #     Secret's certificates (`psfleet certs`, as the manifest's comment says) and the chief's claim
@@ -217,6 +217,7 @@ PY
 )
 ct_log "chief: exit 0 after ${t_job} s, job $state, test accuracy $acc at step $step_"
 [ "${state%% *}" = DONE ] || fail "the job is $state, not DONE"
+grep -q "mutual TLS as chief of job $jobname" "$work/logs/$chief.log" || fail "the chief does not say it runs under mutual TLS"
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.87) }' || fail "test accuracy $acc < 0.87"
 
 step "every other pod exits 0 once the job has ended"
@@ -225,6 +226,7 @@ for p in "${pods[@]}"; do
         s=$(timeout 120 podman wait "$net-$p") || fail "$p did not exit within 120 s of the chief"
         podman logs "$net-$p" >"$work/logs/$p.log" 2>&1 || true
         [ "$s" = 0 ] || fail "$p exited with status $s"
+        grep -q "mutual TLS as $p of job $jobname" "$work/logs/$p.log" || fail "$p does not say it runs under mutual TLS"
         ct_log "$p: exit 0"
 done
 ct_log "image built in ${t_build} s; the job (${#pods[@]} pods) in ${t_job} s; test accuracy $acc"
