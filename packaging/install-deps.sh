@@ -32,6 +32,7 @@ TEST_PKGS=(
   procps psmisc               # pgrep/pkill in tests
   python3-venv                # a venv for PyPI test tools (safetensors, tensorboard)
   debootstrap systemd-container  # the system test: a Debian container booted with systemd-nspawn
+  podman runc                 # system.k8s: the OCI image and the TFJob's pods (runc: crun refuses hybrid cgroups)
   dpkg-dev lintian rpm rpmlint   # building and checking the .deb and .rpm packages
   prometheus                  # promtool and a real Prometheus for the metrics tests
   clang libclang-rt-14-dev    # the fuzz harnesses: clang with libFuzzer, ASan and UBSan (tests/fuzz)

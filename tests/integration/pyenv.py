@@ -1,6 +1,8 @@
 """A Python environment with packages from PyPI for the tests that hold psfleet to other people's
 software: `safetensors` (checkpoints) and `tensorboard` (event files) read its files, `onnx` builds
-models and `onnxruntime` runs them beside psfleet's graph engine (test_onnx_ops.py); plus numpy.
+models and `onnxruntime` runs them beside psfleet's graph engine (test_onnx_ops.py),
+`kubernetes-validate` checks deploy/kubernetes/ against the Kubernetes API schema (test_manifests.py);
+plus numpy.
 
 ensure() creates <build>/pyenv once (`/usr/bin/python3 -m venv --system-site-packages`, so Debian's
 grpcio and protobuf stay visible) and `pip install`s the packages there, under a file lock so that
@@ -17,11 +19,11 @@ import sys
 
 import harness as h
 
-PACKAGES = ["safetensors", "tensorboard", "onnx", "onnxruntime"]
+PACKAGES = ["safetensors", "tensorboard", "onnx", "onnxruntime", "kubernetes-validate"]
 VENV = os.environ.get("PSFLEET_PYENV") or os.path.join(h.BUILD_DIR, "pyenv")
 PYTHON = os.path.join(VENV, "bin", "python")
 MARK = os.path.join(VENV, ".psfleet-ready")
-CHECK = ("import numpy, safetensors.numpy, grpc, onnx, onnx.helper, onnxruntime; "
+CHECK = ("import numpy, safetensors.numpy, grpc, onnx, onnx.helper, onnxruntime, kubernetes_validate; "
          "from tensorboard.backend.event_processing import event_accumulator")
 # What the ready-mark holds: an environment whose mark differs was made for another list.
 MARK_TEXT = "psfleet pyenv: %s\n" % " ".join(PACKAGES)

@@ -60,6 +60,12 @@ SKIPPED = {
         "asks the example cluster's chief through its installed job file and the viewer's certificate",
     ("docs/operations.md", "node1# systemctl disable -q --now psfleet-psd@fmnist:0 psfleet-chiefd@fmnist"):
         "needs systemd on three hosts",
+    ("docs/operations.md", "psfleet certs --job fmnist.json --dir tls"):
+        "needs kubectl and a cluster; system.k8s makes the Secret's files the same way and mounts them",
+    ("docs/operations.md", "deploy/container/build-image.sh build/packages"):
+        "pulls debian:bookworm-slim from a registry and pushes to one (none can be reached here)",
+    ("docs/operations.md", "podman import /var/cache/psfleet-test/rootfs-bookworm-*.tar localhost/debian:bookworm-local"):
+        "builds an image as root with podman; system.k8s does it, in a podman storage of its own",
 }
 
 # What a command prints when it works: (pattern of the line, pattern its output must hold).
