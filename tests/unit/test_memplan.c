@@ -17,6 +17,7 @@
 #include "job.h"
 #include "memplan.h"
 #include "sparse_opts.h"
+#include "sparse_tier.h"
 
 #define JOB(ps_keys, emb) \
         "{\"job\": \"plan\", \"cluster\": {\"chief\": [\"localhost:7000\"], \"ps\": [\"localhost:7001\", " \
@@ -138,7 +139,8 @@ static void test_disk_tier(void **state)
         assert_int_equal(t->disk_bytes, t->disk_rows * (8 + 16 + 16 * 4 * 2));
         assert_int_equal(p.disk_bytes, t->disk_bytes);
         assert_true(t->tier_memory > 0);
-        assert_int_equal(p.total, p.dense_bytes + p.buffers + p.base + t->tier_memory + t->bytes);
+        assert_int_equal(p.tier_memory, t->tier_memory + SPARSE_TIER_PROCESS_BYTES);
+        assert_int_equal(p.total, p.dense_bytes + p.buffers + p.base + p.tier_memory + t->bytes);
         done(&f);
         load(&f, JOB("\"memory_limit_bytes\": 134217728", "{\"name\": \"a\", \"dim\": 16, \"disk_tier\": true}"));
         assert_int_equal(memplan_ps(f.c, f.L, 0, &p, err, sizeof(err)), 0);

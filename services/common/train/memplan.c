@@ -75,6 +75,8 @@ int memplan_ps(const struct job_config *cfg, const struct job_layout *L, uint32_
         }
 
         uint64_t limit = cfg->ps.memory_limit_bytes;
+        if (p.tier_memory)
+                p.tier_memory += SPARSE_TIER_PROCESS_BYTES;
         uint64_t fixed = p.dense_bytes + p.buffers + p.base + p.tier_memory;
         if (limit && limit <= fixed)
                 return errf(err, errlen, -E2BIG, "ps.memory_limit_bytes: %" PRIu64 " is below what ps:%u needs "

@@ -42,7 +42,7 @@ struct memplan_ps {
         uint64_t dense_bytes;                      /* with their optimizer slots */
         uint64_t buffers;                          /* messages in flight and shared-memory segments */
         uint64_t base;                             /* MEMPLAN_BASE_BYTES */
-        uint64_t tier_memory;                      /* the disk tiers' memory, all tables */
+        uint64_t tier_memory;                      /* the disk tiers' memory, all tables, and RocksDB's own once */
         uint64_t disk_bytes;                       /* the disk tiers' rows on disk (not in total) */
         uint32_t n_tables;
         struct memplan_table tables[MODEL_MAX_EMBEDDINGS];

@@ -76,7 +76,7 @@ struct sparse_table {
         uint64_t tier_rows, tier_reads, tier_spills, tier_errors, tier_refused; /* atomic */
         pthread_mutex_t walk_lock;     /* the walk's state below */
         uint32_t walk_gen;             /* the current walk's number (atomic reads), never 0 */
-        bool walking;                  /* a walk is under way: rows read back keep their disk copy (atomic) */
+        bool walking;                  /* a walk is under way (atomic) */
         struct sparse_tier_iter *walk_it;  /* the disk part of the walk, at walk_seq keys */
         uint64_t walk_seq;
         struct stripe stripes[N_STRIPES];
@@ -835,11 +835,11 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                         if (t->o.evict_policy == SPARSE_EVICT_LFU)
                                 *rec_count(rec) = th.count;
                         memcpy(rec_vals(t, rec), scratch + sizeof(th), t->row_floats * sizeof(float));
-                        /* one copy counts: DRAM's from now. During a walk the disk copy stays, so that
-                         * the walk's disk part still finds a row it has not given (its stripe passed);
-                         * the walk gives DRAM's copy then, and never a disk copy of a row in DRAM. */
-                        if (!__atomic_load_n(&t->walking, __ATOMIC_RELAXED) && sparse_tier_del(t->tier, id) < 0)
-                                __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                        /* one copy counts: DRAM's from now. The disk copy is left (a write less per read;
+                         * the next spill of the row overwrites it): a disk key whose id is in DRAM is
+                         * stale, and every reader of the disk (walks, eviction by age) looks in DRAM
+                         * first. It also lets a walk's disk part find a row that came back into a stripe
+                         * the walk had passed: it gives DRAM's copy then. */
                         __atomic_sub_fetch(&t->tier_rows, 1, __ATOMIC_RELAXED);
                         __atomic_add_fetch(&t->tier_reads, 1, __ATOMIC_RELAXED);
                 } else if (t->track) {
@@ -1104,7 +1104,7 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
                         /* a saturated touch (step >= 2^32 - 2) is of unknown age: kept */
                         if (touch == 0 || touch == UINT32_MAX || (uint64_t)(touch - 1) >= before)
                                 continue;
-                        /* a copy left on disk by a walk goes too */
+                        /* its stale copy on disk goes too (a row read back leaves one) */
                         if (t->tier && sparse_tier_del(t->tier, rec_id(rec)) < 0)
                                 __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                         row_drop(t, s, r);
