@@ -9,9 +9,12 @@ import os
 import re
 import struct
 import subprocess
+import sys
 import urllib.request
 
 import harness as h
+sys.path.insert(0, os.path.join(h.SOURCE_DIR, "tests", "bench"))
+from bench_admission import table_rows  # noqa: E402
 from test_sparse_bounds import plan, vm_rss
 from test_sparse_job import gen
 
@@ -136,7 +139,7 @@ def local_auc(wd):
     data = wd.file("data")
     os.makedirs(data)
     gen(wd, 20000, os.path.join(data, "train.tsv.gz"), 5000, os.path.join(data, "test.tsv.gz"))
-    auc = {}
+    auc, rows = {}, {}
     for name, extra in (("flat", {}), ("tiered", {"max_rows": 2000, "evict_policy": "lru", "disk_tier": True})):
         with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
             base = json.load(f)
@@ -146,11 +149,15 @@ def local_auc(wd):
             e.update(extra)
         path, _ = h.make_job(wd, name + ".json", n_ps=1, n_workers=1, base=base,
                              training={"max_steps": 300, "report_every_steps": 100})
-        r = h.local_result(wd, path, name=name, timeout=300)
+        r = h.local_result(wd, path, args=["--keep-state"], name=name, timeout=300)
         assert r["global_step"] >= 300 and "test_auc" in r, r
         auc[name] = r["test_auc"]
-    h.log("test AUC: unbounded %.4f, 2,000 rows in DRAM + disk tier %.4f" % (auc["flat"], auc["tiered"]))
+        rows[name] = table_rows(wd, name)
+    h.log("test AUC: unbounded %.4f, 2,000 rows in DRAM + disk tier %.4f; checkpointed rows %s"
+          % (auc["flat"], auc["tiered"], rows))
     assert abs(auc["flat"] - auc["tiered"]) <= 0.005, auc
+    # one worker reads the same examples in both: the final checkpoint, rows on disk with it, holds every row
+    assert rows["flat"] == rows["tiered"], rows
 
 
 def test():

@@ -1237,8 +1237,9 @@ static int walk_disk_row(struct sparse_table *t, uint64_t id, size_t n, size_t m
         } else {
                 /* the row as it is now, not as the snapshot saw it: it may have moved meanwhile */
                 int g = sparse_tier_get(t->tier, id, buf, t->tier_val_bytes);
-                struct tier_hdr h;
-                memcpy(&h, buf, sizeof(h));
+                struct tier_hdr h = {0};
+                if (g == 1)
+                        memcpy(&h, buf, sizeof(h));
                 if (g < 0) {
                         __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                 } else if (g == 1 && h.gen != t->walk_gen && (!dirty_only || (h.flags & TIER_DIRTY))) {
