@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 if "--build" in sys.argv[:-1]:   # the harness finds the daemons through it when imported
     os.environ["PSFLEET_BUILD_DIR"] = os.path.abspath(sys.argv[sys.argv.index("--build") + 1])
 
-from bench_admission import table_rows  # noqa: E402
+from bench_admission import train_runs  # noqa: E402
 
 
 def main():
@@ -26,27 +26,9 @@ def main():
     ap.add_argument("--test-rows", type=int, default=10 ** 5)
     ap.add_argument("--dram-rows", type=int, default=200000)
     a = ap.parse_args()
-    import harness as h
-    from test_sparse_job import gen
-    h.require_built("psd", "workerd", "chiefd", "psfleet")
-    wd = h.Workdir()
-    data = wd.file("data")
-    os.makedirs(data)
-    meta = gen(wd, a.rows, os.path.join(data, "train.tsv.gz"), a.test_rows, os.path.join(data, "test.tsv.gz"))
-    out = {"train_rows": a.rows, "test_rows": a.test_rows, "dram_rows": a.dram_rows, "planted_auc": meta["planted_auc"]}
     runs = [("dram", {}), ("tier", {"max_rows": a.dram_rows, "evict_policy": "lru", "disk_tier": True})]
-    for name, keys in runs:
-        with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
-            base = json.load(f)
-        base["data"]["dir"] = data
-        base["job"] = name
-        for e in base["model"]["embeddings"]:
-            e.update(keys)
-        path, _ = h.make_job(wd, name + ".json", n_ps=1, n_workers=2, base=base,
-                             training={"max_steps": a.rows // 256, "report_every_steps": 100})
-        r = h.local_result(wd, path, args=["--keep-state"], name=name, timeout=3600)
-        out[name] = {"keys": keys, "examples_per_s": r["examples_per_s"], "wall_s": r["wall_s"],
-                     "test_auc": r["test_auc"], "rows": table_rows(wd, name)}
+    out = train_runs(a, runs, timeout=3600)
+    out["dram_rows"] = a.dram_rows
     print(json.dumps(out))
 
 
