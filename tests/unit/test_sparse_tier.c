@@ -1,8 +1,9 @@
 /* The disk tier of sparse_table (sparse_tier.c): rows past max_rows move to disk and back bit for bit;
  * a tiered table trains exactly as an unbounded one; walks give the rows on disk once each, the
- * changed ones for an increment; clear empties the disk; eviction by age reaches the disk; a tier
- * directory that cannot be made is refused. */
+ * changed ones for an increment; clear empties the disk; eviction by age reaches the disk; writes
+ * failing (injected) refuse new rows and corrupt none; a tier directory that cannot be made is refused. */
 #include <errno.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -281,6 +282,74 @@ static void test_evict_age(void **state)
         sparse_table_free(t);
 }
 
+/* The disk failing (writes refused, as when full): new rows are refused with their initial row and
+ * their gradients dropped, rows on disk give their stored values and stay there, rows in DRAM go on
+ * training; nothing already stored changes but by a push applied in DRAM; once the disk works again
+ * the table goes on as before. */
+static void test_disk_fails(void **state)
+{
+        (void)state;
+        enum { N = 2000, NEW = 100 };
+        struct sparse_table *t = table(CAP, dir, SPARSE_EVICT_LRU), *ref = table(0, NULL, SPARSE_EVICT_AGE);
+        static uint64_t ids[N + NEW], ia[N + NEW];
+        static float rows[(N + NEW) * D], ref_rows[(N + NEW) * D], g[(N + NEW) * D];
+        static float va[(N + NEW) * 2 * D];
+        for (uint64_t i = 0; i < N + NEW; i++)
+                ids[i] = i;
+        for (size_t i = 0; i < (N + NEW) * D; i++)
+                g[i] = 0.01f * (float)(i % 7);
+        assert_int_equal(sparse_table_pull(t, ids, N, rows, true, 1), 0);
+        assert_int_equal(sparse_table_pull(ref, ids, N, ref_rows, true, 1), 0);
+        struct sparse_table_stats st0, st;
+        sparse_table_get_stats(t, &st0);
+        assert_true(st0.tier_rows > 0);
+
+        sparse_tier_fail_writes(sparse_table_tier(t), -ENOSPC);
+        /* every id again, old and new: old ones give their rows whether in DRAM or on disk */
+        assert_int_equal(sparse_table_pull(t, ids, N + NEW, rows, true, 2), 0);
+        assert_memory_equal(rows, ref_rows, N * D * sizeof(float));
+        for (uint64_t i = N; i < N + NEW; i++) {
+                float init[D];
+                sparse_table_init_row(t, i, init);
+                assert_memory_equal(rows + i * D, init, sizeof(init));
+        }
+        sparse_table_get_stats(t, &st);
+        assert_true(st.tier_errors > st0.tier_errors);
+        assert_true(st.tier_refused >= NEW);
+        assert_int_equal(st.tier_rows + st.rows, N);   /* nothing made, nothing lost */
+        char why[128];
+        sparse_table_tier_error(t, why, sizeof(why));
+        assert_non_null(strstr(why, "injected"));
+        /* pushes: applied to rows in DRAM, dropped (counted) for rows on disk and new ids */
+        uint64_t dropped0 = st.grads_dropped;
+        assert_int_equal(sparse_table_push(t, ids, N + NEW, g, 0.1f, 3), 0);
+        sparse_table_get_stats(t, &st);
+        assert_int_equal(st.grads_dropped - dropped0, st.tier_rows + NEW);
+        /* each row is the reference's before the push (dropped) or after it (applied), values and slot */
+        static float vr0[N * 2 * D], vr1[N * 2 * D];
+        static uint64_t ir[N];
+        assert_int_equal(dump(ref, ir, vr0, N), N);
+        assert_int_equal(sparse_table_push(ref, ids, N, g, 0.1f, 3), 0);
+        assert_int_equal(dump(ref, ir, vr1, N), N);
+
+        sparse_tier_fail_writes(sparse_table_tier(t), 0);
+        assert_int_equal(sparse_table_pull(t, ids + N, NEW, rows, true, 4), 0);
+        sparse_table_get_stats(t, &st);
+        assert_int_equal(st.tier_rows + st.rows, N + NEW);
+        size_t na = dump(t, ia, va, N + NEW), kept = 0;
+        assert_int_equal(na, N + NEW);
+        for (size_t i = 0; i < N; i++) {
+                assert_int_equal(ia[i], ir[i]);
+                bool before = memcmp(va + i * 2 * D, vr0 + i * 2 * D, 2 * D * sizeof(float)) == 0;
+                bool after = memcmp(va + i * 2 * D, vr1 + i * 2 * D, 2 * D * sizeof(float)) == 0;
+                assert_true(before || after);
+                kept += before;
+        }
+        assert_int_equal(kept + NEW, st.grads_dropped - dropped0);
+        sparse_table_free(t);
+        sparse_table_free(ref);
+}
+
 /* A tier directory that cannot be made (under a regular file: fails as root too) is refused. */
 static void test_unwritable(void **state)
 {
@@ -301,4 +370,4 @@ static void test_unwritable(void **state)
 
 UNIT_TEST_MAIN(setup, teardown, cmocka_unit_test(test_same_as_unbounded), cmocka_unit_test(test_walk_moving),
                cmocka_unit_test(test_incremental), cmocka_unit_test(test_clear), cmocka_unit_test(test_evict_age),
-               cmocka_unit_test(test_unwritable))
+               cmocka_unit_test(test_disk_fails), cmocka_unit_test(test_unwritable))

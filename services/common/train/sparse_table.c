@@ -969,6 +969,11 @@ void sparse_table_get_stats(const struct sparse_table *t, struct sparse_table_st
         };
 }
 
+struct sparse_tier *sparse_table_tier(struct sparse_table *t)
+{
+        return t->tier;
+}
+
 void sparse_table_tier_error(struct sparse_table *t, char *buf, size_t len)
 {
         if (t->tier)

@@ -141,6 +141,8 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
 
 /* The last disk tier error's text (empty if none), into buf; "" without a tier. */
 void sparse_table_tier_error(struct sparse_table *t, char *buf, size_t len);
+/* The table's disk tier (owned by t), or NULL: for tests' fault injection (sparse_tier_fail_writes). */
+struct sparse_tier *sparse_table_tier(struct sparse_table *t);
 
 /* Change tracking for incremental checkpoints (docs/checkpoints.md), off by default; turn it on before
  * the first row is made. While on, a row is marked changed when it is made, pushed or imported (a pull

@@ -28,6 +28,7 @@ struct sparse_tier {
         rocksdb_readoptions_t *ro;
         pthread_mutex_t err_lock;
         char err[TIER_ERR_MAX];
+        int fail_writes;         /* sparse_tier_fail_writes (atomic) */
 };
 
 struct sparse_tier_iter {
@@ -174,10 +175,30 @@ struct sparse_tier *sparse_tier_free(struct sparse_tier *t)
         return NULL;
 }
 
+/* An injected write failure, as RocksDB would report it (kept for the log). */
+static int injected(struct sparse_tier *t)
+{
+        int e = __atomic_load_n(&t->fail_writes, __ATOMIC_RELAXED);
+        if (e < 0) {
+                pthread_mutex_lock(&t->err_lock);
+                snprintf(t->err, sizeof(t->err), "injected: %s", strerror(-e));
+                pthread_mutex_unlock(&t->err_lock);
+        }
+        return e;
+}
+
+void sparse_tier_fail_writes(struct sparse_tier *t, int err)
+{
+        __atomic_store_n(&t->fail_writes, err < 0 ? err : 0, __ATOMIC_RELAXED);
+}
+
 int sparse_tier_put(struct sparse_tier *t, uint64_t id, const void *val, size_t len)
 {
         char k[8], *msg = NULL;
         int r = -EIO;
+        if ((r = injected(t)) < 0)
+                return r;
+        r = -EIO;
         key_of(id, k);
         pthread_rwlock_rdlock(&t->lock);
         if (t->db) {
@@ -217,6 +238,9 @@ int sparse_tier_del(struct sparse_tier *t, uint64_t id)
 {
         char k[8], *msg = NULL;
         int r = -EIO;
+        if ((r = injected(t)) < 0)
+                return r;
+        r = -EIO;
         key_of(id, k);
         pthread_rwlock_rdlock(&t->lock);
         if (t->db) {

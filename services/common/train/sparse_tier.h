@@ -40,6 +40,10 @@ uint64_t sparse_tier_memory_bytes(void);
 /* The text of the last error (empty if none), into buf. */
 void sparse_tier_last_error(struct sparse_tier *t, char *buf, size_t len);
 
+/* Fault injection, for tests: while err < 0, every put and delete fails with err (as a full or
+ * unwritable disk would), reads still work; 0 ends it. */
+void sparse_tier_fail_writes(struct sparse_tier *t, int err);
+
 /* Walks the ids in order over a snapshot of the store taken now. 0 or -errno. */
 int sparse_tier_iter_new(struct sparse_tier *t, struct sparse_tier_iter **ret);
 /* The next id (and its value, valid until the next call): true, or false at the end (or on an error:
