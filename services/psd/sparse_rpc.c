@@ -23,6 +23,25 @@
 #define EXPORT_PAGE_ROWS 65536u
 #define EXPORT_HOLD_US 30000000u   /* a walk abandoned half-way holds eviction off this long */
 
+/* The series of a table's disk tier. */
+static void tier_metrics(struct psd_table *pt, const char *name) {
+        const struct { struct metric **m; const char *name, *help; } counters[] = {
+                {&pt->m_disk_reads, "psfleet_ps_sparse_disk_reads_total", "Rows read back from the disk tier into DRAM."},
+                {&pt->m_disk_spills, "psfleet_ps_sparse_disk_spills_total",
+                 "Rows moved from DRAM to the disk tier at the table's bound."},
+                {&pt->m_disk_errors, "psfleet_ps_sparse_disk_errors_total",
+                 "Failed operations of the disk tier (unwritable, full, unreadable)."},
+                {&pt->m_disk_refused, "psfleet_ps_sparse_disk_refused_total",
+                 "New rows refused because no row could be moved to the disk tier."},
+        };
+        for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++)
+                *counters[k].m = metric_counter(counters[k].name, counters[k].help, "table", name);
+        pt->m_disk_rows = metric_gauge("psfleet_ps_sparse_disk_rows", "Rows of an embedding table on this shard's "
+                                       "disk tier.", "table", name);
+        pt->m_disk_bytes = metric_gauge("psfleet_ps_sparse_disk_bytes", "Bytes of an embedding table's disk tier "
+                                        "(files and memtables).", "table", name);
+}
+
 int sparse_tables_new(struct psd *p) {
         const struct model_spec *m = &p->cfg->model;
         char err[600];
@@ -100,21 +119,11 @@ int sparse_tables_new(struct psd *p) {
                          "Pulls of ids not yet admitted, answered with the initial row."},
                         {&pt->m_dropped, "psfleet_ps_sparse_grads_dropped_total",
                          "Gradient rows not applied: ids without a row under admission, or while the disk tier fails."},
-                        {&pt->m_disk_reads, "psfleet_ps_sparse_disk_reads_total",
-                         "Rows read back from the disk tier into DRAM."},
-                        {&pt->m_disk_spills, "psfleet_ps_sparse_disk_spills_total",
-                         "Rows moved from DRAM to the disk tier at the table's bound."},
-                        {&pt->m_disk_errors, "psfleet_ps_sparse_disk_errors_total",
-                         "Failed operations of the disk tier (unwritable, full, unreadable)."},
-                        {&pt->m_disk_refused, "psfleet_ps_sparse_disk_refused_total",
-                         "New rows refused because no row could be moved to the disk tier."},
                 };
                 for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++)
                         *counters[k].m = metric_counter(counters[k].name, counters[k].help, "table", name);
-                pt->m_disk_rows = metric_gauge("psfleet_ps_sparse_disk_rows", "Rows of an embedding table on this "
-                                               "shard's disk tier.", "table", name);
-                pt->m_disk_bytes = metric_gauge("psfleet_ps_sparse_disk_bytes", "Bytes of an embedding table's disk "
-                                                "tier (files and memtables).", "table", name);
+                if (o.tier_dir)   /* a table without a tier keeps its scrape as it was */
+                        tier_metrics(pt, name);
         }
         return 0;
 }
@@ -150,12 +159,14 @@ void sparse_tables_tick(struct psd *p) {
                 metric_add(pt->m_admitted, st.admitted - pt->seen.admitted);
                 metric_add(pt->m_pending, st.admit_pending - pt->seen.admit_pending);
                 metric_add(pt->m_dropped, st.grads_dropped - pt->seen.grads_dropped);
-                metric_set(pt->m_disk_rows, (double)st.tier_rows);
-                metric_set(pt->m_disk_bytes, (double)st.tier_bytes);
-                metric_add(pt->m_disk_reads, st.tier_reads - pt->seen.tier_reads);
-                metric_add(pt->m_disk_spills, st.tier_spills - pt->seen.tier_spills);
-                metric_add(pt->m_disk_errors, st.tier_errors - pt->seen.tier_errors);
-                metric_add(pt->m_disk_refused, st.tier_refused - pt->seen.tier_refused);
+                if (pt->m_disk_rows) {
+                        metric_set(pt->m_disk_rows, (double)st.tier_rows);
+                        metric_set(pt->m_disk_bytes, (double)st.tier_bytes);
+                        metric_add(pt->m_disk_reads, st.tier_reads - pt->seen.tier_reads);
+                        metric_add(pt->m_disk_spills, st.tier_spills - pt->seen.tier_spills);
+                        metric_add(pt->m_disk_errors, st.tier_errors - pt->seen.tier_errors);
+                        metric_add(pt->m_disk_refused, st.tier_refused - pt->seen.tier_refused);
+                }
                 if (st.tier_errors > pt->seen.tier_errors) {
                         char why[256];
                         sparse_table_tier_error(pt->t, why, sizeof(why));
