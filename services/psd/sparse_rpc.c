@@ -15,6 +15,7 @@
 #include "metrics.h"
 #include "optim.h"
 #include "sparse_opts.h"
+#include "sparse_tier.h"
 #include "util.h"
 #include "wire.h"
 
@@ -85,6 +86,7 @@ int sparse_tables_new(struct psd *p) {
                         if (len < 0 || (size_t)len >= sizeof(tier))
                                 return log_error_errno(-ENAMETOOLONG, "ps.disk_tier_dir \"%s\": the path is too long", d);
                         o.tier_dir = tier;
+                        o.tier_ops = &sparse_tier_rocksdb;
                 }
                 if ((r = sparse_table_new(&o, &pt->t)) < 0) {
                         if (o.tier_dir)

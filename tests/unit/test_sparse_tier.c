@@ -44,7 +44,7 @@ static struct sparse_table *table(uint64_t max_rows, const char *tier, enum spar
 {
         struct sparse_table_opts o = {.dim = D, .optimizer = SPARSE_ADAGRAD, .init_stddev = 0.1, .seed = 3,
                                       .initial_accumulator = 0.1, .max_rows = max_rows, .evict_policy = pol,
-                                      .tier_dir = tier};
+                                      .tier_dir = tier, .tier_ops = &sparse_tier_rocksdb};
         struct sparse_table *t = NULL;
         assert_int_equal(sparse_table_new(&o, &t), 0);
         return t;
@@ -188,7 +188,8 @@ static void test_incremental(void **state)
         (void)state;
         enum { PAGE = 64 };
         struct sparse_table_opts o = {.dim = D, .optimizer = SPARSE_SGD, .init_stddev = 0.1, .seed = 3,
-                                      .max_rows = CAP, .evict_policy = SPARSE_EVICT_LRU, .tier_dir = dir};
+                                      .max_rows = CAP, .evict_policy = SPARSE_EVICT_LRU, .tier_dir = dir,
+                                      .tier_ops = &sparse_tier_rocksdb};
         struct sparse_table *t = NULL;
         assert_int_equal(sparse_table_new(&o, &t), 0);
         sparse_table_track(t, true);
@@ -360,10 +361,13 @@ static void test_unwritable(void **state)
         assert_non_null(f);
         fclose(f);
         snprintf(sub, sizeof(sub), "%s/tier", file);
-        struct sparse_table_opts o = {.dim = D, .optimizer = SPARSE_SGD, .max_rows = CAP, .tier_dir = sub};
+        struct sparse_table_opts o = {.dim = D, .optimizer = SPARSE_SGD, .max_rows = CAP, .tier_dir = sub,
+                                      .tier_ops = &sparse_tier_rocksdb};
         struct sparse_table *t = NULL;
         assert_int_equal(sparse_table_new(&o, &t), -ENOTDIR);
         assert_null(t);
+        o.tier_ops = NULL;   /* a tier needs its store's functions */
+        assert_int_equal(sparse_table_new(&o, &t), -EINVAL);
         struct sparse_tier *tier = NULL;
         assert_int_equal(sparse_tier_open(file, &tier), -ENOTDIR);
 }

@@ -69,7 +69,7 @@ int memplan_ps(const struct job_config *cfg, const struct job_layout *L, uint32_
                         t->rows = 0, t->from = MEMPLAN_UNBOUNDED;
                 }
                 if ((t->disk_tier = es->disk_tier)) {
-                        t->tier_memory = sparse_tier_memory_bytes();
+                        t->tier_memory = SPARSE_TIER_MEMORY_BYTES;
                         p.tier_memory += t->tier_memory;
                 }
         }

@@ -33,7 +33,7 @@ struct memplan_table {
         /* disk_tier: rows and bytes is DRAM's part at the bound; the rest of vocab or expected_rows is on
          * disk (0 when neither says), and RocksDB's memtables and block cache are in DRAM too */
         bool disk_tier;
-        uint64_t tier_memory;   /* sparse_tier_memory_bytes(), in total */
+        uint64_t tier_memory;   /* SPARSE_TIER_MEMORY_BYTES, in total */
         uint64_t disk_rows, disk_bytes; /* on disk, not in total: 8 bytes of key, 16 of state, the row raw */
 };
 

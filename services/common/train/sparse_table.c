@@ -72,6 +72,7 @@ struct sparse_table {
         bool changes_lost;             /* an evicted id could not be noted (atomic) */
         /* the disk tier (tier_dir): rows past max_rows, as tier values (struct tier_hdr, row_floats) */
         struct sparse_tier *tier;
+        const struct sparse_tier_ops *tops;   /* the tier's functions (o.tier_ops) */
         size_t tier_val_bytes;
         uint64_t tier_rows, tier_reads, tier_spills, tier_errors, tier_refused; /* atomic */
         pthread_mutex_t walk_lock;     /* the walk's state below */
@@ -364,7 +365,7 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
                 return -EINVAL;
         if ((o->max_rows && o->max_rows < SPARSE_MIN_MAX_ROWS) ||
             (o->evict_policy != SPARSE_EVICT_AGE && o->evict_policy != SPARSE_EVICT_LRU &&
-             o->evict_policy != SPARSE_EVICT_LFU) || o->admit_after > CMSKETCH_MAX)
+             o->evict_policy != SPARSE_EVICT_LFU) || o->admit_after > CMSKETCH_MAX || (o->tier_dir && !o->tier_ops))
                 return -EINVAL;
         if (o->optimizer == SPARSE_FTRL &&
             !(o->ftrl_l1 >= 0 && o->ftrl_l2 >= 0 && o->ftrl_beta >= 0 && o->ftrl_lr_power <= 0 &&
@@ -400,8 +401,9 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
         t->walk_gen = 1;
         t->o.tier_dir = NULL;   /* the caller's string: not kept */
         if (o->tier_dir) {
+                t->tops = o->tier_ops;
                 t->tier_val_bytes = sizeof(struct tier_hdr) + t->row_floats * sizeof(float);
-                int r = sparse_tier_open(o->tier_dir, &t->tier);
+                int r = t->tops->open(o->tier_dir, &t->tier);
                 if (r < 0) {
                         sparse_table_free(t);
                         return r;
@@ -439,8 +441,10 @@ struct sparse_table *sparse_table_free(struct sparse_table *t)
                 pthread_mutex_destroy(&t->stripes[i].lock);
         }
         cmsketch_free(t->sketch);
-        sparse_tier_iter_free(t->walk_it);
-        sparse_tier_free(t->tier);
+        if (t->tier) {
+                t->tops->iter_free(t->walk_it);
+                t->tops->free(t->tier);
+        }
         pthread_mutex_destroy(&t->walk_lock);
         free(t);
         return NULL;
@@ -622,7 +626,7 @@ static int row_spill(struct sparse_table *t, struct stripe *s, uint32_t r, char 
         };
         memcpy(buf, &h, sizeof(h));
         memcpy(buf + sizeof(h), rec_vals(t, rec), t->row_floats * sizeof(float));
-        int rc = sparse_tier_put(t->tier, rec_id(rec), buf, t->tier_val_bytes);
+        int rc = t->tops->put(t->tier, rec_id(rec), buf, t->tier_val_bytes);
         if (rc < 0) {
                 __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                 return rc;
@@ -764,7 +768,7 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                 bool from_disk = false;
                 struct tier_hdr th = {0};
                 if (t->tier && __atomic_load_n(&t->tier_rows, __ATOMIC_RELAXED)) {
-                        int g = sparse_tier_get(t->tier, id, scratch, t->tier_val_bytes);
+                        int g = t->tops->get(t->tier, id, scratch, t->tier_val_bytes);
                         if (g < 0) {
                                 __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                                 pthread_mutex_unlock(&s->lock);
@@ -961,7 +965,7 @@ void sparse_table_get_stats(const struct sparse_table *t, struct sparse_table_st
                 .admit_pending = __atomic_load_n(&t->admit_pending, __ATOMIC_RELAXED),
                 .grads_dropped = __atomic_load_n(&t->grads_dropped, __ATOMIC_RELAXED),
                 .tier_rows = __atomic_load_n(&t->tier_rows, __ATOMIC_RELAXED),
-                .tier_bytes = t->tier ? sparse_tier_bytes(t->tier) : 0,
+                .tier_bytes = t->tier ? t->tops->bytes(t->tier) : 0,
                 .tier_reads = __atomic_load_n(&t->tier_reads, __ATOMIC_RELAXED),
                 .tier_spills = __atomic_load_n(&t->tier_spills, __ATOMIC_RELAXED),
                 .tier_errors = __atomic_load_n(&t->tier_errors, __ATOMIC_RELAXED),
@@ -977,7 +981,7 @@ struct sparse_tier *sparse_table_tier(struct sparse_table *t)
 void sparse_table_tier_error(struct sparse_table *t, char *buf, size_t len)
 {
         if (t->tier)
-                sparse_tier_last_error(t->tier, buf, len);
+                t->tops->last_error(t->tier, buf, len);
         else if (len)
                 buf[0] = 0;
 }
@@ -1048,7 +1052,7 @@ static size_t tier_evict(struct sparse_table *t, uint64_t before)
                 return 0;
         struct sparse_tier_iter *it;
         char *buf = malloc(t->tier_val_bytes);
-        if (!buf || sparse_tier_iter_new(t->tier, &it) < 0) {
+        if (!buf || t->tops->iter_new(t->tier, &it) < 0) {
                 free(buf);
                 return 0;
         }
@@ -1056,7 +1060,7 @@ static size_t tier_evict(struct sparse_table *t, uint64_t before)
         uint64_t id;
         const void *val;
         size_t len;
-        while (sparse_tier_iter_next(it, &id, &val, &len)) {
+        while (t->tops->iter_next(it, &id, &val, &len)) {
                 struct tier_hdr h;
                 if (len != t->tier_val_bytes)
                         continue;
@@ -1069,11 +1073,11 @@ static size_t tier_evict(struct sparse_table *t, uint64_t before)
                 bool found;
                 index_find(t, s, id, hh, &found);
                 /* under the lock, as it is now: a row back in DRAM is DRAM's (sparse_table_evict's pass) */
-                int g = found ? 0 : sparse_tier_get(t->tier, id, buf, t->tier_val_bytes);
+                int g = found ? 0 : t->tops->get(t->tier, id, buf, t->tier_val_bytes);
                 if (g == 1) {
                         memcpy(&h, buf, sizeof(h));
                         if (h.touch != 0 && h.touch != UINT32_MAX && (uint64_t)(h.touch - 1) < before) {
-                                if (sparse_tier_del(t->tier, id) < 0) {
+                                if (t->tops->del(t->tier, id) < 0) {
                                         __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                                 } else {
                                         if (t->track)
@@ -1087,9 +1091,9 @@ static size_t tier_evict(struct sparse_table *t, uint64_t before)
                 }
                 pthread_mutex_unlock(&s->lock);
         }
-        if (sparse_tier_iter_error(it) < 0)
+        if (t->tops->iter_error(it) < 0)
                 __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
-        sparse_tier_iter_free(it);
+        t->tops->iter_free(it);
         free(buf);
         return evicted;
 }
@@ -1110,7 +1114,7 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
                         if (touch == 0 || touch == UINT32_MAX || (uint64_t)(touch - 1) >= before)
                                 continue;
                         /* its stale copy on disk goes too (a row read back leaves one) */
-                        if (t->tier && sparse_tier_del(t->tier, rec_id(rec)) < 0)
+                        if (t->tier && t->tops->del(t->tier, rec_id(rec)) < 0)
                                 __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                         row_drop(t, s, r);
                         evicted++;
@@ -1171,9 +1175,9 @@ void sparse_table_clear(struct sparse_table *t)
         }
         if (t->tier) {
                 pthread_mutex_lock(&t->walk_lock);
-                t->walk_it = sparse_tier_iter_free(t->walk_it);
+                t->walk_it = t->tops->iter_free(t->walk_it);
                 __atomic_store_n(&t->walking, false, __ATOMIC_RELAXED);
-                if (sparse_tier_clear(t->tier) < 0)
+                if (t->tops->clear(t->tier) < 0)
                         __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                 __atomic_store_n(&t->tier_rows, 0, __ATOMIC_RELAXED);
                 pthread_mutex_unlock(&t->walk_lock);
@@ -1204,7 +1208,7 @@ static void give_row(const struct sparse_table *t, const float *row, uint64_t id
 /* A new walk (walk_lock held): nothing given yet. */
 static void walk_start(struct sparse_table *t)
 {
-        t->walk_it = sparse_tier_iter_free(t->walk_it);
+        t->walk_it = t->tops->iter_free(t->walk_it);
         t->walk_seq = 0;
         uint32_t gen = t->walk_gen + 1 ? t->walk_gen + 1 : 1;
         for (unsigned i = 0; i < N_STRIPES; i++) {
@@ -1241,7 +1245,7 @@ static int walk_disk_row(struct sparse_table *t, uint64_t id, size_t n, size_t m
                 }
         } else {
                 /* the row as it is now, not as the snapshot saw it: it may have moved meanwhile */
-                int g = sparse_tier_get(t->tier, id, buf, t->tier_val_bytes);
+                int g = t->tops->get(t->tier, id, buf, t->tier_val_bytes);
                 struct tier_hdr h = {0};
                 if (g == 1)
                         memcpy(&h, buf, sizeof(h));
@@ -1255,7 +1259,7 @@ static int walk_disk_row(struct sparse_table *t, uint64_t id, size_t n, size_t m
                                 h.gen = t->walk_gen;
                                 memcpy(buf, &h, sizeof(h));
                                 /* failing, the mark stays: the row comes again in the next increment */
-                                if (sparse_tier_put(t->tier, id, buf, t->tier_val_bytes) < 0)
+                                if (t->tops->put(t->tier, id, buf, t->tier_val_bytes) < 0)
                                         __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                         }
                 }
@@ -1280,26 +1284,26 @@ static size_t walk_disk(struct sparse_table *t, uint64_t *cursor, uint64_t seq, 
         size_t len;
         if (!t->walk_it || t->walk_seq != seq) {
                 /* another walk's iterator, or this one's page asked again: a fresh snapshot, from seq */
-                t->walk_it = sparse_tier_iter_free(t->walk_it);
-                if (sparse_tier_iter_new(t->tier, &t->walk_it) < 0) {
+                t->walk_it = t->tops->iter_free(t->walk_it);
+                if (t->tops->iter_new(t->tier, &t->walk_it) < 0) {
                         __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                         free(buf);
                         *cursor = TIER_PHASE | seq;
                         return n;
                 }
-                for (t->walk_seq = 0; t->walk_seq < seq && sparse_tier_iter_next(t->walk_it, &id, &val, &len);)
+                for (t->walk_seq = 0; t->walk_seq < seq && t->tops->iter_next(t->walk_it, &id, &val, &len);)
                         t->walk_seq++;
         }
         bool more = true;
-        while (n < max && (more = sparse_tier_iter_next(t->walk_it, &id, &val, &len))) {
+        while (n < max && (more = t->tops->iter_next(t->walk_it, &id, &val, &len))) {
                 t->walk_seq++;
                 n += (size_t)walk_disk_row(t, id, n, max, ids, values, slots, dirty_only, clean, buf);
         }
         free(buf);
         if (!more) {
-                if (sparse_tier_iter_error(t->walk_it) < 0)
+                if (t->tops->iter_error(t->walk_it) < 0)
                         __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
-                t->walk_it = sparse_tier_iter_free(t->walk_it);
+                t->walk_it = t->tops->iter_free(t->walk_it);
                 __atomic_store_n(&t->walking, false, __ATOMIC_RELAXED);
                 *cursor = TIER_DONE;
         } else {

@@ -15,6 +15,8 @@
 
 #define SPARSE_MAX_SLOTS 2
 
+struct sparse_tier_ops;
+
 struct sparse_table_opts {
         uint32_t dim;                 /* 1..1024 */
         enum sparse_optimizer optimizer;
@@ -38,6 +40,9 @@ struct sparse_table_opts {
         const char *tier_dir;         /* non-NULL: the disk tier's directory (made, wiped and opened by
                                        * sparse_table_new): a row leaving DRAM at max_rows is written there
                                        * instead of dropped, and read back on its next use (sparse_tier.h) */
+        const struct sparse_tier_ops *tier_ops; /* with tier_dir: the store (&sparse_tier_rocksdb); a table
+                                       * reaches RocksDB only through it, so that programs without a tier
+                                       * do not link it */
 };
 
 /* The smallest max_rows (one row per stripe), and the admission sketch's shape: 4 rows of 2^20 8-bit

@@ -13,8 +13,6 @@
 
 #include <rocksdb/c.h>
 
-#define TIER_WRITE_BUFFER (4u << 20)   /* per memtable, two of them */
-#define TIER_BLOCK_CACHE (8u << 20)
 #define TIER_ERR_MAX 256
 
 struct sparse_tier {
@@ -126,7 +124,7 @@ int sparse_tier_open(const char *dir, struct sparse_tier **ret)
         t->dir = strdup(dir);
         t->opts = rocksdb_options_create();
         t->bopts = rocksdb_block_based_options_create();
-        t->cache = rocksdb_cache_create_lru(TIER_BLOCK_CACHE);
+        t->cache = rocksdb_cache_create_lru(SPARSE_TIER_BLOCK_CACHE);
         t->wo = rocksdb_writeoptions_create();
         t->ro = rocksdb_readoptions_create();
         if (!t->dir || !t->opts || !t->bopts || !t->cache || !t->wo || !t->ro) {
@@ -139,7 +137,7 @@ int sparse_tier_open(const char *dir, struct sparse_tier **ret)
         rocksdb_options_set_create_if_missing(t->opts, 1);
         rocksdb_options_set_error_if_exists(t->opts, 1);
         rocksdb_options_set_compression(t->opts, rocksdb_no_compression);
-        rocksdb_options_set_write_buffer_size(t->opts, TIER_WRITE_BUFFER);
+        rocksdb_options_set_write_buffer_size(t->opts, SPARSE_TIER_WRITE_BUFFER);
         rocksdb_options_set_max_write_buffer_number(t->opts, 2);
         rocksdb_options_set_max_log_file_size(t->opts, 1u << 20);
         rocksdb_options_set_keep_log_file_num(t->opts, 2);
@@ -273,11 +271,6 @@ uint64_t sparse_tier_bytes(struct sparse_tier *t)
         return sst + mem;
 }
 
-uint64_t sparse_tier_memory_bytes(void)
-{
-        return 2ull * TIER_WRITE_BUFFER + TIER_BLOCK_CACHE;
-}
-
 void sparse_tier_last_error(struct sparse_tier *t, char *buf, size_t len)
 {
         pthread_mutex_lock(&t->err_lock);
@@ -348,3 +341,10 @@ struct sparse_tier_iter *sparse_tier_iter_free(struct sparse_tier_iter *it)
         free(it);
         return NULL;
 }
+
+const struct sparse_tier_ops sparse_tier_rocksdb = {
+        .open = sparse_tier_open, .free = sparse_tier_free, .put = sparse_tier_put, .get = sparse_tier_get,
+        .del = sparse_tier_del, .clear = sparse_tier_clear, .bytes = sparse_tier_bytes,
+        .last_error = sparse_tier_last_error, .iter_new = sparse_tier_iter_new, .iter_next = sparse_tier_iter_next,
+        .iter_error = sparse_tier_iter_error, .iter_free = sparse_tier_iter_free,
+};

@@ -31,8 +31,11 @@ int sparse_tier_clear(struct sparse_tier *t);
 
 /* Bytes of the store on disk (its files) and in its memtables, as RocksDB estimates them. */
 uint64_t sparse_tier_bytes(struct sparse_tier *t);
-/* The memory a tier may hold whatever its rows (memtables, block cache): for plans. */
-uint64_t sparse_tier_memory_bytes(void);
+/* The memory a tier may hold whatever its rows (two 4 MiB memtables, an 8 MiB block cache): for plans,
+ * a constant so that planning does not link RocksDB. */
+#define SPARSE_TIER_WRITE_BUFFER (4u << 20)
+#define SPARSE_TIER_BLOCK_CACHE (8u << 20)
+#define SPARSE_TIER_MEMORY_BYTES (2ull * SPARSE_TIER_WRITE_BUFFER + SPARSE_TIER_BLOCK_CACHE)
 /* What RocksDB adds to a process once, with any tier open (its code and threads: VmRSS of a psd with a
  * tier before any row against one without, measured in integration.sparse_tier: 3.4 MB). */
 #define SPARSE_TIER_PROCESS_BYTES (4ull << 20)
@@ -51,3 +54,20 @@ int sparse_tier_iter_new(struct sparse_tier *t, struct sparse_tier_iter **ret);
 bool sparse_tier_iter_next(struct sparse_tier_iter *it, uint64_t *id, const void **val, size_t *len);
 int sparse_tier_iter_error(const struct sparse_tier_iter *it); /* 0 or -EIO */
 struct sparse_tier_iter *sparse_tier_iter_free(struct sparse_tier_iter *it); /* NULL-safe; returns NULL */
+
+/* The functions above as a table: what sparse_table calls (sparse_table_opts.tier_ops). */
+struct sparse_tier_ops {
+        int (*open)(const char *dir, struct sparse_tier **ret);
+        struct sparse_tier *(*free)(struct sparse_tier *t);
+        int (*put)(struct sparse_tier *t, uint64_t id, const void *val, size_t len);
+        int (*get)(struct sparse_tier *t, uint64_t id, void *val, size_t len);
+        int (*del)(struct sparse_tier *t, uint64_t id);
+        int (*clear)(struct sparse_tier *t);
+        uint64_t (*bytes)(struct sparse_tier *t);
+        void (*last_error)(struct sparse_tier *t, char *buf, size_t len);
+        int (*iter_new)(struct sparse_tier *t, struct sparse_tier_iter **ret);
+        bool (*iter_next)(struct sparse_tier_iter *it, uint64_t *id, const void **val, size_t *len);
+        int (*iter_error)(const struct sparse_tier_iter *it);
+        struct sparse_tier_iter *(*iter_free)(struct sparse_tier_iter *it);
+};
+extern const struct sparse_tier_ops sparse_tier_rocksdb;
