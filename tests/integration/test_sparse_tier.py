@@ -7,6 +7,7 @@ reaches the test AUC of the same job unbounded."""
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -116,6 +117,22 @@ def same_as_unbounded(wd):
     h.log("psd grew by %d with the rows; plan: table %d + tier caches %d + buffers %d = %d"
           % (grown, p["tables"][0]["bytes"], p["tables"][0]["tier_memory"], p["buffers"], planned))
     assert grown <= 1.10 * planned, (grown, planned, p)
+
+    # kill -9: the psd starts again with its tier wiped, restored by the chief as any shard (here from
+    # the checkpoint of step 0: no rows)
+    ps.kill(signal.SIGKILL)
+    ps.p.wait(10)
+    h._procs.remove(ps)
+    ps = h.daemon(wd, "psd", job, 0, state_dir=wd.file("state-tier.json"))
+    h.wait_healthy(spec["cluster"]["ps"][0], ps)
+    s = h.stubs()
+    stub = s.ps_pb2_grpc.ParameterServerStub(h.channel(spec["cluster"]["ps"][0]))
+    st = h.wait_for("ps:0 restored by the chief", lambda: (lambda x: x if x.initialized else None)(
+        stub.GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=5)), 60, [ps, chief])
+    big = st.tables[0]
+    h.log("restarted: rows %d, disk_rows %d, disk_bytes %d" % (big.rows, big.disk_rows, big.disk_bytes))
+    assert big.rows == 0 and big.disk_rows == 0 and big.disk_spills == 0, big
+    assert not [f for f in os.listdir(tier) if f.endswith(".sst")], os.listdir(tier)
     ps.kill(), chief.kill(), ps.wait(15), chief.wait(15)
 
 
