@@ -133,12 +133,19 @@ int sparse_tier_open(const char *dir, struct sparse_tier **ret)
         }
         rocksdb_block_based_options_set_block_cache(t->bopts, t->cache);
         rocksdb_block_based_options_set_filter_policy(t->bopts, rocksdb_filterpolicy_create_bloom(10));
+        rocksdb_block_based_options_set_data_block_index_type(t->bopts,
+                                                               rocksdb_block_based_table_data_block_index_type_binary_search_and_hash);
         rocksdb_options_set_block_based_table_factory(t->opts, t->bopts);
         rocksdb_options_set_create_if_missing(t->opts, 1);
         rocksdb_options_set_error_if_exists(t->opts, 1);
         rocksdb_options_set_compression(t->opts, rocksdb_no_compression);
         rocksdb_options_set_write_buffer_size(t->opts, SPARSE_TIER_WRITE_BUFFER);
         rocksdb_options_set_max_write_buffer_number(t->opts, 2);
+        /* most lookups are of ids not on disk, or in a file rather than the memtable: a bloom filter
+         * over the memtable's whole keys and a hash index in each data block skip the skip list's and
+         * the block's binary search for them */
+        rocksdb_options_set_memtable_whole_key_filtering(t->opts, 1);
+        rocksdb_options_set_memtable_prefix_bloom_size_ratio(t->opts, 0.1);
         rocksdb_options_set_max_log_file_size(t->opts, 1u << 20);
         rocksdb_options_set_keep_log_file_num(t->opts, 2);
         rocksdb_writeoptions_disable_WAL(t->wo, 1);
