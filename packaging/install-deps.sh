@@ -15,6 +15,7 @@ DEMO_PKGS=(
   libprotobuf-c-dev protobuf-c-compiler grpc-proto  # messages (protoc-c), health.proto
   libsystemd-dev              # sd_notify, journal
   libsqlite3-dev              # chiefd's records
+  librocksdb-dev              # psd's disk tier of embedding tables
   libjansson-dev              # job files, checkpoint headers
   libopenblas-dev             # CPU sgemm
   zlib1g-dev                  # gzip'd IDX data

@@ -45,6 +45,15 @@ static void print_ps(const struct job_config *cfg, uint32_t s, const struct memp
                 printf("  %-24s %14s %12.1f %14.1f  (%s)\n", name, rows,
                        t->rows ? (double)t->bytes / (double)t->rows : (double)t->row_bytes, mib(t->bytes),
                        memplan_rows_name(t->from));
+                if (t->disk_tier) {
+                        printf("  %-24s %14s %12s %14.1f\n", "  disk tier cache", "", "", mib(t->tier_memory));
+                        if (t->disk_rows)
+                                snprintf(rows, sizeof(rows), "%" PRIu64, t->disk_rows);
+                        else
+                                snprintf(rows, sizeof(rows), "unknown");
+                        printf("  %-24s %14s %12.1f %14.1f  (on disk, not in the total)\n", "  on disk", rows,
+                               (double)(8 + 16 + t->row_bytes), mib(t->disk_bytes));
+                }
         }
         printf("  %-24s %14s %12s %14.1f\n", "buffers", "", "", mib(p->buffers));
         printf("  %-24s %14s %12s %14.1f\n", "process", "", "", mib(p->base));
@@ -55,11 +64,15 @@ static json_t *ps_json(const struct job_config *cfg, uint32_t s, const struct me
         json_t *tables = json_array();
         for (uint32_t e = 0; e < p->n_tables; e++) {
                 const struct memplan_table *t = &p->tables[e];
-                json_array_append_new(tables, json_pack("{s:s, s:I, s:s, s:I, s:I, s:I}", "name", cfg->model.emb[e].name,
-                                                        "rows", (json_int_t)t->rows, "rows_from",
-                                                        memplan_rows_name(t->from), "row_bytes", (json_int_t)t->row_bytes,
-                                                        "bytes", (json_int_t)t->bytes, "max_rows",
-                                                        (json_int_t)t->max_rows));
+                json_t *o = json_pack("{s:s, s:I, s:s, s:I, s:I, s:I}", "name", cfg->model.emb[e].name,
+                                      "rows", (json_int_t)t->rows, "rows_from", memplan_rows_name(t->from), "row_bytes",
+                                      (json_int_t)t->row_bytes, "bytes", (json_int_t)t->bytes, "max_rows",
+                                      (json_int_t)t->max_rows);
+                if (o && t->disk_tier)
+                        json_object_update_new(o, json_pack("{s:I, s:I, s:I}", "tier_memory", (json_int_t)t->tier_memory,
+                                                            "disk_rows", (json_int_t)t->disk_rows, "disk_bytes",
+                                                            (json_int_t)t->disk_bytes));
+                json_array_append_new(tables, o);
         }
         return json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:I, s:b, s:I}", "ps", (json_int_t)s, "dense_floats",
                          (json_int_t)p->dense_floats, "dense_bytes", (json_int_t)p->dense_bytes, "buffers",

@@ -368,13 +368,22 @@ static json_t *tables_json(const Psfleet__V1__ShardStatus *st) {
         json_t *a = json_array();
         for (size_t k = 0; k < st->n_tables; k++) {
                 const Psfleet__V1__SparseTableStatus *t = st->tables[k];
-                json_array_append_new(a, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "name",
-                                                   t->name ? t->name : "", "rows", (json_int_t)t->rows, "max_rows",
-                                                   (json_int_t)t->max_rows, "bytes", (json_int_t)t->bytes,
-                                                   "evicted_age", (json_int_t)t->evicted, "evicted_limit",
-                                                   (json_int_t)t->evicted_limit, "admitted", (json_int_t)t->admitted,
-                                                   "admit_pending", (json_int_t)t->admit_pending, "grads_dropped",
-                                                   (json_int_t)t->grads_dropped));
+                json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "name",
+                                      t->name ? t->name : "", "rows", (json_int_t)t->rows, "max_rows",
+                                      (json_int_t)t->max_rows, "bytes", (json_int_t)t->bytes,
+                                      "evicted_age", (json_int_t)t->evicted, "evicted_limit",
+                                      (json_int_t)t->evicted_limit, "admitted", (json_int_t)t->admitted,
+                                      "admit_pending", (json_int_t)t->admit_pending, "grads_dropped",
+                                      (json_int_t)t->grads_dropped);
+                if (o && (t->disk_rows || t->disk_spills || t->disk_errors))
+                        json_object_update_new(o, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "disk_rows",
+                                                            (json_int_t)t->disk_rows, "disk_bytes",
+                                                            (json_int_t)t->disk_bytes, "disk_reads",
+                                                            (json_int_t)t->disk_reads, "disk_spills",
+                                                            (json_int_t)t->disk_spills, "disk_errors",
+                                                            (json_int_t)t->disk_errors, "disk_refused",
+                                                            (json_int_t)t->disk_refused));
+                json_array_append_new(a, o);
         }
         return a;
 }
@@ -462,6 +471,12 @@ static void print_tables(const struct view *v) {
                                (unsigned long long)t->evicted, (unsigned long long)t->evicted_limit,
                                (unsigned long long)t->admitted, (unsigned long long)t->admit_pending,
                                (unsigned long long)t->grads_dropped);
+                        if (t->disk_rows || t->disk_spills || t->disk_errors)
+                                printf("%-11s %-12s disk tier: %llu rows, %.1f MiB, %llu read back, %llu spilled, "
+                                       "%llu errors, %llu new rows refused\n", "", "", (unsigned long long)t->disk_rows,
+                                       (double)t->disk_bytes / (1 << 20), (unsigned long long)t->disk_reads,
+                                       (unsigned long long)t->disk_spills, (unsigned long long)t->disk_errors,
+                                       (unsigned long long)t->disk_refused);
                 }
                 uint64_t held = 0;
                 for (size_t k = 0; st && k < st->n_tables; k++)

@@ -73,6 +73,7 @@ struct psd_table {
         uint64_t max_rows;         /* this shard's bound (max_rows' share or ps.memory_limit_bytes'); 0: none */
         struct sparse_table_stats seen;   /* the main loop's last reading, for the counters' increments */
         struct metric *m_rows, *m_bytes, *m_evicted_limit, *m_evicted_age, *m_admitted, *m_pending, *m_dropped;
+        struct metric *m_disk_rows, *m_disk_bytes, *m_disk_reads, *m_disk_spills, *m_disk_errors, *m_disk_refused;
 };
 
 /* A worker on this host whose pushes come through its shared-memory segment; served by a thread of

@@ -4,6 +4,7 @@
  * checked whole before anything is applied, so a refused one changes nothing. */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "metrics.h"
 #include "optim.h"
 #include "sparse_opts.h"
+#include "sparse_tier.h"
 #include "util.h"
 #include "wire.h"
 
@@ -21,6 +23,25 @@
 
 #define EXPORT_PAGE_ROWS 65536u
 #define EXPORT_HOLD_US 30000000u   /* a walk abandoned half-way holds eviction off this long */
+
+/* The series of a table's disk tier. */
+static void tier_metrics(struct psd_table *pt, const char *name) {
+        const struct { struct metric **m; const char *name, *help; } counters[] = {
+                {&pt->m_disk_reads, "psfleet_ps_sparse_disk_reads_total", "Rows read back from the disk tier into DRAM."},
+                {&pt->m_disk_spills, "psfleet_ps_sparse_disk_spills_total",
+                 "Rows moved from DRAM to the disk tier at the table's bound."},
+                {&pt->m_disk_errors, "psfleet_ps_sparse_disk_errors_total",
+                 "Failed operations of the disk tier (unwritable, full, unreadable)."},
+                {&pt->m_disk_refused, "psfleet_ps_sparse_disk_refused_total",
+                 "New rows refused because no row could be moved to the disk tier."},
+        };
+        for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++)
+                *counters[k].m = metric_counter(counters[k].name, counters[k].help, "table", name);
+        pt->m_disk_rows = metric_gauge("psfleet_ps_sparse_disk_rows", "Rows of an embedding table on this shard's "
+                                       "disk tier.", "table", name);
+        pt->m_disk_bytes = metric_gauge("psfleet_ps_sparse_disk_bytes", "Bytes of an embedding table's disk tier "
+                                        "(files and memtables).", "table", name);
+}
 
 int sparse_tables_new(struct psd *p) {
         const struct model_spec *m = &p->cfg->model;
@@ -55,8 +76,27 @@ int sparse_tables_new(struct psd *p) {
                 const char *name = m->emb[e].name;
                 sparse_table_opts_from_config(p->cfg, e, &o);
                 o.max_rows = pt->max_rows = p->plan.tables[e].max_rows;
-                if ((r = sparse_table_new(&o, &pt->t)) < 0)
+                char tier[PATH_MAX];
+                if (m->emb[e].disk_tier && o.max_rows) {
+                        /* the shard's own working state, wiped here: a restarted psd is restored from checkpoints */
+                        const char *d = p->cfg->ps.disk_tier_dir;
+                        int len = d[0] == '/' ? snprintf(tier, sizeof(tier), "%s/ps-%u/table-%u", d, p->shard, e)
+                                              : snprintf(tier, sizeof(tier), "%s/%s/%s/ps-%u/table-%u",
+                                                         p->args.state_dir, p->cfg->name, d, p->shard, e);
+                        if (len < 0 || (size_t)len >= sizeof(tier))
+                                return log_error_errno(-ENAMETOOLONG, "ps.disk_tier_dir \"%s\": the path is too long", d);
+                        o.tier_dir = tier;
+                        o.tier_ops = &sparse_tier_rocksdb;
+                }
+                if ((r = sparse_table_new(&o, &pt->t)) < 0) {
+                        if (o.tier_dir)
+                                return log_error_errno(r, "cannot set up embedding table \"%s\": its disk tier "
+                                                       "\"%s\" (ps.disk_tier_dir)", name, o.tier_dir);
                         return log_error_errno(r, "cannot set up embedding table \"%s\"", name);
+                }
+                if (o.tier_dir)
+                        log_info("table \"%s\": rows past %" PRIu64 " in DRAM go to the disk tier \"%s\" (wiped at start)",
+                                 name, o.max_rows, o.tier_dir);
                 if (o.max_rows)
                         log_info("table \"%s\": at most %" PRIu64 " rows on ps:%u (%s), evicting by %s", name, o.max_rows,
                                  p->shard, memplan_rows_name(p->plan.tables[e].from == MEMPLAN_LIMIT ? MEMPLAN_LIMIT
@@ -80,10 +120,12 @@ int sparse_tables_new(struct psd *p) {
                         {&pt->m_pending, "psfleet_ps_sparse_admit_pending_total",
                          "Pulls of ids not yet admitted, answered with the initial row."},
                         {&pt->m_dropped, "psfleet_ps_sparse_grads_dropped_total",
-                         "Gradient rows of ids without a row under admission, not applied."},
+                         "Gradient rows not applied: ids without a row under admission, or while the disk tier fails."},
                 };
                 for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++)
                         *counters[k].m = metric_counter(counters[k].name, counters[k].help, "table", name);
+                if (o.tier_dir)   /* a table without a tier keeps its scrape as it was */
+                        tier_metrics(pt, name);
         }
         return 0;
 }
@@ -119,6 +161,22 @@ void sparse_tables_tick(struct psd *p) {
                 metric_add(pt->m_admitted, st.admitted - pt->seen.admitted);
                 metric_add(pt->m_pending, st.admit_pending - pt->seen.admit_pending);
                 metric_add(pt->m_dropped, st.grads_dropped - pt->seen.grads_dropped);
+                if (pt->m_disk_rows) {
+                        metric_set(pt->m_disk_rows, (double)st.tier_rows);
+                        metric_set(pt->m_disk_bytes, (double)st.tier_bytes);
+                        metric_add(pt->m_disk_reads, st.tier_reads - pt->seen.tier_reads);
+                        metric_add(pt->m_disk_spills, st.tier_spills - pt->seen.tier_spills);
+                        metric_add(pt->m_disk_errors, st.tier_errors - pt->seen.tier_errors);
+                        metric_add(pt->m_disk_refused, st.tier_refused - pt->seen.tier_refused);
+                }
+                if (st.tier_errors > pt->seen.tier_errors) {
+                        char why[256];
+                        sparse_table_tier_error(pt->t, why, sizeof(why));
+                        log_warning_step(now, "table \"%s\": %" PRIu64 " disk tier error(s): %s; while rows cannot "
+                                         "move to disk, new rows are refused (%" PRIu64 " so far) and rows on disk "
+                                         "stay there unchanged", pt->spec->name, st.tier_errors - pt->seen.tier_errors,
+                                         why, st.tier_refused);
+                }
                 pt->seen = st;
         }
 }
@@ -158,6 +216,12 @@ int sparse_status(struct psd *p, Psfleet__V1__ShardStatus *st) {
                 ts[e].admitted = sst.admitted;
                 ts[e].admit_pending = sst.admit_pending;
                 ts[e].grads_dropped = sst.grads_dropped;
+                ts[e].disk_rows = sst.tier_rows;
+                ts[e].disk_bytes = sst.tier_bytes;
+                ts[e].disk_reads = sst.tier_reads;
+                ts[e].disk_spills = sst.tier_spills;
+                ts[e].disk_errors = sst.tier_errors;
+                ts[e].disk_refused = sst.tier_refused;
                 tp[e] = &ts[e];
         }
         st->n_tables = p->n_tables;

@@ -28,14 +28,10 @@ def table_rows(wd, job):
     return {k[4:-4]: v["shape"][0] for k, v in head.items() if k.startswith("emb/") and k.endswith("/ids")}
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build")
-    ap.add_argument("--rows", type=int, default=10 ** 6)
-    ap.add_argument("--test-rows", type=int, default=10 ** 5)
-    ap.add_argument("--admit-after", type=int, default=2)
-    ap.add_argument("--max-rows", type=int, default=0)
-    a = ap.parse_args()
+def train_runs(a, runs, timeout=1800):
+    """Generates a.rows training and a.test_rows test rows, then trains examples/ctr-widedeep.json one pass
+    with 1 ps and 2 workers once per (name, keys) of runs, keys set on both tables. Returns the JSON
+    object to print: per run its keys, test AUC, examples/s, wall time and rows per table."""
     import harness as h
     from test_sparse_job import gen
     h.require_built("psd", "workerd", "chiefd", "psfleet")
@@ -44,9 +40,6 @@ def main():
     os.makedirs(data)
     meta = gen(wd, a.rows, os.path.join(data, "train.tsv.gz"), a.test_rows, os.path.join(data, "test.tsv.gz"))
     out = {"train_rows": a.rows, "test_rows": a.test_rows, "planted_auc": meta["planted_auc"]}
-    runs = [("plain", {}), ("admit", {"admit_after": a.admit_after})]
-    if a.max_rows:
-        runs += [(pol, {"max_rows": a.max_rows, "evict_policy": pol}) for pol in ("lru", "lfu")]
     for name, keys in runs:
         with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
             base = json.load(f)
@@ -57,10 +50,24 @@ def main():
         steps = a.rows // 256
         path, _ = h.make_job(wd, name + ".json", n_ps=1, n_workers=2, base=base,
                              training={"max_steps": steps, "report_every_steps": 100})
-        r = h.local_result(wd, path, args=["--keep-state"], name=name, timeout=1800)
+        r = h.local_result(wd, path, args=["--keep-state"], name=name, timeout=timeout)
         out[name] = {"keys": keys, "test_auc": r["test_auc"], "rows": table_rows(wd, name),
-                     "examples_per_s": r["examples_per_s"]}
-    print(json.dumps(out))
+                     "examples_per_s": r["examples_per_s"], "wall_s": r["wall_s"]}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build")
+    ap.add_argument("--rows", type=int, default=10 ** 6)
+    ap.add_argument("--test-rows", type=int, default=10 ** 5)
+    ap.add_argument("--admit-after", type=int, default=2)
+    ap.add_argument("--max-rows", type=int, default=0)
+    a = ap.parse_args()
+    runs = [("plain", {}), ("admit", {"admit_after": a.admit_after})]
+    if a.max_rows:
+        runs += [(pol, {"max_rows": a.max_rows, "evict_policy": pol}) for pol in ("lru", "lfu")]
+    print(json.dumps(train_runs(a, runs)))
 
 
 if __name__ == "__main__":

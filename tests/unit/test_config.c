@@ -535,6 +535,10 @@ static const struct bad_case bad_cases[] = {
           "model.embeddings[0].admit_after: 256 is out of range [0, 255]" },
         { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'evict_policy': 'fifo'")) "}",
           "model.embeddings[0].evict_policy: \"fifo\" is not one of age, lru, lfu" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'disk_tier': true")) "}",
+          "model.embeddings[0].disk_tier: needs a bound in DRAM: max_rows or ps.memory_limit_bytes" },
+        { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'max_rows': 64, 'disk_tier': 1")) "}",
+          "model.embeddings[0].disk_tier: expected true or false, got integer 1" },
         { "{" BASE_CTR ", " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'expected_rows': 'many'")) "}",
           "model.embeddings[0].expected_rows: expected an integer, got string \"many\"" },
         { "{" BASE_CTR ", 'ps': {'memory_limit_bytes': -1}, " CTR_MODEL(EMB("'name': 'e', 'dim': 4")) "}",
@@ -1031,7 +1035,7 @@ static void test_sparse_keys(void **state) {
                            "{'name': 'cat', 'fields': 'all', 'dim': 16, 'vocab': 4294967296},"
                            "{'name': 'cross_2', 'fields': [0, 3], 'dim': 8, 'pooling': 'mean', 'init_stddev': 0, "
                            "'evict_after_steps': 100, 'max_rows': 1000, 'evict_policy': 'lfu', 'admit_after': 2, "
-                           "'expected_rows': 500}], "
+                           "'expected_rows': 500, 'disk_tier': true}], "
                            "'layers': [{'type': 'dense', 'units': 32}, {'type': 'relu'}, {'type': 'dense', 'units': 1}]}, "
                            "'ps': {'memory_limit_bytes': 1073741824}, "
                            "'training': {'sparse_optimizer': 'ftrl', 'sparse_learning_rate': 0.05, 'ftrl_l1': 0.1, "
@@ -1065,6 +1069,8 @@ static void test_sparse_keys(void **state) {
         assert_int_equal(c->model.emb[1].expected_rows, 500);
         assert_int_equal(c->model.emb[1].admit_after, 2);
         assert_int_equal(c->model.emb[1].evict_policy, SPARSE_EVICT_LFU);
+        assert_true(c->model.emb[1].disk_tier && !c->model.emb[0].disk_tier);
+        assert_string_equal(c->ps.disk_tier_dir, "tier");
         assert_int_equal(c->model.emb[0].max_rows, 0);
         assert_int_equal(c->model.emb[0].admit_after, 0);
         assert_int_equal(c->model.emb[0].evict_policy, SPARSE_EVICT_AGE);

@@ -17,6 +17,7 @@
 #include "job.h"
 #include "memplan.h"
 #include "sparse_opts.h"
+#include "sparse_tier.h"
 
 #define JOB(ps_keys, emb) \
         "{\"job\": \"plan\", \"cluster\": {\"chief\": [\"localhost:7000\"], \"ps\": [\"localhost:7001\", " \
@@ -121,4 +122,35 @@ static void test_limit(void **state)
         done(&f);
 }
 
-UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_dense_and_tables), cmocka_unit_test(test_limit))
+/* A table with a disk tier: DRAM's part at its bound, the tier's caches in the total, the rest of
+ * expected_rows on disk beside it; under a limit the caches come off the tables' share. */
+static void test_disk_tier(void **state)
+{
+        struct fixture f;
+        char err[512] = "";
+        struct memplan_ps p, q;
+        load(&f, JOB("", "{\"name\": \"a\", \"dim\": 16, \"max_rows\": 200000, \"expected_rows\": 10000000, "
+                         "\"disk_tier\": true}"));
+        assert_int_equal(memplan_ps(f.c, f.L, 0, &p, err, sizeof(err)), 0);
+        const struct memplan_table *t = &p.tables[0];
+        assert_true(t->disk_tier);
+        assert_int_equal(t->rows, 100000);
+        assert_int_equal(t->disk_rows, 5000000 - 100000);
+        assert_int_equal(t->disk_bytes, t->disk_rows * (8 + 16 + 16 * 4 * 2));
+        assert_int_equal(p.disk_bytes, t->disk_bytes);
+        assert_true(t->tier_memory > 0);
+        assert_int_equal(p.tier_memory, t->tier_memory + SPARSE_TIER_PROCESS_BYTES);
+        assert_int_equal(p.total, p.dense_bytes + p.buffers + p.base + p.tier_memory + t->bytes);
+        done(&f);
+        load(&f, JOB("\"memory_limit_bytes\": 134217728", "{\"name\": \"a\", \"dim\": 16, \"disk_tier\": true}"));
+        assert_int_equal(memplan_ps(f.c, f.L, 0, &p, err, sizeof(err)), 0);
+        done(&f);
+        load(&f, JOB("\"memory_limit_bytes\": 134217728", "{\"name\": \"a\", \"dim\": 16, \"max_rows\": 100000000}"));
+        assert_int_equal(memplan_ps(f.c, f.L, 0, &q, err, sizeof(err)), 0);
+        assert_true(p.tables[0].max_rows < q.tables[0].max_rows);
+        assert_true(p.total <= f.c->ps.memory_limit_bytes);
+        done(&f);
+}
+
+UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_dense_and_tables), cmocka_unit_test(test_limit),
+               cmocka_unit_test(test_disk_tier))

@@ -799,6 +799,7 @@ static void test_bytes_for(void **state)
                       (double)sparse_table_bytes_for(&l, 10000000) / raw);
         assert_true((double)sparse_table_bytes_for(&o, 10000000) < 1.3 * raw);
         assert_true((double)sparse_table_bytes_for(&l, 10000000) < 1.3 * raw);
+        sparse_table_free(t);
         free(ids);
         free(w);
 }

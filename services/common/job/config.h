@@ -137,6 +137,7 @@ struct ps_config {
         uint64_t split_bytes;   /* variables larger than this are split into row ranges */
         uint64_t stop_grace_secs; /* psd on SIGTERM: serves this long for the chief's Stop (its final pull) */
         uint64_t memory_limit_bytes; /* per psd: dense variables, tables, buffers; 0: none (psd_memory.h) */
+        char *disk_tier_dir;    /* the tables' disk tier; relative paths resolve under STATE_DIR/JOB/ */
 };
 
 struct rpc_config {

@@ -27,7 +27,8 @@ static int add(json_t *obj, const char *key, json_t *v) {
  * of the canonical form and the fingerprint (a worker with more BLAS threads is the same job). */
 static bool node_local(const char *key) {
         return strcmp(key, "training.threads") == 0 || strcmp(key, "training.report_every_steps") == 0 ||
-               strcmp(key, "ps.stop_grace_secs") == 0 || strcmp(key, "training.overlap_push") == 0;
+               strcmp(key, "ps.stop_grace_secs") == 0 || strcmp(key, "training.overlap_push") == 0 ||
+               strcmp(key, "ps.disk_tier_dir") == 0;
 }
 
 /* Keys added after jobs were already running: left out of the canonical form while they hold their
@@ -132,6 +133,7 @@ static json_t *embeddings_json(const struct model_spec *m) {
                         r |= add(o, "admit_after", json_integer((json_int_t)es->admit_after));
                 if (o && es->evict_policy != SPARSE_EVICT_AGE)
                         r |= add(o, "evict_policy", json_string(cfg_evict_policy_names[es->evict_policy]));
+                /* disk_tier stays out: where a shard keeps its rows changes none of their values */
                 if (!o || json_array_append_new(a, o) < 0) {
                         json_decref(a);
                         return NULL;

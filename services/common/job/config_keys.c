@@ -183,6 +183,10 @@ const struct config_key cfg_keys[] = {
                   "An id gets a row on its admit_after-th pull, counted in a count-min sketch (4 x 2^20 one-byte "
                   "counters, 4 MiB per table on each shard, halved every 10 x 2^20 sightings); until then its pulls "
                   "give its initial row and its gradients are dropped (counted). 0, 1: a row at once."),
+        K_SPECIAL("model.embeddings[].disk_tier", "boolean", "false", "true, false",
+                  "Rows past the table's bound in DRAM (max_rows, or its share of ps.memory_limit_bytes) move to a "
+                  "RocksDB store on the psd's disk (ps.disk_tier_dir) instead of being evicted, and come back into "
+                  "DRAM on their next use; checkpoints include them. Needs max_rows or ps.memory_limit_bytes."),
         K_SPECIAL("model.embeddings[].expected_rows", "integer", "0", "[0, 9223372036854775807]",
                   "For psfleet plan only: the rows the table is expected to hold when it has no max_rows (nor a "
                   "vocab); 0: plan reports it unbounded."),
@@ -373,6 +377,10 @@ const struct config_key cfg_keys[] = {
               "the parts); the embedding tables get what the dense variables and the buffers leave, and evict "
               "by their evict_policy at that bound. Less than the dense part alone: psd and psfleet check exit "
               "78. 0: no limit."),
+        K_STR("ps.disk_tier_dir", ps.disk_tier_dir, "tier",
+              "Where psd keeps the disk tier of tables with disk_tier: DIR/ps-N/table-E, wiped when psd starts "
+              "(the shard is restored from checkpoints as any shard). A relative path is under STATE_DIR/JOB/.",
+              .check = check_state_path),
         K_U64("ps.stop_grace_secs", ps.stop_grace_secs, 20, 0, 600,
               "psd, on SIGTERM: keeps serving for up to this many seconds until the chief's Stop arrives (or the chief is gone), so a "
               "chief stopping at the same moment can pull for its final checkpoint; a second SIGTERM ends it at "

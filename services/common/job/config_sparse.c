@@ -194,7 +194,7 @@ static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, c
                            struct embedding_spec *e) {
         static const char *const known[] = { "name", "fields", "dim", "vocab", "pooling", "init_stddev",
                                              "evict_after_steps", "initializer", "max_rows", "expected_rows",
-                                             "admit_after", "evict_policy" };
+                                             "admit_after", "evict_policy", "disk_tier" };
         char pre[64], key[96], q[160];
         const char *name;
         const json_t *v;
@@ -261,6 +261,12 @@ static int parse_embedding(const struct ctx *x, size_t idx, const json_t *obj, c
                 if ((r = cfg_parse_choice(x, key, cfg_evict_policy_names, v, &pol)) < 0)
                         return r;
                 e->evict_policy = (enum sparse_evict_policy)pol;
+        }
+        if ((v = json_object_get(obj, "disk_tier"))) {
+                snprintf(key, sizeof(key), "%s.disk_tier", pre);
+                if (!json_is_boolean(v))
+                        return cfg_fail_type(x, key, "true or false", v);
+                e->disk_tier = json_is_true(v);
         }
 
         e->pooling = POOL_SUM;
@@ -334,6 +340,10 @@ int cfg_check_table_bounds(const struct ctx *x, const struct job_config *c) {
                 if (es->max_rows && es->max_rows / n_ps < 64)
                         return cfg_failf(x, key, "%" PRIu64 " is too small: each ps shard holds max_rows / %" PRIu64
                                          " (cluster.ps) rows, at least 64 (0: no bound)", es->max_rows, n_ps);
+                /* the tier holds what DRAM's bound leaves out: without a bound nothing would go there */
+                snprintf(key, sizeof(key), "model.embeddings[%u].disk_tier", e);
+                if (es->disk_tier && !es->max_rows && !c->ps.memory_limit_bytes)
+                        return cfg_failf(x, key, "needs a bound in DRAM: max_rows or ps.memory_limit_bytes");
         }
         return 0;
 }

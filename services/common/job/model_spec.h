@@ -67,6 +67,7 @@ struct embedding_spec {
         uint64_t expected_rows;     /* psfleet plan's row count of a table without max_rows; 0: unknown */
         uint32_t admit_after;       /* an id gets a row once pulled this many times; 0, 1: at once */
         enum sparse_evict_policy evict_policy;
+        bool disk_tier;             /* rows past the shard's bound move to the psd's disk (ps.disk_tier_dir) */
         char initializer[128];      /* model.onnx: the initializer a Gather looks this table's rows up in
                                      * (cut out of the graph: the rows come from the ps); "" otherwise */
         const float *init_rows;     /* model.onnx: that initializer's values, (n_init_rows, dim), owned by

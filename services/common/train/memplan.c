@@ -8,6 +8,7 @@
 
 #include "optim.h"
 #include "sparse_opts.h"
+#include "sparse_tier.h"
 #include "util.h"
 
 const char *memplan_rows_name(enum memplan_rows f)
@@ -67,14 +68,21 @@ int memplan_ps(const struct job_config *cfg, const struct job_layout *L, uint32_
                 } else {
                         t->rows = 0, t->from = MEMPLAN_UNBOUNDED;
                 }
+                if ((t->disk_tier = es->disk_tier)) {
+                        t->tier_memory = SPARSE_TIER_MEMORY_BYTES;
+                        p.tier_memory += t->tier_memory;
+                }
         }
 
         uint64_t limit = cfg->ps.memory_limit_bytes;
-        uint64_t fixed = p.dense_bytes + p.buffers + p.base;
+        if (p.tier_memory)
+                p.tier_memory += SPARSE_TIER_PROCESS_BYTES;
+        uint64_t fixed = p.dense_bytes + p.buffers + p.base + p.tier_memory;
         if (limit && limit <= fixed)
                 return errf(err, errlen, -E2BIG, "ps.memory_limit_bytes: %" PRIu64 " is below what ps:%u needs "
                             "without its tables: %" PRIu64 " (dense variables with slots %" PRIu64 ", buffers %"
-                                    PRIu64 ", process %" PRIu64 ")", limit, shard, fixed, p.dense_bytes, p.buffers, p.base);
+                                    PRIu64 ", process %" PRIu64 "%s)", limit, shard, fixed, p.dense_bytes, p.buffers, p.base,
+                            p.tier_memory ? ", disk tier caches" : "");
         if (limit && m->n_embeddings) {
                 /* water-filling: a table whose own bound fits in an equal share takes just that */
                 uint64_t budget = limit - fixed;
@@ -118,6 +126,15 @@ int memplan_ps(const struct job_config *cfg, const struct job_layout *L, uint32_
         for (uint32_t e = 0; e < m->n_embeddings; e++) {
                 struct memplan_table *t = &p.tables[e];
                 t->bytes = sparse_table_bytes_for(&o[e], t->rows);
+                if (t->disk_tier) {
+                        /* what the table would hold unbounded, less DRAM's part */
+                        const struct embedding_spec *es = &m->emb[e];
+                        uint64_t all = es->vocab ? (es->vocab + n_ps - 1) / n_ps
+                                       : es->expected_rows ? (es->expected_rows + n_ps - 1) / n_ps : 0;
+                        t->disk_rows = all > t->rows ? all - t->rows : 0;
+                        t->disk_bytes = t->disk_rows * (8 + 16 + t->row_bytes);
+                        p.disk_bytes += t->disk_bytes;
+                }
                 p.unbounded = p.unbounded || t->from == MEMPLAN_UNBOUNDED;
                 p.total += t->bytes;
         }

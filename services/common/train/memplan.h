@@ -30,6 +30,11 @@ struct memplan_table {
         uint64_t bytes;         /* sparse_table_bytes_for(rows): records, index, chunk tables, sketch */
         uint64_t max_rows;      /* the bound psd gives the table on this shard: max_rows' share, or under the
                                  * limit the most rows its bytes allow; 0: none */
+        /* disk_tier: rows and bytes is DRAM's part at the bound; the rest of vocab or expected_rows is on
+         * disk (0 when neither says), and RocksDB's memtables and block cache are in DRAM too */
+        bool disk_tier;
+        uint64_t tier_memory;   /* SPARSE_TIER_MEMORY_BYTES, in total */
+        uint64_t disk_rows, disk_bytes; /* on disk, not in total: 8 bytes of key, 16 of state, the row raw */
 };
 
 struct memplan_ps {
@@ -37,6 +42,8 @@ struct memplan_ps {
         uint64_t dense_bytes;                      /* with their optimizer slots */
         uint64_t buffers;                          /* messages in flight and shared-memory segments */
         uint64_t base;                             /* MEMPLAN_BASE_BYTES */
+        uint64_t tier_memory;                      /* the disk tiers' memory, all tables, and RocksDB's own once */
+        uint64_t disk_bytes;                       /* the disk tiers' rows on disk (not in total) */
         uint32_t n_tables;
         struct memplan_table tables[MODEL_MAX_EMBEDDINGS];
         uint64_t total;                            /* all of the above */

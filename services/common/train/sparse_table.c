@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cmsketch.h"
+#include "sparse_tier.h"
 #include "optim.h"
 #include "rng.h"
 
@@ -51,6 +52,9 @@ struct stripe {
         uint32_t dirty_words, last_row;   /* last_row: the row rec_locked returned */
         uint64_t *gone;
         size_t n_gone, gone_cap;
+        /* with a disk tier: one bit per row number, set when the current walk has given the row */
+        uint64_t *given;
+        uint32_t given_words;
 } __attribute__((aligned(64)));
 
 struct sparse_table {
@@ -66,8 +70,27 @@ struct sparse_table {
         uint64_t evicted_age, evicted_limit, admitted, admit_pending, grads_dropped; /* atomic */
         bool track;                    /* change tracking on (set before any row is made) */
         bool changes_lost;             /* an evicted id could not be noted (atomic) */
+        /* the disk tier (tier_dir): rows past max_rows, as tier values (struct tier_hdr, row_floats) */
+        struct sparse_tier *tier;
+        const struct sparse_tier_ops *tops;   /* the tier's functions (o.tier_ops) */
+        size_t tier_val_bytes;
+        uint64_t tier_rows, tier_reads, tier_spills, tier_errors, tier_refused; /* atomic */
+        pthread_mutex_t walk_lock;     /* the walk's state below */
+        uint32_t walk_gen;             /* the current walk's number (atomic reads), never 0 */
+        bool walking;                  /* a walk is under way (atomic) */
+        struct sparse_tier_iter *walk_it;  /* the disk part of the walk, at walk_seq keys */
+        uint64_t walk_seq;
         struct stripe stripes[N_STRIPES];
 };
+
+/* A row's value in the disk tier: its record's state, then its row_floats floats. Native byte order:
+ * the store is this process's working state, wiped at every start, never read by another machine. */
+struct tier_hdr {
+        uint32_t touch, count;   /* as the record's */
+        uint32_t gen;            /* the walk that gave it (walk_gen), or 0 */
+        uint32_t flags;          /* TIER_DIRTY */
+};
+#define TIER_DIRTY 1u
 
 /* Each sparse optimizer's name and the names of its slots, by enum sparse_optimizer. */
 static const struct {
@@ -342,7 +365,7 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
                 return -EINVAL;
         if ((o->max_rows && o->max_rows < SPARSE_MIN_MAX_ROWS) ||
             (o->evict_policy != SPARSE_EVICT_AGE && o->evict_policy != SPARSE_EVICT_LRU &&
-             o->evict_policy != SPARSE_EVICT_LFU) || o->admit_after > CMSKETCH_MAX)
+             o->evict_policy != SPARSE_EVICT_LFU) || o->admit_after > CMSKETCH_MAX || (o->tier_dir && !o->tier_ops))
                 return -EINVAL;
         if (o->optimizer == SPARSE_FTRL &&
             !(o->ftrl_l1 >= 0 && o->ftrl_l2 >= 0 && o->ftrl_beta >= 0 && o->ftrl_lr_power <= 0 &&
@@ -374,6 +397,18 @@ int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **re
                 pthread_mutex_init(&t->stripes[i].lock, NULL);
                 t->stripes[i].max_live = stripe_share(o->max_rows, i);
         }
+        pthread_mutex_init(&t->walk_lock, NULL);
+        t->walk_gen = 1;
+        t->o.tier_dir = NULL;   /* the caller's string: not kept */
+        if (o->tier_dir) {
+                t->tops = o->tier_ops;
+                t->tier_val_bytes = sizeof(struct tier_hdr) + t->row_floats * sizeof(float);
+                int r = t->tops->open(o->tier_dir, &t->tier);
+                if (r < 0) {
+                        sparse_table_free(t);
+                        return r;
+                }
+        }
         *ret = t;
         return 0;
 }
@@ -391,8 +426,9 @@ static void stripe_release(struct stripe *s)
         s->bytes = 0;
         free(s->dirty);
         free(s->gone);
-        s->dirty = s->gone = NULL;
-        s->dirty_words = 0;
+        free(s->given);
+        s->dirty = s->gone = s->given = NULL;
+        s->dirty_words = s->given_words = 0;
         s->n_gone = s->gone_cap = 0;
 }
 
@@ -405,6 +441,11 @@ struct sparse_table *sparse_table_free(struct sparse_table *t)
                 pthread_mutex_destroy(&t->stripes[i].lock);
         }
         cmsketch_free(t->sketch);
+        if (t->tier) {
+                t->tops->iter_free(t->walk_it);
+                t->tops->free(t->tier);
+        }
+        pthread_mutex_destroy(&t->walk_lock);
         free(t);
         return NULL;
 }
@@ -460,22 +501,27 @@ static inline void prefetch_index(const struct sparse_table *t, const uint64_t *
 
 /* ---- change tracking (incremental checkpoints) ---- */
 
-/* Makes the dirty bitmap cover row number s->used (the next new row). 0 or -ENOMEM. */
-static int dirty_reserve(struct stripe *s)
+/* Makes a bitmap of words words cover row number used (the next new row). 0 or -ENOMEM. */
+static int bits_reserve(uint64_t **bits, uint32_t *words, uint32_t used)
 {
-        uint32_t need = s->used / 64 + 1;
-        if (need <= s->dirty_words)
+        uint32_t need = used / 64 + 1;
+        if (need <= *words)
                 return 0;
-        uint32_t words = s->dirty_words ? 2 * s->dirty_words : 16;
-        while (words < need)
-                words *= 2;
-        uint64_t *d = realloc(s->dirty, words * sizeof(*d));
+        uint32_t n = *words ? 2 * *words : 16;
+        while (n < need)
+                n *= 2;
+        uint64_t *d = realloc(*bits, n * sizeof(*d));
         if (!d)
                 return -ENOMEM;
-        memset(d + s->dirty_words, 0, (words - s->dirty_words) * sizeof(*d));
-        s->dirty = d;
-        s->dirty_words = words;
+        memset(d + *words, 0, (n - *words) * sizeof(*d));
+        *bits = d;
+        *words = n;
         return 0;
+}
+
+static int dirty_reserve(struct stripe *s)
+{
+        return bits_reserve(&s->dirty, &s->dirty_words, s->used);
 }
 
 static inline void dirty_set(struct stripe *s, uint32_t r)
@@ -520,8 +566,29 @@ enum lookup {
         EXISTING,       /* as FIND, for a push under admission: a missing id's gradient is dropped */
 };
 
-/* Frees live row r of s. */
-static void row_drop(struct sparse_table *t, struct stripe *s, uint32_t r)
+static inline bool given_get(const struct stripe *s, uint32_t r)
+{
+        return r / 64 < s->given_words && (s->given[r / 64] >> (r % 64) & 1);
+}
+
+static inline void given_put(struct stripe *s, uint32_t r, bool on)
+{
+        if (r / 64 >= s->given_words)
+                return;   /* given_reserve covers every row made while a tier is on */
+        if (on)
+                s->given[r / 64] |= 1ull << (r % 64);
+        else
+                s->given[r / 64] &= ~(1ull << (r % 64));
+}
+
+/* Makes the given bitmap cover row number s->used. 0 or -ENOMEM. */
+static int given_reserve(struct stripe *s)
+{
+        return bits_reserve(&s->given, &s->given_words, s->used);
+}
+
+/* Frees live row r of s, its id no longer in the index. */
+static void row_free(struct sparse_table *t, struct stripe *s, uint32_t r)
 {
         char *rec = rec_at(t, s, r);
         bool found;
@@ -529,13 +596,45 @@ static void row_drop(struct sparse_table *t, struct stripe *s, uint32_t r)
         uint32_t pos = index_find(t, s, id, stripe_hash(id), &found);
         assert(found);
         index_remove(t, s, pos);
-        if (t->track) {   /* the next incremental checkpoint drops it */
+        if (t->track)
                 dirty_clear(s, r);
-                gone_add(t, s, id);
-        }
+        given_put(s, r, false);
         *rec_touch(rec) = 0;
         rec_set_id(rec, s->free_head);
         s->free_head = r + 1;
+}
+
+/* Frees live row r of s for good: the next incremental checkpoint drops its id. */
+static void row_drop(struct sparse_table *t, struct stripe *s, uint32_t r)
+{
+        if (t->track)
+                gone_add(t, s, rec_id(rec_at(t, s, r)));
+        row_free(t, s, r);
+}
+
+/* Writes live row r of s to the disk tier (buf: tier_val_bytes) and frees it in DRAM: a move, not an
+ * eviction. 0, or the tier's -errno with the row left in place. */
+static int row_spill(struct sparse_table *t, struct stripe *s, uint32_t r, char *buf)
+{
+        char *rec = rec_at(t, s, r);
+        bool walking = __atomic_load_n(&t->walking, __ATOMIC_RELAXED);
+        struct tier_hdr h = {
+                .touch = *rec_touch(rec),
+                .count = t->o.evict_policy == SPARSE_EVICT_LFU ? *rec_count(rec) : 0,
+                .gen = walking && given_get(s, r) ? __atomic_load_n(&t->walk_gen, __ATOMIC_RELAXED) : 0,
+                .flags = t->track && dirty_get(s, r) ? TIER_DIRTY : 0,
+        };
+        memcpy(buf, &h, sizeof(h));
+        memcpy(buf + sizeof(h), rec_vals(t, rec), t->row_floats * sizeof(float));
+        int rc = t->tops->put(t->tier, rec_id(rec), buf, t->tier_val_bytes);
+        if (rc < 0) {
+                __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                return rc;
+        }
+        row_free(t, s, r);
+        __atomic_add_fetch(&t->tier_rows, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&t->tier_spills, 1, __ATOMIC_RELAXED);
+        return 0;
 }
 
 /* What a full stripe evicts first: the smallest keys go (the touch for age and lru, the use count for
@@ -584,13 +683,18 @@ static size_t collect_keys(const struct sparse_table *t, const struct stripe *s,
 }
 
 /* A full stripe (live >= max_live, locked) evicts about 1/32 of its rows, those with the smallest keys,
- * so that the scan is paid once per that many new rows. 0, or -ENOMEM (the scratch of keys). */
+ * so that the scan is paid once per that many new rows; with a disk tier they move there instead.
+ * 0, -ENOMEM (the scratch of keys), or the tier's -errno when not one row could be moved. */
 static int stripe_make_room(struct sparse_table *t, struct stripe *s)
 {
         size_t k = s->max_live / 32 ? s->max_live / 32 : 1;
         uint32_t *keys = malloc((size_t)s->live * sizeof(*keys));
-        if (!keys)
+        char *buf = t->tier ? malloc(t->tier_val_bytes) : NULL;
+        if (!keys || (t->tier && !buf)) {
+                free(keys);
+                free(buf);
                 return -ENOMEM;
+        }
         /* while an export walks this stripe, the rows it has given stay: one evicted and made again
          * past the walk's place would be given twice (a checkpoint no import takes). Only when every
          * row is behind the walk (one abandoned there) do those go. */
@@ -602,7 +706,8 @@ static int stripe_make_room(struct sparse_table *t, struct stripe *s)
         free(keys);
         /* the rows with a key under the k-th smallest go, then rows at it until k went */
         size_t gone = 0;
-        for (int pass = 0; pass < 2 && gone < k; pass++)
+        int err = 0;
+        for (int pass = 0; pass < 2 && gone < k && !err; pass++)
                 for (uint32_t r = from; r < s->used && gone < k; r++) {
                         char *rec = rec_at(t, s, r);
                         if (!*rec_touch(rec))
@@ -610,9 +715,15 @@ static int stripe_make_room(struct sparse_table *t, struct stripe *s)
                         uint32_t key = evict_key(t, rec);
                         if (pass == 0 ? key >= below : key != below)
                                 continue;
-                        row_drop(t, s, r);
+                        if (t->tier) {
+                                if ((err = row_spill(t, s, r, buf)) < 0)
+                                        break;   /* the disk fails: what is left stays in DRAM */
+                        } else {
+                                row_drop(t, s, r);
+                        }
                         gone++;
                 }
+        free(buf);
         /* lfu: once the stripe has turned over, its counts are halved, so old fame fades */
         s->lfu_gone += (uint32_t)gone;
         if (t->o.evict_policy == SPARSE_EVICT_LFU && s->lfu_gone >= s->max_live) {
@@ -623,15 +734,21 @@ static int stripe_make_room(struct sparse_table *t, struct stripe *s)
                                 *rec_count(rec) >>= 1;
                 }
         }
-        __atomic_add_fetch(&t->evicted_limit, gone, __ATOMIC_RELAXED);
-        return 0;
+        if (!t->tier)
+                __atomic_add_fetch(&t->evicted_limit, gone, __ATOMIC_RELAXED);
+        return gone ? 0 : err;
 }
 
 /* The record of ids[i] (of a batch of n) with its stripe locked (*sp), made when missing as how says;
  * its last touch becomes step. NULL when missing and not made, with nothing locked; NULL and *err
- * -ENOMEM when out of memory. */
+ * -ENOMEM when out of memory.
+ * With a disk tier (scratch: tier_val_bytes), a missing id is first looked for on disk; found, its row
+ * comes back into DRAM as a new row would come. When it cannot (FIND, or no room because the disk
+ * fails) the stored record is returned in scratch, unlocked, with *sp NULL: its floats are valid, not
+ * its touch. A new row refused because the disk fails counts tier_refused (and grads_dropped when
+ * push); NULL and *err -EIO when the disk cannot be read. */
 static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, size_t n, enum lookup how,
-                        uint64_t step, struct stripe **sp, int *err)
+                        uint64_t step, struct stripe **sp, int *err, char *scratch, bool push)
 {
         prefetch_index(t, ids, i, n);
         uint64_t id = ids[i];
@@ -648,7 +765,30 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                 rec = rec_at(t, s, s->last_row);
         } else {
                 int64_t r = 0;
-                if (how == FIND)
+                bool from_disk = false;
+                struct tier_hdr th = {0};
+                if (t->tier && __atomic_load_n(&t->tier_rows, __ATOMIC_RELAXED)) {
+                        int g = t->tops->get(t->tier, id, scratch, t->tier_val_bytes);
+                        if (g < 0) {
+                                __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                                pthread_mutex_unlock(&s->lock);
+                                *err = -EIO;
+                                return NULL;
+                        }
+                        from_disk = g == 1;
+                        if (from_disk)
+                                memcpy(&th, scratch, sizeof(th));
+                }
+                /* the record as seen through scratch: its floats where rec_vals looks (vals_off <= 16) */
+                char *disk_rec = scratch + sizeof(struct tier_hdr) - t->vals_off;
+                if (from_disk && how == FIND) {
+                        pthread_mutex_unlock(&s->lock);
+                        *sp = NULL;
+                        return disk_rec;
+                }
+                if (from_disk) {
+                        /* comes back into DRAM below */
+                } else if (how == FIND)
                         r = -ENOENT;
                 else if (how == EXISTING) {
                         __atomic_add_fetch(&t->grads_dropped, 1, __ATOMIC_RELAXED);
@@ -664,9 +804,23 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                 if (r == 0 && s->max_live && s->live >= s->max_live) {
                         r = stripe_make_room(t, s);
                         pos = index_find(t, s, id, h, &found);
+                        if (r < 0 && r != -ENOMEM && how != CREATE_BLANK) {
+                                /* the disk fails: a row on disk stays there, a new row is not made */
+                                pthread_mutex_unlock(&s->lock);
+                                if (from_disk) {
+                                        *sp = NULL;
+                                        return disk_rec;
+                                }
+                                __atomic_add_fetch(&t->tier_refused, 1, __ATOMIC_RELAXED);
+                                if (push)
+                                        __atomic_add_fetch(&t->grads_dropped, 1, __ATOMIC_RELAXED);
+                                return NULL;
+                        }
                 }
                 /* with tracking, the bitmap covers a row before it is made, so that marking never fails */
                 if (r == 0 && t->track && dirty_reserve(s) < 0)
+                        r = -ENOMEM;
+                if (r == 0 && t->tier && given_reserve(s) < 0)
                         r = -ENOMEM;
                 if (r == 0)
                         r = row_new(t, s, id, h, pos);
@@ -677,11 +831,27 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                 }
                 rec = rec_at(t, s, (uint32_t)r);
                 s->last_row = (uint32_t)r;
-                if (t->track)
+                if (from_disk) {
+                        /* the row moves back with its state: its change mark, whether this walk gave it */
+                        if (t->track && (th.flags & TIER_DIRTY))
+                                dirty_set(s, (uint32_t)r);
+                        given_put(s, (uint32_t)r, th.gen && th.gen == __atomic_load_n(&t->walk_gen, __ATOMIC_RELAXED));
+                        if (t->o.evict_policy == SPARSE_EVICT_LFU)
+                                *rec_count(rec) = th.count;
+                        memcpy(rec_vals(t, rec), scratch + sizeof(th), t->row_floats * sizeof(float));
+                        /* one copy counts: DRAM's from now. The disk copy is left (a write less per read;
+                         * the next spill of the row overwrites it): a disk key whose id is in DRAM is
+                         * stale, and every reader of the disk (walks, eviction by age) looks in DRAM
+                         * first. It also lets a walk's disk part find a row that came back into a stripe
+                         * the walk had passed: it gives DRAM's copy then. */
+                        __atomic_sub_fetch(&t->tier_rows, 1, __ATOMIC_RELAXED);
+                        __atomic_add_fetch(&t->tier_reads, 1, __ATOMIC_RELAXED);
+                } else if (t->track) {
                         dirty_set(s, (uint32_t)r);
-                if (t->o.evict_policy == SPARSE_EVICT_LFU)
+                }
+                if (t->o.evict_policy == SPARSE_EVICT_LFU && !from_disk)
                         *rec_count(rec) = 0;
-                if (how != CREATE_BLANK) {
+                if (how != CREATE_BLANK && !from_disk) {
                         sparse_table_init_row(t, id, rec_vals(t, rec));
                         slots_init(t, rec_vals(t, rec));
                 }
@@ -697,21 +867,26 @@ int sparse_table_pull(struct sparse_table *t, const uint64_t *ids, size_t n, flo
 {
         uint32_t dim = t->o.dim;
         enum lookup how = !create ? FIND : t->sketch ? ADMIT : CREATE;
+        char *scratch = NULL;
+        if (t->tier && !(scratch = malloc(t->tier_val_bytes)))
+                return -ENOMEM;
+        int rc = 0;
         for (size_t i = 0; i < n; i++) {
                 struct stripe *s;
-                int err;
                 float *out = rows + i * dim;
-                char *rec = rec_locked(t, ids, i, n, how, step, &s, &err);
-                if (err < 0)
-                        return err;
+                char *rec = rec_locked(t, ids, i, n, how, step, &s, &rc, scratch, false);
+                if (rc < 0)
+                        break;
                 if (!rec) {
                         sparse_table_init_row(t, ids[i], out);
                         continue;
                 }
                 memcpy(out, rec_vals(t, rec), dim * sizeof(float));
-                pthread_mutex_unlock(&s->lock);
+                if (s)
+                        pthread_mutex_unlock(&s->lock);
         }
-        return 0;
+        free(scratch);
+        return rc;
 }
 
 int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, const float *g, float lr,
@@ -720,14 +895,21 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
         const struct sparse_table_opts *o = &t->o;
         uint32_t dim = o->dim;
         enum lookup how = t->sketch ? EXISTING : CREATE;
+        char *scratch = NULL;
+        if (t->tier && !(scratch = malloc(t->tier_val_bytes)))
+                return -ENOMEM;
+        int rc = 0;
         for (size_t i = 0; i < n; i++) {
                 struct stripe *s;
-                int err;
-                char *rec = rec_locked(t, ids, i, n, how, step, &s, &err);
-                if (err < 0)
-                        return err;
+                char *rec = rec_locked(t, ids, i, n, how, step, &s, &rc, scratch, true);
+                if (rc < 0)
+                        break;
                 if (!rec)
                         continue;
+                if (!s) {   /* on disk and kept there: the disk fails */
+                        __atomic_add_fetch(&t->grads_dropped, 1, __ATOMIC_RELAXED);
+                        continue;
+                }
                 if (t->track)
                         dirty_set(s, s->last_row);   /* the bitmap covers every row made: cannot fail */
                 float *w = rec_vals(t, rec);
@@ -746,7 +928,8 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
                 }
                 pthread_mutex_unlock(&s->lock);
         }
-        return 0;
+        free(scratch);
+        return rc;
 }
 
 /* The stripes' locks are the only mutable part of a const table. */
@@ -781,7 +964,26 @@ void sparse_table_get_stats(const struct sparse_table *t, struct sparse_table_st
                 .admitted = __atomic_load_n(&t->admitted, __ATOMIC_RELAXED),
                 .admit_pending = __atomic_load_n(&t->admit_pending, __ATOMIC_RELAXED),
                 .grads_dropped = __atomic_load_n(&t->grads_dropped, __ATOMIC_RELAXED),
+                .tier_rows = __atomic_load_n(&t->tier_rows, __ATOMIC_RELAXED),
+                .tier_bytes = t->tier ? t->tops->bytes(t->tier) : 0,
+                .tier_reads = __atomic_load_n(&t->tier_reads, __ATOMIC_RELAXED),
+                .tier_spills = __atomic_load_n(&t->tier_spills, __ATOMIC_RELAXED),
+                .tier_errors = __atomic_load_n(&t->tier_errors, __ATOMIC_RELAXED),
+                .tier_refused = __atomic_load_n(&t->tier_refused, __ATOMIC_RELAXED),
         };
+}
+
+struct sparse_tier *sparse_table_tier(struct sparse_table *t)
+{
+        return t->tier;
+}
+
+void sparse_table_tier_error(struct sparse_table *t, char *buf, size_t len)
+{
+        if (t->tier)
+                t->tops->last_error(t->tier, buf, len);
+        else if (len)
+                buf[0] = 0;
 }
 
 /* The bytes of one stripe holding up to c rows, as add_chunk, index_grow and the chunk table count them. */
@@ -843,6 +1045,59 @@ uint64_t sparse_table_rows_within(const struct sparse_table_opts *o, uint64_t by
         return lo;
 }
 
+/* Removes the rows on disk last touched before `before` (sparse_table_evict's rule). Returns how many. */
+static size_t tier_evict(struct sparse_table *t, uint64_t before)
+{
+        if (!__atomic_load_n(&t->tier_rows, __ATOMIC_RELAXED))
+                return 0;
+        struct sparse_tier_iter *it;
+        char *buf = malloc(t->tier_val_bytes);
+        if (!buf || t->tops->iter_new(t->tier, &it) < 0) {
+                free(buf);
+                return 0;
+        }
+        size_t evicted = 0;
+        uint64_t id;
+        const void *val;
+        size_t len;
+        while (t->tops->iter_next(it, &id, &val, &len)) {
+                struct tier_hdr h;
+                if (len != t->tier_val_bytes)
+                        continue;
+                memcpy(&h, val, sizeof(h));
+                if (h.touch == 0 || h.touch == UINT32_MAX || (uint64_t)(h.touch - 1) >= before)
+                        continue;
+                uint64_t hh = stripe_hash(id);
+                struct stripe *s = &t->stripes[stripe_of(hh)];
+                pthread_mutex_lock(&s->lock);
+                bool found;
+                index_find(t, s, id, hh, &found);
+                /* under the lock, as it is now: a row back in DRAM is DRAM's (sparse_table_evict's pass) */
+                int g = found ? 0 : t->tops->get(t->tier, id, buf, t->tier_val_bytes);
+                if (g == 1) {
+                        memcpy(&h, buf, sizeof(h));
+                        if (h.touch != 0 && h.touch != UINT32_MAX && (uint64_t)(h.touch - 1) < before) {
+                                if (t->tops->del(t->tier, id) < 0) {
+                                        __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                                } else {
+                                        if (t->track)
+                                                gone_add(t, s, id);
+                                        __atomic_sub_fetch(&t->tier_rows, 1, __ATOMIC_RELAXED);
+                                        evicted++;
+                                }
+                        }
+                } else if (g < 0) {
+                        __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                }
+                pthread_mutex_unlock(&s->lock);
+        }
+        if (t->tops->iter_error(it) < 0)
+                __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+        t->tops->iter_free(it);
+        free(buf);
+        return evicted;
+}
+
 size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
 {
         if (after == 0 || now < after)
@@ -858,11 +1113,16 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
                         /* a saturated touch (step >= 2^32 - 2) is of unknown age: kept */
                         if (touch == 0 || touch == UINT32_MAX || (uint64_t)(touch - 1) >= before)
                                 continue;
+                        /* its stale copy on disk goes too (a row read back leaves one) */
+                        if (t->tier && t->tops->del(t->tier, rec_id(rec)) < 0)
+                                __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
                         row_drop(t, s, r);
                         evicted++;
                 }
                 pthread_mutex_unlock(&s->lock);
         }
+        if (t->tier)
+                evicted += tier_evict(t, before);
         __atomic_add_fetch(&t->evicted_age, evicted, __ATOMIC_RELAXED);
         return evicted;
 }
@@ -877,12 +1137,17 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
                         const float *slots, uint64_t step)
 {
         uint32_t dim = t->o.dim;
+        char *scratch = NULL;
+        if (t->tier && !(scratch = malloc(t->tier_val_bytes)))
+                return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
                 struct stripe *s;
                 int err;
-                char *rec = rec_locked(t, ids, i, n, CREATE_BLANK, step, &s, &err);
-                if (!rec)
+                char *rec = rec_locked(t, ids, i, n, CREATE_BLANK, step, &s, &err, scratch, false);
+                if (!rec) {
+                        free(scratch);
                         return err;
+                }
                 if (t->track)
                         dirty_set(s, s->last_row);
                 float *row = rec_vals(t, rec);
@@ -896,6 +1161,7 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
                 }
                 pthread_mutex_unlock(&s->lock);
         }
+        free(scratch);
         return 0;
 }
 
@@ -907,6 +1173,15 @@ void sparse_table_clear(struct sparse_table *t)
                 stripe_release(s);
                 pthread_mutex_unlock(&s->lock);
         }
+        if (t->tier) {
+                pthread_mutex_lock(&t->walk_lock);
+                t->walk_it = t->tops->iter_free(t->walk_it);
+                __atomic_store_n(&t->walking, false, __ATOMIC_RELAXED);
+                if (t->tops->clear(t->tier) < 0)
+                        __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                __atomic_store_n(&t->tier_rows, 0, __ATOMIC_RELAXED);
+                pthread_mutex_unlock(&t->walk_lock);
+        }
 }
 
 void sparse_table_track(struct sparse_table *t, bool on)
@@ -914,11 +1189,147 @@ void sparse_table_track(struct sparse_table *t, bool on)
         t->track = on;
 }
 
+/* A walk's cursor: DRAM's part is (stripe << 32 | row); the disk part sets TIER_PHASE and counts the
+ * keys its iterator has passed; TIER_DONE: the walk has ended. */
+#define TIER_PHASE (1ull << 63)
+#define TIER_DONE UINT64_MAX
+
+/* Writes one row as the n-th of a page (sparse_table_export's layout). */
+static void give_row(const struct sparse_table *t, const float *row, uint64_t id, size_t n, size_t max,
+                     uint64_t *ids, float *values, float *slots)
+{
+        uint32_t dim = t->o.dim;
+        ids[n] = id;
+        memcpy(values + n * dim, row, dim * sizeof(float));
+        for (unsigned sl = 0; slots && sl < t->n_slots; sl++)
+                memcpy(slots + (sl * max + n) * dim, row + (size_t)(1 + sl) * dim, dim * sizeof(float));
+}
+
+/* A new walk (walk_lock held): nothing given yet. */
+static void walk_start(struct sparse_table *t)
+{
+        t->walk_it = t->tops->iter_free(t->walk_it);
+        t->walk_seq = 0;
+        uint32_t gen = t->walk_gen + 1 ? t->walk_gen + 1 : 1;
+        for (unsigned i = 0; i < N_STRIPES; i++) {
+                struct stripe *s = &t->stripes[i];
+                pthread_mutex_lock(&s->lock);
+                if (s->given)
+                        memset(s->given, 0, s->given_words * sizeof(*s->given));
+                pthread_mutex_unlock(&s->lock);
+        }
+        __atomic_store_n(&t->walk_gen, gen, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->walking, true, __ATOMIC_RELAXED);
+}
+
+/* The disk part of a walk: id, met by its iterator (walk_lock held). Gives the row, DRAM's copy when it
+ * is back there, unless this walk gave it or (dirty_only) it is unchanged. 1 given, 0 not. */
+static int walk_disk_row(struct sparse_table *t, uint64_t id, size_t n, size_t max, uint64_t *ids,
+                         float *values, float *slots, bool dirty_only, bool clean, char *buf)
+{
+        uint64_t hh = stripe_hash(id);
+        struct stripe *s = &t->stripes[stripe_of(hh)];
+        int given = 0;
+        pthread_mutex_lock(&s->lock);
+        bool found;
+        uint32_t pos = index_find(t, s, id, hh, &found);
+        if (found) {
+                uint32_t r = s->index[pos] - 1;
+                if (!given_get(s, r) && (!dirty_only || dirty_get(s, r))) {
+                        char *rec = rec_at(t, s, r);
+                        give_row(t, rec_vals(t, rec), id, n, max, ids, values, slots);
+                        given_put(s, r, true);
+                        if (clean)
+                                dirty_clear(s, r);
+                        given = 1;
+                }
+        } else {
+                /* the row as it is now, not as the snapshot saw it: it may have moved meanwhile */
+                int g = t->tops->get(t->tier, id, buf, t->tier_val_bytes);
+                struct tier_hdr h = {0};
+                if (g == 1)
+                        memcpy(&h, buf, sizeof(h));
+                if (g < 0) {
+                        __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                } else if (g == 1 && h.gen != t->walk_gen && (!dirty_only || (h.flags & TIER_DIRTY))) {
+                        give_row(t, (const float *)(const void *)(buf + sizeof(h)), id, n, max, ids, values, slots);
+                        given = 1;
+                        if (clean && (h.flags & TIER_DIRTY)) {
+                                h.flags &= ~TIER_DIRTY;
+                                h.gen = t->walk_gen;
+                                memcpy(buf, &h, sizeof(h));
+                                /* failing, the mark stays: the row comes again in the next increment */
+                                if (t->tops->put(t->tier, id, buf, t->tier_val_bytes) < 0)
+                                        __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                        }
+                }
+        }
+        pthread_mutex_unlock(&s->lock);
+        return given;
+}
+
+/* The disk part of a walk from seq keys on, into the page from its n-th row (walk_lock held). Returns
+ * the page's rows; *cursor set. */
+static size_t walk_disk(struct sparse_table *t, uint64_t *cursor, uint64_t seq, size_t n, size_t max,
+                        uint64_t *ids, float *values, float *slots, bool dirty_only, bool clean)
+{
+        char *buf = malloc(t->tier_val_bytes);
+        if (!buf) {
+                __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                *cursor = TIER_PHASE | seq;   /* the caller may try the page again */
+                return n;
+        }
+        uint64_t id;
+        const void *val;
+        size_t len;
+        if (!t->walk_it || t->walk_seq != seq) {
+                /* another walk's iterator, or this one's page asked again: a fresh snapshot, from seq */
+                t->walk_it = t->tops->iter_free(t->walk_it);
+                if (t->tops->iter_new(t->tier, &t->walk_it) < 0) {
+                        __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                        free(buf);
+                        *cursor = TIER_PHASE | seq;
+                        return n;
+                }
+                for (t->walk_seq = 0; t->walk_seq < seq && t->tops->iter_next(t->walk_it, &id, &val, &len);)
+                        t->walk_seq++;
+        }
+        bool more = true;
+        while (n < max && (more = t->tops->iter_next(t->walk_it, &id, &val, &len))) {
+                t->walk_seq++;
+                n += (size_t)walk_disk_row(t, id, n, max, ids, values, slots, dirty_only, clean, buf);
+        }
+        free(buf);
+        if (!more) {
+                if (t->tops->iter_error(t->walk_it) < 0)
+                        __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                t->walk_it = t->tops->iter_free(t->walk_it);
+                __atomic_store_n(&t->walking, false, __ATOMIC_RELAXED);
+                *cursor = TIER_DONE;
+        } else {
+                *cursor = TIER_PHASE | t->walk_seq;
+        }
+        return n;
+}
+
 size_t sparse_table_export_changes(struct sparse_table *t, uint64_t *cursor, size_t max, uint64_t *ids,
                                    float *values, float *slots, bool dirty_only, bool clean)
 {
-        uint32_t dim = t->o.dim;
         size_t n = 0;
+        if (t->tier) {
+                pthread_mutex_lock(&t->walk_lock);
+                if (*cursor == 0)
+                        walk_start(t);
+                if (*cursor == TIER_DONE) {
+                        pthread_mutex_unlock(&t->walk_lock);
+                        return 0;
+                }
+                if (*cursor & TIER_PHASE) {
+                        n = walk_disk(t, cursor, *cursor & ~TIER_PHASE, 0, max, ids, values, slots, dirty_only, clean);
+                        pthread_mutex_unlock(&t->walk_lock);
+                        return n;
+                }
+        }
         uint64_t si = *cursor >> 32;
         uint32_t r = (uint32_t)*cursor;
         while (n < max && si < N_STRIPES) {
@@ -932,16 +1343,13 @@ size_t sparse_table_export_changes(struct sparse_table *t, uint64_t *cursor, siz
                                 continue;
                         }
                         char *rec = rec_at(t, s, r);
-                        if (!*rec_touch(rec))
+                        if (!*rec_touch(rec) || (t->tier && given_get(s, r)))
                                 continue;
                         if (clean)
                                 dirty_clear(s, r);
-                        const float *row = rec_vals(t, rec);
-                        ids[n] = rec_id(rec);
-                        memcpy(values + n * dim, row, dim * sizeof(float));
-                        for (unsigned sl = 0; slots && sl < t->n_slots; sl++)
-                                memcpy(slots + (sl * max + n) * dim, row + (size_t)(1 + sl) * dim,
-                                       dim * sizeof(float));
+                        if (t->tier)
+                                given_put(s, r, true);
+                        give_row(t, rec_vals(t, rec), rec_id(rec), n, max, ids, values, slots);
                         n++;
                 }
                 bool done = r >= s->used;
@@ -953,6 +1361,11 @@ size_t sparse_table_export_changes(struct sparse_table *t, uint64_t *cursor, siz
                 }
         }
         *cursor = si << 32 | r;
+        if (t->tier) {
+                if (si >= N_STRIPES && n < max)
+                        n = walk_disk(t, cursor, 0, n, max, ids, values, slots, dirty_only, clean);
+                pthread_mutex_unlock(&t->walk_lock);
+        }
         return n;
 }
 

@@ -15,6 +15,8 @@
 
 #define SPARSE_MAX_SLOTS 2
 
+struct sparse_tier_ops;
+
 struct sparse_table_opts {
         uint32_t dim;                 /* 1..1024 */
         enum sparse_optimizer optimizer;
@@ -35,6 +37,12 @@ struct sparse_table_opts {
         uint32_t admit_after;         /* > 1: a missing id gets a row on its admit_after-th pull with create,
                                        * counted in a count-min sketch (SPARSE_SKETCH_*); before that its pulls
                                        * give its initial row, nothing stored, and a push of it is dropped */
+        const char *tier_dir;         /* non-NULL: the disk tier's directory (made, wiped and opened by
+                                       * sparse_table_new): a row leaving DRAM at max_rows is written there
+                                       * instead of dropped, and read back on its next use (sparse_tier.h) */
+        const struct sparse_tier_ops *tier_ops; /* with tier_dir: the store (&sparse_tier_rocksdb); a table
+                                       * reaches RocksDB only through it, so that programs without a tier
+                                       * do not link it */
 };
 
 /* The smallest max_rows (one row per stripe), and the admission sketch's shape: 4 rows of 2^20 8-bit
@@ -52,6 +60,13 @@ struct sparse_table_stats {
         uint64_t admitted;        /* rows made after admit_after sightings */
         uint64_t admit_pending;   /* pulls of ids below admit_after, answered with the initial row */
         uint64_t grads_dropped;   /* pushed rows of ids without a row under admission, not applied */
+        /* the disk tier (all 0 without one) */
+        uint64_t tier_rows;       /* rows whose copy is on disk */
+        uint64_t tier_bytes;      /* the store's files and memtables */
+        uint64_t tier_reads;      /* rows read back from disk into DRAM */
+        uint64_t tier_spills;     /* rows written to disk to make room */
+        uint64_t tier_errors;     /* failed disk operations */
+        uint64_t tier_refused;    /* new rows refused because no row could be written to disk */
 };
 
 /* "sgd", "adagrad", "ftrl" */
@@ -68,7 +83,8 @@ uint32_t sparse_shard_of(uint64_t id, uint32_t n_shards);
 
 struct sparse_table;
 
-int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **ret); /* 0, -EINVAL, -ENOMEM */
+/* 0, -EINVAL, -ENOMEM, or sparse_tier_open's -errno for tier_dir */
+int sparse_table_new(const struct sparse_table_opts *o, struct sparse_table **ret);
 struct sparse_table *sparse_table_free(struct sparse_table *t); /* NULL-safe; returns NULL */
 uint32_t sparse_table_dim(const struct sparse_table *t);
 const struct sparse_table_opts *sparse_table_options(const struct sparse_table *t); /* owned by t */
@@ -78,7 +94,11 @@ void sparse_table_init_row(const struct sparse_table *t, uint64_t id, float *row
 
 /* The values of ids[0..n) into rows (n x dim). create: a missing id's row is made (initialized) and
  * stored; otherwise its initial value is written and nothing stored (evaluation). Either way a
- * stored row's last touch becomes step. 0, or -ENOMEM (rows before the failing one are written). */
+ * stored row's last touch becomes step. 0, or -ENOMEM (rows before the failing one are written).
+ * With a disk tier, a row on disk is read back into DRAM (making room as a new row does); if no room
+ * can be made (the disk failing) its stored value is given and it stays on disk, a new row is not
+ * made (its initial value given, tier_refused counted), and a failed read returns -EIO. Push alike:
+ * a gradient that cannot be applied so is dropped and counted (grads_dropped). */
 int sparse_table_pull(struct sparse_table *t, const uint64_t *ids, size_t n, float *rows, bool create,
                       uint64_t step);
 
@@ -119,6 +139,16 @@ size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max,
 int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, const float *values,
                         const float *slots, uint64_t step);
 
+/* With a disk tier, the walk gives DRAM's stripes and then the rows on disk (over a snapshot of the
+ * store taken when DRAM's part ends); a row moving between DRAM and disk during a walk is given once
+ * (each row carries whether this walk has given it). Walks do not overlap: one starting at cursor 0
+ * ends the one before. */
+
+/* The last disk tier error's text (empty if none), into buf; "" without a tier. */
+void sparse_table_tier_error(struct sparse_table *t, char *buf, size_t len);
+/* The table's disk tier (owned by t), or NULL: for tests' fault injection (sparse_tier_fail_writes). */
+struct sparse_tier *sparse_table_tier(struct sparse_table *t);
+
 /* Change tracking for incremental checkpoints (docs/checkpoints.md), off by default; turn it on before
  * the first row is made. While on, a row is marked changed when it is made, pushed or imported (a pull
  * of a stored row does not mark it), and evicted ids are noted until taken. Costs one bit per row. */
@@ -134,5 +164,5 @@ size_t sparse_table_export_changes(struct sparse_table *t, uint64_t *cursor, siz
  * treat every id as changed (write a full checkpoint). */
 int sparse_table_take_evicted(struct sparse_table *t, uint64_t **ids_ret, size_t *n_ret);
 
-/* Drops every row (a shard made uninitialized again). */
+/* Drops every row (a shard made uninitialized again), the disk tier's too. */
 void sparse_table_clear(struct sparse_table *t);
