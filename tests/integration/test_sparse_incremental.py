@@ -73,6 +73,17 @@ def test():
             argv += ["--task-index", str(index)]
         return h.Proc(wd, "%s.%d" % (kind, n), argv)
 
+    def settled(addr, ps_procs):
+        """Waits until the shard's global_step has stopped moving (the worker is frozen)."""
+        last = [None]
+
+        def still():
+            g = maybe(lambda: shard_status(addr).global_step)
+            same = g is not None and g == last[0]
+            last[0] = g
+            return same
+        h.wait_for("global_step to settle", still, 30, ps_procs, poll=0.5)
+
     ps = start("psd", 0)
     chief = start("chiefd")
     worker = start("workerd", 0)
@@ -81,7 +92,7 @@ def test():
         maybe(lambda: shard_status(ps_addr))), 180, procs)
 
     worker.kill(signal.SIGSTOP)
-    time.sleep(1.0)   # a step in flight lands
+    settled(ps_addr, procs)   # a step in flight lands
     cli = subprocess.run([h.BIN["psfleet"], "checkpoints", "save", "--json", "--reason", "test", "--address",
                           chief_addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, text=True,
                          env=h.child_env(wd=wd))

@@ -721,7 +721,7 @@ static int finalize_one(enum graph_op op, const char *name, const struct graph_a
         struct graph *g = graph_new();
         int32_t t[GRAPH_MAX_IN];
         for (uint32_t i = 0; i < n_in; i++) {
-                char nm[8];
+                char nm[16];
                 snprintf(nm, sizeof(nm), "t%u", i);
                 enum graph_tensor_kind kind = i == 0 && s[0].dims[0] == GRAPH_BATCH ? GT_INPUT : GT_PARAM;
                 t[i] = graph_add_tensor(g, nm, kind, GDT_F32, &s[i], NULL);
