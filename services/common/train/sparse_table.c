@@ -780,7 +780,7 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                                 memcpy(&th, scratch, sizeof(th));
                 }
                 /* the record as seen through scratch: its floats where rec_vals looks (vals_off <= 16) */
-                char *disk_rec = scratch + sizeof(struct tier_hdr) - t->vals_off;
+                char *disk_rec = from_disk ? scratch + sizeof(struct tier_hdr) - t->vals_off : NULL;
                 if (from_disk && how == FIND) {
                         pthread_mutex_unlock(&s->lock);
                         *sp = NULL;
