@@ -166,11 +166,16 @@ def test():
     h.log("after the broken link: restored at %d (the link before %d)" % (st.global_step, newest[0]))
     assert st.global_step == prev_step, (st.global_step, prev_step)
     assert os.path.exists(newest_path + ".corrupt") and newest[0] not in [r[0] for r in records(db)]
-    con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
-    losses = con.execute("SELECT restored_step, job_step, steps_lost FROM losses").fetchall()
-    con.close()
-    h.log("losses: %s" % losses)
-    assert (prev_step, newest[0], newest[0] - prev_step) in losses, losses
+    def losses():
+        con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
+        try:
+            return con.execute("SELECT restored_step, job_step, steps_lost FROM losses").fetchall()
+        finally:
+            con.close()
+    # the chief records the loss after the restore that made the shard initialized: wait for its row
+    want_loss = (prev_step, newest[0], newest[0] - prev_step)
+    h.wait_for("the loss %s recorded" % (want_loss,), lambda: want_loss in losses(), 30, [ps, chief])
+    h.log("losses: %s" % losses())
     worker.kill(signal.SIGCONT)
     final = h.wait_state(chief_addr, "DONE", 300, procs)
     h.log("done: global_step %d, test AUC %.4f" % (final.global_step, final.test_auc))
