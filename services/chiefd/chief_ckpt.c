@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chief_chain.h"
 #include "ckpt.h"
 #include "log.h"
 #include "optim.h"
@@ -624,100 +625,7 @@ int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *sl
         return chief_ckpt_load_latest_tables(s, params, slots, slots_loaded, NULL, ret, err, errlen);
 }
 
-/* ---- chains of incremental checkpoints ---- */
-
-/* An index of a table's ids (open addressing over row numbers + 1). */
-struct id_index {
-        uint32_t *slot;
-        size_t mask;
-};
-
-static size_t id_hash(uint64_t id) {
-        id ^= id >> 33;
-        id *= 0xff51afd7ed558ccdULL;
-        id ^= id >> 33;
-        return (size_t)id;
-}
-
-/* The slot of id in x over ids (found: *row), or the empty slot where it goes. */
-static size_t id_find(const struct id_index *x, const uint64_t *ids, uint64_t id, size_t *row, bool *found) {
-        size_t pos = id_hash(id) & x->mask;
-        for (; x->slot[pos]; pos = (pos + 1) & x->mask)
-                if (ids[x->slot[pos] - 1] == id) {
-                        *row = x->slot[pos] - 1;
-                        *found = true;
-                        return pos;
-                }
-        *found = false;
-        return pos;
-}
-
-/* Applies an increment to acc: the evicted ids go, then each of inc's rows replaces or joins acc's
- * (an id evicted and made again since the parent is in both). Order: acc's rows keep theirs, new ones
- * follow. 0 or -ENOMEM (acc unchanged but maybe grown). */
-static int apply_increment(struct ps_sparse_rows *acc, const struct ps_sparse_rows *inc, const struct ps_sparse_rows *ev) {
-        size_t dim = acc->dim, cap = acc->n + inc->n, want = 16;
-        while (want < 2 * cap)
-                want *= 2;
-        if (cap >= UINT32_MAX)
-                return -E2BIG;
-        struct id_index x = {calloc(want, sizeof(uint32_t)), want - 1};
-        bool *dead = calloc(cap + 1, sizeof(bool));
-        int r = x.slot && dead ? 0 : -ENOMEM;
-        uint64_t *ids = r >= 0 ? realloc(acc->ids, (cap + 1) * sizeof(uint64_t)) : NULL;
-        if (ids)
-                acc->ids = ids;
-        else
-                r = -ENOMEM;
-        for (unsigned sl = 0; r >= 0 && sl <= acc->n_slots; sl++) {
-                float **a = sl ? &acc->slots[sl - 1] : &acc->values;
-                float *grown = realloc(*a, (cap + 1) * dim * sizeof(float));
-                if (grown)
-                        *a = grown;
-                else
-                        r = -ENOMEM;
-        }
-        size_t row;
-        bool found;
-        for (size_t i = 0; r >= 0 && i < acc->n; i++)
-                x.slot[id_find(&x, acc->ids, acc->ids[i], &row, &found)] = (uint32_t)i + 1;
-        for (size_t i = 0; r >= 0 && i < ev->n; i++) {
-                id_find(&x, acc->ids, ev->ids[i], &row, &found);
-                if (found)
-                        dead[row] = true;
-        }
-        for (size_t i = 0; r >= 0 && i < inc->n; i++) {
-                size_t pos = id_find(&x, acc->ids, inc->ids[i], &row, &found);
-                if (!found) {
-                        row = acc->n++;
-                        acc->ids[row] = inc->ids[i];
-                        x.slot[pos] = (uint32_t)row + 1;
-                }
-                dead[row] = false;
-                for (unsigned sl = 0; sl <= acc->n_slots; sl++)
-                        memcpy((sl ? acc->slots[sl - 1] : acc->values) + row * dim,
-                               (sl ? inc->slots[sl - 1] : inc->values) + i * dim, dim * sizeof(float));
-        }
-        /* the evicted rows out, the others in their order */
-        size_t k = 0;
-        for (size_t i = 0; r >= 0 && i < acc->n; i++) {
-                if (dead[i])
-                        continue;
-                if (k != i) {
-                        acc->ids[k] = acc->ids[i];
-                        for (unsigned sl = 0; sl <= acc->n_slots; sl++) {
-                                float *a = sl ? acc->slots[sl - 1] : acc->values;
-                                memcpy(a + k * dim, a + i * dim, dim * sizeof(float));
-                        }
-                }
-                k++;
-        }
-        if (r >= 0)
-                acc->n = k;
-        free(x.slot);
-        free(dead);
-        return r;
-}
+/* ---- chains of incremental checkpoints (what a chain is: chief_chain.c) ---- */
 
 /* Forgets row (its record, durably), moving its file aside to "<path>.corrupt" when aside, else
  * removing it; logs why. */
@@ -739,35 +647,6 @@ static void forget_locked(struct chief_ckpt *s, const struct chief_db_checkpoint
                 prune_corrupt_locked(s);
 }
 
-/* The rows of row i's chain, full one first, into chain[] (*k of them). -ENOENT when a link's parent
- * is not recorded (or already forgotten, gone[]): *broken is then the row whose parent is missing. */
-static int chain_of(const struct chief_db_checkpoint *rows, size_t n, const bool *gone, size_t i, size_t *chain,
-                    size_t *k, size_t *broken) {
-        size_t m = 0;
-        for (size_t at = i;;) {
-                if (m == n)
-                        return -ELOOP;   /* a cycle: no full checkpoint under it */
-                chain[m++] = at;
-                if (!rows[at].incremental)
-                        break;
-                size_t j = n;
-                for (size_t q = 0; q < n; q++)
-                        if (!gone[q] && rows[q].global_step == rows[at].parent_step && q != at)
-                                j = q;
-                if (j == n) {
-                        *broken = at;
-                        return -ENOENT;
-                }
-                at = j;
-        }
-        for (size_t a = 0; a < m / 2; a++) {
-                size_t t = chain[a];
-                chain[a] = chain[m - 1 - a];
-                chain[m - 1 - a] = t;
-        }
-        *k = m;
-        return 0;
-}
 
 /* Loads row i's chain into params, slots and tables: its full checkpoint, then each increment in order.
  * A link missing or corrupt stops there: the values are those of the link before it (*used, which is
@@ -797,7 +676,7 @@ static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpo
                 int l = load_locked(s, row, p2, slots ? s2 : NULL, &sl2, tables ? inc : NULL, tables ? ev : NULL, e,
                                     sizeof(e));
                 for (uint32_t t = 0; l >= 0 && tables && t < n_tables; t++)
-                        if ((l = apply_increment(&tables[t], &inc[t], &ev[t])) < 0)
+                        if ((l = chief_chain_apply(&tables[t], &inc[t], &ev[t])) < 0)
                                 errf(e, sizeof(e), l, "applying it to table %s: %s", s->model->emb[t].name, strerror(-l));
                 for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++) {
                         ps_sparse_rows_clear(&inc[t]);
@@ -867,7 +746,7 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
                 const char *next = i + 1 < n ? "trying the previous one" : "no older checkpoint is left";
                 size_t k = 0, broken = i, used = i;
                 char e[600];
-                int c = chain_of(rows, n, gone, i, chain, &k, &broken);
+                int c = chief_chain_of(rows, n, gone, i, chain, &k, &broken);
                 if (c < 0) {
                         char why[200];
                         snprintf(why, sizeof(why), c == -ENOENT ? "it is incremental on global_step %" PRIu64 ", which is "
@@ -1012,20 +891,4 @@ int chief_ckpt_reconcile(struct chief_ckpt *s) {
         pthread_mutex_unlock(&s->mu);
         free(rows);
         return r < 0 ? r : repairs;
-}
-
-void chief_checkpoint_msg(const struct chief_db_checkpoint *row, Psfleet__V1__Checkpoint *m) {
-        psfleet__v1__checkpoint__init(m);
-        m->global_step = row->global_step;
-        m->time_us = row->time_us;
-        m->path = (char *)row->path;
-        m->bytes = row->bytes;
-        m->checksum = (char *)row->checksum;
-        m->loss = row->loss;
-        m->eval_step = row->eval_step;
-        m->eval_accuracy = row->eval_accuracy;
-        m->eval_loss = row->eval_loss;
-        m->trigger = (char *)row->trigger;
-        m->incremental = row->incremental;
-        m->parent_step = row->parent_step;
 }

@@ -118,6 +118,3 @@ int chief_ckpt_delete(struct chief_ckpt *s, uint64_t global_step, struct chief_d
 /* The newest row and the number of rows: 0, -ENOENT when there is none, or -errno. */
 int chief_ckpt_newest(struct chief_ckpt *s, struct chief_db_checkpoint *ret, uint32_t *count_ret);
 
-/* A Checkpoint message pointing into row (which must outlive the packing): the chief's replies, and
- * psfleet's offline listing of a state directory. */
-void chief_checkpoint_msg(const struct chief_db_checkpoint *row, Psfleet__V1__Checkpoint *m);

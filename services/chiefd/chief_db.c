@@ -776,3 +776,19 @@ int chief_db_delete_checkpoint(struct chief_db *db, uint64_t global_step, struct
         free(rows);
         return r;
 }
+
+void chief_checkpoint_msg(const struct chief_db_checkpoint *row, Psfleet__V1__Checkpoint *m) {
+        psfleet__v1__checkpoint__init(m);
+        m->global_step = row->global_step;
+        m->time_us = row->time_us;
+        m->path = (char *)row->path;
+        m->bytes = row->bytes;
+        m->checksum = (char *)row->checksum;
+        m->loss = row->loss;
+        m->eval_step = row->eval_step;
+        m->eval_accuracy = row->eval_accuracy;
+        m->eval_loss = row->eval_loss;
+        m->trigger = (char *)row->trigger;
+        m->incremental = row->incremental;
+        m->parent_step = row->parent_step;
+}

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "psfleet/v1/supervisor.pb-c.h"
+
 struct chief_db;
 
 /* The job's row: one per database. Plain data. */
@@ -104,3 +106,7 @@ int chief_db_add_checkpoint(struct chief_db *db, const struct chief_db_checkpoin
 int chief_db_list_checkpoints(struct chief_db *db, struct chief_db_checkpoint **ret, size_t *n_ret);
 /* Deletes the row of global_step (durably): 0 and the row in *ret (may be NULL), -ENOENT, or -errno. */
 int chief_db_delete_checkpoint(struct chief_db *db, uint64_t global_step, struct chief_db_checkpoint *ret);
+
+/* A Checkpoint message pointing into row (which must outlive the packing): the chief's replies, and
+ * psfleet's offline listing of a state directory. */
+void chief_checkpoint_msg(const struct chief_db_checkpoint *row, Psfleet__V1__Checkpoint *m);
