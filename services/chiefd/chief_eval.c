@@ -48,11 +48,17 @@ void chief_session_log(struct chief_eval *e, uint64_t step, int status, const ch
  * examples/sec, learning rate. */
 void chief_maybe_write_summaries(struct chief_eval *e) {
         const struct job_config *cfg = e->cfg;
-        uint64_t t = mono_us();
         if (!e->sw || !cfg->supervisor.save_summaries_secs ||
-            t - e->last_summary_mono < cfg->supervisor.save_summaries_secs * 1000000ULL)
+            mono_us() - e->last_summary_mono < cfg->supervisor.save_summaries_secs * 1000000ULL)
                 return;
-        e->last_summary_mono = t;
+        chief_write_summaries(e);
+}
+
+void chief_write_summaries(struct chief_eval *e) {
+        const struct job_config *cfg = e->cfg;
+        if (!e->sw || !cfg->supervisor.save_summaries_secs)
+                return;
+        e->last_summary_mono = mono_us();
         uint32_t W = cfg->cluster.n_worker;
         struct summary_scalar *v = calloc(W + 4, sizeof(*v));
         char (*tags)[32] = calloc(W ? W : 1, sizeof(*tags));

@@ -29,6 +29,8 @@ struct chief_eval {
 void chief_session_log(struct chief_eval *e, uint64_t step, int status, const char *path, const char *msg);
 /* Every save_summaries_secs while the job runs: losses, rates, learning rate. */
 void chief_maybe_write_summaries(struct chief_eval *e);
+/* The same scalars now; at the end, the rates are over the whole training. */
+void chief_write_summaries(struct chief_eval *e);
 /* Evaluates the pulled values on the test split; records and summarizes the result. Weights that blew
  * up or a test loss that is not finite are recorded as the model gone wrong (the main loop fails the
  * job) and return -EDOM; other failures -errno with err. */

@@ -560,6 +560,8 @@ static int finish(struct chief *c) {
         double eps = chief_steps_per_s_locked(&c->st) * (double)config_examples_per_step(cfg);
         pthread_mutex_unlock(&c->st.lock);
         chief_save_job(&c->st);
+        /* the curves end at the last step: a session shorter than save_summaries_secs has points too */
+        chief_write_summaries(&c->ev);
         chief_session_log(&c->ev, gs, SUMMARY_SESSION_STOP, r >= 0 ? row.path : NULL, "done");
         log_full(LOG_INFO, 0, gs,
                  "Done at global_step %" PRIu64 ": test accuracy %.4f, test loss %.4f; %.1f s of training, "

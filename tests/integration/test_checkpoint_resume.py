@@ -161,7 +161,8 @@ def test():
     assert [e.step for e in ev if e.step < N], ev          # evaluations during training too
     lr = acc.Scalars("learning_rate")
     assert all(0 < e.value <= 0.05 * (1 + 1e-6) for e in lr), lr
-    assert max(e.value for e in acc.Scalars("global_step/sec")) > 0
+    rate = acc.Scalars("global_step/sec")
+    assert rate[-1].step == N and rate[-1].value > 0, rate   # the end's point: the rate over the training
     h.log("summaries: %s; %d eval points" % (sorted(tags), len(ev)))
 
 
