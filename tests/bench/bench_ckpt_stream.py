@@ -18,13 +18,6 @@ if "--build" in sys.argv[:-1]:   # the harness finds the daemons through it when
     os.environ["PSFLEET_BUILD_DIR"] = os.path.abspath(sys.argv[sys.argv.index("--build") + 1])
 
 
-def status_kb(pid, key):
-    for l in open("/proc/%d/status" % pid):
-        if l.startswith(key + ":"):
-            return int(l.split()[1]) * 1024
-    return 0
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build")
@@ -79,11 +72,11 @@ def main():
             return time.monotonic() - t0, c
 
         step()
-        hwm0 = status_kb(chief.pid, "VmHWM")
+        hwm0 = h.proc_bytes(chief.pid, "VmHWM")
         full_s, full = save()
         out = {"rows": a.rows, "dim": 16, "optimizer": "adagrad", "raw_bytes": a.rows * 16 * 4 * 2,
-               "chief_hwm_before": hwm0, "chief_hwm_after_full": status_kb(chief.pid, "VmHWM"),
-               "full_s": round(full_s, 2), "full_bytes": full.bytes, "psd_rss": status_kb(ps.pid, "VmRSS")}
+               "chief_hwm_before": hwm0, "chief_hwm_after_full": h.proc_bytes(chief.pid, "VmHWM"),
+               "full_s": round(full_s, 2), "full_bytes": full.bytes, "psd_rss": h.proc_bytes(ps.pid, "VmRSS")}
         if a.incremental:
             k = int(a.rows * a.changed)
             pick = np.random.default_rng(1).choice(a.rows, size=k, replace=False).astype(np.uint64)
@@ -100,7 +93,7 @@ def main():
             assert inc.incremental and inc.parent_step == full.global_step, inc
             out.update({"changed_rows": k, "incremental_s": round(inc_s, 2), "incremental_bytes": inc.bytes,
                         "time_ratio": round(inc_s / full_s, 4), "size_ratio": round(inc.bytes / full.bytes, 4),
-                        "chief_hwm_after_incremental": status_kb(chief.pid, "VmHWM")})
+                        "chief_hwm_after_incremental": h.proc_bytes(chief.pid, "VmHWM")})
     print(json.dumps(out))
 
 

@@ -17,20 +17,12 @@ Prints a table and one JSON line.
 Usage: tests/bench/bench_recovery.py [--build build] [--trials 3] [--steps 3000] [--interval 300]
                                      [--seed 1]
 """
-import argparse, json, os, random, signal, statistics, sys, threading, time
+import argparse, json, os, random, signal, statistics, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 if "--build" in sys.argv[:-1]:   # the harness finds the daemons through it when imported
     os.environ["PSFLEET_BUILD_DIR"] = os.path.abspath(sys.argv[sys.argv.index("--build") + 1])
-
-
-def maybe(f):
-    import grpc
-    try:
-        return f()
-    except grpc.RpcError:
-        return None
 
 
 def trial(h, a, mode, kill_at):
@@ -41,11 +33,9 @@ def trial(h, a, mode, kill_at):
                                        "save_summaries_secs": 0, "recovery": mode})
     chief_addr, ps_addr = spec["cluster"]["chief"][0], spec["cluster"]["ps"]
     state = wd.file("state")
-    s = h.stubs()
 
     def status(addr):
-        with h.channel(addr) as ch:
-            return s.ps_pb2_grpc.ParameterServerStub(ch).GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=1)
+        return h.shard_status(addr, timeout=1)
 
     def start(kind, index=None, n=1):
         argv = [h.BIN[kind], "--job", job, "--state-dir", state]
@@ -59,7 +49,7 @@ def trial(h, a, mode, kill_at):
     procs = ps + [chief] + workers
     t_start = time.monotonic()
     h.wait_for("global_step %d" % kill_at, lambda: (lambda x: x is not None and x.initialized and x.global_step >= kill_at)(
-        maybe(lambda: status(ps_addr[0]))), 300, procs, poll=0.02)
+        h.rpc_or_none(lambda: status(ps_addr[0]))), 300, procs, poll=0.02)
     g = status(ps_addr[0]).global_step
     ps[1].kill(signal.SIGKILL)
     ps[1].p.wait(10)
@@ -70,8 +60,8 @@ def trial(h, a, mode, kill_at):
 
     def resumed():
         # the restarted shard is back, then global_step (read after it) moved 5 steps
-        a1 = maybe(lambda: status(ps_addr[1]))
-        a0 = maybe(lambda: status(ps_addr[0]))
+        a1 = h.rpc_or_none(lambda: status(ps_addr[1]))
+        a0 = h.rpc_or_none(lambda: status(ps_addr[0]))
         if a0 is None or not a0.initialized:
             return None
         low[0] = min(low[0], a0.global_step)

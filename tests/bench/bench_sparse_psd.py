@@ -16,13 +16,6 @@ if "--build" in sys.argv[:-1]:   # the harness finds the daemons through it when
     os.environ["PSFLEET_BUILD_DIR"] = os.path.abspath(sys.argv[sys.argv.index("--build") + 1])
 
 
-def rss(pid):
-    for l in open("/proc/%d/status" % pid):
-        if l.startswith("VmRSS:"):
-            return int(l.split()[1]) * 1024
-    return 0
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build")
@@ -43,7 +36,7 @@ def main():
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, base=base)
     chief, ps, fp = h.chief_and_ps(wd, job, spec)
     ps_addr = spec["cluster"]["ps"][0]
-    before = rss(ps.pid)
+    before = h.proc_bytes(ps.pid)
     caller = s.tensor_pb2.Caller(fingerprint=fp, task="worker:0")
     t0 = time.monotonic()
     with h.channel(ps_addr) as ch:
@@ -57,7 +50,7 @@ def main():
             stub.SparseExchange(s.ps_pb2.SparseExchangeRequest(header=hdr), timeout=60)
         st = stub.GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=5)
     el = time.monotonic() - t0
-    after = rss(ps.pid)
+    after = h.proc_bytes(ps.pid)
     raw = a.rows * 16 * 4 * 2
     import subprocess
     r = subprocess.run([h.BIN["psfleet"], "plan", "--json", job], capture_output=True, text=True,

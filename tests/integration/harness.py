@@ -444,6 +444,30 @@ def job_status(chief_addr, timeout=2.0):
                                                                   timeout=timeout)
 
 
+def shard_status(ps_addr, timeout=2.0):
+    s = stubs()
+    with channel(ps_addr) as ch:
+        return s.ps_pb2_grpc.ParameterServerStub(ch).GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=timeout)
+
+
+def proc_bytes(pid, key="VmRSS"):
+    """A size line of /proc/PID/status (VmRSS, VmHWM, ...) in bytes."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def rpc_or_none(f):
+    """f() or None when its RPC failed (a daemon not up yet, or gone)."""
+    import grpc
+    try:
+        return f()
+    except grpc.RpcError:
+        return None
+
+
 def wait_state(chief_addr, state_name, timeout=60, procs=()):
     """Waits until the chief reports JOB_STATE_<state_name>; returns that JobStatus."""
     import grpc

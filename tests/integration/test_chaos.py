@@ -71,20 +71,6 @@ def wait_until(what, cond, timeout, procs=(), period=0.02):
         time.sleep(period)
 
 
-def rpc_or_none(f):
-    import grpc
-    try:
-        return f()
-    except grpc.RpcError:
-        return None
-
-
-def shard_status(addr):
-    s = h.stubs()
-    with h.channel(addr) as ch:
-        return s.ps_pb2_grpc.ParameterServerStub(ch).GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=1)
-
-
 def list_checkpoints(chief_addr):
     s = h.stubs()
     with h.channel(chief_addr) as ch:
@@ -174,14 +160,14 @@ class Trial:
     # -- observations
 
     def global_step(self):
-        st = rpc_or_none(lambda: shard_status(self.ps_addr[0]))
+        st = h.rpc_or_none(lambda: h.shard_status(self.ps_addr[0], timeout=1))
         if st is not None and st.initialized:
             self.steps_seen.append((time.monotonic(), st.global_step))
             return st.global_step
         return None
 
     def status(self):
-        return rpc_or_none(lambda: h.job_status(self.chief_addr, 1.0))
+        return h.rpc_or_none(lambda: h.job_status(self.chief_addr, 1.0))
 
     # -- the kill
 
@@ -214,7 +200,7 @@ class Trial:
             last = [None, 0]
 
             def settled():
-                st = rpc_or_none(lambda: shard_status(self.ps_addr[0]))
+                st = h.rpc_or_none(lambda: h.shard_status(self.ps_addr[0], timeout=1))
                 g = (st.global_step, st.pushes) if st is not None and st.initialized else None
                 if g == last[0]:
                     last[1] += 1
@@ -223,7 +209,7 @@ class Trial:
                 return last[1] >= 3 or (g is None and last[1] >= 10)
 
             wait_until("the pushes in flight to settle", settled, 10, period=0.03)
-            st = rpc_or_none(lambda: shard_status(self.ps_addr[0]))
+            st = h.rpc_or_none(lambda: h.shard_status(self.ps_addr[0], timeout=1))
             before = st.global_step if st is not None and st.initialized else None
             # give the chief a moment to see that step, as it would in any pause of the workers
             time.sleep(0.3)
@@ -234,12 +220,12 @@ class Trial:
             # restored while the workers are frozen: nothing moves until they thaw
             wait_until("ps:%d to be restored by the chief" % index,
                        lambda: (lambda s: s is not None and s.initialized)(
-                           rpc_or_none(lambda: shard_status(self.ps_addr[index]))),
+                           h.rpc_or_none(lambda: h.shard_status(self.ps_addr[index], timeout=1))),
                        30, self.watched(but_workers=True))
             ckpts = [c.global_step for c in list_checkpoints(self.chief_addr) if c.global_step <= before]
             assert ckpts, "no checkpoint at or before global_step %d to restore ps:%d from" % (before, index)
             restored = max(ckpts)
-            after = rpc_or_none(lambda: shard_status(self.ps_addr[0]))
+            after = h.rpc_or_none(lambda: h.shard_status(self.ps_addr[0], timeout=1))
             assert after is not None and after.global_step == restored, (
                 "ps:%d restored: shard 0 holds global_step %s, the newest checkpoint is %d"
                 % (index, after and after.global_step, restored))

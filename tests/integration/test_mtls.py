@@ -23,14 +23,6 @@ JOB = "mtls"
 MAX_NORM = 1000.0
 
 
-def rss(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def expect_code(what, fn, code, text=None):
     import grpc
     try:
@@ -132,13 +124,13 @@ def probes(wd, job, spec, tls_dir, other_dir):
 
     # ---- a 512 MiB request: refused, and psd's memory comes back
     time.sleep(1.5)
-    baseline = rss(ps.pid)
+    baseline = h.proc_bytes(ps.pid)
     peak = [0]
     done = threading.Event()
 
     def watch():
         while not done.is_set():
-            peak[0] = max(peak[0], rss(ps.pid))
+            peak[0] = max(peak[0], h.proc_bytes(ps.pid))
             time.sleep(0.01)
     t = threading.Thread(target=watch)
     t.start()
@@ -157,7 +149,7 @@ def probes(wd, job, spec, tls_dir, other_dir):
     settled = 0
     for _ in range(200):      # the watcher looks every second, and backs off 3 s after a fruitless try
         time.sleep(0.1)
-        settled = rss(ps.pid)
+        settled = h.proc_bytes(ps.pid)
         if settled <= baseline + 2 * model_bytes:
             break
     done.set()

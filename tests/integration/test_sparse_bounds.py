@@ -21,11 +21,6 @@ FILL_IDS = 300000        # ids pulled into it: a third more than fit
 CHUNK = 65536
 
 
-def vm_rss(pid):
-    with open("/proc/%d/status" % pid) as f:
-        return int(re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
-
-
 def plan(job):
     r = subprocess.run([h.BIN["psfleet"], "plan", "--json", job], capture_output=True, text=True,
                        env=h.child_env(), timeout=60)
@@ -58,7 +53,7 @@ def exchange_rpc(wd):
     st = h.wait_state(spec["cluster"]["chief"][0], "READY", 60, [chief, ps])
     caller = s.tensor_pb2.Caller(fingerprint=st.fingerprint, task="worker:0")
     stub = s.ps_pb2_grpc.ParameterServerStub(h.channel(spec["cluster"]["ps"][0]))
-    rss_empty = vm_rss(ps.pid)
+    rss_empty = h.proc_bytes(ps.pid)
 
     def exchange(table, pull=(), push=(), step=1):
         tensors = []
@@ -128,7 +123,7 @@ def exchange_rpc(wd):
 
     # psfleet plan's figure for this psd against its resident memory
     p = plan(job)[0]
-    rss = vm_rss(ps.pid)
+    rss = h.proc_bytes(ps.pid)
     h.log("psd VmRSS: %d before the rows, %d after; plan %d (process %d, buffers %d, big %d, adm %d)"
           % (rss_empty, rss, p["total"], p["process"], p["buffers"], p["tables"][0]["bytes"], p["tables"][1]["bytes"]))
     assert abs(rss - p["total"]) <= 0.10 * p["total"], (rss, p)
@@ -166,7 +161,7 @@ def limit_held(wd):
                                             pull_ids=struct.pack("<%dQ" % page, *range(at, at + page)))
         stub.SparseExchange(s.ps_pb2.SparseExchangeRequest(header=hdr), timeout=60)
     t = stub.GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=5)
-    rss = vm_rss(ps.pid)
+    rss = h.proc_bytes(ps.pid)
     h.log("limit %d: big max_rows %d, rows %d, evicted_limit %d; plan %d; VmRSS %d"
           % (limit, t.tables[0].max_rows, t.tables[0].rows, t.tables[0].evicted_limit, p["total"], rss))
     assert t.memory_limit_bytes == limit and t.tables[0].max_rows == big["max_rows"], t

@@ -19,18 +19,6 @@ import pyenv
 ROWS, TEST_ROWS, STEPS = 30000, 5000, 600
 
 
-def shard_status(addr):
-    s = h.stubs()
-    with h.channel(addr) as ch:
-        return s.ps_pb2_grpc.ParameterServerStub(ch).GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=2)
-
-
-def maybe(f):
-    import grpc
-    try:
-        return f()
-    except grpc.RpcError:
-        return None
 
 
 def records(db):
@@ -78,7 +66,7 @@ def test():
         last = [None]
 
         def still():
-            g = maybe(lambda: shard_status(addr).global_step)
+            g = h.rpc_or_none(lambda: h.shard_status(addr).global_step)
             same = g is not None and g == last[0]
             last[0] = g
             return same
@@ -89,7 +77,7 @@ def test():
     worker = start("workerd", 0)
     procs = [ps, chief, worker]
     h.wait_for("global_step 300", lambda: (lambda s: s is not None and s.initialized and s.global_step >= 300)(
-        maybe(lambda: shard_status(ps_addr))), 180, procs)
+        h.rpc_or_none(lambda: h.shard_status(ps_addr))), 180, procs)
 
     worker.kill(signal.SIGSTOP)
     settled(ps_addr, procs)   # a step in flight lands
@@ -120,7 +108,7 @@ def test():
     with safe_open(fulls[-1][1], "np") as f:
         assert f.metadata()["checkpoint"] == "full", f.metadata()
 
-    before = shard_status(ps_addr)
+    before = h.shard_status(ps_addr)
     want = {t.name: t.rows for t in before.tables}
     # a later increment holds the rows touched in its 50 steps, fewer than the table's
     with safe_open(incs[-1][1], "np") as f:
@@ -135,7 +123,7 @@ def test():
     ps = start("psd", 0, 2)
     procs = [ps, chief, worker]
     st = h.wait_for("ps:0 restored by the chief", lambda: (lambda s: s if s is not None and s.initialized else None)(
-        maybe(lambda: shard_status(ps_addr))), 60, [ps, chief])
+        h.rpc_or_none(lambda: h.shard_status(ps_addr))), 60, [ps, chief])
     got = {t.name: t.rows for t in st.tables}
     h.log("before the kill at global_step %d: rows %s; restored at %d from the chain: %s" %
           (before.global_step, want, st.global_step, got))
@@ -162,7 +150,7 @@ def test():
     procs = [ps, chief, worker]
     st = h.wait_for("ps:0 restored from the chain's last good link",
                     lambda: (lambda s: s if s is not None and s.initialized else None)(
-                        maybe(lambda: shard_status(ps_addr))), 60, [ps, chief])
+                        h.rpc_or_none(lambda: h.shard_status(ps_addr))), 60, [ps, chief])
     h.log("after the broken link: restored at %d (the link before %d)" % (st.global_step, newest[0]))
     assert st.global_step == prev_step, (st.global_step, prev_step)
     assert os.path.exists(newest_path + ".corrupt") and newest[0] not in [r[0] for r in records(db)]

@@ -16,18 +16,6 @@ import pyenv
 ROWS, TEST_ROWS, STEPS = 60000, 10000, 1000
 
 
-def shard_status(addr):
-    s = h.stubs()
-    with h.channel(addr) as ch:
-        return s.ps_pb2_grpc.ParameterServerStub(ch).GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=2)
-
-
-def maybe(f):
-    import grpc
-    try:
-        return f()
-    except grpc.RpcError:
-        return None
 
 
 def test():
@@ -64,11 +52,11 @@ def test():
     worker = start("workerd", 0)
     procs = [ps, chief, worker]
     h.wait_for("global_step 450", lambda: (lambda s: s is not None and s.initialized and s.global_step >= 450)(
-        maybe(lambda: shard_status(ps_addr))), 180, procs)
+        h.rpc_or_none(lambda: h.shard_status(ps_addr))), 180, procs)
 
     # bytes per step follow the unique ids: what came in is 8 bytes per id plus a gradient row per
     # pushed id, what went out a row per pulled id; pushed ids were pulled the step before
-    st = shard_status(ps_addr)
+    st = h.shard_status(ps_addr)
     dims = {e["name"]: e["dim"] for e in base["model"]["embeddings"]}
     for t in st.tables:
         d = dims[t.name]
@@ -91,7 +79,7 @@ def test():
     ps = start("psd", 0, 2)
     procs = [ps, chief, worker]
     st = h.wait_for("ps:0 restored by the chief", lambda: (lambda s: s if s is not None and s.initialized else None)(
-        maybe(lambda: shard_status(ps_addr))), 60, [ps, chief])
+        h.rpc_or_none(lambda: h.shard_status(ps_addr))), 60, [ps, chief])
     restored = {t.name: t.rows for t in st.tables}
     h.log("restored at global_step %d: rows %s" % (st.global_step, restored))
     assert st.global_step >= 300, st.global_step

@@ -16,7 +16,7 @@ import urllib.request
 import harness as h
 sys.path.insert(0, os.path.join(h.SOURCE_DIR, "tests", "bench"))
 from bench_admission import table_rows  # noqa: E402
-from test_sparse_bounds import plan, vm_rss
+from test_sparse_bounds import plan
 from test_sparse_job import gen
 
 CAP = 20000       # rows of "big" in DRAM (dim 16, adagrad)
@@ -47,7 +47,7 @@ def run_exchanges(wd, name, extra, metrics=None):
     st = h.wait_state(spec["cluster"]["chief"][0], "READY", 60, [chief, ps])
     caller = s.tensor_pb2.Caller(fingerprint=st.fingerprint, task="worker:0")
     stub = s.ps_pb2_grpc.ParameterServerStub(h.channel(spec["cluster"]["ps"][0]))
-    rss0 = vm_rss(ps.pid)
+    rss0 = h.proc_bytes(ps.pid)
     h.log("%s: psd VmRSS %d before any row" % (name, rss0))
 
     def exchange(pull, push, step):
@@ -75,7 +75,7 @@ def run_exchanges(wd, name, extra, metrics=None):
     for at in range(0, IDS, CHUNK):
         out.append(exchange(list(range(at, min(at + CHUNK, IDS))), [], step))
     t = stub.GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=5)
-    h.log("%s: psd VmRSS %d after" % (name, vm_rss(ps.pid)))
+    h.log("%s: psd VmRSS %d after" % (name, h.proc_bytes(ps.pid)))
     return out, t, ps, chief, job, spec, rss0
 
 
@@ -106,7 +106,7 @@ def same_as_unbounded(wd):
     assert r.returncode == 0 and "disk tier: %d rows" % big.disk_rows in r.stdout, (r.returncode, r.stdout)
 
     p = plan(job)[0]
-    rss = vm_rss(ps.pid)
+    rss = h.proc_bytes(ps.pid)
     h.log("psd VmRSS %d; plan %d (big %d, tier caches %d)" % (rss, p["total"], p["tables"][0]["bytes"],
                                                              p["tables"][0]["tier_memory"]))
     h.log(subprocess.run([h.BIN["psfleet"], "plan", job], capture_output=True, text=True, env=h.child_env(),
