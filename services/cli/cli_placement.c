@@ -24,13 +24,11 @@ int cmd_placement(int argc, char **argv) {
                 .cmd = "placement", .opts = opts, .help = placement_help, .terse = true,
                 .min_operands = 1, .max_operands = 1, .usage = "Usage: psfleet placement JOB.json",
         };
-        int first, r;
-        if (!cli_args_parse(&args, argc, argv, &first, &r))
-                return r;
-        const char *path = argv[first];
+        const char *path;
         struct job_config *cfg;
         struct job_layout *L = NULL;
-        if ((r = cli_load_job_layout(path, &cfg, &L)))
+        int r;
+        if (!cli_job_file_command(&args, argc, argv, &path, &cfg, &L, &r))
                 return r;
         struct placement_var *pv = NULL;
         int ret = 1;

@@ -88,13 +88,11 @@ int cmd_plan(int argc, char **argv) {
                 .cmd = "plan", .opts = opts, .help = plan_help,
                 .min_operands = 1, .max_operands = 1, .usage = "Usage: psfleet plan [--json] JOB.json",
         };
-        int first, r;
-        if (!cli_args_parse(&args, argc, argv, &first, &r))
-                return r;
-        const char *path = argv[first];
+        const char *path;
         struct job_config *cfg;
         struct job_layout *L = NULL;
-        if ((r = cli_load_job_layout(path, &cfg, &L)))
+        int r;
+        if (!cli_job_file_command(&args, argc, argv, &path, &cfg, &L, &r))
                 return r;
         json_t *all = json_array();
         int ret = 1;

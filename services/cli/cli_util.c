@@ -47,6 +47,15 @@ int cli_load_job_layout(const char *path, struct job_config **cfg_ret, struct jo
         return 0;
 }
 
+bool cli_job_file_command(const struct cli_args *a, int argc, char **argv, const char **path,
+                          struct job_config **cfg_ret, struct job_layout **L_ret, int *status) {
+        int first;
+        if (!cli_args_parse(a, argc, argv, &first, status))
+                return false;
+        *path = argv[first];
+        return (*status = cli_load_job_layout(*path, cfg_ret, L_ret)) == 0;
+}
+
 void cli_chief_ref_clear(struct cli_chief_ref *r) {
         free(r->address);
         free(r->job_name);

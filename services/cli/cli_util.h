@@ -22,6 +22,12 @@ struct job_layout;
 /* cli_load_job, then the model's variables and their placement (*L_ret, job_layout_free); on failure
  * prints why and returns the exit status (CONFIG_EX_CONFIG, 1), with nothing left to free. */
 int cli_load_job_layout(const char *path, struct job_config **cfg_ret, struct job_layout **L_ret);
+struct cli_args;
+/* A command whose one operand is a job file: parses argv by a, then cli_load_job_layout of that operand.
+ * True with *path (in argv), *cfg_ret and *L_ret set; false with *status the exit status (after --help
+ * too) and nothing to free. */
+bool cli_job_file_command(const struct cli_args *a, int argc, char **argv, const char **path,
+                          struct job_config **cfg_ret, struct job_layout **L_ret, int *status);
 
 /* Which chief to ask: `address`, else the job that `job` names (cli_job_resolve: a job file, a running
  * `psfleet local` job's name, or $PSFLEET_CONFIG_DIR/jobs/JOB.json): its chief entry (TF_CONFIG's
