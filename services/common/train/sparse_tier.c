@@ -4,6 +4,7 @@
  * fixed few MiB beside the table's DRAM bound. */
 #include "sparse_tier.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -197,21 +198,31 @@ void sparse_tier_fail_writes(struct sparse_tier *t, int err)
         __atomic_store_n(&t->fail_writes, err < 0 ? err : 0, __ATOMIC_RELAXED);
 }
 
-int sparse_tier_put(struct sparse_tier *t, uint64_t id, const void *val, size_t len)
+/* Stores id's row (val, len), or deletes it when val is NULL. */
+static int write_row(struct sparse_tier *t, uint64_t id, const void *val, size_t len)
 {
         char k[8], *msg = NULL;
-        int r = -EIO;
-        if ((r = injected(t)) < 0)
+        int r = injected(t);
+        if (r < 0)
                 return r;
         r = -EIO;
         key_of(id, k);
         pthread_rwlock_rdlock(&t->lock);
         if (t->db) {
-                rocksdb_put(t->db, t->wo, k, sizeof(k), val, len, &msg);
+                if (val)
+                        rocksdb_put(t->db, t->wo, k, sizeof(k), val, len, &msg);
+                else
+                        rocksdb_delete(t->db, t->wo, k, sizeof(k), &msg);
                 r = msg ? tier_err(t, msg) : 0;
         }
         pthread_rwlock_unlock(&t->lock);
         return r;
+}
+
+int sparse_tier_put(struct sparse_tier *t, uint64_t id, const void *val, size_t len)
+{
+        assert(val);
+        return write_row(t, id, val, len);
 }
 
 int sparse_tier_get(struct sparse_tier *t, uint64_t id, void *val, size_t len)
@@ -241,19 +252,7 @@ int sparse_tier_get(struct sparse_tier *t, uint64_t id, void *val, size_t len)
 
 int sparse_tier_del(struct sparse_tier *t, uint64_t id)
 {
-        char k[8], *msg = NULL;
-        int r = -EIO;
-        if ((r = injected(t)) < 0)
-                return r;
-        r = -EIO;
-        key_of(id, k);
-        pthread_rwlock_rdlock(&t->lock);
-        if (t->db) {
-                rocksdb_delete(t->db, t->wo, k, sizeof(k), &msg);
-                r = msg ? tier_err(t, msg) : 0;
-        }
-        pthread_rwlock_unlock(&t->lock);
-        return r;
+        return write_row(t, id, NULL, 0);
 }
 
 int sparse_tier_clear(struct sparse_tier *t)
