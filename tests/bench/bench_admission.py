@@ -41,12 +41,7 @@ def train_runs(a, runs, timeout=1800):
     meta = gen(wd, a.rows, os.path.join(data, "train.tsv.gz"), a.test_rows, os.path.join(data, "test.tsv.gz"))
     out = {"train_rows": a.rows, "test_rows": a.test_rows, "planted_auc": meta["planted_auc"]}
     for name, keys in runs:
-        with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
-            base = json.load(f)
-        base["data"]["dir"] = data
-        base["job"] = name
-        for e in base["model"]["embeddings"]:
-            e.update(keys)
+        base = h.ctr_example(data, name, keys)
         steps = a.rows // 256
         path, _ = h.make_job(wd, name + ".json", n_ps=1, n_workers=2, base=base,
                              training={"max_steps": steps, "report_every_steps": 100})

@@ -102,6 +102,19 @@ def load_example():
         return json.load(f)
 
 
+def ctr_example(data_dir=None, job=None, table_keys=None):
+    """examples/ctr-widedeep.json as a dict: reading data_dir, named job, table_keys set on each table."""
+    with open(os.path.join(SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
+        base = json.load(f)
+    if data_dir:
+        base["data"]["dir"] = data_dir
+    if job:
+        base["job"] = job
+    for e in base["model"]["embeddings"]:
+        e.update(table_keys or {})
+    return base
+
+
 _plain = False
 
 

@@ -190,7 +190,7 @@ def test():
             assert len(errors) == 1 and ('%s: "%s"' % (var, value)) in errors[0], (kind, var, errors)
     # 78: a model with embedding tables on several GPUs of one worker (its sparse front runs on one
     # device), refused before anything is built, with no GPU needed to see it
-    ctr = json.load(open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")))
+    ctr = h.ctr_example()
     job, spec = h.make_job(wd, "ctr-gpus.json", base=ctr, training={"max_steps": 10})
     rc, errors = run_env(wd, "workerd", job, 0, {"PSFLEET_DEVICE": "gpu:0,1"})
     assert rc == EX_CONFIG, rc

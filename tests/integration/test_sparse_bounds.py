@@ -200,12 +200,7 @@ def local_job(wd):
     data = wd.file("data")
     os.makedirs(data)
     gen(wd, 20000, os.path.join(data, "train.tsv.gz"), 5000, os.path.join(data, "test.tsv.gz"))
-    with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
-        base = json.load(f)
-    base["data"]["dir"] = data
-    base["job"] = "bounded"
-    for e in base["model"]["embeddings"]:
-        e.update({"max_rows": 3000, "evict_policy": "lru", "admit_after": 2})
+    base = h.ctr_example(data, "bounded", {"max_rows": 3000, "evict_policy": "lru", "admit_after": 2})
     path, _ = h.make_job(wd, "bounded.json", n_ps=1, n_workers=2, base=base,
                          training={"max_steps": 100, "report_every_steps": 50})
     r = h.local_result(wd, path, args=["--keep-state"], name="bounded", timeout=300)

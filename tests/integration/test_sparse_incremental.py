@@ -43,9 +43,7 @@ def test():
                                 os.path.join(data, "train.tsv.gz"), "--test-rows", str(TEST_ROWS), "--test-out",
                                 os.path.join(data, "test.tsv.gz"), "--seed", "5"])
     assert g.wait(120) == 0, g.stderr()
-    with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
-        base = json.load(f)
-    base["data"]["dir"] = data
+    base = h.ctr_example(data)
     base["supervisor"] = {"save_checkpoint_steps": 50, "save_checkpoint_secs": 0, "save_summaries_secs": 5,
                           "keep_checkpoints": 2, "full_checkpoint_every": 1000}
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, base=base,

@@ -31,9 +31,7 @@ def test():
                                 os.path.join(data, "test.tsv.gz"), "--seed", "3"])
     assert g.wait(120) == 0, g.stderr()
     planted = json.load(open(os.path.join(data, "test.tsv.gz.meta.json")))["planted_auc"]
-    with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
-        base = json.load(f)
-    base["data"]["dir"] = data
+    base = h.ctr_example(data)
     base["supervisor"] = {"save_checkpoint_steps": 100, "save_checkpoint_secs": 0, "save_summaries_secs": 1,
                           "eval_every_steps": 250}
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, base=base,

@@ -4,7 +4,6 @@ unbounded (every pulled row bit-equal), keeps at most its bound in DRAM with the
 GetShardStatus, /metrics and `psfleet top`, and stays within `psfleet plan`'s figure; a tier directory that
 cannot be made stops psd with exit 74; a `psfleet local` job whose tables hold 2,000 rows each in DRAM
 reaches the test AUC of the same job unbounded."""
-import json
 import os
 import re
 import signal
@@ -158,12 +157,7 @@ def local_auc(wd):
     gen(wd, 20000, os.path.join(data, "train.tsv.gz"), 5000, os.path.join(data, "test.tsv.gz"))
     auc, rows = {}, {}
     for name, extra in (("flat", {}), ("tiered", {"max_rows": 2000, "evict_policy": "lru", "disk_tier": True})):
-        with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
-            base = json.load(f)
-        base["data"]["dir"] = data
-        base["job"] = name
-        for e in base["model"]["embeddings"]:
-            e.update(extra)
+        base = h.ctr_example(data, name, extra)
         path, _ = h.make_job(wd, name + ".json", n_ps=1, n_workers=1, base=base,
                              training={"max_steps": 300, "report_every_steps": 100})
         r = h.local_result(wd, path, args=["--keep-state"], name=name, timeout=300)
