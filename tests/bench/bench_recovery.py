@@ -51,9 +51,7 @@ def trial(h, a, mode, kill_at):
     h.wait_for("global_step %d" % kill_at, lambda: (lambda x: x is not None and x.initialized and x.global_step >= kill_at)(
         h.rpc_or_none(lambda: status(ps_addr[0]))), 300, procs, poll=0.02)
     g = status(ps_addr[0]).global_step
-    ps[1].kill(signal.SIGKILL)
-    ps[1].p.wait(10)
-    h._procs.remove(ps[1])
+    h.kill_now(ps[1])
     t0 = time.monotonic()
     ps[1] = start("psd", 1, 2)
     low, base = [g], [None]

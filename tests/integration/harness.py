@@ -221,13 +221,20 @@ class Proc:
             self.p.send_signal(sig)
 
 
-def daemon(wd, kind, job, index=None, args=(), env=None, state_dir=None):
+def daemon(wd, kind, job, index=None, args=(), env=None, state_dir=None, name=None):
     argv = [BIN[kind], "--job", job, "--state-dir", state_dir or wd.file("state")]
     if index is not None:
         argv += ["--task-index", str(index)]
     argv += list(args)
-    name = {"psd": "ps", "workerd": "worker", "chiefd": "chief"}[kind] + ":%d" % (index or 0)
+    name = name or {"psd": "ps", "workerd": "worker", "chiefd": "chief"}[kind] + ":%d" % (index or 0)
     return Proc(wd, name, argv, env)
+
+
+def kill_now(proc):
+    """SIGKILL, reaped: a crash; the harness no longer cleans it up."""
+    proc.kill(signal.SIGKILL)
+    proc.p.wait(10)
+    _procs.remove(proc)
 
 
 def tagged_pids():
@@ -479,6 +486,12 @@ def rpc_or_none(f):
         return f()
     except grpc.RpcError:
         return None
+
+
+def wait_shard_initialized(ps_addr, what, timeout=60, procs=()):
+    """Waits until the shard answers initialized (restored or assigned); returns its ShardStatus."""
+    return wait_for(what, lambda: (lambda st: st if st is not None and st.initialized else None)(
+        rpc_or_none(lambda: shard_status(ps_addr))), timeout, procs)
 
 
 def wait_state(chief_addr, state_name, timeout=60, procs=()):

@@ -27,9 +27,7 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
-import time
 
 import harness as h
 

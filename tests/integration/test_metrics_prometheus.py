@@ -7,7 +7,6 @@ when prometheus is missing."""
 import json
 import os
 import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request

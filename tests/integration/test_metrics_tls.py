@@ -17,7 +17,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 

@@ -21,12 +21,10 @@ import json
 import random
 import signal
 import statistics
-import sys
 import threading
 import time
 
 import harness as h
-from test_chaos import rpc_or_none as maybe, shard_status
 
 
 def pull(addr, fingerprint):
@@ -88,7 +86,7 @@ class Job:
 
     def shards(self):
         """{shard: NodeStatus} from the chief."""
-        js = maybe(lambda: h.job_status(self.chief_addr))
+        js = h.rpc_or_none(lambda: h.job_status(self.chief_addr))
         if js is None:
             return None
         return {int(n.task.split(":")[1]): n for n in js.nodes if n.task.startswith("ps:")}
@@ -111,8 +109,8 @@ class Job:
                 assert not diff, "%s: ps:%d's primary %s and backup %s differ in %s" % (what, s, n.address, n.backup,
                                                                                       diff[:4])
                 assert ga == gb, (what, s, ga, gb)
-                ca = [(c.worker, c.clock) for c in shard_status(n.address).clocks]
-                cb = [(c.worker, c.clock) for c in shard_status(n.backup).clocks]
+                ca = [(c.worker, c.clock) for c in h.shard_status(n.address, timeout=1).clocks]
+                cb = [(c.worker, c.clock) for c in h.shard_status(n.backup, timeout=1).clocks]
                 assert ca == cb, "%s: ps:%d's ssp clocks differ: primary %s, backup %s" % (what, s, ca, cb)
                 h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots, global_step %d, epoch %d%s)"
                       % (what, s, n.address, n.backup, len(a), ga, n.epoch, ", ssp clocks %s" % ca if ca else ""))
@@ -147,7 +145,7 @@ def gray(j):
     finally:
         b.kill(signal.SIGCONT)
     wait_in_sync(j)
-    st = shard_status(j.shards()[0].address)
+    st = h.shard_status(j.shards()[0].address, timeout=1)
     assert st.replica.dropped >= 1 and not st.replica.awaiting_chief, st.replica
     h.log("gray: ps:0's backup resumed and in sync again (its primary dropped it %d time(s); the chief's record "
           "of the drop let it answer writes again)" % st.replica.dropped)
@@ -167,7 +165,7 @@ def gray(j):
     now = j.shards()[1]
 
     def rejoined():
-        st = maybe(lambda: shard_status(n.address))
+        st = h.rpc_or_none(lambda: h.shard_status(n.address, timeout=1))
         return st is not None and st.replica.role == 2 and st.replica.epoch == now.epoch and st
     st = h.wait_for("the old primary back as the backup", rejoined, 30, j.daemons())
     h.log("gray: ps:1's primary %s stopped: its backup %s promoted at epoch %d after %.2f s; resumed, the old "
@@ -190,7 +188,7 @@ def run(opts):
 
     def poll():
         while not stop.is_set():
-            js = maybe(lambda: h.job_status(j.chief_addr, timeout=1))
+            js = h.rpc_or_none(lambda: h.job_status(j.chief_addr, timeout=1))
             if js is not None and js.global_step:
                 seen.append(js.global_step)
             time.sleep(0.02)
@@ -201,7 +199,7 @@ def run(opts):
     try:
         wait_in_sync(j)
         h.wait_for("global_step 300", lambda: (lambda js: js is not None and js.global_step >= 300)(
-            maybe(lambda: h.job_status(j.chief_addr))), 120, j.daemons())
+            h.rpc_or_none(lambda: h.job_status(j.chief_addr))), 120, j.daemons())
         j.frozen_compare("undisturbed")
         span = opts.steps * 0.8 / max(1, opts.kills)
         for k in range(opts.kills):
@@ -209,7 +207,7 @@ def run(opts):
             js = h.job_status(j.chief_addr)
             at = js.global_step + rng.randint(20, max(21, int(span * 0.6)))
             h.wait_for("global_step %d" % at, lambda: (lambda x: x is not None and x.global_step >= at)(
-                maybe(lambda: h.job_status(j.chief_addr))), 120, j.daemons())
+                h.rpc_or_none(lambda: h.job_status(j.chief_addr))), 120, j.daemons())
             s = rng.randrange(len(spec["cluster"]["ps"]))
             n = j.shards()[s]
             key, epoch = j.key_of(n.address), n.epoch
@@ -226,7 +224,7 @@ def run(opts):
                 sh = j.shards()
                 if sh is None or sh[s].epoch <= epoch:
                     return None
-                st = maybe(lambda: shard_status(sh[0].address))
+                st = h.rpc_or_none(lambda: h.shard_status(sh[0].address, timeout=1))
                 if st is None or not st.initialized:
                     return None
                 if g0[0] is None:

@@ -9,7 +9,6 @@ import threading
 import time
 
 import harness as h
-from test_chaos import rpc_or_none as maybe, shard_status
 
 STEPS = 2500
 
@@ -48,7 +47,7 @@ def test():
 
     def poll():
         while not stop.is_set():
-            st = maybe(lambda: shard_status(ps_addr[0]))
+            st = h.rpc_or_none(lambda: h.shard_status(ps_addr[0], timeout=1))
             if st is not None and st.initialized:
                 seen.append(st.global_step)
             time.sleep(0.05)
@@ -59,27 +58,25 @@ def test():
         for victim, at in ((1, 700), (0, 1700)):
             other = 1 - victim
             h.wait_for("global_step %d" % at, lambda: (lambda s: s is not None and s.initialized and s.global_step >= at)(
-                maybe(lambda: shard_status(ps_addr[0]))), 240, ps + [chief] + workers)
+                h.rpc_or_none(lambda: h.shard_status(ps_addr[0], timeout=1))), 240, ps + [chief] + workers)
             for w in workers:
                 w.kill(signal.SIGSTOP)
             time.sleep(0.8)   # pushes in flight settle; the chief polls the step the workers reached
             fp = h.job_status(chief_addr).fingerprint
             before, _ = pull(ps_addr[other], fp)
-            g = shard_status(ps_addr[0]).global_step
+            g = h.shard_status(ps_addr[0], timeout=1).global_step
             n_losses = len(h.job_status(chief_addr).losses)
-            ps[victim].kill(signal.SIGKILL)
-            ps[victim].p.wait(10)
-            h._procs.remove(ps[victim])
+            h.kill_now(ps[victim])
             t0 = time.monotonic()
             ps[victim] = start("psd", victim)
             h.wait_for("ps:%d restored" % victim, lambda: (lambda s: s is not None and s.initialized)(
-                maybe(lambda: shard_status(ps_addr[victim]))), 60, ps + [chief])
+                h.rpc_or_none(lambda: h.shard_status(ps_addr[victim], timeout=1))), 60, ps + [chief])
             took = time.monotonic() - t0
             js = h.wait_for("the loss recorded", lambda: (lambda j: j if len(j.losses) > n_losses else None)(
                 h.job_status(chief_addr)), 30, [chief])
             loss = js.losses[-1]
             after, gs_after = pull(ps_addr[other], fp)
-            g_after = shard_status(ps_addr[0]).global_step
+            g_after = h.shard_status(ps_addr[0], timeout=1).global_step
             h.log("ps:%d killed at global_step %d: restored in %.2f s from the checkpoint of %d, %d steps of its "
                   "updates lost; global_step now %d" % (victim, g, took, loss.restored_step, loss.steps_lost, g_after))
             assert loss.shard == victim, loss

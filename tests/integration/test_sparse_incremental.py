@@ -114,14 +114,11 @@ def test():
             n = f.get_tensor("emb/%s/ids" % t).shape[0]
             h.log("increment %d, table %s: %d rows of %d" % (incs[-1][0], t, n, want[t]))
             assert 0 < n < want[t], (n, want)
-    ps.kill(signal.SIGKILL)
-    ps.p.wait(10)
-    h._procs.remove(ps)
+    h.kill_now(ps)
     time.sleep(1.0)
     ps = start("psd", 0, 2)
     procs = [ps, chief, worker]
-    st = h.wait_for("ps:0 restored by the chief", lambda: (lambda s: s if s is not None and s.initialized else None)(
-        h.rpc_or_none(lambda: h.shard_status(ps_addr))), 60, [ps, chief])
+    st = h.wait_shard_initialized(ps_addr, "ps:0 restored by the chief", 60, [ps, chief])
     got = {t.name: t.rows for t in st.tables}
     h.log("before the kill at global_step %d: rows %s; restored at %d from the chain: %s" %
           (before.global_step, want, st.global_step, got))
@@ -140,15 +137,11 @@ def test():
         b = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([b[0] ^ 0xFF]))
-    ps.kill(signal.SIGKILL)
-    ps.p.wait(10)
-    h._procs.remove(ps)
+    h.kill_now(ps)
     time.sleep(1.0)
     ps = start("psd", 0, 3)
     procs = [ps, chief, worker]
-    st = h.wait_for("ps:0 restored from the chain's last good link",
-                    lambda: (lambda s: s if s is not None and s.initialized else None)(
-                        h.rpc_or_none(lambda: h.shard_status(ps_addr))), 60, [ps, chief])
+    st = h.wait_shard_initialized(ps_addr, "ps:0 restored from the chain's last good link", 60, [ps, chief])
     h.log("after the broken link: restored at %d (the link before %d)" % (st.global_step, newest[0]))
     assert st.global_step == prev_step, (st.global_step, prev_step)
     assert os.path.exists(newest_path + ".corrupt") and newest[0] not in [r[0] for r in records(db)]

@@ -70,14 +70,11 @@ def test():
 
     worker.kill(signal.SIGSTOP)
     time.sleep(0.5)
-    ps.kill(signal.SIGKILL)
-    ps.p.wait(10)
-    h._procs.remove(ps)
+    h.kill_now(ps)
     time.sleep(1.0)
     ps = start("psd", 0, 2)
     procs = [ps, chief, worker]
-    st = h.wait_for("ps:0 restored by the chief", lambda: (lambda s: s if s is not None and s.initialized else None)(
-        h.rpc_or_none(lambda: h.shard_status(ps_addr))), 60, [ps, chief])
+    st = h.wait_shard_initialized(ps_addr, "ps:0 restored by the chief", 60, [ps, chief])
     restored = {t.name: t.rows for t in st.tables}
     h.log("restored at global_step %d: rows %s" % (st.global_step, restored))
     assert st.global_step >= 300, st.global_step

@@ -6,7 +6,6 @@ cannot be made stops psd with exit 74; a `psfleet local` job whose tables hold 2
 reaches the test AUC of the same job unbounded."""
 import os
 import re
-import signal
 import struct
 import subprocess
 import sys
@@ -119,9 +118,7 @@ def same_as_unbounded(wd):
 
     # kill -9: the psd starts again with its tier wiped, restored by the chief as any shard (here from
     # the checkpoint of step 0: no rows)
-    ps.kill(signal.SIGKILL)
-    ps.p.wait(10)
-    h._procs.remove(ps)
+    h.kill_now(ps)
     ps = h.daemon(wd, "psd", job, 0, state_dir=wd.file("state-tier.json"))
     h.wait_healthy(spec["cluster"]["ps"][0], ps)
     s = h.stubs()

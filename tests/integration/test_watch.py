@@ -4,7 +4,6 @@ moves, and ends when the job is done; `psfleet checkpoints save|list|rm` and `ps
 checkpoint, lists them, follows the Watch stream to the end and opens the final checkpoint."""
 import json
 import os
-import pty
 import re
 import subprocess
 import sys
