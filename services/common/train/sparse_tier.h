@@ -1,7 +1,7 @@
 /* The disk tier of an embedding table: rows past the table's DRAM bound, kept by id in an embedded
  * RocksDB store in a directory of the ps's own (docs/sparse.md, "Disk tier"). The store is the ps's
  * working state, never a checkpoint: it is wiped when opened. Values are opaque bytes here; their
- * layout is sparse_table.c's.
+ * layout is sparse_table_tier.c's (struct tier_hdr, sparse_table-internal.h).
  *
  * Thread-safe: get, put, delete and iterators may run from any thread; sparse_tier_clear waits for
  * the calls in flight, but every iterator must be freed before it (the caller's to order). Errors are -errno: -ENOSPC for a full disk, -EIO for the rest (RocksDB's message is
