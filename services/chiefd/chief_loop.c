@@ -143,6 +143,34 @@ static void log_wait(struct loop *lp, const char *what, const char *why) {
         }
 }
 
+/* The lost shards (every shard with recovery job, or every restored one when the whole job started
+ * again) went back to the checkpoint of restored_step while the job was at job_step: one row and one
+ * journal line per lost shard, none when nothing was lost. */
+static void record_losses(struct chief *c, const bool *gone, uint64_t job_step, bool every) {
+        bool only = c->cfg->supervisor.recovery == RECOVERY_SHARD && !every;
+        pthread_mutex_lock(&c->st.lock);
+        uint64_t S = c->st.restored_step;
+        pthread_mutex_unlock(&c->st.lock);
+        for (uint32_t s = 0; s < c->cfg->cluster.n_ps; s++) {
+                if (!gone[s] || (every && job_step <= S))
+                        continue;
+                struct chief_db_loss l = {.time_us = now_us(), .shard = s, .restored_step = S, .job_step = job_step,
+                                          .steps_lost = job_step > S ? job_step - S : 0};
+                chief_add_loss(&c->st, &l);
+                if (only)
+                        log_full(LOG_WARNING, 0, job_step,
+                                 "ps:%u lost its variables: it alone restored from the checkpoint of global_step %" PRIu64
+                                 "; %" PRIu64 " steps of its updates lost, its values now older than the other "
+                                 "shards' (the job stays at global_step %" PRIu64 ")",
+                                 s, S, l.steps_lost, job_step);
+                else
+                        log_full(LOG_WARNING, 0, S,
+                                 "ps:%u lost its variables: every shard restored from the checkpoint of global_step %" PRIu64
+                                 "; %" PRIu64 " steps of updates lost (the job was at global_step %" PRIu64 ")",
+                                 s, S, l.steps_lost, job_step);
+        }
+}
+
 static int phase_initialize(struct chief *c, struct loop *lp) {
         const struct job_config *cfg = c->cfg;
         uint64_t t = mono_us();
@@ -167,6 +195,12 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                         which[s] = force || n_init == 0 || !c->st.ps[s].initialized;
                 pthread_mutex_unlock(&c->st.lock);
                 r = chief_restore_shards(&c->sv, which, why, sizeof(why));
+                if (r > 0 && !force && c->prev_run_step) {
+                        /* the job went further before this chiefd started (a whole-job restart: a
+                         * requeue, a power cut): the steps past the checkpoint are done again */
+                        record_losses(c, which, c->prev_run_step, true);
+                        c->prev_run_step = 0;
+                }
                 free(which);
                 if (r == -EINVAL)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_MISMATCH, .why = why});
@@ -296,33 +330,6 @@ static void notify_progress(struct chief *c, struct loop *lp) {
         }
 }
 
-/* The lost shards (every shard with recovery job) went back to the checkpoint of restored_step while
- * the job was at job_step: one row and one journal line per lost shard. */
-static void record_losses(struct chief *c, const bool *gone, uint64_t job_step) {
-        bool only = c->cfg->supervisor.recovery == RECOVERY_SHARD;
-        pthread_mutex_lock(&c->st.lock);
-        uint64_t S = c->st.restored_step;
-        pthread_mutex_unlock(&c->st.lock);
-        for (uint32_t s = 0; s < c->cfg->cluster.n_ps; s++) {
-                if (!gone[s])
-                        continue;
-                struct chief_db_loss l = {.time_us = now_us(), .shard = s, .restored_step = S, .job_step = job_step,
-                                          .steps_lost = job_step > S ? job_step - S : 0};
-                chief_add_loss(&c->st, &l);
-                if (only)
-                        log_full(LOG_WARNING, 0, job_step,
-                                 "ps:%u lost its variables: it alone restored from the checkpoint of global_step %" PRIu64
-                                 "; %" PRIu64 " steps of its updates lost, its values now older than the other "
-                                 "shards' (the job stays at global_step %" PRIu64 ")",
-                                 s, S, l.steps_lost, job_step);
-                else
-                        log_full(LOG_WARNING, 0, S,
-                                 "ps:%u lost its variables: every shard restored from the checkpoint of global_step %" PRIu64
-                                 "; %" PRIu64 " steps of updates lost (the job was at global_step %" PRIu64 ")",
-                                 s, S, l.steps_lost, job_step);
-        }
-}
-
 /* No worker live: the job waits for one, up to the deadline; past it the job fails with the workers'
  * last states. Returns -ETIMEDOUT when it failed. */
 static int check_workers(struct chief *c) {
@@ -427,7 +434,7 @@ static int phase_poll(struct chief *c, struct loop *lp) {
                              : chief_restore_shards(&c->sv, which, why, sizeof(why));
                 free(which);
                 if (r > 0)
-                        record_losses(c, gone, job_step);
+                        record_losses(c, gone, job_step, false);
                 free(gone);
                 if (r == -EINVAL)
                         return fail_job(c, &(struct chief_event){.kind = CHIEF_EV_RESTORE_MISMATCH, .why = why});

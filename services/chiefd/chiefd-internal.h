@@ -69,6 +69,8 @@ struct chief {
 
         /* Main thread only. */
         bool force_restore;               /* after Restart: every shard restored (or initialized) anew */
+        uint64_t prev_run_step;           /* the step the job reached before this chiefd started (its record,
+                                           * the workers' last reports); 0 once the first restore is counted */
         uint64_t next_snapshot_try;       /* mono: after a failed scheduled snapshot */
         struct chief_save sv;             /* pulls, checkpoints, restores (chief_save.h) */
         struct chief_eval ev;             /* evaluations and summaries (chief_eval.h) */

@@ -162,8 +162,12 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                         wi->examples = p.examples;
                         wi->last_report_us = p.time_us;
                         chief_strfmt(wi->state, sizeof(wi->state), "%s (before the chief restarted)", st);
+                        if (p.global_step > c->prev_run_step)
+                                c->prev_run_step = p.global_step;
                 }
         }
+        if (same_job && !chief_state_final(&c->st.js) && prev.global_step > c->prev_run_step)
+                c->prev_run_step = prev.global_step;
         free(db_path);
 
         /* The model, for initializers and the final evaluation. */

@@ -254,7 +254,8 @@ read -r state final_step < <(db slurm2 "$job_row")
 lost=$(db slurm2 "SELECT COALESCE(SUM(steps_lost), 0) FROM losses")
 read -r eval_step acc < <(last_eval "$j2")
 # The requeued job is a whole new start (chiefd too): it resumes from the newest checkpoint, and the
-# steps since it are done again; chiefd's losses table counts only shards lost under a running chief.
+# steps since it are done again; chiefd records them in its losses table (one row per restored shard)
+# when the job had gone further than that checkpoint.
 ct_log "job 2: $state at $final_step, test accuracy $acc; at least $((step_cut - at_ckpt)) steps done again, $lost recorded as lost"
 [ "$state" = DONE ] || fail "job 2 ended $state"
 echo "{\"case\": \"node power cut\", \"slurm_job\": $j2, \"nodes\": \"$hosts2\", \"power_cut\": \"$victim\"," \
