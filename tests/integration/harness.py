@@ -494,6 +494,24 @@ def wait_shard_initialized(ps_addr, what, timeout=60, procs=()):
         rpc_or_none(lambda: shard_status(ps_addr))), timeout, procs)
 
 
+def list_checkpoints(chief_addr, timeout=5.0):
+    """The chief's checkpoint records (Supervisor.ListCheckpoints), newest first."""
+    s = stubs()
+    with channel(chief_addr) as ch:
+        return s.supervisor_pb2_grpc.SupervisorStub(ch).ListCheckpoints(
+            s.supervisor_pb2.ListCheckpointsRequest(), timeout=timeout).checkpoints
+
+
+def db_query(path, sql, args=()):
+    """Every row of sql on an SQLite file opened read-only (chief.db while the chief writes it)."""
+    import sqlite3
+    con = sqlite3.connect("file:%s?mode=ro" % path, uri=True)
+    try:
+        return con.execute(sql, args).fetchall()
+    finally:
+        con.close()
+
+
 def wait_state(chief_addr, state_name, timeout=60, procs=()):
     """Waits until the chief reports JOB_STATE_<state_name>; returns that JobStatus."""
     import grpc

@@ -71,13 +71,6 @@ def wait_until(what, cond, timeout, procs=(), period=0.02):
         time.sleep(period)
 
 
-def list_checkpoints(chief_addr):
-    s = h.stubs()
-    with h.channel(chief_addr) as ch:
-        return s.supervisor_pb2_grpc.SupervisorStub(ch).ListCheckpoints(
-            s.supervisor_pb2.ListCheckpointsRequest(), timeout=2).checkpoints
-
-
 class Trial:
     """One job: its daemons, their restarts, what was measured."""
 
@@ -222,7 +215,7 @@ class Trial:
                        lambda: (lambda s: s is not None and s.initialized)(
                            h.rpc_or_none(lambda: h.shard_status(self.ps_addr[index], timeout=1))),
                        30, self.watched(but_workers=True))
-            ckpts = [c.global_step for c in list_checkpoints(self.chief_addr) if c.global_step <= before]
+            ckpts = [c.global_step for c in h.list_checkpoints(self.chief_addr, 2) if c.global_step <= before]
             assert ckpts, "no checkpoint at or before global_step %d to restore ps:%d from" % (before, index)
             restored = max(ckpts)
             after = h.rpc_or_none(lambda: h.shard_status(self.ps_addr[0], timeout=1))

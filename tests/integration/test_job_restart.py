@@ -9,27 +9,10 @@ says so in the journal, and the job goes on to the end. A second, orderly stop (
 checkpoint) and start loses nothing and records nothing more."""
 import os
 import signal
-import sqlite3
 
 import harness as h
 
 STEPS, EVERY = 4000, 500
-
-
-def db_rows(db, query):
-    con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
-    try:
-        return con.execute(query).fetchall()
-    finally:
-        con.close()
-
-
-def list_checkpoints(chief_addr):
-    s = h.stubs()
-    with h.channel(chief_addr) as ch:
-        rep = s.supervisor_pb2_grpc.SupervisorStub(ch).ListCheckpoints(s.supervisor_pb2.ListCheckpointsRequest(),
-                                                                        timeout=2)
-    return [(c.global_step, c.trigger) for c in rep.checkpoints]
 
 
 def test():
@@ -49,8 +32,8 @@ def test():
 
     procs = start(1)
     # past a periodic checkpoint, and a few reports past it
-    first = h.wait_for("the first periodic checkpoint", lambda: [r[0] for r in (h.rpc_or_none(
-        lambda: list_checkpoints(chief_addr)) or []) if r[0] >= EVERY], 120, procs, poll=0.01)[0]
+    first = h.wait_for("the first periodic checkpoint", lambda: [c.global_step for c in (h.rpc_or_none(
+        lambda: h.list_checkpoints(chief_addr, 2)) or []) if c.global_step >= EVERY], 120, procs, poll=0.01)[0]
     h.wait_for("60 steps past it", lambda: (lambda st: st is not None and st.global_step >= first + 60)(
         h.rpc_or_none(lambda: h.shard_status(ps_addr))), 120, procs, poll=0.01)
     for p in procs:   # a power cut: nothing gets to save or record anything more
@@ -58,8 +41,8 @@ def test():
     for p in procs:
         p.p.wait(10)
         h._procs.remove(p)
-    reached = max(r[0] for r in db_rows(db, "SELECT global_step FROM progress"))
-    newest = max(r[0] for r in db_rows(db, "SELECT global_step FROM checkpoints"))
+    reached = max(r[0] for r in h.db_query(db, "SELECT global_step FROM progress"))
+    newest = max(r[0] for r in h.db_query(db, "SELECT global_step FROM checkpoints"))
     h.log("killed every process: the workers had reported global_step %d, the newest checkpoint is at %d"
           % (reached, newest))
     assert reached > newest >= EVERY, (reached, newest)
@@ -73,7 +56,7 @@ def test():
     assert len(st.losses) == 1 and loss.shard == 0, st.losses
     assert loss.restored_step == newest and loss.job_step == reached, (loss, newest, reached)
     assert loss.steps_lost == reached - newest and st.steps_lost == loss.steps_lost, st
-    assert db_rows(db, "SELECT shard, restored_step, job_step, steps_lost FROM losses") == \
+    assert h.db_query(db, "SELECT shard, restored_step, job_step, steps_lost FROM losses") == \
         [(0, newest, reached, reached - newest)]
     assert ("ps:0 lost its variables: every shard restored from the checkpoint of global_step %d; %d steps of "
             "updates lost (the job was at global_step %d)" % (newest, reached - newest, reached)) in chief.stderr(), \

@@ -13,7 +13,6 @@
 
 import os
 import signal
-import sqlite3
 import subprocess
 import time
 
@@ -21,19 +20,11 @@ import harness as h
 
 
 def db_job(db):
-    con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
-    try:
-        return con.execute("SELECT state, global_step, reason, state_since_us FROM job").fetchone()
-    finally:
-        con.close()
+    return h.db_query(db, "SELECT state, global_step, reason, state_since_us FROM job")[0]
 
 
 def checkpoints(chief_addr):
-    s = h.stubs()
-    with h.channel(chief_addr) as ch:
-        rep = s.supervisor_pb2_grpc.SupervisorStub(ch).ListCheckpoints(s.supervisor_pb2.ListCheckpointsRequest(),
-                                                                        timeout=5)
-    return [(c.global_step, c.trigger) for c in rep.checkpoints]
+    return [(c.global_step, c.trigger) for c in h.list_checkpoints(chief_addr)]
 
 
 def lifecycle():

@@ -223,7 +223,7 @@ def stop_target(opts, rng, base):
             s.supervisor_pb2.JOB_STATE_TRAINING, s.supervisor_pb2.JOB_STATE_READY) else None)(tr.status()), 60)
         assert st.restored_step == last, "restored from %d, the newest checkpoint is %d" % (st.restored_step, last)
         assert st.steps_lost == 0 and not st.losses, "steps lost after an orderly stop: %s" % list(st.losses)
-        ck = tc.list_checkpoints(tr.chief_addr)
+        ck = h.list_checkpoints(tr.chief_addr, 2)
         assert ck and ck[0].global_step == last, [c.global_step for c in ck]
         h.log("resumed from the stop's checkpoint at global_step %d; 0 steps lost" % last)
         return last
