@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "authz.h"
+#include "cli_certs.h"
 #include "cli_opt.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -21,6 +22,7 @@
 
 static void certs_help(FILE *f) {
         fprintf(f, "Usage: psfleet certs --job JOB [--dir DIR] [--days N] [--ca-days N] [--task TASK,...] [--force]\n"
+                   "                     [--k8s-secrets FILE]\n"
                    "\n"
                    "Makes the job's cluster CA, DIR/JOB/ca.crt and ca.key (0600: it stays on this machine),\n"
                    "unless it exists, and with it a key and certificate for every task of the job's cluster\n"
@@ -37,6 +39,10 @@ static void certs_help(FILE *f) {
                    "  --task LIST     only these tasks, comma-separated (chief, ps-0, worker-1, admin, viewer)\n"
                    "  --force         issue a task's key and certificate again although they exist\n"
                    "                  (rotation: --task worker-1 --force)\n"
+                   "  --k8s-secrets FILE  then write the job's Kubernetes Secrets to FILE (0600; - for stdout):\n"
+                   "                  JOB-tls-ca with ca.crt (not the CA's key) and JOB-tls-TASK with TASK.crt\n"
+                   "                  and TASK.key for each task of the cluster; a pod mounts the CA's and\n"
+                   "                  its role's as one projected volume (docs/operations.md)\n"
                    "\n"
                    "Exit status: 0 done, 2 bad usage, 74 a file could not be read or written, 78 bad job\n"
                    "file, a task not in the job, or an existing file that is not what it should be (a\n"
@@ -52,6 +58,7 @@ struct certs {
         gid_t key_gid;          /* psfleet's group, or -1 */
         bool group_noted;       /* said that there is no such group */
         struct x509_cred *ca;
+        FILE *say;              /* what was done: stdout, stderr when the Secrets go there */
 };
 
 /* A libcrypto or file error, said, as the exit status: a file that is not what it should be is a
@@ -99,7 +106,7 @@ static int load_or_make_ca(struct certs *c, uint32_t ca_days) {
                         r = CONFIG_EX_CONFIG;
                         goto out;
                 }
-                printf("using %s (the job's CA, valid until %s)\n", crt, buf);
+                fprintf(c->say, "using %s (the job's CA, valid until %s)\n", crt, buf);
                 r = 0;
         } else if (exists(crt) || exists(key)) {
                 cli_error("%s exists without %s: put it back, or move both away to make a new CA (every "
@@ -115,7 +122,7 @@ static int load_or_make_ca(struct certs *c, uint32_t ca_days) {
                          (r = x509_cred_save(c->ca, &fc, &fk, err, sizeof(err))) < 0)
                         r = fail(r, err);
                 else
-                        printf("wrote %s (the CA's key, 0600: keep it on this machine)\n"
+                        fprintf(c->say, "wrote %s (the CA's key, 0600: keep it on this machine)\n"
                                "wrote %s (CN \"%s\", valid until %s)\n",
                                key, crt, cn, date(x509_cred_not_after(c->ca), buf, sizeof(buf)));
                 free(cn);
@@ -142,7 +149,7 @@ static int keep(const struct certs *c, const char *crt, const char *key) {
                 snprintf(err, sizeof(err), "%s; --force issues the task's key and certificate again", why);
                 return fail(r, err);
         }
-        printf("kept %s (exists; --force issues it again)\nkept %s\n", crt, key);
+        fprintf(c->say, "kept %s (exists; --force issues it again)\nkept %s\n", crt, key);
         return 0;
 }
 
@@ -196,7 +203,7 @@ static int issue(struct certs *c, enum peer_role role, uint32_t index) {
                     (r = x509_cred_save(cred, &fc, &fk, err, sizeof(err))) < 0)
                         r = fail(r, err);
                 else
-                        printf("wrote %s\nwrote %s (CN \"%s\", DNS %s, valid until %s)\n", key, crt, cn, dns,
+                        fprintf(c->say, "wrote %s\nwrote %s (CN \"%s\", DNS %s, valid until %s)\n", key, crt, cn, dns,
                                date(x509_cred_not_after(cred), buf, sizeof(buf)));
         }
         x509_cred_free(cred);
@@ -277,12 +284,13 @@ static int make_dir(const char *base, const struct certs *c) {
 }
 
 int cmd_certs(int argc, char **argv) {
-        const char *job = NULL, *dir = DEFAULT_DIR, *tasks = NULL;
+        const char *job = NULL, *dir = DEFAULT_DIR, *tasks = NULL, *secrets = NULL;
         uint64_t days = X509_LEAF_DAYS, ca_days = X509_CA_DAYS;
         bool force = false;
         const struct cli_opt opts[] = {
                 CLI_STRING("job", &job), CLI_STRING("dir", &dir), CLI_NUMBER("days", &days, 1, 36500),
                 CLI_NUMBER("ca-days", &ca_days, 1, 36500), CLI_STRING("task", &tasks), CLI_FLAG("force", &force),
+                CLI_STRING("k8s-secrets", &secrets),
                 {},
         };
         const struct cli_args args = {
@@ -306,7 +314,8 @@ int cmd_certs(int argc, char **argv) {
 
         char *path = job_path(job), err[1024];
         struct job_config *cfg = NULL;
-        struct certs c = {.days = (uint32_t)days, .force = force, .key_gid = (gid_t)-1};
+        struct certs c = {.days = (uint32_t)days, .force = force, .key_gid = (gid_t)-1,
+                          .say = secrets && strcmp(secrets, "-") == 0 ? stderr : stdout};
         if (!path) {
                 cli_error("out of memory");
                 return CERTS_EX_IOERR;
@@ -330,6 +339,13 @@ int cmd_certs(int argc, char **argv) {
                 c.key_gid = g->gr_gid;
         if (!(r = make_dir(dir, &c)) && !(r = load_or_make_ca(&c, (uint32_t)ca_days)))
                 r = issue_all(&c, cfg, tasks);
+        if (!r && secrets) {
+                int e = certs_write_k8s_secrets(secrets, c.dir, cfg, err, sizeof(err));
+                if (e < 0)
+                        r = fail(e, err);
+                else if (strcmp(secrets, "-") != 0)
+                        printf("wrote %s (the job's Kubernetes Secrets, 0600: the tasks' keys are in it)\n", secrets);
+        }
 out:
         x509_cred_free(c.ca);
         free(c.dir);

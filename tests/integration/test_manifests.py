@@ -9,7 +9,9 @@ the newest version the tool knows:
   resource) is not in the core schema and the training-operator's CRD is not available here, so its
   own fields are NOT checked against a schema: each replica's pod template is checked as a core
   PodTemplate (its containers, volumes and mounts are core objects), and the TFJob's own fields
-  against the values the operator's API documents (replica types, restart policies, cleanPodPolicy).
+  against the values the operator's API documents (replica types, restart policies, cleanPodPolicy);
+- `psfleet certs --k8s-secrets` on the manifests' job file: each Secret valid, and each pod template's
+  projected volume made of them, with only the CA's certificate and its own role's keys.
 Also: the tool itself rejects a manifest with an unknown field and with a wrongly typed one, so a pass
 means something."""
 import copy
@@ -91,6 +93,53 @@ def test():
         pass
     h.log("valid:", "; ".join(checked))
     assert len(checked) == 10, checked
+    secrets(kv, yaml, versions, d)
+
+
+def secrets(kv, yaml, versions, d):
+    """psfleet certs --k8s-secrets on the manifests' own job file: every Secret valid, every Secret a pod
+    template mounts among them, each role's projected volume holding only the CA's certificate and that
+    role's keys."""
+    import base64
+    import subprocess
+    h.require_built("psfleet")
+    wd = h.Workdir()
+    docs = [x for name in ("statefulset.yaml", "tfjob.yaml") for x in yaml.safe_load_all(open(os.path.join(d, name)))
+            if x]
+    cm = next(x for x in docs if x["kind"] == "ConfigMap")
+    job = wd.file("fmnist.json")
+    with open(job, "w") as f:
+        f.write(cm["data"]["fmnist.json"])
+    out = wd.file("secrets.yaml")
+    r = subprocess.run([h.BIN["psfleet"], "certs", "--job", job, "--dir", wd.file("tls"), "--k8s-secrets", out],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert os.stat(out).st_mode & 0o777 == 0o600
+    made = {x["metadata"]["name"]: x for x in yaml.safe_load_all(open(out)) if x}
+    for name, sec in made.items():
+        check(kv, sec, "psfleet certs' Secret %s" % name, versions)
+        for k, v in sec["data"].items():
+            with open(os.path.join(wd.file("tls"), "fmnist", k), "rb") as f:
+                assert base64.b64decode(v) == f.read(), (name, k)
+    assert sorted(made) == ["fmnist-tls-ca", "fmnist-tls-chief", "fmnist-tls-ps-0", "fmnist-tls-worker-0",
+                            "fmnist-tls-worker-1"], sorted(made)
+    assert not any("ca.key" in sec["data"] for sec in made.values())
+    # the pods' volumes: in a TFJob's replica specs and in the StatefulSets
+    pods = [(rt.lower(), rs["template"]["spec"]) for x in docs if x["kind"] == "TFJob"
+            for rt, rs in x["spec"]["tfReplicaSpecs"].items()]
+    pods += [(x["metadata"]["name"].split("-")[-1], x["spec"]["template"]["spec"]) for x in docs
+             if x["kind"] == "StatefulSet"]
+    for role, spec in pods:
+        v = next(v for v in spec["volumes"] if v["name"] == "tls")
+        keys = []
+        for src in v["projected"]["sources"]:
+            assert src["secret"]["name"] in made, (role, src)
+            keys += list(made[src["secret"]["name"]]["data"])
+        assert len(keys) == len(set(keys)), (role, keys)
+        assert all(k == "ca.crt" or k.startswith(role) for k in keys), (role, keys)
+        assert "ca.crt" in keys and any(k.endswith(".key") for k in keys), (role, keys)
+    h.log("psfleet certs --k8s-secrets: %d Secrets valid; %d pod templates mount only theirs"
+          % (len(made), len(pods)))
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@
 #     training-operator would start its pod: the replica's own arguments after the image's ENTRYPOINT
 #     (`psfleet run`, which the manifest's `command:` names), TF_CONFIG in the shape the operator writes
 #     (cluster of JOB-ROLE-I.NAMESPACE.svc:PORT, the pod's task, "environment": "cloud"), those names as
-#     network aliases on one podman network (what a pod's DNS name is), the ConfigMap's job file, the
-#     Secret's certificates (`psfleet certs`, as the manifest's comment says) and the chief's claim
-#     mounted where the manifest mounts them.
+#     network aliases on one podman network (what a pod's DNS name is), the ConfigMap's job file, each
+#     role's projected volume of the Secrets that `psfleet certs --k8s-secrets` wrote (as the
+#     manifest's comment says; no pod gets another role's key) and the chief's claim mounted where the
+#     manifest mounts them.
 #  3. The chief exits 0 at the end of the job (DONE in its records, test accuracy >= 0.87), and so does
 #     every other container.
-# Not run: a Kubernetes cluster, the training-operator, its restart policy, a Secret made by kubectl.
+# Not run: a Kubernetes cluster, the training-operator, its restart policy, kubectl applying the Secrets.
 #
 #   k8s_test.sh PKGDIR       (root, podman and runc; exits 77 without root or podman)
 #
@@ -117,7 +118,8 @@ ct_log "built $image in ${t_build} s ($((size / 1024 / 1024)) MiB)"
 
 step "the TFJob's pods, as the training-operator would make them"
 # Per replica: WORK/pods/ROLE-I.{tfconfig,args,mounts}; the ConfigMap's files in WORK/configmap-NAME,
-# the Secret in WORK/secret-NAME, a claim in WORK/pvc-NAME. Prints "JOB NAMESPACE" then "ROLE I" lines.
+# each pod's projected Secrets in WORK/projected-ROLE-I-VOLUME (filled below), a claim in WORK/pvc-NAME.
+# Prints "JOB NAMESPACE", then "projected DIR MODE SECRET,..." and "pod ROLE I" lines.
 mkdir -p "$work/pods" "$work/logs"
 python3 - "$src/deploy/kubernetes/tfjob.yaml" "$work" >"$work/pods.txt" <<'PY'
 import json, os, sys
@@ -155,14 +157,16 @@ for rt, rs in specs.items():
                 v = vols[m["name"]]
                 if "configMap" in v:
                     f.write("%s/configmap-%s %s ro\n" % (work, v["configMap"]["name"], m["mountPath"]))
-                elif "secret" in v:
-                    f.write("%s/secret-%s %s ro\n" % (work, v["secret"]["secretName"], m["mountPath"]))
+                elif "projected" in v:
+                    # the role's Secrets as one volume: WORK/projected-ROLE-I-VOLUME, filled from them
+                    d = "%s/projected-%s-%s" % (work, name, m["name"])
+                    srcs = [x["secret"]["name"] for x in v["projected"]["sources"]]
+                    f.write("%s %s ro\n" % (d, m["mountPath"]))
+                    print("projected", d, "%o" % v["projected"].get("defaultMode", 0o644), ",".join(srcs))
                 elif "persistentVolumeClaim" in v:
                     f.write("%s/pvc-%s %s rw\n" % (work, v["persistentVolumeClaim"]["claimName"], m["mountPath"]))
                 else:
-                    raise SystemExit("volume %s: not a ConfigMap, Secret or claim" % m["name"])
-                if "secret" in v:
-                    print("secret", v["secret"]["secretName"], "%o" % v["secret"].get("defaultMode", 0o644))
+                    raise SystemExit("volume %s: not a ConfigMap, projected Secrets or claim" % m["name"])
         print("pod", rt.lower(), i)
 PY
 read -r jobname ns <"$work/pods.txt"
@@ -172,18 +176,40 @@ jobfiles=("$work"/configmap-*/*.json)
 { [ ${#jobfiles[@]} = 1 ] && [ -f "${jobfiles[0]}" ]; } || fail "expected one job file in the ConfigMaps: ${jobfiles[*]}"
 jobfile=${jobfiles[0]}
 
-step "the Secret: psfleet certs --job (the ConfigMap's job file), without the CA's key"
+step "the Secrets: psfleet certs --job (the ConfigMap's job file) --k8s-secrets, each pod's role's projected"
 mkdir -p "$work/certs"
 timeout 120 podman run --rm --network none --entrypoint psfleet -v "$(dirname "$jobfile"):/jobs:ro" -v "$work/certs:/out" \
-        "$image" certs --job "/jobs/$(basename "$jobfile")" --dir /out >"$work/certs.log" 2>&1 ||
-        { cat "$work/certs.log" >&2; fail "psfleet certs"; }
-read -r _ secret mode < <(awk '$1 == "secret"' "$work/pods.txt" | sort -u)
-[ -n "${secret:-}" ] || fail "no Secret mounted in tfjob.yaml"
-mkdir -p "$work/secret-$secret"
-for f in "$work/certs/$jobname"/*; do
-        [ "$(basename "$f")" = ca.key ] || install -m "$mode" "$f" "$work/secret-$secret/"
-done
-ct_log "Secret $secret (mode $mode): $(cd "$work/secret-$secret" && echo *)"
+        "$image" certs --job "/jobs/$(basename "$jobfile")" --dir /out --k8s-secrets /out/secrets.yaml \
+        >"$work/certs.log" 2>&1 || { cat "$work/certs.log" >&2; fail "psfleet certs"; }
+grep -q "^projected " "$work/pods.txt" || fail "no projected Secrets mounted in tfjob.yaml"
+# as the kubelet would: each Secret's keys as files in the volume, with its defaultMode; a key given by
+# two sources, or a pod given another role's key or the CA's key, fails the test
+python3 - "$work/certs/secrets.yaml" "$work/pods.txt" >"$work/secrets.txt" <<'PY' || fail "the Secrets do not fit the pods"
+import base64, os, sys
+import yaml
+secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(open(sys.argv[1])) if d}
+for line in open(sys.argv[2]):
+    w = line.split()
+    if w[0] != "projected":
+        continue
+    d, mode, names = w[1], int(w[2], 8), w[3].split(",")
+    role = os.path.basename(d).split("-")[1]   # projected-ROLE-I-VOLUME
+    os.makedirs(d)
+    for n in names:
+        if n not in secrets:
+            raise SystemExit("%s: Secret %s is not in psfleet certs' output (%s)" % (d, n, sorted(secrets)))
+        for k, v in secrets[n]["data"].items():
+            p = os.path.join(d, k)
+            if os.path.exists(p):
+                raise SystemExit("%s: two Secrets give %s" % (d, k))
+            if k != "ca.crt" and not k.startswith(role):
+                raise SystemExit("%s: a %s pod would hold %s" % (d, role, k))
+            with open(p, "wb") as f:
+                f.write(base64.b64decode(v))
+            os.chmod(p, mode)
+    print(os.path.basename(d), " ".join(sorted(os.listdir(d))))
+PY
+ct_log "Secrets: $(grep -c '^kind: Secret' "$work/certs/secrets.yaml") from psfleet certs; the pods' volumes: $(tr '\n' ';' <"$work/secrets.txt")"
 while read -r dir _ mode2; do [ "$mode2" = rw ] && mkdir -p "$dir"; done < <(cat "$work"/pods/*.mounts)
 
 step "the pods: one podman network, each pod's DNS name an alias; started together"
