@@ -43,7 +43,7 @@ struct sink {
 static int sink_page(const struct ps_sparse_page *pg, void *ud, char *err, size_t errlen) {
         struct sink *k = ud;
         int r = pg->rows->n ? chief_ckpt_put_rows(k->w, k->e, pg->rows, err, errlen) : 0;
-        if (r >= 0 && pg->last && k->incremental) {
+        if (r >= 0 && k->incremental) {
                 if (pg->changes_lost)
                         k->lost = true;
                 else if (pg->n_evicted)

@@ -72,6 +72,11 @@ struct psd_table {
         atomic_uint_fast64_t ids_in, bytes_in, bytes_out;
         uint64_t max_rows;         /* this shard's bound (max_rows' share or ps.memory_limit_bytes'); 0: none */
         struct sparse_table_stats seen;   /* the main loop's last reading, for the counters' increments */
+        /* the evicted ids a checkpoint's walk took, handed out a page at a time (SparseExport) */
+        pthread_mutex_t gone_lock;
+        uint64_t *gone;
+        size_t n_gone;
+        bool gone_lost;
         struct metric *m_rows, *m_bytes, *m_evicted_limit, *m_evicted_age, *m_admitted, *m_pending, *m_dropped;
         struct metric *m_disk_rows, *m_disk_bytes, *m_disk_reads, *m_disk_spills, *m_disk_errors, *m_disk_refused;
 };

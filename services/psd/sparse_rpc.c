@@ -104,6 +104,7 @@ int sparse_tables_new(struct psd *p) {
                                  sparse_evict_policy_name(o.evict_policy));
                 pt->spec = &m->emb[e];
                 pt->n_slots = sparse_optimizer_n_slots(o.optimizer);
+                pthread_mutex_init(&pt->gone_lock, NULL);
                 /* incremental checkpoints need to know which rows changed and which ids went */
                 sparse_table_track(pt->t, p->cfg->supervisor.full_checkpoint_every > 1);
                 pt->m_rows = metric_gauge("psfleet_ps_sparse_rows", "Rows of an embedding table stored on this "
@@ -131,8 +132,10 @@ int sparse_tables_new(struct psd *p) {
 }
 
 void sparse_tables_free(struct psd *p) {
-        for (uint32_t e = 0; e < p->n_tables; e++)
+        for (uint32_t e = 0; e < p->n_tables; e++) {
                 sparse_table_free(p->tables[e].t);
+                free(p->tables[e].gone);
+        }
         free(p->tables);
         p->tables = NULL;
         p->n_tables = 0;
@@ -454,6 +457,48 @@ out:
 
 /* ---- SparseExport and SparseImport: the chief's checkpoints ---- */
 
+/* The evicted ids a walk gets after its rows: from = 0 takes them anew (eviction was held off during the
+ * walk, so these are the ids it missed; what an earlier, unfinished walk left is dropped with it: the
+ * chief writes a full checkpoint after one), else the next of those taken. At most page ids in *ids_ret
+ * (malloc'd), *left_ret when more follow; *lost_ret when the shard cannot tell what changed. */
+static int evicted_page(struct psd *p, struct psd_table *pt, uint64_t from, size_t page, uint64_t **ids_ret,
+                        size_t *n_ret, bool *lost_ret, bool *left_ret, char *err, size_t errlen) {
+        int r = 0;
+        pthread_mutex_lock(&pt->gone_lock);
+        if (from == 0) {
+                free(pt->gone);
+                pt->gone = NULL;
+                pt->n_gone = 0;
+                pt->gone_lost = p->cfg->supervisor.full_checkpoint_every <= 1 ||
+                                sparse_table_take_evicted(pt->t, &pt->gone, &pt->n_gone) < 0;
+        } else if (from > pt->n_gone) {
+                /* another walk took them meanwhile */
+                r = errf(err, errlen, -EINVAL, "evicted_from %" PRIu64 ": %zu evicted ids are held for this walk",
+                         from, pt->n_gone);
+                goto out;
+        }
+        size_t k = pt->n_gone - (size_t)from < page ? pt->n_gone - (size_t)from : page;
+        *lost_ret = pt->gone_lost;
+        *left_ret = from + k < pt->n_gone;
+        *n_ret = 0;
+        *ids_ret = NULL;
+        if (k && !(*ids_ret = malloc(k * sizeof(uint64_t)))) {
+                r = errf(err, errlen, -ENOMEM, "out of memory");
+                goto out;
+        }
+        if (k)
+                memcpy(*ids_ret, pt->gone + from, k * sizeof(uint64_t));
+        *n_ret = k;
+        if (!*left_ret) {   /* handed out whole */
+                free(pt->gone);
+                pt->gone = NULL;
+                pt->n_gone = 0;
+        }
+out:
+        pthread_mutex_unlock(&pt->gone_lock);
+        return r;
+}
+
 void on_sparse_export(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
         char err[600];
@@ -490,18 +535,22 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         atomic_store(&p->export_us, n ? mono_us() : 0);
         uint64_t *gone = NULL;
         size_t n_gone = 0;
-        bool lost = false;
+        bool lost = false, evicted_left = false;
         if (n == 0 && h->take_evicted) {
-                /* the walk is over; eviction was held off during it, so these are the ids it missed */
-                lost = p->cfg->supervisor.full_checkpoint_every <= 1 ||
-                       sparse_table_take_evicted(pt->t, &gone, &n_gone) < 0;
+                /* the rows are over: the evicted ids, a page's worth of bytes at a time */
+                size_t page = max * dim * (1 + pt->n_slots) * sizeof(float) / sizeof(uint64_t);
+                if (page < 1024)
+                        page = 1024;
+                if ((r = evicted_page(p, pt, h->evicted_from, page, &gone, &n_gone, &lost, &evicted_left, err,
+                                      sizeof(err))) < 0)
+                        goto out;
         }
 
         Psfleet__V1__SparseExportReplyHeader rh = PSFLEET__V1__SPARSE_EXPORT_REPLY_HEADER__INIT;
         const char *slot_names[SPARSE_MAX_SLOTS];
         rh.incarnation = p->incarnation;
         rh.next_cursor = cursor;
-        rh.done = n == 0;
+        rh.done = n == 0 && !evicted_left;
         rh.ids = (ProtobufCBinaryData){n * sizeof(uint64_t), (uint8_t *)ids};
         rh.dim = dim;
         for (unsigned s = 0; s < pt->n_slots; s++)

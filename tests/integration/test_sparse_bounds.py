@@ -18,7 +18,7 @@ from test_sparse_job import gen
 
 FILL_CAP = 200000        # rows of table "big" (dim 16, adagrad): about 30 MiB
 FILL_IDS = 300000        # ids pulled into it: a third more than fit
-CHUNK = 65536
+CHUNK = 8192            # ids per SparseExchange: a large batch's (the plan's buffers are a batch's)
 
 
 def plan(job):
@@ -45,7 +45,8 @@ def exchange_rpc(wd):
     base = h.load_example()
     base["data"] = {"dir": wd.path, "format": "criteo", "train_files": ["train.tsv"]}
     job, spec = h.make_job(wd, "rpc.json", n_ps=1, n_workers=1, model=model(FILL_CAP), base=base,
-                           training={"sparse_optimizer": "adagrad", "learning_rate": 0.1})
+                           training={"sparse_optimizer": "adagrad", "learning_rate": 0.1},
+                           supervisor={"full_checkpoint_every": 10})   # the shard tracks what changed
     metrics = "127.0.0.1:%d" % h.free_ports(1)[0]
     chief = h.daemon(wd, "chiefd", job)
     ps = h.daemon(wd, "psd", job, 0, env={"PSFLEET_METRICS_LISTEN": metrics})
@@ -127,6 +128,30 @@ def exchange_rpc(wd):
     h.log("psd VmRSS: %d before the rows, %d after; plan %d (process %d, buffers %d, big %d, adm %d)"
           % (rss_empty, rss, p["total"], p["process"], p["buffers"], p["tables"][0]["bytes"], p["tables"][1]["bytes"]))
     assert abs(rss - p["total"]) <= 0.10 * p["total"], (rss, p)
+
+    # a checkpoint's walk (SparseExport with take_evicted): after the rows, the evicted ids a page's worth
+    # of bytes at a time (2,000 rows of 16 floats and a slot: 32,000 ids), the last page done
+    def walk(max_rows=2000):
+        cursor, evicted, pages, rows = 0, [], [], 0
+        while True:
+            hdr = s.ps_pb2.SparseExportHeader(caller=caller, table=0, cursor=cursor, max_rows=max_rows,
+                                              take_evicted=True, evicted_from=len(evicted))
+            rh = stub.SparseExport(s.ps_pb2.SparseExportRequest(header=hdr), timeout=60).header
+            assert not rh.changes_lost
+            n = len(rh.evicted) // 8
+            assert n == 0 or len(rh.ids) == 0, "evicted ids on a page of rows"
+            rows += len(rh.ids) // 8
+            evicted += struct.unpack("<%dQ" % n, rh.evicted)
+            pages.append(n)
+            cursor = rh.next_cursor
+            if rh.done:
+                return rows, evicted, [k for k in pages if k]
+
+    rows, evicted, pages = walk()
+    h.log("a walk: %d rows, then %d evicted ids in pages of %s" % (rows, len(evicted), pages))
+    assert rows == status().tables[0].rows and len(evicted) == len(set(evicted)) == t.evicted_limit, (rows, len(evicted), t)
+    assert len(pages) > 1 and max(pages) <= 32000, pages
+    assert walk()[1] == [], "the evicted ids were taken: a second walk has none"
     st = status()
     assert st.memory_planned_bytes == p["total"] and st.memory_limit_bytes == 0, st
     ps.kill()

@@ -176,8 +176,9 @@ struct ps_sparse_export_opts {
 struct ps_sparse_page {
         uint32_t shard;
         const struct ps_sparse_rows *rows;   /* n rows (maybe 0 on the last page) */
-        bool last;                           /* take_evicted: the shard's last page, with: */
-        const uint64_t *evicted;             /* (n_evicted) */
+        bool last;                           /* take_evicted: the shard's last page */
+        const uint64_t *evicted;             /* (n_evicted) take_evicted: ids evicted since the last walk that
+                                              * took them, on the pages after the rows (a page's worth each) */
         size_t n_evicted;
         bool changes_lost;                   /* the shard cannot tell what changed: no increment possible */
 };

@@ -268,6 +268,8 @@ static int append_page(struct ps_sparse_rows *out, size_t *cap, const struct wir
                 if (!(t[s] = reply_rows(in, s ? h->slots[s - 1] : "rows", n, out->dim)))
                         return errf(err, errlen, -EPROTO, "no float32 tensor \"%s\" of (%zu, %u)",
                                     s ? h->slots[s - 1] : "rows", n, out->dim);
+        if (n == 0)   /* a page of evicted ids, or the last: no rows (and maybe no arrays yet) */
+                return 0;
         if (rows_reserve(out, cap, out->n + n) < 0)
                 return errf(err, errlen, -ENOMEM, "out of memory for %zu rows", out->n + n);
         memcpy(out->ids + out->n, h->ids.data, n * sizeof(uint64_t));
@@ -283,6 +285,7 @@ struct export {
         const struct ps_sparse_export_opts *o;
         const uint64_t *cursor;         /* (n_shards) */
         const bool *done;               /* (n_shards) */
+        const uint64_t *evicted;        /* (n_shards) the evicted ids had so far */
 };
 
 /* Shard s's next SparseExport page; none once it is done. */
@@ -300,6 +303,7 @@ static int export_build(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *c
         h.dirty_only = x->o->dirty_only;
         h.clean = x->o->clean;
         h.take_evicted = x->o->take_evicted;
+        h.evicted_from = x->evicted[s];
         Psfleet__V1__SparseExportRequest q = PSFLEET__V1__SPARSE_EXPORT_REQUEST__INIT;
         q.header = &h;
         *bb = wire_pack(&q.base);
@@ -324,12 +328,12 @@ int ps_client_sparse_export_pages(struct ps_client *pc, uint32_t e, const struct
         uint32_t N = pc->L->n_shards;
         struct ps_sparse_rows page = {.dim = m->emb[e].dim,
                                       .n_slots = sparse_optimizer_n_slots(pc->cfg->training.sparse_optimizer)};
-        uint64_t *cursor = calloc(N, sizeof(*cursor));
+        uint64_t *cursor = calloc(N, sizeof(*cursor)), *evicted = calloc(N, sizeof(*evicted));
         bool *done = calloc(N, sizeof(*done));
         struct rpc_pending **pend = calloc(N, sizeof(*pend));
-        struct export x = {e, o, cursor, done};
+        struct export x = {e, o, cursor, done, evicted};
         size_t cap = 0;
-        int r = cursor && done && pend ? 0 : errf(err, errlen, -ENOMEM, "out of memory");
+        int r = cursor && evicted && done && pend ? 0 : errf(err, errlen, -ENOMEM, "out of memory");
         /* one page of every shard not done yet at a time, all in parallel; each handed over before the next
          * round, so that no more than one page per shard is held */
         for (bool more = true; more && r >= 0;) {
@@ -361,13 +365,15 @@ int ps_client_sparse_export_pages(struct ps_client *pc, uint32_t e, const struct
                                         (const Psfleet__V1__SparseExportReplyHeader *)hm;
                                 struct ps_sparse_page pg = {.shard = s, .rows = &page};
                                 r = page_of(&page, &cap, in, h, e2, sizeof(e2));
-                                if (r >= 0 && h->done && o->take_evicted) {
+                                if (r >= 0 && o->take_evicted) {
+                                        /* the pages after the rows carry the evicted ids, the last is done */
                                         if (h->evicted.len % sizeof(uint64_t))
                                                 r = errf(e2, sizeof(e2), -EPROTO, "%zu bytes of evicted ids",
                                                          h->evicted.len);
                                         pg.n_evicted = h->evicted.len / sizeof(uint64_t);
                                         pg.changes_lost = h->changes_lost;
-                                        pg.last = true;
+                                        pg.last = h->done;
+                                        evicted[s] += pg.n_evicted;
                                 }
                                 uint64_t *ev = NULL;
                                 if (r >= 0 && pg.n_evicted) {
@@ -377,7 +383,7 @@ int ps_client_sparse_export_pages(struct ps_client *pc, uint32_t e, const struct
                                                 memcpy(ev, h->evicted.data, pg.n_evicted * sizeof(*ev));
                                         pg.evicted = ev;
                                 }
-                                if (r >= 0 && (page.n || pg.last)) {
+                                if (r >= 0 && (page.n || pg.n_evicted || pg.last)) {
                                         r = fn(&pg, ud, e2, sizeof(e2));
                                 }
                                 free(ev);
@@ -394,6 +400,7 @@ int ps_client_sparse_export_pages(struct ps_client *pc, uint32_t e, const struct
                 rpc_batch_free(b);
         }
         free(cursor);
+        free(evicted);
         free(done);
         free(pend);
         ps_sparse_rows_clear(&page);
