@@ -433,15 +433,17 @@ int cmd_export(int argc, char **argv) {
                     (r = export_delta_tables(cfg, &tables, rows_a, since, gstep, out, &delta)) == 0 &&
                     (r = export_tables_write(cfg, &tables, out, gs ? gs : "?", false)) == 0 &&
                     (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0 &&
-                    (r = export_delta_commit(out, cfg->name, since, gstep, delta, ext.n ? ext.location : NULL)) == 0)
+                    (r = export_delta_commit(out, cfg->name, since, gstep, delta, ext.n ? ext.location : NULL)) == 0) {
+                        export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location, true);
                         printf("exported the changes of job %s from global_step %" PRIu64 " to %" PRIu64 " (%s) to "
                                "%s/delta.json\n", cfg->name, since, gstep, ck_path, out);
+                }
                 goto out;
         }
         /* the tables served from outside first: model.onnx, renamed last, says the export is whole */
         if ((r = make_dir(out)) == 0 && (r = export_tables_write(cfg, &tables, out, gs ? gs : "?", true)) == 0 &&
             (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0) {
-                export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location);
+                export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location, false);
                 printf("exported job %s at global_step %s (%s) to %s (%zu bytes)\n", cfg->name, gs ? gs : "?", ck_path,
                        written, len);
         }

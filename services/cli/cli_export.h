@@ -63,11 +63,12 @@ int export_tables_write(const struct job_config *cfg, const struct export_tables
                         const char *global_step, bool files);
 
 /* Once the new model.onnx is in place: removes what an earlier export into DIR left that this one does
- * not write (DIR/tables.json, DIR/tables/<name>.safetensors of a table now inline, and DIR/<data_file>
- * when data_file is not NULL: external data this export has none of), so that no file in DIR describes
- * another model. Missing files are no error; a file that cannot be removed is said. */
+ * not write (DIR/tables.json, DIR/tables/<name>.safetensors of a table now inline, DIR/<data_file> when
+ * data_file is not NULL: external data this export has none of; for a delta every table's whole file,
+ * for a whole export a delta's delta.json and delta/<name>.safetensors), so that no file in DIR
+ * describes another model. Missing files are no error; a file that cannot be removed is said. */
 void export_tables_tidy(const struct job_config *cfg, const struct export_tables *x, const char *dir,
-                        const char *data_file);
+                        const char *data_file, bool delta);
 
 /* ---- deltas for a serving copy that follows a job (cli_export_delta.c, docs/serving.md) ---- */
 

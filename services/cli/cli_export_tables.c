@@ -338,22 +338,31 @@ static void remove_stale(const char *path)
 }
 
 void export_tables_tidy(const struct job_config *cfg, const struct export_tables *x, const char *dir,
-                        const char *data_file)
+                        const char *data_file, bool delta)
 {
         if (data_file) {
                 char *p = strdup_printf("%s/%s", dir, data_file);
                 remove_stale(p);
                 free(p);
         }
-        for (uint32_t e = 0; e < cfg->model.n_embeddings; e++)
-                if (x->t[e].rows) {
-                        char *p = strdup_printf("%s/tables/%s.safetensors", dir, cfg->model.emb[e].name);
-                        remove_stale(p);
-                        free(p);
-                }
-        if (x->n_external == 0) {
-                char *p = strdup_printf("%s/tables.json", dir);
+        /* a delta's directory holds no table whole; a whole export's, no delta */
+        for (uint32_t e = 0; e < cfg->model.n_embeddings; e++) {
+                char *p = x->t[e].rows || delta ? strdup_printf("%s/tables/%s.safetensors", dir, cfg->model.emb[e].name)
+                                                : NULL;
+                char *d = delta ? NULL : strdup_printf("%s/delta/%s.safetensors", dir, cfg->model.emb[e].name);
                 remove_stale(p);
+                remove_stale(d);
                 free(p);
+                free(d);
         }
+        char *empty = strdup_printf("%s/%s", dir, delta ? "tables" : "delta");
+        if (empty)
+                rmdir(empty);   /* if empty: a directory with files of another kind of export stays */
+        free(empty);
+        char *m = x->n_external == 0 ? strdup_printf("%s/tables.json", dir) : NULL;
+        char *dm = delta ? NULL : strdup_printf("%s/delta.json", dir);
+        remove_stale(m);
+        remove_stale(dm);
+        free(m);
+        free(dm);
 }

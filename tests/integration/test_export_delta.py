@@ -157,6 +157,16 @@ def test():
               (a, to, changed, gone, rows, size,
                sum(os.path.getsize(os.path.join(full[to], n)) for n in names if n.startswith("tables/")),
                q.stdout.strip(), ", ".join(names), to))
+    # a delta into a whole export's directory leaves no whole table there, and the other way round
+    d = wd.file("delta-over-full")
+    shutil.copytree(full[b1], d)
+    p = psfleet(*common, "--since", str(a), "--step", str(b1), "--out", d)
+    assert p.returncode == 0 and sorted(os.listdir(d)) == ["delta", "delta.json", "model.onnx", "tables.json"], (
+        p.stderr, os.listdir(d))
+    p = psfleet(*common, "--step", str(b1), "--out", d, "--max-inline-rows", "1")
+    assert p.returncode == 0 and sorted(os.listdir(d)) == ["model.onnx", "tables", "tables.json"], (p.stderr,
+                                                                                                  os.listdir(d))
+    same_dirs(d, full[b1])
     # rows changed in both, and ids evicted (tombstones) over the longer one
     assert figures[0][1] > 0 and figures[1][1] > 0 and figures[1][2] > 0, figures
 
