@@ -819,19 +819,19 @@ int chief_ckpt_read_step(struct chief_ckpt *s, uint64_t global_step, float *para
         bool *gone = calloc(n + 1, sizeof(*gone));
         size_t *chain = calloc(n + 1, sizeof(*chain));
         struct ps_sparse_rows scratch[MODEL_MAX_EMBEDDINGS] = {0};
-        size_t k = 0, broken = 0, used = 0;
+        size_t k = 0, broken = i, used = 0;   /* chief_chain_of names the broken link only on -ENOENT */
         bool slots_loaded = false;
         if (!gone || !chain)
                 r = errf(err, errlen, -ENOMEM, "out of memory");
         else if (i == n)
                 r = errf(err, errlen, -ENOENT, "no checkpoint of global_step %" PRIu64 " is recorded", global_step);
         else if ((r = chief_chain_of(rows, n, gone, i, chain, &k, &broken)) < 0)
-                errf(err, errlen, r == -ENOENT ? -ENOENT : -EBADMSG,
-                     r == -ENOENT ? "checkpoint \"%s\" (global_step %" PRIu64 ") is incremental on global_step %" PRIu64
-                                    ", which is not recorded (the chain points nowhere)"
-                                  : "checkpoint \"%s\" (global_step %" PRIu64 "): its chain never reaches a full "
-                                    "checkpoint%.0" PRIu64,
-                     rows[broken].path, rows[broken].global_step, rows[broken].parent_step);
+                r = errf(err, errlen, r == -ENOENT ? -ENOENT : -EBADMSG,
+                         r == -ENOENT ? "checkpoint \"%s\" (global_step %" PRIu64 ") is incremental on global_step "
+                                        "%" PRIu64 ", which is not recorded (the chain points nowhere)"
+                                      : "checkpoint \"%s\" (global_step %" PRIu64 "): its chain never reaches a "
+                                        "full checkpoint%.0" PRIu64,
+                         rows[broken].path, rows[broken].global_step, rows[broken].parent_step);
         if (r >= 0) {
                 pthread_mutex_lock(&s->mu);
                 r = load_chain_locked(s, rows, gone, chain, k, false, params, NULL, &slots_loaded,
