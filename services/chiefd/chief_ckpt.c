@@ -649,15 +649,23 @@ static void forget_locked(struct chief_ckpt *s, const struct chief_db_checkpoint
 
 
 /* Loads row i's chain into params, slots and tables: its full checkpoint, then each increment in order.
- * A link missing or corrupt stops there: the values are those of the link before it (*used, which is
- * then not i), the bad link is set aside and forgotten and so are the links after it. Returns 0; or
- * the full checkpoint's error (nothing loaded), with *bad its index. */
-static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, size_t n, bool *gone,
-                             const size_t *chain, size_t k, float *params, float *const *slots, bool *slots_loaded,
-                             struct ps_sparse_rows *tables, size_t *used, char *err, size_t errlen) {
+ * With repair (a restore), a link missing or corrupt stops there: the values are those of the link
+ * before it (*used, which is then not i), the bad link is set aside and forgotten and so are the links
+ * after it. Without (a reader such as psfleet export), any bad link is the error, named in err, and
+ * nothing is changed. Returns 0; or the full checkpoint's error (nothing loaded). */
+static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, bool *gone,
+                             const size_t *chain, size_t k, bool repair, float *params, float *const *slots,
+                             bool *slots_loaded, struct ps_sparse_rows *tables, size_t *used, char *err,
+                             size_t errlen) {
         const struct job_layout *L = s->L;
         uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
         int r = load_locked(s, &rows[chain[0]], params, slots, slots_loaded, tables, NULL, err, errlen);
+        if (r < 0 && !repair) {
+                char e[600];
+                snprintf(e, sizeof(e), "%s", err);
+                errf(err, errlen, r, "checkpoint \"%s\" (global_step %" PRIu64 "%s): %s", rows[chain[0]].path,
+                     rows[chain[0]].global_step, k > 1 ? ", the full one under the chain" : "", e);
+        }
         if (r < 0 || k == 1) {
                 *used = chain[0];
                 return r;
@@ -682,9 +690,13 @@ static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpo
                         ps_sparse_rows_clear(&inc[t]);
                         ps_sparse_rows_clear(&ev[t]);
                 }
-                if (l == -EINVAL) {
+                if (l == -EINVAL || (l < 0 && !repair)) {
                         free(p2);
-                        return errf(err, errlen, l, "%s", e);
+                        if (l == -EINVAL)
+                                return errf(err, errlen, l, "%s", e);
+                        return errf(err, errlen, l, "checkpoint \"%s\" (global_step %" PRIu64 ", a link of the chain "
+                                    "on global_step %" PRIu64 "): %s", row->path, row->global_step,
+                                    rows[chain[0]].global_step, e);
                 }
                 if (l < 0) {
                         /* a broken link: the chain restores to the link before it */
@@ -716,7 +728,6 @@ static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpo
         }
         free(p2);
         *used = chain[good];
-        (void)n;
         return 0;
 }
 
@@ -756,7 +767,7 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
                         gone[i] = true;
                         continue;
                 }
-                int l = load_chain_locked(s, rows, n, gone, chain, k, params, slots, slots_loaded,
+                int l = load_chain_locked(s, rows, gone, chain, k, true, params, slots, slots_loaded,
                                           tables ? scratch : NULL, &used, e, sizeof(e));
                 if (l == 0) {
                         *ret = rows[used];
@@ -794,6 +805,52 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
         free(gone);
         free(chain);
         return r;
+}
+
+int chief_ckpt_read_step(struct chief_ckpt *s, uint64_t global_step, float *params, struct ps_sparse_rows *tables,
+                         struct chief_db_checkpoint *ret, char *err, size_t errlen) {
+        struct chief_db_checkpoint *rows = NULL;
+        size_t n = 0, i = 0;
+        int r = chief_db_list_checkpoints(s->db, &rows, &n);
+        if (r < 0)
+                return errf(err, errlen, r, "cannot list the checkpoints: %s", strerror(-r));
+        while (i < n && rows[i].global_step != global_step)
+                i++;
+        bool *gone = calloc(n + 1, sizeof(*gone));
+        size_t *chain = calloc(n + 1, sizeof(*chain));
+        struct ps_sparse_rows scratch[MODEL_MAX_EMBEDDINGS] = {0};
+        size_t k = 0, broken = i, used = 0;   /* chief_chain_of names the broken link only on -ENOENT */
+        bool slots_loaded = false;
+        if (!gone || !chain)
+                r = errf(err, errlen, -ENOMEM, "out of memory");
+        else if (i == n)
+                r = errf(err, errlen, -ENOENT, "no checkpoint of global_step %" PRIu64 " is recorded", global_step);
+        else if ((r = chief_chain_of(rows, n, gone, i, chain, &k, &broken)) < 0)
+                r = errf(err, errlen, r == -ENOENT ? -ENOENT : -EBADMSG,
+                         r == -ENOENT ? "checkpoint \"%s\" (global_step %" PRIu64 ") is incremental on global_step "
+                                        "%" PRIu64 ", which is not recorded (the chain points nowhere)"
+                                      : "checkpoint \"%s\" (global_step %" PRIu64 "): its chain never reaches a "
+                                        "full checkpoint%.0" PRIu64,
+                         rows[broken].path, rows[broken].global_step, rows[broken].parent_step);
+        if (r >= 0) {
+                pthread_mutex_lock(&s->mu);
+                r = load_chain_locked(s, rows, gone, chain, k, false, params, NULL, &slots_loaded,
+                                      tables ? scratch : NULL, &used, err, errlen);
+                pthread_mutex_unlock(&s->mu);
+        }
+        if (r >= 0) {
+                *ret = rows[i];
+                for (uint32_t t = 0; tables && t < MODEL_MAX_EMBEDDINGS; t++) {
+                        tables[t] = scratch[t];
+                        scratch[t] = (struct ps_sparse_rows){0};
+                }
+        }
+        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
+                ps_sparse_rows_clear(&scratch[t]);
+        free(rows);
+        free(gone);
+        free(chain);
+        return r < 0 ? r : 0;
 }
 
 /* ---- deleting, listing, repairing ---- */

@@ -110,6 +110,17 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
                                   struct ps_sparse_rows *tables, struct chief_db_checkpoint *ret, char *err,
                                   size_t errlen);
 
+/* The values of the checkpoint of global_step as a restore would make them, its chain resolved (the full
+ * checkpoint under it, then each increment in order), without repairing anything: for a reader such as
+ * psfleet export. params (the layout's n_params; undefined after a failure) and
+ * tables[0..model->n_embeddings) (malloc'd: the caller clears each with ps_sparse_rows_clear; written
+ * only on success); *ret gets the row.
+ * Returns 0; -ENOENT (no such step recorded, or a link's parent not recorded), -EBADMSG (a link
+ * corrupt, or a chain without a full checkpoint), -EINVAL (another model's file), or another -errno;
+ * err names the file and step at fault. */
+int chief_ckpt_read_step(struct chief_ckpt *s, uint64_t global_step, float *params, struct ps_sparse_rows *tables,
+                         struct chief_db_checkpoint *ret, char *err, size_t errlen);
+
 /* Deletes the checkpoint of global_step: its row (durably), then its file. 0 and *ret (may be NULL),
  * -ENOENT, or -errno. */
 int chief_ckpt_delete(struct chief_ckpt *s, uint64_t global_step, struct chief_db_checkpoint *ret, char *err,

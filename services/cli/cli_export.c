@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "chief_ckpt.h"
 #include "chief_db.h"
 #include "ckpt.h"
 #include "cli_export.h"
@@ -21,6 +22,7 @@
 #include "commands.h"
 #include "graph.h"
 #include "graph_spec.h"
+#include "job.h"
 #include "onnx_save.h"
 #include "util.h"
 
@@ -32,6 +34,8 @@ static void export_help(FILE *f) {
         fprintf(f, "Usage: psfleet export --job JOB --out DIR [--step N] [--state-dir DIR] [--max-inline-rows N]\n"
                    "                      [--external-data]\n"
                    "       psfleet export --job JOB.json --checkpoint FILE --out DIR [...]\n"
+                   "       psfleet export --job JOB --since STEP --out DIR [--step N] [--state-dir DIR]\n"
+                   "       psfleet export --apply DELTA_DIR --to FULL_DIR\n"
                    "\n"
                    "Writes the model a job trained as DIR/model.onnx (ONNX opset 17), for ONNX Runtime, Triton\n"
                    "or TensorRT: inference mode (Dropout as identity, batch normalization with its running\n"
@@ -50,19 +54,62 @@ static void export_help(FILE *f) {
                    "                     (default: every table inside model.onnx)\n"
                    "  --external-data    the large initializers (1 MiB or more) in DIR/model.onnx.data\n"
                    "                     (ONNX external data; chosen by itself for a model over 2 GiB)\n"
+                   "  --since STEP       a delta instead (docs/serving.md): the table rows changed from the\n"
+                   "                     checkpoint of STEP to that of --step (default the newest), the ids gone\n"
+                   "                     (tombstones), as DIR/delta/NAME.safetensors, with the newer export's\n"
+                   "                     model.onnx and tables.json, and DIR/delta.json written last\n"
+                   "  --apply DELTA_DIR --to FULL_DIR  makes FULL_DIR, the export of the delta's older step with\n"
+                   "                     every table outside (--max-inline-rows 1), the export of its newer step\n"
                    "\n"
+                   "An incremental checkpoint is exported with its chain resolved (its full checkpoint, then\n"
+                   "each increment), as a restore would; every table file lists its ids in ascending order.\n"
                    "Embedding tables are looked up inside the graph, from the ids as the data has them\n"
                    "(hashed modulo vocab in the graph where the table has one; docs/serving.md).\n"
                    "Exit status: 0 written, 2 bad usage, 65 no such checkpoint, one that does not verify or\n"
-                   "lacks the model's variables or tables,\n"
+                   "lacks the model's variables or tables (or a link of its chain does), --since not before the\n"
+                   "step exported, a delta that does not apply to FULL_DIR,\n"
                    "74 the output cannot be written, 78 a bad job file or a model that cannot be exported.\n",
                 CLI_CHIEF_STATE_ROOT);
 }
 
+/* The chief's records of a job, read offline. */
+struct records {
+        struct chief_db *db;
+        char *where;                            /* the directory of chief.db */
+        struct chief_db_checkpoint *rows;       /* newest first */
+        size_t n;
+};
+
+static int records_open(const char *state_dir, const struct cli_local_job *local, const struct job_config *cfg,
+                        struct records *rec) {
+        const char *dir = state_dir ? state_dir : local->pid ? local->state_dir : CLI_CHIEF_STATE_ROOT;
+        int r = cli_records_open(dir, cfg->name, &rec->db, &rec->where);
+        if (r < 0) {
+                cli_error("export: no records of job %s's chief in %s nor %s/%s (--state-dir DIR): %s", cfg->name,
+                          dir, dir, cfg->name, strerror(-r));
+                return EX_DATAERR;
+        }
+        if ((r = chief_db_list_checkpoints(rec->db, &rec->rows, &rec->n)) < 0) {
+                cli_error("export: cannot read the checkpoints recorded in %s/chief.db: %s", rec->where, strerror(-r));
+                return EX_DATAERR;
+        }
+        if (rec->n == 0) {
+                cli_error("export: job %s has no checkpoint (%s/chief.db records none)", cfg->name, rec->where);
+                return EX_DATAERR;
+        }
+        return 0;
+}
+
+static void records_close(struct records *rec) {
+        free(rec->rows);
+        free(rec->where);
+        chief_db_close(rec->db);
+}
+
 /* The checkpoint file and its step: --checkpoint, else the records' newest that reads (or --step's).
- * Returns 0 with *ck read and *path_ret malloc'd, or the exit status after printing why. */
-static int find_checkpoint(const char *file, const char *state_dir, const struct cli_local_job *local,
-                           const struct job_config *cfg, uint64_t step, struct ckpt **ck, char **path_ret) {
+ * Returns 0 with *ck read, *path_ret malloc'd and *step_ret, or the exit status after printing why. */
+static int find_checkpoint(const char *file, const struct records *rec, const struct job_config *cfg, uint64_t step,
+                           struct ckpt **ck, char **path_ret, uint64_t *step_ret) {
         char e[512];
         if (file) {
                 int r = ckpt_read(file, UINT64_MAX, ck, e, sizeof(e));
@@ -70,28 +117,15 @@ static int find_checkpoint(const char *file, const char *state_dir, const struct
                         cli_error("export: checkpoint %s: %s", file, e);
                         return r == -EBADMSG ? EX_DATAERR : EX_IOERR;
                 }
+                const char *gs = ckpt_meta(*ck, "global_step");
+                if (!gs || parse_u64(gs, 0, UINT64_MAX, step_ret) < 0)
+                        *step_ret = 0;
                 *path_ret = strdup(file);
                 return 0;
         }
-        const char *dir = state_dir ? state_dir : local->pid ? local->state_dir : CLI_CHIEF_STATE_ROOT;
-        struct chief_db *db = NULL;
-        char *where = NULL;
-        int r = cli_records_open(dir, cfg->name, &db, &where);
-        if (r < 0) {
-                cli_error("export: no records of job %s's chief in %s nor %s/%s (--state-dir DIR): %s", cfg->name,
-                          dir, dir, cfg->name, strerror(-r));
-                return EX_DATAERR;
-        }
-        struct chief_db_checkpoint *rows = NULL;
-        size_t n = 0;
-        r = chief_db_list_checkpoints(db, &rows, &n);
-        int ret = EX_DATAERR;
-        if (r < 0)
-                cli_error("export: cannot read the checkpoints recorded in %s/chief.db: %s", where, strerror(-r));
-        else if (n == 0)
-                cli_error("export: job %s has no checkpoint (%s/chief.db records none)", cfg->name, where);
-        for (size_t i = 0; r == 0 && i < n && ret != 0; i++) {
-                const struct chief_db_checkpoint *c = &rows[i];
+        int ret = EX_DATAERR, r = 0;
+        for (size_t i = 0; i < rec->n && ret != 0; i++) {
+                const struct chief_db_checkpoint *c = &rec->rows[i];
                 if (step && c->global_step != step)
                         continue;
                 char sum[32];
@@ -103,6 +137,7 @@ static int find_checkpoint(const char *file, const char *state_dir, const struct
                 }
                 if (r == 0) {
                         *path_ret = strdup(c->path);
+                        *step_ret = c->global_step;
                         ret = 0;
                 } else {
                         cli_error("export: checkpoint of global_step %" PRIu64 " (%s) does not verify: %s%s",
@@ -112,15 +147,48 @@ static int find_checkpoint(const char *file, const char *state_dir, const struct
                                 break;
                 }
         }
-        if (ret != 0 && r == 0 && n > 0)
+        if (ret != 0 && r == 0)
                 cli_error(step ? "export: job %s has no checkpoint of global_step %" PRIu64 " that verifies (psfleet "
                                  "checkpoints list)"
                                : "export: job %s has no checkpoint that verifies%.0" PRIu64,
                           cfg->name, step);
-        free(rows);
-        free(where);
-        chief_db_close(db);
         return ret;
+}
+
+/* The tables' rows at the recorded step, its chain of increments resolved as a restore resolves it
+ * (chief_ckpt_read_step), into tables[0..n_embeddings) (the caller clears them); ck: the checkpoint
+ * exported, whose fingerprint its links share. 0, or the exit status after saying why. */
+static int chain_tables(const struct records *rec, const struct job_config *cfg, const struct ckpt *ck, uint64_t step,
+                        struct ps_sparse_rows *tables) {
+        struct job_layout *L = NULL;
+        struct chief_ckpt *s = NULL;
+        float *params = NULL;
+        char err[1200];
+        int r = job_layout_new(cfg, &L);
+        if (r < 0) {
+                cli_error("export: job %s's model: %s", cfg->name, strerror(-r));
+                return r == -ENOMEM ? 1 : CONFIG_EX_CONFIG;
+        }
+        struct chief_ckpt_config cc = { .dir = rec->where, .L = L, .model = &cfg->model,
+                                        .sparse_optimizer = cfg->training.sparse_optimizer, .job = cfg->name,
+                                        .fingerprint = config_fingerprint(cfg), .keep = 1 };
+        /* read_params has noted a checkpoint of another fingerprint: the links of its job need no more word */
+        const char *fp = ckpt_meta(ck, "fingerprint");
+        uint64_t theirs;
+        if (fp && sscanf(fp, "%16" SCNx64, &theirs) == 1)
+                cc.fingerprint = theirs;
+        struct chief_db_checkpoint row;
+        if ((r = chief_ckpt_new(rec->db, &cc, &s, err, sizeof(err))) == 0) {
+                params = calloc(L->n_params + 1, sizeof(float));
+                r = params ? chief_ckpt_read_step(s, step, params, tables, &row, err, sizeof(err))
+                           : errf(err, sizeof(err), -ENOMEM, "out of memory");
+        }
+        if (r < 0)
+                cli_error("export: job %s's checkpoint of global_step %" PRIu64 ": %s", cfg->name, step, err);
+        free(params);
+        chief_ckpt_free(s);
+        job_layout_free(L);
+        return r == -ENOMEM ? 1 : r < 0 ? EX_DATAERR : 0;
 }
 
 /* The layer list's graph; with tables, the dense layers alone, their input the dense features followed
@@ -235,8 +303,8 @@ static int write_out(const char *dir, const void *buf, size_t len, char **path_r
 }
 
 int cmd_export(int argc, char **argv) {
-        const char *job = NULL, *out = NULL, *state_dir = NULL, *file = NULL;
-        uint64_t step = 0, max_inline = 0;
+        const char *job = NULL, *out = NULL, *state_dir = NULL, *file = NULL, *apply = NULL, *to = NULL;
+        uint64_t step = 0, since = 0, max_inline = 0;
         bool external = false;
         struct export_tables tables = { 0 };
         struct onnx_external ext = { .location = "model.onnx.data", .min_bytes = 1u << 20 };
@@ -248,15 +316,30 @@ int cmd_export(int argc, char **argv) {
                 CLI_STRING("state-dir", &state_dir),
                 CLI_STRING("checkpoint", &file),
                 CLI_NUMBER("step", &step, 1, UINT64_MAX),
+                CLI_NUMBER("since", &since, 1, UINT64_MAX),
+                CLI_STRING("apply", &apply),
+                CLI_STRING("to", &to),
                 {},
         };
         const struct cli_args args = { .cmd = "export", .opts = opts, .help = export_help };
         int first, r;
         if (!cli_args_parse(&args, argc, argv, &first, &r))
                 return r;
-        if (!job || !out || (file && step)) {
-                cli_error("export: %s", !job ? "--job is required" : !out ? "--out is required"
-                                                                         : "--step and --checkpoint exclude each other");
+        if (apply || to) {
+                if (!apply || !to || job || out || file || step || since || state_dir || max_inline || external) {
+                        cli_error("export: %s", !apply ? "--to goes with --apply DELTA_DIR"
+                                                : !to  ? "--apply DELTA_DIR needs --to FULL_DIR"
+                                                       : "--apply and --to take no other option");
+                        return CLI_EX_USAGE;
+                }
+                return export_delta_apply(apply, to);
+        }
+        if (!job || !out || (file && step) || (file && since)) {
+                cli_error("export: %s", !job   ? "--job is required"
+                                        : !out ? "--out is required"
+                                        : step ? "--step and --checkpoint exclude each other"
+                                               : "--since needs the chief's records: --job with --state-dir, not "
+                                                 "--checkpoint");
                 return CLI_EX_USAGE;
         }
         char *job_path = NULL;
@@ -266,34 +349,53 @@ int cmd_export(int argc, char **argv) {
         struct job_config *cfg = NULL;
         struct graph *own = NULL;
         struct ckpt *ck = NULL;
+        struct records rec = { 0 };
+        struct ps_sparse_rows rows_b[MODEL_MAX_EMBEDDINGS] = { 0 }, rows_a[MODEL_MAX_EMBEDDINGS] = { 0 };
+        json_t *delta = NULL;
         char *ck_path = NULL, *written = NULL, err[512] = "";
         float *params = NULL;
         void *buf = NULL;
         size_t len = 0;
+        uint64_t gstep = 0;
         if ((r = cli_load_job(job_path, &cfg)) != 0)
                 goto out;
         const struct model_spec *spec = &cfg->model;
         const struct graph *g = spec->graph;
+        if (since && !spec->n_embeddings) {
+                cli_error("export: job %s's model has no embedding table: a delta holds tables' rows (export the "
+                          "whole model instead)", cfg->name);
+                r = CONFIG_EX_CONFIG;
+                goto out;
+        }
         if (!g && dense_graph(spec, &own, err, sizeof(err)) < 0) {
                 cli_error("export: job %s's model: %s", cfg->name, err);
                 r = CONFIG_EX_CONFIG;
                 goto out;
         }
         g = g ? g : own;
-        if ((r = find_checkpoint(file, state_dir, &local, cfg, step, &ck, &ck_path)) != 0 ||
+        if ((!file && (r = records_open(state_dir, &local, cfg, &rec)) != 0) ||
+            (r = find_checkpoint(file, &rec, cfg, step, &ck, &ck_path, &gstep)) != 0 ||
             (r = read_params(cfg, ck, ck_path, &params)) != 0)
                 goto out;
-        const char *kind = ckpt_meta(ck, "checkpoint"), *parent = ckpt_meta(ck, "parent_step");
-        if (spec->n_embeddings && kind && strcmp(kind, "incremental") == 0) {
-                /* its tables hold only the rows changed since its parent: exporting them would drop the rest */
-                cli_error("export: checkpoint %s is incremental (the embedding rows changed since global_step %s): "
-                          "its tables are not whole; export a full checkpoint (--step of one that psfleet checkpoints "
-                          "list shows as full), or save one with supervisor.full_checkpoint_every 1",
-                          ck_path, parent ? parent : "?");
+        if (since && since >= gstep) {
+                cli_error("export: --since %" PRIu64 " is not before the checkpoint exported (global_step %" PRIu64 "): "
+                          "a delta goes from an older checkpoint to a newer one", since, gstep);
                 r = EX_DATAERR;
                 goto out;
         }
-        if (spec->n_embeddings && (r = export_tables_load(cfg, g, ck, ck_path, max_inline, &tables)) != 0)
+        const char *kind = ckpt_meta(ck, "checkpoint"), *parent = ckpt_meta(ck, "parent_step");
+        if (spec->n_embeddings && file && kind && strcmp(kind, "incremental") == 0) {
+                /* its tables hold only the rows changed since its parent, which only the records find */
+                cli_error("export: checkpoint %s is incremental (the embedding rows changed since global_step %s): "
+                          "its tables are not whole; export it from the chief's records (--job with --state-dir and "
+                          "--step %" PRIu64 "), which resolve its chain", ck_path, parent ? parent : "?", gstep);
+                r = EX_DATAERR;
+                goto out;
+        }
+        if (spec->n_embeddings &&
+            ((r = file ? export_tables_read(cfg, ck, ck_path, rows_b) : chain_tables(&rec, cfg, ck, gstep, rows_b)) != 0 ||
+             (since && (r = chain_tables(&rec, cfg, ck, since, rows_a)) != 0) ||
+             (r = export_tables_load(cfg, g, rows_b, ck_path, max_inline, since != 0, &tables)) != 0))
                 goto out;
         const char *gs = ckpt_meta(ck, "global_step");
         char doc[512];
@@ -324,14 +426,33 @@ int cmd_export(int argc, char **argv) {
                 r = r == -ENOMEM ? 1 : CONFIG_EX_CONFIG;
                 goto out;
         }
+        if (since) {
+                /* the changed rows first, then what a whole export of global_step would hold but its tables
+                 * (their manifest, model.onnx), and delta.json last: it says the delta is whole */
+                if ((r = make_dir(out)) == 0 &&
+                    (r = export_delta_tables(cfg, &tables, rows_a, since, gstep, out, &delta)) == 0 &&
+                    (r = export_tables_write(cfg, &tables, out, gs ? gs : "?", false)) == 0 &&
+                    (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0 &&
+                    (r = export_delta_commit(out, cfg->name, since, gstep, delta, ext.n ? ext.location : NULL)) == 0) {
+                        export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location, true);
+                        printf("exported the changes of job %s from global_step %" PRIu64 " to %" PRIu64 " (%s) to "
+                               "%s/delta.json\n", cfg->name, since, gstep, ck_path, out);
+                }
+                goto out;
+        }
         /* the tables served from outside first: model.onnx, renamed last, says the export is whole */
-        if ((r = make_dir(out)) == 0 && (r = export_tables_write(cfg, &tables, out, gs ? gs : "?")) == 0 &&
+        if ((r = make_dir(out)) == 0 && (r = export_tables_write(cfg, &tables, out, gs ? gs : "?", true)) == 0 &&
             (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0) {
-                export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location);
+                export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location, false);
                 printf("exported job %s at global_step %s (%s) to %s (%zu bytes)\n", cfg->name, gs ? gs : "?", ck_path,
                        written, len);
         }
 out:
+        json_decref(delta);
+        for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++) {
+                ps_sparse_rows_clear(&rows_a[e]);
+                ps_sparse_rows_clear(&rows_b[e]);
+        }
         free(ext.pieces);
         export_tables_clear(&tables);
         free(buf);
@@ -339,6 +460,7 @@ out:
         free(params);
         free(ck_path);
         ckpt_free(ck);
+        records_close(&rec);
         graph_free(own);
         config_free(cfg);
         free(job_path);

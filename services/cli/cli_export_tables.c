@@ -48,50 +48,91 @@ static int graph_ids_input(const struct model_spec *spec, uint32_t e, char *out,
         return ret;
 }
 
-/* Table e's ids and rows in ck, copied into x. */
-static int read_rows(const struct embedding_spec *es, const struct ckpt *ck, const char *path, uint32_t e,
-                     struct export_tables *x)
+int export_tables_read(const struct job_config *cfg, const struct ckpt *ck, const char *path,
+                       struct ps_sparse_rows *tables)
 {
-        enum ckpt_dtype dt[2];
-        unsigned nd[2];
-        uint64_t sh[2][CKPT_MAX_DIMS];
-        const void *data[2];
-        char name[2][80];
-        snprintf(name[0], sizeof(name[0]), "emb/%s/ids", es->name);
-        snprintf(name[1], sizeof(name[1]), "emb/%s", es->name);
-        for (int k = 0; k < 2; k++)
-                if (ckpt_view(ck, name[k], &dt[k], &nd[k], sh[k], &data[k]) < 0) {
-                        cli_error("export: checkpoint %s has no tensor \"%s\": the model has embedding table \"%s\"",
-                                  path, name[k], es->name);
+        for (uint32_t e = 0; e < cfg->model.n_embeddings; e++) {
+                const struct embedding_spec *es = &cfg->model.emb[e];
+                enum ckpt_dtype dt[2];
+                unsigned nd[2];
+                uint64_t sh[2][CKPT_MAX_DIMS];
+                const void *data[2];
+                char name[2][80];
+                snprintf(name[0], sizeof(name[0]), "emb/%s/ids", es->name);
+                snprintf(name[1], sizeof(name[1]), "emb/%s", es->name);
+                for (int k = 0; k < 2; k++)
+                        if (ckpt_view(ck, name[k], &dt[k], &nd[k], sh[k], &data[k]) < 0) {
+                                cli_error("export: checkpoint %s has no tensor \"%s\": the model has embedding table "
+                                          "\"%s\"", path, name[k], es->name);
+                                return EX_DATAERR;
+                        }
+                uint64_t n = sh[0][0];
+                if (dt[0] != CKPT_U64 || nd[0] != 1 || dt[1] != CKPT_F32 || nd[1] != 2 || sh[1][0] != n ||
+                    sh[1][1] != es->dim) {
+                        cli_error("export: checkpoint %s: tensors \"%s\" and \"%s\" are not U64 [n] and F32 [n, %u] "
+                                  "(table \"%s\"'s ids and rows)", path, name[0], name[1], es->dim, es->name);
                         return EX_DATAERR;
                 }
-        uint64_t n = sh[0][0];
-        if (dt[0] != CKPT_U64 || nd[0] != 1 || dt[1] != CKPT_F32 || nd[1] != 2 || sh[1][0] != n ||
-            sh[1][1] != es->dim) {
-                cli_error("export: checkpoint %s: tensors \"%s\" and \"%s\" are not U64 [n] and F32 [n, %u] (table "
-                          "\"%s\"'s ids and rows)", path, name[0], name[1], es->dim, es->name);
-                return EX_DATAERR;
+                struct ps_sparse_rows *t = &tables[e];
+                *t = (struct ps_sparse_rows){ .n = n, .dim = es->dim };
+                t->ids = malloc(n * sizeof(uint64_t) + 1);
+                t->values = malloc(n * es->dim * sizeof(float) + 1);
+                if (!t->ids || !t->values) {
+                        cli_error("export: out of memory for table %s (%" PRIu64 " rows)", es->name, n);
+                        return 1;
+                }
+                memcpy(t->ids, data[0], n * sizeof(uint64_t));
+                memcpy(t->values, data[1], n * es->dim * sizeof(float));
         }
+        return 0;
+}
+
+struct id_at {
+        uint64_t id;
+        size_t at;
+};
+
+static int id_at_cmp(const void *a, const void *b)
+{
+        const struct id_at *x = a, *y = b;
+        return x->id < y->id ? -1 : x->id > y->id;
+}
+
+int export_rows_sorted(const struct embedding_spec *es, const struct ps_sparse_rows *t, const char *path,
+                       uint64_t **keys_ret, float **vals_ret)
+{
+        size_t n = t->n;
         if (n > UINT32_MAX) { /* a safetensors tensor of ours counts its rows in 32 bits */
-                cli_error("export: checkpoint %s: table \"%s\" has %" PRIu64 " rows, more than this export writes",
-                          path, es->name, n);
+                cli_error("export: %s: table \"%s\" has %zu rows, more than this export writes", path, es->name, n);
                 return CONFIG_EX_CONFIG;
         }
-        x->n[e] = n;
-        x->keys[e] = malloc(n ? n * sizeof(uint64_t) : 1);
-        x->vals[e] = malloc(n ? n * es->dim * sizeof(float) : 1);
-        if (!x->keys[e] || !x->vals[e]) {
-                cli_error("export: out of memory for table %s (%" PRIu64 " rows)", es->name, n);
-                return 1;
-        }
-        memcpy(x->keys[e], data[0], n * sizeof(uint64_t));
-        memcpy(x->vals[e], data[1], n * es->dim * sizeof(float));
-        for (uint64_t i = 0; es->vocab && i < n; i++)
-                if (x->keys[e][i] >= es->vocab) {
-                        cli_error("export: checkpoint %s: table \"%s\" holds id %" PRIu64 ", not below its vocab %" PRIu64,
-                                  path, es->name, x->keys[e][i], es->vocab);
-                        return EX_DATAERR;
+        struct id_at *order = malloc(n * sizeof(*order) + 1);
+        uint64_t *keys = malloc(n * sizeof(uint64_t) + 1);
+        float *vals = malloc(n * es->dim * sizeof(float) + 1);
+        int ret = order && keys && vals ? 0 : 1;
+        if (ret)
+                cli_error("export: out of memory for table %s (%zu rows)", es->name, n);
+        for (size_t i = 0; ret == 0 && i < n; i++)
+                order[i] = (struct id_at){ t->ids[i], i };
+        if (ret == 0)
+                qsort(order, n, sizeof(*order), id_at_cmp);
+        for (size_t i = 0; ret == 0 && i < n; i++) {
+                keys[i] = order[i].id;
+                memcpy(vals + i * es->dim, t->values + order[i].at * es->dim, es->dim * sizeof(float));
+                if (es->vocab && keys[i] >= es->vocab) {
+                        cli_error("export: %s: table \"%s\" holds id %" PRIu64 ", not below its vocab %" PRIu64, path,
+                                  es->name, keys[i], es->vocab);
+                        ret = EX_DATAERR;
                 }
+        }
+        free(order);
+        if (ret) {
+                free(keys);
+                free(vals);
+                return ret;
+        }
+        *keys_ret = keys;
+        *vals_ret = vals;
         return 0;
 }
 
@@ -127,8 +168,8 @@ static int inline_rows(const struct job_config *cfg, uint32_t e, struct export_t
         return 0;
 }
 
-int export_tables_load(const struct job_config *cfg, const struct graph *g, const struct ckpt *ck, const char *path,
-                       uint64_t max_inline_rows, struct export_tables *x)
+int export_tables_load(const struct job_config *cfg, const struct graph *g, const struct ps_sparse_rows *rows,
+                       const char *path, uint64_t max_inline_rows, bool all_outside, struct export_tables *x)
 {
         const struct model_spec *spec = &cfg->model;
         memset(x, 0, sizeof(*x));
@@ -147,9 +188,10 @@ int export_tables_load(const struct job_config *cfg, const struct graph *g, cons
         for (uint32_t e = 0; e < spec->n_embeddings; e++) {
                 const struct embedding_spec *es = &spec->emb[e];
                 struct onnx_table *t = &x->t[e];
-                int r = read_rows(es, ck, path, e, x);
+                int r = export_rows_sorted(es, &rows[e], path, &x->keys[e], &x->vals[e]);
                 if (r)
                         return r;
+                x->n[e] = rows[e].n;
                 /* Criteo's fields hold one id each; LIBSVM's and TFRecord's sparse features any number */
                 *t = (struct onnx_table){ .name = es->name, .n_fields = es->n_fields, .fields = x->fields[e],
                                           .dim = es->dim, .vocab = es->vocab, .mean = es->pooling == POOL_MEAN,
@@ -173,7 +215,7 @@ int export_tables_load(const struct job_config *cfg, const struct graph *g, cons
                 t->ids = x->ids[e];
                 t->weights = x->weights[e];
                 uint64_t n_rows = es->vocab ? es->vocab : x->n[e] + 1;
-                if (max_inline_rows && n_rows > max_inline_rows) {
+                if (all_outside || (max_inline_rows && n_rows > max_inline_rows)) {
                         x->n_external++;
                         continue;
                 }
@@ -222,13 +264,31 @@ static json_t *manifest_table(const struct job_config *cfg, const struct export_
                          t->into ? t->into : pooled);
 }
 
+int export_table_file(const char *path, const struct export_table_meta *m, const uint64_t *ids, const float *rows,
+                      uint64_t n, char *err, size_t errlen)
+{
+        uint64_t dim;
+        if (n > UINT32_MAX || parse_u64(m->dim, 1, UINT32_MAX, &dim) < 0) {
+                snprintf(err, errlen, "%" PRIu64 " rows of dim \"%s\": not a table this export writes", n, m->dim);
+                return -EINVAL;
+        }
+        struct ckpt_written w;
+        const struct ckpt_tensor ts[] = {
+                { .name = "ids", .rows = (uint32_t)n, .cols = 1, .data = ids, .dtype = CKPT_U64, .ndims = 1 },
+                { .name = "rows", .rows = (uint32_t)n, .cols = (uint32_t)dim, .data = rows },
+        };
+        const struct ckpt_kv meta[] = { { "table", m->table }, { "global_step", m->global_step }, { "dim", m->dim },
+                                        { "vocab", m->vocab }, { "pooling", m->pooling } };
+        return ckpt_write(path, ts, 2, meta, 5, &w, err, errlen);
+}
+
 int export_tables_write(const struct job_config *cfg, const struct export_tables *x, const char *dir,
-                        const char *global_step)
+                        const char *global_step, bool files)
 {
         if (x->n_external == 0)
                 return 0;
         char *tdir = strdup_printf("%s/tables", dir), err[512];
-        if (!tdir || (mkdir(tdir, 0755) < 0 && errno != EEXIST)) {
+        if (!tdir || (files && mkdir(tdir, 0755) < 0 && errno != EEXIST)) {
                 cli_error("export: cannot make %s/tables: %m", dir);
                 free(tdir);
                 return EX_IOERR;
@@ -244,18 +304,12 @@ int export_tables_write(const struct job_config *cfg, const struct export_tables
                 if (x->t[e].rows)
                         continue;
                 char *path = strdup_printf("%s/%s.safetensors", tdir, es->name), vocab[24], dim[16];
-                struct ckpt_written w;
                 snprintf(vocab, sizeof(vocab), "%" PRIu64, es->vocab);
                 snprintf(dim, sizeof(dim), "%u", es->dim);
-                const struct ckpt_tensor ts[] = {
-                        { .name = "ids", .rows = (uint32_t)x->n[e], .cols = 1, .data = x->keys[e], .dtype = CKPT_U64,
-                          .ndims = 1 },
-                        { .name = "rows", .rows = (uint32_t)x->n[e], .cols = es->dim, .data = x->vals[e] },
-                };
-                const struct ckpt_kv meta[] = { { "table", es->name }, { "global_step", global_step },
-                                                { "dim", dim }, { "vocab", vocab },
-                                                { "pooling", es->pooling == POOL_MEAN ? "mean" : "sum" } };
-                if (!path || ckpt_write(path, ts, 2, meta, 5, &w, err, sizeof(err)) < 0) {
+                const struct export_table_meta tm = { es->name, global_step, dim, vocab,
+                                                      es->pooling == POOL_MEAN ? "mean" : "sum" };
+                if (!path || (files && export_table_file(path, &tm, x->keys[e], x->vals[e], x->n[e], err,
+                                                         sizeof(err)) < 0)) {
                         cli_error("export: cannot write %s: %s", path ? path : tdir, path ? err : "out of memory");
                         ret = EX_IOERR;
                 }
@@ -284,22 +338,31 @@ static void remove_stale(const char *path)
 }
 
 void export_tables_tidy(const struct job_config *cfg, const struct export_tables *x, const char *dir,
-                        const char *data_file)
+                        const char *data_file, bool delta)
 {
         if (data_file) {
                 char *p = strdup_printf("%s/%s", dir, data_file);
                 remove_stale(p);
                 free(p);
         }
-        for (uint32_t e = 0; e < cfg->model.n_embeddings; e++)
-                if (x->t[e].rows) {
-                        char *p = strdup_printf("%s/tables/%s.safetensors", dir, cfg->model.emb[e].name);
-                        remove_stale(p);
-                        free(p);
-                }
-        if (x->n_external == 0) {
-                char *p = strdup_printf("%s/tables.json", dir);
+        /* a delta's directory holds no table whole; a whole export's, no delta */
+        for (uint32_t e = 0; e < cfg->model.n_embeddings; e++) {
+                char *p = x->t[e].rows || delta ? strdup_printf("%s/tables/%s.safetensors", dir, cfg->model.emb[e].name)
+                                                : NULL;
+                char *d = delta ? NULL : strdup_printf("%s/delta/%s.safetensors", dir, cfg->model.emb[e].name);
                 remove_stale(p);
+                remove_stale(d);
                 free(p);
+                free(d);
         }
+        char *empty = strdup_printf("%s/%s", dir, delta ? "tables" : "delta");
+        if (empty)
+                rmdir(empty);   /* if empty: a directory with files of another kind of export stays */
+        free(empty);
+        char *m = x->n_external == 0 ? strdup_printf("%s/tables.json", dir) : NULL;
+        char *dm = delta ? NULL : strdup_printf("%s/delta.json", dir);
+        remove_stale(m);
+        remove_stale(dm);
+        free(m);
+        free(dm);
 }

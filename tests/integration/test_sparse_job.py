@@ -21,6 +21,14 @@ def gen(wd, rows, out, test_rows=None, test_out=None):
         return json.load(f)
 
 
+def gen_split(wd, rows, test_rows):
+    """A data directory with train.tsv.gz (rows) and test.tsv.gz (test_rows) from gen-data."""
+    data = wd.file("data")
+    os.makedirs(data)
+    gen(wd, rows, os.path.join(data, "train.tsv.gz"), test_rows, os.path.join(data, "test.tsv.gz"))
+    return data
+
+
 def job_for(wd, name, n_ps, n_workers, data_dir, steps):
     with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
         base = json.load(f)

@@ -539,8 +539,30 @@ static void test_incremental_chain(void **state) {
         assert_same_rows(&got[0], &full30);
         ps_sparse_rows_clear(&got[0]);
 
-        /* a broken link: 20 corrupt; the chain restores to 10, as the table was then */
+        /* read as psfleet export reads a step: the chain resolved, the same rows */
+        memset(f->q, 0, f->n * sizeof(float));
+        assert_int_equal(chief_ckpt_read_step(s, 30, f->q, got, &back, err, sizeof(err)), 0);
+        assert_int_equal(back.global_step, 30);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_same_rows(&got[0], &full30);
+        ps_sparse_rows_clear(&got[0]);
+        assert_int_equal(chief_ckpt_read_step(s, 10, f->q, got, &back, err, sizeof(err)), 0);
+        assert_same_rows(&got[0], &at10);
+        ps_sparse_rows_clear(&got[0]);
+        assert_int_equal(chief_ckpt_read_step(s, 25, f->q, got, &back, err, sizeof(err)), -ENOENT);
+        assert_non_null(strstr(err, "global_step 25"));
+
+        /* a broken link: 20 corrupt; read as export reads it, the error names it and nothing is repaired */
         flip_byte(r20.path, 5);
+        assert_int_equal(chief_ckpt_read_step(s, 30, f->q, got, &back, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, r20.path));
+        assert_null(got[0].ids);
+        struct chief_db_checkpoint kept;
+        uint32_t n_kept;
+        assert_int_equal(chief_ckpt_newest(s, &kept, &n_kept), 0);
+        assert_int_equal(n_kept, 3);
+        assert_int_equal(access(r20.path, F_OK), 0);
+        /* as a restore reads it: the chain restores to 10, as the table was then */
         assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
         assert_int_equal(back.global_step, 10);
         fill(f, 10);
