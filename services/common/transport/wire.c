@@ -819,13 +819,22 @@ static float kth_largest(float *m, int n, int k) {
 }
 
 /* the k-th largest of m[0..n) (1 <= k <= TOPK_SMALL, k <= n) in one pass: the k largest so far, kept
- * sorted; most values lose to the smallest of them at the first comparison */
+ * sorted; most values lose to the smallest of them at the first comparison (four at a time with SSE2) */
 #define TOPK_SMALL 16
 static float kth_largest_small(const float *m, int n, int k) {
         float top[TOPK_SMALL];
-        int have = 0;
-        for (int i = 0; i < n; i++) {
-                float a = m[i];
+        int have = 0, i = 0;
+        while (i < n) {
+#ifdef __SSE2__
+                if (have == k) {
+                        const __m128 least = _mm_set1_ps(top[k - 1]);
+                        while (i + 4 <= n && !_mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(m + i), least)))
+                                i += 4;
+                        if (i == n)
+                                break;
+                }
+#endif
+                float a = m[i++];
                 if (have == k && !(a > top[k - 1]))
                         continue;
                 int j = have < k ? have++ : k - 1;
@@ -836,37 +845,67 @@ static float kth_largest_small(const float *m, int n, int k) {
         return top[k - 1];
 }
 
+/* mag[i] = |x[i]|, NaN as Inf: a value that is not finite is taken first, sent, and refused */
+static void topk_magnitudes(float *mag, const float *x, size_t len) {
+        size_t i = 0;
+#ifdef __SSE2__
+        const __m128 abs = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff)), inf = _mm_set1_ps(INFINITY);
+        for (; i + 4 <= len; i += 4) {
+                __m128 v = _mm_loadu_ps(x + i), nan = _mm_cmpunord_ps(v, v);
+                _mm_storeu_ps(mag + i, _mm_or_ps(_mm_andnot_ps(nan, _mm_and_ps(v, abs)), _mm_and_ps(nan, inf)));
+        }
+#endif
+        for (; i < len; i++)
+                mag[i] = isnan(x[i]) ? INFINITY : fabsf(x[i]);
+}
+
+/* the indices of mag[0..len) at or above thr, in order, into idx; returns how many */
+static size_t topk_candidates(uint8_t *idx, const float *mag, size_t len, float thr) {
+        size_t i = 0, n = 0;
+#ifdef __SSE2__
+        const __m128 t = _mm_set1_ps(thr);
+        for (; i + 4 <= len; i += 4)
+                for (int m = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(mag + i), t)); m; m &= m - 1)
+                        idx[n++] = (uint8_t)(i + (size_t)__builtin_ctz((unsigned)m));
+#endif
+        for (; i < len; i++)
+                if (mag[i] >= thr)
+                        idx[n++] = (uint8_t)i;
+        return n;
+}
+
 size_t wire_topk_encode(uint8_t *dst, const float *src, size_t n, unsigned k) {
         uint8_t *p = dst;
         for (size_t b = 0; b < n; b += WIRE_BLOCK) {
                 size_t len = n - b < WIRE_BLOCK ? n - b : WIRE_BLOCK;
                 const float *x = src + b;
                 float mag[WIRE_BLOCK], sel[WIRE_BLOCK], thr;
+                uint8_t cand[WIRE_BLOCK];
                 size_t c = k < len ? k : len;
-                for (size_t i = 0; i < len; i++)
-                        mag[i] = isfinite(x[i]) ? fabsf(x[i]) : INFINITY;   /* sent, so that it is refused */
+                topk_magnitudes(mag, x, len);
                 if (c <= TOPK_SMALL) {
                         thr = kth_largest_small(mag, (int)len, (int)c);
                 } else {
                         memcpy(sel, mag, len * sizeof(float));
                         thr = kth_largest(sel, (int)len, (int)c);
                 }
-                size_t above = 0;
-                for (size_t i = 0; i < len; i++)
-                        above += mag[i] > thr;
+                size_t nc = topk_candidates(cand, mag, len, thr), above = 0;
+                for (size_t j = 0; j < nc; j++)
+                        above += mag[cand[j]] > thr;
                 size_t ties = c - above;   /* the values equal to the threshold taken, lowest index first */
                 p[0] = (uint8_t)c;
                 p[1] = (uint8_t)(c >> 8);
                 p += 2;
-                for (size_t i = 0; i < len; i++) {
-                        float a = mag[i];
-                        if (a > thr || (a == thr && ties > 0)) {
-                                if (!(a > thr))
-                                        ties--;
-                                p[0] = (uint8_t)i;
-                                put_f32(p + 1, x[i]);
-                                p += WIRE_TOPK_ENTRY;
+                for (size_t j = 0; j < nc; j++) {
+                        uint8_t i = cand[j];
+                        if (!(mag[i] > thr)) {
+                                if (!ties)
+                                        continue;
+                                ties--;
                         }
+                        p[0] = i;
+                        put_f32(p + 1, x[i]);
+                        p += WIRE_TOPK_ENTRY;
                 }
         }
         return (size_t)(p - dst);
