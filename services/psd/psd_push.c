@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "authz.h"
+#include "compress.h"
 #include "log.h"
 #include "metrics.h"
 #include "util.h"
@@ -174,7 +175,7 @@ struct grpc_push {
         struct shard_part **parts;   /* (n_tensors) each tensor's part */
         size_t total;                /* floats of them all */
         float scale;                 /* 1, or the clip's */
-        uint32_t dtype;              /* the gradients' (a worker pushes one), the reply's too */
+        uint32_t *dtypes;            /* (n_tensors) each one's answer: float32 if pushed so, else bfloat16 */
         struct psd_lent *vals;       /* async, ssp: the fresh values (room for total when wanted) */
         float *grads;                /* sync: the gradients, read out of the slices */
 };
@@ -184,7 +185,7 @@ struct held_call {
         struct psd_held hd;       /* first */
         struct rpc_call *call;
         uint32_t n_values;        /* parts whose values the reply carries: all, or none */
-        uint32_t dtype;
+        uint32_t *dtypes;         /* (n) each one's answer */
         struct shard_part **parts;   /* (n) */
         uint32_t *idx;               /* (n) */
 };
@@ -192,7 +193,7 @@ struct held_call {
 /* Answers a push with global_step gs and vals (owned): the fresh values of parts[0..n) one after the
  * other, lent to gRPC without another copy. */
 static void reply_values(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n,
-                         struct psd_lent *vals, uint64_t gs, uint32_t dtype) {
+                         struct psd_lent *vals, uint64_t gs, const uint32_t *dtypes) {
         Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
         rh.global_step = gs;
         rh.incarnation = p->incarnation;
@@ -208,7 +209,7 @@ static void reply_values(struct psd *p, struct rpc_call *call, struct shard_part
         for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++) {
                 uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
                 atomic_fetch_add(&vals->refs, 1);
-                wire_out_tensor_f32(o, parts[i]->name, dtype, shape, 2, parts[i]->row_begin, vals->data + at,
+                wire_out_tensor_f32(o, parts[i]->name, dtypes[i], shape, 2, parts[i]->row_begin, vals->data + at,
                                     parts[i]->a.n, psd_lent_release, vals);
         }
         int r = wire_out_finish(o, &bb);
@@ -224,7 +225,7 @@ static void reply_values(struct psd *p, struct rpc_call *call, struct shard_part
 
 /* As reply_values, reading the parts' values now (a held push, answered when let go). */
 static void reply_parts(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n, uint64_t gs,
-                        uint32_t dtype) {
+                        const uint32_t *dtypes) {
         size_t total = 0;
         for (size_t i = 0; i < n; i++)
                 total += parts[i]->a.n;
@@ -235,7 +236,7 @@ static void reply_parts(struct psd *p, struct rpc_call *call, struct shard_part 
         }
         for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++)
                 shard_read(p->s, (uint32_t)(parts[i] - p->s->parts), 0, vals->data + at);
-        reply_values(p, call, parts, n, vals, gs, dtype);
+        reply_values(p, call, parts, n, vals, gs, dtypes);
 }
 
 /* names, shapes, each part once, and (streamed out of gRPC's slices) all finite, within the norm */
@@ -248,9 +249,16 @@ static int grpc_check(struct psd_push *u, char *err, size_t errlen) {
                 return errf(err, errlen, -ENOMEM, "ps:%u: out of memory", p->shard);
         if ((r = shard_wire_check(p->s, in, gp->h->caller->task, gp->parts, &gp->total, &gp->scale, err, errlen)) < 0)
                 return r;
-        gp->dtype = in->n_tensors ? in->tensors[0].dtype : WIRE_DTYPE_FLOAT32;
-        u->bytes = gp->total * wire_dtype_size(gp->dtype);
-        u->bytes_back = gp->h->want_values ? u->bytes : 0;
+        /* each tensor as it travelled (compressed ones included), and its answer as it will */
+        if (!(gp->dtypes = calloc(in->n_tensors + 1, sizeof(*gp->dtypes))))
+                return errf(err, errlen, -ENOMEM, "ps:%u: out of memory", p->shard);
+        u->bytes = u->bytes_back = 0;
+        for (size_t i = 0; i < in->n_tensors; i++) {
+                gp->dtypes[i] = compress_answer_dtype(in->tensors[i].dtype);
+                u->bytes += in->tensors[i].nbytes;
+                if (gp->h->want_values)
+                        u->bytes_back += gp->parts[i]->a.n * wire_dtype_size(gp->dtypes[i]);
+        }
         u->metric_in = grpc_byte_buffer_length(in->bb);
         if (!p->agg && !(gp->vals = malloc(sizeof(*gp->vals) + (gp->h->want_values ? gp->total : 0) * sizeof(float))))
                 return errf(err, errlen, -ENOMEM, "ps:%u: out of memory", p->shard);
@@ -272,17 +280,18 @@ static const float *grpc_gradients(struct psd_push *u) {
 static struct psd_held *grpc_hold(struct psd_push *u) {
         struct grpc_push *gp = (struct grpc_push *)u;
         size_t n = gp->q.in->n_tensors;
-        struct held_call *hc = calloc(1, sizeof(*hc) + n * (sizeof(struct shard_part *) + sizeof(uint32_t)));
+        struct held_call *hc = calloc(1, sizeof(*hc) + n * (sizeof(struct shard_part *) + 2 * sizeof(uint32_t)));
         if (!hc)
                 return NULL;
         hc->call = gp->call;
         hc->parts = (struct shard_part **)(hc + 1);
         hc->idx = (uint32_t *)(hc->parts + n);
+        hc->dtypes = hc->idx + n;
         hc->n_values = gp->h->want_values ? (uint32_t)n : 0;
-        hc->dtype = gp->dtype;
         for (size_t i = 0; i < n; i++) {
                 hc->parts[i] = gp->parts[i];
                 hc->idx[i] = (uint32_t)(gp->parts[i] - gp->p->s->parts);
+                hc->dtypes[i] = gp->dtypes[i];
         }
         hc->hd.w = (struct agg_waiter){.worker = u->worker, .version = u->local_step, .n = (uint32_t)n, .idx = hc->idx};
         return &hc->hd;
@@ -292,10 +301,11 @@ static void grpc_drop(struct psd_held *hd) {
         free(hd);
 }
 
-/* reply: the fresh values, lent without another copy (in the format the gradients came in) */
+/* reply: the fresh values, lent without another copy (float32 for float32 gradients, bfloat16 for any
+ * other: compress_answer_dtype) */
 static void grpc_reply(struct psd_push *u, uint64_t gs) {
         struct grpc_push *gp = (struct grpc_push *)u;
-        reply_values(gp->p, gp->call, gp->parts, gp->h->want_values ? gp->q.in->n_tensors : 0, gp->vals, gs, gp->dtype);
+        reply_values(gp->p, gp->call, gp->parts, gp->h->want_values ? gp->q.in->n_tensors : 0, gp->vals, gs, gp->dtypes);
         gp->vals = NULL;
 }
 
@@ -306,7 +316,7 @@ static void grpc_fail(struct psd_push *u, int r, const char *msg) {
 static void grpc_answer(struct psd_held *hd, int status, uint64_t gs, const char *msg) {
         struct held_call *hc = (struct held_call *)hd;
         if (status == 0)
-                reply_parts(hd->p, hc->call, hc->parts, hc->n_values, gs, hc->dtype);
+                reply_parts(hd->p, hc->call, hc->parts, hc->n_values, gs, hc->dtypes);
         else
                 rpc_call_fail_errno(hc->call, status, "ps:%u: %s", hd->p->shard, msg);
         free(hc);
@@ -350,6 +360,7 @@ reject:
         psd_reject(p, call, r, err);
 out:
         free(gp.vals);
+        free(gp.dtypes);
         free(gp.grads);
         free(gp.parts);
         psd_request_done(&gp.q);

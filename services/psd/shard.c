@@ -113,12 +113,13 @@ int shard_match(struct shard *s, const struct wire_tensor *t, bool allow_slot, s
                 return errf(err, errlen, -EINVAL, "tensor \"%s\" rows from %llu: no such variable on ps:%u",
                             log_peer_str(t->name ? t->name : "", pn, sizeof(pn)), (unsigned long long)t->row_offset,
                             s->index);
-        /* a push's gradients may come as bfloat16 (rpc.wire_dtype), read widened; an Assign's values are
-         * the model itself: float32 only */
-        if (t->dtype != WIRE_DTYPE_FLOAT32 && (allow_slot || t->dtype != WIRE_DTYPE_BFLOAT16))
+        /* a push's gradients may come as bfloat16, int8 blocks or top-k (rpc.compression), read as float32
+         * (wire_in_parse has checked the compressed ones' structure); an Assign's values are the model
+         * itself: float32 only */
+        if (t->dtype != WIRE_DTYPE_FLOAT32 && (allow_slot || !wire_dtype_is_f32(t->dtype)))
                 return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 (%u)%s",
                             log_peer_str(t->name ? t->name : "", pn, sizeof(pn)), t->dtype, WIRE_DTYPE_FLOAT32,
-                            allow_slot ? "" : " or bfloat16 (3)");
+                            allow_slot ? "" : ", bfloat16 (3), int8 blocks (4) or top-k (5)");
         if (t->ndims != 2 || t->shape[0] != q->rows || t->shape[1] != q->cols) {
                 char shape[128] = "";
                 for (unsigned i = 0, at = 0; i < t->ndims && at < sizeof(shape) - 24; i++)

@@ -8,7 +8,9 @@ shared memory (rpc.shared_memory, the default), every other call under mutual TL
 tensor through loopback gRPC, as between hosts, "-grpc-auto" the same under the default security, and
 the "-grpc-tls" modes the same with mutual TLS
 (certificates from psfleet certs in a temporary directory): what TLS costs; the "-grpc-bf16" modes push
-gradients and get values back in bfloat16 (rpc.wire_dtype), the "-overlap" modes compute the next step
+gradients and get values back in bfloat16 (rpc.compression bf16), the "-grpc-int8" and "-grpc-topk" modes
+push them as int8 blocks and top-k 1 % with error feedback (rpc.compression int8, topk:0.01; answers in
+bfloat16), the "-overlap" modes compute the next step
 while a push travels (training.overlap_push). Also the GFLOP/s the standalone figure means next to OpenBLAS's large-matrix sgemm GFLOP/s; and, when
 Debian's python3-torch is installed, the PyTorch anchor (../shared/anchors/torch_fmnist.py) on the same
 model and batch.
@@ -116,6 +118,15 @@ def main():
     bj["rpc"]["wire_dtype"] = "bfloat16"
     json.dump(bj, bf16_job)
     bf16_job.close()
+    # and over gRPC compressed (rpc.compression, error feedback on the worker): int8 blocks, top-k 1 %
+    comp_jobs = {}
+    for tag, comp in (("int8", "int8"), ("topk", "topk:0.01")):
+        f = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-%s-" % tag, delete=False)
+        cj = json.loads(json.dumps(gj))
+        cj["rpc"]["compression"] = comp
+        json.dump(cj, f)
+        f.close()
+        comp_jobs[tag] = f.name
     # and over gRPC with the next step computed while a push travels (training.overlap_push)
     ovl_job = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="bench-overlap-", delete=False)
     oj = json.loads(json.dumps(gj))
@@ -143,6 +154,10 @@ def main():
              ("1ps+2workers-grpc", grpc_job.name, ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc-bf16", bf16_job.name, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers-grpc-bf16", bf16_job.name, ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-grpc-int8", comp_jobs["int8"], ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers-grpc-int8", comp_jobs["int8"], ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-grpc-topk", comp_jobs["topk"], ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers-grpc-topk", comp_jobs["topk"], ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc-overlap", ovl_job.name, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers-grpc-overlap", ovl_job.name, ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc-tls", tls_job, ["--ps", "1", "--workers", "1"]),
@@ -162,6 +177,8 @@ def main():
     os.unlink(plain_job.name)
     os.unlink(auto_job.name)
     os.unlink(bf16_job.name)
+    for f in comp_jobs.values():
+        os.unlink(f)
     os.unlink(ovl_job.name)
     shutil.rmtree(tls_dir, ignore_errors=True)
     for name, _, _ in modes:
@@ -170,7 +187,9 @@ def main():
                 ("shared memory, plain (insecure)" if name.endswith("-plain") else
                  "grpc+mtls (auto, the job's own CA)" if name.endswith("-grpc-auto") else
                  "grpc" if name.endswith("-grpc") else "grpc+mtls" if name.endswith("-tls") else
-                 "grpc, bfloat16" if name.endswith("-bf16") else "grpc, overlapped" if name.endswith("-grpc-overlap")
+                 "grpc, bfloat16" if name.endswith("-bf16") else
+                 "grpc, int8 blocks (error feedback)" if name.endswith("-int8") else
+                 "grpc, top-k 1% (error feedback)" if name.endswith("-topk") else "grpc, overlapped" if name.endswith("-grpc-overlap")
                  else "grpc+mtls, overlapped" if name.endswith("-tls-overlap") else
                  "shared memory, mtls (auto, the default)"), "batch": batch, "threads": threads, "steps": a.steps,
                 "examples_per_s": round(r["examples_per_s"], 1), "ratio_to_standalone": round(r["examples_per_s"] / sa, 3),

@@ -1,6 +1,9 @@
 /* Harness: the tensor wire decoder (wire_in_parse, the header's protobuf-c unpack, the tensor reader)
  * on a message cut into gRPC slices where the input says (the first byte: slice length), so tensors
- * split across slices are read too. A parsed tensor must have the bytes its dtype and shape say. */
+ * split across slices are read too. A parsed tensor must have the bytes its dtype and shape say; a
+ * compressed one (int8 blocks, top-k) must decode the same whole or in pieces. */
+#include <stdlib.h>
+#include <string.h>
 #include <grpc/grpc.h>
 #include <grpc/slice.h>
 
@@ -46,6 +49,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         for (size_t at = 0; at < t->nbytes; at += 7)
                                 wire_reader_read(&r, dst, t->nbytes - at < 7 ? t->nbytes - at : 7);
                         free(dst);
+                        /* compressed (int8 blocks, top-k): parsing checked them, so they decode, and alike
+                         * whole or in pieces */
+                        if (t->dtype == WIRE_DTYPE_INT8_BLOCKS || t->dtype == WIRE_DTYPE_TOPK) {
+                                FUZZ_CHECK(t->elements <= (uint64_t)t->nbytes * WIRE_BLOCK, "tensor %zu: %llu elements "
+                                           "from %zu bytes", i, (unsigned long long)t->elements, t->nbytes);
+                                float *a = malloc((t->elements + 1) * sizeof(float)), *b = malloc((t->elements + 1) * sizeof(float));
+                                wire_tensor_copy_f32(t, a);
+                                wire_reader_init(&r, t);
+                                for (size_t at = 0; at < t->elements; at += 7)
+                                        wire_reader_read_f32(&r, b + at, t->elements - at < 7 ? t->elements - at : 7);
+                                FUZZ_CHECK(memcmp(a, b, t->elements * sizeof(float)) == 0, "tensor %zu: decoded "
+                                           "differently in pieces", i);
+                                free(a);
+                                free(b);
+                        }
                 }
         }
         wire_in_free(in);

@@ -425,6 +425,20 @@ def chief_and_ps(wd, job, spec, timeout=30):
     return chief, ps, st.fingerprint
 
 
+def shard_status(ps_addr, timeout=5):
+    """GetShardStatus of the psd at ps_addr."""
+    s = stubs()
+    with channel(ps_addr) as ch:
+        return s.ps_pb2_grpc.ParameterServerStub(ch).GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=timeout)
+
+
+def wait_pushes(ps_addr, n, procs=(), timeout=120):
+    """Waits until the psd at ps_addr has applied n pushes; returns its ShardStatus then (mid-run: a psd
+    stops with its job, so its counters are read while it trains)."""
+    return wait_for("%d pushes" % n, lambda: (lambda st: st if st.pushes >= n else None)(shard_status(ps_addr)),
+                    timeout, procs)
+
+
 def pull_shard(stub, fingerprint, task="worker:0", with_slots=True):
     """A shard's tensors as {(name, row_offset): bytes}, and its global_step, through a ParameterServer stub."""
     s = stubs()

@@ -1,5 +1,7 @@
 """psd refuses bad pushes and changes nothing: through gRPC (a Python client) a NaN or Inf gradient, a
-wrong shape, a wrong dtype, a short payload, an unknown variable and a wrong fingerprint each get
+wrong shape, a wrong dtype, a short payload, an unknown variable, compressed gradients that lie
+(rpc.compression: an int8 block scale that is NaN, an int8 payload a byte short, a top-k count past its
+block, top-k indices out of order, a top-k value that is NaN) and a wrong fingerprint each get
 INVALID_ARGUMENT (FAILED_PRECONDITION for the fingerprint) with a message naming the tensor; through
 shared memory (tests/integration/shm_client.c) bad attaches (on psd's socket: another uid, when run as
 root, and no descriptor; in the AttachSharedMemory call: a nonce no descriptor came with, another pid,
@@ -56,6 +58,18 @@ def test():
         rejected0 = status().rejected
         good_bias = tensor("dense3/bias", 1, 10)
         nan = float("nan")
+        INT8, TOPK = 4, 5   # DTYPE_INT8_BLOCKS, DTYPE_TOPK: dense2/kernel (128, 64) is 32 blocks of 256
+
+        def int8(scales, cut=0):
+            data = b"".join(struct.pack("<f", sc) + b"\1" * 256 for sc in scales)
+            return tensor("dense2/kernel", 128, 64, dtype=INT8, data=data[:len(data) - cut])
+
+        def topk(blocks):   # per block a list of (index, value)
+            data = b"".join(struct.pack("<H", len(b)) + b"".join(struct.pack("<Bf", i, v) for i, v in b)
+                            for b in blocks)
+            return tensor("dense2/kernel", 128, 64, dtype=TOPK, data=data)
+
+        one = [(7, 0.5)]
         cases = [
             ("NaN", [good_bias, tensor("dense2/bias", 1, 64, [0.0] * 63 + [nan])],
              grpc.StatusCode.INVALID_ARGUMENT, 'gradient "dense2/bias" from worker:0 contains NaN or Inf'),
@@ -75,20 +89,23 @@ def test():
              grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense3/bias" appears twice in one push'),
             ("fingerprint", [good_bias], grpc.StatusCode.FAILED_PRECONDITION, "job fingerprint"),
         ]
-        for what, grads, code, msg in cases:
-            who = s.tensor_pb2.Caller(fingerprint=fp ^ 1, task="worker:0") if what == "fingerprint" else caller
-            try:
-                push(grads, who)
-                raise AssertionError("%s: push accepted" % what)
-            except grpc.RpcError as e:
-                h.log("%-11s %s: %s" % (what, e.code().name, e.details()))
-                assert e.code() == code, (what, e.code(), e.details())
-                assert msg in e.details(), (what, e.details())
+        def refused(cases):
+            for what, grads, code, msg in cases:
+                who = s.tensor_pb2.Caller(fingerprint=fp ^ 1, task="worker:0") if what == "fingerprint" else caller
+                try:
+                    push(grads, who)
+                    raise AssertionError("%s: push accepted" % what)
+                except grpc.RpcError as e:
+                    h.log("%-11s %s: %s" % (what, e.code().name, e.details()))
+                    assert e.code() == code, (what, e.code(), e.details())
+                    assert msg in e.details(), (what, e.details())
+
+        refused(cases)
         after, gs1 = pull()
         assert after == before and gs1 == gs0, "a refused push changed the shard"
         st = status()
         assert st.rejected == rejected0 + len(cases), (st.rejected, rejected0, len(cases))
-        assert msg in st.last_error, st.last_error
+        assert cases[-1][3] in st.last_error, st.last_error
 
         # A good push is applied and answered with the fresh values.
         rep = push([good_bias])
@@ -115,6 +132,27 @@ def test():
         else:
             assert "skipped, another uid: not root" in out, out
             h.log("not root: the attach of another uid is not tried")
+
+        # Compressed gradients (rpc.compression) that lie, after the shared-memory part: psd logs at
+        # most 20 rejections in 10 s, and that part reads its own from the log.
+        compressed = [
+            ("int8 scale", [int8([0.01] * 5 + [nan] + [0.01] * 26)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense2/kernel": block 5\'s int8 scale is not finite'),
+            ("int8 size", [int8([0.01] * 32, cut=1)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense2/kernel": 8319 data bytes do not match shape'),
+            ("topk count", [topk([[(i, 0.1) for i in range(256)] + [(0, 0.1)]] + [one] * 31)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'tensor "dense2/kernel": block 0 has 257 top-k entries for 256'),
+            ("topk order", [topk([one] * 3 + [[(9, 0.1), (8, 0.1)]] + [one] * 28)],
+             grpc.StatusCode.INVALID_ARGUMENT, 'block 3: top-k index 8 out of range or out of order'),
+            ("topk NaN", [topk([one] * 31 + [[(3, nan)]])],
+             grpc.StatusCode.INVALID_ARGUMENT, 'gradient "dense2/kernel" from worker:0 contains NaN or Inf'),
+        ]
+        before, gs0 = pull()
+        rejected2 = status().rejected
+        refused(compressed)
+        after, gs1 = pull()
+        assert after == before and gs1 == gs0, "a refused compressed push changed the shard"
+        assert status().rejected == rejected2 + len(compressed)
     ps.kill()
     chief.kill()
     assert ps.wait(15) == 0, ps.stderr()

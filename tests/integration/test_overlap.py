@@ -18,15 +18,9 @@ def test():
     chief_addr = spec["cluster"]["chief"][0]
     chief, ps = h.chief_and_ps(wd, job, spec)[:2]
     worker = h.daemon(wd, "workerd", job, 0)
-    s = h.stubs()
-
-    def shard_status():
-        with h.channel(spec["cluster"]["ps"][0]) as ch:
-            return s.ps_pb2_grpc.ParameterServerStub(ch).GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=5)
 
     # mid-run (psd stops with the job): the bytes of the pushes so far, within one step's
-    shard = h.wait_for("1000 pushes", lambda: (lambda st: st if st.pushes >= 1000 else None)(shard_status()), 120,
-                       [worker, chief, ps])
+    shard = h.wait_pushes(spec["cluster"]["ps"][0], 1000, [worker, chief, ps])
     n_params = shard.bytes // 4   # the variables' values it holds, float32
     per_step = n_params * 2       # a step's gradients in bfloat16
     steps = shard.pushes / 5      # a push per group: 5 groups per step for this model

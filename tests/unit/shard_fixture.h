@@ -32,7 +32,7 @@ static inline struct job_config *job(const char *training) {
 }
 
 /* The parts of shard s of a block, as the ps client's add_part sends them (suffix: a slot's name), in
- * dtype (float32 or bfloat16). */
+ * dtype (float32, bfloat16, or compressed: int8 blocks, top-k with 3 per block). */
 static inline struct wire_in *shard_message_as(const struct job_layout *L, uint32_t s, const float *block,
                                                const char *suffix, uint32_t dtype) {
         struct wire_out *o;
@@ -46,9 +46,19 @@ static inline struct wire_in *shard_message_as(const struct job_layout *L, uint3
                 snprintf(name, sizeof(name), "%s%s%s", v->name, suffix ? "/" : "", suffix ? suffix : "");
                 uint64_t shape[2] = {pp->row_end - pp->row_begin, v->cols};
                 const float *data = block + v->offset + (size_t)pp->row_begin * v->cols;
-                assert_int_equal(wire_out_tensor_f32(o, name, dtype, shape, 2, pp->row_begin, data,
-                                                     (size_t)shape[0] * shape[1], NULL, NULL),
-                                 0);
+                size_t n = (size_t)shape[0] * shape[1];
+                if (dtype == WIRE_DTYPE_INT8_BLOCKS || dtype == WIRE_DTYPE_TOPK) {
+                        uint8_t *enc = malloc(wire_int8_size(n) + wire_topk_max_size(n, 3) + 1);
+                        size_t nbytes = wire_int8_size(n);
+                        if (dtype == WIRE_DTYPE_INT8_BLOCKS)
+                                wire_int8_encode(enc, data, n);
+                        else
+                                nbytes = wire_topk_encode(enc, data, n, 3);
+                        assert_int_equal(wire_out_tensor_copy(o, name, dtype, shape, 2, pp->row_begin, enc, nbytes), 0);
+                        free(enc);
+                        continue;
+                }
+                assert_int_equal(wire_out_tensor_f32(o, name, dtype, shape, 2, pp->row_begin, data, n, NULL, NULL), 0);
         }
         grpc_byte_buffer *bb;
         assert_int_equal(wire_out_finish(o, &bb), 0);

@@ -639,6 +639,26 @@ static const struct bad_case bad_cases[] = {
         { "{" BASE ", 'training': {'ftrl_beta': 'x'}}", "training.ftrl_beta: expected a number, got string \"x\"" },
         { "{" BASE ", 'training': {'ftrl_lr_power': 0.5}}", "training.ftrl_lr_power: 0.5 is out of range [-10, 0]" },
         { "{" BASE ", 'training': {'ftrl_lr_power': -11}}", "training.ftrl_lr_power: -11 is out of range [-10, 0]" },
+        { "{" BASE ", 'rpc': {'compression': 'int4'}}",
+          "rpc.compression: \"int4\" is not one of none, bf16, int8, topk:R (R a ratio in (0, 1), e.g. topk:0.01)" },
+        { "{" BASE ", 'rpc': {'compression': 'topk:1.5'}}",
+          "rpc.compression: \"topk:1.5\" has a top-k ratio that is not a number in (0, 1) (topk:0.01 sends the "
+          "largest 1% of each block of 256 values)" },
+        { "{" BASE ", 'rpc': {'compression': 'topk:0'}}",
+          "rpc.compression: \"topk:0\" has a top-k ratio that is not a number in (0, 1) (topk:0.01 sends the "
+          "largest 1% of each block of 256 values)" },
+        { "{" BASE ", 'rpc': {'compression': 'topk:'}}",
+          "rpc.compression: \"topk:\" has a top-k ratio that is not a number in (0, 1) (topk:0.01 sends the "
+          "largest 1% of each block of 256 values)" },
+        { "{" BASE ", 'rpc': {'compression': 'topk:nan'}}",
+          "rpc.compression: \"topk:nan\" has a top-k ratio that is not a number in (0, 1) (topk:0.01 sends the "
+          "largest 1% of each block of 256 values)" },
+        { "{" BASE ", 'rpc': {'compression': 8}}", "rpc.compression: expected a string, got integer 8" },
+        { "{" BASE ", 'rpc': {'compression_min_bytes': -1}}",
+          "rpc.compression_min_bytes: -1 is out of range [0, 1099511627776]" },
+        { "{" BASE ", 'rpc': {'compression': 'int8', 'wire_dtype': 'bfloat16'}}",
+          "rpc.wire_dtype: bfloat16 contradicts rpc.compression \"int8\" (rpc.wire_dtype bfloat16 is the older "
+          "spelling of rpc.compression bf16: set only one)" },
         /* syntax and shape of the file */
         { "{" BASE ",\n  'training': {'batch_size': }\n}",
           "line 2 column 30: unexpected token near '}'" },
@@ -1296,7 +1316,10 @@ static void test_env_overrides(void **state) {
         assert_true(d.rpc.shared_memory);
         assert_string_equal(d.rpc.runtime_dir, "/run/psfleet");
         assert_null(d.device.device);
+        assert_string_equal(d.rpc.compression, "none");
+        assert_int_equal(d.rpc.compression_min_bytes, 4096);
         free(d.rpc.runtime_dir);
+        free(d.rpc.compression);
 }
 
 /* Keys added later leave a job that does not use them with the fingerprint it always had: the demo
@@ -1365,6 +1388,33 @@ static void test_docs_current(void **state) {
         free(path);
 }
 
+/* rpc.compression: parsed into its kind and ratio; rpc.wire_dtype bfloat16 means bf16 (alone or with
+ * bf16 itself). */
+static void test_compression_keys(void **state) {
+        static const struct {
+                const char *rpc;
+                enum rpc_compression kind;
+                double ratio;
+        } cases[] = {
+                { "{}", RPC_COMPRESS_NONE, 0 },
+                { "{'compression': 'int8'}", RPC_COMPRESS_INT8, 0 },
+                { "{'compression': 'bf16'}", RPC_COMPRESS_BF16, 0 },
+                { "{'compression': 'topk:0.01'}", RPC_COMPRESS_TOPK, 0.01 },
+                { "{'wire_dtype': 'bfloat16'}", RPC_COMPRESS_BF16, 0 },
+                { "{'wire_dtype': 'bfloat16', 'compression': 'bf16'}", RPC_COMPRESS_BF16, 0 },
+                { "{'wire_dtype': 'float32', 'compression': 'topk:0.5'}", RPC_COMPRESS_TOPK, 0.5 },
+        };
+        (void) state;
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                char json[400];
+                snprintf(json, sizeof(json), "{" BASE ", 'rpc': %s}", cases[i].rpc);
+                struct job_config *c = load_string_ok(json);
+                assert_int_equal(c->rpc.compress, cases[i].kind);
+                assert_true(c->rpc.topk_ratio == cases[i].ratio);
+                config_free(c);
+        }
+}
+
 /* The log.* keys: per node (out of the canonical form), from the job file or the environment, a bad
  * variable an error that names it. */
 static void test_log_keys(void **state) {
@@ -1411,4 +1461,5 @@ UNIT_TEST_MAIN(setup, teardown,
         cmocka_unit_test(test_print_keys),
         cmocka_unit_test(test_env_overrides),
         cmocka_unit_test(test_docs_current),
-        cmocka_unit_test(test_log_keys))
+        cmocka_unit_test(test_log_keys),
+        cmocka_unit_test(test_compression_keys))

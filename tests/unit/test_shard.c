@@ -124,48 +124,70 @@ static void three_paths(const char *training) {
         config_free(cfg);
 }
 
-/* rpc.wire_dtype bfloat16: a push of bfloat16 gradients applies exactly what a float32 push of the same
- * values widened applies; an Assign in bfloat16 is refused (the model itself is float32 only). */
-static void test_bf16_push(void **state) {
-        (void)state;
+/* A push of gradients in dtype (rpc.compression bf16, int8, topk) applies exactly what a float32 push
+ * of the values it decodes to applies; one holding a NaN (bf16, topk: sent as it is; int8 sends a NaN
+ * scale, which wire_in_parse refuses: test_wire) is refused as a float32 one is, nothing applied; an
+ * Assign in anything but float32 is refused (the model itself is float32 only). */
+static void push_as_decoded(uint32_t dtype, uint64_t seed) {
         struct job_config *cfg = job("\"optimizer\": \"momentum\", \"momentum\": 0.9");
         struct job_layout *L;
         assert_int_equal(job_layout_new(cfg, &L), 0);
         size_t np = L->n_params;
         float *params = malloc(np * sizeof(float)), *grads = malloc(np * sizeof(float));
-        float *widened = malloc(np * sizeof(float)), *va = malloc(np * sizeof(float)), *vb = malloc(np * sizeof(float));
+        float *decoded = malloc(np * sizeof(float)), *va = malloc(np * sizeof(float)), *vb = malloc(np * sizeof(float));
         struct rng g;
-        rng_init(&g, 11, 0);
+        rng_init(&g, seed, 0);
         random_block(&g, params, np, 0.1f);
         char err[512];
         for (uint32_t s = 0; s < N_PS; s++) {
                 struct shard *a = assigned_shard(cfg, L, s, params), *b = assigned_shard(cfg, L, s, params);
-                struct wire_in *in = shard_message_as(L, s, params, NULL, WIRE_DTYPE_BFLOAT16);
+                struct wire_in *in = shard_message_as(L, s, params, NULL, dtype);
                 assert_int_equal(shard_assign(a, in, false, 0, err, sizeof(err)), -EINVAL);
                 assert_non_null(strstr(err, "expected float32"));
                 wire_in_free(in);
                 for (int step = 0; step < 3; step++) {
                         random_block(&g, grads, np, 1.0f);
-                        for (size_t i = 0; i < np; i++) {
-                                uint16_t h;
-                                wire_bf16_from_f32(&h, &grads[i], 1);
-                                wire_bf16_to_f32(&widened[i], &h, 1);
+                        in = shard_message_as(L, s, grads, NULL, dtype);
+                        memset(decoded, 0, np * sizeof(float));
+                        for (size_t t = 0; t < in->n_tensors; t++) {
+                                const struct wire_tensor *wt = &in->tensors[t];
+                                const struct job_var *v = &L->vars[job_layout_find(L, wt->name)];
+                                wire_tensor_copy_f32(wt, decoded + v->offset + wt->row_offset * v->cols);
                         }
-                        in = shard_message_as(L, s, grads, NULL, WIRE_DTYPE_BFLOAT16);
                         assert_int_equal(push_wire(a, in, va, err, sizeof(err)), 0);
                         wire_in_free(in);
-                        in = shard_message(L, s, widened, NULL);
+                        in = shard_message(L, s, decoded, NULL);
                         assert_int_equal(push_wire(b, in, vb, err, sizeof(err)), 0);
                         wire_in_free(in);
                         assert_memory_equal(a->block, b->block, a->n_floats * (1 + a->n_slots) * sizeof(float));
                         assert_memory_equal(va, vb, a->n_floats * sizeof(float));
                 }
+                if (dtype != WIRE_DTYPE_INT8_BLOCKS) {
+                        const struct placement_part *pp = &L->plan->parts[L->shard_parts[L->shard_first[s]]];
+                        grads[L->vars[pp->var].offset + (size_t)pp->row_begin * L->vars[pp->var].cols] = NAN;
+                        in = shard_message_as(L, s, grads, NULL, dtype);
+                        assert_int_equal(push_wire(a, in, va, err, sizeof(err)), -EINVAL);
+                        assert_non_null(strstr(err, "contains NaN or Inf; nothing applied"));
+                        assert_memory_equal(a->block, b->block, a->n_floats * (1 + a->n_slots) * sizeof(float));
+                        wire_in_free(in);
+                }
                 shard_free(a);
                 shard_free(b);
         }
-        free(params), free(grads), free(widened), free(va), free(vb);
+        free(params), free(grads), free(decoded), free(va), free(vb);
         job_layout_free(L);
         config_free(cfg);
+}
+
+static void test_bf16_push(void **state) {
+        (void)state;
+        push_as_decoded(WIRE_DTYPE_BFLOAT16, 11);
+}
+
+static void test_compressed_push(void **state) {
+        (void)state;
+        push_as_decoded(WIRE_DTYPE_INT8_BLOCKS, 12);
+        push_as_decoded(WIRE_DTYPE_TOPK, 13);
 }
 
 static void test_sgd_decay(void **state) {
@@ -430,6 +452,7 @@ static void test_assign_incomplete(void **state) {
 UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_sgd_decay),
         cmocka_unit_test(test_bf16_push),
+        cmocka_unit_test(test_compressed_push),
         cmocka_unit_test(test_momentum_nesterov),
         cmocka_unit_test(test_adam),
         cmocka_unit_test(test_adagrad),

@@ -329,6 +329,34 @@ static void test_bf16_rounding(void **state) {
                 }
 }
 
+/* A message of one tensor (flat, len bytes) read back over slices of many sizes: its dtype, data bytes
+ * and row offset, and as float32 want (n values), copied whole and read `piece` values at a time. */
+static void reads_as(const uint8_t *flat, size_t len, uint32_t dtype, size_t nbytes, uint64_t row_offset,
+                     const float *want, size_t n, size_t piece) {
+        float *got = malloc((n + 1) * sizeof(float));
+        for (size_t chunk = 1; chunk <= len; chunk = chunk * 3 + 1) {
+                struct wire_in *in;
+                char err[256];
+                assert_int_equal(wire_in_parse(chopped(flat, len, chunk), &in, err, sizeof(err)), 0);
+                assert_int_equal(in->n_tensors, 1);
+                assert_int_equal(in->tensors[0].dtype, dtype);
+                assert_int_equal(in->tensors[0].nbytes, nbytes);
+                assert_int_equal(in->tensors[0].row_offset, row_offset);
+                assert_int_equal(in->tensors[0].elements, n);
+                memset(got, 0, n * sizeof(float));
+                wire_tensor_copy_f32(&in->tensors[0], got);
+                assert_memory_equal(got, want, n * sizeof(float));
+                struct wire_reader rd;
+                wire_reader_init(&rd, &in->tensors[0]);
+                memset(got, 0, n * sizeof(float));
+                for (size_t at = 0; at < n; at += piece)
+                        wire_reader_read_f32(&rd, got + at, n - at < piece ? n - at : piece);
+                assert_memory_equal(got, want, n * sizeof(float));
+                wire_in_free(in);
+        }
+        free(got);
+}
+
 /* A bfloat16 tensor: half the bytes on the wire, read back widened whatever the slices' boundaries, and
  * what is lent is released at once (the message holds the converted copy). */
 static void test_bf16_tensor_roundtrip(void **state) {
@@ -357,26 +385,7 @@ static void test_bf16_tensor_roundtrip(void **state) {
         uint8_t *flat;
         size_t len = flatten(bb, &flat);
         grpc_byte_buffer_destroy(bb);
-        for (size_t chunk = 1; chunk <= len; chunk = chunk * 3 + 1) {
-                struct wire_in *in;
-                char err[256];
-                assert_int_equal(wire_in_parse(chopped(flat, len, chunk), &in, err, sizeof(err)), 0);
-                assert_int_equal(in->n_tensors, 1);
-                assert_int_equal(in->tensors[0].dtype, WIRE_DTYPE_BFLOAT16);
-                assert_int_equal(in->tensors[0].nbytes, n * 2);
-                assert_int_equal(in->tensors[0].row_offset, 7);
-                memset(got, 0, n * sizeof(float));
-                wire_tensor_copy_f32(&in->tensors[0], got);
-                assert_memory_equal(got, want, n * sizeof(float));
-                /* and in pieces through the reader */
-                struct wire_reader rd;
-                wire_reader_init(&rd, &in->tensors[0]);
-                memset(got, 0, n * sizeof(float));
-                for (size_t at = 0; at < n; at += 777)
-                        wire_reader_read_f32(&rd, got + at, n - at < 777 ? n - at : 777);
-                assert_memory_equal(got, want, n * sizeof(float));
-                wire_in_free(in);
-        }
+        reads_as(flat, len, WIRE_DTYPE_BFLOAT16, n * 2, 7, want, n, 777);
         /* a float32 tensor through the same functions: lent, not released, read as it is */
         assert_int_equal(wire_out_new(&o), 0);
         released = 0;
@@ -394,6 +403,172 @@ static void test_bf16_tensor_roundtrip(void **state) {
         free(flat), free(w), free(got), free(want);
 }
 
+/* One tensor of `dtype` with these raw data bytes, parsed: wire_in_parse's result, err its reason. */
+static int parse_raw(uint32_t dtype, uint64_t rows, uint64_t cols, const uint8_t *data, size_t nbytes,
+                     struct wire_in **in_ret, char *err, size_t errlen) {
+        struct wire_out *o;
+        grpc_byte_buffer *bb;
+        uint64_t shape[2] = {rows, cols};
+        assert_int_equal(wire_out_new(&o), 0);
+        assert_int_equal(wire_out_tensor_copy(o, "v", dtype, shape, 2, 0, data, nbytes), 0);
+        assert_int_equal(wire_out_finish(o, &bb), 0);
+        wire_out_free(o);
+        struct wire_in *in = NULL;
+        err[0] = 0;
+        int r = wire_in_parse(bb, &in, err, errlen);
+        if (in_ret)
+                *in_ret = in;
+        else
+                wire_in_free(in);
+        return r;
+}
+
+static float scale_of(const uint8_t *block) {
+        float f;
+        memcpy(&f, block, 4);
+        return f;
+}
+
+/* int8 blocks: the size, each value within half its block's scale, zeros exact, and the same floats
+ * whether decoded whole, through a message read in pieces or copied, whatever the slices. */
+static void test_int8_roundtrip(void **state) {
+        (void)state;
+        size_t n = 1000;   /* 3 full blocks and one of 232 */
+        float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+                x[i] = i < 256 ? 0 : sinf((float)i * 0.77f) * (i < 512 ? 1e-6f : 40.0f) + (i % 17 == 0 ? 3.0f : 0);
+        assert_int_equal(wire_int8_size(n), n + 4 * 4);
+        assert_int_equal(wire_int8_size(0), 0);
+        assert_int_equal(wire_int8_size(256), 260);
+        uint8_t *enc = malloc(wire_int8_size(n));
+        wire_int8_encode(enc, x, n);
+        wire_int8_decode(y, enc, n);
+        for (size_t b = 0; b < 4; b++) {
+                float sc = scale_of(enc + b * 260), max = 0;
+                for (size_t i = b * 256; i < n && i < (b + 1) * 256; i++)
+                        max = fabsf(x[i]) > max ? fabsf(x[i]) : max;
+                assert_true(fabsf(sc - max / 127) <= 1e-6f * max);
+                for (size_t i = b * 256; i < n && i < (b + 1) * 256; i++)
+                        assert_true(fabsf(x[i] - y[i]) <= sc / 2 * (1 + 1e-5f) + 1e-30f);
+        }
+        for (size_t i = 0; i < 256; i++)
+                assert_true(y[i] == 0);
+        /* through a message: the same floats as decoded whole */
+        struct wire_in *in;
+        char err[256];
+        assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, n / 8, 8, enc, wire_int8_size(n), &in, err, sizeof(err)), 0);
+        uint8_t *flat;
+        size_t len = flatten(in->bb, &flat);
+        wire_in_free(in);
+        reads_as(flat, len, WIRE_DTYPE_INT8_BLOCKS, wire_int8_size(n), 0, y, n, 97);
+        /* a block with a NaN or Inf: a NaN scale, which a receiver refuses */
+        x[300] = NAN;
+        x[700] = -INFINITY;
+        wire_int8_encode(enc, x, n);
+        assert_true(isnan(scale_of(enc + 260)) && isnan(scale_of(enc + 520)) && !isnan(scale_of(enc + 780)));
+        assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, n / 8, 8, enc, wire_int8_size(n), NULL, err, sizeof(err)),
+                         -EBADMSG);
+        assert_non_null(strstr(err, "block 1's int8 scale is not finite"));
+        free(flat), free(enc), free(x), free(y);
+}
+
+/* top-k: per block the k largest magnitudes, ties to the lower index, indices increasing, zeros for
+ * the rest; a short block sends what it has; NaN and Inf are taken first. */
+static void test_topk_selection(void **state) {
+        (void)state;
+        size_t n = 256 + 3;
+        float x[256 + 3] = {0}, y[256 + 3];
+        x[10] = -5, x[200] = 4, x[3] = 4, x[4] = -4, x[255] = 1;   /* block 0: -5, then three 4s for two places */
+        x[256] = 0.5f, x[257] = -0.25f, x[258] = 0;                  /* block 1: 3 values, k = 2 */
+        uint8_t enc[600];
+        assert_int_equal(wire_topk_max_size(n, 2), 2 * (2 + 2 * 5));
+        assert_int_equal(wire_topk_max_size(n, 1000), 2 * 2 + 259 * 5);
+        size_t m = wire_topk_encode(enc, x, n, 3);
+        assert_int_equal(m, 2 + 3 * 5 + 2 + 3 * 5);
+        assert_int_equal(enc[0] | enc[1] << 8, 3);
+        assert_int_equal(enc[2], 3);    /* 4 at 3 */
+        assert_int_equal(enc[7], 4);    /* -4 at 4 */
+        assert_int_equal(enc[12], 10);  /* -5 at 10; 4 at 200 lost the tie to the lower indices */
+        assert_int_equal(wire_topk_decode(y, enc, n), m);
+        for (size_t i = 0; i < 256; i++)
+                assert_true(y[i] == (i == 3 || i == 4 || i == 10 ? x[i] : 0));
+        for (size_t i = 256; i < n; i++)
+                assert_true(y[i] == x[i]);   /* the short block: all three (0 among them) */
+        m = wire_topk_encode(enc, x, n, 1);
+        assert_int_equal(m, 2 + 5 + 2 + 5);
+        wire_topk_decode(y, enc, n);
+        assert_true(y[10] == -5 && y[256] == 0.5f && y[3] == 0 && y[257] == 0);
+        x[100] = NAN;
+        wire_topk_encode(enc, x, n, 1);
+        wire_topk_decode(y, enc, n);
+        assert_true(isnan(y[100]) && y[10] == 0);
+        /* through a message, read in pieces */
+        x[100] = 0;
+        m = wire_topk_encode(enc, x, n, 2);
+        wire_topk_decode(y, enc, n);
+        struct wire_in *in;
+        char err[256];
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, n, 1, enc, m, &in, err, sizeof(err)), 0);
+        uint8_t *flat;
+        size_t len = flatten(in->bb, &flat);
+        wire_in_free(in);
+        reads_as(flat, len, WIRE_DTYPE_TOPK, m, 0, y, n, 5);
+        free(flat);
+}
+
+/* Compressed payloads that lie: each refused by wire_in_parse with a reason, never read. */
+static void test_packed_malformed(void **state) {
+        (void)state;
+        char err[256];
+        float x[300];
+        for (size_t i = 0; i < 300; i++)
+                x[i] = (float)i - 150;
+        uint8_t enc[2000];
+        wire_int8_encode(enc, x, 300);
+        size_t n8 = wire_int8_size(300);
+        assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 300, 1, enc, n8, NULL, err, sizeof(err)), 0);
+        assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 300, 1, enc, n8 - 1, NULL, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, "do not match shape"));
+        assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 301, 1, enc, n8, NULL, err, sizeof(err)), -EBADMSG);
+        assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 1ull << 62, 1, enc, n8, NULL, err, sizeof(err)), -EBADMSG);
+        float bad[] = {NAN, INFINITY, -1.0f};
+        for (size_t i = 0; i < 3; i++) {
+                uint8_t copy[2000];
+                memcpy(copy, enc, n8);
+                memcpy(copy + 260, &bad[i], 4);   /* block 1's scale */
+                assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 300, 1, copy, n8, NULL, err, sizeof(err)), -EBADMSG);
+                assert_non_null(strstr(err, "block 1's int8 scale is"));
+        }
+
+        size_t m = wire_topk_encode(enc, x, 300, 4);   /* 2 + 20 + 2 + 20 */
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 300, 1, enc, m, NULL, err, sizeof(err)), 0);
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 300, 1, enc, m - 1, NULL, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, "top-k data ends in block 1"));
+        uint8_t more[2000];
+        memcpy(more, enc, m);
+        more[m] = 0;
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 300, 1, more, m + 1, NULL, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, "after the last top-k block"));
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 1ull << 40, 1, enc, m, NULL, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, "cannot hold"));
+        memcpy(more, enc, m);
+        more[22] = 45, more[23] = 0;   /* block 1 (44 values) claims 45 entries */
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 300, 1, more, m, NULL, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, "45 top-k entries for 44 values"));
+        memcpy(more, enc, m);
+        more[24] = 44;                  /* block 1's first index past its 44 values */
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 300, 1, more, m, NULL, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, "index 44 out of range"));
+        memcpy(more, enc, m);
+        more[7] = more[2];              /* block 0: the second index repeats the first */
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 300, 1, more, m, NULL, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, "out of order"));
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 0, 1, enc, 0, NULL, err, sizeof(err)), 0);
+        assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 0, 1, enc, 2, NULL, err, sizeof(err)), -EBADMSG);
+        assert_int_equal(wire_dtype_size(WIRE_DTYPE_INT8_BLOCKS), 0);
+        assert_true(wire_dtype_is_f32(WIRE_DTYPE_TOPK) && !wire_dtype_is_f32(WIRE_DTYPE_INT64));
+}
+
 int main(void) {
         grpc_init();
         const struct CMUnitTest tests[] = {
@@ -406,6 +581,9 @@ int main(void) {
                 cmocka_unit_test(test_dtype_size),
                 cmocka_unit_test(test_bf16_rounding),
                 cmocka_unit_test(test_bf16_tensor_roundtrip),
+                cmocka_unit_test(test_int8_roundtrip),
+                cmocka_unit_test(test_topk_selection),
+                cmocka_unit_test(test_packed_malformed),
         };
         int r = cmocka_run_group_tests(tests, NULL, NULL);
         grpc_shutdown_blocking();

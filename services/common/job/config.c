@@ -457,6 +457,22 @@ int cfg_check_replicas(const struct ctx *x, const struct job_config *c) {
         return 0;
 }
 
+/* rpc.compression parsed (its syntax checked by the table), rpc.wire_dtype bfloat16 folded in: the
+ * older key means bf16, and set beside another compression it is a contradiction. */
+int cfg_check_rpc(const struct ctx *x, struct rpc_config *rpc) {
+        char why[200];
+        if (cfg_parse_compression(rpc->compression, &rpc->compress, &rpc->topk_ratio, why, sizeof(why)) < 0)
+                return cfg_failf(x, "rpc.compression", "\"%s\" %s", rpc->compression, why);
+        if (rpc->wire_dtype == RPC_WIRE_BFLOAT16) {
+                if (rpc->compress != RPC_COMPRESS_NONE && rpc->compress != RPC_COMPRESS_BF16)
+                        return cfg_failf(x, "rpc.wire_dtype", "bfloat16 contradicts rpc.compression \"%s\" (rpc.wire_dtype "
+                                         "bfloat16 is the older spelling of rpc.compression bf16: set only one)",
+                                         rpc->compression);
+                rpc->compress = RPC_COMPRESS_BF16;
+        }
+        return 0;
+}
+
 static int load_buffer(const char *buf, size_t len, const char *origin, struct job_config **ret,
                        char *err, size_t errlen) {
         const struct ctx x = { .origin = origin, .err = err, .errlen = errlen };
@@ -480,7 +496,7 @@ static int load_buffer(const char *buf, size_t len, const char *origin, struct j
         }
         r = parse_root(&x, root, c);
         if (r < 0 || (r = cfg_check_training(&x, &c->training, c->cluster.n_worker)) < 0 ||
-            (r = cfg_check_replicas(&x, c)) < 0)
+            (r = cfg_check_replicas(&x, c)) < 0 || (r = cfg_check_rpc(&x, &c->rpc)) < 0)
                 goto out;
         *ret = c;
         c = NULL;

@@ -38,6 +38,7 @@ enum security_mode { SECURITY_AUTO, SECURITY_MTLS, SECURITY_INSECURE };
 /* supervisor.recovery: what a lost shard costs (docs/checkpoints.md) */
 enum recovery_mode { RECOVERY_JOB, RECOVERY_SHARD };
 enum rpc_wire_dtype { RPC_WIRE_FLOAT32, RPC_WIRE_BFLOAT16 };
+enum rpc_compression { RPC_COMPRESS_NONE, RPC_COMPRESS_BF16, RPC_COMPRESS_INT8, RPC_COMPRESS_TOPK };
 
 struct training_config {
         uint32_t batch_size;
@@ -145,7 +146,12 @@ struct rpc_config {
         bool shared_memory;     /* workerd: pushes to a psd on this host through shared memory */
         uint64_t initial_reconnect_backoff_ms, max_reconnect_backoff_ms; /* gRPC channels */
         char *runtime_dir;      /* psd's unix sockets for shared-memory attach */
-        enum rpc_wire_dtype wire_dtype; /* workerd: pushes and their answers through gRPC */
+        enum rpc_wire_dtype wire_dtype; /* workerd: pushes and their answers through gRPC (older spelling of
+                                         * rpc.compression bf16) */
+        char *compression;      /* workerd: "none", "bf16", "int8", "topk:R" as written */
+        enum rpc_compression compress;  /* compression parsed, rpc.wire_dtype bfloat16 folded in */
+        double topk_ratio;      /* RPC_COMPRESS_TOPK: the share of each block sent, (0, 1) */
+        uint64_t compression_min_bytes; /* int8, topk: variables with fewer float32 bytes go uncompressed */
 };
 
 /* Per node. ca/cert/key may hold {job} and {task} ("chief", "ps-0", "worker-1", "admin", ...). */

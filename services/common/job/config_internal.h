@@ -70,6 +70,10 @@ extern const size_t cfg_n_env_settings;
 
 const struct config_key *cfg_find_key(const char *name);
 
+/* rpc.compression: "none", "bf16", "int8" or "topk:R" with R in (0, 1). 0 with the kind and R (0 but
+ * for topk), or -EINVAL with why. */
+int cfg_parse_compression(const char *s, enum rpc_compression *kind, double *ratio, char *why, size_t whylen);
+
 /* Where messages go: "ORIGIN: KEY: message". */
 struct ctx {
         const char *origin;
@@ -96,6 +100,7 @@ int cfg_load_json(const struct ctx *x, const char *buf, size_t len, json_t **ret
  * the key. */
 /* ps.replicas against cluster.ps_backup: replicas without backups, or backups without replicas. */
 int cfg_check_replicas(const struct ctx *x, const struct job_config *c);
+int cfg_check_rpc(const struct ctx *x, struct rpc_config *rpc);
 int cfg_check_training(const struct ctx *x, const struct training_config *t, uint32_t n_worker);
 
 /* A key's field in c, and setting it (strings copied: -ENOMEM) or to the key's default. */

@@ -86,6 +86,40 @@ static int check_metrics_listen(const char *s, char *why, size_t whylen)
         return 0;
 }
 
+int cfg_parse_compression(const char *s, enum rpc_compression *kind, double *ratio, char *why, size_t whylen)
+{
+        static const char *const plain[] = { [RPC_COMPRESS_NONE] = "none", [RPC_COMPRESS_BF16] = "bf16",
+                                             [RPC_COMPRESS_INT8] = "int8" };
+        for (int i = 0; i < (int)(sizeof(plain) / sizeof(plain[0])); i++)
+                if (strcmp(s, plain[i]) == 0) {
+                        *kind = (enum rpc_compression)i;
+                        *ratio = 0;
+                        return 0;
+                }
+        if (strncmp(s, "topk:", 5) == 0) {
+                char *end;
+                errno = 0;
+                double r = strtod(s + 5, &end);
+                if (errno == 0 && end != s + 5 && !*end && !isspace((unsigned char)s[5]) && r > 0 && r < 1) {
+                        *kind = RPC_COMPRESS_TOPK;
+                        *ratio = r;
+                        return 0;
+                }
+                snprintf(why, whylen, "has a top-k ratio that is not a number in (0, 1) (topk:0.01 sends the "
+                                      "largest 1%% of each block of %d values)", 256);
+                return -EINVAL;
+        }
+        snprintf(why, whylen, "is not one of none, bf16, int8, topk:R (R a ratio in (0, 1), e.g. topk:0.01)");
+        return -EINVAL;
+}
+
+static int check_compression(const char *s, char *why, size_t whylen)
+{
+        enum rpc_compression kind;
+        double ratio;
+        return cfg_parse_compression(s, &kind, &ratio, why, whylen);
+}
+
 /* log.level: a level log_level_from_string knows. */
 static int check_log_level(const char *s, char *why, size_t whylen)
 {
@@ -402,7 +436,22 @@ const struct config_key cfg_keys[] = {
                "answers with. bfloat16 halves the bytes (the upper half of each float32, rounded to nearest "
                "even); psd keeps and updates float32 either way, and the worker computes with the values as "
                "received. Shared memory, pulls and checkpoints stay float32. Each worker decides for itself "
-               "(psd answers in the format it was pushed)."),
+               "(psd answers in the format it was pushed). The older spelling of rpc.compression bf16, which "
+               "it implies."),
+        K_STR("rpc.compression", rpc.compression, "none",
+              "workerd: how its gradients pushed through gRPC travel, and the fresh values psd answers with. "
+              "none: float32; bf16: bfloat16 both ways (as rpc.wire_dtype bfloat16); int8: per block of 256 "
+              "values one float32 scale (max|x|/127) and the values rounded to int8 (0.254 of float32's "
+              "bytes); topk:R: per block of 256 values only the largest-magnitude ceil(R x 256) as "
+              "index+value pairs (5 bytes each; topk:0.01 sends 3 per block). int8 and topk keep what they "
+              "drop in a per-variable residual on the worker and add it to the next gradient (error "
+              "feedback), and apply only to variables of at least rpc.compression_min_bytes; psd answers "
+              "them in bfloat16 (values are not a sum that error feedback can repair). Shared memory, pulls "
+              "and checkpoints stay float32. Each worker decides for itself.", .check = check_compression),
+        K_U64("rpc.compression_min_bytes", rpc.compression_min_bytes, 4096, 0, 1ll << 40,
+              "workerd, rpc.compression int8 or topk: variables smaller than this many float32 bytes (biases, "
+              "small layers) are pushed uncompressed in float32, where a block scale or a few top values "
+              "would cost more than they save. Each worker decides for itself."),
         K_STR("rpc.runtime_dir", rpc.runtime_dir, "/run/psfleet",
               "Directory of psd's unix sockets, where workers on the same host attach shared memory (the "
               "units' RuntimeDirectory). Each node decides for itself.", .env = "PSFLEET_RUNTIME_DIR"),

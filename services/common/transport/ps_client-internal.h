@@ -68,6 +68,10 @@ struct ps_client {
         uint32_t n_fl;
         float *params;                  /* where fresh values land */
         const float *grads;             /* where gradients are read (lent to gRPC while a push is in flight) */
+        /* rpc.compression int8, topk: what the pushes through gRPC dropped so far, laid out as grads
+         * (error feedback: compress.h); NULL for the others */
+        float *residual;
+        unsigned topk_k;                /* topk: entries per block */
         struct rpc_batch *batch;        /* gRPC pushes in flight: started by the pusher, taken by `receiver` */
         pthread_t receiver;
         bool receiving;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "compress.h"
 #include "log.h"
 #include "metrics.h"
 #include "optim.h"
@@ -65,6 +66,7 @@ struct ps_client *ps_client_free(struct ps_client *pc) {
                 wire_in_free(pc->fl[i].held);
         }
         free(pc->fl);
+        free(pc->residual);
         shmlink_free(pc->link);
         for (uint32_t s = 0; pc->shard && s < pc->L->n_shards; s++) {
                 rpc_channel_free(pc->shard[s].ch);
@@ -99,6 +101,22 @@ static int add_part(struct wire_out *o, const struct job_layout *L, uint32_t p, 
         if (copy && dtype == WIRE_DTYPE_FLOAT32)
                 return wire_out_tensor_copy(o, name, dtype, shape, 2, pp->row_begin, data, n * sizeof(float));
         return wire_out_tensor_f32(o, name, dtype, shape, 2, pp->row_begin, data, n, NULL, NULL);
+}
+
+/* Appends part p of the gradients compressed as dtype (INT8_BLOCKS or TOPK) with error feedback: the
+ * part's residual is added before and keeps what the encoding dropped after (compress.h). The encoded
+ * bytes are the message's: lent to gRPC and freed when it is done with them. */
+static int add_part_ef(struct ps_client *pc, struct wire_out *o, uint32_t p, uint32_t dtype) {
+        const struct job_layout *L = pc->L;
+        const struct placement_part *pp = &L->plan->parts[p];
+        const struct job_var *v = &L->vars[pp->var];
+        uint64_t shape[2] = {pp->row_end - pp->row_begin, v->cols};
+        size_t at = v->offset + (size_t)pp->row_begin * v->cols, n = (size_t)shape[0] * shape[1];
+        uint8_t *buf = malloc(compress_max_size(dtype, n, pc->topk_k) + 1);
+        if (!buf)
+                return -ENOMEM;
+        size_t nbytes = compress_ef(dtype, pc->topk_k, pc->grads + at, pc->residual + at, n, buf);
+        return wire_out_tensor(o, v->name, dtype, shape, 2, pp->row_begin, buf, nbytes, free, buf);
 }
 
 /* Waits for the batch; the first failure (ours or a server's, with its message) becomes the result. */
@@ -346,10 +364,16 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
         if (r < 0)
                 return r;
         wire_out_header(o, &h.base);
-        for (uint32_t i = 0; i < f->g.n_parts && r >= 0; i++)
-                r = add_part(o, pc->L, f->g.parts[i], pc->grads, NULL,
-                             pc->cfg->rpc.wire_dtype == RPC_WIRE_BFLOAT16 ? WIRE_DTYPE_BFLOAT16 : WIRE_DTYPE_FLOAT32,
-                             pc->cfg->training.overlap_push);
+        for (uint32_t i = 0; i < f->g.n_parts && r >= 0; i++) {
+                uint32_t p = f->g.parts[i];
+                const struct job_var *v = &pc->L->vars[pc->L->plan->parts[p].var];
+                uint32_t dtype = compress_dtype(pc->cfg->rpc.compress, (uint64_t)v->rows * v->cols * sizeof(float),
+                                                pc->cfg->rpc.compression_min_bytes);
+                if (dtype == WIRE_DTYPE_INT8_BLOCKS || dtype == WIRE_DTYPE_TOPK)
+                        r = add_part_ef(pc, o, p, dtype);
+                else
+                        r = add_part(o, pc->L, p, pc->grads, NULL, dtype, pc->cfg->training.overlap_push);
+        }
         if (r >= 0)
                 r = wire_out_finish(o, &bb);
         wire_out_free(o);
@@ -464,6 +488,12 @@ int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, con
         if (!pc->fl)
                 return -ENOMEM;
         pc->n_fl = n_groups;
+        enum rpc_compression c = pc->cfg->rpc.compress;
+        if (c == RPC_COMPRESS_INT8 || c == RPC_COMPRESS_TOPK) {
+                if (!(pc->residual = calloc(pc->L->n_params + 1, sizeof(float))))
+                        return -ENOMEM;
+                pc->topk_k = compress_topk_k(pc->cfg->rpc.topk_ratio);
+        }
         for (uint32_t i = 0; i < n_groups; i++) {
                 uint32_t *parts = malloc((groups[i].n_parts + 1) * sizeof(uint32_t));
                 if (!parts)

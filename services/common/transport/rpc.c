@@ -182,6 +182,7 @@ void rpc_configure(const struct rpc_config *rc) {
         pthread_mutex_lock(&chan_opts.mu);
         chan_opts.rc = *rc;
         chan_opts.rc.runtime_dir = NULL;   /* not the channels' business, and not ours to keep */
+        chan_opts.rc.compression = NULL;
         chan_opts.set = true;
         pthread_mutex_unlock(&chan_opts.mu);
 }
@@ -195,6 +196,7 @@ int rpc_configure_env(char *err, size_t errlen) {
         } else if ((r = config_apply_env(&tmp, "rpc", err, errlen)) >= 0)
                 rpc_configure(&tmp.rpc);
         free(tmp.rpc.runtime_dir);
+        free(tmp.rpc.compression);
         return r;
 }
 

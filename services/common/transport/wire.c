@@ -5,6 +5,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,11 @@ size_t wire_dtype_size(uint32_t dtype) {
         case WIRE_DTYPE_BFLOAT16: return 2;
         default: return 0;
         }
+}
+
+bool wire_dtype_is_f32(uint32_t dtype) {
+        return dtype == WIRE_DTYPE_FLOAT32 || dtype == WIRE_DTYPE_BFLOAT16 || dtype == WIRE_DTYPE_INT8_BLOCKS ||
+               dtype == WIRE_DTYPE_TOPK;
 }
 
 /* ---- varints ---- */
@@ -316,6 +322,95 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
         return -EBADMSG;
 }
 
+static uint32_t get_u16(const uint8_t *p) {
+        return (uint32_t)p[0] | (uint32_t)p[1] << 8;
+}
+
+static float get_f32(const uint8_t *p) {
+        uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        float f;
+        memcpy(&f, &u, sizeof(f));
+        return f;
+}
+
+static void put_f32(uint8_t *p, float f) {
+        uint32_t u;
+        memcpy(&u, &f, sizeof(u));
+        p[0] = (uint8_t)u;
+        p[1] = (uint8_t)(u >> 8);
+        p[2] = (uint8_t)(u >> 16);
+        p[3] = (uint8_t)(u >> 24);
+}
+
+static void reader_skip(struct wire_reader *r, size_t n) {
+        while (n > 0 && r->seg < r->t->n_segs) {
+                size_t k = r->t->segs[r->seg].n - r->off < n ? r->t->segs[r->seg].n - r->off : n;
+                n -= k;
+                r->off += k;
+                if (r->off == r->t->segs[r->seg].n) {
+                        r->seg++;
+                        r->off = 0;
+                }
+        }
+}
+
+/* A compressed tensor's payload walked whole before anyone decodes it: its length to the byte, every
+ * scale finite and >= 0, every count within its block and every index in range and increasing — so the
+ * readers (wire_reader_read_f32) trust it. el: the elements its shape says. */
+static int check_packed(const struct wire_tensor *t, uint64_t el, const char *nm, char *err, size_t errlen) {
+        struct wire_reader rd;
+        uint64_t blocks = el / WIRE_BLOCK + (el % WIRE_BLOCK != 0);
+        wire_reader_init(&rd, t);
+        if (t->dtype == WIRE_DTYPE_INT8_BLOCKS) {
+                if (el > SIZE_MAX / 2 || wire_int8_size(el) != t->nbytes)
+                        return fail(err, errlen, "tensor \"%s\": %zu data bytes do not match shape (%llu elements "
+                                    "as int8 blocks: %zu bytes)", nm, t->nbytes, (unsigned long long)el,
+                                    el > SIZE_MAX / 2 ? SIZE_MAX : wire_int8_size(el));
+                for (uint64_t b = 0; b < blocks; b++) {
+                        uint8_t sc[4];
+                        uint64_t len = el - b * WIRE_BLOCK < WIRE_BLOCK ? el - b * WIRE_BLOCK : WIRE_BLOCK;
+                        wire_reader_read(&rd, sc, 4);
+                        float f = get_f32(sc);
+                        if (!isfinite(f) || f < 0)
+                                return fail(err, errlen, "tensor \"%s\": block %llu's int8 scale is %s", nm,
+                                            (unsigned long long)b, isfinite(f) ? "negative" : "not finite");
+                        reader_skip(&rd, len);
+                }
+                return 0;
+        }
+        /* TOPK: each block takes 2 bytes at least, which bounds a shape that a short payload claims */
+        if (blocks > t->nbytes / 2 + 1)
+                return fail(err, errlen, "tensor \"%s\": %zu data bytes cannot hold %llu top-k blocks", nm, t->nbytes,
+                            (unsigned long long)blocks);
+        size_t at = 0;
+        for (uint64_t b = 0; b < blocks; b++) {
+                uint64_t len = el - b * WIRE_BLOCK < WIRE_BLOCK ? el - b * WIRE_BLOCK : WIRE_BLOCK;
+                uint8_t h[2], e[WIRE_TOPK_ENTRY];
+                if (t->nbytes - at < 2)
+                        return fail(err, errlen, "tensor \"%s\": top-k data ends in block %llu", nm, (unsigned long long)b);
+                wire_reader_read(&rd, h, 2);
+                at += 2;
+                uint32_t c = get_u16(h);
+                if (c > len)
+                        return fail(err, errlen, "tensor \"%s\": block %llu has %u top-k entries for %llu values", nm,
+                                    (unsigned long long)b, c, (unsigned long long)len);
+                if ((t->nbytes - at) / WIRE_TOPK_ENTRY < c)
+                        return fail(err, errlen, "tensor \"%s\": top-k data ends in block %llu", nm, (unsigned long long)b);
+                int prev = -1;
+                for (uint32_t i = 0; i < c; i++) {
+                        wire_reader_read(&rd, e, WIRE_TOPK_ENTRY);
+                        if (e[0] >= len || (int)e[0] <= prev)
+                                return fail(err, errlen, "tensor \"%s\": block %llu: top-k index %u out of range or "
+                                            "out of order", nm, (unsigned long long)b, e[0]);
+                        prev = e[0];
+                }
+                at += (size_t)c * WIRE_TOPK_ENTRY;
+        }
+        if (at != t->nbytes)
+                return fail(err, errlen, "tensor \"%s\": %zu bytes after the last top-k block", nm, t->nbytes - at);
+        return 0;
+}
+
 static int parse_tensor(struct cur *c, size_t end, struct wire_tensor *t, char *err, size_t errlen) {
         while (c->pos < end) {
                 uint64_t tag, v, len;
@@ -381,8 +476,9 @@ static int parse_tensor(struct cur *c, size_t end, struct wire_tensor *t, char *
         if (c->pos != end)
                 return fail(err, errlen, "tensor: fields overrun the tensor's length");
         const char *nm = t->name ? t->name : "";
+        bool packed = t->dtype == WIRE_DTYPE_INT8_BLOCKS || t->dtype == WIRE_DTYPE_TOPK;
         size_t es = wire_dtype_size(t->dtype);
-        if (!es)
+        if (!es && !packed)
                 return fail(err, errlen, "tensor \"%s\": unknown dtype %u", nm, t->dtype);
         uint64_t el = 1;
         for (unsigned i = 0; i < t->ndims; i++) {
@@ -390,7 +486,11 @@ static int parse_tensor(struct cur *c, size_t end, struct wire_tensor *t, char *
                         return fail(err, errlen, "tensor \"%s\": shape overflows", nm);
                 el *= t->shape[i];
         }
-        if (el > SIZE_MAX / es || el * es != t->nbytes)
+        if (packed) {
+                int r = check_packed(t, el, nm, err, errlen);
+                if (r < 0)
+                        return r;
+        } else if (el > SIZE_MAX / es || el * es != t->nbytes)
                 return fail(err, errlen, "tensor \"%s\": %zu data bytes do not match shape (%llu elements of %zu bytes)",
                             nm, t->nbytes, (unsigned long long)el, es);
         t->elements = el;
@@ -595,7 +695,281 @@ void wire_bf16_to_f32(float *dst, const uint16_t *src, size_t n) {
         }
 }
 
+/* ---- int8 blocks, top-k ---- */
+
+size_t wire_int8_size(size_t n) {
+        return n + 4 * (n / WIRE_BLOCK + (n % WIRE_BLOCK != 0));
+}
+
+/* max |x| of len values, and whether all are finite (a NaN has no magnitude to compare) */
+static float block_absmax(const float *x, size_t len, bool *finite) {
+        size_t i = 0;
+        float max = 0;
+        bool ok = true;
+#ifdef __SSE2__
+        const __m128 abs = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff)), inf = _mm_set1_ps(INFINITY);
+        __m128 m = _mm_setzero_ps(), bad = _mm_setzero_ps();
+        for (; i + 4 <= len; i += 4) {
+                __m128 v = _mm_and_ps(_mm_loadu_ps(x + i), abs);
+                bad = _mm_or_ps(bad, _mm_cmpnlt_ps(v, inf));   /* Inf, or unordered: NaN */
+                m = _mm_max_ps(m, v);
+        }
+        float lane[4];
+        _mm_storeu_ps(lane, m);
+        for (int k = 0; k < 4; k++)
+                max = lane[k] > max ? lane[k] : max;
+        ok = _mm_movemask_ps(bad) == 0;
+#endif
+        for (; i < len; i++) {
+                float v = fabsf(x[i]);
+                ok &= isfinite(v);
+                max = v > max ? v : max;
+        }
+        *finite = ok;
+        return max;
+}
+
+/* A push converts a model's gradients every step: 16 values at a time with SSE2, as bfloat16 does
+ * (the compiler at -O2 keeps these loops scalar). Both round to nearest even. */
+void wire_int8_encode(uint8_t *dst, const float *src, size_t n) {
+        for (size_t b = 0; b < n; b += WIRE_BLOCK) {
+                size_t len = n - b < WIRE_BLOCK ? n - b : WIRE_BLOCK, i = 0;
+                const float *x = src + b;
+                bool finite;
+                float max = block_absmax(x, len, &finite);
+                float inv = finite && max > 0 ? 127.0f / max : 0;   /* |x * inv| <= 127: no clamp needed */
+                put_f32(dst, finite ? max / 127.0f : NAN);
+                uint8_t *q = dst + 4;
+                if (!finite)
+                        i = len, memset(q, 0, len);
+#ifdef __SSE2__
+                const __m128 vinv = _mm_set1_ps(inv);
+                for (; i + 16 <= len; i += 16) {
+                        __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i), vinv));
+                        __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 4), vinv));
+                        __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 8), vinv));
+                        __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(x + i + 12), vinv));
+                        __m128i w = _mm_packs_epi16(_mm_packs_epi32(q0, q1), _mm_packs_epi32(q2, q3));
+                        _mm_storeu_si128((__m128i *)(void *)(q + i), w);
+                }
+#endif
+                for (; i < len; i++)
+                        q[i] = (uint8_t)(int8_t)nearbyintf(x[i] * inv);
+                dst += 4 + len;
+        }
+}
+
+void wire_int8_decode(float *dst, const uint8_t *src, size_t n) {
+        for (size_t b = 0; b < n; b += WIRE_BLOCK) {
+                size_t len = n - b < WIRE_BLOCK ? n - b : WIRE_BLOCK, i = 0;
+                float scale = get_f32(src), *y = dst + b;
+                const uint8_t *q = src + 4;
+#ifdef __SSE2__
+                const __m128 vs = _mm_set1_ps(scale);
+                for (; i + 16 <= len; i += 16) {
+                        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(q + i));
+                        /* sign-extend: each byte doubled into a 16-bit lane, shifted down arithmetically */
+                        __m128i lo = _mm_srai_epi16(_mm_unpacklo_epi8(v, v), 8), hi = _mm_srai_epi16(_mm_unpackhi_epi8(v, v), 8);
+                        __m128i d0 = _mm_srai_epi32(_mm_unpacklo_epi16(lo, lo), 16);
+                        __m128i d1 = _mm_srai_epi32(_mm_unpackhi_epi16(lo, lo), 16);
+                        __m128i d2 = _mm_srai_epi32(_mm_unpacklo_epi16(hi, hi), 16);
+                        __m128i d3 = _mm_srai_epi32(_mm_unpackhi_epi16(hi, hi), 16);
+                        _mm_storeu_ps(y + i, _mm_mul_ps(_mm_cvtepi32_ps(d0), vs));
+                        _mm_storeu_ps(y + i + 4, _mm_mul_ps(_mm_cvtepi32_ps(d1), vs));
+                        _mm_storeu_ps(y + i + 8, _mm_mul_ps(_mm_cvtepi32_ps(d2), vs));
+                        _mm_storeu_ps(y + i + 12, _mm_mul_ps(_mm_cvtepi32_ps(d3), vs));
+                }
+#endif
+                for (; i < len; i++)
+                        y[i] = (float)(int8_t)q[i] * scale;
+                src += 4 + len;
+        }
+}
+
+size_t wire_topk_max_size(size_t n, unsigned k) {
+        size_t full = n / WIRE_BLOCK, rest = n % WIRE_BLOCK;
+        size_t per = k < WIRE_BLOCK ? k : WIRE_BLOCK, last = k < rest ? k : rest;
+        return full * (2 + per * WIRE_TOPK_ENTRY) + (rest ? 2 + last * WIRE_TOPK_ENTRY : 0);
+}
+
+/* the k-th largest of m[0..n) (1 <= k <= n, no NaN), reordering m: quickselect with a three-way
+ * partition (gradients hold many equal values, zeros above all) */
+static float kth_largest(float *m, int n, int k) {
+        int lo = 0, hi = n - 1, want = k - 1;
+        while (lo < hi) {
+                float pivot = m[lo + (hi - lo) / 2], t;
+                int lt = lo, i = lo, gt = hi;   /* [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot */
+                while (i <= gt) {
+                        if (m[i] > pivot) {
+                                t = m[lt], m[lt++] = m[i], m[i++] = t;
+                        } else if (m[i] < pivot) {
+                                t = m[gt], m[gt--] = m[i], m[i] = t;
+                        } else {
+                                i++;
+                        }
+                }
+                if (want < lt)
+                        hi = lt - 1;
+                else if (want > gt)
+                        lo = gt + 1;
+                else
+                        return pivot;
+        }
+        return m[want];
+}
+
+/* the k-th largest of m[0..n) (1 <= k <= TOPK_SMALL, k <= n) in one pass: the k largest so far, kept
+ * sorted; most values lose to the smallest of them at the first comparison (four at a time with SSE2) */
+#define TOPK_SMALL 16
+static float kth_largest_small(const float *m, int n, int k) {
+        float top[TOPK_SMALL];
+        int have = 0, i = 0;
+        while (i < n) {
+#ifdef __SSE2__
+                if (have == k) {
+                        const __m128 least = _mm_set1_ps(top[k - 1]);
+                        while (i + 4 <= n && !_mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(m + i), least)))
+                                i += 4;
+                        if (i == n)
+                                break;
+                }
+#endif
+                float a = m[i++];
+                if (have == k && !(a > top[k - 1]))
+                        continue;
+                int j = have < k ? have++ : k - 1;
+                for (; j > 0 && top[j - 1] < a; j--)
+                        top[j] = top[j - 1];
+                top[j] = a;
+        }
+        return top[k - 1];
+}
+
+/* mag[i] = |x[i]|, NaN as Inf: a value that is not finite is taken first, sent, and refused */
+static void topk_magnitudes(float *mag, const float *x, size_t len) {
+        size_t i = 0;
+#ifdef __SSE2__
+        const __m128 abs = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff)), inf = _mm_set1_ps(INFINITY);
+        for (; i + 4 <= len; i += 4) {
+                __m128 v = _mm_loadu_ps(x + i), nan = _mm_cmpunord_ps(v, v);
+                _mm_storeu_ps(mag + i, _mm_or_ps(_mm_andnot_ps(nan, _mm_and_ps(v, abs)), _mm_and_ps(nan, inf)));
+        }
+#endif
+        for (; i < len; i++)
+                mag[i] = isnan(x[i]) ? INFINITY : fabsf(x[i]);
+}
+
+/* the indices of mag[0..len) at or above thr, in order, into idx; returns how many */
+static size_t topk_candidates(uint8_t *idx, const float *mag, size_t len, float thr) {
+        size_t i = 0, n = 0;
+#ifdef __SSE2__
+        const __m128 t = _mm_set1_ps(thr);
+        for (; i + 4 <= len; i += 4)
+                for (int m = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(mag + i), t)); m; m &= m - 1)
+                        idx[n++] = (uint8_t)(i + (size_t)__builtin_ctz((unsigned)m));
+#endif
+        for (; i < len; i++)
+                if (mag[i] >= thr)
+                        idx[n++] = (uint8_t)i;
+        return n;
+}
+
+size_t wire_topk_encode(uint8_t *dst, const float *src, size_t n, unsigned k) {
+        uint8_t *p = dst;
+        for (size_t b = 0; b < n; b += WIRE_BLOCK) {
+                size_t len = n - b < WIRE_BLOCK ? n - b : WIRE_BLOCK;
+                const float *x = src + b;
+                float mag[WIRE_BLOCK], sel[WIRE_BLOCK], thr;
+                uint8_t cand[WIRE_BLOCK];
+                size_t c = k < len ? k : len;
+                topk_magnitudes(mag, x, len);
+                if (c <= TOPK_SMALL) {
+                        thr = kth_largest_small(mag, (int)len, (int)c);
+                } else {
+                        memcpy(sel, mag, len * sizeof(float));
+                        thr = kth_largest(sel, (int)len, (int)c);
+                }
+                size_t nc = topk_candidates(cand, mag, len, thr), above = 0;
+                for (size_t j = 0; j < nc; j++)
+                        above += mag[cand[j]] > thr;
+                size_t ties = c - above;   /* the values equal to the threshold taken, lowest index first */
+                p[0] = (uint8_t)c;
+                p[1] = (uint8_t)(c >> 8);
+                p += 2;
+                for (size_t j = 0; j < nc; j++) {
+                        uint8_t i = cand[j];
+                        if (!(mag[i] > thr)) {
+                                if (!ties)
+                                        continue;
+                                ties--;
+                        }
+                        p[0] = i;
+                        put_f32(p + 1, x[i]);
+                        p += WIRE_TOPK_ENTRY;
+                }
+        }
+        return (size_t)(p - dst);
+}
+
+size_t wire_topk_decode(float *dst, const uint8_t *src, size_t n) {
+        const uint8_t *p = src;
+        for (size_t b = 0; b < n; b += WIRE_BLOCK) {
+                size_t len = n - b < WIRE_BLOCK ? n - b : WIRE_BLOCK;
+                uint32_t c = get_u16(p);
+                p += 2;
+                memset(dst + b, 0, len * sizeof(float));
+                for (uint32_t i = 0; i < c; i++, p += WIRE_TOPK_ENTRY)
+                        if (p[0] < len)
+                                dst[b + p[0]] = get_f32(p + 1);
+        }
+        return (size_t)(p - src);
+}
+
+/* The next block of a compressed tensor, decoded into r->blk. */
+static void reader_next_block(struct wire_reader *r) {
+        const struct wire_tensor *t = r->t;
+        uint64_t left = t->elements - r->done;
+        uint32_t len = left < WIRE_BLOCK ? (uint32_t)left : WIRE_BLOCK;
+        uint8_t buf[2 + WIRE_BLOCK * WIRE_TOPK_ENTRY];
+        if (t->dtype == WIRE_DTYPE_INT8_BLOCKS) {
+                wire_reader_read(r, buf, 4 + len);
+                wire_int8_decode(r->blk, buf, len);
+        } else {
+                wire_reader_read(r, buf, 2);
+                uint32_t c = get_u16(buf);
+                c = c < len ? c : len;   /* wire_in_parse has checked it; stay in the buffer regardless */
+                wire_reader_read(r, buf + 2, (size_t)c * WIRE_TOPK_ENTRY);
+                buf[0] = (uint8_t)c;
+                buf[1] = (uint8_t)(c >> 8);
+                wire_topk_decode(r->blk, buf, len);
+        }
+        r->blk_len = len;
+        r->blk_pos = 0;
+        r->done += len;
+}
+
+static void read_packed(struct wire_reader *r, float *dst, size_t n) {
+        while (n > 0) {
+                if (r->blk_pos == r->blk_len) {
+                        if (r->done >= r->t->elements) {
+                                memset(dst, 0, n * sizeof(float));   /* past the end: the caller's bug */
+                                return;
+                        }
+                        reader_next_block(r);
+                }
+                size_t k = r->blk_len - r->blk_pos < n ? r->blk_len - r->blk_pos : n;
+                memcpy(dst, r->blk + r->blk_pos, k * sizeof(float));
+                r->blk_pos += (uint32_t)k;
+                dst += k;
+                n -= k;
+        }
+}
+
 void wire_reader_read_f32(struct wire_reader *r, float *dst, size_t n) {
+        if (r->t->dtype == WIRE_DTYPE_INT8_BLOCKS || r->t->dtype == WIRE_DTYPE_TOPK) {
+                read_packed(r, dst, n);
+                return;
+        }
         if (r->t->dtype != WIRE_DTYPE_BFLOAT16) {
                 wire_reader_read(r, dst, n * sizeof(float));
                 return;
@@ -611,7 +985,7 @@ void wire_reader_read_f32(struct wire_reader *r, float *dst, size_t n) {
 }
 
 void wire_tensor_copy_f32(const struct wire_tensor *t, float *dst) {
-        if (t->dtype != WIRE_DTYPE_BFLOAT16) {
+        if (t->dtype != WIRE_DTYPE_BFLOAT16 && t->dtype != WIRE_DTYPE_INT8_BLOCKS && t->dtype != WIRE_DTYPE_TOPK) {
                 wire_tensor_copy(t, dst);
                 return;
         }
@@ -649,7 +1023,10 @@ int wire_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d, Proto
 }
 
 void wire_reader_init(struct wire_reader *r, const struct wire_tensor *t) {
-        *r = (struct wire_reader){.t = t};
+        r->t = t;   /* blk needs no clearing: blk_len 0 says it is empty */
+        r->seg = r->off = 0;
+        r->done = 0;
+        r->blk_len = r->blk_pos = 0;
 }
 
 void wire_reader_read(struct wire_reader *r, void *dst, size_t n) {

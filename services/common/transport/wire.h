@@ -18,10 +18,24 @@
 #define WIRE_FIELD_HEADER 1
 #define WIRE_FIELD_TENSORS 2
 
-enum wire_dtype { WIRE_DTYPE_FLOAT32 = 1, WIRE_DTYPE_INT64 = 2, WIRE_DTYPE_BFLOAT16 = 3 };
+/* INT8_BLOCKS and TOPK are compressed float32 (rpc.compression), for pushes' gradients only. Both cut a
+ * tensor's values (row-major) into blocks of WIRE_BLOCK, the last one shorter:
+ *   INT8_BLOCKS: per block a float32 scale (max|x| / 127, finite, >= 0), then its values as int8 q,
+ *                x = q * scale (q in -127..127): wire_int8_size(n) bytes in all;
+ *   TOPK:        per block a uint16 count c (<= the block's length), then c entries, each a uint8 index
+ *                into the block (strictly increasing) and a float32 value; the values not sent are 0.
+ * All fields little-endian. */
+enum wire_dtype {
+        WIRE_DTYPE_FLOAT32 = 1, WIRE_DTYPE_INT64 = 2, WIRE_DTYPE_BFLOAT16 = 3, WIRE_DTYPE_INT8_BLOCKS = 4,
+        WIRE_DTYPE_TOPK = 5,
+};
+#define WIRE_BLOCK 256
+#define WIRE_TOPK_ENTRY 5   /* bytes of one TOPK entry: index, value */
 
-/* Size in bytes of one element; 0 for an unknown dtype. */
+/* Size in bytes of one element; 0 for an unknown dtype, and for the compressed ones (no fixed size). */
 size_t wire_dtype_size(uint32_t dtype);
+/* The dtypes that read as float32 (wire_reader_read_f32): FLOAT32, BFLOAT16, INT8_BLOCKS, TOPK. */
+bool wire_dtype_is_f32(uint32_t dtype);
 
 /* ---- sending ---- */
 
@@ -109,13 +123,18 @@ void wire_tensor_copy(const struct wire_tensor *t, void *dst);
 struct wire_reader {
         const struct wire_tensor *t;
         size_t seg, off;
+        /* a compressed tensor read as float32: its current block, decoded */
+        uint64_t done;            /* elements decoded so far */
+        uint32_t blk_len, blk_pos;
+        float blk[WIRE_BLOCK];
 };
 void wire_reader_init(struct wire_reader *r, const struct wire_tensor *t);
 /* Copies the next n bytes (the caller keeps within nbytes) into dst. */
 void wire_reader_read(struct wire_reader *r, void *dst, size_t n);
 
-/* A FLOAT32 or BFLOAT16 tensor read as float32 (bfloat16 widened exactly): the next n elements, or all
- * of them into dst (t->elements floats of room). Any other dtype is copied as it is. */
+/* A FLOAT32, BFLOAT16, INT8_BLOCKS or TOPK tensor read as float32 (bfloat16 widened exactly, the
+ * compressed ones decoded; wire_in_parse has checked their structure): the next n elements, or all of
+ * them into dst (t->elements floats of room). Any other dtype is copied as it is. */
 void wire_reader_read_f32(struct wire_reader *r, float *dst, size_t n);
 void wire_tensor_copy_f32(const struct wire_tensor *t, float *dst);
 
@@ -130,6 +149,24 @@ int wire_tensor_copy_in(const struct wire_tensor *t, const struct job_layout *L,
  * value past bfloat16's largest becomes Inf); from bfloat16 is exact. */
 void wire_bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 void wire_bf16_to_f32(float *dst, const uint16_t *src, size_t n);
+
+/* ---- the compressed encodings (pure: no allocation; trusted input for the decoders) ---- */
+
+/* Bytes of n values as INT8_BLOCKS. */
+size_t wire_int8_size(size_t n);
+/* n values as INT8_BLOCKS into dst (wire_int8_size(n) bytes). A block holding NaN or Inf gets a NaN
+ * scale and zeros, so that a receiver refuses it as it refuses a non-finite float32 gradient. */
+void wire_int8_encode(uint8_t *dst, const float *src, size_t n);
+void wire_int8_decode(float *dst, const uint8_t *src, size_t n);
+
+/* Most bytes of n values as TOPK with at most k entries per block. */
+size_t wire_topk_max_size(size_t n, unsigned k);
+/* The k largest-magnitude values of each block (all of a block shorter than k; ties: the lower index;
+ * NaN and Inf count as largest, so a receiver sees and refuses them) as TOPK into dst
+ * (wire_topk_max_size(n, k) bytes of room). Returns the bytes written. k >= 1. */
+size_t wire_topk_encode(uint8_t *dst, const float *src, size_t n, unsigned k);
+/* Decodes n values; returns the bytes read. */
+size_t wire_topk_decode(float *dst, const uint8_t *src, size_t n);
 
 /* Unpacks a whole message without tensors from a byte buffer (not taken). */
 int wire_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d, ProtobufCMessage **ret);

@@ -1,0 +1,56 @@
+"""rpc.compression end to end: the demo model, 1 ps + 1 worker, every push through gRPC (rpc.shared_memory
+off), trained 2000 steps with each compression. Each run still learns as the float32 run does (test
+accuracy within ACCURACY_POINTS of it; int8 and topk carry what they drop to the next push: error
+feedback), and psd's counters show the bytes each compression saves: gradient bytes in per push of
+int8 at most 0.3 of float32's, of topk:0.01 at most 0.05; answers in bfloat16 (half of float32's) for
+every compression but none. Prints a table of the figures (docs/performance.md, "Compression")."""
+import harness as h
+
+STEPS = 2000
+MODES = ["none", "bf16", "int8", "topk:0.01"]
+ACCURACY_POINTS = 0.005      # 0.5 points of test accuracy
+
+
+def run(mode):
+    wd = h.Workdir()
+    job, spec = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": STEPS},
+                           rpc={"shared_memory": False, "compression": mode})
+    chief_addr = spec["cluster"]["chief"][0]
+    chief, ps = h.chief_and_ps(wd, job, spec)[:2]
+    worker = h.daemon(wd, "workerd", job, 0)
+    st = h.wait_pushes(spec["cluster"]["ps"][0], 1000, [worker, chief, ps])
+    assert st.rejected == 0, st
+    assert worker.wait(240) == 0, worker.stderr()[-3000:]
+    assert "pushing through shared memory" not in worker.stderr()
+    done = h.wait_state(chief_addr, "DONE", 120, [chief])
+    for p in (chief, ps):
+        p.kill()
+    assert done.global_step >= STEPS, done
+    return {"mode": mode, "in_per_push": st.bytes_in / st.pushes, "out_per_push": st.bytes_out / st.pushes,
+            "params": st.bytes // 4, "accuracy": done.test_accuracy}
+
+
+def test():
+    h.plain_rpc()   # its own gRPC clients call the daemons as any role
+    h.require("psd", "workerd", "chiefd")
+    res = {m: run(m) for m in MODES}
+    base = res["none"]
+    h.log("%-10s %14s %9s %14s %9s %9s" % ("mode", "in B/push", "of fp32", "out B/push", "of fp32", "accuracy"))
+    for m in MODES:
+        r = res[m]
+        h.log("%-10s %14.0f %9.3f %14.0f %9.3f %9.4f" % (m, r["in_per_push"], r["in_per_push"] / base["in_per_push"],
+                                                        r["out_per_push"], r["out_per_push"] / base["out_per_push"],
+                                                        r["accuracy"]))
+    assert base["accuracy"] >= 0.80, base
+    assert abs(base["in_per_push"] - base["out_per_push"]) < 1, base   # float32 both ways
+    assert abs(res["bf16"]["in_per_push"] / base["in_per_push"] - 0.5) < 0.01, res["bf16"]
+    assert res["int8"]["in_per_push"] <= 0.3 * base["in_per_push"], res["int8"]
+    assert res["topk:0.01"]["in_per_push"] <= 0.05 * base["in_per_push"], res["topk:0.01"]
+    for m in ("bf16", "int8", "topk:0.01"):
+        # answers: bfloat16 for the compressed variables, float32 for the small ones left alone
+        assert res[m]["out_per_push"] <= 0.51 * base["out_per_push"], res[m]
+        assert res[m]["accuracy"] >= base["accuracy"] - ACCURACY_POINTS, (m, res[m], base)
+
+
+if __name__ == "__main__":
+    h.main(test)
