@@ -31,6 +31,18 @@ static void test_choice(void **state) {
         assert_int_equal(compress_topk_k(0.999999), 256);
 }
 
+/* auto: int8 to a shard beyond loopback (its psd or its backup), none on loopback; others as given */
+static void test_for_shard(void **state) {
+        (void)state;
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "127.0.0.1:7000", NULL), RPC_COMPRESS_NONE);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "localhost:7000", "[::1]:7001"), RPC_COMPRESS_NONE);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "10.0.0.2:7000", NULL), RPC_COMPRESS_INT8);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "127.0.0.1:7000", "node2:7000"), RPC_COMPRESS_INT8);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_NONE, "10.0.0.2:7000", NULL), RPC_COMPRESS_NONE);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_TOPK, "127.0.0.1:7000", NULL), RPC_COMPRESS_TOPK);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_BF16, "node2:7000", NULL), RPC_COMPRESS_BF16);
+}
+
 /* sum over steps of decoded(sent) == sum of gradients - final residual, per value, for int8 and top-k
  * (float32 sums in double: the identity is exact up to the rounding of each step's subtraction) */
 static void error_feedback(uint32_t dtype, unsigned k) {
@@ -82,5 +94,5 @@ static void test_error_feedback_topk(void **state) {
         error_feedback(WIRE_DTYPE_TOPK, 256);   /* everything: nothing left over */
 }
 
-UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_choice), cmocka_unit_test(test_error_feedback_int8),
+UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_choice), cmocka_unit_test(test_for_shard), cmocka_unit_test(test_error_feedback_int8),
                cmocka_unit_test(test_error_feedback_topk))

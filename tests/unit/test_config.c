@@ -640,7 +640,7 @@ static const struct bad_case bad_cases[] = {
         { "{" BASE ", 'training': {'ftrl_lr_power': 0.5}}", "training.ftrl_lr_power: 0.5 is out of range [-10, 0]" },
         { "{" BASE ", 'training': {'ftrl_lr_power': -11}}", "training.ftrl_lr_power: -11 is out of range [-10, 0]" },
         { "{" BASE ", 'rpc': {'compression': 'int4'}}",
-          "rpc.compression: \"int4\" is not one of none, bf16, int8, topk:R (R a ratio in (0, 1), e.g. topk:0.01)" },
+          "rpc.compression: \"int4\" is not one of auto, none, bf16, int8, topk:R (R a ratio in (0, 1), e.g. topk:0.01)" },
         { "{" BASE ", 'rpc': {'compression': 'topk:1.5'}}",
           "rpc.compression: \"topk:1.5\" has a top-k ratio that is not a number in (0, 1) (topk:0.01 sends the "
           "largest 1% of each block of 256 values)" },
@@ -1316,7 +1316,7 @@ static void test_env_overrides(void **state) {
         assert_true(d.rpc.shared_memory);
         assert_string_equal(d.rpc.runtime_dir, "/run/psfleet");
         assert_null(d.device.device);
-        assert_string_equal(d.rpc.compression, "none");
+        assert_string_equal(d.rpc.compression, "auto");
         assert_int_equal(d.rpc.compression_min_bytes, 4096);
         free(d.rpc.runtime_dir);
         free(d.rpc.compression);
@@ -1388,15 +1388,17 @@ static void test_docs_current(void **state) {
         free(path);
 }
 
-/* rpc.compression: parsed into its kind and ratio; rpc.wire_dtype bfloat16 means bf16 (alone or with
- * bf16 itself). */
+/* rpc.compression: parsed into its kind and ratio (auto by default); rpc.wire_dtype bfloat16 means bf16
+ * (alone, with auto, or with bf16 itself). */
 static void test_compression_keys(void **state) {
         static const struct {
                 const char *rpc;
                 enum rpc_compression kind;
                 double ratio;
         } cases[] = {
-                { "{}", RPC_COMPRESS_NONE, 0 },
+                { "{}", RPC_COMPRESS_AUTO, 0 },
+                { "{'compression': 'none'}", RPC_COMPRESS_NONE, 0 },
+                { "{'compression': 'auto', 'wire_dtype': 'bfloat16'}", RPC_COMPRESS_BF16, 0 },
                 { "{'compression': 'int8'}", RPC_COMPRESS_INT8, 0 },
                 { "{'compression': 'bf16'}", RPC_COMPRESS_BF16, 0 },
                 { "{'compression': 'topk:0.01'}", RPC_COMPRESS_TOPK, 0.01 },

@@ -464,7 +464,8 @@ int cfg_check_rpc(const struct ctx *x, struct rpc_config *rpc) {
         if (cfg_parse_compression(rpc->compression, &rpc->compress, &rpc->topk_ratio, why, sizeof(why)) < 0)
                 return cfg_failf(x, "rpc.compression", "\"%s\" %s", rpc->compression, why);
         if (rpc->wire_dtype == RPC_WIRE_BFLOAT16) {
-                if (rpc->compress != RPC_COMPRESS_NONE && rpc->compress != RPC_COMPRESS_BF16)
+                if (rpc->compress != RPC_COMPRESS_NONE && rpc->compress != RPC_COMPRESS_BF16 &&
+                    rpc->compress != RPC_COMPRESS_AUTO)
                         return cfg_failf(x, "rpc.wire_dtype", "bfloat16 contradicts rpc.compression \"%s\" (rpc.wire_dtype "
                                          "bfloat16 is the older spelling of rpc.compression bf16: set only one)",
                                          rpc->compression);

@@ -38,7 +38,8 @@ enum security_mode { SECURITY_AUTO, SECURITY_MTLS, SECURITY_INSECURE };
 /* supervisor.recovery: what a lost shard costs (docs/checkpoints.md) */
 enum recovery_mode { RECOVERY_JOB, RECOVERY_SHARD };
 enum rpc_wire_dtype { RPC_WIRE_FLOAT32, RPC_WIRE_BFLOAT16 };
-enum rpc_compression { RPC_COMPRESS_NONE, RPC_COMPRESS_BF16, RPC_COMPRESS_INT8, RPC_COMPRESS_TOPK };
+/* AUTO: INT8 to a shard beyond loopback, NONE on loopback (compress_for_shard) */
+enum rpc_compression { RPC_COMPRESS_NONE, RPC_COMPRESS_BF16, RPC_COMPRESS_INT8, RPC_COMPRESS_TOPK, RPC_COMPRESS_AUTO };
 
 struct training_config {
         uint32_t batch_size;
@@ -148,7 +149,7 @@ struct rpc_config {
         char *runtime_dir;      /* psd's unix sockets for shared-memory attach */
         enum rpc_wire_dtype wire_dtype; /* workerd: pushes and their answers through gRPC (older spelling of
                                          * rpc.compression bf16) */
-        char *compression;      /* workerd: "none", "bf16", "int8", "topk:R" as written */
+        char *compression;      /* workerd: "auto", "none", "bf16", "int8", "topk:R" as written */
         enum rpc_compression compress;  /* compression parsed, rpc.wire_dtype bfloat16 folded in */
         double topk_ratio;      /* RPC_COMPRESS_TOPK: the share of each block sent, (0, 1) */
         uint64_t compression_min_bytes; /* int8, topk: variables with fewer float32 bytes go uncompressed */

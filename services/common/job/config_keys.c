@@ -89,9 +89,9 @@ static int check_metrics_listen(const char *s, char *why, size_t whylen)
 int cfg_parse_compression(const char *s, enum rpc_compression *kind, double *ratio, char *why, size_t whylen)
 {
         static const char *const plain[] = { [RPC_COMPRESS_NONE] = "none", [RPC_COMPRESS_BF16] = "bf16",
-                                             [RPC_COMPRESS_INT8] = "int8" };
+                                             [RPC_COMPRESS_INT8] = "int8", [RPC_COMPRESS_AUTO] = "auto" };
         for (int i = 0; i < (int)(sizeof(plain) / sizeof(plain[0])); i++)
-                if (strcmp(s, plain[i]) == 0) {
+                if (plain[i] && strcmp(s, plain[i]) == 0) {
                         *kind = (enum rpc_compression)i;
                         *ratio = 0;
                         return 0;
@@ -109,7 +109,7 @@ int cfg_parse_compression(const char *s, enum rpc_compression *kind, double *rat
                                       "largest 1%% of each block of %d values)", 256);
                 return -EINVAL;
         }
-        snprintf(why, whylen, "is not one of none, bf16, int8, topk:R (R a ratio in (0, 1), e.g. topk:0.01)");
+        snprintf(why, whylen, "is not one of auto, none, bf16, int8, topk:R (R a ratio in (0, 1), e.g. topk:0.01)");
         return -EINVAL;
 }
 
@@ -438,9 +438,10 @@ const struct config_key cfg_keys[] = {
                "received. Shared memory, pulls and checkpoints stay float32. Each worker decides for itself "
                "(psd answers in the format it was pushed). The older spelling of rpc.compression bf16, which "
                "it implies."),
-        K_STR("rpc.compression", rpc.compression, "none",
+        K_STR("rpc.compression", rpc.compression, "auto",
               "workerd: how its gradients pushed through gRPC travel, and the fresh values psd answers with. "
-              "none: float32; bf16: bfloat16 both ways (as rpc.wire_dtype bfloat16); int8: per block of 256 "
+              "auto: int8 to a shard beyond loopback (its psd, or its backup, on another host), none on "
+              "loopback (docs/performance.md, \"Compression\"); none: float32; bf16: bfloat16 both ways (as rpc.wire_dtype bfloat16); int8: per block of 256 "
               "values one float32 scale (max|x|/127) and the values rounded to int8 (0.254 of float32's "
               "bytes); topk:R: per block of 256 values only the largest-magnitude ceil(R x 256) as "
               "index+value pairs (5 bytes each; topk:0.01 sends 3 per block). int8 and topk keep what they "

@@ -3,7 +3,9 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdbool.h>
 
+#include "tls.h"
 #include "wire.h"
 
 uint32_t compress_dtype(enum rpc_compression c, uint64_t var_bytes, uint64_t min_bytes) {
@@ -12,9 +14,17 @@ uint32_t compress_dtype(enum rpc_compression c, uint64_t var_bytes, uint64_t min
         case RPC_COMPRESS_BF16: return WIRE_DTYPE_BFLOAT16;
         case RPC_COMPRESS_INT8: return var_bytes < min_bytes ? WIRE_DTYPE_FLOAT32 : WIRE_DTYPE_INT8_BLOCKS;
         case RPC_COMPRESS_TOPK: return var_bytes < min_bytes ? WIRE_DTYPE_FLOAT32 : WIRE_DTYPE_TOPK;
+        case RPC_COMPRESS_AUTO: break;   /* resolved per shard first (compress_for_shard) */
         }
         assert(!"unknown rpc.compression");
         return WIRE_DTYPE_FLOAT32;
+}
+
+enum rpc_compression compress_for_shard(enum rpc_compression c, const char *addr, const char *backup) {
+        if (c != RPC_COMPRESS_AUTO)
+                return c;
+        bool near = tls_addr_is_loopback(addr) && (!backup || tls_addr_is_loopback(backup));
+        return near ? RPC_COMPRESS_NONE : RPC_COMPRESS_INT8;
 }
 
 uint32_t compress_answer_dtype(uint32_t pushed) {

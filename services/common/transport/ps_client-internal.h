@@ -72,6 +72,7 @@ struct ps_client {
          * (error feedback: compress.h); NULL for the others */
         float *residual;
         unsigned topk_k;                /* topk: entries per block */
+        enum rpc_compression *compress; /* (n_shards) rpc.compression for each shard, auto resolved */
         struct rpc_batch *batch;        /* gRPC pushes in flight: started by the pusher, taken by `receiver` */
         pthread_t receiver;
         bool receiving;

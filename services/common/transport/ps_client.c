@@ -67,6 +67,7 @@ struct ps_client *ps_client_free(struct ps_client *pc) {
         }
         free(pc->fl);
         free(pc->residual);
+        free(pc->compress);
         shmlink_free(pc->link);
         for (uint32_t s = 0; pc->shard && s < pc->L->n_shards; s++) {
                 rpc_channel_free(pc->shard[s].ch);
@@ -367,7 +368,7 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
         for (uint32_t i = 0; i < f->g.n_parts && r >= 0; i++) {
                 uint32_t p = f->g.parts[i];
                 const struct job_var *v = &pc->L->vars[pc->L->plan->parts[p].var];
-                uint32_t dtype = compress_dtype(pc->cfg->rpc.compress, (uint64_t)v->rows * v->cols * sizeof(float),
+                uint32_t dtype = compress_dtype(pc->compress[f->g.shard], (uint64_t)v->rows * v->cols * sizeof(float),
                                                 pc->cfg->rpc.compression_min_bytes);
                 if (dtype == WIRE_DTYPE_INT8_BLOCKS || dtype == WIRE_DTYPE_TOPK)
                         r = add_part_ef(pc, o, p, dtype);
@@ -488,8 +489,20 @@ int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, con
         if (!pc->fl)
                 return -ENOMEM;
         pc->n_fl = n_groups;
-        enum rpc_compression c = pc->cfg->rpc.compress;
-        if (c == RPC_COMPRESS_INT8 || c == RPC_COMPRESS_TOPK) {
+        const struct cluster *cl = &pc->cfg->cluster;
+        bool lossy = false;
+        if (!(pc->compress = calloc(pc->L->n_shards + 1, sizeof(*pc->compress))))
+                return -ENOMEM;
+        for (uint32_t s = 0; s < pc->L->n_shards; s++) {
+                enum rpc_compression c = compress_for_shard(pc->cfg->rpc.compress, cl->ps[s].addr,
+                                                            s < cl->n_ps_backup ? cl->ps_backup[s].addr : NULL);
+                pc->compress[s] = c;
+                lossy |= c == RPC_COMPRESS_INT8 || c == RPC_COMPRESS_TOPK;
+                if (pc->cfg->rpc.compress == RPC_COMPRESS_AUTO && c != RPC_COMPRESS_NONE)
+                        log_info("ps:%u (%s) is beyond loopback: its gRPC pushes go as int8 with error feedback "
+                                 "(rpc.compression auto)", s, cl->ps[s].addr);
+        }
+        if (lossy) {
                 if (!(pc->residual = calloc(pc->L->n_params + 1, sizeof(float))))
                         return -ENOMEM;
                 pc->topk_k = compress_topk_k(pc->cfg->rpc.topk_ratio);
