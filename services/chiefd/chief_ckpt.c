@@ -796,6 +796,55 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
         return r;
 }
 
+int chief_ckpt_read_chain(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, size_t n, size_t i,
+                          float *params, struct ps_sparse_rows *tables, char *err, size_t errlen) {
+        const struct job_layout *L = s->L;
+        uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
+        size_t *chain = calloc(n + 1, sizeof(*chain)), k = 0, broken = i;
+        bool *gone = calloc(n + 1, sizeof(*gone)), sl = false;
+        float *p2 = malloc(L->n_params * sizeof(float) + sizeof(float));
+        struct ps_sparse_rows acc[MODEL_MAX_EMBEDDINGS] = {0};
+        char e[600];
+        int r = chain && gone && p2 ? 0 : errf(err, errlen, -ENOMEM, "out of memory");
+        if (r >= 0 && (r = chief_chain_of(rows, n, gone, i, chain, &k, &broken)) < 0)
+                errf(err, errlen, r, r == -ENOENT ? "checkpoint \"%s\" is incremental on global_step %" PRIu64 ", "
+                     "which is not recorded" : "checkpoint \"%s\": its chain never reaches a full checkpoint (it goes "
+                     "round at global_step %" PRIu64 ")",
+                     rows[broken].path, rows[broken].parent_step);
+        pthread_mutex_lock(&s->mu);
+        for (size_t j = 0; r >= 0 && j < k; j++) {
+                const struct chief_db_checkpoint *row = &rows[chain[j]];
+                struct ps_sparse_rows inc[MODEL_MAX_EMBEDDINGS] = {0}, ev[MODEL_MAX_EMBEDDINGS] = {0};
+                /* the full one straight into acc; each increment applied to it */
+                r = load_locked(s, row, p2, NULL, &sl, tables ? (j ? inc : acc) : NULL, tables && j ? ev : NULL, e,
+                                sizeof(e));
+                for (uint32_t t = 0; r >= 0 && j && tables && t < n_tables; t++)
+                        if ((r = chief_chain_apply(&acc[t], &inc[t], &ev[t])) < 0)
+                                snprintf(e, sizeof(e), "applying it to table %s: %s", s->model->emb[t].name, strerror(-r));
+                for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++) {
+                        ps_sparse_rows_clear(&inc[t]);
+                        ps_sparse_rows_clear(&ev[t]);
+                }
+                if (r < 0)
+                        errf(err, errlen, r, "checkpoint \"%s\" (global_step %" PRIu64 "%s): %s", row->path,
+                             row->global_step, j ? ", a link of the chain" : "", e);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (r >= 0) {
+                memcpy(params, p2, L->n_params * sizeof(float));
+                for (uint32_t t = 0; tables && t < MODEL_MAX_EMBEDDINGS; t++) {
+                        tables[t] = acc[t];
+                        acc[t] = (struct ps_sparse_rows){0};
+                }
+        }
+        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
+                ps_sparse_rows_clear(&acc[t]);
+        free(p2);
+        free(gone);
+        free(chain);
+        return r < 0 ? r : 0;
+}
+
 /* ---- deleting, listing, repairing ---- */
 
 int chief_ckpt_delete(struct chief_ckpt *s, uint64_t global_step, struct chief_db_checkpoint *ret, char *err,
