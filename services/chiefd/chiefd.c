@@ -16,6 +16,7 @@
 #include "ctr_train.h"
 #include "backend.h"
 #include "chiefd-internal.h"
+#include "chief_evaluator.h"
 #include "chief_metrics.h"
 #include "ckpt.h"
 #include "config.h"
@@ -342,5 +343,9 @@ out:
 }
 
 int main(int argc, char **argv) {
+        /* TF_CONFIG's evaluator task: the same model, data and evaluation, no server (chief_evaluator.c) */
+        for (int i = 1; i < argc; i++)
+                if (strcmp(argv[i], "--evaluator") == 0)
+                        return chief_evaluator_main(argc, argv);
         return run(argc, argv);
 }
