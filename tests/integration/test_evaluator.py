@@ -15,7 +15,9 @@ job trains; then:
 4. every task exits 0 (the evaluator once the job is DONE and the last checkpoint evaluated, even after
    the chief has gone), and nothing is left running (the harness checks);
 5. `psfleet certs` issues the evaluator's certificate when TF_CONFIG's cluster has one, and only then;
-6. a model with embedding tables (the wide-and-deep example on generated rows) and incremental
+6. under mutual TLS (the job's own CA, security.mode auto on loopback) the evaluator presents its own
+   certificate (role evaluator) and reads the chief's list the same way;
+7. a model with embedding tables (the wide-and-deep example on generated rows) and incremental
    checkpoints: the evaluator rebuilds each checkpoint's tables from its chain, and its AUC of the final
    checkpoint is the chief's final test AUC to 4 decimals."""
 import json
@@ -41,24 +43,44 @@ def tf_config(cluster, task_type, index=0):
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}, "environment": "cloud"})
 
 
-def run_job(wd, job, cluster, state, worker_env=None):
+def run_job(wd, job, cluster, state, worker_env=None, tls=False):
     """Starts the evaluator first, then ps, chief and worker, each as `psfleet run` with TF_CONFIG; waits
-    for every one to exit 0. Returns (evaluator, chief)."""
+    for every one to exit 0. Returns (evaluator, chief). Under TLS, readiness is the daemons' own
+    "Listening" lines (the harness's health checks are plain gRPC)."""
     def run(task_type, env=None):
         return h.Proc(wd, "run-" + task_type, [h.BIN["psfleet"], "run", job, "--state-dir", state],
                       dict({"TF_CONFIG": tf_config(cluster, task_type)}, **(env or {})))
+
+    def ready(addr, p):
+        if tls:
+            h.wait_for(p.name + " to listen", lambda: "on %s" % addr in p.stderr(), 30, [p])
+        else:
+            h.wait_healthy(addr, p)
 
     evaluator = run("evaluator")
     h.wait_for("the evaluator to wait for the chief", lambda: "Waiting for the chief" in evaluator.stderr(), 30,
                [evaluator])
     ps = run("ps")
-    h.wait_healthy(cluster["ps"][0], ps)
+    ready(cluster["ps"][0], ps)
     chief = run("chief")
-    h.wait_healthy(cluster["chief"][0], chief)
+    ready(cluster["chief"][0], chief)
     worker = run("worker", worker_env)
     for p in (worker, chief, ps, evaluator):
         assert p.wait(240) == 0, "%s: %s" % (p.name, p.stderr()[-3000:])
     return evaluator, chief
+
+
+def test_tls(wd):
+    job, spec = h.make_job(wd, "tls.json", n_ps=1, n_workers=1, training={"max_steps": 300},
+                           supervisor=dict(SUPERVISOR, eval_every_steps=0))
+    cluster = dict(spec["cluster"], evaluator=["127.0.0.1:%d" % h.free_ports(1)[0]])
+    state = wd.file("tls-state")
+    evaluator, _ = run_job(wd, job, cluster, state, {"PSFLEET_TEST_SLOW_STEP_MS": str(SLOW_STEP_MS)}, tls=True)
+    log = evaluator.stderr()
+    assert "mutual TLS as evaluator of job" in log, log
+    assert "The chief answers: the job is" in log, log
+    assert "The job has ended (done)" in log, log
+    h.log("under mutual TLS: %d evaluations" % len(EVAL_LINE.findall(log)))
 
 
 def test_ctr(wd):
@@ -91,8 +113,9 @@ def test():
     h.require("psd", "workerd", "chiefd", "psfleet")
     pyenv.ensure()
     from tensorboard.backend.event_processing import event_accumulator
-    h.plain_rpc()   # readiness by plain health checks, as test_run.py
     wd = h.Workdir()
+    test_tls(wd)    # before plain_rpc: its job runs the default, mutual TLS with its own CA
+    h.plain_rpc()   # from here, readiness by plain health checks, as test_run.py
     job, spec = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": STEPS}, supervisor=SUPERVISOR)
     cluster = dict(spec["cluster"], evaluator=["127.0.0.1:%d" % h.free_ports(1)[0]])
     state = wd.file("state")
