@@ -262,9 +262,13 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                         ident, a.task.index);
                 goto bad;
         }
-        if (!a.listen && role != ROLE_EVALUATOR)   /* the evaluator listens nowhere: it only calls the chief */
+        if (role == ROLE_EVALUATOR) {   /* it listens nowhere, it only calls the chief: --listen is moot */
+                free(a.listen);
+                a.listen = NULL;
+        } else if (!a.listen) {
                 a.listen = strdup(a.backup ? a.cfg->cluster.ps_backup[a.task.index].addr
                                            : config_endpoint(a.cfg, a.task)->addr);
+        }
         if (daemon_security(&a, ident, role, err, sizeof(err)) < 0) {
                 fprintf(stderr, "%s: %s\n", ident, err);
                 goto bad;
