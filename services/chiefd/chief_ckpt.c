@@ -807,24 +807,17 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
         return r;
 }
 
-int chief_ckpt_read_step(struct chief_ckpt *s, uint64_t global_step, float *params, struct ps_sparse_rows *tables,
-                         struct chief_db_checkpoint *ret, char *err, size_t errlen) {
-        struct chief_db_checkpoint *rows = NULL;
-        size_t n = 0, i = 0;
-        int r = chief_db_list_checkpoints(s->db, &rows, &n);
-        if (r < 0)
-                return errf(err, errlen, r, "cannot list the checkpoints: %s", strerror(-r));
-        while (i < n && rows[i].global_step != global_step)
-                i++;
+/* Resolves rows[i]'s chain and reads it, repairing nothing (chief_ckpt_read_chain). */
+static int read_chain(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, size_t n, size_t i,
+                      float *params, struct ps_sparse_rows *tables, char *err, size_t errlen) {
         bool *gone = calloc(n + 1, sizeof(*gone));
         size_t *chain = calloc(n + 1, sizeof(*chain));
         struct ps_sparse_rows scratch[MODEL_MAX_EMBEDDINGS] = {0};
         size_t k = 0, broken = i, used = 0;   /* chief_chain_of names the broken link only on -ENOENT */
         bool slots_loaded = false;
+        int r = 0;
         if (!gone || !chain)
                 r = errf(err, errlen, -ENOMEM, "out of memory");
-        else if (i == n)
-                r = errf(err, errlen, -ENOENT, "no checkpoint of global_step %" PRIu64 " is recorded", global_step);
         else if ((r = chief_chain_of(rows, n, gone, i, chain, &k, &broken)) < 0)
                 r = errf(err, errlen, r == -ENOENT ? -ENOENT : -EBADMSG,
                          r == -ENOENT ? "checkpoint \"%s\" (global_step %" PRIu64 ") is incremental on global_step "
@@ -838,19 +831,38 @@ int chief_ckpt_read_step(struct chief_ckpt *s, uint64_t global_step, float *para
                                       tables ? scratch : NULL, &used, err, errlen);
                 pthread_mutex_unlock(&s->mu);
         }
-        if (r >= 0) {
-                *ret = rows[i];
-                for (uint32_t t = 0; tables && t < MODEL_MAX_EMBEDDINGS; t++) {
-                        tables[t] = scratch[t];
-                        scratch[t] = (struct ps_sparse_rows){0};
-                }
+        for (uint32_t t = 0; r >= 0 && tables && t < MODEL_MAX_EMBEDDINGS; t++) {
+                tables[t] = scratch[t];
+                scratch[t] = (struct ps_sparse_rows){0};
         }
         for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
                 ps_sparse_rows_clear(&scratch[t]);
-        free(rows);
         free(gone);
         free(chain);
         return r < 0 ? r : 0;
+}
+
+int chief_ckpt_read_chain(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, size_t n, size_t i,
+                          float *params, struct ps_sparse_rows *tables, char *err, size_t errlen) {
+        assert(i < n);
+        return read_chain(s, rows, n, i, params, tables, err, errlen);
+}
+
+int chief_ckpt_read_step(struct chief_ckpt *s, uint64_t global_step, float *params, struct ps_sparse_rows *tables,
+                         struct chief_db_checkpoint *ret, char *err, size_t errlen) {
+        struct chief_db_checkpoint *rows = NULL;
+        size_t n = 0, i = 0;
+        int r = chief_db_list_checkpoints(s->db, &rows, &n);
+        if (r < 0)
+                return errf(err, errlen, r, "cannot list the checkpoints: %s", strerror(-r));
+        while (i < n && rows[i].global_step != global_step)
+                i++;
+        if (i == n)
+                r = errf(err, errlen, -ENOENT, "no checkpoint of global_step %" PRIu64 " is recorded", global_step);
+        else if ((r = read_chain(s, rows, n, i, params, tables, err, errlen)) >= 0)
+                *ret = rows[i];
+        free(rows);
+        return r;
 }
 
 /* ---- deleting, listing, repairing ---- */

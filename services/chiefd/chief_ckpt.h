@@ -121,6 +121,16 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
 int chief_ckpt_read_step(struct chief_ckpt *s, uint64_t global_step, float *params, struct ps_sparse_rows *tables,
                          struct chief_db_checkpoint *ret, char *err, size_t errlen);
 
+/* The values of rows[i] (rows: n records, as chief_db_list_checkpoints or ListCheckpoints give them) for
+ * a reader that must change nothing, the evaluator: its chain (the full checkpoint, then each increment
+ * in order; one file for a full one), each file checked against its row as chief_ckpt_load checks it,
+ * into params (undefined after a failure) and, when tables is not NULL, the embedding tables' rows
+ * into tables[0..n_embeddings) (malloc'd: the caller clears each; written only on success). Nothing is
+ * forgotten or moved aside: a link missing (-ENOENT), corrupt (-EBADMSG) or not recorded (-ENOENT) is
+ * an error naming it in err. */
+int chief_ckpt_read_chain(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, size_t n, size_t i,
+                          float *params, struct ps_sparse_rows *tables, char *err, size_t errlen);
+
 /* Deletes the checkpoint of global_step: its row (durably), then its file. 0 and *ret (may be NULL),
  * -ENOENT, or -errno. */
 int chief_ckpt_delete(struct chief_ckpt *s, uint64_t global_step, struct chief_db_checkpoint *ret, char *err,

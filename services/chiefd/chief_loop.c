@@ -27,6 +27,7 @@ struct loop {
         uint64_t last_notify, last_progress_log;
         uint64_t stop_begin;
         bool signalled;                   /* a signal asked for the orderly stop: a second one exits */
+        bool said_evaluator;              /* logged that the evaluator evaluates */
         char last_why[512];
         uint64_t last_why_log;
 };
@@ -89,7 +90,8 @@ static bool fail_if_diverged(struct chief *c) {
 }
 
 /* Scheduled checkpoints (save_checkpoint_steps, save_checkpoint_secs) and evaluations
- * (eval_every_steps), from one pull when both are due. A failure is logged and retried later. */
+ * (eval_every_steps; none when the cluster has an evaluator, which evaluates each checkpoint), from one
+ * pull when both are due. A failure is logged and retried later. */
 static void maybe_snapshot(struct chief *c) {
         const struct supervisor_config *sv = &c->cfg->supervisor;
         uint64_t t = mono_us();
@@ -100,7 +102,8 @@ static void maybe_snapshot(struct chief *c) {
         pthread_mutex_unlock(&c->st.lock);
         bool by_steps = sv->save_checkpoint_steps && gs >= c->sv.last_save_step + sv->save_checkpoint_steps;
         bool by_secs = sv->save_checkpoint_secs && t - c->sv.last_save_mono >= sv->save_checkpoint_secs * 1000000ULL;
-        bool eval = sv->eval_every_steps && gs >= c->ev.last_eval_step + sv->eval_every_steps;
+        bool eval = sv->eval_every_steps && !c->cfg->cluster.n_evaluator &&
+                    gs >= c->ev.last_eval_step + sv->eval_every_steps;
         if (!by_steps && !by_secs && !eval)
                 return;
         char err[1024];
@@ -305,6 +308,12 @@ static int phase_initialize(struct chief *c, struct loop *lp) {
                 chief_session_log(&c->ev, gs, SUMMARY_SESSION_START, NULL, "chiefd restarted");
         }
         log_info("Job ready at global_step %" PRIu64 " of %" PRIu64, gs, cfg->training.max_steps);
+        if (cfg->cluster.n_evaluator && cfg->supervisor.eval_every_steps && !lp->said_evaluator) {
+                log_info("The cluster has an evaluator (%s): it evaluates each checkpoint, the chief only the "
+                         "end (no evaluation every %" PRIu64 " steps)", cfg->cluster.evaluator[0].addr,
+                         cfg->supervisor.eval_every_steps);
+                lp->said_evaluator = true;
+        }
         notify_status("ready: global_step %" PRIu64 "/%" PRIu64 ", waiting for workers", gs, cfg->training.max_steps);
         chief_save_job(&c->st);
         lp->next = mono_us();

@@ -37,7 +37,6 @@
  * final checkpoint and ParameterServer.Stop fit well inside the unit's TimeoutStopSec (30 s). */
 #define STOP_FAST_US (5 * 1000 * 1000ULL)
 #define NOTIFY_EVERY_US (1000 * 1000ULL)
-#define EVAL_BATCH 500
 #define SNAPSHOT_RETRY_US (5 * 1000000ULL)  /* after a failed scheduled checkpoint or evaluation */
 
 #define CHIEF_RPC_N_METHODS 10

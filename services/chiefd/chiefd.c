@@ -16,6 +16,7 @@
 #include "ctr_train.h"
 #include "backend.h"
 #include "chiefd-internal.h"
+#include "chief_evaluator.h"
 #include "chief_metrics.h"
 #include "ckpt.h"
 #include "config.h"
@@ -173,7 +174,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         /* The model, for initializers and the final evaluation. */
         r = backend_cpu_new(cfg->training.threads, &c->be);
         if (r >= 0)
-                r = model_new(&cfg->model, c->be, EVAL_BATCH, &c->model);
+                r = model_new(&cfg->model, c->be, CHIEF_EVAL_BATCH, &c->model);
         if (r >= 0)
                 r = job_layout_new(cfg, &c->L);
         if (r >= 0)
@@ -183,15 +184,8 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                 goto fail;
         }
         /* Checkpoints: the files and the rows must agree before anything reads them. */
-        char *job_dir = strdup_printf("%s/%s", state_root, cfg->name);
-        char *ckpt_dir = !job_dir                                      ? NULL
-                         : cfg->supervisor.checkpoint_dir[0] == '/' ? strdup(cfg->supervisor.checkpoint_dir)
-                                                                      : strdup_printf("%s/%s", job_dir,
-                                                                                      cfg->supervisor.checkpoint_dir);
-        c->summary_dir = !job_dir                                     ? NULL
-                         : cfg->supervisor.summary_dir[0] == '/' ? strdup(cfg->supervisor.summary_dir)
-                                                                   : strdup_printf("%s/%s", job_dir, cfg->supervisor.summary_dir);
-        free(job_dir);
+        char *ckpt_dir = chief_job_path(state_root, cfg->name, cfg->supervisor.checkpoint_dir);
+        c->summary_dir = chief_job_path(state_root, cfg->name, cfg->supervisor.summary_dir);
         if (!ckpt_dir || !c->summary_dir) {
                 free(ckpt_dir);
                 r = log_error_errno(-ENOMEM, "Cannot allocate the chief");
@@ -229,17 +223,8 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
                         r = log_error_errno(-ENOMEM, "Cannot allocate the optimizer's slots");
                         goto fail;
                 }
-        if (cfg->supervisor.save_summaries_secs) {
-                char host[256] = "localhost";
-                if (gethostname(host, sizeof(host) - 1) < 0 || !host[0])
-                        chief_strfmt(host, sizeof(host), "localhost");
-                host[sizeof(host) - 1] = 0;
-                r = summary_writer_new(c->summary_dir, now_us(), host, &c->ev.sw);
-                if (r < 0)
-                        log_warning_errno(r, "Cannot create an event file in \"%s\"; no summaries", c->summary_dir);
-                else
-                        log_info("Summaries go to \"%s\"", summary_writer_path(c->ev.sw));
-        }
+        if (cfg->supervisor.save_summaries_secs)
+                chief_eval_summaries_open(c->summary_dir, &c->ev.sw);
 
         for (uint32_t w = 0; w < cfg->cluster.n_worker; w++) {
                 char name[32];
@@ -252,21 +237,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         }
 
         /* The test split, now: a missing file should stop the job before it trains, not after. */
-        if (cfg->data.format == DATA_IDX) {
-                char *img = trainer_data_path(cfg, cfg->data.test_images);
-                char *lab = trainer_data_path(cfg, cfg->data.test_labels);
-                r = img && lab ? dataset_load(img, lab, &c->test, err, sizeof(err)) : -ENOMEM;
-                if (r >= 0)   /* data that do not fit the model: a data error (exit 65), as a missing file */
-                        r = dataset_fits(c->test, img, model_input_size(c->model), model_n_classes(c->model), err,
-                                         sizeof(err));
-                free(img);
-                free(lab);
-        } else if (cfg->data.n_test_files) {
-                /* the test files are streamed at each evaluation; that they open is checked now */
-                struct records_reader *rd = NULL;
-                r = ctr_records_open(cfg, true, 0, 1, false, &rd, err, sizeof(err));
-                records_close(rd);
-        }
+        r = chief_eval_load_test(cfg, c->model, &c->test, err, sizeof(err));
         if (r < 0) {
                 log_error("Cannot load the test split: %s", err);
                 goto fail;
@@ -376,5 +347,9 @@ out:
 }
 
 int main(int argc, char **argv) {
+        /* TF_CONFIG's evaluator task: the same model, data and evaluation, no server (chief_evaluator.c) */
+        for (int i = 1; i < argc; i++)
+                if (strcmp(argv[i], "--evaluator") == 0)
+                        return chief_evaluator_main(argc, argv);
         return run(argc, argv);
 }

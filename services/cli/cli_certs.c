@@ -26,7 +26,8 @@ static void certs_help(FILE *f) {
                    "\n"
                    "Makes the job's cluster CA, DIR/JOB/ca.crt and ca.key (0600: it stays on this machine),\n"
                    "unless it exists, and with it a key and certificate for every task of the job's cluster\n"
-                   "(chief, ps-N, worker-N) and for people (admin, viewer): DIR/JOB/TASK.crt (0644) and\n"
+                   "(chief, ps-N, worker-N, and evaluator when the cluster has one) and for people (admin,\n"
+                   "viewer): DIR/JOB/TASK.crt (0644) and\n"
                    "DIR/JOB/TASK.key (0640, group psfleet when this machine has that group). Existing\n"
                    "files of a task are kept unless --force. See docs/security.md.\n"
                    "\n"
@@ -36,7 +37,8 @@ static void certs_help(FILE *f) {
                    "  --days N        validity of the tasks' certificates, in days (default %d; never\n"
                    "                  beyond the CA's)\n"
                    "  --ca-days N     validity of a new CA, in days (default %d)\n"
-                   "  --task LIST     only these tasks, comma-separated (chief, ps-0, worker-1, admin, viewer)\n"
+                   "  --task LIST     only these tasks, comma-separated (chief, ps-0, worker-1, evaluator, admin,\n"
+                   "                  viewer)\n"
                    "  --force         issue a task's key and certificate again although they exist\n"
                    "                  (rotation: --task worker-1 --force)\n"
                    "  --k8s-secrets FILE  then write the job's Kubernetes Secrets to FILE (0600; - for stdout):\n"
@@ -212,7 +214,7 @@ static int issue(struct certs *c, enum peer_role role, uint32_t index) {
         return r;
 }
 
-/* Whether the job has this task: the cluster's chief, ps and workers; admin and viewer always. */
+/* Whether the job has this task: the cluster's chief, ps, workers and evaluator; admin and viewer always. */
 static bool in_job(const struct job_config *cfg, enum peer_role role, uint32_t index) {
         switch (role) {
         case PEER_CHIEF:
@@ -221,6 +223,8 @@ static bool in_job(const struct job_config *cfg, enum peer_role role, uint32_t i
                 return index < cfg->cluster.n_ps;
         case PEER_WORKER:
                 return index < cfg->cluster.n_worker;
+        case PEER_EVALUATOR:
+                return cfg->cluster.n_evaluator > 0;
         case PEER_ADMIN:
         case PEER_VIEWER:
                 return true;
@@ -237,7 +241,8 @@ static int issue_all(struct certs *c, const struct job_config *cfg, const char *
                         enum peer_role role;
                         uint32_t n;
                 } all[] = {{PEER_CHIEF, cfg->cluster.n_chief}, {PEER_PS, cfg->cluster.n_ps},
-                           {PEER_WORKER, cfg->cluster.n_worker}, {PEER_ADMIN, 1}, {PEER_VIEWER, 1}};
+                           {PEER_WORKER, cfg->cluster.n_worker}, {PEER_EVALUATOR, cfg->cluster.n_evaluator ? 1 : 0},
+                           {PEER_ADMIN, 1}, {PEER_VIEWER, 1}};
                 for (size_t i = 0; i < ELEMENTSOF(all); i++)
                         for (uint32_t k = 0; k < all[i].n; k++)
                                 if ((r = issue(c, all[i].role, k)))
@@ -252,7 +257,8 @@ static int issue_all(struct certs *c, const struct job_config *cfg, const char *
                 snprintf(task, sizeof(task), "%.*s", (int)n, p);
                 if (n >= sizeof(task) || authz_parse_task(task, &role, &index) < 0 || !in_job(cfg, role, index)) {
                         cli_error("--task \"%.*s\": not a task of job %s (chief, ps-N below %u, worker-N below %u, "
-                                  "admin, viewer)", (int)n, p, c->job, cfg->cluster.n_ps, cfg->cluster.n_worker);
+                                  "%sadmin, viewer)", (int)n, p, c->job, cfg->cluster.n_ps, cfg->cluster.n_worker,
+                                  cfg->cluster.n_evaluator ? "evaluator, " : "");
                         return CONFIG_EX_CONFIG;
                 }
                 if ((r = issue(c, role, index)))

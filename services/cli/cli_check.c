@@ -413,12 +413,13 @@ static void check_data(struct check *c) {
 /* ---- certificates ---- */
 
 static bool task_local(const struct job_config *cfg, const char *task) {
-        enum role roles[] = {ROLE_CHIEF, ROLE_PS, ROLE_WORKER};
+        enum role roles[] = {ROLE_CHIEF, ROLE_PS, ROLE_WORKER, ROLE_EVALUATOR};
         for (size_t r = 0; r < ELEMENTSOF(roles); r++) {
                 size_t l = strlen(role_name(roles[r]));
                 if (strncmp(task, role_name(roles[r]), l) != 0)
                         continue;
-                struct task t = {roles[r], roles[r] == ROLE_CHIEF ? 0 : (uint32_t)strtoul(task + l + 1, NULL, 10)};
+                bool one = roles[r] == ROLE_CHIEF || roles[r] == ROLE_EVALUATOR;   /* "chief", "evaluator": no index */
+                struct task t = {roles[r], one ? 0 : (uint32_t)strtoul(task + l + 1, NULL, 10)};
                 const struct endpoint *e = config_endpoint(cfg, t);
                 int b = e ? rpc_probe_bind(e->addr) : -EADDRNOTAVAIL;
                 return b != -EADDRNOTAVAIL;
@@ -517,6 +518,8 @@ static bool check_certs(struct check *c, const char *identity) {
                         snprintf(task, sizeof(task), "worker-%" PRIu32, i - cfg->cluster.n_chief - cfg->cluster.n_ps);
                 n += check_task_cert(c, task) > 0;
         }
+        if (cfg->cluster.n_evaluator)
+                n += check_task_cert(c, "evaluator") > 0;
         int admin = check_task_cert(c, "admin"), viewer = check_task_cert(c, "viewer");
         n += (admin > 0) + (viewer > 0);
         checked(c, "certs", "mutual TLS: %u tasks' certificates on this host checked", n);

@@ -1,6 +1,7 @@
 /* psfleet run: what a cluster manager starts on each node. Resolves this task's role and the cluster
  * from the command line, TF_CONFIG (as Kubeflow's training-operator writes it) or a Slurm allocation
- * (as SlurmClusterResolver reads it), then execs psd, workerd or chiefd in the foreground with the
+ * (as SlurmClusterResolver reads it), then execs psd, workerd or chiefd (chiefd --evaluator for an
+ * evaluator task) in the foreground with the
  * resolved cluster in its TF_CONFIG; or, with --dry-run, prints what it resolved and starts nothing. */
 #include <errno.h>
 #include <jansson.h>
@@ -30,9 +31,10 @@ static void run_help(FILE *f) {
                 "                    [--exit-codes kubernetes] [--dry-run]\n"
                 "\n"
                 "Runs this node's task of the job in the foreground, as Slurm (srun) or Kubernetes starts it: psd,\n"
-                "workerd or chiefd (looked up as `psfleet local` looks them up), no systemd. The task and the\n"
-                "cluster come from the first of:\n"
-                "  --job-name TYPE      chief (or master), ps, worker; with --task-index N (0 for the chief).\n"
+                "workerd, chiefd or, for the evaluator, chiefd --evaluator (looked up as `psfleet local` looks\n"
+                "them up), no systemd. The task and the cluster come from the first of:\n"
+                "  --job-name TYPE      chief (or master), ps, worker, evaluator; with --task-index N (0 for the\n"
+                "                       chief and the evaluator).\n"
                 "  --task-index N       The cluster is TF_CONFIG's, else the Slurm allocation's with --slurm,\n"
                 "                       else the job file's.\n"
                 "  TF_CONFIG            {\"cluster\": {...}, \"task\": {\"type\": \"worker\", \"index\": 1}} as the\n"
@@ -44,8 +46,8 @@ static void run_help(FILE *f) {
                 "                       plus the task's index on its node. The step's GPUs (SLURM_STEP_GPUS, else\n"
                 "                       CUDA_VISIBLE_DEVICES) are shared out: CUDA_VISIBLE_DEVICES per task.\n"
                 "  --ps N, --workers M  the roles' counts under --slurm (together one task each, with the chief)\n"
-                "  --evaluator          one more task under --slurm, an evaluator (not supported yet: that task\n"
-                "                       exits 78)\n"
+                "  --evaluator          one more task under --slurm, the evaluator: it evaluates each new\n"
+                "                       checkpoint on the test split, and the chief skips its periodic ones\n"
                 "  --port-base P        the first port on each node under --slurm (default 8888)\n"
                 "  --state-dir DIR      the daemon's state directory (default /var/lib/psfleet)\n"
                 "  --listen ADDR        the daemon binds here instead of its cluster entry (0.0.0.0:2222 in a\n"
@@ -208,7 +210,7 @@ int cmd_run(int argc, char **argv) {
                 return r;
 
         char err[1024], *tf_text = NULL, *gpus = NULL, *out = NULL, *bin = NULL;
-        json_t *tfj = NULL, *res = NULL;
+        json_t *res = NULL;
         struct task t = {0};
         bool have = false;
         int ret = CONFIG_EX_CONFIG;
@@ -235,12 +237,8 @@ int cmd_run(int argc, char **argv) {
         if (o.job_name) {
                 struct task ct;
                 char idx[24];
-                if (strcmp(o.job_name, "evaluator") == 0) {
-                        cli_error("--job-name evaluator: an evaluator task is not supported yet: the chief evaluates "
-                                  "(supervisor.eval_every_steps); run no evaluator task");
-                        goto out;
-                }
-                if (o.task_index == NO_INDEX && strcmp(o.job_name, "chief") != 0 && strcmp(o.job_name, "master") != 0) {
+                if (o.task_index == NO_INDEX && strcmp(o.job_name, "chief") != 0 && strcmp(o.job_name, "master") != 0 &&
+                    strcmp(o.job_name, "evaluator") != 0) {
                         cli_error("--job-name %s needs --task-index N", o.job_name);
                         goto out;
                 }
@@ -269,15 +267,14 @@ int cmd_run(int argc, char **argv) {
         json_object_set_new(cluster, "chief", endpoints(cfg->cluster.chief, cfg->cluster.n_chief));
         json_object_set_new(cluster, "ps", endpoints(cfg->cluster.ps, cfg->cluster.n_ps));
         json_object_set_new(cluster, "worker", endpoints(cfg->cluster.worker, cfg->cluster.n_worker));
-        tfj = tf_text ? json_loads(tf_text, 0, NULL) : NULL;
-        json_t *ev = json_object_get(json_object_get(tfj, "cluster"), "evaluator");
-        if (ev)
-                json_object_set(cluster, "evaluator", ev);
+        if (cfg->cluster.n_evaluator)
+                json_object_set_new(cluster, "evaluator", endpoints(cfg->cluster.evaluator, cfg->cluster.n_evaluator));
         res = json_pack("{s:o, s:{s:s, s:I}}", "cluster", cluster, "task", "type", role_name(t.role), "index",
                         (json_int_t)t.index);
         char *tf_out = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
 
-        static const char *const daemon_of[] = {[ROLE_CHIEF] = "chiefd", [ROLE_PS] = "psd", [ROLE_WORKER] = "workerd"};
+        static const char *const daemon_of[] = {[ROLE_CHIEF] = "chiefd", [ROLE_PS] = "psd", [ROLE_WORKER] = "workerd",
+                                                [ROLE_EVALUATOR] = "chiefd"};
         bin = local_find_bin(daemon_of[t.role]);
         char *real = bin ? realpath(bin, NULL) : NULL;  /* "build/services/workerd/workerd", not ".../cli/../" */
         if (real) {
@@ -296,7 +293,9 @@ int cmd_run(int argc, char **argv) {
         dargv[n++] = bin;
         dargv[n++] = "--job";
         dargv[n++] = (char *)path;
-        if (t.role != ROLE_CHIEF) {
+        if (t.role == ROLE_EVALUATOR) {
+                dargv[n++] = "--evaluator";     /* it exits once the job has ended */
+        } else if (t.role != ROLE_CHIEF) {
                 dargv[n++] = "--task-index";
                 dargv[n++] = index;
         } else {
@@ -354,7 +353,6 @@ out:
         free(bin);
         free(gpus);
         free(tf_text);
-        json_decref(tfj);
         json_decref(res);
         config_free(cfg);
         return ret;

@@ -20,7 +20,7 @@
 #include "util.h"
 
 static void usage(FILE *f, const char *ident, enum role role) {
-        bool indexed = role != ROLE_CHIEF;
+        bool indexed = role == ROLE_PS || role == ROLE_WORKER;
         fprintf(f,
                 "usage: %s --job FILE%s [options]\n"
                 "       %s --instance JOB%s [options]\n"
@@ -42,6 +42,8 @@ static void usage(FILE *f, const char *ident, enum role role) {
                 : role == ROLE_CHIEF ? "  --exit-at-end       exit once the job has ended (DONE: 0, FAILED: 65) instead of staying\n"
                                        "                      up to answer status; psfleet run passes it\n"
                 : role == ROLE_PS    ? "  --backup            be the shard's other psd, cluster.ps_backup[N] (ps.replicas 2)\n"
+                : role == ROLE_EVALUATOR ? "  --evaluator         be the job's evaluator (TF_CONFIG's evaluator task): evaluate each\n"
+                                           "                      new checkpoint on the test split; exit when the job has ended\n"
                                      : "");
         fprintf(f, "Job file keys:\n");
         config_print_keys(f, false);
@@ -50,7 +52,8 @@ static void usage(FILE *f, const char *ident, enum role role) {
 /* security.* for this task: mutual TLS for the server and every channel of the process, or plain TCP
  * where that is allowed — never on an address beyond loopback unless security.allow_insecure says so. */
 static int daemon_security(const struct daemon_args *a, const char *ident, enum role role, char *err, size_t errlen) {
-        static const enum peer_role peer_of[] = {[ROLE_CHIEF] = PEER_CHIEF, [ROLE_PS] = PEER_PS, [ROLE_WORKER] = PEER_WORKER};
+        static const enum peer_role peer_of[] = {[ROLE_CHIEF] = PEER_CHIEF, [ROLE_PS] = PEER_PS, [ROLE_WORKER] = PEER_WORKER,
+                                                 [ROLE_EVALUATOR] = PEER_EVALUATOR};
         char task[AUTHZ_TASK_MAX];
         struct rpc_tls *tls;
         authz_task_name(peer_of[role], a->task.index, task, sizeof(task));
@@ -62,10 +65,11 @@ static int daemon_security(const struct daemon_args *a, const char *ident, enum 
                 return r;
         if ((r = tls_from_config(a->cfg, task, &tls, err, errlen)) < 0)
                 return r;
-        if (!tls && tls_addr_is_loopback(a->listen))
+        /* the evaluator serves nothing: no address of its own to check */
+        if (!tls && a->listen && tls_addr_is_loopback(a->listen))
                 log_warning("job %s runs WITHOUT TLS (security.mode: insecure): any process of this host can call "
                             "anything, read the model and stop the job", a->cfg->name);
-        if (!tls && !tls_addr_is_loopback(a->listen) && !a->cfg->security.allow_insecure) {
+        if (!tls && a->listen && !tls_addr_is_loopback(a->listen) && !a->cfg->security.allow_insecure) {
                 snprintf(err, errlen, "--listen %s is beyond loopback but the job runs without TLS (security.mode); "
                          "use mtls, or set security.allow_insecure: true", a->listen);
                 return -EINVAL;
@@ -111,6 +115,7 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                 {"loss-log", required_argument, NULL, 'L'},
                 {"exit-at-end", no_argument, NULL, 'E'},
                 {"backup", no_argument, NULL, 'b'},
+                {"evaluator", no_argument, NULL, 'e'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
@@ -147,6 +152,10 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                         if (role != ROLE_PS)
                                 goto bad_usage;
                         a.backup = true;
+                        break;
+                case 'e':
+                        if (role != ROLE_EVALUATOR)
+                                goto bad_usage;
                         break;
                 case 'h':
                         usage(stdout, ident, role);
@@ -219,7 +228,7 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                 }
         }
         if (!have_task) {
-                if (role == ROLE_CHIEF && !index)
+                if ((role == ROLE_CHIEF || role == ROLE_EVALUATOR) && !index)
                         index = "0";
                 if (!index) {
                         fprintf(stderr, "%s: --task-index N is required (or --instance JOB:N, or TF_CONFIG's task)\n", ident);
@@ -253,9 +262,13 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
                         ident, a.task.index);
                 goto bad;
         }
-        if (!a.listen)
+        if (role == ROLE_EVALUATOR) {   /* it listens nowhere, it only calls the chief: --listen is moot */
+                free(a.listen);
+                a.listen = NULL;
+        } else if (!a.listen) {
                 a.listen = strdup(a.backup ? a.cfg->cluster.ps_backup[a.task.index].addr
                                            : config_endpoint(a.cfg, a.task)->addr);
+        }
         if (daemon_security(&a, ident, role, err, sizeof(err)) < 0) {
                 fprintf(stderr, "%s: %s\n", ident, err);
                 goto bad;

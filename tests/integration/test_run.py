@@ -122,6 +122,13 @@ def test_slurm_dry_run(wd):
     assert out["cluster"] == {"chief": ["node01:7000"], "ps": ["node02:7000"], "worker": ["node02:7001"],
                               "evaluator": ["node01:7001"]}, out
     assert out["task"] == {"type": "ps", "index": 0}, out
+    # the evaluator's rank: chiefd --evaluator (tests/integration/test_evaluator.py runs one)
+    r = run_dry(job, ["--slurm", "--ps", "1", "--workers", "1", "--evaluator", "--port-base", "7000"],
+                dict(base, SLURM_PROCID="1"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["task"] == {"type": "evaluator", "index": 0}, out
+    assert os.path.basename(out["exec"][0]) == "chiefd" and out["exec"][1:] == ["--job", job, "--evaluator"], out
 
 
 def test_bad_input(wd):
@@ -134,8 +141,10 @@ def test_bad_input(wd):
         ({"TF_CONFIG": "{not json"}, [], ["TF_CONFIG", "line 1"]),
         ({"TF_CONFIG": tf_config(cl, "boss")}, [], ["TF_CONFIG", "task.type", "\"boss\" is not one of"]),
         ({"TF_CONFIG": tf_config(cl, "worker", 3)}, [], ["TF_CONFIG", "task.index: 3 is out of range"]),
-        ({"TF_CONFIG": tf_config(dict(cl, evaluator=["127.0.0.1:1"]), "evaluator")}, [],
-         ["TF_CONFIG", "evaluator", "not supported yet"]),
+        ({"TF_CONFIG": tf_config(dict(cl, evaluator=["127.0.0.1:1"]), "evaluator", 1)}, [],
+         ["TF_CONFIG", "task.index: 1 is out of range: cluster has 1 evaluator task"]),
+        ({"TF_CONFIG": tf_config(dict(cl, evaluator=["127.0.0.1:1", "127.0.0.1:2"]), "evaluator")}, [],
+         ["TF_CONFIG", "cluster.evaluator: must have at most 1 entry, has 2"]),
         ({"TF_CONFIG": json.dumps({"sparseCluster": {"ps": ["127.0.0.1:9"]}, "task": {"type": "ps", "index": 0}})},
          [], ["TF_CONFIG", "sparseCluster.ps[0]", "disagrees with the job file's cluster.ps[0]"]),
         ({"TF_CONFIG": json.dumps({"task": {"type": "ps", "index": 0}})}, ["--job-name", "worker", "--task-index", "0"],

@@ -90,8 +90,13 @@ static void test_roles(void **state) {
         struct peer viewer = peer_of("j", "viewer.j.psfleet"), worker = peer_of("j", "worker-0.j.psfleet"),
                     chief = peer_of("j", "chief.j.psfleet"), admin = peer_of("j", "admin.j.psfleet"),
                     ps = peer_of("j", "ps-0.j.psfleet"), unknown = peer_of("j", "x.k.psfleet"),
-                    insecure = {.role = PEER_INSECURE};
+                    insecure = {.role = PEER_INSECURE}, evaluator = peer_of("j", "evaluator.j.psfleet");
         struct { const char *method; const struct peer *p; int want; } cases[] = {
+                /* the evaluator reads, as a viewer does: the status and the checkpoints' list */
+                {SUP "GetStatus", &evaluator, 0}, {SUP "ListCheckpoints", &evaluator, 0},
+                {SUP "Watch", &evaluator, 0}, {SUP "SaveCheckpoint", &evaluator, -EPERM},
+                {SUP "Stop", &evaluator, -EPERM}, {SUP "Report", &evaluator, -EPERM},
+                {PS "Pull", &evaluator, -EPERM}, {PS "SparseExchange", &evaluator, -EPERM},
                 {PS "Push", &worker, 0}, {PS "Push", &viewer, -EPERM}, {PS "Push", &chief, -EPERM},
                 {PS "Push", &admin, -EPERM}, {PS "Pull", &chief, 0}, {PS "Pull", &worker, 0},
                 {PS "Pull", &viewer, -EPERM}, {PS "Assign", &chief, 0}, {PS "Assign", &worker, -EPERM},
@@ -119,6 +124,8 @@ static void test_roles(void **state) {
         assert_string_equal(why, "viewer may not call Supervisor/Stop: admin only");
         assert_int_equal(authz_check(PS "Pull", &viewer, why, sizeof(why)), -EPERM);
         assert_string_equal(why, "viewer may not call ParameterServer/Pull: chief, worker only");
+        assert_int_equal(evaluator.role, PEER_EVALUATOR);
+        assert_string_equal(evaluator.name, "evaluator");
         assert_true(authz_peer_is(&worker, PEER_WORKER, 0));
         assert_false(authz_peer_is(&worker, PEER_WORKER, 1));
         assert_false(authz_peer_is(&chief, PEER_WORKER, 0));

@@ -552,6 +552,21 @@ static void test_incremental_chain(void **state) {
         assert_int_equal(chief_ckpt_read_step(s, 25, f->q, got, &back, err, sizeof(err)), -ENOENT);
         assert_non_null(strstr(err, "global_step 25"));
 
+        /* the evaluator's read of the chain (rows newest first, as ListCheckpoints gives them): the same
+         * values; the chain of 20 alone; a link not listed */
+        const struct chief_db_checkpoint listed[] = {r30, r20, r10}, gap[] = {r30, r10};
+        memset(f->q, 0, f->n * sizeof(float));
+        assert_int_equal(chief_ckpt_read_chain(s, listed, 3, 0, f->q, got, err, sizeof(err)), 0);
+        fill(f, 30);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_same_rows(&got[0], &full30);
+        ps_sparse_rows_clear(&got[0]);
+        assert_int_equal(chief_ckpt_read_chain(s, listed, 3, 1, f->q, NULL, err, sizeof(err)), 0);
+        fill(f, 20);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_int_equal(chief_ckpt_read_chain(s, gap, 2, 0, f->q, got, err, sizeof(err)), -ENOENT);
+        assert_non_null(strstr(err, "incremental on global_step 20, which is not recorded"));
+
         /* a broken link: 20 corrupt; read as export reads it, the error names it and nothing is repaired */
         flip_byte(r20.path, 5);
         assert_int_equal(chief_ckpt_read_step(s, 30, f->q, got, &back, err, sizeof(err)), -EBADMSG);
@@ -562,6 +577,12 @@ static void test_incremental_chain(void **state) {
         assert_int_equal(chief_ckpt_newest(s, &kept, &n_kept), 0);
         assert_int_equal(n_kept, 3);
         assert_int_equal(access(r20.path, F_OK), 0);
+        /* and as the evaluator reads it */
+        assert_int_equal(chief_ckpt_read_chain(s, listed, 3, 0, f->q, got, err, sizeof(err)), -EBADMSG);
+        assert_non_null(strstr(err, r20.path));
+        assert_null(got[0].ids);
+        assert_int_equal(access(r20.path, F_OK), 0);
+        assert_int_equal(access(r30.path, F_OK), 0);
         /* as a restore reads it: the chain restores to 10, as the table was then */
         assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
         assert_int_equal(back.global_step, 10);

@@ -377,8 +377,10 @@ static const struct bad_case bad_cases[] = {
           "cluster.chief: expected an array of \"host:port\" strings, got string \"a:1\"" },
         { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3', 7]}}",
           "cluster.worker[1]: expected a \"host:port\" string, got integer 7" },
-        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'evaluator': ['a:4']}}",
-          "cluster.evaluator: unknown key" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'evaluator': ['a:4', 'a:5']}}",
+          "cluster.evaluator: must have at most 1 entry, has 2" },
+        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'evaluator': ['a:3']}}",
+          "cluster.evaluator[0]: \"a:3\" duplicates cluster.worker[0]" },
         { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'master': ['a:4'], 'ps': ['a:2'], 'worker': ['a:3']}}",
           "cluster.master: conflicts with cluster.chief (they are the same task)" },
         { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['127.0.0.1:7001', '127.0.0.1'], 'worker': ['a:3']}}",
@@ -751,7 +753,9 @@ static void test_task(void **state) {
                 { "worker", " 1", "jobs/x.json: task index \" 1\" is not a whole decimal number" },
                 { "worker", "", "jobs/x.json: task index \"\" is not a whole decimal number" },
                 { "worker", "99999999999999999999", "jobs/x.json: task index \"99999999999999999999\" is not a whole decimal number" },
-                { "boss", "0", "jobs/x.json: task type \"boss\" is not one of chief, ps, worker" },
+                { "boss", "0", "jobs/x.json: task type \"boss\" is not one of chief, ps, worker, evaluator" },
+                { "ps_backup", "0", "jobs/x.json: task type \"ps_backup\" is not one of chief, ps, worker, evaluator" },
+                { "evaluator", "0", "jobs/x.json: task index 0 is out of range: cluster has 0 evaluator tasks" },
         };
 
         for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
@@ -767,6 +771,15 @@ static void test_task(void **state) {
         assert_int_equal(config_parse_task(c, "ps", "0", &t, err, sizeof(err)), 0);
         assert_int_equal(t.role, ROLE_PS);
         config_free(c);
+        /* a job file's cluster may name the evaluator too */
+        c = load_string_ok("{'cluster': {'chief': ['localhost:7000'], 'ps': ['localhost:7001'], "
+                           "'worker': ['localhost:7002'], 'evaluator': ['localhost:7009']}, " MODEL "}");
+        assert_int_equal(config_parse_task(c, "evaluator", "0", &t, err, sizeof(err)), 0);
+        assert_int_equal(t.role, ROLE_EVALUATOR);
+        assert_int_equal(t.index, 0);
+        assert_string_equal(config_endpoint(c, t)->addr, "localhost:7009");
+        assert_int_equal(config_parse_task(c, "evaluator", "1", &t, err, sizeof(err)), -EINVAL);
+        config_free(c);
 }
 
 static void test_tf_config(void **state) {
@@ -780,13 +793,12 @@ static void test_tf_config(void **state) {
                 { "{'tasks': {}}", "TF_CONFIG: tasks: unknown key" },
                 { "{'task': {'type': 'boss', 'index': 0}}",
                   "TF_CONFIG: task.type: \"boss\" is not one of chief, master, ps, worker, evaluator" },
-                /* the evaluator: accepted in the cluster, refused as this task's role, for now */
+                /* the evaluator: a task when the cluster has one, at most one */
                 { "{'task': {'type': 'evaluator', 'index': 0}}",
                   "TF_CONFIG: task.index: 0 is out of range: cluster has 0 evaluator tasks" },
                 { "{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3'], 'evaluator': ['h:4']}, "
-                  "'task': {'type': 'evaluator', 'index': 0}}",
-                  "TF_CONFIG: task.type: an \"evaluator\" task is not supported yet: the chief evaluates "
-                  "(supervisor.eval_every_steps); run no evaluator task" },
+                  "'task': {'type': 'evaluator', 'index': 1}}",
+                  "TF_CONFIG: task.index: 1 is out of range: cluster has 1 evaluator task" },
                 { "{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3'], 'evaluator': ['h:4', 'h:5']}}",
                   "TF_CONFIG: cluster.evaluator: must have at most 1 entry, has 2" },
                 { "{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3'], 'evaluator': ['h']}}",
@@ -866,7 +878,34 @@ static void test_tf_config(void **state) {
                 assert_int_equal(t.role, ROLE_CHIEF);
                 assert_int_equal(c2->cluster.n_worker, 1);
                 assert_string_equal(c2->cluster.worker[0].addr, "h:3");
+                /* the chief knows of the evaluator (it then skips its periodic evaluations) */
+                assert_int_equal(c2->cluster.n_evaluator, 1);
+                assert_string_equal(c2->cluster.evaluator[0].addr, "h:4");
+                uint64_t fp = config_fingerprint(c2);
                 free(j);
+                /* the evaluator's own task; the evaluator is not in the fingerprint (it trains nothing) */
+                struct job_config *c3 = load_string_ok("{" BASE "}");
+                j = dq("{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3'], 'evaluator': ['h:4']}, "
+                       "'task': {'type': 'evaluator', 'index': 0}}");
+                assert_int_equal(config_apply_tf_config(c3, j, &t, &have, err, sizeof(err)), 0);
+                assert_true(have);
+                assert_int_equal(t.role, ROLE_EVALUATOR);
+                assert_int_equal(t.index, 0);
+                assert_string_equal(role_name(t.role), "evaluator");
+                assert_string_equal(config_endpoint(c3, t)->addr, "h:4");
+                assert_int_equal(config_fingerprint(c3), fp);
+                free(j);
+                j = dq("{'cluster': {'chief': ['h:1'], 'ps': ['h:2'], 'worker': ['h:3']}}");
+                assert_int_equal(config_apply_tf_config(c3, j, NULL, NULL, err, sizeof(err)), 0);
+                assert_int_equal(c3->cluster.n_evaluator, 0);
+                assert_int_equal(config_fingerprint(c3), fp);
+                free(j);
+                /* sparseCluster: the evaluator's own entry only */
+                j = dq("{'sparseCluster': {'evaluator': {'0': 'e:1'}}, 'task': {'type': 'evaluator', 'index': 0}}");
+                assert_int_equal(config_apply_tf_config(c3, j, &t, &have, err, sizeof(err)), 0);
+                assert_int_equal(t.role, ROLE_EVALUATOR);
+                free(j);
+                config_free(c3);
                 config_free(c2);
         }
         {

@@ -10,7 +10,8 @@
 
 #define CONFIG_EX_CONFIG 78 /* sysexits.h EX_CONFIG: exit code for a bad config */
 
-enum role { ROLE_CHIEF, ROLE_PS, ROLE_WORKER };
+/* ROLE_EVALUATOR: TF_CONFIG's evaluator, outside the training cluster (chiefd --evaluator). */
+enum role { ROLE_CHIEF, ROLE_PS, ROLE_WORKER, ROLE_EVALUATOR };
 
 struct endpoint {
         char host[256];
@@ -24,6 +25,10 @@ struct cluster {
         /* cluster.ps_backup (ps.replicas 2): ps_backup[i] is the other psd of shard i; 0 entries: none */
         struct endpoint *ps_backup;
         uint32_t n_ps_backup;
+        /* cluster.evaluator (at most one): it evaluates the checkpoints, and the chief skips its periodic
+         * evaluations. Not part of the fingerprint: it trains nothing. */
+        struct endpoint *evaluator;
+        uint32_t n_evaluator;
 };
 
 enum optimizer_kind { OPT_SGD, OPT_MOMENTUM, OPT_ADAM, OPT_ADAGRAD };
@@ -236,7 +241,7 @@ int config_load_string(const char *json, const char *origin, struct job_config *
 /* Frees everything c owns. NULL-safe; returns NULL. */
 struct job_config *config_free(struct job_config *c);
 
-/* Parses a task from the command line: role "chief", "ps" or "worker" ("master" means chief) and
+/* Parses a task from the command line: role "chief", "ps", "worker" or "evaluator" ("master" means chief) and
  * index_str a whole decimal number that must name a task of the cluster. Returns 0 and fills *ret,
  * or -EINVAL. */
 int config_parse_task(const struct job_config *c, const char *role, const char *index_str,
@@ -267,7 +272,7 @@ int config_diff(const char *ours_json, const char *theirs_json, char *buf, size_
 /* The endpoint of task t, or NULL when t is not in the cluster. Points into c. */
 const struct endpoint *config_endpoint(const struct job_config *c, struct task t);
 
-/* "chief", "ps", "worker"; "unknown" for anything else. Static string. */
+/* "chief", "ps", "worker", "evaluator"; "unknown" for anything else. Static string. */
 const char *role_name(enum role r);
 
 /* Splits a systemd instance name: "fmnist:1" -> "fmnist", 1; "fmnist" -> "fmnist", -1. The job name

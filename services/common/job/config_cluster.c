@@ -18,10 +18,10 @@
 /* ---- cluster -------------------------------------------------------------------------------- */
 
 void cfg_cluster_clear(struct cluster *cl) {
-        struct endpoint *lists[] = { cl->chief, cl->ps, cl->worker, cl->ps_backup };
-        uint32_t counts[] = { cl->n_chief, cl->n_ps, cl->n_worker, cl->n_ps_backup };
+        struct endpoint *lists[] = { cl->chief, cl->ps, cl->worker, cl->ps_backup, cl->evaluator };
+        uint32_t counts[] = { cl->n_chief, cl->n_ps, cl->n_worker, cl->n_ps_backup, cl->n_evaluator };
 
-        for (size_t l = 0; l < 4; l++) {
+        for (size_t l = 0; l < 5; l++) {
                 for (uint32_t i = 0; i < counts[l]; i++)
                         free(lists[l][i].addr);
                 free(lists[l]);
@@ -116,23 +116,26 @@ static int parse_hostport(const char *s, struct endpoint *ep, char *why, size_t 
         return 0;
 }
 
-/* the three roles' lists, then the optional ps_backup (list 3) */
+/* the three training roles' lists, then the optional ps_backup (list 3) and evaluator (list 4) */
 #define LIST_PS_BACKUP 3
-static const char *const cluster_keys[] = { "chief", "ps", "worker", "ps_backup", NULL };
+#define LIST_EVALUATOR 4
+#define N_LISTS 5
+static const char *const cluster_keys[] = { "chief", "ps", "worker", "ps_backup", "evaluator", NULL };
 
 static struct endpoint **cluster_list(struct cluster *cl, int role, uint32_t **n) {
         switch (role) {
         case ROLE_CHIEF: *n = &cl->n_chief; return &cl->chief;
         case ROLE_PS: *n = &cl->n_ps; return &cl->ps;
         case LIST_PS_BACKUP: *n = &cl->n_ps_backup; return &cl->ps_backup;
+        case LIST_EVALUATOR: *n = &cl->n_evaluator; return &cl->evaluator;
         default: *n = &cl->n_worker; return &cl->worker;
         }
 }
 
 int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *ret) {
         struct cluster cl = { 0 };
-        const char *name, *listname[4] = { "chief", "ps", "worker", "ps_backup" };
-        const json_t *lists[4] = { NULL, NULL, NULL, NULL };
+        const char *name, *listname[N_LISTS] = { "chief", "ps", "worker", "ps_backup", "evaluator" };
+        const json_t *lists[N_LISTS] = { NULL, NULL, NULL, NULL, NULL };
         json_t *v;
         char key[96], why[128], q[300], d[160];
         int r;
@@ -155,15 +158,21 @@ int cfg_parse_cluster(const struct ctx *x, const json_t *obj, struct cluster *re
                 lists[i] = v;
         }
 
-        for (int role = 0; role < 4; role++) {
+        for (int role = 0; role < N_LISTS; role++) {
                 const json_t *a = lists[role];
                 struct endpoint **eps;
                 uint32_t *n;
                 size_t len;
 
                 snprintf(key, sizeof(key), "cluster.%s", listname[role]);
-                if (!a && role == LIST_PS_BACKUP)
-                        break;   /* optional: ps.replicas 1 */
+                if (!a && (role == LIST_PS_BACKUP || role == LIST_EVALUATOR))
+                        continue;   /* optional: ps.replicas 1; no evaluator */
+                if (role == LIST_EVALUATOR && json_is_array(a) && json_array_size(a) == 0)
+                        continue;   /* "evaluator": [] is none, as TensorFlow reads it */
+                if (role == LIST_EVALUATOR && json_is_array(a) && json_array_size(a) > 1) {
+                        r = cfg_failf(x, key, "must have at most 1 entry, has %zu", json_array_size(a));
+                        goto fail;
+                }
                 if (!a) {
                         r = cfg_failf(x, key, "missing");
                         goto fail;
@@ -250,25 +259,32 @@ const char *role_name(enum role r) {
         case ROLE_CHIEF: return "chief";
         case ROLE_PS: return "ps";
         case ROLE_WORKER: return "worker";
+        case ROLE_EVALUATOR: return "evaluator";
         }
         return "unknown";
 }
 
 static int role_from_string(const char *s) {
+        static const char *const roles[] = { [ROLE_CHIEF] = "chief", [ROLE_PS] = "ps", [ROLE_WORKER] = "worker",
+                                             [ROLE_EVALUATOR] = "evaluator", NULL };
         if (!s)
                 return -EINVAL;
         if (strcmp(s, "master") == 0)
                 return ROLE_CHIEF;
-        return cfg_lookup_choice(cluster_keys, s);
+        return cfg_lookup_choice(roles, s);
 }
 
 static uint32_t cluster_count(const struct cluster *cl, enum role r) {
-        return r == ROLE_CHIEF ? cl->n_chief : r == ROLE_PS ? cl->n_ps : cl->n_worker;
+        return r == ROLE_CHIEF ? cl->n_chief : r == ROLE_PS ? cl->n_ps : r == ROLE_EVALUATOR ? cl->n_evaluator
+                                                                                              : cl->n_worker;
 }
 
 static int fail_index(const struct ctx *x, const char *key, const struct cluster *cl, enum role role, uint64_t i) {
         uint32_t n = cluster_count(cl, role);
 
+        if (n == 0)   /* the evaluator, which a cluster may lack */
+                return cfg_failf(x, key, "%s%" PRIu64 " is out of range: cluster has 0 %s tasks",
+                                 key ? "" : "task index ", i, role_name(role));
         return cfg_failf(x, key, "%s%" PRIu64 " is out of range: cluster has %" PRIu32 " %s task%s (0..%" PRIu32 ")",
                      key ? "" : "task index ", i, n, role_name(role), n == 1 ? "" : "s", n - 1);
 }
@@ -283,7 +299,7 @@ int config_parse_task(const struct job_config *c, const char *role, const char *
         assert(c && ret);
         r = role_from_string(role);
         if (r < 0)
-                return cfg_failf(&x, NULL, "task type %s is not one of chief, ps, worker",
+                return cfg_failf(&x, NULL, "task type %s is not one of chief, ps, worker, evaluator",
                              cfg_quote_str(role ? role : "", q, sizeof(q)));
         if (parse_u64(index_str, 0, UINT64_MAX, &i) < 0)
                 return cfg_failf(&x, NULL, "task index %s is not a whole decimal number",
@@ -296,39 +312,12 @@ int config_parse_task(const struct job_config *c, const char *role, const char *
 
 /* Task i of role r in cl, or NULL. */
 static const struct endpoint *config_endpoint_in(const struct cluster *cl, enum role r, uint64_t i) {
-        return i < cluster_count(cl, r) ? &(r == ROLE_CHIEF ? cl->chief : r == ROLE_PS ? cl->ps : cl->worker)[i] : NULL;
+        return i < cluster_count(cl, r) ? &(r == ROLE_CHIEF ? cl->chief : r == ROLE_PS ? cl->ps
+                                            : r == ROLE_EVALUATOR ? cl->evaluator : cl->worker)[i] : NULL;
 }
 
 const struct endpoint *config_endpoint(const struct job_config *c, struct task t) {
-        switch (t.role) {
-        case ROLE_CHIEF: return t.index < c->cluster.n_chief ? &c->cluster.chief[t.index] : NULL;
-        case ROLE_PS: return t.index < c->cluster.n_ps ? &c->cluster.ps[t.index] : NULL;
-        case ROLE_WORKER: return t.index < c->cluster.n_worker ? &c->cluster.worker[t.index] : NULL;
-        }
-        return NULL;
-}
-
-/* TF_CONFIG's evaluator list (cluster.evaluator): host:port strings, at most one, as TensorFlow allows.
- * psfleet's chief evaluates, so the list is checked and counted but joins no training cluster. */
-static int parse_evaluators(const struct ctx *x, const json_t *a, uint32_t *n_ret) {
-        char key[96], why[128], q[300];
-        struct endpoint ep;
-
-        if (!json_is_array(a))
-                return cfg_fail_type(x, "cluster.evaluator", "an array of \"host:port\" strings", a);
-        if (json_array_size(a) > 1)
-                return cfg_failf(x, "cluster.evaluator", "must have at most 1 entry, has %zu", json_array_size(a));
-        for (size_t i = 0; i < json_array_size(a); i++) {
-                const json_t *e = json_array_get(a, i);
-
-                snprintf(key, sizeof(key), "cluster.evaluator[%zu]", i);
-                if (!json_is_string(e))
-                        return cfg_fail_type(x, key, "a \"host:port\" string", e);
-                if (parse_hostport(json_string_value(e), &ep, why, sizeof(why)) < 0)
-                        return cfg_failf(x, key, "%s is not host:port (%s)", cfg_quote_json(e, q, sizeof(q)), why);
-        }
-        *n_ret = (uint32_t) json_array_size(a);
-        return 0;
+        return config_endpoint_in(&c->cluster, t.role, t.index);
 }
 
 /* One entry of sparseCluster (role: index into sparse_roles), task i at e. */
@@ -344,7 +333,7 @@ static int check_sparse_entry(const struct ctx *x, const char *key, const json_t
                 return cfg_fail_type(x, key, "a \"host:port\" string", e);
         if (parse_hostport(json_string_value(e), &ep, why, sizeof(why)) < 0)
                 return cfg_failf(x, key, "%s is not host:port (%s)", cfg_quote_json(e, q, sizeof(q)), why);
-        if (role == SPARSE_EVALUATOR) {        /* psfleet's cluster has none to compare with */
+        if (role == SPARSE_EVALUATOR) {        /* counted: the job file's cluster need not list it */
                 *n_eval = (uint32_t) i + 1 > *n_eval ? (uint32_t) i + 1 : *n_eval;
                 return 0;
         }
@@ -361,8 +350,8 @@ static int check_sparse_entry(const struct ctx *x, const char *key, const json_t
 
 /* The training-operator's sparseCluster: each task sees the ps and only itself ({"ps": [...], "worker":
  * {"1": "host:port"}}; a role's tasks as a list or as an object keyed by index). It cannot be the
- * cluster, so every entry it has must be the job file's; the evaluator's are counted (*n_eval: one past
- * the highest index). */
+ * cluster, so every entry it has must be the job file's; the evaluator's are counted (*n_eval raised to
+ * one past the highest index). */
 static int check_sparse_cluster(const struct ctx *x, const json_t *obj, const struct cluster *file, uint32_t *n_eval) {
         const char *name, *idx;
         json_t *list, *e;
@@ -371,7 +360,6 @@ static int check_sparse_cluster(const struct ctx *x, const json_t *obj, const st
 
         if (!json_is_object(obj))
                 return cfg_fail_type(x, "sparseCluster", "an object", obj);
-        *n_eval = 0;
         json_object_foreach((json_t *) obj, name, list) {
                 int role = cfg_lookup_choice(sparse_roles, name);
 
@@ -409,7 +397,7 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
         const struct cluster *eff = &c->cluster;
         struct task t = { 0 };
         bool got_task = false, got_cluster = false;
-        uint32_t n_eval = 0;
+        uint32_t n_eval = c->cluster.n_evaluator;   /* the job file's, unless TF_CONFIG has a cluster */
         json_t *root = NULL, *v;
         const char *name;
         char q[160];
@@ -456,24 +444,9 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
                 goto out;
         }
         if (v) {
-                json_t *ev = json_is_object(v) ? json_object_get(v, "evaluator") : NULL;
-                if (ev) {
-                        if ((r = parse_evaluators(&x, ev, &n_eval)) < 0)
-                                goto out;
-                        /* the training cluster without it */
-                        json_t *copy = json_copy(v);
-                        if (!copy) {
-                                r = cfg_fail_oom(&x);
-                                goto out;
-                        }
-                        json_object_del(copy, "evaluator");
-                        r = cfg_parse_cluster(&x, copy, &cl);
-                        json_decref(copy);
-                } else {
-                        r = cfg_parse_cluster(&x, v, &cl);
-                }
-                if (r < 0)
+                if ((r = cfg_parse_cluster(&x, v, &cl)) < 0)
                         goto out;
+                n_eval = cl.n_evaluator;
                 got_cluster = true;
                 eff = &cl;
         }
@@ -511,7 +484,7 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
                         goto out;
                 }
                 evaluator = strcmp(json_string_value(type), "evaluator") == 0;
-                role = evaluator ? ROLE_WORKER : role_from_string(json_string_value(type));
+                role = role_from_string(json_string_value(type));
                 if (role < 0) {
                         r = cfg_failf(&x, "task.type", "%s is not one of chief, master, ps, worker, evaluator",
                                   cfg_quote_json(type, q, sizeof(q)));
@@ -529,16 +502,13 @@ int config_apply_tf_config(struct job_config *c, const char *tf_config_json, str
                                 goto out;
                         }
                 }
-                if (evaluator) {
-                        if ((uint64_t) i >= n_eval)
-                                r = cfg_failf(&x, "task.index", "%" JSON_INTEGER_FORMAT " is out of range: cluster has %"
-                                          PRIu32 " evaluator task%s", i, n_eval, n_eval == 1 ? "" : "s");
-                        else
-                                r = cfg_failf(&x, "task.type", "an \"evaluator\" task is not supported yet: the chief "
-                                          "evaluates (supervisor.eval_every_steps); run no evaluator task");
+                if (evaluator && (uint64_t) i >= n_eval) {
+                        /* the cluster's, or sparseCluster's (which the job file's cluster may lack) */
+                        r = cfg_failf(&x, "task.index", "%" JSON_INTEGER_FORMAT " is out of range: cluster has %"
+                                  PRIu32 " evaluator task%s", i, n_eval, n_eval == 1 ? "" : "s");
                         goto out;
                 }
-                if ((uint64_t) i >= cluster_count(eff, (enum role) role)) {
+                if (!evaluator && (uint64_t) i >= cluster_count(eff, (enum role) role)) {
                         r = fail_index(&x, "task.index", eff, (enum role) role, (uint64_t) i);
                         goto out;
                 }

@@ -166,6 +166,9 @@ const struct config_key cfg_keys[] = {
         K_SPECIAL("cluster.ps_backup", "list of host:port", "none", "as many entries as cluster.ps",
                   "ps.replicas 2: the backup psd of each shard, in cluster.ps's order (psd --backup --task-index N "
                   "listens on entry N); a backup equal to its primary is an error."),
+        K_SPECIAL("cluster.evaluator", "list of host:port", "none", "at most 1 entry",
+                  "The evaluator (chiefd --evaluator, TF_CONFIG's evaluator task): it evaluates each new checkpoint "
+                  "on the test split, and the chief then evaluates only at the end. Not in the fingerprint."),
         K_SPECIAL("model.input", "list of integers", "required", "[N] or [C, H, W], each 1..1048576; [0] with a record format",
                   "Shape of one example; [784] means (1, 1, 784). With a record format (data.format) it is [N], the "
                   "dense features of a record: 13 for criteo, 0 for libsvm, data.csv_features for csv when set, "
@@ -377,7 +380,8 @@ const struct config_key cfg_keys[] = {
         K_U64("supervisor.save_summaries_secs", supervisor.save_summaries_secs, 10, 0, 31536000,
               "Write summaries every this many seconds; 0: off."),
         K_U64("supervisor.eval_every_steps", supervisor.eval_every_steps, 0, 0, INT64_MAX,
-              "Evaluate on the test set every this many global steps; 0: only at the end."),
+              "Evaluate on the test set every this many global steps; 0: only at the end. Off when the cluster "
+              "has an evaluator (cluster.evaluator), which evaluates each checkpoint instead."),
         K_U64("supervisor.ready_timeout_secs", supervisor.ready_timeout_secs, 600, 1, 86400,
               "How long a worker waits for the job to become ready before failing; also the deadline of every wait of the chief (for the shards, a lost shard, the workers), past which the job is FAILED."),
         K_U64("supervisor.worker_timeout_secs", supervisor.worker_timeout_secs, 60, 1, 86400,

@@ -45,7 +45,7 @@ static const struct authz_rule rules[] = {
 
 static const char *const role_names[] = {
         [PEER_UNKNOWN] = "unknown", [PEER_INSECURE] = "insecure", [PEER_CHIEF] = "chief", [PEER_PS] = "ps",
-        [PEER_WORKER] = "worker", [PEER_ADMIN] = "admin", [PEER_VIEWER] = "viewer",
+        [PEER_WORKER] = "worker", [PEER_ADMIN] = "admin", [PEER_VIEWER] = "viewer", [PEER_EVALUATOR] = "evaluator",
 };
 
 static void describe_allow(unsigned allow, char *buf, size_t len);
@@ -79,7 +79,8 @@ void authz_task_name(enum peer_role role, uint32_t index, char *buf, size_t len)
 }
 
 int authz_parse_task(const char *task, enum peer_role *role, uint32_t *index) {
-        static const enum peer_role parsable[] = {PEER_CHIEF, PEER_PS, PEER_WORKER, PEER_ADMIN, PEER_VIEWER};
+        static const enum peer_role parsable[] = {PEER_CHIEF, PEER_PS, PEER_WORKER, PEER_ADMIN, PEER_VIEWER,
+                                                  PEER_EVALUATOR};
         if (!task)
                 return -EINVAL;
         for (size_t i = 0; i < ELEMENTSOF(parsable); i++) {
@@ -163,10 +164,10 @@ static void describe_allow(unsigned allow, char *buf, size_t len) {
         size_t o = 0;
         buf[0] = '\0';
         if (allow == AUTHZ_ANY) {
-                snprintf(buf, len, "any role (chief, ps, worker, admin, viewer)");
+                snprintf(buf, len, "any role (chief, ps, worker, evaluator, admin, viewer)");
                 return;
         }
-        for (int r = PEER_CHIEF; r <= PEER_VIEWER && o < len; r++)
+        for (int r = PEER_CHIEF; r <= PEER_EVALUATOR && o < len; r++)
                 if (allow & (1u << r)) {
                         int n = snprintf(buf + o, len - o, "%s%s", o ? ", " : "", role_names[r]);
                         if (n < 0)

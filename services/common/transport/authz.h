@@ -2,7 +2,7 @@
  * method with the roles that may call it (docs/security.md prints the same table).
  *
  * A certificate issued by `psfleet certs` names its task in a DNS subjectAltName
- * "TASK.JOB.psfleet" (TASK: chief, ps-N, worker-N, admin, viewer), which is also the name a client
+ * "TASK.JOB.psfleet" (TASK: chief, ps-N, worker-N, evaluator, admin, viewer), which is also the name a client
  * checks the server's certificate against; its subject CN is the role ("worker/1") for people.
  *
  * rpc_server enforces the table before any handler runs: a method without an entry is a programming
@@ -23,6 +23,7 @@ enum peer_role {
         PEER_WORKER,
         PEER_ADMIN,
         PEER_VIEWER,
+        PEER_EVALUATOR,     /* TF_CONFIG's evaluator (chiefd --evaluator): reads, as a viewer does */
 };
 
 #define AUTHZ_CHIEF  (1u << PEER_CHIEF)
@@ -30,7 +31,8 @@ enum peer_role {
 #define AUTHZ_WORKER (1u << PEER_WORKER)
 #define AUTHZ_ADMIN  (1u << PEER_ADMIN)
 #define AUTHZ_VIEWER (1u << PEER_VIEWER)
-#define AUTHZ_ANY    (AUTHZ_CHIEF | AUTHZ_PS | AUTHZ_WORKER | AUTHZ_ADMIN | AUTHZ_VIEWER)
+#define AUTHZ_EVALUATOR (1u << PEER_EVALUATOR)
+#define AUTHZ_ANY    (AUTHZ_CHIEF | AUTHZ_PS | AUTHZ_WORKER | AUTHZ_ADMIN | AUTHZ_VIEWER | AUTHZ_EVALUATOR)
 
 #define AUTHZ_TASK_MAX 32    /* "worker-4294967295" and NUL fit */
 
@@ -40,7 +42,7 @@ struct peer {
         char name[96];              /* "worker/1", "admin", "insecure ipv4:127.0.0.1:50312", "unknown ..." */
 };
 
-/* The task part of a role: "chief", "ps-0", "worker-1", "admin", "viewer". len >= AUTHZ_TASK_MAX. */
+/* The task part of a role: "chief", "ps-0", "worker-1", "evaluator", "admin", "viewer". len >= AUTHZ_TASK_MAX. */
 void authz_task_name(enum peer_role role, uint32_t index, char *buf, size_t len);
 /* Parses a task ("ps-0", "chief", "admin", ...); also accepts "ps:0", "worker:1", "chief:0". */
 int authz_parse_task(const char *task, enum peer_role *role, uint32_t *index);

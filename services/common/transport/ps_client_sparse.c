@@ -272,7 +272,8 @@ static int append_page(struct ps_sparse_rows *out, size_t *cap, const struct wir
                 return 0;
         if (rows_reserve(out, cap, out->n + n) < 0)
                 return errf(err, errlen, -ENOMEM, "out of memory for %zu rows", out->n + n);
-        memcpy(out->ids + out->n, h->ids.data, n * sizeof(uint64_t));
+        if (n)   /* an empty page: out->ids may still be NULL, which memcpy may not be given */
+                memcpy(out->ids + out->n, h->ids.data, n * sizeof(uint64_t));
         for (unsigned s = 0; s <= out->n_slots; s++)
                 wire_tensor_copy_f32(t[s], (s ? out->slots[s - 1] : out->values) + out->n * dim);
         out->n += n;
