@@ -106,7 +106,8 @@ static int put_all(FILE *f, const char *dir, const char *stem, const struct job_
         const struct {
                 enum peer_role role;
                 uint32_t n;
-        } all[] = {{PEER_CHIEF, cfg->cluster.n_chief}, {PEER_PS, cfg->cluster.n_ps}, {PEER_WORKER, cfg->cluster.n_worker}};
+        } all[] = {{PEER_CHIEF, cfg->cluster.n_chief}, {PEER_PS, cfg->cluster.n_ps}, {PEER_WORKER, cfg->cluster.n_worker},
+                   {PEER_EVALUATOR, cfg->cluster.n_evaluator}};
         for (size_t i = 0; r >= 0 && i < ELEMENTSOF(all); i++)
                 for (uint32_t k = 0; r >= 0 && k < all[i].n; k++) {
                         char task[AUTHZ_TASK_MAX];

@@ -60,8 +60,9 @@ SKIPPED = {
         "asks the example cluster's chief through its installed job file and the viewer's certificate",
     ("docs/operations.md", "node1# systemctl disable -q --now psfleet-psd@fmnist:0 psfleet-chiefd@fmnist"):
         "needs systemd on three hosts",
-    ("docs/operations.md", "psfleet certs --job fmnist.json --dir tls"):
-        "needs kubectl and a cluster; system.k8s makes the Secret's files the same way and mounts them",
+    ("docs/operations.md", "psfleet certs --job fmnist.json --dir tls --k8s-secrets - | kubectl apply -f -"):
+        "needs kubectl and a cluster; system.k8s makes the Secrets the same way (--k8s-secrets) and mounts "
+        "each role's as the manifest does; integration.manifests validates them",
     ("docs/operations.md", "deploy/container/build-image.sh build/packages"):
         "pulls debian:bookworm-slim from a registry and pushes to one (none can be reached here)",
     ("docs/operations.md", "podman import /var/cache/psfleet-test/rootfs-bookworm-*.tar localhost/debian:bookworm-local"):

@@ -1,5 +1,6 @@
 /* Tests of psfleet certs' Kubernetes Secrets (services/cli/cli_certs_k8s.c): the names' stem, the YAML
- * stream (one Secret for the CA's certificate, one per task, the files base64-encoded, mode 0600), and
+ * stream (one Secret for the CA's certificate, one per task with the evaluator's, the files base64-encoded,
+ * mode 0600), and
  * a missing file refused with nothing written. */
 #include <errno.h>
 #include <setjmp.h>
@@ -54,9 +55,11 @@ static void test_secrets(void **state) {
         put("ps-0.key", "pskey");
         put("worker-0.crt", "wcrt");
         put("worker-0.key", "wkey");
+        put("evaluator.crt", "E1");
+        put("evaluator.key", "E2");
         put("ca.key", "THE CA KEY");
         struct job_config cfg = {.name = "Demo_job"};
-        cfg.cluster.n_chief = cfg.cluster.n_ps = cfg.cluster.n_worker = 1;
+        cfg.cluster.n_chief = cfg.cluster.n_ps = cfg.cluster.n_worker = cfg.cluster.n_evaluator = 1;
         char err[512] = "", *out = strdup_printf("%s/secrets.yaml", scratch_dir), *doc = NULL;
         assert_non_null(out);
         assert_int_equal(certs_write_k8s_secrets(out, scratch_dir, &cfg, err, sizeof(err)), 0);
@@ -64,11 +67,13 @@ static void test_secrets(void **state) {
         assert_int_equal(stat(out, &st), 0);
         assert_int_equal(st.st_mode & 0777, 0600);
         assert_int_equal(read_file(out, 1 << 20, &doc, NULL), 0);
-        /* four Secrets: the CA's certificate and each task's pair, base64 */
+        /* five Secrets: the CA's certificate and each task's pair (the evaluator's too), base64 */
         size_t n = 0;
         for (const char *p = doc; (p = strstr(p, "kind: Secret\n")); p++)
                 n++;
-        assert_int_equal(n, 4);
+        assert_int_equal(n, 5);
+        assert_non_null(strstr(doc, "  name: demo-job-tls-evaluator\n  labels:"));
+        assert_non_null(strstr(doc, "  evaluator.crt: RTE=\n  evaluator.key: RTI=\n"));   /* "E1", "E2" */
         assert_non_null(strstr(doc, "  name: demo-job-tls-ca\n"));
         assert_non_null(strstr(doc, "  ca.crt: Q0E=\n"));                       /* "CA" */
         assert_non_null(strstr(doc, "  name: demo-job-tls-chief\n"));
