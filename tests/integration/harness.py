@@ -15,12 +15,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+
+from ports import free_ports  # noqa: F401 (the tests call h.free_ports)
 
 SKIP = 77  # CTest SKIP_RETURN_CODE
 
@@ -65,20 +66,6 @@ def require(*names):
 
 
 # ---- ports and job files -----------------------------------------------------------------------
-
-def free_ports(n):
-    """n distinct free loopback ports (held together while picking, so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
 
 class Workdir:
     """A temporary directory for one test, removed at exit unless PSFLEET_KEEP_TEST_DIR is set."""
@@ -476,12 +463,6 @@ def job_status(chief_addr, timeout=2.0):
     with channel(chief_addr) as ch:
         return s.supervisor_pb2_grpc.SupervisorStub(ch).GetStatus(s.supervisor_pb2.StatusRequest(),
                                                                   timeout=timeout)
-
-
-def shard_status(ps_addr, timeout=2.0):
-    s = stubs()
-    with channel(ps_addr) as ch:
-        return s.ps_pb2_grpc.ParameterServerStub(ch).GetShardStatus(s.ps_pb2.ShardStatusRequest(), timeout=timeout)
 
 
 def proc_bytes(pid, key="VmRSS"):

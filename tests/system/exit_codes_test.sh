@@ -27,11 +27,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 step "root filesystem, boot, apt install"
-read -r p_chief p_ps0 p_w0 < <(python3 -c '
-import socket
-ss = [socket.socket() for _ in range(3)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])')
+# below the ephemeral range: no connection of the host's takes them while the container boots
+read -r p_chief p_ps0 p_w0 < <(python3 "$here/../integration/ports.py" 3)
 ct_boot_psfleet "$name" "$work" "$cache" "$pkgdir" "$data"
 ct_install "$work/apt.log" "${debs[@]}" || fail "apt install"
 

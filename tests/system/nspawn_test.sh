@@ -31,12 +31,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The job's ports: free on the host now (the container shares the host's network).
-read -r p_chief p_ps0 p_ps1 p_w0 p_w1 < <(python3 -c '
-import socket
-ss = [socket.socket() for _ in range(5)]
-for s in ss: s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in ss])')
+# The job's ports: free on the host now (the container shares the host's network), below the
+# ephemeral range, where no connection of the host's takes them meanwhile (tests/integration/ports.py).
+read -r p_chief p_ps0 p_ps1 p_w0 p_w1 < <(python3 "$here/../integration/ports.py" 5)
 
 step "boot"
 ct_boot_psfleet "$name" "$work" "$cache" "$pkgdir" "$data"
