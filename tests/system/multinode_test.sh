@@ -8,11 +8,12 @@
 # Every gRPC port speaks mutual TLS (the addresses are beyond loopback) and every tensor crosses by gRPC
 # (`rpc.shared_memory: false`: worker 0 and ps 1 share node2). Variants, one job each:
 #   plain     the job as it is; test accuracy >= 0.87
+#   fp32      the same with float32 pushes (rpc.compression none; not in the default list: a figure)
 #   lossy     node3's link delayed 10 ms with 1 % of its frames dropped (l2delay.py, in both directions)
 #   poweroff  node3 powered off mid-job and booted again: worker 1 comes back with psfleet.target
 # Containers, bridge, namespaces, forwarder and cgroups are removed whatever happens.
 #
-#   multinode_test.sh PACKAGE_DIR [plain,lossy,poweroff]
+#   multinode_test.sh PACKAGE_DIR [plain,fp32,lossy,poweroff]
 # Environment: PSFLEET_TEST_CACHE, PSFLEET_TEST_KEEP=1 (as nspawn_test.sh),
 #              PSFLEET_TEST_ARTIFACTS=DIR (the variants' figures as JSON lines, results.jsonl),
 #              PSFLEET_MULTINODE_STEPS (each job's max_steps, 5000), PSFLEET_MULTINODE_LIMIT (the test's own
@@ -122,11 +123,12 @@ job_file() {
     "worker": ["${ADDR[b]}:2224", "${ADDR[c]}:2224"]
   },
 $(demo_model "$steps"),
-  "rpc": {"shared_memory": false}
+  "rpc": {"shared_memory": false${compression:+, \"compression\": \"$compression\"}}
 }
 EOF
 }
 steps=${PSFLEET_MULTINODE_STEPS:-5000}
+compression=   # rpc.compression of the job: the default (auto: int8 between these nodes) unless a variant sets it
 
 chief_status() { on a; prop "psfleet-chiefd@$job.service" StatusText; }
 at_step() {
@@ -298,7 +300,20 @@ impair_on() {
 IFS=, read -r -a todo <<<"$variants"
 for v in "${todo[@]}"; do
         case $v in
-        plain | poweroff) run_job "$v" ;;
+        plain) run_job "$v" ;;
+        fp32)   # plain with float32 pushes (rpc.compression none), to compare with the default's int8
+                compression=none
+                run_job "$v"
+                compression=
+                ;;
+        poweroff)
+                # three times the steps: node3 is off for 10 s from a quarter of the job, and the other
+                # worker alone (int8 pushes by default) does ~4,000 steps in 10 s
+                steps_plain=$steps
+                steps=$((steps * 3))
+                run_job "$v"
+                steps=$steps_plain
+                ;;
         lossy)
                 impair_on
                 run_job lossy
@@ -309,7 +324,7 @@ for v in "${todo[@]}"; do
                 grep -Eq "'dropped': [1-9]" "$work/l2delay.log" || fail "l2delay.py dropped nothing"
                 impair_off
                 ;;
-        *) fail "unknown variant $v (plain, lossy, poweroff)" ;;
+        *) fail "unknown variant $v (plain, fp32, lossy, poweroff)" ;;
         esac
 done
 
