@@ -25,6 +25,8 @@ static void export_help(FILE *f) {
                    "       psfleet export --job JOB.json --checkpoint FILE --out DIR [...]\n"
                    "       psfleet export --job JOB --since STEP --out DIR [--step N] [--state-dir DIR]\n"
                    "       psfleet export --apply DELTA_DIR --to FULL_DIR\n"
+                   "       psfleet export --via-chief (--job JOB | --address HOST:PORT) [--step N] [--since STEP]\n"
+                   "                      [--max-inline-rows N] [--external-data] [--json] [--identity admin]\n"
                    "\n"
                    "Writes the model a job trained as DIR/model.onnx (ONNX opset 17), for ONNX Runtime, Triton\n"
                    "or TensorRT: inference mode (Dropout as identity, batch normalization with its running\n"
@@ -47,6 +49,15 @@ static void export_help(FILE *f) {
                    "                     checkpoint of STEP to that of --step (default the newest), the ids gone\n"
                    "                     (tombstones), as DIR/delta/NAME.safetensors, with the newer export's\n"
                    "                     model.onnx and tables.json, and DIR/delta.json written last\n"
+                   "  --via-chief        ask the job's running chief (Supervisor.Export, as psfleet status\n"
+                   "                     finds it) to write the export into its state directory,\n"
+                   "                     <state>/<job>/exports/step-N (a delta: delta-A-N), and print that\n"
+                   "                     directory and its files (--json: as JSON); an export already there is\n"
+                   "                     answered as it is. Needs the admin identity under mutual TLS\n"
+                   "  --address HOST:PORT  (--via-chief) the chief to ask, instead of --job's\n"
+                   "  --identity NAME    (--via-chief) the certificate to call with (default admin)\n"
+                   "  --json             (--via-chief) the reply as JSON\n"
+                   "  --timeout-ms N     (--via-chief) how long to wait for the export (default 600000)\n"
                    "  --apply DELTA_DIR --to FULL_DIR  makes FULL_DIR, the export of the delta's older step with\n"
                    "                     every table outside (--max-inline-rows 1), the export of its newer step\n"
                    "\n"
@@ -57,7 +68,8 @@ static void export_help(FILE *f) {
                    "Exit status: 0 written, 2 bad usage, 65 no such checkpoint, one that does not verify or\n"
                    "lacks the model's variables or tables (or a link of its chain does), --since not before the\n"
                    "step exported, a delta that does not apply to FULL_DIR,\n"
-                   "74 the output cannot be written, 78 a bad job file or a model that cannot be exported.\n",
+                   "74 the output cannot be written, 78 a bad job file or a model that cannot be exported;\n"
+                   "with --via-chief the chief's refusal is 65 as offline, and 1 the chief not reached.\n",
                 CLI_CHIEF_STATE_ROOT);
 }
 
@@ -75,7 +87,9 @@ static void say_all(char *buf) {
 int cmd_export(int argc, char **argv) {
         const char *job = NULL, *out = NULL, *state_dir = NULL, *file = NULL, *apply = NULL, *to = NULL;
         uint64_t step = 0, since = 0, max_inline = 0;
-        bool external = false;
+        bool external = false, via_chief = false, json = false;
+        const char *address = NULL;
+        uint64_t timeout_us = 600000 * 1000ULL;
         const struct cli_opt opts[] = {
                 CLI_FLAG("external-data", &external),
                 CLI_NUMBER("max-inline-rows", &max_inline, 1, UINT64_MAX),
@@ -87,6 +101,11 @@ int cmd_export(int argc, char **argv) {
                 CLI_NUMBER("since", &since, 1, UINT64_MAX),
                 CLI_STRING("apply", &apply),
                 CLI_STRING("to", &to),
+                CLI_FLAG("via-chief", &via_chief),
+                CLI_FLAG("json", &json),
+                CLI_STRING("address", &address),
+                CLI_STRING("identity", &cli_identity),
+                CLI_DURATION("timeout-ms", &timeout_us, 1, 3600000, 1000),
                 {},
         };
         const struct cli_args args = { .cmd = "export", .opts = opts, .help = export_help };
@@ -101,6 +120,18 @@ int cmd_export(int argc, char **argv) {
                         return CLI_EX_USAGE;
                 }
                 return export_delta_apply(apply, to);
+        }
+        if (via_chief || address || json) {
+                if (!via_chief || out || file || state_dir || !job == !address) {
+                        cli_error("export: %s", !via_chief         ? "--address and --json go with --via-chief"
+                                                : out || file || state_dir ? "--via-chief takes no --out, --checkpoint nor "
+                                                                     "--state-dir: the chief writes into its own "
+                                                                     "state directory"
+                                                                   : "--via-chief needs one of --job and --address");
+                        return CLI_EX_USAGE;
+                }
+                const struct export_ask_rpc ask = { step, since, max_inline, timeout_us / 1000, external };
+                return export_via_chief(address, job, &ask, json);
         }
         if (!job || !out || (file && step) || (file && since)) {
                 cli_error("export: %s", !job   ? "--job is required"
