@@ -9,14 +9,19 @@ DONE. Then, as admin:
 - step 0 exports the newest checkpoint;
 - a step without a checkpoint: FAILED_PRECONDITION naming it, nothing left in exports/;
 - `psfleet export --via-chief --json` prints the chief's reply; a bad step exits 65 naming it.
-As worker-0 (the worker's own certificate): PERMISSION_DENIED. About 10 s.
+As worker-0 (the worker's own certificate): PERMISSION_DENIED.
+Then a CTR job (examples/ctr-widedeep.json's model, increments chained to one full checkpoint): the
+chief's whole export of an incremental step (every table outside) and its delta between two steps are
+the offline exports' files byte for byte (the chains read through the chief's own store). About 10 s.
 """
+import filecmp
 import json
 import os
 import subprocess
 import threading
 
 import harness as h
+from test_sparse_job import gen_split
 
 STEPS = 300
 SLOW_STEP_MS = 10   # about 3 s of training: a checkpoint at each hundred steps, not one the poll skips
@@ -138,6 +143,60 @@ def test():
     assert p.returncode == 2, (p.returncode, p.stderr)
     h.log("psfleet export --via-chief: the chief's reply as JSON; a bad step 65")
 
+    chief.kill()
+    assert chief.wait(30) == 0, chief.stderr()[-3000:]
+    ctr(wd, state)
+
+
+def same_files(a, b):
+    """The files under a and b (one level of subdirectories): the same names, the same bytes."""
+    def names(d):
+        return sorted(os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs)
+    assert names(a) == names(b), (names(a), names(b))
+    for n in names(a):
+        assert filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False), n
+    return names(a)
+
+
+def ctr(wd, state):
+    import grpc  # noqa: F401
+    s = h.stubs()
+    data = gen_split(wd, 20000, 1000)
+    with open(os.path.join(h.SOURCE_DIR, "examples", "ctr-widedeep.json")) as f:
+        base = json.load(f)
+    base["job"] = "ctrx"
+    base["data"]["dir"] = data
+    base["supervisor"] = {"save_checkpoint_steps": 50, "save_checkpoint_secs": 0, "keep_checkpoints": 100,
+                          "full_checkpoint_every": 1000}
+    path, spec = h.make_job(wd, "ctrx.json", n_ps=1, n_workers=1, base=base,
+                            training={"max_steps": 200, "report_every_steps": 100, "threads": 1})
+    chief_addr, ps_addr = spec["cluster"]["chief"][0], spec["cluster"]["ps"][0]
+    chief = h.daemon(wd, "chiefd", path, name="ctr-chief")
+    listening(chief, chief_addr)
+    ps = h.daemon(wd, "psd", path, 0, name="ctr-ps")
+    listening(ps, ps_addr)
+    worker = h.daemon(wd, "workerd", path, 0, env={"PSFLEET_TEST_SLOW_STEP_MS": str(SLOW_STEP_MS)},
+                      name="ctr-worker")
+    h.use_tls(os.path.join(wd.path, "tls"), spec)
+    h.wait_state(chief_addr, "DONE", 240, [chief, ps, worker])
+    with h.channel(chief_addr) as ch:
+        sup = s.supervisor_pb2_grpc.SupervisorStub(ch)
+        cks = sup.ListCheckpoints(s.supervisor_pb2.ListCheckpointsRequest(), timeout=5).checkpoints
+        incs = sorted(c.global_step for c in cks if c.incremental)
+        h.log("ctr checkpoints (step, parent):", [(c.global_step, c.parent_step) for c in cks])
+        assert len(incs) >= 2, [(c.global_step, c.incremental) for c in cks]
+        a, b = incs[0], incs[-1]
+        whole = sup.Export(s.supervisor_pb2.ExportRequest(step=b, max_inline_rows=1), timeout=120)
+        delta = sup.Export(s.supervisor_pb2.ExportRequest(step=b, since=a), timeout=120)
+    assert whole.dir.endswith("step-%d-rows-1" % b) and delta.dir.endswith("delta-%d-%d" % (a, b)), (whole, delta)
+    assert delta.since == a and delta.changed > 0, delta
+    common = ["export", "--job", path, "--state-dir", state, "--step", str(b)]
+    p = psfleet(*common, "--max-inline-rows", "1", "--out", wd.file("ctr-whole"))
+    q = psfleet(*common, "--since", str(a), "--out", wd.file("ctr-delta"))
+    assert p.returncode == 0 and q.returncode == 0, (p.stderr, q.stderr)
+    h.log("ctr: the chief's export of step %d (%s) and delta %d -> %d (%d rows changed, %d gone: %s) are the "
+          "offline ones" % (b, ", ".join(same_files(whole.dir, wd.file("ctr-whole"))), a, b, delta.changed,
+                            delta.tombstones, ", ".join(same_files(delta.dir, wd.file("ctr-delta")))))
     chief.kill()
     assert chief.wait(30) == 0, chief.stderr()[-3000:]
 
