@@ -22,7 +22,7 @@
 #include "util.h"
 #include "psfleet/v1/supervisor.pb-c.h"
 
-#define EXPORT_MAX_FILES 256 /* model.onnx, its data, tables.json, delta.json and a file per table, twice */
+#define EXPORT_MAX_FILES 64 /* model.onnx, its data, tables.json, delta.json and two files a table (8 at most) */
 #define TMP_NAME ".export.tmp"
 
 struct export_job {

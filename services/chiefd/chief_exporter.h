@@ -1,7 +1,9 @@
 /* chiefd's Supervisor.Export: one thread writes the exports asked for (chief_export.h), one at a time,
  * into the chief's state directory, and answers each call when its export is whole. The handler that
  * takes the call is chief_rpc.c's; it hands the call over here, so no server thread waits on an export
- * and concurrent calls are served in turn. */
+ * and concurrent calls are served in turn. The chains of increments are read through the chief's own
+ * checkpoint store, under its lock: retention cannot remove a link mid-read, and a checkpoint being
+ * saved (or deleted) meanwhile waits for that read, the files' reading alone, not the export's writing. */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
