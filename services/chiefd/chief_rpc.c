@@ -1,6 +1,6 @@
 /* chiefd's Supervisor service: Join, Report, GetStatus, Stop and the checkpoint calls, run on the RPC
  * server's threads. They read and update `struct chief` under its lock and never call out; what needs
- * a call (SaveCheckpoint) is queued for the main thread. */
+ * a call (SaveCheckpoint) is queued for the main thread, an export (Export) for the export thread. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -28,6 +28,7 @@
 #define M_LIST_CKPT "/psfleet.v1.Supervisor/ListCheckpoints"
 #define M_SAVE_CKPT "/psfleet.v1.Supervisor/SaveCheckpoint"
 #define M_DELETE_CKPT "/psfleet.v1.Supervisor/DeleteCheckpoint"
+#define M_EXPORT "/psfleet.v1.Supervisor/Export"
 
 static const char *const health_services[] = {"psfleet.v1.Supervisor", NULL};
 
@@ -333,6 +334,20 @@ static void h_watch(struct chief *c, struct rpc_call *call, const ProtobufCMessa
                 rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "chiefd is stopping");
 }
 
+/* Export: written by the export thread (chief_exporter.c), which answers. */
+static void h_export(struct chief *c, struct rpc_call *call, const ProtobufCMessage *m) {
+        const Psfleet__V1__ExportRequest *q = (const Psfleet__V1__ExportRequest *)m;
+        const struct chief_export_ask ask = {q->step, q->since, q->max_inline_rows, q->external_data};
+        int r = chief_exporter_add(c->exporter, call, &ask);
+        if (r == -ENOMEM)
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        else if (r == -EBUSY)
+                rpc_call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "%d exports are waiting already: retry later",
+                              CHIEF_EXPORTS_MAX);
+        else if (r < 0)
+                rpc_call_fail(call, GRPC_STATUS_UNAVAILABLE, "chiefd is stopping");
+}
+
 void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]) {
         const struct chief_handler with_request[CHIEF_RPC_N_HANDLERS] = {
                 {c, &psfleet__v1__join_request__descriptor, h_join},
@@ -342,6 +357,7 @@ void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]
                 {c, &psfleet__v1__watch_request__descriptor, h_watch},
                 {c, &psfleet__v1__save_checkpoint_request__descriptor, h_save_ckpt},
                 {c, &psfleet__v1__delete_checkpoint_request__descriptor, h_delete_ckpt},
+                {c, &psfleet__v1__export_request__descriptor, h_export},
         };
         memcpy(c->handlers, with_request, sizeof(with_request));
         const struct rpc_method all[CHIEF_RPC_N_METHODS] = {
@@ -354,6 +370,7 @@ void chief_rpc_methods(struct chief *c, struct rpc_method m[CHIEF_RPC_N_METHODS]
                 {M_LIST_CKPT, h_list_ckpts, c},
                 {M_SAVE_CKPT, dispatch, &c->handlers[5]},
                 {M_DELETE_CKPT, dispatch, &c->handlers[6]},
+                {M_EXPORT, dispatch, &c->handlers[7]},
                 {RPC_HEALTH_CHECK, rpc_health_handler, (void *)health_services},
         };
         memcpy(m, all, sizeof(all));

@@ -9,7 +9,8 @@
  * main thread (chief_loop.c) owns every outgoing call and every state change that needs one (waiting
  * for the shards, initializing or restoring them, polling global_step, snapshots: checkpoints and
  * evaluations, the end) and is the one place where signals are handled (signalfd). The watch thread
- * (chief_watch.c) sends JobStatus to Watch streams. Every state change is decided by the pure state
+ * (chief_watch.c) sends JobStatus to Watch streams; the export thread (chief_exporter.c) writes the
+ * exports Export asks for, one at a time, and answers them. Every state change is decided by the pure state
  * machine of chief_state.c, applied in chief_status.c. */
 #pragma once
 #include <grpc/grpc.h>
@@ -21,6 +22,7 @@
 #include "chief_ckpt.h"
 #include "chief_db.h"
 #include "chief_eval.h"
+#include "chief_exporter.h"
 #include "chief_probe.h"
 #include "chief_save.h"
 #include "chief_state.h"
@@ -39,8 +41,8 @@
 #define NOTIFY_EVERY_US (1000 * 1000ULL)
 #define SNAPSHOT_RETRY_US (5 * 1000000ULL)  /* after a failed scheduled checkpoint or evaluation */
 
-#define CHIEF_RPC_N_METHODS 10
-#define CHIEF_RPC_N_HANDLERS 7           /* the methods with a request, unpacked before their handler */
+#define CHIEF_RPC_N_METHODS 11
+#define CHIEF_RPC_N_HANDLERS 8           /* the methods with a request, unpacked before their handler */
 struct chief;
 /* A method whose request chief_rpc.c unpacks (as desc) before calling fn; the request is freed after. */
 struct chief_handler {
@@ -75,6 +77,7 @@ struct chief {
         struct chief_eval ev;             /* evaluations and summaries (chief_eval.h) */
 
         struct chief_watch *watch;        /* the Watch streams' thread (chief_watch.h); thread-safe */
+        struct chief_exporter *exporter;  /* the Export calls' thread (chief_exporter.h); thread-safe */
         struct chief_handler handlers[CHIEF_RPC_N_HANDLERS];   /* the methods' user data (chief_rpc_methods) */
 
         struct chief_status st;           /* what the chief reports, with its lock (chief_status.h) */

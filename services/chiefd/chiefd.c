@@ -57,6 +57,7 @@ static struct chief *chief_free(struct chief *c) {
         free(c->worker_ch);
         ps_client_free(c->pc);
         chief_metrics_done();
+        chief_exporter_free(c->exporter); /* first: its thread uses the records, the store and the job */
         job_layout_free(c->L);
         model_free(c->model);
         backend_free(c->be);
@@ -272,6 +273,7 @@ static void close_streams(struct chief *c) {
         pthread_mutex_unlock(&c->st.lock);
         chief_answer_saves(&c->st, -ESHUTDOWN, NULL, false, "chiefd is stopping");
         chief_watch_stop(c->watch);
+        chief_exporter_stop(c->exporter);
 }
 
 static int run(int argc, char **argv) {
@@ -309,6 +311,13 @@ static int run(int argc, char **argv) {
         r = chief_watch_new(&c->st, &c->watch);
         if (r < 0) {
                 log_error_errno(r, "Cannot start the watch thread");
+                goto out;
+        }
+        char *job_dir = strdup_printf("%s/%s", args.state_dir, cfg->name);
+        r = job_dir ? chief_exporter_new(c->cfg, c->db, c->ckpts, job_dir, &c->exporter) : -ENOMEM;
+        free(job_dir);
+        if (r < 0) {
+                log_error_errno(r, "Cannot start the export thread");
                 goto out;
         }
         if ((r = daemon_listen(&args, methods, ELEMENTSOF(methods), 2, DAEMON_SMALL_MESSAGES, &srv)) < 0)

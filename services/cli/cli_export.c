@@ -1,34 +1,23 @@
-/* psfleet export: a job's trained model as an ONNX file for serving (onnx_save.h), from one of the
+/* psfleet export: a job's trained model as an ONNX file for serving (chief_export.h), from one of the
  * chief's checkpoints, offline: from the chief's records in its state directory (the newest checkpoint
- * that verifies, or --step N), or from one checkpoint file (--checkpoint). The file is written under a
- * temporary name and renamed when whole: an export that fails leaves nothing that looks finished. */
+ * that verifies, or --step N), or from one checkpoint file (--checkpoint). The options are read and the
+ * outcome printed here; the export itself is shared with chiefd's Supervisor.Export. */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include "chief_ckpt.h"
 #include "chief_db.h"
-#include "ckpt.h"
+#include "chief_export.h"
 #include "cli_export.h"
 #include "cli_jobref.h"
 #include "cli_opt.h"
 #include "cli_records.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "graph.h"
-#include "graph_spec.h"
-#include "job.h"
-#include "onnx_save.h"
 #include "util.h"
 
-#define EX_DATAERR 65 /* sysexits.h: no such checkpoint, or one that does not verify */
-#define EX_IOERR 74   /* sysexits.h: the output cannot be written */
-#define ONNX_MAX_BYTES ((size_t)INT32_MAX) /* protobuf's limit on one message, so on model.onnx */
 
 static void export_help(FILE *f) {
         fprintf(f, "Usage: psfleet export --job JOB --out DIR [--step N] [--state-dir DIR] [--max-inline-rows N]\n"
@@ -36,6 +25,8 @@ static void export_help(FILE *f) {
                    "       psfleet export --job JOB.json --checkpoint FILE --out DIR [...]\n"
                    "       psfleet export --job JOB --since STEP --out DIR [--step N] [--state-dir DIR]\n"
                    "       psfleet export --apply DELTA_DIR --to FULL_DIR\n"
+                   "       psfleet export --via-chief (--job JOB | --address HOST:PORT) [--step N] [--since STEP]\n"
+                   "                      [--max-inline-rows N] [--external-data] [--json] [--identity admin]\n"
                    "\n"
                    "Writes the model a job trained as DIR/model.onnx (ONNX opset 17), for ONNX Runtime, Triton\n"
                    "or TensorRT: inference mode (Dropout as identity, batch normalization with its running\n"
@@ -58,6 +49,15 @@ static void export_help(FILE *f) {
                    "                     checkpoint of STEP to that of --step (default the newest), the ids gone\n"
                    "                     (tombstones), as DIR/delta/NAME.safetensors, with the newer export's\n"
                    "                     model.onnx and tables.json, and DIR/delta.json written last\n"
+                   "  --via-chief        ask the job's running chief (Supervisor.Export, as psfleet status\n"
+                   "                     finds it) to write the export into its state directory,\n"
+                   "                     <state>/<job>/exports/step-N (a delta: delta-A-N), and print that\n"
+                   "                     directory and its files (--json: as JSON); an export already there is\n"
+                   "                     answered as it is. Needs the admin identity under mutual TLS\n"
+                   "  --address HOST:PORT  (--via-chief) the chief to ask, instead of --job's\n"
+                   "  --identity NAME    (--via-chief) the certificate to call with (default admin)\n"
+                   "  --json             (--via-chief) the reply as JSON\n"
+                   "  --timeout-ms N     (--via-chief) how long to wait for the export (default 600000)\n"
                    "  --apply DELTA_DIR --to FULL_DIR  makes FULL_DIR, the export of the delta's older step with\n"
                    "                     every table outside (--max-inline-rows 1), the export of its newer step\n"
                    "\n"
@@ -68,246 +68,28 @@ static void export_help(FILE *f) {
                    "Exit status: 0 written, 2 bad usage, 65 no such checkpoint, one that does not verify or\n"
                    "lacks the model's variables or tables (or a link of its chain does), --since not before the\n"
                    "step exported, a delta that does not apply to FULL_DIR,\n"
-                   "74 the output cannot be written, 78 a bad job file or a model that cannot be exported.\n",
+                   "74 the output cannot be written, 78 a bad job file or a model that cannot be exported;\n"
+                   "with --via-chief the chief's refusal is 65 as offline, and 1 the chief not reached.\n",
                 CLI_CHIEF_STATE_ROOT);
 }
 
-/* The chief's records of a job, read offline. */
-struct records {
-        struct chief_db *db;
-        char *where;                            /* the directory of chief.db */
-        struct chief_db_checkpoint *rows;       /* newest first */
-        size_t n;
-};
-
-static int records_open(const char *state_dir, const struct cli_local_job *local, const struct job_config *cfg,
-                        struct records *rec) {
-        const char *dir = state_dir ? state_dir : local->pid ? local->state_dir : CLI_CHIEF_STATE_ROOT;
-        int r = cli_records_open(dir, cfg->name, &rec->db, &rec->where);
-        if (r < 0) {
-                cli_error("export: no records of job %s's chief in %s nor %s/%s (--state-dir DIR): %s", cfg->name,
-                          dir, dir, cfg->name, strerror(-r));
-                return EX_DATAERR;
+/* The lines an export had to say, each as psfleet's other errors. */
+static void say_all(char *buf) {
+        for (char *line = buf, *nl; *line; line = nl + 1) {
+                if (!(nl = strchr(line, '\n')))
+                        nl = line + strlen(line) - 1;
+                else
+                        *nl = '\0';
+                cli_error("%s", line);
         }
-        if ((r = chief_db_list_checkpoints(rec->db, &rec->rows, &rec->n)) < 0) {
-                cli_error("export: cannot read the checkpoints recorded in %s/chief.db: %s", rec->where, strerror(-r));
-                return EX_DATAERR;
-        }
-        if (rec->n == 0) {
-                cli_error("export: job %s has no checkpoint (%s/chief.db records none)", cfg->name, rec->where);
-                return EX_DATAERR;
-        }
-        return 0;
-}
-
-static void records_close(struct records *rec) {
-        free(rec->rows);
-        free(rec->where);
-        chief_db_close(rec->db);
-}
-
-/* The checkpoint file and its step: --checkpoint, else the records' newest that reads (or --step's).
- * Returns 0 with *ck read, *path_ret malloc'd and *step_ret, or the exit status after printing why. */
-static int find_checkpoint(const char *file, const struct records *rec, const struct job_config *cfg, uint64_t step,
-                           struct ckpt **ck, char **path_ret, uint64_t *step_ret) {
-        char e[512];
-        if (file) {
-                int r = ckpt_read(file, UINT64_MAX, ck, e, sizeof(e));
-                if (r < 0) {
-                        cli_error("export: checkpoint %s: %s", file, e);
-                        return r == -EBADMSG ? EX_DATAERR : EX_IOERR;
-                }
-                const char *gs = ckpt_meta(*ck, "global_step");
-                if (!gs || parse_u64(gs, 0, UINT64_MAX, step_ret) < 0)
-                        *step_ret = 0;
-                *path_ret = strdup(file);
-                return 0;
-        }
-        int ret = EX_DATAERR, r = 0;
-        for (size_t i = 0; i < rec->n && ret != 0; i++) {
-                const struct chief_db_checkpoint *c = &rec->rows[i];
-                if (step && c->global_step != step)
-                        continue;
-                char sum[32];
-                if ((r = ckpt_read(c->path, UINT64_MAX, ck, e, sizeof(e))) == 0 &&
-                    strcmp(ckpt_format_checksum(ckpt_crc32c(*ck), sum, sizeof(sum)), c->checksum) != 0) {
-                        snprintf(e, sizeof(e), "checksum %s, %s was recorded", sum, c->checksum);
-                        *ck = ckpt_free(*ck);
-                        r = -EBADMSG;
-                }
-                if (r == 0) {
-                        *path_ret = strdup(c->path);
-                        *step_ret = c->global_step;
-                        ret = 0;
-                } else {
-                        cli_error("export: checkpoint of global_step %" PRIu64 " (%s) does not verify: %s%s",
-                                  c->global_step, c->path, e, step ? "" : "; trying an older one");
-                        r = 0;
-                        if (step)
-                                break;
-                }
-        }
-        if (ret != 0 && r == 0)
-                cli_error(step ? "export: job %s has no checkpoint of global_step %" PRIu64 " that verifies (psfleet "
-                                 "checkpoints list)"
-                               : "export: job %s has no checkpoint that verifies%.0" PRIu64,
-                          cfg->name, step);
-        return ret;
-}
-
-/* The tables' rows at the recorded step, its chain of increments resolved as a restore resolves it
- * (chief_ckpt_read_step), into tables[0..n_embeddings) (the caller clears them); ck: the checkpoint
- * exported, whose fingerprint its links share. 0, or the exit status after saying why. */
-static int chain_tables(const struct records *rec, const struct job_config *cfg, const struct ckpt *ck, uint64_t step,
-                        struct ps_sparse_rows *tables) {
-        struct job_layout *L = NULL;
-        struct chief_ckpt *s = NULL;
-        float *params = NULL;
-        char err[1200];
-        int r = job_layout_new(cfg, &L);
-        if (r < 0) {
-                cli_error("export: job %s's model: %s", cfg->name, strerror(-r));
-                return r == -ENOMEM ? 1 : CONFIG_EX_CONFIG;
-        }
-        struct chief_ckpt_config cc = { .dir = rec->where, .L = L, .model = &cfg->model,
-                                        .sparse_optimizer = cfg->training.sparse_optimizer, .job = cfg->name,
-                                        .fingerprint = config_fingerprint(cfg), .keep = 1 };
-        /* read_params has noted a checkpoint of another fingerprint: the links of its job need no more word */
-        const char *fp = ckpt_meta(ck, "fingerprint");
-        uint64_t theirs;
-        if (fp && sscanf(fp, "%16" SCNx64, &theirs) == 1)
-                cc.fingerprint = theirs;
-        struct chief_db_checkpoint row;
-        if ((r = chief_ckpt_new(rec->db, &cc, &s, err, sizeof(err))) == 0) {
-                params = calloc(L->n_params + 1, sizeof(float));
-                r = params ? chief_ckpt_read_step(s, step, params, tables, &row, err, sizeof(err))
-                           : errf(err, sizeof(err), -ENOMEM, "out of memory");
-        }
-        if (r < 0)
-                cli_error("export: job %s's checkpoint of global_step %" PRIu64 ": %s", cfg->name, step, err);
-        free(params);
-        chief_ckpt_free(s);
-        job_layout_free(L);
-        return r == -ENOMEM ? 1 : r < 0 ? EX_DATAERR : 0;
-}
-
-/* The layer list's graph; with tables, the dense layers alone, their input the dense features followed
- * by the tables' pooled rows (model_spec_dense_input), which the tables' lookups make (cli_export.h). */
-static int dense_graph(const struct model_spec *spec, struct graph **ret, char *err, size_t errlen) {
-        if (!spec->n_embeddings)
-                return graph_from_spec(spec, ret, err, errlen);
-        struct model_spec *dense = malloc(sizeof(*dense));
-        if (!dense) {
-                snprintf(err, errlen, "out of memory");
-                return -ENOMEM;
-        }
-        *dense = *spec;
-        dense->n_embeddings = 0;
-        dense->input[0] = 1, dense->input[1] = 1, dense->input[2] = model_spec_dense_input(spec);
-        int r = graph_from_spec(dense, ret, err, errlen);
-        free(dense);
-        return r;
-}
-
-/* The parameter block from the checkpoint, variable by variable (each checked for its shape). */
-static int read_params(const struct job_config *cfg, const struct ckpt *ck, const char *path, float **params_ret) {
-        char e[512];
-        const char *fp = ckpt_meta(ck, "fingerprint");
-        char want[32];
-        snprintf(want, sizeof(want), "%016" PRIx64, config_fingerprint(cfg));
-        /* the fingerprint covers the whole job (its cluster too: a local job's copy has other ports), so
-         * a difference is worth a word, not a refusal: every variable is checked by name and shape */
-        if (fp && strcmp(fp, want) != 0)
-                cli_error("export: note: checkpoint %s was written by a job of fingerprint %s, this job file's is %s; "
-                          "its variables are taken by name and shape", path, fp, want);
-        struct model_spec_var *vars = calloc(MODEL_MAX_VARS, sizeof(*vars));
-        size_t n_params = 0;
-        int nv = vars ? model_spec_vars(&cfg->model, vars, &n_params) : -ENOMEM;
-        float *p = nv >= 0 ? calloc(n_params ? n_params : 1, sizeof(float)) : NULL;
-        int ret = p ? 0 : 1;
-        for (int v = 0; p && v < nv && ret == 0; v++)
-                if (ckpt_get(ck, vars[v].name, vars[v].rows, vars[v].cols, p + vars[v].offset, e, sizeof(e)) < 0) {
-                        cli_error("export: checkpoint %s: %s", path, e);
-                        ret = EX_DATAERR;
-                }
-        free(vars);
-        if (ret != 0)
-                free(p);
-        else
-                *params_ret = p;
-        return ret;
-}
-
-static int make_dir(const char *dir) {
-        if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-                cli_error("export: cannot make %s: %m", dir);
-                return EX_IOERR;
-        }
-        return 0;
-}
-
-/* The external data as DIR/model.onnx.data: its pieces at their offsets, zeros between, written
- * whole under a temporary name. */
-static int write_data(const char *dir, const struct onnx_external *x) {
-        static const char zeros[4096];
-        char *path = strdup_printf("%s/%s", dir, x->location), *tmp = strdup_printf("%s/.%s.tmp", dir, x->location);
-        struct atomic_file *af = NULL;
-        int r = path && tmp ? atomic_file_open(path, tmp, 0644, &af) : -ENOMEM;
-        uint64_t at = 0;
-        for (size_t i = 0; r == 0 && i < x->n; i++) {
-                while (r == 0 && at < x->pieces[i].offset) {
-                        size_t k = x->pieces[i].offset - at > sizeof(zeros) ? sizeof(zeros) : x->pieces[i].offset - at;
-                        r = atomic_file_write(af, zeros, k);
-                        at += k;
-                }
-                if (r == 0)
-                        r = atomic_file_write(af, x->pieces[i].data, x->pieces[i].len);
-                at += x->pieces[i].len;
-        }
-        if (r == 0)
-                r = atomic_file_commit(af, NULL);
-        else
-                atomic_file_abort(af);
-        if (r < 0)
-                cli_error("export: cannot write %s: %s", path ? path : dir, strerror(-r));
-        free(path);
-        free(tmp);
-        return r < 0 ? EX_IOERR : 0;
-}
-
-/* Writes buf as DIR/model.onnx: DIR/.model.onnx.tmp, synced, then renamed. */
-static int write_out(const char *dir, const void *buf, size_t len, char **path_ret) {
-        char *tmp = strdup_printf("%s/.model.onnx.tmp", dir), *path = strdup_printf("%s/model.onnx", dir);
-        int fd = tmp ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644) : -1;
-        bool ok = fd >= 0 && path;
-        for (size_t at = 0; ok && at < len;) {
-                ssize_t w = write(fd, (const char *)buf + at, len - at);
-                ok = w > 0 || (w < 0 && errno == EINTR);
-                at += w > 0 ? (size_t)w : 0;
-        }
-        ok = ok && fsync(fd) == 0;
-        if (fd >= 0 && close(fd) < 0)
-                ok = false;
-        ok = ok && rename(tmp, path) == 0;
-        if (!ok) {
-                cli_error("export: cannot write %s: %m", path ? path : dir);
-                if (tmp)
-                        unlink(tmp);
-        }
-        free(tmp);
-        if (ok)
-                *path_ret = path;
-        else
-                free(path);
-        return ok ? 0 : EX_IOERR;
 }
 
 int cmd_export(int argc, char **argv) {
         const char *job = NULL, *out = NULL, *state_dir = NULL, *file = NULL, *apply = NULL, *to = NULL;
         uint64_t step = 0, since = 0, max_inline = 0;
-        bool external = false;
-        struct export_tables tables = { 0 };
-        struct onnx_external ext = { .location = "model.onnx.data", .min_bytes = 1u << 20 };
+        bool external = false, via_chief = false, json = false;
+        const char *address = NULL;
+        uint64_t timeout_us = 600000 * 1000ULL;
         const struct cli_opt opts[] = {
                 CLI_FLAG("external-data", &external),
                 CLI_NUMBER("max-inline-rows", &max_inline, 1, UINT64_MAX),
@@ -319,6 +101,11 @@ int cmd_export(int argc, char **argv) {
                 CLI_NUMBER("since", &since, 1, UINT64_MAX),
                 CLI_STRING("apply", &apply),
                 CLI_STRING("to", &to),
+                CLI_FLAG("via-chief", &via_chief),
+                CLI_FLAG("json", &json),
+                CLI_STRING("address", &address),
+                CLI_STRING("identity", &cli_identity),
+                CLI_DURATION("timeout-ms", &timeout_us, 1, 3600000, 1000),
                 {},
         };
         const struct cli_args args = { .cmd = "export", .opts = opts, .help = export_help };
@@ -334,6 +121,18 @@ int cmd_export(int argc, char **argv) {
                 }
                 return export_delta_apply(apply, to);
         }
+        if (via_chief || address || json) {
+                if (!via_chief || out || file || state_dir || !job == !address) {
+                        cli_error("export: %s", !via_chief         ? "--address and --json go with --via-chief"
+                                                : out || file || state_dir ? "--via-chief takes no --out, --checkpoint nor "
+                                                                     "--state-dir: the chief writes into its own "
+                                                                     "state directory"
+                                                                   : "--via-chief needs one of --job and --address");
+                        return CLI_EX_USAGE;
+                }
+                const struct export_ask_rpc ask = { step, since, max_inline, timeout_us / 1000, external };
+                return export_via_chief(address, job, &ask, json);
+        }
         if (!job || !out || (file && step) || (file && since)) {
                 cli_error("export: %s", !job   ? "--job is required"
                                         : !out ? "--out is required"
@@ -347,121 +146,36 @@ int cmd_export(int argc, char **argv) {
         if ((r = cli_job_resolve(job, &job_path, &local)) != 0)
                 return r;
         struct job_config *cfg = NULL;
-        struct graph *own = NULL;
-        struct ckpt *ck = NULL;
-        struct records rec = { 0 };
-        struct ps_sparse_rows rows_b[MODEL_MAX_EMBEDDINGS] = { 0 }, rows_a[MODEL_MAX_EMBEDDINGS] = { 0 };
-        json_t *delta = NULL;
-        char *ck_path = NULL, *written = NULL, err[512] = "";
-        float *params = NULL;
-        void *buf = NULL;
-        size_t len = 0;
-        uint64_t gstep = 0;
+        struct chief_db *db = NULL;
+        char *where = NULL, text[16384] = "";
+        struct export_msgs msg = { text, sizeof(text) };
+        struct export_result res = { 0 };
         if ((r = cli_load_job(job_path, &cfg)) != 0)
                 goto out;
-        const struct model_spec *spec = &cfg->model;
-        const struct graph *g = spec->graph;
-        if (since && !spec->n_embeddings) {
-                cli_error("export: job %s's model has no embedding table: a delta holds tables' rows (export the "
-                          "whole model instead)", cfg->name);
-                r = CONFIG_EX_CONFIG;
-                goto out;
-        }
-        if (!g && dense_graph(spec, &own, err, sizeof(err)) < 0) {
-                cli_error("export: job %s's model: %s", cfg->name, err);
-                r = CONFIG_EX_CONFIG;
-                goto out;
-        }
-        g = g ? g : own;
-        if ((!file && (r = records_open(state_dir, &local, cfg, &rec)) != 0) ||
-            (r = find_checkpoint(file, &rec, cfg, step, &ck, &ck_path, &gstep)) != 0 ||
-            (r = read_params(cfg, ck, ck_path, &params)) != 0)
-                goto out;
-        if (since && since >= gstep) {
-                cli_error("export: --since %" PRIu64 " is not before the checkpoint exported (global_step %" PRIu64 "): "
-                          "a delta goes from an older checkpoint to a newer one", since, gstep);
-                r = EX_DATAERR;
-                goto out;
-        }
-        const char *kind = ckpt_meta(ck, "checkpoint"), *parent = ckpt_meta(ck, "parent_step");
-        if (spec->n_embeddings && file && kind && strcmp(kind, "incremental") == 0) {
-                /* its tables hold only the rows changed since its parent, which only the records find */
-                cli_error("export: checkpoint %s is incremental (the embedding rows changed since global_step %s): "
-                          "its tables are not whole; export it from the chief's records (--job with --state-dir and "
-                          "--step %" PRIu64 "), which resolve its chain", ck_path, parent ? parent : "?", gstep);
-                r = EX_DATAERR;
-                goto out;
-        }
-        if (spec->n_embeddings &&
-            ((r = file ? export_tables_read(cfg, ck, ck_path, rows_b) : chain_tables(&rec, cfg, ck, gstep, rows_b)) != 0 ||
-             (since && (r = chain_tables(&rec, cfg, ck, since, rows_a)) != 0) ||
-             (r = export_tables_load(cfg, g, rows_b, ck_path, max_inline, since != 0, &tables)) != 0))
-                goto out;
-        const char *gs = ckpt_meta(ck, "global_step");
-        char doc[512];
-        snprintf(doc, sizeof(doc), "job %s, global_step %s, exported by psfleet %s from %s", cfg->name, gs ? gs : "?",
-                 PSFLEET_VERSION, ck_path);
-        /* over protobuf's 2 GiB (or asked), the large initializers go to model.onnx.data: known ahead from
-         * the values alone, or found from the file's size */
-        const struct onnx_front *front = spec->n_embeddings ? &tables.front : NULL;
-        uint64_t values = (uint64_t)g->n_params * sizeof(float);
-        for (uint32_t e = 0; e < spec->n_embeddings; e++)
-                values += tables.t[e].rows ? tables.t[e].n_rows * tables.t[e].dim * sizeof(float) : 0;
-        external |= values >= ONNX_MAX_BYTES;
-        r = onnx_save_front_buf(g, params, spec->head, front, external ? &ext : NULL, doc, &buf, &len, err,
-                                sizeof(err));
-        if (r == 0 && !external && len > ONNX_MAX_BYTES) {
-                free(buf);
-                buf = NULL;
-                external = true;
-                r = onnx_save_front_buf(g, params, spec->head, front, &ext, doc, &buf, &len, err, sizeof(err));
-        }
-        if (r == 0 && len > ONNX_MAX_BYTES) {
-                snprintf(err, sizeof(err), "%zu bytes even with the tables' rows in external data (the raw ids' map "
-                         "is in the file): serve the tables from outside (--max-inline-rows N)", len);
-                r = -EINVAL;
-        }
-        if (r < 0) {
-                cli_error("export: job %s's model cannot be written as ONNX: %s", cfg->name, err);
-                r = r == -ENOMEM ? 1 : CONFIG_EX_CONFIG;
-                goto out;
-        }
-        if (since) {
-                /* the changed rows first, then what a whole export of global_step would hold but its tables
-                 * (their manifest, model.onnx), and delta.json last: it says the delta is whole */
-                if ((r = make_dir(out)) == 0 &&
-                    (r = export_delta_tables(cfg, &tables, rows_a, since, gstep, out, &delta)) == 0 &&
-                    (r = export_tables_write(cfg, &tables, out, gs ? gs : "?", false)) == 0 &&
-                    (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0 &&
-                    (r = export_delta_commit(out, cfg->name, since, gstep, delta, ext.n ? ext.location : NULL)) == 0) {
-                        export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location, true);
-                        printf("exported the changes of job %s from global_step %" PRIu64 " to %" PRIu64 " (%s) to "
-                               "%s/delta.json\n", cfg->name, since, gstep, ck_path, out);
+        if (!file) {
+                const char *dir = state_dir ? state_dir : local.pid ? local.state_dir : CLI_CHIEF_STATE_ROOT;
+                if ((r = cli_records_open(dir, cfg->name, &db, &where)) < 0) {
+                        cli_error("export: no records of job %s's chief in %s nor %s/%s (--state-dir DIR): %s",
+                                  cfg->name, dir, dir, cfg->name, strerror(-r));
+                        r = EXPORT_EX_DATAERR;
+                        goto out;
                 }
-                goto out;
         }
-        /* the tables served from outside first: model.onnx, renamed last, says the export is whole */
-        if ((r = make_dir(out)) == 0 && (r = export_tables_write(cfg, &tables, out, gs ? gs : "?", true)) == 0 &&
-            (ext.n == 0 || (r = write_data(out, &ext)) == 0) && (r = write_out(out, buf, len, &written)) == 0) {
-                export_tables_tidy(cfg, &tables, out, ext.n ? NULL : ext.location, false);
-                printf("exported job %s at global_step %s (%s) to %s (%zu bytes)\n", cfg->name, gs ? gs : "?", ck_path,
-                       written, len);
-        }
+        const struct export_request q = { .cfg = cfg, .file = file, .db = db, .where = where, .step = step,
+                                          .since = since, .max_inline_rows = max_inline, .external = external,
+                                          .out = out };
+        r = chief_export(&q, &res, &msg);
+        say_all(text);
+        if (r == 0 && since)
+                printf("exported the changes of job %s from global_step %" PRIu64 " to %" PRIu64 " (%s) to "
+                       "%s/delta.json\n", cfg->name, since, res.step, res.ck_path, out);
+        else if (r == 0)
+                printf("exported job %s at global_step %s (%s) to %s (%zu bytes)\n", cfg->name, res.global_step,
+                       res.ck_path, res.written, res.bytes);
 out:
-        json_decref(delta);
-        for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++) {
-                ps_sparse_rows_clear(&rows_a[e]);
-                ps_sparse_rows_clear(&rows_b[e]);
-        }
-        free(ext.pieces);
-        export_tables_clear(&tables);
-        free(buf);
-        free(written);
-        free(params);
-        free(ck_path);
-        ckpt_free(ck);
-        records_close(&rec);
-        graph_free(own);
+        export_result_clear(&res);
+        free(where);
+        chief_db_close(db);
         config_free(cfg);
         free(job_path);
         cli_local_job_clear(&local);

@@ -111,6 +111,9 @@ static void test_roles(void **state) {
                 {"/grpc.health.v1.Health/Check", &viewer, 0}, {SUP "GetStatus", &unknown, -EPERM},
                 {"/psfleet.v1.Worker/Stop", &chief, 0}, {"/psfleet.v1.Worker/Stop", &admin, -EPERM},
                 {PS "Push", &insecure, 0}, {SUP "Stop", &insecure, 0},
+                /* an export is written on the chief's host: the chief and an administrator only */
+                {SUP "Export", &admin, 0}, {SUP "Export", &chief, 0}, {SUP "Export", &worker, -EPERM},
+                {SUP "Export", &viewer, -EPERM}, {SUP "Export", &evaluator, -EPERM}, {SUP "Export", &ps, -EPERM},
                 {"/x.Y/Z", &admin, -EPERM},   /* not in the table: nobody */
         };
         for (size_t k = 0; k < ELEMENTSOF(cases); k++) {
@@ -122,6 +125,8 @@ static void test_roles(void **state) {
         assert_string_equal(why, "worker/0 may not call ParameterServer/Assign: chief only");
         assert_int_equal(authz_check(SUP "Stop", &viewer, why, sizeof(why)), -EPERM);
         assert_string_equal(why, "viewer may not call Supervisor/Stop: admin only");
+        assert_int_equal(authz_check(SUP "Export", &worker, why, sizeof(why)), -EPERM);
+        assert_string_equal(why, "worker/0 may not call Supervisor/Export: chief, admin only");
         assert_int_equal(authz_check(PS "Pull", &viewer, why, sizeof(why)), -EPERM);
         assert_string_equal(why, "viewer may not call ParameterServer/Pull: chief, worker only");
         assert_int_equal(evaluator.role, PEER_EVALUATOR);

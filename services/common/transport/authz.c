@@ -37,6 +37,7 @@ static const struct authz_rule rules[] = {
         {SUP "Restart", AUTHZ_ADMIN, NULL},
         {SUP "SaveCheckpoint", AUTHZ_ADMIN, NULL},
         {SUP "DeleteCheckpoint", AUTHZ_ADMIN, NULL},
+        {SUP "Export", AUTHZ_CHIEF | AUTHZ_ADMIN, "written into the chief's state directory, never to a path the caller names"},
         {WRK "GetWorkerStatus", AUTHZ_ANY, NULL},
         {WRK "Stop", AUTHZ_CHIEF, NULL},
         {"/grpc.health.v1.Health/Check", AUTHZ_ANY, NULL},

@@ -1,4 +1,4 @@
-/* psfleet export's embedding tables: see cli_export.h. */
+/* An export's embedding tables: see chief_export.h. */
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -9,27 +9,25 @@
 #include <unistd.h>
 
 #include "ckpt.h"
-#include "cli_export.h"
-#include "cli_util.h"
+#include "chief_export.h"
 #include "graph.h"
 #include "onnx_load.h"
 #include "sparse_opts.h"
 #include "sparse_table.h"
 #include "util.h"
 
-#define EX_DATAERR 65
-#define EX_IOERR 74
 /* protobuf's limit on one message, less room for the rest of the model */
 #define ONNX_INLINE_BYTES ((UINT64_C(1) << 31) - (UINT64_C(1) << 26))
 
 /* The name of the input model.onnx looks table e's rows up by: the Gather on its initializer, in the
  * file as loaded (the job's graph has that lookup cut out). */
-static int graph_ids_input(const struct model_spec *spec, uint32_t e, char *out, size_t len)
+static int graph_ids_input(const struct model_spec *spec, uint32_t e, char *out, size_t len,
+                           struct export_msgs *msg)
 {
         struct graph *g = NULL;
         char err[512];
         if (onnx_load_file(spec->onnx_path, &g, err, sizeof(err)) < 0) {
-                cli_error("export: %s: %s", spec->onnx_path, err);
+                export_say(msg, "export: %s: %s", spec->onnx_path, err);
                 return CONFIG_EX_CONFIG;
         }
         int32_t init = graph_find(g, spec->emb[e].initializer);
@@ -42,14 +40,14 @@ static int graph_ids_input(const struct model_spec *spec, uint32_t e, char *out,
                 }
         }
         if (ret)
-                cli_error("export: %s: no Gather looks rows up in \"%s\" (table %s)", spec->onnx_path,
+                export_say(msg, "export: %s: no Gather looks rows up in \"%s\" (table %s)", spec->onnx_path,
                           spec->emb[e].initializer, spec->emb[e].name);
         graph_free(g);
         return ret;
 }
 
 int export_tables_read(const struct job_config *cfg, const struct ckpt *ck, const char *path,
-                       struct ps_sparse_rows *tables)
+                       struct ps_sparse_rows *tables, struct export_msgs *msg)
 {
         for (uint32_t e = 0; e < cfg->model.n_embeddings; e++) {
                 const struct embedding_spec *es = &cfg->model.emb[e];
@@ -62,23 +60,23 @@ int export_tables_read(const struct job_config *cfg, const struct ckpt *ck, cons
                 snprintf(name[1], sizeof(name[1]), "emb/%s", es->name);
                 for (int k = 0; k < 2; k++)
                         if (ckpt_view(ck, name[k], &dt[k], &nd[k], sh[k], &data[k]) < 0) {
-                                cli_error("export: checkpoint %s has no tensor \"%s\": the model has embedding table "
+                                export_say(msg, "export: checkpoint %s has no tensor \"%s\": the model has embedding table "
                                           "\"%s\"", path, name[k], es->name);
-                                return EX_DATAERR;
+                                return EXPORT_EX_DATAERR;
                         }
                 uint64_t n = sh[0][0];
                 if (dt[0] != CKPT_U64 || nd[0] != 1 || dt[1] != CKPT_F32 || nd[1] != 2 || sh[1][0] != n ||
                     sh[1][1] != es->dim) {
-                        cli_error("export: checkpoint %s: tensors \"%s\" and \"%s\" are not U64 [n] and F32 [n, %u] "
+                        export_say(msg, "export: checkpoint %s: tensors \"%s\" and \"%s\" are not U64 [n] and F32 [n, %u] "
                                   "(table \"%s\"'s ids and rows)", path, name[0], name[1], es->dim, es->name);
-                        return EX_DATAERR;
+                        return EXPORT_EX_DATAERR;
                 }
                 struct ps_sparse_rows *t = &tables[e];
                 *t = (struct ps_sparse_rows){ .n = n, .dim = es->dim };
                 t->ids = malloc(n * sizeof(uint64_t) + 1);
                 t->values = malloc(n * es->dim * sizeof(float) + 1);
                 if (!t->ids || !t->values) {
-                        cli_error("export: out of memory for table %s (%" PRIu64 " rows)", es->name, n);
+                        export_say(msg, "export: out of memory for table %s (%" PRIu64 " rows)", es->name, n);
                         return 1;
                 }
                 memcpy(t->ids, data[0], n * sizeof(uint64_t));
@@ -99,11 +97,11 @@ static int id_at_cmp(const void *a, const void *b)
 }
 
 int export_rows_sorted(const struct embedding_spec *es, const struct ps_sparse_rows *t, const char *path,
-                       uint64_t **keys_ret, float **vals_ret)
+                       uint64_t **keys_ret, float **vals_ret, struct export_msgs *msg)
 {
         size_t n = t->n;
         if (n > UINT32_MAX) { /* a safetensors tensor of ours counts its rows in 32 bits */
-                cli_error("export: %s: table \"%s\" has %zu rows, more than this export writes", path, es->name, n);
+                export_say(msg, "export: %s: table \"%s\" has %zu rows, more than this export writes", path, es->name, n);
                 return CONFIG_EX_CONFIG;
         }
         struct id_at *order = malloc(n * sizeof(*order) + 1);
@@ -111,7 +109,7 @@ int export_rows_sorted(const struct embedding_spec *es, const struct ps_sparse_r
         float *vals = malloc(n * es->dim * sizeof(float) + 1);
         int ret = order && keys && vals ? 0 : 1;
         if (ret)
-                cli_error("export: out of memory for table %s (%zu rows)", es->name, n);
+                export_say(msg, "export: out of memory for table %s (%zu rows)", es->name, n);
         for (size_t i = 0; ret == 0 && i < n; i++)
                 order[i] = (struct id_at){ t->ids[i], i };
         if (ret == 0)
@@ -120,9 +118,9 @@ int export_rows_sorted(const struct embedding_spec *es, const struct ps_sparse_r
                 keys[i] = order[i].id;
                 memcpy(vals + i * es->dim, t->values + order[i].at * es->dim, es->dim * sizeof(float));
                 if (es->vocab && keys[i] >= es->vocab) {
-                        cli_error("export: %s: table \"%s\" holds id %" PRIu64 ", not below its vocab %" PRIu64, path,
+                        export_say(msg, "export: %s: table \"%s\" holds id %" PRIu64 ", not below its vocab %" PRIu64, path,
                                   es->name, keys[i], es->vocab);
-                        ret = EX_DATAERR;
+                        ret = EXPORT_EX_DATAERR;
                 }
         }
         free(order);
@@ -169,7 +167,8 @@ static int inline_rows(const struct job_config *cfg, uint32_t e, struct export_t
 }
 
 int export_tables_load(const struct job_config *cfg, const struct graph *g, const struct ps_sparse_rows *rows,
-                       const char *path, uint64_t max_inline_rows, bool all_outside, struct export_tables *x)
+                       const char *path, uint64_t max_inline_rows, bool all_outside, struct export_tables *x,
+                       struct export_msgs *msg)
 {
         const struct model_spec *spec = &cfg->model;
         memset(x, 0, sizeof(*x));
@@ -188,7 +187,7 @@ int export_tables_load(const struct job_config *cfg, const struct graph *g, cons
         for (uint32_t e = 0; e < spec->n_embeddings; e++) {
                 const struct embedding_spec *es = &spec->emb[e];
                 struct onnx_table *t = &x->t[e];
-                int r = export_rows_sorted(es, &rows[e], path, &x->keys[e], &x->vals[e]);
+                int r = export_rows_sorted(es, &rows[e], path, &x->keys[e], &x->vals[e], msg);
                 if (r)
                         return r;
                 x->n[e] = rows[e].n;
@@ -197,7 +196,7 @@ int export_tables_load(const struct job_config *cfg, const struct graph *g, cons
                                           .dim = es->dim, .vocab = es->vocab, .mean = es->pooling == POOL_MEAN,
                                           .multi = cfg->data.format != DATA_CRITEO };
                 if (spec->graph) { /* the graph's own ids input, its columns the table's fields */
-                        if ((r = graph_ids_input(spec, e, x->ids[e], sizeof(x->ids[e]))))
+                        if ((r = graph_ids_input(spec, e, x->ids[e], sizeof(x->ids[e]), msg)))
                                 return r;
                         snprintf(x->weights[e], sizeof(x->weights[e]), "%s_weights", x->ids[e]);
                         t->ids_width = es->n_fields;
@@ -223,12 +222,12 @@ int export_tables_load(const struct job_config *cfg, const struct graph *g, cons
                  * of int64, with their tags, about 22 bytes an id */
                 bytes += es->vocab ? 0 : x->n[e] * 22;
                 if (bytes > ONNX_INLINE_BYTES) {
-                        cli_error("export: table \"%s\"'s %" PRIu64 " ids do not fit in one ONNX file with the model "
+                        export_say(msg, "export: table \"%s\"'s %" PRIu64 " ids do not fit in one ONNX file with the model "
                                   "(2 GiB): serve the tables from outside (--max-inline-rows N)", es->name, x->n[e]);
                         return CONFIG_EX_CONFIG;
                 }
                 if (inline_rows(cfg, e, x) < 0) {
-                        cli_error("export: out of memory for table %s (%" PRIu64 " rows of %u)", es->name, n_rows,
+                        export_say(msg, "export: out of memory for table %s (%" PRIu64 " rows of %u)", es->name, n_rows,
                                   es->dim);
                         return 1;
                 }
@@ -283,15 +282,15 @@ int export_table_file(const char *path, const struct export_table_meta *m, const
 }
 
 int export_tables_write(const struct job_config *cfg, const struct export_tables *x, const char *dir,
-                        const char *global_step, bool files)
+                        const char *global_step, bool files, struct export_msgs *msg)
 {
         if (x->n_external == 0)
                 return 0;
         char *tdir = strdup_printf("%s/tables", dir), err[512];
         if (!tdir || (files && mkdir(tdir, 0755) < 0 && errno != EEXIST)) {
-                cli_error("export: cannot make %s/tables: %m", dir);
+                export_say(msg, "export: cannot make %s/tables: %m", dir);
                 free(tdir);
-                return EX_IOERR;
+                return EXPORT_EX_IOERR;
         }
         uint64_t gs = 0;
         json_t *m = json_pack("{s:s, s:o, s:[]}", "job", cfg->name, "global_step",
@@ -310,8 +309,8 @@ int export_tables_write(const struct job_config *cfg, const struct export_tables
                                                       es->pooling == POOL_MEAN ? "mean" : "sum" };
                 if (!path || (files && export_table_file(path, &tm, x->keys[e], x->vals[e], x->n[e], err,
                                                          sizeof(err)) < 0)) {
-                        cli_error("export: cannot write %s: %s", path ? path : tdir, path ? err : "out of memory");
-                        ret = EX_IOERR;
+                        export_say(msg, "export: cannot write %s: %s", path ? path : tdir, path ? err : "out of memory");
+                        ret = EXPORT_EX_IOERR;
                 }
                 free(path);
                 if (ret == 0 && json_array_append_new(json_object_get(m, "tables"), manifest_table(cfg, x, e)) < 0)
@@ -321,8 +320,8 @@ int export_tables_write(const struct job_config *cfg, const struct export_tables
         char *text = ret == 0 ? json_dumps(m, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
         int w = ret == 0 ? (!text || !mpath ? -ENOMEM : write_file_atomic(mpath, text, strlen(text))) : 0;
         if (w < 0) {
-                cli_error("export: cannot write %s/tables.json: %s", dir, strerror(-w));
-                ret = EX_IOERR;
+                export_say(msg, "export: cannot write %s/tables.json: %s", dir, strerror(-w));
+                ret = EXPORT_EX_IOERR;
         }
         free(text);
         free(mpath);
@@ -331,18 +330,18 @@ int export_tables_write(const struct job_config *cfg, const struct export_tables
         return ret;
 }
 
-static void remove_stale(const char *path)
+static void remove_stale(const char *path, struct export_msgs *msg)
 {
         if (path && unlink(path) < 0 && errno != ENOENT)
-                cli_error("export: note: cannot remove %s, left by an earlier export: %m", path);
+                export_say(msg, "export: note: cannot remove %s, left by an earlier export: %m", path);
 }
 
 void export_tables_tidy(const struct job_config *cfg, const struct export_tables *x, const char *dir,
-                        const char *data_file, bool delta)
+                        const char *data_file, bool delta, struct export_msgs *msg)
 {
         if (data_file) {
                 char *p = strdup_printf("%s/%s", dir, data_file);
-                remove_stale(p);
+                remove_stale(p, msg);
                 free(p);
         }
         /* a delta's directory holds no table whole; a whole export's, no delta */
@@ -350,8 +349,8 @@ void export_tables_tidy(const struct job_config *cfg, const struct export_tables
                 char *p = x->t[e].rows || delta ? strdup_printf("%s/tables/%s.safetensors", dir, cfg->model.emb[e].name)
                                                 : NULL;
                 char *d = delta ? NULL : strdup_printf("%s/delta/%s.safetensors", dir, cfg->model.emb[e].name);
-                remove_stale(p);
-                remove_stale(d);
+                remove_stale(p, msg);
+                remove_stale(d, msg);
                 free(p);
                 free(d);
         }
@@ -361,8 +360,8 @@ void export_tables_tidy(const struct job_config *cfg, const struct export_tables
         free(empty);
         char *m = x->n_external == 0 ? strdup_printf("%s/tables.json", dir) : NULL;
         char *dm = delta ? NULL : strdup_printf("%s/delta.json", dir);
-        remove_stale(m);
-        remove_stale(dm);
+        remove_stale(m, msg);
+        remove_stale(dm, msg);
         free(m);
         free(dm);
 }
