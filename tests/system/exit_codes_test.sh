@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The exit statuses under a real systemd: a workerd whose data directory is empty exits 65 and is not
 # restarted (RestartPreventExitStatus=), so it does not loop; a psd whose address is taken exits 75
-# and is restarted. Boots the same Debian 12 container as nspawn_test.sh with the .debs installed.
+# and is restarted, until five starts within a minute end the loop (StartLimitBurst=). Boots the same Debian 12 container as nspawn_test.sh with the .debs installed.
 #
 #   exit_codes_test.sh PACKAGE_DIR        (the .debs, from packages_test.sh)
 # Environment: PSFLEET_TEST_CACHE (rootfs and apt cache; default /var/cache/psfleet-test).
@@ -75,4 +75,16 @@ ct journalctl --no-pager -o cat -u "$ps0" | grep -q "Main process exited, code=e
         fail "$ps0: no exit with status 75 in its journal"
 line=$(ct journalctl --no-pager -o cat -u "$ps0" -p err | grep "cannot listen on" | head -n1)
 [ "$line" = "cannot listen on 127.0.0.1:$p_ps0: Address already in use" ] || fail "$ps0's journal: $line"
+# the address stays taken: five starts within a minute end the loop (StartLimitBurst=5)
+hit() {
+        [ "$(prop "$ps0" ActiveState)" = failed ] &&
+                ct journalctl --no-pager -o cat -u "$ps0" | grep -q "Start request repeated too quickly"
+}
+for _ in $(seq 1 150); do hit && break; sleep 0.2; done
+hit || fail "$ps0 still restarting (NRestarts $(prop "$ps0" NRestarts), $(prop "$ps0" ActiveState))"
+n=$(prop "$ps0" NRestarts)
+sleep 5   # RestartSec=2s: a unit still looping would have started again
+[ "$(prop "$ps0" NRestarts)" = "$n" ] && [ "$(prop "$ps0" ActiveState)" = failed ] || fail "$ps0 restarted after its start limit"
+ct_log "$ps0: start limit hit after $n restarts; not started again"
+ct systemctl reset-failed "$ps0" || true
 ct systemctl stop "$ps0" || true
