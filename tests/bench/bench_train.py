@@ -144,6 +144,16 @@ def main():
     tj = json.loads(json.dumps(tj))
     tj["training"]["overlap_push"] = True
     json.dump(tj, open(tls_ovl_job, "w"))
+    # and under mutual TLS with int8 pushes (what rpc.compression auto chooses for a TLS channel), without
+    # and with the push overlapped
+    tls_int8_job = os.path.join(tls_dir, "job-int8.json")
+    tj = json.loads(json.dumps(tj))
+    tj["rpc"]["compression"] = "int8"
+    tj["training"]["overlap_push"] = False
+    json.dump(tj, open(tls_int8_job, "w"))
+    tls_int8_ovl_job = os.path.join(tls_dir, "job-int8-overlap.json")
+    tj["training"]["overlap_push"] = True
+    json.dump(tj, open(tls_int8_ovl_job, "w"))
     subprocess.run([psfleet, "certs", "--job", tls_job, "--dir", tls_dir], check=True, capture_output=True)
     modes = [("standalone", a.job, ["--standalone"]), ("1ps+1worker", a.job, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers", a.job, ["--ps", "1", "--workers", "2"]),
@@ -162,7 +172,10 @@ def main():
              ("1ps+2workers-grpc-overlap", ovl_job.name, ["--ps", "1", "--workers", "2"]),
              ("1ps+1worker-grpc-tls", tls_job, ["--ps", "1", "--workers", "1"]),
              ("1ps+2workers-grpc-tls", tls_job, ["--ps", "1", "--workers", "2"]),
-             ("1ps+1worker-grpc-tls-overlap", tls_ovl_job, ["--ps", "1", "--workers", "1"])]
+             ("1ps+1worker-grpc-tls-overlap", tls_ovl_job, ["--ps", "1", "--workers", "1"]),
+             ("1ps+1worker-grpc-tls-int8", tls_int8_job, ["--ps", "1", "--workers", "1"]),
+             ("1ps+2workers-grpc-tls-int8", tls_int8_job, ["--ps", "1", "--workers", "2"]),
+             ("1ps+1worker-grpc-tls-int8-overlap", tls_int8_ovl_job, ["--ps", "1", "--workers", "1"])]
     if a.modes:
         wanted = set(a.modes.split(",")) | {"standalone"}
         modes = [m for m in modes if m[0] in wanted]
@@ -191,6 +204,8 @@ def main():
                  "grpc, int8 blocks (error feedback)" if name.endswith("-int8") else
                  "grpc, top-k 1% (error feedback)" if name.endswith("-topk") else "grpc, overlapped" if name.endswith("-grpc-overlap")
                  else "grpc+mtls, overlapped" if name.endswith("-tls-overlap") else
+                 "grpc+mtls, int8 blocks" if name.endswith("-tls-int8") else
+                 "grpc+mtls, int8 blocks, overlapped" if name.endswith("-tls-int8-overlap") else
                  "shared memory, mtls (auto, the default)"), "batch": batch, "threads": threads, "steps": a.steps,
                 "examples_per_s": round(r["examples_per_s"], 1), "ratio_to_standalone": round(r["examples_per_s"] / sa, 3),
                 "test_accuracy": r.get("test_accuracy"),
