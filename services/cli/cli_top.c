@@ -388,6 +388,20 @@ static json_t *tables_json(const Psfleet__V1__ShardStatus *st) {
         return a;
 }
 
+/* ps.replicas 2: the shard's primary (the psd that answered), backup, epoch and how far the backup is. */
+static json_t *replica_json(const Psfleet__V1__NodeStatus *n, const Psfleet__V1__ReplicaStatus *r) {
+        json_t *o = json_pack("{s:s, s:s, s:I, s:b, s:I, s:I, s:I, s:I, s:I, s:b}", "primary",
+                              n->address ? n->address : "", "backup", r->peer ? r->peer : "", "epoch",
+                              (json_int_t)r->epoch, "replicating", r->replicating, "seq", (json_int_t)r->seq, "acked",
+                              (json_int_t)r->acked, "lag_us", (json_int_t)r->lag_us, "fenced_writes",
+                              (json_int_t)r->fenced_writes, "dropped", (json_int_t)r->dropped, "awaiting_chief",
+                              r->awaiting_chief);
+        if (o)
+                json_object_set_new(o, "last_error", r->last_error && *r->last_error ? json_string(r->last_error)
+                                                                                      : json_null());
+        return o;
+}
+
 static void print_json(const struct view *v) {
         json_t *o = json_object(), *ws = json_array(), *ss = json_array(), *st = json_array();
         json_object_set_new(o, "job", json_string(v->js->job ? v->js->job : ""));
@@ -434,6 +448,8 @@ static void print_json(const struct view *v) {
                 json_object_set_new(x, "clipped", s->now ? json_integer((json_int_t)s->now->clipped) : json_null());
                 json_object_set_new(x, "shared_memory_links",
                                     s->now ? json_integer((json_int_t)s->now->shared_memory_links) : json_null());
+                if (s->now && s->now->replica)
+                        json_object_set_new(x, "replica", replica_json(s->node, s->now->replica));
                 if (s->now) {
                         json_object_set_new(x, "memory_limit_bytes", json_integer((json_int_t)s->now->memory_limit_bytes));
                         json_object_set_new(x, "memory_planned_bytes",
@@ -488,6 +504,30 @@ static void print_tables(const struct view *v) {
         }
 }
 
+/* ps.replicas 2: one line per shard that has a backup, as its primary answered. */
+static void print_replicas(const struct view *v) {
+        bool any = false;
+        for (size_t i = 0; i < v->n_s; i++)
+                any = any || (v->s[i].now && v->s[i].now->replica);
+        if (!any)
+                return;
+        printf("%-11s %-21s %-21s %6s %-12s %9s %8s %7s %7s\n", "SHARD", "PRIMARY", "BACKUP", "EPOCH", "REPLICATION",
+               "BEHIND", "LAG MS", "FENCED", "DROPPED");
+        for (size_t i = 0; i < v->n_s; i++) {
+                const Psfleet__V1__ShardStatus *st = v->s[i].now;
+                if (!st || !st->replica)
+                        continue;
+                const Psfleet__V1__ReplicaStatus *r = st->replica;
+                const char *state = r->replicating ? "replicated" : r->awaiting_chief ? "AWAIT CHIEF" : "UNREPLICATED";
+                printf("%-11s %-21s %-21s %6llu %-12s %9llu %8.2f %7llu %7llu%s%s\n", v->s[i].node->task,
+                       v->s[i].node->address ? v->s[i].node->address : "", r->peer && *r->peer ? r->peer : "-",
+                       (unsigned long long)r->epoch, state,
+                       (unsigned long long)(r->seq > r->acked ? r->seq - r->acked : 0), (double)r->lag_us / 1e3,
+                       (unsigned long long)r->fenced_writes, (unsigned long long)r->dropped,
+                       r->last_error && *r->last_error ? "  " : "", r->last_error ? r->last_error : "");
+        }
+}
+
 /* "12.3", or "-" for unknown. */
 static const char *fmt(double x, const char *f, char *buf, size_t len) {
         if (!isfinite(x))
@@ -539,6 +579,7 @@ static void print_text(const struct top *t, const struct view *v) {
                        fmt(s->busy * 100, "%.0f%%", e, sizeof(e)), (unsigned long long)s->now->rejected,
                        (unsigned long long)s->now->clipped, s->now->initialized ? "" : "  (not initialized)");
         }
+        print_replicas(v);
         print_tables(v);
         if (!t->tty)
                 printf("\n");

@@ -174,9 +174,34 @@ def gray(j):
                                                                                st.replica.fenced_writes))
 
 
+def cli_views(j):
+    """psfleet top and psfleet status show each shard's primary, backup, epoch and replication, as the
+    primaries and the chief know them."""
+    import subprocess
+    sh = j.shards()
+    top = subprocess.run([h.BIN["psfleet"], "top", "--once", "--json", "--address", j.chief_addr, "--interval-ms",
+                          "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+    assert top.returncode == 0, top.stderr
+    shards = {x["task"]: x for x in json.loads(top.stdout)["shards"]}
+    for s, n in sh.items():
+        r = shards["ps:%d" % s].get("replica")
+        assert r and r["primary"] == n.address and r["backup"] == n.backup and r["epoch"] == n.epoch, (s, r, n)
+    assert shards["ps:0"]["replica"]["dropped"] >= 1, shards["ps:0"]
+    text = subprocess.run([h.BIN["psfleet"], "top", "--once", "--address", j.chief_addr, "--interval-ms", "300"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=30)
+    assert text.returncode == 0 and "BACKUP" in text.stdout, text.stdout + text.stderr
+    st = subprocess.run([h.BIN["psfleet"], "status", "--address", j.chief_addr], stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True, timeout=30)
+    assert st.returncode == 0, st.stderr
+    for s, n in sh.items():
+        assert "primary %s (epoch %d), backup %s" % (n.address, n.epoch, n.backup) in st.stdout, (s, st.stdout)
+    h.log("psfleet top and status show every shard's primary, backup and epoch:\n" +
+          "\n".join(ln for ln in text.stdout.splitlines() if "ps:" in ln and "127.0.0.1" in ln))
+
+
 def run(opts):
     h.plain_rpc()
-    h.require_built("psd", "workerd", "chiefd")
+    h.require_built("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
     job, spec = make_replicated_job(wd, opts.steps, mode=opts.mode)
     j = Job(wd, job, spec)
@@ -237,6 +262,8 @@ def run(opts):
                   % (k + 1, s, n.address, epoch, took))
         if opts.gray:
             gray(j)
+            wait_in_sync(j)
+            cli_views(j)
         wait_in_sync(j)
         j.frozen_compare("after %d fail-overs" % opts.kills)
         final = h.wait_state(j.chief_addr, "DONE", 600, j.daemons())
