@@ -41,7 +41,8 @@ static void usage(FILE *f, const char *ident, enum role role) {
                 role == ROLE_WORKER ? "  --loss-log FILE     append \"global_step loss\" for every step\n"
                 : role == ROLE_CHIEF ? "  --exit-at-end       exit once the job has ended (DONE: 0, FAILED: 65) instead of staying\n"
                                        "                      up to answer status; psfleet run passes it\n"
-                : role == ROLE_PS    ? "  --backup            be the shard's other psd, cluster.ps_backup[N] (ps.replicas 2)\n"
+                : role == ROLE_PS    ? "  --backup            be the shard's other psd, cluster.ps_backup[N] (ps.replicas 2);\n"
+                                       "                      --instance JOB:N:backup is the same\n"
                 : role == ROLE_EVALUATOR ? "  --evaluator         be the job's evaluator (TF_CONFIG's evaluator task): evaluate each\n"
                                            "                      new checkpoint on the test split; exit when the job has ended\n"
                                      : "");
@@ -174,11 +175,13 @@ int daemon_args_parse(int argc, char **argv, const char *ident, enum role role, 
         if (instance) {
                 char *name;
                 int64_t idx;
-                if (config_parse_instance(instance, &name, &idx) < 0) {
+                bool backup = false;
+                if (config_parse_instance(instance, &name, &idx, role == ROLE_PS ? &backup : NULL) < 0) {
                         fprintf(stderr, "%s: --instance \"%s\": expected JOB%s\n", ident, instance,
-                                role == ROLE_CHIEF ? "" : ":INDEX");
+                                role == ROLE_CHIEF ? "" : role == ROLE_PS ? ":INDEX or JOB:INDEX:backup" : ":INDEX");
                         goto bad;
                 }
+                a.backup = a.backup || backup;   /* JOB:N:backup: cluster.ps_backup[N], as --backup */
                 const char *dir = config_env_value("PSFLEET_CONFIG_DIR");
                 path = strdup_printf("%s/jobs/%s.json", dir && *dir ? dir : "/etc/psfleet", name);
                 free(name);

@@ -1229,15 +1229,15 @@ static void test_instance(void **state) {
                 "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", /* 65 */
         };
 
-        assert_int_equal(config_parse_instance("fmnist:1", &job, &i), 0);
+        assert_int_equal(config_parse_instance("fmnist:1", &job, &i, NULL), 0);
         assert_string_equal(job, "fmnist");
         assert_int_equal(i, 1);
         free(job);
-        assert_int_equal(config_parse_instance("fmnist", &job, &i), 0);
+        assert_int_equal(config_parse_instance("fmnist", &job, &i, NULL), 0);
         assert_string_equal(job, "fmnist");
         assert_int_equal(i, -1);
         free(job);
-        assert_int_equal(config_parse_instance("my_job-2.v1:0", &job, &i), 0);
+        assert_int_equal(config_parse_instance("my_job-2.v1:0", &job, &i, NULL), 0);
         assert_string_equal(job, "my_job-2.v1");
         assert_int_equal(i, 0);
         free(job);
@@ -1245,8 +1245,30 @@ static void test_instance(void **state) {
         job = NULL;
         i = 99;
         for (size_t k = 0; k < ELEMENTSOF(bad); k++) {
-                if (config_parse_instance(bad[k], &job, &i) != -EINVAL)
+                if (config_parse_instance(bad[k], &job, &i, NULL) != -EINVAL)
                         print_error("instance %s\n", bad[k]);
+                assert_null(job);
+                assert_int_equal(i, 99);
+        }
+
+        /* psd's form for a backup (ps.replicas 2) */
+        bool backup = true;
+        assert_int_equal(config_parse_instance("fmnist:1", &job, &i, &backup), 0);
+        assert_false(backup);
+        free(job);
+        assert_int_equal(config_parse_instance("fmnist:3:backup", &job, &i, &backup), 0);
+        assert_string_equal(job, "fmnist");
+        assert_int_equal(i, 3);
+        assert_true(backup);
+        free(job);
+        assert_int_equal(config_parse_instance("fmnist:3:backup", &job, &i, NULL), -EINVAL);
+        static const char *const bad_backup[] = {"fmnist:1:2", "fmnist:1:backups", "fmnist::backup", "fmnist:x:backup",
+                                                 "fmnist:1:backup:", "fmnist:123456789012345678901234:backup"};
+        job = NULL;
+        i = 99;
+        for (size_t k = 0; k < ELEMENTSOF(bad_backup); k++) {
+                if (config_parse_instance(bad_backup[k], &job, &i, &backup) != -EINVAL)
+                        print_error("instance %s\n", bad_backup[k]);
                 assert_null(job);
                 assert_int_equal(i, 99);
         }

@@ -275,10 +275,12 @@ const struct endpoint *config_endpoint(const struct job_config *c, struct task t
 /* "chief", "ps", "worker", "evaluator"; "unknown" for anything else. Static string. */
 const char *role_name(enum role r);
 
-/* Splits a systemd instance name: "fmnist:1" -> "fmnist", 1; "fmnist" -> "fmnist", -1. The job name
- * must match [A-Za-z0-9_.-]+ (at most 64 characters), the index a whole decimal number <= 2^31-1.
- * Returns 0 and a malloc'd *job_ret the caller frees, or -EINVAL/-ENOMEM. */
-int config_parse_instance(const char *instance, char **job_ret, int64_t *index_ret);
+/* Splits a systemd instance name: "fmnist:1" -> "fmnist", 1; "fmnist" -> "fmnist", -1; with backup_ret
+ * (psd: ps.replicas 2) also "fmnist:1:backup" -> "fmnist", 1, *backup_ret true (false for the others;
+ * without backup_ret that form is -EINVAL). The job name must match [A-Za-z0-9_.-]+ (at most 64
+ * characters), the index a whole decimal number <= 2^31-1. Returns 0 and a malloc'd *job_ret the caller
+ * frees, or -EINVAL/-ENOMEM. */
+int config_parse_instance(const char *instance, char **job_ret, int64_t *index_ret, bool *backup_ret);
 
 /* True when s is a valid job name ([A-Za-z0-9_.-]+, at most 64 characters). */
 bool config_job_name_valid(const char *s);

@@ -541,17 +541,29 @@ out:
         return r;
 }
 
-int config_parse_instance(const char *instance, char **job_ret, int64_t *index_ret) {
+int config_parse_instance(const char *instance, char **job_ret, int64_t *index_ret, bool *backup_ret) {
         const char *colon;
         char *job;
         uint64_t i = 0;
         int64_t idx = -1;
+        bool backup = false;
 
         if (!instance || !job_ret || !index_ret)
                 return -EINVAL;
         colon = strchr(instance, ':');
         if (colon) {
-                if (parse_u64(colon + 1, 0, INT32_MAX, &i) < 0)
+                /* JOB:N:backup (psd only: backup_ret given): the index up to the second colon */
+                const char *second = strchr(colon + 1, ':');
+                char num[24];
+                if (second) {
+                        if (!backup_ret || strcmp(second + 1, "backup") != 0 ||
+                            (size_t)(second - colon - 1) >= sizeof(num))
+                                return -EINVAL;
+                        memcpy(num, colon + 1, (size_t)(second - colon - 1));
+                        num[second - colon - 1] = 0;
+                        backup = true;
+                }
+                if (parse_u64(second ? num : colon + 1, 0, INT32_MAX, &i) < 0)
                         return -EINVAL;
                 idx = (int64_t) i;
         }
@@ -564,5 +576,7 @@ int config_parse_instance(const char *instance, char **job_ret, int64_t *index_r
         }
         *job_ret = job;
         *index_ret = idx;
+        if (backup_ret)
+                *backup_ret = backup;
         return 0;
 }
