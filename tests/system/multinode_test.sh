@@ -11,9 +11,14 @@
 #   fp32      the same with float32 pushes (rpc.compression none; not in the default list: a figure)
 #   lossy     node3's link delayed 10 ms with 1 % of its frames dropped (l2delay.py, in both directions)
 #   poweroff  node3 powered off mid-job and booted again: worker 1 comes back with psfleet.target
+#   replicas  ps.replicas 2, each shard's backup on the other ps node (psfleet-psd@JOB:N:backup):
+#             5 kill -9 of a random shard's primary (systemd restarts it, it rejoins as the backup):
+#             0 steps lost, global_step never back; then the primary's node cut off from its backup
+#             (nft in its namespace): the shard runs on unreplicated, no promotion (one primary), and
+#             the backup rejoins when the cut heals. Not in the default list: system.multinode_replicas
 # Containers, bridge, namespaces, forwarder and cgroups are removed whatever happens.
 #
-#   multinode_test.sh PACKAGE_DIR [plain,fp32,lossy,poweroff]
+#   multinode_test.sh PACKAGE_DIR [plain,fp32,lossy,poweroff,replicas]
 # Environment: PSFLEET_TEST_CACHE, PSFLEET_TEST_KEEP=1 (as nspawn_test.sh),
 #              PSFLEET_TEST_ARTIFACTS=DIR (the variants' figures as JSON lines, results.jsonl),
 #              PSFLEET_MULTINODE_STEPS (each job's max_steps, 5000), PSFLEET_MULTINODE_LIMIT (the test's own
@@ -120,15 +125,18 @@ job_file() {
   "cluster": {
     "chief":  ["${ADDR[a]}:2222"],
     "ps":     ["${ADDR[a]}:2223", "${ADDR[b]}:2223"],
-    "worker": ["${ADDR[b]}:2224", "${ADDR[c]}:2224"]
+    "worker": ["${ADDR[b]}:2224", "${ADDR[c]}:2224"]${replicas:+,
+    \"ps_backup\": [\"${ADDR[b]}:2225\", \"${ADDR[a]}:2225\"]}
   },
-$(demo_model "$steps"),
+$(demo_model "$steps"),${replicas:+
+  \"ps\": {\"replicas\": 2, \"failover_ms\": 1000, \"replica_timeout_ms\": 2000\},}
   "rpc": {"shared_memory": false${compression:+, \"compression\": \"$compression\"}}
 }
 EOF
 }
 steps=${PSFLEET_MULTINODE_STEPS:-5000}
 compression=   # rpc.compression of the job: the default (auto: int8 between these nodes) unless a variant sets it
+replicas=      # 1: ps.replicas 2, ps:0's backup on node2 and ps:1's on node1 (port 2225)
 
 chief_status() { on a; prop "psfleet-chiefd@$job.service" StatusText; }
 at_step() {
@@ -159,12 +167,19 @@ run_job() {
         local install="install -d -m 0750 -o root -g psfleet /etc/psfleet/tls/$job &&
                 tar xf - -C /etc/psfleet/tls/$job --no-same-owner &&
                 cd /etc/psfleet/tls/$job && chown root:psfleet *.key && chmod 0640 *.key && chmod 0644 *.crt"
-        (cd "$work/tls/$job" && tar cf - ca.crt chief.crt chief.key ps-0.crt ps-0.key viewer.crt viewer.key) | ssh_node a "$install"
-        (cd "$work/tls/$job" && tar cf - ca.crt ps-1.crt ps-1.key worker-0.crt worker-0.key) | ssh_node b "$install"
+        # (a backup is its shard's ps task: ps:1's on node1, ps:0's on node2, with that task's pair)
+        (cd "$work/tls/$job" && tar cf - ca.crt chief.crt chief.key ps-0.crt ps-0.key viewer.crt viewer.key \
+                ${replicas:+ps-1.crt ps-1.key}) | ssh_node a "$install"
+        (cd "$work/tls/$job" && tar cf - ca.crt ps-1.crt ps-1.key worker-0.crt worker-0.key \
+                ${replicas:+ps-0.crt ps-0.key}) | ssh_node b "$install"
         (cd "$work/tls/$job" && tar cf - ca.crt worker-1.crt worker-1.key) | ssh_node c "$install"
         on a; ct test -r "/etc/psfleet/tls/$job/ca.key" && fail "the CA's key reached node1"
         # 4. per node: its units enabled (so that a node that boots starts them again), then started
         local ua="psfleet-psd@$job:0 psfleet-chiefd@$job" ub="psfleet-psd@$job:1 psfleet-workerd@$job:0"
+        if [ -n "$replicas" ]; then
+                ua="$ua psfleet-psd@$job:1:backup"
+                ub="$ub psfleet-psd@$job:0:backup"
+        fi
         local uc="psfleet-workerd@$job:1"
         local t0
         t0=$(date +%s.%N)
@@ -175,6 +190,7 @@ run_job() {
 
         case $variant in
         poweroff) poweroff_c ;;
+        replicas) replica_kills 5; replica_partition ;;
         esac
         ct_wait_for 420 "job $job to finish" job_done
         local t1
@@ -201,14 +217,15 @@ run_job() {
 check_job() {
         local variant=$1 t0=$2 t1=$3 u n
         # Workers exit 0 at max_steps, each psd when the chief stops it: inactive, not failed.
-        for u in a:psfleet-psd@$job:0 b:psfleet-psd@$job:1 b:psfleet-workerd@$job:0 c:psfleet-workerd@$job:1; do
+        local psds="a:psfleet-psd@$job:0 b:psfleet-psd@$job:1"
+        [ -z "$replicas" ] || psds="$psds a:psfleet-psd@$job:1:backup b:psfleet-psd@$job:0:backup"
+        for u in $psds b:psfleet-workerd@$job:0 c:psfleet-workerd@$job:1; do
                 on "${u%%:*}"
                 ct_wait_for 60 "${u#*:} to exit" is_inactive "${u#*:}.service"
                 [ "$(prop "${u#*:}.service" Result)" = success ] ||
                         fail "${u#*:} on node ${u%%:*} ended with result $(prop "${u#*:}.service" Result)"
         done
-        for u in a:psfleet-psd@$job:0 a:psfleet-chiefd@$job b:psfleet-psd@$job:1 b:psfleet-workerd@$job:0 \
-                 c:psfleet-workerd@$job:1; do
+        for u in $psds a:psfleet-chiefd@$job b:psfleet-workerd@$job:0 c:psfleet-workerd@$job:1; do
                 on "${u%%:*}"
                 ct journalctl -b --no-pager -o cat -u "${u#*:}.service" >"$work/journal-$job-${u#*:}.txt"
                 grep -q "mutual TLS as" "$work/journal-$job-${u#*:}.txt" ||
@@ -227,20 +244,31 @@ check_job() {
                 ! grep -q "pushes through shared memory" "$work/journal-$job-$u.txt" ||
                         fail "$u took a shared-memory attach"
         done
-        python3 - "$work/status-$job.json" "$variant" "$t0" "$t1" "$steps" >>"$work/results.jsonl" <<'PY' ||
-import json, re, sys
+        python3 - "$work/status-$job.json" "$variant" "$t0" "$t1" "$steps" "$work/replicas-$job.json" \
+                >>"$work/results.jsonl" <<'PY' ||
+import json, os, re, sys
 st = json.load(open(sys.argv[1]))
 variant, t0, t1, steps = sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+# replicas: the fail-overs' and the partition's figures (replica_kills, replica_partition)
+rep = json.load(open(sys.argv[6])) if os.path.exists(sys.argv[6]) else None
 acc = st.get("test_accuracy")
 wall = t1 - t0
 # Each psd's last report: its pushes (all of them by gRPC) and no shared-memory link.
 ps = {n["task"]: n["state"] for n in st["nodes"] if n["task"].startswith("ps:")}
 pushes = {t: int(re.search(r"(\d+) pushes", s).group(1)) for t, s in ps.items() if re.search(r"(\d+) pushes", s)}
-print(json.dumps({"variant": variant, "global_step": st.get("global_step"), "test_accuracy": acc,
-                  "wall_s": round(wall, 1), "examples_per_s": round(steps * 64 / wall, 1),
-                  "chief_examples_per_s": st.get("examples_per_s"), "ps_pushes": pushes}))
-if sorted(pushes) != ["ps:0", "ps:1"] or min(pushes.values()) < steps:
+line = {"variant": variant, "global_step": st.get("global_step"), "test_accuracy": acc,
+        "wall_s": round(wall, 1), "examples_per_s": round(steps * 64 / wall, 1),
+        "chief_examples_per_s": st.get("examples_per_s"), "ps_pushes": pushes}
+if rep is not None:
+    line.update(rep)
+    line["steps_lost"] = st.get("steps_lost", 0)
+    line["restores"] = len(st.get("losses") or [])
+print(json.dumps(line))
+# a promoted backup counts the pushes since it became the primary: with replicas not every push is there
+if sorted(pushes) != ["ps:0", "ps:1"] or (rep is None and min(pushes.values()) < steps):
     sys.exit("the ps shards report too few pushes: %s" % ps)
+if rep is not None and (line["steps_lost"] or line["restores"]):
+    sys.exit("replicas: steps lost or a shard restored from a checkpoint: %s" % st.get("losses"))
 if any(" 0 shared-memory link(s)" not in s for s in ps.values()):
     sys.exit("a ps shard reports shared-memory links: %s" % ps)
 if acc is None or acc < 0.87:
@@ -297,6 +325,120 @@ impair_on() {
         awk -v r="$rtt" 'BEGIN { exit !(r >= 19) }' || fail "node3's link is not delayed: $rtt ms"
 }
 
+# ps.replicas 2: global_step, then the job's shards as the chief sees them, a line each:
+# "N PRIMARY BACKUP EPOCH REPLICATED(0/1)"
+shards() {
+        on a
+        ct timeout 10 psfleet status --identity viewer --json --job "/etc/psfleet/jobs/$job.json" | python3 -c '
+import json, sys
+st = json.load(sys.stdin)
+print(st["global_step"])
+for n in st["nodes"]:
+    if n["task"].startswith("ps:"):
+        print(n["task"][3:], n["address"], n.get("backup") or "-", n.get("epoch", 0), int(bool(n.get("replicated"))))'
+}
+in_sync() { shards | awk 'NR > 1 && $5 != 1 { bad = 1 } NR > 1 { n++ } END { exit bad || n != 2 }'; }
+shard0_unreplicated() { shards | awk 'NR > 1 && $1 == 0 && $5 == 0 { ok = 1 } END { exit !ok }'; }
+# The node and unit of one of the job's psd addresses
+unit_of() {
+        case $1 in
+        "${ADDR[a]}:2223") echo "a psfleet-psd@$job:0" ;;
+        "${ADDR[b]}:2223") echo "b psfleet-psd@$job:1" ;;
+        "${ADDR[b]}:2225") echo "b psfleet-psd@$job:0:backup" ;;
+        "${ADDR[a]}:2225") echo "a psfleet-psd@$job:1:backup" ;;
+        *) fail "no unit for psd address $1" ;;
+        esac
+}
+# global_step from the chief's unit status, every 0.2 s, into $work/steps-$job.txt
+poll_steps() {
+        local s
+        while :; do
+                s=$(chief_status 2>/dev/null) || true
+                [[ $s =~ ^step\ ([0-9]+)/ ]] && echo "${BASH_REMATCH[1]}"
+                sleep 0.2
+        done >"$work/steps-$job.txt"
+}
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+# ps:$1 has an epoch above $2 and global_step is $3 + 50 or more
+failed_over() {
+        shards | awk -v s="$1" -v e="$2" -v g="$3" 'NR == 1 { gs = $1 } NR > 1 && $1 == s && $4 > e { ok = 1 }
+                END { exit !(ok && gs >= g + 50) }'
+}
+
+# N kill -9 of a random shard's primary, each once every shard's backup is in sync: systemd restarts the
+# killed psd, which rejoins as its shard's backup; the chief promotes the backup. Fail-over time: from
+# the kill until the shard has a new epoch and global_step has moved on by 50. global_step, polled
+# throughout, never goes back.
+replica_kills() {
+        local n=$1 k s line addr epoch g0 t0 took node unit poller times=()
+        ct_wait_for 120 "every shard's backup in sync" in_sync
+        poll_steps &
+        poller=$!
+        RANDOM=1
+        for ((k = 1; k <= n; k++)); do
+                ct_wait_for 120 "every shard's backup in sync (before kill $k)" in_sync
+                s=$((RANDOM % 2))
+                line=$(shards)
+                g0=$(head -n1 <<<"$line")
+                read -r _ addr _ epoch _ <<<"$(awk -v s="$s" 'NR > 1 && $1 == s' <<<"$line")"
+                read -r node unit <<<"$(unit_of "$addr")"
+                t0=$(date +%s.%N)
+                ssh_node "$node" "systemctl kill -s KILL $unit.service"
+                ct_wait_for 60 "ps:$s to fail over from $addr (epoch $epoch)" failed_over "$s" "$epoch" "$g0"
+                took=$(since "$t0")
+                times+=("$took")
+                ct_log "kill $k: ps:$s's primary $addr ($unit on ${HOST[$node]}) at global_step $g0; training again after $took s: $(shards | tr '\n' ' ')"
+                ! at_step "$steps" || fail "the job finished during the kills: too short to tell"
+        done
+        ct_wait_for 120 "every shard's backup in sync after the kills" in_sync
+        kill "$poller" 2>/dev/null || true
+        wait "$poller" 2>/dev/null || true
+        awk 'NR > 1 && $1 < p { print "global_step went back: " p " -> " $1; bad = 1 } { p = $1 } END { exit bad }' \
+                "$work/steps-$job.txt" >&2 || fail "global_step went back during the fail-overs"
+        ct_log "global_step polled $(wc -l <"$work/steps-$job.txt") times during the kills: never back"
+        printf '%s\n' "${times[@]}" >"$work/failover-$job.txt"
+}
+
+# ps:0's primary cut off from its backup (its node's namespace drops the TCP between the two, both ways):
+# the primary drops the backup after ps.replica_timeout_ms and, once the chief has recorded that, trains on
+# unreplicated; the chief still reaches the primary, so nothing is promoted (the epoch stays: one
+# primary, no split brain). Healed, the backup rejoins by a state transfer.
+replica_partition() {
+        local line p b epoch pn bn g0 g1 g2 t0 t_drop t_back
+        line=$(shards)
+        g0=$(head -n1 <<<"$line")
+        read -r _ p b epoch _ <<<"$(awk 'NR > 1 && $1 == 0' <<<"$line")"
+        read -r pn _ <<<"$(unit_of "$p")"
+        read -r bn _ <<<"$(unit_of "$b")"
+        t0=$(date +%s.%N)
+        printf 'table inet pfcut {\n chain out { type filter hook output priority 0; ip daddr %s tcp dport %s drop; }\n chain in { type filter hook input priority 0; ip saddr %s tcp sport %s drop; }\n}\n' \
+                "${b%:*}" "${b##*:}" "${b%:*}" "${b##*:}" | ip netns exec "${NS[$pn]}" nft -f - ||
+                fail "nft in node ${HOST[$pn]}'s namespace"
+        ct_log "cut: ps:0's primary $p (${HOST[$pn]}) from its backup $b (${HOST[$bn]}) at global_step $g0"
+        ct_wait_for 60 "ps:0 unreplicated" shard0_unreplicated
+        t_drop=$(since "$t0")
+        g1=$(shards | head -n1)
+        ct_wait_for 60 "training on, unreplicated" at_step $((g1 + 200))
+        sleep 5
+        line=$(shards)
+        g2=$(head -n1 <<<"$line")
+        [ "$(awk 'NR > 1 && $1 == 0 { print $2, $4 }' <<<"$line")" = "$p $epoch" ] ||
+                fail "ps:0 changed primary or epoch during the cut: $(tr '\n' ' ' <<<"$line") (was $p, epoch $epoch)"
+        ct_log "cut for $(since "$t0") s: unreplicated after $t_drop s, still primary $p at epoch $epoch; global_step $g0 -> $g2"
+        ip netns exec "${NS[$pn]}" nft delete table inet pfcut || fail "nft: the cut does not heal"
+        t0=$(date +%s.%N)
+        ct_wait_for 120 "ps:0's backup in sync again after the cut" in_sync
+        t_back=$(since "$t0")
+        ct_log "healed: ps:0's backup $b in sync again after $t_back s: $(shards | tr '\n' ' ')"
+        python3 - "$work/failover-$job.txt" "$t_drop" "$t_back" "$g0" "$g2" >"$work/replicas-$job.json" <<'PY'
+import json, statistics, sys
+t = [float(x) for x in open(sys.argv[1]).read().split()]
+print(json.dumps({"kills": len(t), "failover_s": t, "failover_p50_s": statistics.median(t), "failover_max_s": max(t),
+                  "cut_unreplicated_after_s": float(sys.argv[2]), "cut_rejoined_after_s": float(sys.argv[3]),
+                  "cut_steps_unreplicated": int(sys.argv[5]) - int(sys.argv[4])}))
+PY
+}
+
 IFS=, read -r -a todo <<<"$variants"
 for v in "${todo[@]}"; do
         case $v in
@@ -324,7 +466,16 @@ for v in "${todo[@]}"; do
                 grep -Eq "'dropped': [1-9]" "$work/l2delay.log" || fail "l2delay.py dropped nothing"
                 impair_off
                 ;;
-        *) fail "unknown variant $v (plain, fp32, lossy, poweroff)" ;;
+        replicas)
+                # long enough for 5 fail-overs, each waiting for the backup to be in sync again, and the cut
+                steps_plain=$steps
+                steps=$((steps * 8))
+                replicas=1
+                run_job "$v"
+                replicas=
+                steps=$steps_plain
+                ;;
+        *) fail "unknown variant $v (plain, fp32, lossy, poweroff, replicas)" ;;
         esac
 done
 
