@@ -75,7 +75,9 @@ def one_run(a, wd, data, name, vocab, capped, fill):
         base["model"]["embeddings"][0].update({"disk_tier": True, "evict_policy": "lru"})
         ps["memory_limit_bytes"] = a.limit
     steps = a.rows // 256
-    sup = {"save_checkpoint_steps": 0, "save_checkpoint_secs": 0, "save_summaries_secs": 0, "keep_checkpoints": 1}
+    # ready_timeout_secs: the chief waits for the workers while this script makes the rows
+    sup = {"save_checkpoint_steps": 0, "save_checkpoint_secs": 0, "save_summaries_secs": 0, "keep_checkpoints": 1,
+           "ready_timeout_secs": 86400}
     path, spec = h.make_job(wd, name + ".json", n_ps=1, n_workers=2, base=base, ps=ps, supervisor=sup,
                             training={"max_steps": steps, "report_every_steps": 100})
     chief, psd, fp = h.chief_and_ps(wd, path, spec, timeout=120)

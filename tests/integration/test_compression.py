@@ -3,7 +3,9 @@ off), trained 2000 steps with each compression. Each run still learns as the flo
 accuracy within ACCURACY_POINTS of it; int8 and topk carry what they drop to the next push: error
 feedback), and psd's counters show the bytes each compression saves: gradient bytes in per push of
 int8 at most 0.3 of float32's, of topk:0.01 at most 0.05; answers in bfloat16 (half of float32's) for
-every compression but none; auto (the default) on loopback is none. Prints a table of the figures (docs/performance.md, "Compression")."""
+every compression but none; auto (the default) over plain TCP on loopback is none. Under mutual TLS (the
+default security of a job on one host) auto is int8 on loopback too: the job learns alike and the worker
+says why. Prints a table of the figures (docs/performance.md, "Compression")."""
 import harness as h
 
 STEPS = 2000
@@ -22,13 +24,26 @@ def run(mode):
     assert st.rejected == 0, st
     assert worker.wait(240) == 0, worker.stderr()[-3000:]
     assert "pushing through shared memory" not in worker.stderr()
-    assert "is beyond loopback" not in worker.stderr()   # auto's int8 is for shards on other hosts
+    # auto's int8 is for shards on other hosts, or under mutual TLS
+    assert "is beyond loopback" not in worker.stderr() and "under mutual TLS" not in worker.stderr()
     done = h.wait_state(chief_addr, "DONE", 120, [chief])
     for p in (chief, ps):
         p.kill()
     assert done.global_step >= STEPS, done
     return {"mode": mode, "in_per_push": st.bytes_in / st.pushes, "out_per_push": st.bytes_out / st.pushes,
             "params": st.bytes // 4, "accuracy": done.test_accuracy}
+
+
+def run_auto_mtls():
+    """auto under the default security of a job on one host (mutual TLS with the job's own CA): int8."""
+    wd = h.Workdir()
+    job, _ = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": STEPS},
+                        rpc={"shared_memory": False}, security={"mode": "auto"})
+    p = h.psfleet_local(wd, job, name="auto-mtls")   # not --quiet: the worker's info lines
+    assert p.wait(300) == 0, p.stderr()[-3000:]
+    assert "is reached under mutual TLS: its gRPC pushes go as int8 with error feedback" in p.stderr(), \
+        p.stderr()[-3000:]
+    return h.result_line(p)["test_accuracy"]
 
 
 def test():
@@ -53,6 +68,9 @@ def test():
         # answers: bfloat16 for the compressed variables, float32 for the small ones left alone
         assert res[m]["out_per_push"] <= 0.51 * base["out_per_push"], res[m]
         assert res[m]["accuracy"] >= base["accuracy"] - ACCURACY_POINTS, (m, res[m], base)
+    acc = run_auto_mtls()
+    h.log("auto under mutual TLS (int8): accuracy %.4f" % acc)
+    assert acc >= base["accuracy"] - ACCURACY_POINTS, (acc, base)
 
 
 if __name__ == "__main__":

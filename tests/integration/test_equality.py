@@ -40,7 +40,7 @@ def test():
     for transport, shm, says in (("shared memory", True, "pushing through shared memory"),
                                  ("gRPC", False, "pushing through gRPC only")):
         tj, _ = h.make_job(wd, name="job-%s.json" % ("shm" if shm else "grpc"), n_ps=1, n_workers=1,
-                           training={"max_steps": STEPS}, rpc={"shared_memory": shm})
+                           training={"max_steps": STEPS}, rpc={"shared_memory": shm, "compression": "none"})
         log_path = wd.file("distributed-%s.loss" % ("shm" if shm else "grpc"))
         dist = h.psfleet_local(wd, tj, ["--loss-log", log_path], name="distributed-" + ("shm" if shm else "grpc"))
         assert dist.wait(120) == 0, dist.stderr()

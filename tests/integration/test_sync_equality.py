@@ -40,7 +40,7 @@ def test():
     for shm in (True, False):
         tag = "shm" if shm else "grpc"
         tj, _ = h.make_job(wd, name="job-%s.json" % tag, n_ps=1, n_workers=2, training=TRAINING,
-                           rpc={"shared_memory": shm})
+                           rpc={"shared_memory": shm, "compression": "none"})
         state, log_path = wd.file("state-" + tag), wd.file("distributed-%s.loss" % tag)
         dist = h.psfleet_local(wd, tj, ["--loss-log", log_path, "--state-dir", state], name="sync-" + tag)
         assert dist.wait(180) == 0, dist.stderr()[-3000:]

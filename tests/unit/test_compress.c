@@ -31,16 +31,21 @@ static void test_choice(void **state) {
         assert_int_equal(compress_topk_k(0.999999), 256);
 }
 
-/* auto: int8 to a shard beyond loopback (its psd or its backup), none on loopback; others as given */
+/* auto: int8 to a shard beyond loopback (its psd or its backup) or under mutual TLS, none over plain TCP on
+ * loopback; others as given */
 static void test_for_shard(void **state) {
         (void)state;
-        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "127.0.0.1:7000", NULL), RPC_COMPRESS_NONE);
-        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "localhost:7000", "[::1]:7001"), RPC_COMPRESS_NONE);
-        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "10.0.0.2:7000", NULL), RPC_COMPRESS_INT8);
-        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "127.0.0.1:7000", "node2:7000"), RPC_COMPRESS_INT8);
-        assert_int_equal(compress_for_shard(RPC_COMPRESS_NONE, "10.0.0.2:7000", NULL), RPC_COMPRESS_NONE);
-        assert_int_equal(compress_for_shard(RPC_COMPRESS_TOPK, "127.0.0.1:7000", NULL), RPC_COMPRESS_TOPK);
-        assert_int_equal(compress_for_shard(RPC_COMPRESS_BF16, "node2:7000", NULL), RPC_COMPRESS_BF16);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "127.0.0.1:7000", NULL, false), RPC_COMPRESS_NONE);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "localhost:7000", "[::1]:7001", false), RPC_COMPRESS_NONE);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "10.0.0.2:7000", NULL, false), RPC_COMPRESS_INT8);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "127.0.0.1:7000", "node2:7000", false), RPC_COMPRESS_INT8);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_NONE, "10.0.0.2:7000", NULL, false), RPC_COMPRESS_NONE);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_TOPK, "127.0.0.1:7000", NULL, false), RPC_COMPRESS_TOPK);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_BF16, "node2:7000", NULL, false), RPC_COMPRESS_BF16);
+        /* under mutual TLS every byte is also encrypted: auto is int8 on loopback too */
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "127.0.0.1:7000", NULL, true), RPC_COMPRESS_INT8);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_AUTO, "10.0.0.2:7000", NULL, true), RPC_COMPRESS_INT8);
+        assert_int_equal(compress_for_shard(RPC_COMPRESS_NONE, "127.0.0.1:7000", NULL, true), RPC_COMPRESS_NONE);
 }
 
 /* sum over steps of decoded(sent) == sum of gradients - final residual, per value, for int8 and top-k

@@ -43,7 +43,7 @@ enum security_mode { SECURITY_AUTO, SECURITY_MTLS, SECURITY_INSECURE };
 /* supervisor.recovery: what a lost shard costs (docs/checkpoints.md) */
 enum recovery_mode { RECOVERY_JOB, RECOVERY_SHARD };
 enum rpc_wire_dtype { RPC_WIRE_FLOAT32, RPC_WIRE_BFLOAT16 };
-/* AUTO: INT8 to a shard beyond loopback, NONE on loopback (compress_for_shard) */
+/* AUTO: INT8 to a shard beyond loopback or under mutual TLS, NONE over plain TCP on loopback (compress_for_shard) */
 enum rpc_compression { RPC_COMPRESS_NONE, RPC_COMPRESS_BF16, RPC_COMPRESS_INT8, RPC_COMPRESS_TOPK, RPC_COMPRESS_AUTO };
 
 struct training_config {

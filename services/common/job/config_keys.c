@@ -444,8 +444,9 @@ const struct config_key cfg_keys[] = {
                "it implies."),
         K_STR("rpc.compression", rpc.compression, "auto",
               "workerd: how its gradients pushed through gRPC travel, and the fresh values psd answers with. "
-              "auto: int8 to a shard beyond loopback (its psd, or its backup, on another host), none on "
-              "loopback (docs/performance.md, \"Compression\"); none: float32; bf16: bfloat16 both ways (as rpc.wire_dtype bfloat16); int8: per block of 256 "
+              "auto: int8 to a shard beyond loopback (its psd, or its backup, on another host) and through "
+              "mutual TLS (where every byte is also encrypted), none over plain TCP on loopback "
+              "(docs/performance.md, \"Compression\"); the shared-memory path is never compressed; none: float32; bf16: bfloat16 both ways (as rpc.wire_dtype bfloat16); int8: per block of 256 "
               "values one float32 scale (max|x|/127) and the values rounded to int8 (0.254 of float32's "
               "bytes); topk:R: per block of 256 values only the largest-magnitude ceil(R x 256) as "
               "index+value pairs (5 bytes each; topk:0.01 sends 3 per block). int8 and topk keep what they "

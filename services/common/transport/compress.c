@@ -20,11 +20,11 @@ uint32_t compress_dtype(enum rpc_compression c, uint64_t var_bytes, uint64_t min
         return WIRE_DTYPE_FLOAT32;
 }
 
-enum rpc_compression compress_for_shard(enum rpc_compression c, const char *addr, const char *backup) {
+enum rpc_compression compress_for_shard(enum rpc_compression c, const char *addr, const char *backup, bool tls) {
         if (c != RPC_COMPRESS_AUTO)
                 return c;
         bool near = tls_addr_is_loopback(addr) && (!backup || tls_addr_is_loopback(backup));
-        return near ? RPC_COMPRESS_NONE : RPC_COMPRESS_INT8;
+        return near && !tls ? RPC_COMPRESS_NONE : RPC_COMPRESS_INT8;
 }
 
 uint32_t compress_answer_dtype(uint32_t pushed) {

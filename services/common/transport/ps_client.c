@@ -19,6 +19,7 @@
 #include "optim.h"
 #include "rpc.h"
 #include "shmlink.h"
+#include "tls.h"
 #include "util.h"
 #include "wire.h"
 #include "psfleet/v1/ps.pb-c.h"
@@ -490,17 +491,19 @@ int ps_client_link(struct ps_client *pc, uint32_t worker, uint32_t n_groups, con
                 return -ENOMEM;
         pc->n_fl = n_groups;
         const struct cluster *cl = &pc->cfg->cluster;
-        bool lossy = false;
+        bool lossy = false, tls = tls_job_uses_mtls(pc->cfg);
         if (!(pc->compress = calloc(pc->L->n_shards + 1, sizeof(*pc->compress))))
                 return -ENOMEM;
         for (uint32_t s = 0; s < pc->L->n_shards; s++) {
-                enum rpc_compression c = compress_for_shard(pc->cfg->rpc.compress, cl->ps[s].addr,
-                                                            s < cl->n_ps_backup ? cl->ps_backup[s].addr : NULL);
+                const char *backup = s < cl->n_ps_backup ? cl->ps_backup[s].addr : NULL;
+                enum rpc_compression c = compress_for_shard(pc->cfg->rpc.compress, cl->ps[s].addr, backup, tls);
                 pc->compress[s] = c;
                 lossy |= c == RPC_COMPRESS_INT8 || c == RPC_COMPRESS_TOPK;
                 if (pc->cfg->rpc.compress == RPC_COMPRESS_AUTO && c != RPC_COMPRESS_NONE)
-                        log_info("ps:%u (%s) is beyond loopback: its gRPC pushes go as int8 with error feedback "
-                                 "(rpc.compression auto)", s, cl->ps[s].addr);
+                        log_info("ps:%u (%s) is %s: its gRPC pushes go as int8 with error feedback "
+                                 "(rpc.compression auto)", s, cl->ps[s].addr,
+                                 compress_for_shard(RPC_COMPRESS_AUTO, cl->ps[s].addr, backup, false) != RPC_COMPRESS_NONE
+                                         ? "beyond loopback" : "reached under mutual TLS");
         }
         if (lossy) {
                 if (!(pc->residual = calloc(pc->L->n_params + 1, sizeof(float))))
