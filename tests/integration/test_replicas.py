@@ -267,6 +267,11 @@ def run(opts):
         wait_in_sync(j)
         j.frozen_compare("after %d fail-overs" % opts.kills)
         final = h.wait_state(j.chief_addr, "DONE", 600, j.daemons())
+        # the chief stops every psd at the end, backups too (under systemd a unit left running is a job
+        # that never ends)
+        for (kind, i), p in j.procs.items():
+            if kind in ("ps", "backup"):
+                assert p.wait(60) == 0, "%s:%d did not exit 0 at the job's end:\n%s" % (kind, i, p.stderr()[-2000:])
     finally:
         stop.set()
         poller.join(5)

@@ -340,6 +340,10 @@ int ps_client_stop(struct ps_client *pc, const char *reason) {
                 q.reason = (char *)reason;
                 struct rpc_pending *p;
                 rpc_batch_start(b, pc->shard[s].ch, "/psfleet.v1.ParameterServer/Stop", wire_pack(&q.base), 5000, false, &p);
+                /* ps.replicas 2: the shard's backup too (the chief probes both, so it has the channel) */
+                if (pc->shard[s].alt)
+                        rpc_batch_start(b, pc->shard[s].alt, "/psfleet.v1.ParameterServer/Stop", wire_pack(&q.base), 5000,
+                                        false, &p);
         }
         r = rpc_batch_wait_all(b);
         rpc_batch_free(b);
