@@ -397,6 +397,13 @@ replica_kills() {
                 "$work/steps-$job.txt" >&2 || fail "global_step went back during the fail-overs"
         ct_log "global_step polled $(wc -l <"$work/steps-$job.txt") times during the kills: never back"
         printf '%s\n' "${times[@]}" >"$work/failover-$job.txt"
+        # the chief's own figure: from the primary's last answer to the promotion (its journal)
+        on a
+        ct journalctl -b --no-pager -o cat -u "psfleet-chiefd@$job.service" |
+                sed -n 's/.*promoted its backup .* after \([0-9]*\) ms.*/\1/p' >"$work/promoted-$job.txt"
+        [ "$(wc -l <"$work/promoted-$job.txt")" -eq "$n" ] ||
+                fail "the chief promoted $(wc -l <"$work/promoted-$job.txt") backups for $n kills"
+        ct_log "the chief promoted a backup after (ms): $(tr '\n' ' ' <"$work/promoted-$job.txt")"
 }
 
 # ps:0's primary cut off from its backup (its node's namespace drops the TCP between the two, both ways):
@@ -430,10 +437,15 @@ replica_partition() {
         ct_wait_for 120 "ps:0's backup in sync again after the cut" in_sync
         t_back=$(since "$t0")
         ct_log "healed: ps:0's backup $b in sync again after $t_back s: $(shards | tr '\n' ' ')"
-        python3 - "$work/failover-$job.txt" "$t_drop" "$t_back" "$g0" "$g2" >"$work/replicas-$job.json" <<'PY'
+        python3 - "$work/failover-$job.txt" "$t_drop" "$t_back" "$g0" "$g2" "$work/promoted-$job.txt" \
+                >"$work/replicas-$job.json" <<'PY'
 import json, statistics, sys
 t = [float(x) for x in open(sys.argv[1]).read().split()]
+pm = [int(x) for x in open(sys.argv[6]).read().split()]
+# failover_s: from the kill until this script saw the new epoch and 50 more steps, polling psfleet status in
+# the container (seconds apart on a loaded machine): an upper bound; promotion_ms: the chief's own
 print(json.dumps({"kills": len(t), "failover_s": t, "failover_p50_s": statistics.median(t), "failover_max_s": max(t),
+                  "promotion_ms": pm, "promotion_p50_ms": statistics.median(pm), "promotion_max_ms": max(pm),
                   "cut_unreplicated_after_s": float(sys.argv[2]), "cut_rejoined_after_s": float(sys.argv[3]),
                   "cut_steps_unreplicated": int(sys.argv[5]) - int(sys.argv[4])}))
 PY
