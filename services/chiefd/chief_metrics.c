@@ -20,8 +20,46 @@ static struct metric *m_state[ELEMENTSOF(state_names)], *m_step, *m_rate, *m_ckp
         *m_ckpt_failed, *m_live;
 static struct metric **m_report_age;   /* (n_worker) */
 static uint32_t n_report_age;
+/* ps.replicas 2, per shard (n_rep) */
+static struct metric **m_epoch, **m_replicated, **m_lag, **m_failovers;
+static uint32_t n_rep;
 
-void chief_metrics_init(uint32_t n_worker) {
+static void replicas_init(uint32_t n) {
+        n_rep = n;
+        m_epoch = calloc(n + 1, sizeof(*m_epoch));
+        m_replicated = calloc(n + 1, sizeof(*m_replicated));
+        m_lag = calloc(n + 1, sizeof(*m_lag));
+        m_failovers = calloc(n + 1, sizeof(*m_failovers));
+        if (!m_epoch || !m_replicated || !m_lag || !m_failovers) {
+                n_rep = 0;
+                return;
+        }
+        for (uint32_t s = 0; s < n; s++) {
+                char i[16];
+                snprintf(i, sizeof(i), "%u", s);
+                m_epoch[s] = metric_gauge("psfleet_chief_shard_epoch", "ps.replicas 2: the epoch of the shard's "
+                                          "primary (each fail-over makes a new one).", "shard", i);
+                m_replicated[s] = metric_gauge("psfleet_chief_shard_replicated", "ps.replicas 2: 1 while the shard's "
+                                               "backup holds every update, 0 while it runs unreplicated.", "shard", i);
+                m_lag[s] = metric_gauge("psfleet_chief_shard_replication_lag_seconds", "ps.replicas 2: the last "
+                                        "update's round trip from the shard's primary to its backup.", "shard", i);
+                m_failovers[s] = metric_gauge("psfleet_chief_shard_failovers", "ps.replicas 2: backups of the shard "
+                                              "promoted by this chief.", "shard", i);
+        }
+}
+
+void chief_metrics_replica(uint32_t shard, uint64_t epoch, bool replicated, uint64_t lag_us, uint64_t failovers) {
+        if (shard >= n_rep)
+                return;
+        metric_set(m_epoch[shard], (double)epoch);
+        metric_set(m_replicated[shard], replicated);
+        metric_set(m_lag[shard], (double)lag_us / 1e6);
+        metric_set(m_failovers[shard], (double)failovers);
+}
+
+void chief_metrics_init(uint32_t n_worker, uint32_t n_replicated) {
+        if (n_replicated)
+                replicas_init(n_replicated);
         for (size_t s = 1; s < ELEMENTSOF(state_names); s++)
                 m_state[s] = metric_gauge("psfleet_chief_job_state", "1 for the job's current state, 0 for the others "
                                           "(psfleet status says the same).", "state", state_names[s]);
@@ -52,6 +90,12 @@ void chief_metrics_done(void) {
         free(m_report_age);
         m_report_age = NULL;
         n_report_age = 0;
+        free(m_epoch);
+        free(m_replicated);
+        free(m_lag);
+        free(m_failovers);
+        m_epoch = m_replicated = m_lag = m_failovers = NULL;
+        n_rep = 0;
 }
 
 void chief_metrics_state(Psfleet__V1__JobState st) {

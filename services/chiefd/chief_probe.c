@@ -8,6 +8,7 @@
 
 #include "chief_probe.h"
 
+#include "chief_metrics.h"
 #include "chief_status.h"
 #include "config.h"
 #include "log.h"
@@ -225,6 +226,8 @@ uint32_t chief_probe_shards(struct chief_status *status, struct ps_client *pc, u
                                          st->waiting_for ? "; " : "", st->waiting_for ? st->waiting_for->last_error : "");
                         else
                                 chief_strfmt(pi->state, sizeof(pi->state), "uninitialized");
+                        if (status->cfg->cluster.n_ps_backup)
+                                chief_metrics_replica(s, pi->epoch, pi->replicated, pi->lag_us, pi->failovers);
                         if (status->cfg->cluster.n_ps_backup)
                                 chief_strfmt(pi->state + strlen(pi->state), sizeof(pi->state) - strlen(pi->state),
                                              "; primary %s (epoch %" PRIu64 "), backup %s %s, lag %" PRIu64 " us, %"

@@ -88,7 +88,7 @@ static int chief_new(struct job_config *cfg, const char *state_root, struct chie
         c->wake_fd = -1;
         c->cfg = cfg;
         c->st.cfg = cfg;
-        chief_metrics_init(cfg->cluster.n_worker);
+        chief_metrics_init(cfg->cluster.n_worker, cfg->cluster.n_ps_backup);
         c->canonical = config_canonical_json(cfg);
         c->fingerprint = c->st.fingerprint = config_fingerprint(cfg);
         c->st.workers = calloc(cfg->cluster.n_worker, sizeof(*c->st.workers));

@@ -56,6 +56,7 @@ class Job:
         self.addr = {("ps", i): a for i, a in enumerate(spec["cluster"]["ps"])}
         self.addr.update({("backup", i): a for i, a in enumerate(spec["cluster"].get("ps_backup", []))})
         self.chief_addr = spec["cluster"]["chief"][0]
+        self.chief_metrics = "127.0.0.1:%d" % h.free_ports(1)[0]
 
     def start(self, kind, index=None):
         key = (kind, index)
@@ -66,7 +67,9 @@ class Job:
             argv += ["--task-index", str(index)]
         if kind == "backup":
             argv.append("--backup")
-        self.procs[key] = h.Proc(self.wd, "%s%s.%d" % (kind, "" if index is None else ":%d" % index, n), argv)
+        # the chief's metrics (its replica series), on a port of their own
+        env = {"PSFLEET_METRICS_LISTEN": self.chief_metrics} if kind == "chiefd" else None
+        self.procs[key] = h.Proc(self.wd, "%s%s.%d" % (kind, "" if index is None else ":%d" % index, n), argv, env)
         return self.procs[key]
 
     def start_all(self):
@@ -195,6 +198,20 @@ def cli_views(j):
     assert st.returncode == 0, st.stderr
     for s, n in sh.items():
         assert "primary %s (epoch %d), backup %s" % (n.address, n.epoch, n.backup) in st.stdout, (s, st.stdout)
+    # and the chief's metrics: each shard's epoch, replication, lag and fail-overs
+    import urllib.request
+    with urllib.request.urlopen("http://%s/metrics" % j.chief_metrics, timeout=5) as r:
+        exposition = r.read().decode()
+
+    def series(name, s):
+        line = [ln for ln in exposition.splitlines() if ln.startswith('%s{shard="%d"} ' % (name, s))]
+        assert line, "no %s for shard %d in the chief's metrics" % (name, s)
+        return float(line[0].split()[-1])
+    for s, n in sh.items():
+        assert series("psfleet_chief_shard_epoch", s) == n.epoch, (s, n.epoch)
+        assert series("psfleet_chief_shard_replicated", s) == 1, s
+        assert series("psfleet_chief_shard_failovers", s) == n.failovers, (s, n.failovers)
+        assert series("psfleet_chief_shard_replication_lag_seconds", s) >= 0, s
     h.log("psfleet top and status show every shard's primary, backup and epoch:\n" +
           "\n".join(ln for ln in text.stdout.splitlines() if "ps:" in ln and "127.0.0.1" in ln))
 
