@@ -64,11 +64,7 @@ def main():
         pulled = stub.Pull(s.ps_pb2.PullRequest(header=s.ps_pb2.PullHeader(caller=caller)), timeout=30).tensors[0]
 
         def step():
-            # a zero gradient that counts a step: global_step moves, so that a checkpoint is written
-            t = s.tensor_pb2.Tensor(name=pulled.name, dtype=pulled.dtype, shape=pulled.shape,
-                                    row_offset=pulled.row_offset, data=bytes(len(pulled.data)))
-            hdr = s.ps_pb2.PushHeader(caller=caller, worker=0, local_step=1, count_step=True)
-            stub.Push(s.ps_pb2.PushRequest(header=hdr, grads=[t]), timeout=30)
+            h.zero_step(stub, caller, pulled)
 
         def save():
             t0 = time.monotonic()
