@@ -42,10 +42,10 @@ static bool table_tensor(const struct chief_ckpt *s, const char *name) {
 }
 
 /* Checks table e's tensors in ck (ids U64 [n]; values and each slot F32 [n, dim]); with dups, that no id
- * comes twice; with out, copies them there (malloc'd, the tables whole: the readers' way). A restore
- * streams the rows later (restore_table) and leaves a full checkpoint's ids to the shards, which count
- * an id stored twice (dups false): only the ids of an increment are read whole here (8 bytes a changed
- * row). -EINVAL naming the tensor (another model), -EBADMSG (an id twice), -ENOMEM, or -errno (-EIO). */
+ * comes twice (the ids read whole); with out, copies them there (malloc'd, the tables whole: the
+ * readers' way, export and the evaluator). A restore streams the rows later (restore_table) and leaves
+ * the check of the ids to the shards, which count an id stored twice (dups false): it reads nothing of
+ * a table here. -EINVAL naming the tensor (another model), -EBADMSG (an id twice), -ENOMEM, or -errno. */
 static int load_table(const struct chief_ckpt *s, struct ckpt *ck, uint32_t e, bool dups, struct ps_sparse_rows *out,
                       char *err, size_t errlen) {
         const struct embedding_spec *es = &s->model->emb[e];
@@ -235,7 +235,7 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
         }
         uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
         for (uint32_t t = 0; t < n_tables; t++)
-                if ((r = load_table(s, ck, t, !keep || inc, tables ? &tmp_tables[t] : NULL, e, sizeof(e))) < 0 ||
+                if ((r = load_table(s, ck, t, !keep, tables ? &tmp_tables[t] : NULL, e, sizeof(e))) < 0 ||
                     (inc && (r = load_evicted(s, ck, t, tables && evicted ? &tmp_evicted[t] : NULL, e, sizeof(e))) < 0)) {
                         errf(err, errlen, r, "%s", e);
                         goto out;
@@ -325,6 +325,30 @@ static void forget_locked(struct chief_ckpt *s, const struct chief_db_checkpoint
 }
 
 
+/* A broken link, chain[j] (j > 0), failing with l and the reason e: the chain restores to the link
+ * before it. Missing or corrupt (-ENOENT, -EBADMSG), it is forgotten (a corrupt file set aside) and so
+ * are the links after it, up to chain[k - 1], each marked gone[]; for another error it stays. */
+static void break_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, bool *gone,
+                               const size_t *chain, size_t j, size_t k, int l, const char *e) {
+        const struct chief_db_checkpoint *row = &rows[chain[j]];
+        char next[200];
+        snprintf(next, sizeof(next), "the chain restores to global_step %" PRIu64, rows[chain[j - 1]].global_step);
+        bool corrupt = l == -ENOENT || l == -EBADMSG;
+        if (corrupt) {
+                forget_locked(s, row, l == -EBADMSG, l == -ENOENT ? "missing" : "corrupt", e, next);
+                gone[chain[j]] = true;
+        } else {
+                log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
+                            row->global_step, e, next);
+        }
+        for (size_t q = j + 1; corrupt && q < k; q++) {
+                char why[160];
+                snprintf(why, sizeof(why), "it is chained to global_step %" PRIu64 ", which is lost", row->global_step);
+                forget_locked(s, &rows[chain[q]], false, "unusable", why, next);
+                gone[chain[q]] = true;
+        }
+}
+
 /* Loads row i's chain into params, slots and tables: its full checkpoint, then each increment in order;
  * with cks (a restore; k of room), each link that loads is kept open there for restore_table instead.
  * With repair (a restore), a link missing or corrupt stops there: the values are those of the link
@@ -378,25 +402,7 @@ static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpo
                                     rows[chain[0]].global_step, e);
                 }
                 if (l < 0) {
-                        /* a broken link: the chain restores to the link before it */
-                        char next[200];
-                        snprintf(next, sizeof(next), "the chain restores to global_step %" PRIu64,
-                                 rows[chain[good]].global_step);
-                        bool corrupt = l == -ENOENT || l == -EBADMSG;
-                        if (corrupt) {
-                                forget_locked(s, row, l == -EBADMSG, l == -ENOENT ? "missing" : "corrupt", e, next);
-                                gone[chain[j]] = true;
-                        } else {
-                                log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
-                                            row->global_step, e, next);
-                        }
-                        for (size_t q = j + 1; corrupt && q < k; q++) {
-                                char why[160];
-                                snprintf(why, sizeof(why), "it is chained to global_step %" PRIu64 ", which is lost",
-                                         row->global_step);
-                                forget_locked(s, &rows[chain[q]], false, "unusable", why, next);
-                                gone[chain[q]] = true;
-                        }
+                        break_chain_locked(s, rows, gone, chain, j, k, l, e);
                         break;
                 }
                 memcpy(params, p2, L->n_params * sizeof(float));
@@ -412,52 +418,56 @@ static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpo
 
 /* Streams table e of a verified chain (cks[0..k): the full checkpoint, then each increment) to the
  * sink a page at a time, as restoring it from the tables whole would leave the shards: the full one's
- * rows (the shards' tables emptied first), then per increment its evicted ids dropped and its rows
- * stored over (the shards' import replaces a row of the same id). Memory: one page of rows and slots,
- * or of evicted ids, whatever the table's size. -EBADMSG when the shards found an id of the full
- * checkpoint twice (its file is corrupt); -errno from reading the files or from the sink. */
+ * rows (the shards' tables emptied first), then per increment the rows of its evicted ids and of its
+ * own ids dropped, and its rows stored. So every row is stored anew, and a shard that finds one stored
+ * already (the counts) has been given an id twice by one file: that file is corrupt. Memory: one page
+ * of rows and slots, or of ids, whatever the table's size. Returns 0; -EBADMSG with *bad the link at
+ * fault; -errno from reading the files or from the sink. */
 #define RESTORE_PAGE_ROWS 65536u
 static int restore_table(struct chief_ckpt *s, struct ckpt *const *cks, size_t k, uint32_t e,
-                         const struct chief_table_sink *sink, char *err, size_t errlen) {
+                         const struct chief_table_sink *sink, size_t *bad, char *err, size_t errlen) {
         const struct embedding_spec *es = &s->model->emb[e];
         unsigned ns = sparse_optimizer_n_slots(s->sparse_optimizer);
-        struct ps_sparse_rows page = {.dim = es->dim, .n_slots = ns};
+        struct ps_sparse_rows page = {.dim = es->dim, .n_slots = ns}, none = {.dim = es->dim, .n_slots = ns};
         page.ids = malloc(RESTORE_PAGE_ROWS * sizeof(uint64_t));
         page.values = malloc((size_t)RESTORE_PAGE_ROWS * es->dim * sizeof(float));
         bool ok = page.ids && page.values;
         for (unsigned sl = 0; sl < ns; sl++)
                 ok = ok && (page.slots[sl] = malloc((size_t)RESTORE_PAGE_ROWS * es->dim * sizeof(float)));
         int r = ok ? 0 : errf(err, errlen, -ENOMEM, "out of memory");
-        char name[1 + 1 + SPARSE_MAX_SLOTS][80];
+        /* the tensors: ids, rows, each slot, evicted */
+        char name[1 + 1 + SPARSE_MAX_SLOTS + 1][80];
+        unsigned n_names = 2 + ns;
         snprintf(name[0], sizeof(name[0]), "emb/%s/ids", es->name);
         snprintf(name[1], sizeof(name[1]), "emb/%s", es->name);
         for (unsigned sl = 0; sl < ns; sl++)
                 snprintf(name[2 + sl], sizeof(name[2 + sl]), "emb/%s/%s", es->name,
                          sparse_optimizer_slot_name(s->sparse_optimizer, sl));
-        bool clear = true;
+        snprintf(name[n_names], sizeof(name[n_names]), "emb/%s/evicted", es->name);
         for (size_t j = 0; j < k && r >= 0; j++) {
                 enum ckpt_dtype dt;
                 unsigned nd;
-                uint64_t shape[CKPT_MAX_DIMS], n_ev = 0, n = 0, replaced = 0;
-                char ev_name[80];
-                snprintf(ev_name, sizeof(ev_name), "emb/%s/evicted", es->name);
-                if (j && ckpt_shape(cks[j], ev_name, &dt, &nd, shape) == 0)
-                        n_ev = shape[0];
-                /* the evicted ids first: an id evicted and made again is in both, its row stays */
-                for (uint64_t at = 0; at < n_ev && r >= 0; at += RESTORE_PAGE_ROWS) {
-                        size_t m = n_ev - at < RESTORE_PAGE_ROWS ? (size_t)(n_ev - at) : RESTORE_PAGE_ROWS;
-                        struct ps_sparse_rows none = {.dim = es->dim, .n_slots = ns};
-                        struct ps_sparse_import_opts o = {.evicted = page.ids, .n_evicted = m};
-                        if ((r = ckpt_read_rows(cks[j], ev_name, at, m, page.ids)) < 0)
-                                errf(err, errlen, r, "cannot read tensor \"%s\": %s", ev_name, strerror(-r));
-                        else
-                                r = sink->part(sink->ud, e, &none, &o, err, errlen);
+                uint64_t shape[CKPT_MAX_DIMS], n = 0, replaced = 0;
+                /* an increment: the rows of its evicted ids go, then those of its own ids (which it stores
+                 * again below): an id evicted and made again is in both, its row stays */
+                for (unsigned t = 0; j && t < 2 && r >= 0; t++) {
+                        const char *which = name[t ? 0 : n_names];
+                        uint64_t m = ckpt_shape(cks[j], which, &dt, &nd, shape) == 0 ? shape[0] : 0;
+                        for (uint64_t at = 0; at < m && r >= 0; at += RESTORE_PAGE_ROWS) {
+                                size_t p = m - at < RESTORE_PAGE_ROWS ? (size_t)(m - at) : RESTORE_PAGE_ROWS;
+                                struct ps_sparse_import_opts o = {.evicted = page.ids, .n_evicted = p};
+                                if ((r = ckpt_read_rows(cks[j], which, at, p, page.ids)) < 0)
+                                        errf(err, errlen, r, "cannot read tensor \"%s\": %s", which, strerror(-r));
+                                else
+                                        r = sink->part(sink->ud, e, &none, &o, err, errlen);
+                        }
                 }
                 if (r >= 0 && ckpt_shape(cks[j], name[0], &dt, &nd, shape) == 0)
                         n = shape[0];
+                bool clear = j == 0;   /* the first part of a table empties it, rows or none */
                 for (uint64_t at = 0; (at < n || clear) && r >= 0; at += RESTORE_PAGE_ROWS) {
                         page.n = n - at < RESTORE_PAGE_ROWS ? (size_t)(n - at) : RESTORE_PAGE_ROWS;
-                        for (unsigned t = 0; t < 2 + ns && r >= 0; t++)
+                        for (unsigned t = 0; t < n_names && r >= 0; t++)
                                 if ((r = ckpt_read_rows(cks[j], name[t], at, page.n,
                                                         t == 0 ? (void *)page.ids : t == 1 ? (void *)page.values
                                                                                            : (void *)page.slots[t - 2])) < 0)
@@ -467,10 +477,11 @@ static int restore_table(struct chief_ckpt *s, struct ckpt *const *cks, size_t k
                                 r = sink->part(sink->ud, e, &page, &o, err, errlen);
                         clear = false;
                 }
-                /* after the emptied tables, no id of the full checkpoint may find its row stored */
-                if (r >= 0 && j == 0 && replaced)
+                if (r >= 0 && replaced) {
+                        *bad = j;
                         r = errf(err, errlen, -EBADMSG, "tensor \"%s\" names %" PRIu64 " id(s) more than once (the "
                                  "shards found them stored already)", name[0], replaced);
+                }
         }
         ps_sparse_rows_clear(&page);
         return r;
@@ -478,11 +489,11 @@ static int restore_table(struct chief_ckpt *s, struct ckpt *const *cks, size_t k
 
 /* Streams every table of the verified chain cks[0..k) to the sink (restore_table). */
 static int restore_tables(struct chief_ckpt *s, struct ckpt *const *cks, size_t k, const struct chief_table_sink *sink,
-                          char *err, size_t errlen) {
+                          size_t *bad, char *err, size_t errlen) {
         uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
         int r = 0;
         for (uint32_t e = 0; e < n_tables && r >= 0; e++)
-                r = restore_table(s, cks, k, e, sink, err, errlen);
+                r = restore_table(s, cks, k, e, sink, bad, err, errlen);
         return r;
 }
 
@@ -529,15 +540,24 @@ int chief_ckpt_restore_latest(struct chief_ckpt *s, float *params, float *const 
                 size_t links = 0;
                 while (links < k && chain[links] != used)
                         links++;
+                size_t bad = 0;
                 if (l == 0 && sink && sink->begin)
                         sink->begin(sink->ud, &rows[used]);
-                if (l == 0 && sink && (l = restore_tables(s, cks, links + 1, sink, e, sizeof(e))) < 0 && l != -EBADMSG) {
+                if (l == 0 && sink && (l = restore_tables(s, cks, links + 1, sink, &bad, e, sizeof(e))) < 0 &&
+                    l != -EBADMSG) {
                         /* not the file's fault (the shards, the disk): the caller retries */
                         r = errf(err, errlen, l == -EINVAL ? -EIO : l, "%s", e);
                         break;
                 }
                 for (size_t q = 0; q < k; q++)
                         cks[q] = ckpt_free(cks[q]);
+                if (l == -EBADMSG && bad > 0) {
+                        /* a link found corrupt while streaming: forgotten with the links after it, and the
+                         * newest checkpoint left tried again (the link before it, normally), from the
+                         * start: each restore empties the tables first */
+                        break_chain_locked(s, rows, gone, chain, bad, links + 1, l, e);
+                        continue;
+                }
                 if (l == 0) {
                         *ret = rows[used];
                         r = 1;

@@ -675,8 +675,58 @@ static void test_incremental_chain(void **state) {
         sparse_table_free(t);
 }
 
+/* An increment that names an id twice (its checksum right: no chiefd writes one) is found out while it
+ * streams, by the stand-in shard's count of ids stored already: it is set aside as corrupt and the
+ * chain restored again to the link before it, its rows as they were. */
+static void test_increment_twice(void **state) {
+        struct fx *f = *state;
+        struct model_spec spec;
+        struct chief_ckpt *s = table_store(f, &spec, 3, SPARSE_ADAGRAD);
+        struct sparse_table_opts o = {.dim = 3, .optimizer = SPARSE_ADAGRAD, .init_stddev = 0.1, .seed = 5,
+                                      .initial_accumulator = 0.1};
+        struct sparse_table *t;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        sparse_table_track(t, true);
+        train(t, 0, 50, 1);
+        struct chief_db_checkpoint r10, r20, back;
+        struct ps_sparse_rows at10, got[MODEL_MAX_EMBEDDINGS] = {0};
+        snapshot(t, &at10);
+        save_walk(f, s, t, 10, NULL, &r10);
+        uint64_t ids[3] = {7, 1000, 7};
+        float vals[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, acc[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+        struct ps_sparse_rows pg = {.n = 3, .dim = 3, .n_slots = 1, .ids = ids, .values = vals, .slots = {acc}};
+        struct chief_db_checkpoint stats = {.eval_accuracy = -1, .eval_loss = -1, .trigger = "steps"};
+        struct chief_ckpt_writing *w;
+        char err[600];
+        fill(f, 20);
+        assert_int_equal(chief_ckpt_begin(s, f->p, f->slots, true, 20, &r10, &w, err, sizeof(err)), 0);
+        assert_int_equal(chief_ckpt_put_rows(w, 0, &pg, err, sizeof(err)), 0);
+        assert_int_equal(chief_ckpt_put_evicted(w, 0, NULL, 0, err, sizeof(err)), 0);
+        assert_int_equal(chief_ckpt_commit(w, &stats, &r20, err, sizeof(err)), 0);
+        assert_true(r20.incremental);
+
+        bool sl;
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(back.global_step, 10);
+        fill(f, 10);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_same_rows(&got[0], &at10);
+        char aside[sizeof(r20.path) + 16];
+        snprintf(aside, sizeof(aside), "%s.corrupt", r20.path);
+        assert_int_equal(access(aside, F_OK), 0);
+        struct chief_db_checkpoint newest;
+        uint32_t count;
+        assert_int_equal(chief_ckpt_newest(s, &newest, &count), 0);
+        assert_int_equal(count, 1);
+        ps_sparse_rows_clear(&got[0]);
+        ps_sparse_rows_clear(&at10);
+        chief_ckpt_free(s);
+        sparse_table_free(t);
+}
+
 UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test_setup_teardown(test_incremental_chain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_increment_twice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_save_rotate_load, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tables, setup, teardown),
         cmocka_unit_test_setup_teardown(test_same_step_replaced, setup, teardown),
