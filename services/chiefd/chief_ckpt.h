@@ -115,12 +115,15 @@ struct chief_table_sink {
                     char *err, size_t errlen);
         void *ud;
 };
-/* As chief_ckpt_load_latest, and with sink the embedding tables of the checkpoint restored are streamed
- * to it, read from the files a page (65,536 rows) at a time: the full checkpoint's rows, then each
- * increment's evicted ids and rows in order; the chief holds no table (docs/checkpoints.md, "Restore").
- * A full checkpoint whose ids the sink's shards found twice is corrupt (set aside, the previous one
- * tried, each restore starting with emptied tables). A failure of the sink or of reading a file is
- * returned as -errno (never -EINVAL: that is kept for another model's checkpoint), err saying why. */
+/* As chief_ckpt_load_latest (which is this without a sink), and with sink the embedding tables of the
+ * checkpoint restored are streamed to it, read from the files a page (65,536 rows) at a time: the full
+ * checkpoint's rows, then each increment's evicted ids and own ids to drop, and its rows; the chief
+ * holds no table (docs/checkpoints.md, "A restore streams too"). A file whose ids the sink's shards
+ * found stored already names an id twice: it is corrupt (a full checkpoint set aside and the previous
+ * one tried; an increment set aside with the links after it, and the chain restored to the link before
+ * it; each try starting with emptied tables). A failure of the sink or of reading a file is returned as
+ * -errno (never -EINVAL: that is kept for another model's checkpoint), err saying why. The store's
+ * lock is held throughout, streaming included: a DeleteCheckpoint or an export waits for the restore. */
 int chief_ckpt_restore_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
                               const struct chief_table_sink *sink, struct chief_db_checkpoint *ret, char *err,
                               size_t errlen);
