@@ -359,7 +359,7 @@ static int shard_part(void *ud, uint32_t e, const struct ps_sparse_rows *rows, c
         if (o->dropped)
                 *o->dropped += dropped;
         float *slots = malloc(rows->n * rows->dim * rows->n_slots * sizeof(float) + 1);
-        for (unsigned sl = 0; sl < rows->n_slots; sl++)
+        for (unsigned sl = 0; rows->n && sl < rows->n_slots; sl++)
                 memcpy(slots + sl * rows->n * rows->dim, rows->slots[sl], rows->n * rows->dim * sizeof(float));
         int r = rows->n ? sparse_table_import(k->t, rows->ids, rows->n, rows->values, slots, 1) : 0;
         free(slots);
