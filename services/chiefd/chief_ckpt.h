@@ -104,11 +104,29 @@ int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row,
  * another -errno. */
 int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
                            struct chief_db_checkpoint *ret, char *err, size_t errlen);
-/* As chief_ckpt_load_latest, and on 1 the embedding tables' rows into tables[0..model->n_embeddings)
- * (malloc'd: the caller clears each with ps_sparse_rows_clear); otherwise tables are left zeroed. */
-int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
-                                  struct ps_sparse_rows *tables, struct chief_db_checkpoint *ret, char *err,
-                                  size_t errlen);
+/* Where a restore streams the embedding tables (chief_save.c: to the shards). begin (may be NULL) is
+ * called once the checkpoint to restore is chosen and verified (row: the newest link of its chain that
+ * loads); part then gets each page of table e in order: rows to store (maybe none) and the options of
+ * ps_client_sparse_import_part (the table emptied first, evicted ids dropped first, the counts). part
+ * returns 0, or -errno with err. */
+struct chief_table_sink {
+        void (*begin)(void *ud, const struct chief_db_checkpoint *row);
+        int (*part)(void *ud, uint32_t e, const struct ps_sparse_rows *rows, const struct ps_sparse_import_opts *o,
+                    char *err, size_t errlen);
+        void *ud;
+};
+/* As chief_ckpt_load_latest (which is this without a sink), and with sink the embedding tables of the
+ * checkpoint restored are streamed to it, read from the files a page (65,536 rows) at a time: the full
+ * checkpoint's rows, then each increment's evicted ids and own ids to drop, and its rows; the chief
+ * holds no table (docs/checkpoints.md, "A restore streams too"). A file whose ids the sink's shards
+ * found stored already names an id twice: it is corrupt (a full checkpoint set aside and the previous
+ * one tried; an increment set aside with the links after it, and the chain restored to the link before
+ * it; each try starting with emptied tables). A failure of the sink or of reading a file is returned as
+ * -errno (never -EINVAL: that is kept for another model's checkpoint), err saying why. The store's
+ * lock is held throughout, streaming included: a DeleteCheckpoint or an export waits for the restore. */
+int chief_ckpt_restore_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
+                              const struct chief_table_sink *sink, struct chief_db_checkpoint *ret, char *err,
+                              size_t errlen);
 
 /* The values of the checkpoint of global_step as a restore would make them, its chain resolved (the full
  * checkpoint under it, then each increment in order), without repairing anything: for a reader such as

@@ -41,10 +41,12 @@ static bool table_tensor(const struct chief_ckpt *s, const char *name) {
         return false;
 }
 
-/* Checks table e's tensors in ck (ids U64 [n], each once; values and each slot F32 [n, dim]) and, with
- * out, copies them there (malloc'd). -EINVAL naming the tensor (another model), -EBADMSG (an id twice),
- * or -ENOMEM. */
-static int load_table(const struct chief_ckpt *s, const struct ckpt *ck, uint32_t e, struct ps_sparse_rows *out,
+/* Checks table e's tensors in ck (ids U64 [n]; values and each slot F32 [n, dim]); with dups, that no id
+ * comes twice (the ids read whole); with out, copies them there (malloc'd, the tables whole: the
+ * readers' way, export and the evaluator). A restore streams the rows later (restore_table) and leaves
+ * the check of the ids to the shards, which count an id stored twice (dups false): it reads nothing of
+ * a table here. -EINVAL naming the tensor (another model), -EBADMSG (an id twice), -ENOMEM, or -errno. */
+static int load_table(const struct chief_ckpt *s, struct ckpt *ck, uint32_t e, bool dups, struct ps_sparse_rows *out,
                       char *err, size_t errlen) {
         const struct embedding_spec *es = &s->model->emb[e];
         unsigned ns = sparse_optimizer_n_slots(s->sparse_optimizer);
@@ -54,7 +56,7 @@ static int load_table(const struct chief_ckpt *s, const struct ckpt *ck, uint32_
         const void *data[1 + 1 + SPARSE_MAX_SLOTS];
         char name[80];
         snprintf(name, sizeof(name), "emb/%s/ids", es->name);
-        if (ckpt_view(ck, name, &dt, &nd, shape, &data[0]) < 0)
+        if (ckpt_shape(ck, name, &dt, &nd, shape) < 0)
                 return errf(err, errlen, -EINVAL, "no tensor \"%s\": the model has embedding table \"%s\"", name,
                             es->name);
         if (dt != CKPT_U64 || nd != 1)
@@ -66,17 +68,42 @@ static int load_table(const struct chief_ckpt *s, const struct ckpt *ck, uint32_
                 else
                         snprintf(name, sizeof(name), "emb/%s/%s", es->name,
                                  sparse_optimizer_slot_name(s->sparse_optimizer, k - 2));
-                if (ckpt_view(ck, name, &dt, &nd, shape, &data[k]) < 0)
+                if (ckpt_shape(ck, name, &dt, &nd, shape) < 0)
                         return errf(err, errlen, -EINVAL, "no tensor \"%s\"%s", name,
                                     k == 1 ? "" : ": training.sparse_optimizer keeps that slot");
                 if (dt != CKPT_F32 || nd != 2 || shape[0] != n || shape[1] != es->dim)
                         return errf(err, errlen, -EINVAL, "tensor \"%s\" is not F32 [%" PRIu64 ", %u] (its table's "
                                     "ids and dim)", name, n, es->dim);
         }
+        /* the data whole only for a reader (out) */
+        for (unsigned k = 0; out && k <= 1 + ns; k++) {
+                if (k == 0)
+                        snprintf(name, sizeof(name), "emb/%s/ids", es->name);
+                else if (k == 1)
+                        snprintf(name, sizeof(name), "emb/%s", es->name);
+                else
+                        snprintf(name, sizeof(name), "emb/%s/%s", es->name,
+                                 sparse_optimizer_slot_name(s->sparse_optimizer, k - 2));
+                int v = ckpt_view(ck, name, &dt, &nd, shape, &data[k]);
+                if (v < 0)
+                        return errf(err, errlen, v, "cannot read tensor \"%s\": %s", name, strerror(-v));
+        }
         /* each id once: psfleet never writes one twice, so the file is corrupt (the previous checkpoint is
          * tried), and psd would refuse to import it */
-        uint64_t dup;
-        int r = u64_find_repeat(data[0], n, &dup);
+        uint64_t dup, *ids = NULL;
+        int r = 0;
+        if (dups && !out && n) {
+                snprintf(name, sizeof(name), "emb/%s/ids", es->name);
+                if (!(ids = malloc(n * sizeof(*ids))))
+                        r = -ENOMEM;
+                else if ((r = ckpt_read_rows(ck, name, 0, n, ids)) < 0) {
+                        free(ids);
+                        return errf(err, errlen, r, "cannot read tensor \"%s\": %s", name, strerror(-r));
+                }
+        }
+        if (r >= 0 && dups)
+                r = u64_find_repeat(out ? data[0] : ids, n, &dup);
+        free(ids);
         if (r < 0)
                 return errf(err, errlen, r, "out of memory for table %s (%" PRIu64 " rows)", es->name, n);
         if (r)
@@ -107,26 +134,28 @@ static int load_evicted(const struct chief_ckpt *s, const struct ckpt *ck, uint3
         enum ckpt_dtype dt;
         unsigned nd;
         uint64_t shape[CKPT_MAX_DIMS];
-        const void *data;
         char name[80];
         snprintf(name, sizeof(name), "emb/%s/evicted", s->model->emb[e].name);
-        if (ckpt_view(ck, name, &dt, &nd, shape, &data) < 0 || dt != CKPT_U64 || nd != 1)
+        if (ckpt_shape(ck, name, &dt, &nd, shape) < 0 || dt != CKPT_U64 || nd != 1)
                 return errf(err, errlen, -EBADMSG, "an incremental checkpoint without a U64 tensor \"%s\"", name);
         if (!out)
                 return 0;
         out->ids = malloc(shape[0] * sizeof(uint64_t) + 1);
         if (!out->ids)
                 return errf(err, errlen, -ENOMEM, "out of memory");
-        memcpy(out->ids, data, shape[0] * sizeof(uint64_t));
+        int r = ckpt_read_rows(ck, name, 0, shape[0], out->ids);
+        if (r < 0)
+                return errf(err, errlen, r, "cannot read tensor \"%s\": %s", name, strerror(-r));
         out->n = shape[0];
         return 0;
 }
 
-/* Reads and checks one checkpoint file against its row. With evicted (an incremental row), each
- * table's evicted ids go to evicted[e].ids. */
+/* Reads and checks one checkpoint file against its row. With tables, each table whole goes there, and
+ * with evicted (an incremental row) each table's evicted ids to evicted[e].ids. With keep (a restore),
+ * the file is kept open in *keep on success for restore_table to stream its tables from. */
 static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
-                       bool *slots_loaded, struct ps_sparse_rows *tables, struct ps_sparse_rows *evicted, char *err,
-                       size_t errlen) {
+                       bool *slots_loaded, struct ps_sparse_rows *tables, struct ps_sparse_rows *evicted,
+                       struct ckpt **keep, char *err, size_t errlen) {
         const struct job_layout *L = s->L;
         uint64_t max = (uint64_t)L->n_params * sizeof(float) * (1 + OPTIM_MAX_SLOTS) + (16u << 20);
         if (s->model && s->model->n_embeddings)
@@ -206,7 +235,7 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
         }
         uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
         for (uint32_t t = 0; t < n_tables; t++)
-                if ((r = load_table(s, ck, t, tables ? &tmp_tables[t] : NULL, e, sizeof(e))) < 0 ||
+                if ((r = load_table(s, ck, t, !keep, tables ? &tmp_tables[t] : NULL, e, sizeof(e))) < 0 ||
                     (inc && (r = load_evicted(s, ck, t, tables && evicted ? &tmp_evicted[t] : NULL, e, sizeof(e))) < 0)) {
                         errf(err, errlen, r, "%s", e);
                         goto out;
@@ -251,6 +280,10 @@ static int load_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *r
                 }
         }
         r = 0;
+        if (keep) {
+                *keep = ck;
+                ck = NULL;
+        }
 out:
         for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++) {
                 ps_sparse_rows_clear(&tmp_tables[t]);
@@ -264,14 +297,9 @@ out:
 int chief_ckpt_load(struct chief_ckpt *s, const struct chief_db_checkpoint *row, float *params, float *const *slots,
                     bool *slots_loaded, char *err, size_t errlen) {
         pthread_mutex_lock(&s->mu);
-        int r = load_locked(s, row, params, slots, slots_loaded, NULL, NULL, err, errlen);
+        int r = load_locked(s, row, params, slots, slots_loaded, NULL, NULL, NULL, err, errlen);
         pthread_mutex_unlock(&s->mu);
         return r;
-}
-
-int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
-                           struct chief_db_checkpoint *ret, char *err, size_t errlen) {
-        return chief_ckpt_load_latest_tables(s, params, slots, slots_loaded, NULL, ret, err, errlen);
 }
 
 /* ---- chains of incremental checkpoints (what a chain is: chief_chain.c) ---- */
@@ -297,18 +325,44 @@ static void forget_locked(struct chief_ckpt *s, const struct chief_db_checkpoint
 }
 
 
-/* Loads row i's chain into params, slots and tables: its full checkpoint, then each increment in order.
+/* A broken link, chain[j] (j > 0), failing with l and the reason e: the chain restores to the link
+ * before it. Missing or corrupt (-ENOENT, -EBADMSG), it is forgotten (a corrupt file set aside) and so
+ * are the links after it, up to chain[k - 1], each marked gone[]; for another error it stays. */
+static void break_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, bool *gone,
+                               const size_t *chain, size_t j, size_t k, int l, const char *e) {
+        const struct chief_db_checkpoint *row = &rows[chain[j]];
+        char next[200];
+        snprintf(next, sizeof(next), "the chain restores to global_step %" PRIu64, rows[chain[j - 1]].global_step);
+        bool corrupt = l == -ENOENT || l == -EBADMSG;
+        if (corrupt) {
+                forget_locked(s, row, l == -EBADMSG, l == -ENOENT ? "missing" : "corrupt", e, next);
+                gone[chain[j]] = true;
+        } else {
+                log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
+                            row->global_step, e, next);
+        }
+        for (size_t q = j + 1; corrupt && q < k; q++) {
+                char why[160];
+                snprintf(why, sizeof(why), "it is chained to global_step %" PRIu64 ", which is lost", row->global_step);
+                forget_locked(s, &rows[chain[q]], false, "unusable", why, next);
+                gone[chain[q]] = true;
+        }
+}
+
+/* Loads row i's chain into params, slots and tables: its full checkpoint, then each increment in order;
+ * with cks (a restore; k of room), each link that loads is kept open there for restore_table instead.
  * With repair (a restore), a link missing or corrupt stops there: the values are those of the link
  * before it (*used, which is then not i), the bad link is set aside and forgotten and so are the links
  * after it. Without (a reader such as psfleet export), any bad link is the error, named in err, and
  * nothing is changed. Returns 0; or the full checkpoint's error (nothing loaded). */
 static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpoint *rows, bool *gone,
                              const size_t *chain, size_t k, bool repair, float *params, float *const *slots,
-                             bool *slots_loaded, struct ps_sparse_rows *tables, size_t *used, char *err,
-                             size_t errlen) {
+                             bool *slots_loaded, struct ps_sparse_rows *tables, struct ckpt **cks, size_t *used,
+                             char *err, size_t errlen) {
         const struct job_layout *L = s->L;
         uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
-        int r = load_locked(s, &rows[chain[0]], params, slots, slots_loaded, tables, NULL, err, errlen);
+        int r = load_locked(s, &rows[chain[0]], params, slots, slots_loaded, tables, NULL, cks ? &cks[0] : NULL, err,
+                            errlen);
         if (r < 0 && !repair) {
                 char e[600];
                 snprintf(e, sizeof(e), "%s", err);
@@ -330,8 +384,8 @@ static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpo
                 struct ps_sparse_rows inc[MODEL_MAX_EMBEDDINGS] = {0}, ev[MODEL_MAX_EMBEDDINGS] = {0};
                 bool sl2 = false;
                 char e[600];
-                int l = load_locked(s, row, p2, slots ? s2 : NULL, &sl2, tables ? inc : NULL, tables ? ev : NULL, e,
-                                    sizeof(e));
+                int l = load_locked(s, row, p2, slots ? s2 : NULL, &sl2, tables ? inc : NULL, tables ? ev : NULL,
+                                    cks ? &cks[j] : NULL, e, sizeof(e));
                 for (uint32_t t = 0; l >= 0 && tables && t < n_tables; t++)
                         if ((l = chief_chain_apply(&tables[t], &inc[t], &ev[t])) < 0)
                                 errf(e, sizeof(e), l, "applying it to table %s: %s", s->model->emb[t].name, strerror(-l));
@@ -348,25 +402,7 @@ static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpo
                                     rows[chain[0]].global_step, e);
                 }
                 if (l < 0) {
-                        /* a broken link: the chain restores to the link before it */
-                        char next[200];
-                        snprintf(next, sizeof(next), "the chain restores to global_step %" PRIu64,
-                                 rows[chain[good]].global_step);
-                        bool corrupt = l == -ENOENT || l == -EBADMSG;
-                        if (corrupt) {
-                                forget_locked(s, row, l == -EBADMSG, l == -ENOENT ? "missing" : "corrupt", e, next);
-                                gone[chain[j]] = true;
-                        } else {
-                                log_warning("Cannot read checkpoint \"%s\" (global_step %" PRIu64 "): %s; %s", row->path,
-                                            row->global_step, e, next);
-                        }
-                        for (size_t q = j + 1; corrupt && q < k; q++) {
-                                char why[160];
-                                snprintf(why, sizeof(why), "it is chained to global_step %" PRIu64 ", which is lost",
-                                         row->global_step);
-                                forget_locked(s, &rows[chain[q]], false, "unusable", why, next);
-                                gone[chain[q]] = true;
-                        }
+                        break_chain_locked(s, rows, gone, chain, j, k, l, e);
                         break;
                 }
                 memcpy(params, p2, L->n_params * sizeof(float));
@@ -380,9 +416,90 @@ static int load_chain_locked(struct chief_ckpt *s, const struct chief_db_checkpo
         return 0;
 }
 
-int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
-                                  struct ps_sparse_rows *tables, struct chief_db_checkpoint *ret, char *err,
-                                  size_t errlen) {
+/* Streams table e of a verified chain (cks[0..k): the full checkpoint, then each increment) to the
+ * sink a page at a time, as restoring it from the tables whole would leave the shards: the full one's
+ * rows (the shards' tables emptied first), then per increment the rows of its evicted ids and of its
+ * own ids dropped, and its rows stored. So every row is stored anew, and a shard that finds one stored
+ * already (the counts) has been given an id twice by one file: that file is corrupt. Memory: one page
+ * of rows and slots, or of ids, whatever the table's size. Returns 0; -EBADMSG with *bad the link at
+ * fault; -errno from reading the files or from the sink. */
+#define RESTORE_PAGE_ROWS 65536u
+static int restore_table(struct chief_ckpt *s, struct ckpt *const *cks, size_t k, uint32_t e,
+                         const struct chief_table_sink *sink, size_t *bad, char *err, size_t errlen) {
+        const struct embedding_spec *es = &s->model->emb[e];
+        unsigned ns = sparse_optimizer_n_slots(s->sparse_optimizer);
+        struct ps_sparse_rows page = {.dim = es->dim, .n_slots = ns}, none = {.dim = es->dim, .n_slots = ns};
+        page.ids = malloc(RESTORE_PAGE_ROWS * sizeof(uint64_t));
+        page.values = malloc((size_t)RESTORE_PAGE_ROWS * es->dim * sizeof(float));
+        bool ok = page.ids && page.values;
+        for (unsigned sl = 0; sl < ns; sl++)
+                ok = ok && (page.slots[sl] = malloc((size_t)RESTORE_PAGE_ROWS * es->dim * sizeof(float)));
+        int r = ok ? 0 : errf(err, errlen, -ENOMEM, "out of memory");
+        /* the tensors: ids, rows, each slot, evicted */
+        char name[1 + 1 + SPARSE_MAX_SLOTS + 1][80];
+        unsigned n_names = 2 + ns;
+        snprintf(name[0], sizeof(name[0]), "emb/%s/ids", es->name);
+        snprintf(name[1], sizeof(name[1]), "emb/%s", es->name);
+        for (unsigned sl = 0; sl < ns; sl++)
+                snprintf(name[2 + sl], sizeof(name[2 + sl]), "emb/%s/%s", es->name,
+                         sparse_optimizer_slot_name(s->sparse_optimizer, sl));
+        snprintf(name[n_names], sizeof(name[n_names]), "emb/%s/evicted", es->name);
+        for (size_t j = 0; j < k && r >= 0; j++) {
+                enum ckpt_dtype dt;
+                unsigned nd;
+                uint64_t shape[CKPT_MAX_DIMS], n = 0, replaced = 0;
+                /* an increment: the rows of its evicted ids go, then those of its own ids (which it stores
+                 * again below): an id evicted and made again is in both, its row stays */
+                for (unsigned t = 0; j && t < 2 && r >= 0; t++) {
+                        const char *which = name[t ? 0 : n_names];
+                        uint64_t m = ckpt_shape(cks[j], which, &dt, &nd, shape) == 0 ? shape[0] : 0;
+                        for (uint64_t at = 0; at < m && r >= 0; at += RESTORE_PAGE_ROWS) {
+                                size_t p = m - at < RESTORE_PAGE_ROWS ? (size_t)(m - at) : RESTORE_PAGE_ROWS;
+                                struct ps_sparse_import_opts o = {.evicted = page.ids, .n_evicted = p};
+                                if ((r = ckpt_read_rows(cks[j], which, at, p, page.ids)) < 0)
+                                        errf(err, errlen, r, "cannot read tensor \"%s\": %s", which, strerror(-r));
+                                else
+                                        r = sink->part(sink->ud, e, &none, &o, err, errlen);
+                        }
+                }
+                if (r >= 0 && ckpt_shape(cks[j], name[0], &dt, &nd, shape) == 0)
+                        n = shape[0];
+                bool clear = j == 0;   /* the first part of a table empties it, rows or none */
+                for (uint64_t at = 0; (at < n || clear) && r >= 0; at += RESTORE_PAGE_ROWS) {
+                        page.n = n - at < RESTORE_PAGE_ROWS ? (size_t)(n - at) : RESTORE_PAGE_ROWS;
+                        for (unsigned t = 0; t < n_names && r >= 0; t++)
+                                if ((r = ckpt_read_rows(cks[j], name[t], at, page.n,
+                                                        t == 0 ? (void *)page.ids : t == 1 ? (void *)page.values
+                                                                                           : (void *)page.slots[t - 2])) < 0)
+                                        errf(err, errlen, r, "cannot read tensor \"%s\": %s", name[t], strerror(-r));
+                        struct ps_sparse_import_opts o = {.clear = clear, .replaced = &replaced};
+                        if (r >= 0)
+                                r = sink->part(sink->ud, e, &page, &o, err, errlen);
+                        clear = false;
+                }
+                if (r >= 0 && replaced) {
+                        *bad = j;
+                        r = errf(err, errlen, -EBADMSG, "tensor \"%s\" names %" PRIu64 " id(s) more than once (the "
+                                 "shards found them stored already)", name[0], replaced);
+                }
+        }
+        ps_sparse_rows_clear(&page);
+        return r;
+}
+
+/* Streams every table of the verified chain cks[0..k) to the sink (restore_table). */
+static int restore_tables(struct chief_ckpt *s, struct ckpt *const *cks, size_t k, const struct chief_table_sink *sink,
+                          size_t *bad, char *err, size_t errlen) {
+        uint32_t n_tables = s->model ? s->model->n_embeddings : 0;
+        int r = 0;
+        for (uint32_t e = 0; e < n_tables && r >= 0; e++)
+                r = restore_table(s, cks, k, e, sink, bad, err, errlen);
+        return r;
+}
+
+int chief_ckpt_restore_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
+                              const struct chief_table_sink *sink, struct chief_db_checkpoint *ret, char *err,
+                              size_t errlen) {
         struct chief_db_checkpoint *rows = NULL;
         size_t n = 0;
         int r = chief_db_list_checkpoints(s->db, &rows, &n);
@@ -390,14 +507,14 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
                 return errf(err, errlen, r, "cannot list the checkpoints: %s", strerror(-r));
         bool *gone = calloc(n + 1, sizeof(*gone));
         size_t *chain = calloc(n + 1, sizeof(*chain));
-        if (!gone || !chain) {
+        struct ckpt **cks = calloc(n + 1, sizeof(*cks));
+        if (!gone || !chain || !cks) {
                 free(rows);
                 free(gone);
                 free(chain);
+                free(cks);
                 return errf(err, errlen, -ENOMEM, "out of memory");
         }
-        /* the chain's values are built in scratch tables: the caller's only once one loads */
-        struct ps_sparse_rows scratch[MODEL_MAX_EMBEDDINGS] = {0};
         pthread_mutex_lock(&s->mu);
         r = 0;
         for (size_t i = 0; i < n; i++) {
@@ -416,15 +533,34 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
                         gone[i] = true;
                         continue;
                 }
-                int l = load_chain_locked(s, rows, gone, chain, k, true, params, slots, slots_loaded,
-                                          tables ? scratch : NULL, &used, e, sizeof(e));
+                /* the chain verified first (every file's checksum and shapes), its files kept open; then its
+                 * tables streamed from them to the shards */
+                int l = load_chain_locked(s, rows, gone, chain, k, true, params, slots, slots_loaded, NULL,
+                                          sink ? cks : NULL, &used, e, sizeof(e));
+                size_t links = 0;
+                while (links < k && chain[links] != used)
+                        links++;
+                size_t bad = 0;
+                if (l == 0 && sink && sink->begin)
+                        sink->begin(sink->ud, &rows[used]);
+                if (l == 0 && sink && (l = restore_tables(s, cks, links + 1, sink, &bad, e, sizeof(e))) < 0 &&
+                    l != -EBADMSG) {
+                        /* not the file's fault (the shards, the disk): the caller retries */
+                        r = errf(err, errlen, l == -EINVAL ? -EIO : l, "%s", e);
+                        break;
+                }
+                for (size_t q = 0; q < k; q++)
+                        cks[q] = ckpt_free(cks[q]);
+                if (l == -EBADMSG && bad > 0) {
+                        /* a link found corrupt while streaming: forgotten with the links after it, and the
+                         * newest checkpoint left tried again (the link before it, normally), from the
+                         * start: each restore empties the tables first */
+                        break_chain_locked(s, rows, gone, chain, bad, links + 1, l, e);
+                        continue;
+                }
                 if (l == 0) {
                         *ret = rows[used];
                         r = 1;
-                        for (uint32_t t = 0; tables && t < MODEL_MAX_EMBEDDINGS; t++) {
-                                tables[t] = scratch[t];
-                                scratch[t] = (struct ps_sparse_rows){0};
-                        }
                         break;
                 }
                 const struct chief_db_checkpoint *row = &rows[chain[0]];
@@ -448,12 +584,18 @@ int chief_ckpt_load_latest_tables(struct chief_ckpt *s, float *params, float *co
                 }
         }
         pthread_mutex_unlock(&s->mu);
-        for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
-                ps_sparse_rows_clear(&scratch[t]);
+        for (size_t q = 0; q <= n; q++)
+                ckpt_free(cks[q]);
         free(rows);
         free(gone);
         free(chain);
+        free(cks);
         return r;
+}
+
+int chief_ckpt_load_latest(struct chief_ckpt *s, float *params, float *const *slots, bool *slots_loaded,
+                           struct chief_db_checkpoint *ret, char *err, size_t errlen) {
+        return chief_ckpt_restore_latest(s, params, slots, slots_loaded, NULL, ret, err, errlen);
 }
 
 /* Resolves rows[i]'s chain and reads it, repairing nothing (chief_ckpt_read_chain). */
@@ -477,7 +619,7 @@ static int read_chain(struct chief_ckpt *s, const struct chief_db_checkpoint *ro
         if (r >= 0) {
                 pthread_mutex_lock(&s->mu);
                 r = load_chain_locked(s, rows, gone, chain, k, false, params, NULL, &slots_loaded,
-                                      tables ? scratch : NULL, &used, err, errlen);
+                                      tables ? scratch : NULL, NULL, &used, err, errlen);
                 pthread_mutex_unlock(&s->mu);
         }
         for (uint32_t t = 0; r >= 0 && tables && t < MODEL_MAX_EMBEDDINGS; t++) {

@@ -254,10 +254,13 @@ static int evaluate_one(struct evaluator *e, const struct chief_db_checkpoint *r
                                       sizeof(err));
         for (uint32_t t = 0; r >= 0 && t < n_tables; t++) {
                 sparse_table_clear(e->tables[t]);   /* the rows of this checkpoint only; no slots: lookups only */
-                if (tables[t].n && (r = sparse_table_import(e->tables[t], tables[t].ids, tables[t].n, tables[t].values,
-                                                            NULL, row->global_step)) < 0)
+                int imp = tables[t].n ? sparse_table_import(e->tables[t], tables[t].ids, tables[t].n, tables[t].values,
+                                                             NULL, row->global_step) : 0;
+                if (imp < 0) {   /* >= 0: the rows stored over (none: the table was just emptied) */
+                        r = imp;
                         chief_strfmt(err, sizeof(err), "importing table %s: %s", e->cfg->model.emb[t].name,
                                      strerror(-r));
+                }
         }
         for (uint32_t t = 0; t < MODEL_MAX_EMBEDDINGS; t++)
                 ps_sparse_rows_clear(&tables[t]);

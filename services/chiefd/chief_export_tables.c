@@ -54,12 +54,11 @@ int export_tables_read(const struct job_config *cfg, const struct ckpt *ck, cons
                 enum ckpt_dtype dt[2];
                 unsigned nd[2];
                 uint64_t sh[2][CKPT_MAX_DIMS];
-                const void *data[2];
                 char name[2][80];
                 snprintf(name[0], sizeof(name[0]), "emb/%s/ids", es->name);
                 snprintf(name[1], sizeof(name[1]), "emb/%s", es->name);
                 for (int k = 0; k < 2; k++)
-                        if (ckpt_view(ck, name[k], &dt[k], &nd[k], sh[k], &data[k]) < 0) {
+                        if (ckpt_shape(ck, name[k], &dt[k], &nd[k], sh[k]) < 0) {
                                 export_say(msg, "export: checkpoint %s has no tensor \"%s\": the model has embedding table "
                                           "\"%s\"", path, name[k], es->name);
                                 return EXPORT_EX_DATAERR;
@@ -79,8 +78,10 @@ int export_tables_read(const struct job_config *cfg, const struct ckpt *ck, cons
                         export_say(msg, "export: out of memory for table %s (%" PRIu64 " rows)", es->name, n);
                         return 1;
                 }
-                memcpy(t->ids, data[0], n * sizeof(uint64_t));
-                memcpy(t->values, data[1], n * es->dim * sizeof(float));
+                if (ckpt_read_rows(ck, name[0], 0, n, t->ids) < 0 || ckpt_read_rows(ck, name[1], 0, n, t->values) < 0) {
+                        export_say(msg, "export: cannot read table %s from checkpoint %s", es->name, path);
+                        return 1;
+                }
         }
         return 0;
 }

@@ -181,6 +181,29 @@ int chief_import_tables(struct chief_save *v, const bool *which, const struct ps
         return r;
 }
 
+/* A restore's tables, streamed to the shards in which[] (struct chief_table_sink). */
+struct restore_sink {
+        struct chief_save *v;
+        const bool *which;
+        const uint64_t *keep_step;
+        const char *shards;
+        uint64_t gs;            /* the rows' last touch: the checkpoint's step, or *keep_step */
+};
+
+static void sink_begin(void *ud, const struct chief_db_checkpoint *row) {
+        struct restore_sink *k = ud;
+        chief_event(k->v->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_FOUND, .shards = k->shards,
+                                                    .where = row->path, .step = row->global_step});
+        notify_status("restoring %s from %s", k->shards, row->path);
+        k->gs = k->keep_step ? *k->keep_step : row->global_step;
+}
+
+static int sink_part(void *ud, uint32_t e, const struct ps_sparse_rows *rows, const struct ps_sparse_import_opts *o,
+                     char *err, size_t errlen) {
+        struct restore_sink *k = ud;
+        return ps_client_sparse_import_part(k->v->pc, k->which, e, rows, o, k->gs, err, errlen);
+}
+
 /* Restores the shards in which[] from the newest usable checkpoint; with keep_step, global_step and
  * the update counters are set to *keep_step instead of the checkpoint's (supervisor.recovery shard).
  * Returns 1 (restored), 0 (no usable checkpoint: nothing done), -EINVAL (the checkpoints hold a
@@ -192,27 +215,26 @@ static int restore(struct chief_save *v, const bool *which, const uint64_t *keep
         shard_list(v, which, shards, sizeof(shards));
         chief_event(v->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_LOOKING, .shards = shards,
                                              .where = chief_ckpt_dir(v->ckpts)});
-        struct ps_sparse_rows tables[MODEL_MAX_EMBEDDINGS] = {0};
-        int r = chief_ckpt_load_latest_tables(v->ckpts, model_params(v->model), v->n_slots ? v->slots : NULL,
-                                              &slots_loaded, tables, &row, err, sizeof(err));
+        /* the tables first, streamed as they are read (each shard's emptied, then filled): the Assign
+         * that follows makes the shard initialized, so no worker sees a restored shard's rows before
+         * they are back */
+        struct restore_sink k = {.v = v, .which = which, .keep_step = keep_step, .shards = shards};
+        struct chief_table_sink sink = {.begin = sink_begin, .part = sink_part, .ud = &k};
+        int r = chief_ckpt_restore_latest(v->ckpts, model_params(v->model), v->n_slots ? v->slots : NULL,
+                                          &slots_loaded, &sink, &row, err, sizeof(err));
         chief_refresh_ckpt_info(v->st);
         v->chain_ok = false;   /* the shards' change marks no longer describe the newest checkpoint */
+        if (r < 0 && r != -EINVAL) {
+                chief_strfmt(why, len, "restoring %s: %s", shards, err);
+                return r;
+        }
         if (r <= 0) {
                 chief_strfmt(why, len, "%s", r == 0 ? "no usable checkpoint" : err);
                 return r;
         }
-        chief_event(v->st, &(struct chief_event){.kind = CHIEF_EV_RESTORE_FOUND, .shards = shards, .where = row.path,
-                                             .step = row.global_step});
-        notify_status("restoring %s from %s", shards, row.path);
-        /* the tables first (each shard's emptied, then filled): the Assign that follows makes the shard
-         * initialized, so no worker sees a restored shard's rows before they are back */
         uint64_t gs = keep_step ? *keep_step : row.global_step;
-        r = chief_import_tables(v, which, tables, gs, err, sizeof(err));
-        if (r >= 0)
-                r = ps_client_assign(v->pc, which, model_params(v->model), slots_loaded ? v->slots : NULL, gs, err,
-                                     sizeof(err));
-        for (uint32_t e = 0; e < MODEL_MAX_EMBEDDINGS; e++)
-                ps_sparse_rows_clear(&tables[e]);
+        r = ps_client_assign(v->pc, which, model_params(v->model), slots_loaded ? v->slots : NULL, gs, err,
+                             sizeof(err));
         if (r < 0) {
                 chief_strfmt(why, len, "restoring %s from \"%s\": %s", shards, row.path, err);
                 return r == -EINVAL ? -EIO : r;

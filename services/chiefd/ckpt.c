@@ -365,11 +365,13 @@ struct ckpt_t {
 };
 
 struct ckpt {
-        uint8_t *buf;
+        int fd;                         /* the file, open while c lives: tensors are read from it */
+        char *path;                     /* for errors */
         size_t size;
         uint32_t crc;
         json_t *header;
-        const uint8_t *data;            /* buf + 8 + header length */
+        uint64_t data_at;               /* where the data section starts: 8 + header length */
+        uint8_t *data;                  /* the data section, read whole on the first ckpt_view; or NULL */
         size_t n;
         struct ckpt_t *t;
 };
@@ -377,9 +379,12 @@ struct ckpt {
 struct ckpt *ckpt_free(struct ckpt *c) {
         if (!c)
                 return NULL;
+        if (c->fd >= 0)
+                close(c->fd);
         json_decref(c->header);
         free(c->t);
-        free(c->buf);
+        free(c->data);
+        free(c->path);
         free(c);
         return NULL;
 }
@@ -405,52 +410,51 @@ const char *ckpt_tensor_name(const struct ckpt *c, size_t i) {
         return c->t[i].name;
 }
 
-static int read_whole(const char *path, uint64_t max, uint8_t **buf_ret, size_t *len_ret, char *err, size_t errlen) {
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return errf(err, errlen, -errno, "cannot open \"%s\": %s", path, strerror(errno));
-        struct stat st;
-        int r = 0;
-        uint8_t *buf = NULL;
-        if (fstat(fd, &st) < 0) {
-                r = errf(err, errlen, -errno, "cannot stat \"%s\": %s", path, strerror(errno));
-                goto out;
-        }
-        if (!S_ISREG(st.st_mode)) {
-                r = errf(err, errlen, -EBADMSG, "\"%s\" is not a regular file", path);
-                goto out;
-        }
-        if ((uint64_t)st.st_size > max) {
-                r = errf(err, errlen, -EFBIG, "\"%s\" is %lld bytes, more than the %" PRIu64 " expected", path,
-                         (long long)st.st_size, max);
-                goto out;
-        }
-        size_t len = (size_t)st.st_size, got = 0;
-        buf = malloc(len ? len : 1);
-        if (!buf) {
-                r = errf(err, errlen, -ENOMEM, "out of memory for \"%s\" (%zu bytes)", path, len);
-                goto out;
-        }
+/* len bytes at off of fd into buf; -EBADMSG when the file ends first. */
+static int read_at(int fd, const char *path, uint64_t off, void *buf, size_t len, char *err, size_t errlen) {
+        size_t got = 0;
         while (got < len) {
-                ssize_t n = read(fd, buf + got, len - got);
+                ssize_t n = pread(fd, (uint8_t *)buf + got, len - got, (off_t)(off + got));
                 if (n < 0 && errno == EINTR)
                         continue;
-                if (n < 0) {
-                        r = errf(err, errlen, -errno, "cannot read \"%s\": %s", path, strerror(errno));
-                        goto out;
-                }
-                if (n == 0) {
-                        r = errf(err, errlen, -EBADMSG, "\"%s\" shrank while being read", path);
-                        goto out;
-                }
+                if (n < 0)
+                        return errf(err, errlen, -errno, "cannot read \"%s\": %s", path, strerror(errno));
+                if (n == 0)
+                        return errf(err, errlen, -EBADMSG, "\"%s\" shrank while being read", path);
                 got += (size_t)n;
         }
-        *buf_ret = buf;
-        *len_ret = len;
-        buf = NULL;
-out:
+        return 0;
+}
+
+/* Opens path, checks its size against max and computes its CRC-32C through one CRC_CHUNK buffer, so
+ * that a file of any size is checked in bounded memory (docs/checkpoints.md, "Streaming"). */
+#define CRC_CHUNK (4u << 20)
+static int open_and_sum(struct ckpt *c, const char *path, uint64_t max, char *err, size_t errlen) {
+        c->fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (c->fd < 0)
+                return errf(err, errlen, -errno, "cannot open \"%s\": %s", path, strerror(errno));
+        struct stat st;
+        if (fstat(c->fd, &st) < 0)
+                return errf(err, errlen, -errno, "cannot stat \"%s\": %s", path, strerror(errno));
+        if (!S_ISREG(st.st_mode))
+                return errf(err, errlen, -EBADMSG, "\"%s\" is not a regular file", path);
+        if ((uint64_t)st.st_size > max)
+                return errf(err, errlen, -EFBIG, "\"%s\" is %lld bytes, more than the %" PRIu64 " expected", path,
+                            (long long)st.st_size, max);
+        c->size = (size_t)st.st_size;
+        size_t chunk = c->size < CRC_CHUNK ? c->size : CRC_CHUNK;
+        uint8_t *buf = malloc(chunk ? chunk : 1);
+        if (!buf)
+                return errf(err, errlen, -ENOMEM, "out of memory for \"%s\"", path);
+        int r = 0;
+        uint32_t crc = 0;
+        for (uint64_t at = 0; at < c->size && r >= 0; at += chunk) {
+                size_t len = c->size - at < chunk ? (size_t)(c->size - at) : chunk;
+                if ((r = read_at(c->fd, path, at, buf, len, err, errlen)) >= 0)
+                        crc = crc32c_update(crc, buf, len);
+        }
         free(buf);
-        close(fd);
+        c->crc = crc;
         return r;
 }
 
@@ -563,37 +567,57 @@ int ckpt_read(const char *path, uint64_t max_bytes, struct ckpt **ret, char *err
         struct ckpt *c = calloc(1, sizeof(*c));
         if (!c)
                 return errf(err, errlen, -ENOMEM, "out of memory");
-        int r = read_whole(path, max_bytes, &c->buf, &c->size, err, errlen);
+        c->fd = -1;
+        char *hdr = NULL;
+        uint8_t len8[8];
+        int r = (c->path = strdup(path)) ? open_and_sum(c, path, max_bytes, err, errlen)
+                                         : errf(err, errlen, -ENOMEM, "out of memory");
         if (r < 0)
                 goto fail;
-        c->crc = crc32c(c->buf, c->size);
         if (c->size < 8) {
                 r = errf(err, errlen, -EBADMSG, "\"%s\" is %zu bytes: too short for a safetensors file", path, c->size);
                 goto fail;
         }
+        if ((r = read_at(c->fd, path, 0, len8, 8, err, errlen)) < 0)
+                goto fail;
         uint64_t hlen = 0;
         for (int i = 0; i < 8; i++)
-                hlen |= (uint64_t)c->buf[i] << (8 * i);
+                hlen |= (uint64_t)len8[i] << (8 * i);
         if (hlen > HEADER_MAX || hlen > c->size - 8) {
                 r = errf(err, errlen, -EBADMSG, "\"%s\": header length %" PRIu64 " does not fit the file (%zu bytes)", path,
                          hlen, c->size);
                 goto fail;
         }
+        if (!(hdr = malloc((size_t)hlen + 1))) {
+                r = errf(err, errlen, -ENOMEM, "out of memory for the header of \"%s\"", path);
+                goto fail;
+        }
+        if ((r = read_at(c->fd, path, 8, hdr, (size_t)hlen, err, errlen)) < 0)
+                goto fail;
         json_error_t je;
-        c->header = json_loadb((const char *)c->buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+        c->header = json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
         if (!c->header) {
                 r = errf(err, errlen, -EBADMSG, "\"%s\": the header is not valid JSON: %s", path, je.text);
                 goto fail;
         }
-        c->data = c->buf + 8 + hlen;
+        c->data_at = 8 + hlen;
         r = parse_header(c, path, c->size - 8 - (size_t)hlen, err, errlen);
         if (r < 0)
                 goto fail;
+        free(hdr);
         *ret = c;
         return 0;
 fail:
+        free(hdr);
         ckpt_free(c);
         return r;
+}
+
+static const struct ckpt_t *find(const struct ckpt *c, const char *name) {
+        for (size_t i = 0; i < c->n; i++)
+                if (strcmp(c->t[i].name, name) == 0)
+                        return &c->t[i];
+        return NULL;
 }
 
 int ckpt_get(const struct ckpt *c, const char *name, uint32_t rows, uint32_t cols, float *dst, char *err,
@@ -612,23 +636,54 @@ int ckpt_get(const struct ckpt *c, const char *name, uint32_t rows, uint32_t col
                         return errf(err, errlen, -EINVAL, "tensor \"%s\" has %sshape [%s], the model's is [%u, %u]",
                                     name, t->dtype == CKPT_F32 ? "" : "dtype U64 and ", shape, rows, cols);
                 }
-                memcpy(dst, c->data + t->begin, (size_t)(t->end - t->begin));
-                return 0;
+                return read_at(c->fd, c->path, c->data_at + t->begin, dst, (size_t)(t->end - t->begin), err,
+                               errlen);
         }
         return errf(err, errlen, -ENOENT, "no tensor \"%s\"", name);
 }
 
-int ckpt_view(const struct ckpt *c, const char *name, enum ckpt_dtype *dtype, unsigned *ndims, uint64_t *shape,
+int ckpt_shape(const struct ckpt *c, const char *name, enum ckpt_dtype *dtype, unsigned *ndims, uint64_t *shape) {
+        const struct ckpt_t *t = find(c, name);
+        if (!t)
+                return -ENOENT;
+        *dtype = t->dtype;
+        *ndims = t->ndims;
+        memcpy(shape, t->shape, t->ndims * sizeof(*shape));
+        return 0;
+}
+
+int ckpt_view(struct ckpt *c, const char *name, enum ckpt_dtype *dtype, unsigned *ndims, uint64_t *shape,
               const void **data) {
-        for (size_t i = 0; i < c->n; i++) {
-                const struct ckpt_t *t = &c->t[i];
-                if (strcmp(t->name, name) != 0)
-                        continue;
-                *dtype = t->dtype;
-                *ndims = t->ndims;
-                memcpy(shape, t->shape, t->ndims * sizeof(*shape));
-                *data = c->data + t->begin;
-                return 0;
+        const struct ckpt_t *t = find(c, name);
+        if (!t)
+                return -ENOENT;
+        if (!c->data) {
+                /* the readers that want whole tensors (export, the evaluator) get the data section whole,
+                 * as before streaming restores; a restore reads its tables with ckpt_read_rows */
+                size_t len = c->size - (size_t)c->data_at;
+                if (!(c->data = malloc(len ? len : 1)))
+                        return -ENOMEM;
+                char e[8];
+                int r = read_at(c->fd, "", c->data_at, c->data, len, e, sizeof(e));
+                if (r < 0) {
+                        free(c->data);
+                        c->data = NULL;
+                        return r;
+                }
         }
-        return -ENOENT;
+        *data = c->data + t->begin;
+        return ckpt_shape(c, name, dtype, ndims, shape);
+}
+
+int ckpt_read_rows(const struct ckpt *c, const char *name, uint64_t first, uint64_t n, void *dst) {
+        const struct ckpt_t *t = find(c, name);
+        if (!t)
+                return -ENOENT;
+        uint64_t row = dtype_sizes[t->dtype];
+        for (unsigned d = 1; d < t->ndims; d++)
+                row *= t->shape[d];
+        uint64_t rows = t->ndims ? t->shape[0] : 1;
+        assert(first <= rows && n <= rows - first);
+        char e[8];
+        return read_at(c->fd, "", c->data_at + t->begin + first * row, dst, (size_t)(n * row), e, sizeof(e));
 }

@@ -79,15 +79,18 @@ void ckpt_test_delay(void);
 /* The temp file name ckpt_write uses for path (".<basename>.tmp" in the same directory); malloc'd. */
 char *ckpt_temp_path(const char *path);
 
-/* A checkpoint file read whole and checked. */
+/* A checkpoint file checked, and open: its header is in memory, its tensors are read from the file
+ * when asked for (the file stays open while the struct ckpt lives, so a rename or unlink meanwhile
+ * does not change what is read). */
 struct ckpt;
 
-/* Reads the whole file (at most max_bytes), computes its CRC-32C, and checks the format: a JSON
- * object header; every tensor of dtype F32 with a shape whose element count matches its data_offsets;
- * the tensors back to back and covering the data section exactly (as safetensors' own loader demands);
- * every metadata value a string. Tensors are F32 or U64. Returns 0 and *ret (free with ckpt_free); -errno from the file system
- * (-ENOENT, -EACCES, -EIO, -EFBIG over max_bytes); -EBADMSG when the file is not a valid safetensors
- * file of F32 tensors. err says why in every case. */
+/* Opens the file (at most max_bytes), computes its CRC-32C reading it through a bounded buffer (4 MiB,
+ * whatever the file's size), and checks the format: a JSON object header; every tensor F32 or U64 with
+ * a shape whose element count matches its data_offsets; the tensors back to back and covering the data
+ * section exactly (as safetensors' own loader demands); every metadata value a string. Returns 0 and
+ * *ret (free with ckpt_free); -errno from the file system (-ENOENT, -EACCES, -EIO, -EFBIG over
+ * max_bytes); -EBADMSG when the file is not a valid safetensors file of F32 and U64 tensors. err says
+ * why in every case. */
 int ckpt_read(const char *path, uint64_t max_bytes, struct ckpt **ret, char *err, size_t errlen);
 struct ckpt *ckpt_free(struct ckpt *c);   /* NULL-safe; returns NULL */
 
@@ -98,16 +101,28 @@ const char *ckpt_meta(const struct ckpt *c, const char *key);
 size_t ckpt_n_tensors(const struct ckpt *c);
 const char *ckpt_tensor_name(const struct ckpt *c, size_t i);   /* i < ckpt_n_tensors; owned by c */
 
-/* Copies tensor `name` into dst (rows * cols floats) after checking that it is F32 of shape [rows, cols]
+/* Reads tensor `name` into dst (rows * cols floats) after checking that it is F32 of shape [rows, cols]
  * (or [cols] when rows is 1: a bias as other frameworks store it). Returns 0; -ENOENT when there is
- * no such tensor; -EINVAL when the dtype or shape differs, with both shapes in err. */
+ * no such tensor; -EINVAL when the dtype or shape differs, with both shapes in err; -errno (-EIO) when
+ * the file cannot be read. */
 int ckpt_get(const struct ckpt *c, const char *name, uint32_t rows, uint32_t cols, float *dst, char *err,
              size_t errlen);
 
-/* Where tensor `name`'s bytes lie in the file read (unaligned; owned by c) with its dtype and shape
- * (shape: CKPT_MAX_DIMS room). 0, or -ENOENT. */
-int ckpt_view(const struct ckpt *c, const char *name, enum ckpt_dtype *dtype, unsigned *ndims, uint64_t *shape,
+/* Tensor `name`'s dtype and shape (shape: CKPT_MAX_DIMS room). 0, or -ENOENT. */
+int ckpt_shape(const struct ckpt *c, const char *name, enum ckpt_dtype *dtype, unsigned *ndims, uint64_t *shape);
+
+/* As ckpt_shape, and where the tensor's bytes lie in memory (unaligned; owned by c): the first call
+ * reads the whole data section into c, for readers that want whole tensors (the exporter and the
+ * evaluator through chief_ckpt_read_step / read_chain). A restore pages with ckpt_read_rows instead.
+ * 0; -ENOENT; -ENOMEM or -errno (-EIO) when the data cannot be read. */
+int ckpt_view(struct ckpt *c, const char *name, enum ckpt_dtype *dtype, unsigned *ndims, uint64_t *shape,
               const void **data);
+
+/* Rows [first, first + n) of tensor `name` (a row: the elements of one index of its first dimension)
+ * into dst, read from the file: how a restore pages through a table in bounded memory. first and n must
+ * lie within the tensor (a caller bug otherwise: it aborts). 0; -ENOENT; -errno (-EIO; -EBADMSG when
+ * the file shrank). */
+int ckpt_read_rows(const struct ckpt *c, const char *name, uint64_t first, uint64_t n, void *dst);
 
 /* "crc32c:1a2b3c4d" into buf (at least 16 bytes); returns buf. */
 const char *ckpt_format_checksum(uint32_t crc, char *buf, size_t len);

@@ -27,8 +27,7 @@ static int take_tensor(const struct ckpt *ck, const char *path, const char *name
         enum ckpt_dtype dt;
         unsigned nd;
         uint64_t sh[CKPT_MAX_DIMS];
-        const void *data;
-        if (ckpt_view(ck, name, &dt, &nd, sh, &data) < 0 || dt != want || nd != (want == CKPT_U64 ? 1u : 2u) ||
+        if (ckpt_shape(ck, name, &dt, &nd, sh) < 0 || dt != want || nd != (want == CKPT_U64 ? 1u : 2u) ||
             (want == CKPT_F32 && sh[1] != dim)) {
                 cli_error("export: %s has no tensor \"%s\" of %s", path, name,
                           want == CKPT_U64 ? "U64 [n]" : "F32 [n, dim] (the table's dim)");
@@ -37,7 +36,12 @@ static int take_tensor(const struct ckpt *ck, const char *path, const char *name
         size_t bytes = sh[0] * (want == CKPT_U64 ? sizeof(uint64_t) : dim * sizeof(float));
         if (!(*ret = malloc(bytes + 1)))
                 return 1;
-        memcpy(*ret, data, bytes);
+        if (ckpt_read_rows(ck, name, 0, sh[0], *ret) < 0) {
+                cli_error("export: %s: cannot read tensor \"%s\"", path, name);
+                free(*ret);
+                *ret = NULL;
+                return EX_IOERR;
+        }
         *n_ret = sh[0];
         return 0;
 }

@@ -584,16 +584,17 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
         char err[600];
         struct psd_request q = {0};
-        uint64_t *ids = NULL;
+        uint64_t *ids = NULL, *evicted = NULL;
         float *vals = NULL;
-        size_t n = 0;
+        size_t n = 0, n_evicted = 0;
         int r;
         if ((r = psd_receive(p, call, &psfleet__v1__sparse_import_header__descriptor, &q, err, sizeof(err))) < 0)
                 goto out;
         const Psfleet__V1__SparseImportHeader *h = (const Psfleet__V1__SparseImportHeader *)q.hm;
         if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
             (r = take_ids(p, &h->ids, "ids", &ids, &n, err, sizeof(err))) < 0 ||
-            (r = check_unique(ids, n, "ids", err, sizeof(err))) < 0)
+            (r = check_unique(ids, n, "ids", err, sizeof(err))) < 0 ||
+            (r = take_ids(p, &h->evicted, "evicted", &evicted, &n_evicted, err, sizeof(err))) < 0)
                 goto out;
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);
@@ -620,18 +621,23 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
                 goto out;
         if (h->clear)
                 sparse_table_clear(pt->t);
-        if (n && sparse_table_import(pt->t, ids, n, vals, pt->n_slots ? vals + n * dim : NULL, h->global_step) < 0) {
+        Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;
+        rep.dropped = sparse_table_delete(pt->t, evicted, n_evicted);
+        int replaced = n ? sparse_table_import(pt->t, ids, n, vals, pt->n_slots ? vals + n * dim : NULL,
+                                               h->global_step) : 0;
+        if (replaced < 0) {
                 r = END_OUT_OF_MEMORY;
                 goto out;
         }
-        Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;
         rep.incarnation = p->incarnation;
         rep.rows = sparse_table_rows(pt->t);
+        rep.replaced = (uint64_t)replaced;
         rpc_call_reply_msg(call, &rep.base);
         r = END_ANSWERED;
 out:
         end_call(p, call, r, NULL, err);
         free(ids);
+        free(evicted);
         free(vals);
         psd_request_done(&q);
 }

@@ -5,9 +5,12 @@ this script as a worker creating N rows (default 10^7) through SparseExchange pu
 (Supervisor.SaveCheckpoint: full, the first of this chiefd) with chiefd's peak RSS (VmHWM) before and
 after it; then, with --incremental, pushes of gradients to a fraction of the rows (default 1 %) and a
 second checkpoint, incremental (supervisor.full_checkpoint_every 1000), its time and size against the
-full one's. Prints one JSON line.
+full one's; with --restore, psd killed (-9) and started again, the chief restoring it from the newest
+checkpoint (the chain with --incremental), with chiefd's VmHWM before and after and the restore's time.
+Prints one JSON line.
 
 Usage: tests/bench/bench_ckpt_stream.py [--build build] [--rows 10000000] [--incremental] [--changed 0.01]
+                                        [--restore]
 --build may name the build of an older tree (without --incremental: its chiefd need not know the key).
 """
 import argparse, json, os, sys, time
@@ -25,6 +28,7 @@ def main():
     ap.add_argument("--page", type=int, default=65536)
     ap.add_argument("--incremental", action="store_true")
     ap.add_argument("--changed", type=float, default=0.01)
+    ap.add_argument("--restore", action="store_true")
     a = ap.parse_args()
     import harness as h
     import numpy as np
@@ -60,11 +64,7 @@ def main():
         pulled = stub.Pull(s.ps_pb2.PullRequest(header=s.ps_pb2.PullHeader(caller=caller)), timeout=30).tensors[0]
 
         def step():
-            # a zero gradient that counts a step: global_step moves, so that a checkpoint is written
-            t = s.tensor_pb2.Tensor(name=pulled.name, dtype=pulled.dtype, shape=pulled.shape,
-                                    row_offset=pulled.row_offset, data=bytes(len(pulled.data)))
-            hdr = s.ps_pb2.PushHeader(caller=caller, worker=0, local_step=1, count_step=True)
-            stub.Push(s.ps_pb2.PushRequest(header=hdr, grads=[t]), timeout=30)
+            h.zero_step(stub, caller, pulled)
 
         def save():
             t0 = time.monotonic()
@@ -94,6 +94,15 @@ def main():
             out.update({"changed_rows": k, "incremental_s": round(inc_s, 2), "incremental_bytes": inc.bytes,
                         "time_ratio": round(inc_s / full_s, 4), "size_ratio": round(inc.bytes / full.bytes, 4),
                         "chief_hwm_after_incremental": h.proc_bytes(chief.pid, "VmHWM")})
+    if a.restore:
+        # the shard lost: the chief restores it from the newest checkpoint
+        hwm = h.proc_bytes(chief.pid, "VmHWM")
+        h.kill_now(ps)
+        t0 = time.monotonic()
+        ps = h.daemon(wd, "psd", job, 0, name="psd.2")
+        st = h.wait_shard_initialized(ps_addr, "ps:0 restored", 3600, [ps, chief])
+        out.update({"restore_s": round(time.monotonic() - t0, 2), "restored_rows": st.tables[0].rows,
+                    "chief_hwm_before_restore": hwm, "chief_hwm_after_restore": h.proc_bytes(chief.pid, "VmHWM")})
     print(json.dumps(out))
 
 

@@ -9,7 +9,8 @@
  *   8 bytes each, push_ids each once, tensor "grads" float32 (n_push, 4) and finite when there are
  *   any, nothing else) and changed or created only rows it named;
  * - an accepted SparseImport was legal too (ids each once, its "rows" float32 (n, 4), finite) and the
- *   rows it named now hold what it carried; with clear, they are the whole table.
+ *   rows it named now hold what it carried; with clear, they are the whole table; without, the only
+ *   rows gone are those its evicted ids named.
  *
  * FUZZ_SPARSE_SEED=DIR writes the seed corpus (legal calls of each method) into DIR and exits. */
 #include <math.h>
@@ -313,6 +314,12 @@ static void seeds(const char *dir) {
         message_bytes(&ih.base, names, data, nr, 1, &p, &n);
         fuzz_write_seed(dir, "import-clear", M_IMPORT, p, n);
         free(p);
+        ih.clear = false;   /* a restore's increment: its evicted ids dropped, then its rows */
+        ih.evicted.data = (uint8_t *)ids;
+        ih.evicted.len = 2 * 8;
+        message_bytes(&ih.base, names, data, nr, 1, &p, &n);
+        fuzz_write_seed(dir, "import-evicted", M_IMPORT, p, n);
+        free(p);
         fuzz_write_seed(dir, "status", M_STATUS, NULL, 0);
         Psfleet__V1__StopRequest st = PSFLEET__V1__STOP_REQUEST__INIT;
         st.reason = (char *)"fuzz";
@@ -402,7 +409,8 @@ static bool named(const uint64_t *ids, size_t n, uint64_t id) {
 
 /* Every row of b that is not in a, or differs from it, is named (ids, n); with none named, a == b. */
 static void only_named_changed(const struct table *a, const struct table *b, const uint64_t *ids, size_t n,
-                               const uint64_t *ids2, size_t n2, const char *what) {
+                               const uint64_t *ids2, size_t n2, const uint64_t *gone, size_t n_gone,
+                               const char *what) {
         for (size_t i = 0; i < b->n; i++) {
                 const float *old = row_of(a, b->ids[i]);
                 if (old && memcmp(old, b->rows + i * DIM, DIM * sizeof(float)) == 0)
@@ -412,7 +420,8 @@ static void only_named_changed(const struct table *a, const struct table *b, con
                            (unsigned long long)b->ids[i], old ? "changed" : "appeared");
         }
         for (size_t i = 0; i < a->n; i++)
-                FUZZ_CHECK(row_of(b, a->ids[i]), "after %s, row %llu is gone", what, (unsigned long long)a->ids[i]);
+                FUZZ_CHECK(row_of(b, a->ids[i]) || named(gone, n_gone, a->ids[i]), "after %s, row %llu is gone", what,
+                           (unsigned long long)a->ids[i]);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -440,7 +449,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 FUZZ_CHECK(u64_find_repeat(q.ids, q.n_ids, &dup) == 0, "psd took a push naming row %llu twice",
                            (unsigned long long)dup);
                 only_named_changed(&copy, &now, q.ids, q.n_ids, (const uint64_t *)h->pull_ids.data,
-                                   h->create ? h->pull_ids.len / 8 : 0, "an accepted SparseExchange");
+                                   h->create ? h->pull_ids.len / 8 : 0, NULL, 0, "an accepted SparseExchange");
                 request_free(&q);
         } else if (m == M_IMPORT && r == 0) {
                 FUZZ_CHECK(legal(data, size, &psfleet__v1__sparse_import_header__descriptor, "rows", import_ids_of,
@@ -460,7 +469,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (h->clear)
                         FUZZ_CHECK(now.n <= q.n_ids, "after an import with clear, %zu rows for %zu ids", now.n, q.n_ids);
                 else
-                        only_named_changed(&copy, &now, q.ids, q.n_ids, NULL, 0, "an accepted SparseImport");
+                        only_named_changed(&copy, &now, q.ids, q.n_ids, NULL, 0, (const uint64_t *)h->evicted.data,
+                                           h->evicted.len / 8, "an accepted SparseImport");
                 request_free(&q);
         } else {   /* a Stop included: psd was given the rows back */
                 FUZZ_CHECK(now.n == copy.n && (now.n == 0 || (memcmp(now.ids, copy.ids, now.n * 8) == 0 &&

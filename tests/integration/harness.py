@@ -434,6 +434,17 @@ def pull_shard(stub, fingerprint, task="worker:0", with_slots=True):
     return {(t.name, t.row_offset): t.data for t in r.tensors}, r.header.global_step
 
 
+def zero_step(stub, caller, pulled):
+    """Pushes a zero gradient to the variable part pulled (a Tensor of a Pull) that counts a step, through
+    a ParameterServer stub: global_step moves without changing any value (so that a checkpoint is
+    written)."""
+    s = stubs()
+    t = s.tensor_pb2.Tensor(name=pulled.name, dtype=pulled.dtype, shape=pulled.shape, row_offset=pulled.row_offset,
+                            data=bytes(len(pulled.data)))
+    hdr = s.ps_pb2.PushHeader(caller=caller, worker=0, local_step=1, count_step=True)
+    stub.Push(s.ps_pb2.PushRequest(header=hdr, grads=[t]), timeout=30)
+
+
 def healthy(addr, timeout=0.5):
     import grpc
     s = stubs()

@@ -119,8 +119,8 @@ def test():
         ("export table", lambda: export(0, table=7), INVALID, "table: 7 is not an embedding table"),
     ]
 
-    def imp(ids, tensors, table=0):
-        hdr = s.ps_pb2.SparseImportHeader(caller=caller, table=table, ids=packed(ids), global_step=1)
+    def imp(ids, tensors, table=0, evicted=b""):
+        hdr = s.ps_pb2.SparseImportHeader(caller=caller, table=table, ids=packed(ids), global_step=1, evicted=evicted)
         return stubs[0].SparseImport(s.ps_pb2.SparseImportRequest(header=hdr, tensors=tensors), timeout=10)
 
     cases += [
@@ -135,6 +135,11 @@ def test():
          'tensor "accumulator": row 0 holds NaN'),
         ("import unknown tensor", lambda: imp(a, [rows("rows", 3), rows("accumulator", 3), rows("linear", 3)]),
          INVALID, 'tensor "linear" is not expected here'),
+        # a restore's evicted ids (dropped before the rows): whole ids of this shard, or nothing is done
+        ("import evicted bytes", lambda: imp(a, [rows("rows", 3), rows("accumulator", 3)], evicted=b"\0" * 12),
+         INVALID, "evicted: 12 bytes, not a multiple of 8"),
+        ("import another shard's evicted id", lambda: imp([], [], evicted=packed(a[:1] + b)), INVALID,
+         "evicted[1]: id %d belongs to ps:1, not ps:0" % b[0]),
     ]
     for what, call, code, msg in cases:
         try:

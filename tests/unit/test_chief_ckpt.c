@@ -332,6 +332,61 @@ static struct chief_ckpt *table_store(struct fx *f, struct model_spec *spec, uin
         return s;
 }
 
+/* ---- a restore streamed into a table that stands in for a shard ---- */
+
+/* What psd's SparseImport does with each part (services/psd/sparse_rpc.c): empty the table with clear,
+ * drop the evicted ids, store the rows over, count the ids stored already. */
+struct shard_sink {
+        struct sparse_table *t;
+        size_t parts, max_rows;         /* parts received; the most rows one part carried */
+};
+
+static int shard_part(void *ud, uint32_t e, const struct ps_sparse_rows *rows, const struct ps_sparse_import_opts *o,
+                      char *err, size_t errlen) {
+        struct shard_sink *k = ud;
+        (void)err;
+        (void)errlen;
+        assert_int_equal(e, 0);
+        if (!k->t) {
+                struct sparse_table_opts so = {.dim = rows->dim, .optimizer = rows->n_slots == 2 ? SPARSE_FTRL
+                                                                                                 : SPARSE_ADAGRAD,
+                                               .init_stddev = 0.1, .seed = 5, .initial_accumulator = 0.1};
+                assert_int_equal(sparse_table_new(&so, &k->t), 0);
+        }
+        if (o->clear)
+                sparse_table_clear(k->t);
+        size_t dropped = sparse_table_delete(k->t, o->evicted, o->n_evicted);
+        if (o->dropped)
+                *o->dropped += dropped;
+        float *slots = malloc(rows->n * rows->dim * rows->n_slots * sizeof(float) + 1);
+        for (unsigned sl = 0; rows->n && sl < rows->n_slots; sl++)
+                memcpy(slots + sl * rows->n * rows->dim, rows->slots[sl], rows->n * rows->dim * sizeof(float));
+        int r = rows->n ? sparse_table_import(k->t, rows->ids, rows->n, rows->values, slots, 1) : 0;
+        free(slots);
+        assert_true(r >= 0);
+        if (o->replaced)
+                *o->replaced += (uint64_t)r;
+        k->parts++;
+        if (rows->n > k->max_rows)
+                k->max_rows = rows->n;
+        return 0;
+}
+
+static void snapshot(struct sparse_table *t, struct ps_sparse_rows *out);
+static void assert_same_rows(struct ps_sparse_rows *a, struct ps_sparse_rows *b);
+
+/* chief_ckpt_restore_latest into a stand-in shard; on 1 its table (dim 3, one slot) into got[0]. */
+static int restore_rows(struct chief_ckpt *s, float *q, float *const *qslots, bool *sl, struct ps_sparse_rows *got,
+                        struct chief_db_checkpoint *back, char *err, size_t errlen) {
+        struct shard_sink k = {0};
+        struct chief_table_sink sink = {.part = shard_part, .ud = &k};
+        int r = chief_ckpt_restore_latest(s, q, qslots, sl, &sink, back, err, errlen);
+        if (r == 1 && k.t)
+                snapshot(k.t, &got[0]);
+        sparse_table_free(k.t);
+        return r;
+}
+
 /* Embedding tables: written beside the variables as emb/<name>/ids (U64), emb/<name> and its slots,
  * read back equal; a store whose table differs in dim or slots, or that has no table, refuses the file
  * naming the tensor, and leaves its tables untouched. */
@@ -355,47 +410,51 @@ static void test_tables(void **state) {
         struct ps_sparse_rows got[MODEL_MAX_EMBEDDINGS] = {0};
         bool sl;
         struct chief_db_checkpoint back;
-        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
         assert_int_equal(back.global_step, 10);
         assert_memory_equal(f->q, f->p, f->n * sizeof(float));
         assert_int_equal(got[0].n, 5);
         assert_int_equal(got[0].dim, 3);
         assert_int_equal(got[0].n_slots, 1);
-        assert_memory_equal(got[0].ids, ids, sizeof(ids));
-        assert_memory_equal(got[0].values, vals, sizeof(vals));
-        assert_memory_equal(got[0].slots[0], acc, sizeof(acc));
+        struct ps_sparse_rows want = {.n = 5, .dim = 3, .n_slots = 1, .ids = malloc(sizeof(ids)),
+                                      .values = malloc(sizeof(vals)), .slots = {malloc(sizeof(acc))}};
+        memcpy(want.ids, ids, sizeof(ids));
+        memcpy(want.values, vals, sizeof(vals));
+        memcpy(want.slots[0], acc, sizeof(acc));
+        assert_same_rows(&got[0], &want);
+        ps_sparse_rows_clear(&want);
         ps_sparse_rows_clear(&got[0]);
         chief_ckpt_free(s);
 
         /* another dim: the rows' tensor named */
         s = table_store(f, &spec4, 4, SPARSE_ADAGRAD);
-        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), -EINVAL);
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), -EINVAL);
         assert_non_null(strstr(err, "tensor \"emb/cat\" is not F32 [5, 4]"));
         assert_null(got[0].ids);
         chief_ckpt_free(s);
         /* another sparse optimizer: the slot it does not keep named */
         s = table_store(f, &spec_ftrl, 3, SPARSE_FTRL);
-        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), -EINVAL);
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), -EINVAL);
         assert_non_null(strstr(err, "emb/cat/accumulator"));
         chief_ckpt_free(s);
         /* a model without tables: the ids named */
         s = table_store(f, &spec, 3, SPARSE_ADAGRAD);
         spec.n_embeddings = 0;
-        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), -EINVAL);
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), -EINVAL);
         assert_non_null(strstr(err, "emb/cat"));
         chief_ckpt_free(s);
         /* and the file is still the checkpoint of a model that has the table */
         spec.n_embeddings = 1;
         s = table_store(f, &spec, 3, SPARSE_ADAGRAD);
-        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
         ps_sparse_rows_clear(&got[0]);
         /* a table that names a row twice is a corrupt file (psd would refuse to import it): set aside, and
          * the previous checkpoint restored */
         ids[2] = 9;
         assert_int_equal(chief_ckpt_save_tables(s, f->p, f->slots, &t, 20, &stats, &row, err, sizeof(err)), 0);
-        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
         assert_int_equal(back.global_step, 10);
-        assert_int_equal(got[0].ids[2], 3);
+        assert_int_equal(got[0].n, 5);   /* 3 is back, as the checkpoint of 10 holds it */
         char aside[sizeof(row.path) + 16];
         snprintf(aside, sizeof(aside), "%s.corrupt", row.path);
         assert_int_equal(access(aside, F_OK), 0);
@@ -526,12 +585,12 @@ static void test_incremental_chain(void **state) {
         struct chief_db_checkpoint f30;
         assert_int_equal(chief_ckpt_new(db2, &cc, &s2, err, sizeof(err)), 0);
         save_walk(f, s2, t, 30, NULL, &f30);
-        assert_int_equal(chief_ckpt_load_latest_tables(s2, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(restore_rows(s2, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
         full30 = got[0];
         got[0] = (struct ps_sparse_rows){0};
         assert_int_equal(full30.n, 7);   /* 300..302 and 1000..1003 */
 
-        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
         assert_int_equal(back.global_step, 30);
         fill(f, 30);
         assert_memory_equal(f->q, f->p, f->n * sizeof(float));
@@ -584,7 +643,7 @@ static void test_incremental_chain(void **state) {
         assert_int_equal(access(r20.path, F_OK), 0);
         assert_int_equal(access(r30.path, F_OK), 0);
         /* as a restore reads it: the chain restores to 10, as the table was then */
-        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
         assert_int_equal(back.global_step, 10);
         fill(f, 10);
         assert_memory_equal(f->q, f->p, f->n * sizeof(float));
@@ -602,7 +661,7 @@ static void test_incremental_chain(void **state) {
 
         /* a chain pointing nowhere: an increment on a step not recorded is forgotten, 10 restored */
         save_walk(f, s, t, 40, &r30, &back);
-        assert_int_equal(chief_ckpt_load_latest_tables(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
         assert_int_equal(back.global_step, 10);
         ps_sparse_rows_clear(&got[0]);
         assert_int_equal(chief_ckpt_newest(s, &newest, &count), 0);
@@ -616,8 +675,58 @@ static void test_incremental_chain(void **state) {
         sparse_table_free(t);
 }
 
+/* An increment that names an id twice (its checksum right: no chiefd writes one) is found out while it
+ * streams, by the stand-in shard's count of ids stored already: it is set aside as corrupt and the
+ * chain restored again to the link before it, its rows as they were. */
+static void test_increment_twice(void **state) {
+        struct fx *f = *state;
+        struct model_spec spec;
+        struct chief_ckpt *s = table_store(f, &spec, 3, SPARSE_ADAGRAD);
+        struct sparse_table_opts o = {.dim = 3, .optimizer = SPARSE_ADAGRAD, .init_stddev = 0.1, .seed = 5,
+                                      .initial_accumulator = 0.1};
+        struct sparse_table *t;
+        assert_int_equal(sparse_table_new(&o, &t), 0);
+        sparse_table_track(t, true);
+        train(t, 0, 50, 1);
+        struct chief_db_checkpoint r10, r20, back;
+        struct ps_sparse_rows at10, got[MODEL_MAX_EMBEDDINGS] = {0};
+        snapshot(t, &at10);
+        save_walk(f, s, t, 10, NULL, &r10);
+        uint64_t ids[3] = {7, 1000, 7};
+        float vals[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, acc[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+        struct ps_sparse_rows pg = {.n = 3, .dim = 3, .n_slots = 1, .ids = ids, .values = vals, .slots = {acc}};
+        struct chief_db_checkpoint stats = {.eval_accuracy = -1, .eval_loss = -1, .trigger = "steps"};
+        struct chief_ckpt_writing *w;
+        char err[600];
+        fill(f, 20);
+        assert_int_equal(chief_ckpt_begin(s, f->p, f->slots, true, 20, &r10, &w, err, sizeof(err)), 0);
+        assert_int_equal(chief_ckpt_put_rows(w, 0, &pg, err, sizeof(err)), 0);
+        assert_int_equal(chief_ckpt_put_evicted(w, 0, NULL, 0, err, sizeof(err)), 0);
+        assert_int_equal(chief_ckpt_commit(w, &stats, &r20, err, sizeof(err)), 0);
+        assert_true(r20.incremental);
+
+        bool sl;
+        assert_int_equal(restore_rows(s, f->q, f->qslots, &sl, got, &back, err, sizeof(err)), 1);
+        assert_int_equal(back.global_step, 10);
+        fill(f, 10);
+        assert_memory_equal(f->q, f->p, f->n * sizeof(float));
+        assert_same_rows(&got[0], &at10);
+        char aside[sizeof(r20.path) + 16];
+        snprintf(aside, sizeof(aside), "%s.corrupt", r20.path);
+        assert_int_equal(access(aside, F_OK), 0);
+        struct chief_db_checkpoint newest;
+        uint32_t count;
+        assert_int_equal(chief_ckpt_newest(s, &newest, &count), 0);
+        assert_int_equal(count, 1);
+        ps_sparse_rows_clear(&got[0]);
+        ps_sparse_rows_clear(&at10);
+        chief_ckpt_free(s);
+        sparse_table_free(t);
+}
+
 UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test_setup_teardown(test_incremental_chain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_increment_twice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_save_rotate_load, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tables, setup, teardown),
         cmocka_unit_test_setup_teardown(test_same_step_replaced, setup, teardown),

@@ -346,6 +346,59 @@ static void test_stream_in_parts(void **state) {
         free(p3);
 }
 
+/* A file past the CRC's 4 MiB buffer: its checksum is that of the whole file, and a table's rows read
+ * a page at a time (ckpt_read_rows) are those written, from any row. */
+static void test_large_in_pages(void **state) {
+        (void)state;
+        enum { ROWS = 100000, DIM = 16 };   /* 6.4 MB of rows, 0.8 MB of ids */
+        char *p = path_of("large.safetensors");
+        uint64_t *ids = malloc(ROWS * sizeof(*ids));
+        float *rows = malloc((size_t)ROWS * DIM * sizeof(float));
+        for (size_t i = 0; i < ROWS; i++) {
+                ids[i] = i * 7919 + 3;
+                for (size_t j = 0; j < DIM; j++)
+                        rows[i * DIM + j] = (float)i - 0.5f * (float)j;
+        }
+        const struct ckpt_tensor t[] = {{"emb/cat/ids", ROWS, 1, ids, CKPT_U64, 1},
+                                        {"emb/cat", ROWS, DIM, rows, CKPT_F32, 2}};
+        struct ckpt_written w;
+        char err[256];
+        assert_int_equal(ckpt_write(p, t, 2, NULL, 0, &w, err, sizeof(err)), 0);
+        assert_true(w.bytes > (5u << 20));
+        /* the checksum by hand, of the file whole */
+        FILE *fp = fopen(p, "rb");
+        assert_non_null(fp);
+        uint8_t *all = malloc(w.bytes);
+        assert_int_equal(fread(all, 1, w.bytes, fp), w.bytes);
+        fclose(fp);
+        assert_int_equal(crc32c(all, w.bytes), w.crc32c);
+        free(all);
+        struct ckpt *c;
+        assert_int_equal(ckpt_read(p, 1ull << 30, &c, err, sizeof(err)), 0);
+        assert_int_equal(ckpt_crc32c(c), w.crc32c);
+        enum ckpt_dtype dt;
+        unsigned nd;
+        uint64_t shape[CKPT_MAX_DIMS];
+        assert_int_equal(ckpt_shape(c, "emb/cat", &dt, &nd, shape), 0);
+        assert_int_equal(shape[0], ROWS);
+        assert_int_equal(shape[1], DIM);
+        enum { PAGE = 4096 };
+        uint64_t got_ids[PAGE];
+        static float got[PAGE * DIM];
+        for (uint64_t at = 0; at < ROWS; at += PAGE) {
+                uint64_t n = ROWS - at < PAGE ? ROWS - at : PAGE;
+                assert_int_equal(ckpt_read_rows(c, "emb/cat/ids", at, n, got_ids), 0);
+                assert_int_equal(ckpt_read_rows(c, "emb/cat", at, n, got), 0);
+                assert_memory_equal(got_ids, ids + at, n * sizeof(*ids));
+                assert_memory_equal(got, rows + at * DIM, n * DIM * sizeof(float));
+        }
+        assert_int_equal(ckpt_read_rows(c, "emb/dog", 0, 1, got), -ENOENT);
+        ckpt_free(c);
+        free(ids);
+        free(rows);
+        free(p);
+}
+
 UNIT_TEST_MAIN(setup, scratch_dir_remove,
         cmocka_unit_test(test_layout_on_disk),
         cmocka_unit_test(test_read_back),
@@ -354,4 +407,5 @@ UNIT_TEST_MAIN(setup, scratch_dir_remove,
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_bit_flip_changes_checksum),
         cmocka_unit_test(test_write_errors),
-        cmocka_unit_test(test_stream_in_parts))
+        cmocka_unit_test(test_stream_in_parts),
+        cmocka_unit_test(test_large_in_pages))

@@ -322,7 +322,7 @@ static void test_export_import(void **state)
         assert_memory_equal(ra, rb, sizeof(ra));
         /* an import replaces a row; NULL slots are the optimizer's start (accum 0.1, linear 0) */
         float v[D] = {1, 2, 3}, e[D];
-        assert_int_equal(sparse_table_import(b, ids + 9, 1, v, NULL, 11), 0);
+        assert_int_equal(sparse_table_import(b, ids + 9, 1, v, NULL, 11), 1);   /* one stored already */
         assert_int_equal(sparse_table_rows(b), N);
         assert_int_equal(sparse_table_pull(b, ids + 9, 1, e, false, 11), 0);
         assert_memory_equal(e, v, sizeof(v));
@@ -338,6 +338,13 @@ static void test_export_import(void **state)
         sparse_table_clear(b);
         assert_int_equal(sparse_table_export(b, &cur, 10, ib, vb, NULL), 0);
         assert_int_equal(sparse_table_export(b, &cur, 10, ib, vb, NULL), 0);
+        /* a restore's evicted ids: the stored ones go (an id not stored is no error), not noted as evicted */
+        uint64_t drop[2] = {ids[9], UINT64_MAX - 5};
+        assert_int_equal(sparse_table_delete(a, drop, 2), 1);
+        assert_int_equal(sparse_table_rows(a), N - 1);
+        assert_int_equal(sparse_table_delete(a, drop, 2), 0);
+        assert_int_equal(sparse_table_import(a, ids + 9, 1, v, NULL, 12), 0);   /* made again: new */
+        assert_int_equal(sparse_table_rows(a), N);
         sparse_table_free(a);
         sparse_table_free(b);
 }
@@ -838,7 +845,7 @@ static void test_track_changes(void **state)
         cur = 0;
         assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 0);
         /* an import marks */
-        assert_int_equal(sparse_table_import(t, ids + 20, 2, g, NULL, 3), 0);
+        assert_int_equal(sparse_table_import(t, ids + 20, 2, g, NULL, 3), 2);
         cur = 0;
         assert_int_equal(sparse_table_export_changes(t, &cur, 200, got, vals, slots, true, true), 2);
         /* eviction: rows untouched since before step 60 go (all but ids[0]); their ids are noted once */

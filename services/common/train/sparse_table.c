@@ -6,6 +6,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -390,7 +391,7 @@ enum lookup {
  * its touch. A new row refused because the disk fails counts tier_refused (and grads_dropped when
  * push); NULL and *err -EIO when the disk cannot be read. */
 static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, size_t n, enum lookup how,
-                        uint64_t step, struct stripe **sp, int *err, char *scratch, bool push)
+                        uint64_t step, struct stripe **sp, int *err, char *scratch, bool push, bool *stored)
 {
         prefetch_index(t, ids, i, n);
         uint64_t id = ids[i];
@@ -402,6 +403,8 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
         bool found;
         uint32_t pos = sparse_table_index_find(t, s, id, h, &found);
         char *rec;
+        if (stored)
+                *stored = found;
         if (found) {
                 s->last_row = s->index[pos] - 1;
                 rec = rec_at(t, s, s->last_row);
@@ -415,6 +418,8 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                         return NULL;
                 }
                 bool from_disk = g == 1;
+                if (stored)
+                        *stored = from_disk;
                 /* the record as seen through scratch: its floats where rec_vals looks (vals_off <= 16) */
                 char *disk_rec = from_disk ? scratch + sizeof(struct tier_hdr) - t->vals_off : NULL;
                 if (from_disk && how == FIND) {
@@ -492,7 +497,7 @@ int sparse_table_pull(struct sparse_table *t, const uint64_t *ids, size_t n, flo
         for (size_t i = 0; i < n; i++) {
                 struct stripe *s;
                 float *out = rows + i * dim;
-                char *rec = rec_locked(t, ids, i, n, how, step, &s, &rc, scratch, false);
+                char *rec = rec_locked(t, ids, i, n, how, step, &s, &rc, scratch, false, NULL);
                 if (rc < 0)
                         break;
                 if (!rec) {
@@ -519,7 +524,7 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
         int rc = 0;
         for (size_t i = 0; i < n; i++) {
                 struct stripe *s;
-                char *rec = rec_locked(t, ids, i, n, how, step, &s, &rc, scratch, true);
+                char *rec = rec_locked(t, ids, i, n, how, step, &s, &rc, scratch, true, NULL);
                 if (rc < 0)
                         break;
                 if (!rec)
@@ -655,16 +660,19 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
 {
         uint32_t dim = t->o.dim;
         char *scratch = NULL;
+        size_t replaced = 0;
         if (t->tier && !(scratch = malloc(t->tier_val_bytes)))
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
                 struct stripe *s;
                 int err;
-                char *rec = rec_locked(t, ids, i, n, CREATE_BLANK, step, &s, &err, scratch, false);
+                bool stored = false;
+                char *rec = rec_locked(t, ids, i, n, CREATE_BLANK, step, &s, &err, scratch, false, &stored);
                 if (!rec) {
                         free(scratch);
                         return err;
                 }
+                replaced += stored;
                 if (t->track)
                         dirty_set(s, s->last_row);
                 float *row = rec_vals(t, rec);
@@ -679,7 +687,7 @@ int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, c
                 pthread_mutex_unlock(&s->lock);
         }
         free(scratch);
-        return 0;
+        return replaced > INT_MAX ? INT_MAX : (int)replaced;
 }
 
 void sparse_table_clear(struct sparse_table *t)

@@ -135,7 +135,8 @@ size_t sparse_table_export(struct sparse_table *t, uint64_t *cursor, size_t max,
 
 /* Stores rows as given (restoring a checkpoint): values (n x dim); slots as export writes them with
  * max == n, or NULL for the optimizer's initial state. Existing rows of those ids are replaced; each
- * row's last touch becomes step. 0, or -ENOMEM. */
+ * row's last touch becomes step. Returns how many of the ids were stored already (in DRAM or on disk;
+ * INT_MAX at most), or -ENOMEM. */
 int sparse_table_import(struct sparse_table *t, const uint64_t *ids, size_t n, const float *values,
                         const float *slots, uint64_t step);
 
@@ -163,6 +164,11 @@ size_t sparse_table_export_changes(struct sparse_table *t, uint64_t *cursor, siz
  * none), and forgets them. -ENOMEM when some could not be noted or returned: the caller must then
  * treat every id as changed (write a full checkpoint). */
 int sparse_table_take_evicted(struct sparse_table *t, uint64_t **ids_ret, size_t *n_ret);
+
+/* Drops the rows of ids[0..n) that are stored, on disk too (an incremental checkpoint's evicted ids,
+ * restored). The ids are not noted as evicted: a restore is followed by a full checkpoint. Returns how
+ * many rows went. */
+size_t sparse_table_delete(struct sparse_table *t, const uint64_t *ids, size_t n);
 
 /* Drops every row (a shard made uninitialized again), the disk tier's too. */
 void sparse_table_clear(struct sparse_table *t);

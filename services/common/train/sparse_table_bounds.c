@@ -152,3 +152,31 @@ size_t sparse_table_evict(struct sparse_table *t, uint64_t now, uint64_t after)
         return evicted;
 }
 
+
+size_t sparse_table_delete(struct sparse_table *t, const uint64_t *ids, size_t n)
+{
+        size_t gone = 0;
+        char *buf = t->tier ? malloc(t->tier_val_bytes) : NULL;
+        for (size_t i = 0; i < n; i++) {
+                uint64_t h = stripe_hash(ids[i]);
+                struct stripe *s = &t->stripes[stripe_of(h)];
+                pthread_mutex_lock(&s->lock);
+                bool found;
+                uint32_t pos = sparse_table_index_find(t, s, ids[i], h, &found);
+                bool on_disk = false;
+                /* a row on disk (or a stale copy of one read back) goes too; without the buffer for
+                 * reading it (out of memory), it is deleted uncounted */
+                if (t->tier)
+                        on_disk = buf ? t->tops->get(t->tier, ids[i], buf, t->tier_val_bytes) == 1 : false;
+                if (t->tier && t->tops->del(t->tier, ids[i]) < 0)
+                        __atomic_add_fetch(&t->tier_errors, 1, __ATOMIC_RELAXED);
+                else if (on_disk && !found)
+                        __atomic_sub_fetch(&t->tier_rows, 1, __ATOMIC_RELAXED);
+                if (found)
+                        sparse_table_row_free(t, s, s->index[pos] - 1);
+                gone += found || on_disk;
+                pthread_mutex_unlock(&s->lock);
+        }
+        free(buf);
+        return gone;
+}

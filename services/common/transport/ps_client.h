@@ -195,6 +195,20 @@ int ps_client_sparse_export_pages(struct ps_client *pc, uint32_t e, const struct
  * Returns 0, or -errno with why in err. */
 int ps_client_sparse_import(struct ps_client *pc, const bool *which, uint32_t e, const struct ps_sparse_rows *rows,
                             uint64_t global_step, char *err, size_t errlen);
+/* A part of a restore streamed (docs/checkpoints.md, "Restore"): as ps_client_sparse_import, but each
+ * shard's table is emptied only with clear (the first part), and each shard first drops its share of
+ * evicted (at most SPARSE_MAX_IDS: an incremental checkpoint's evicted ids, a page at a time). The
+ * shards' counts are added to *replaced (rows whose id was stored already) and *dropped (evicted ids
+ * that were stored) when those are not NULL. 0, or -errno with why in err. */
+struct ps_sparse_import_opts {
+        bool clear;
+        const uint64_t *evicted;        /* (n_evicted) */
+        size_t n_evicted;
+        uint64_t *replaced, *dropped;
+};
+int ps_client_sparse_import_part(struct ps_client *pc, const bool *which, uint32_t e, const struct ps_sparse_rows *rows,
+                                 const struct ps_sparse_import_opts *o, uint64_t global_step, char *err,
+                                 size_t errlen);
 
 /* How ps_client_sparse splits ids over n_shards: order[] (n) lists the ids' indices shard after shard,
  * keeping their order within a shard; first[] (n_shards + 1) where each shard's run starts. For tests. */

@@ -437,30 +437,35 @@ int ps_client_sparse_export(struct ps_client *pc, uint32_t e, struct ps_sparse_r
         return r;
 }
 
-/* One round of an import: page `round` (at `at`, of up to `page` rows) of every shard's rows. */
+/* One round of an import: page `round` (at `at`, of up to `page` rows) of every shard's rows; round 0
+ * also carries each shard's part of the evicted ids. */
 struct import {
         const bool *which;
         uint32_t e;
         const struct ps_sparse_rows *rows;
-        const struct split *sp;
+        const struct ps_sparse_import_opts *o;
+        const struct split *sp, *ev;
         size_t at, round, page;
         uint64_t global_step;
         bool any;               /* a shard had a page this round */
 };
 
-/* Shard s's SparseImport of this round's page of its rows, the table emptied first in round 0; none
- * when the shard is not one to import into, or has no rows left. */
+/* Shard s's SparseImport of this round's page of its rows (the table emptied first in round 0 with
+ * clear, its evicted ids dropped); none when the shard is not one to import into, or has nothing left. */
 static int import_build(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *caller, void *ud,
                         grpc_byte_buffer **bb) {
         struct import *x = ud;
         const struct ps_sparse_rows *rows = x->rows;
-        size_t have = x->sp->first[s + 1] - x->sp->first[s];
-        if ((x->which && !x->which[s]) || (x->round && x->at >= have))
+        size_t have = x->sp->first[s + 1] - x->sp->first[s], n_ev = x->ev->first[s + 1] - x->ev->first[s];
+        if ((x->which && !x->which[s]) || (x->round && x->at >= have) ||
+            (!x->round && !have && !n_ev && !x->o->clear))
                 return 1;
         x->any = true;
         size_t n = x->at < have ? (have - x->at < x->page ? have - x->at : x->page) : 0, dim = rows->dim;
         const size_t *idx = x->sp->order + x->sp->first[s] + x->at;
-        uint64_t *ids = malloc((n ? n : 1) * sizeof(*ids));
+        if (x->round)
+                n_ev = 0;
+        uint64_t *ids = malloc((n + n_ev + 1) * sizeof(*ids)), *ev = ids + n;
         float *vals = malloc((n ? n : 1) * dim * (1 + rows->n_slots) * sizeof(float));
         int r = ids && vals ? 0 : -ENOMEM;
         struct wire_out *o = NULL;
@@ -474,12 +479,15 @@ static int import_build(struct ps_client *pc, uint32_t s, Psfleet__V1__Caller *c
                         memcpy(vals + (sl * n + k) * dim, (sl ? rows->slots[sl - 1] : rows->values) + idx[k] * dim,
                                dim * sizeof(float));
         }
+        for (size_t k = 0; k < n_ev; k++)
+                ev[k] = x->o->evicted[x->ev->order[x->ev->first[s] + k]];
         Psfleet__V1__SparseImportHeader h = PSFLEET__V1__SPARSE_IMPORT_HEADER__INIT;
         h.caller = caller;
         h.table = x->e;
         h.ids = (ProtobufCBinaryData){n * sizeof(uint64_t), (uint8_t *)ids};
+        h.evicted = (ProtobufCBinaryData){n_ev * sizeof(uint64_t), (uint8_t *)ev};
         h.global_step = x->global_step;
-        h.clear = x->round == 0;
+        h.clear = x->round == 0 && x->o->clear;
         wire_out_header(o, &h.base);
         const char *so[SPARSE_MAX_SLOTS];
         for (unsigned sl = 0; sl < rows->n_slots; sl++)
@@ -496,8 +504,31 @@ out:
         return r;
 }
 
-int ps_client_sparse_import(struct ps_client *pc, const bool *which, uint32_t e, const struct ps_sparse_rows *rows,
-                            uint64_t global_step, char *err, size_t errlen) {
+/* Adds the shards' SparseImportReply counts of one round to o's. */
+static int import_replies(struct ps_client *pc, struct rpc_pending **pend, const struct ps_sparse_import_opts *o,
+                          const char *table, char *err, size_t errlen) {
+        for (uint32_t s = 0; s < pc->L->n_shards; s++) {
+                if (!pend[s])
+                        continue;
+                struct rpc_result *res = rpc_pending_result(pend[s]);
+                if (res->err)
+                        continue;   /* ps_client_batch_end reports the first failure */
+                ProtobufCMessage *m = NULL;
+                if (wire_unpack(res->reply, &psfleet__v1__sparse_import_reply__descriptor, &m) < 0)
+                        return errf(err, errlen, -EPROTO, "import of table %s: ps:%u's reply does not parse", table, s);
+                const Psfleet__V1__SparseImportReply *rep = (const Psfleet__V1__SparseImportReply *)m;
+                if (o->replaced)
+                        *o->replaced += rep->replaced;
+                if (o->dropped)
+                        *o->dropped += rep->dropped;
+                protobuf_c_message_free_unpacked(m, NULL);
+        }
+        return 0;
+}
+
+int ps_client_sparse_import_part(struct ps_client *pc, const bool *which, uint32_t e, const struct ps_sparse_rows *rows,
+                                 const struct ps_sparse_import_opts *o, uint64_t global_step, char *err,
+                                 size_t errlen) {
         const struct model_spec *m = &pc->cfg->model;
         if (e >= m->n_embeddings)
                 return errf(err, errlen, -EINVAL, "table %u: the model has %u embedding table(s)", e, m->n_embeddings);
@@ -505,28 +536,55 @@ int ps_client_sparse_import(struct ps_client *pc, const bool *which, uint32_t e,
                 return errf(err, errlen, -EINVAL, "table %s: rows of dim %u with %u slot(s), the job's are of dim %u with "
                             "%u", m->emb[e].name, rows->dim, rows->n_slots, m->emb[e].dim,
                             sparse_optimizer_n_slots(pc->cfg->training.sparse_optimizer));
+        if (o->n_evicted > SPARSE_MAX_IDS)
+                return errf(err, errlen, -EINVAL, "table %s: %zu evicted ids, more than the %u one message may carry",
+                            m->emb[e].name, o->n_evicted, SPARSE_MAX_IDS);
         uint32_t N = pc->L->n_shards;
         size_t page = SPARSE_MAX_FLOATS / ((size_t)rows->dim * (1 + rows->n_slots));
         if (page > SPARSE_MAX_IDS)
                 page = SPARSE_MAX_IDS;
-        struct split sp = {0};
-        int r = split_ids(rows->ids, rows->n, N, &sp);
-        if (r < 0)
+        struct split sp = {0}, ev = {0};
+        struct rpc_pending **pend = calloc(N, sizeof(*pend));
+        int r = pend ? split_ids(rows->ids, rows->n, N, &sp) : -ENOMEM;
+        if (r >= 0)
+                r = split_ids(o->evicted, o->n_evicted, N, &ev);
+        if (r < 0) {
+                split_free(&sp);
+                free(pend);
                 return errf(err, errlen, r, "out of memory");
-        /* page k of every shard in one round, all shards in parallel; the first round empties each */
-        struct import x = {.which = which, .e = e, .rows = rows, .sp = &sp, .page = page, .global_step = global_step};
+        }
+        /* page k of every shard in one round, all shards in parallel; the first round empties each (with
+         * clear) and drops the evicted ids before any row is stored */
+        struct import x = {.which = which, .e = e, .rows = rows, .o = o, .sp = &sp, .ev = &ev, .page = page,
+                           .global_step = global_step};
         for (; r >= 0; x.at += page, x.round++) {
                 struct rpc_batch *b;
                 if ((r = rpc_batch_new(&b)) < 0)
                         break;
                 x.any = false;
-                r = ps_client_fan_out(pc, b, IMPORT, false, import_build, &x, NULL);
+                memset(pend, 0, N * sizeof(*pend));
+                r = ps_client_fan_out(pc, b, IMPORT, false, import_build, &x, pend);
                 char what[64];
                 snprintf(what, sizeof(what), "import of table %s", m->emb[e].name);
+                if (r >= 0)
+                        rpc_batch_wait_all(b);
+                if (r >= 0 && (r = import_replies(pc, pend, o, m->emb[e].name, err, errlen)) < 0) {
+                        rpc_batch_wait_all(b);
+                        rpc_batch_free(b);
+                        break;
+                }
                 r = ps_client_batch_end(b, r, what, err, errlen);
                 if (!x.any)
                         break;
         }
         split_free(&sp);
+        split_free(&ev);
+        free(pend);
         return r;
+}
+
+int ps_client_sparse_import(struct ps_client *pc, const bool *which, uint32_t e, const struct ps_sparse_rows *rows,
+                            uint64_t global_step, char *err, size_t errlen) {
+        const struct ps_sparse_import_opts o = {.clear = true};
+        return ps_client_sparse_import_part(pc, which, e, rows, &o, global_step, err, errlen);
 }
