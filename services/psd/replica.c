@@ -69,8 +69,9 @@ struct replica {
         uint64_t gen;                /* mu: a new one each time the stream of updates ends (a drop, a
                                       * step down): a batch sent before it is none of the new stream's */
         pthread_mutex_t qmu;         /* the queue; taken under mu or alone, never mu under it */
-        pthread_cond_t qcv;          /* the thread waits on it for updates */
-        struct replica_update *head, **tail;   /* qmu: queued, not yet taken by the thread */
+        struct replica_update *head, **tail;   /* qmu: queued, not yet sent */
+        bool in_flight;              /* qmu: a Replicate call of updates is on the wire (one at most) */
+        struct rpc_batch *calls;     /* that call's; the thread takes its completion */
         atomic_uint_fast64_t fenced, dropped;
         pthread_mutex_t err_mu;
         char last_error[300];
@@ -159,8 +160,22 @@ static void drop_backup(struct replica *r, const char *why) {
         set_error(r, "backup dropped: %s", why);
 }
 
-/* One Replicate call to the backup; its reply's epoch in *epoch_ret. 0, -ESTALE (the backup is at a
- * newer epoch: we are fenced), or another -errno with why. */
+/* A Replicate call's outcome: 0 (its reply's epoch in *epoch_ret), -ESTALE (the backup is at a newer
+ * epoch: we are fenced), or another -errno with why. */
+static int replicated(const struct rpc_result *res, uint64_t *epoch_ret, char *why, size_t len) {
+        if (res->err < 0) {
+                errf(why, len, res->err, "%s", res->message);
+                return res->status == GRPC_STATUS_FAILED_PRECONDITION ? -ESTALE : res->err;
+        }
+        ProtobufCMessage *m;
+        if (wire_unpack(res->reply, &psfleet__v1__replicate_reply__descriptor, &m) == 0) {
+                *epoch_ret = ((Psfleet__V1__ReplicateReply *)m)->epoch;
+                protobuf_c_message_free_unpacked(m, NULL);
+        }
+        return 0;
+}
+
+/* One Replicate call to the backup, waited for (the state transfer): as replicated(). */
 static int send(struct replica *r, struct wire_out *o, uint64_t timeout_ms, uint64_t *epoch_ret, char *why,
                 size_t len) {
         grpc_byte_buffer *bb;
@@ -168,18 +183,8 @@ static int send(struct replica *r, struct wire_out *o, uint64_t timeout_ms, uint
         if (e < 0)
                 return errf(why, len, e, "out of memory");
         struct rpc_result res;
-        e = rpc_call(r->peer, M_REPLICATE, bb, timeout_ms, false, &res);
-        if (e == 0) {
-                ProtobufCMessage *m;
-                if (wire_unpack(res.reply, &psfleet__v1__replicate_reply__descriptor, &m) == 0) {
-                        *epoch_ret = ((Psfleet__V1__ReplicateReply *)m)->epoch;
-                        protobuf_c_message_free_unpacked(m, NULL);
-                }
-        } else {
-                errf(why, len, e, "%s", res.message);
-                if (res.status == GRPC_STATUS_FAILED_PRECONDITION)
-                        e = -ESTALE;
-        }
+        rpc_call(r->peer, M_REPLICATE, bb, timeout_ms, false, &res);
+        e = replicated(&res, epoch_ret, why, len);
         rpc_result_clear(&res);
         return e;
 }
@@ -221,6 +226,8 @@ struct replica_update *replica_update_free(struct replica_update *u) {
         return NULL;
 }
 
+static void start_batch(struct replica *r);
+
 int replica_write_begin(struct replica *r, char *err, size_t errlen) {
         if (!r)
                 return 0;
@@ -260,13 +267,14 @@ int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, 
         pthread_mutex_lock(&r->qmu);
         *r->tail = u;
         r->tail = &u->next;
-        pthread_cond_signal(&r->qcv);
         pthread_mutex_unlock(&r->qmu);
         u = NULL;
         ret = 1;
 out:
         pthread_mutex_unlock(&r->mu);
         free(u);
+        if (ret > 0)
+                start_batch(r);   /* at once if no call is in flight: no hand-over to the thread */
         return ret;
 }
 
@@ -274,13 +282,14 @@ bool replica_is_primary(struct replica *r) {
         return !r || atomic_load(&r->role) == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY;
 }
 
-/* ---- the thread: the queue forwarded in batches ---- */
+/* ---- the queue forwarded in batches, one call in flight ---- */
 
-/* A batch in a Replicate call: its updates lent to gRPC, freed when both the call and gRPC are done
- * with them. */
+/* A batch in a Replicate call: its updates lent to gRPC, freed when both the call's completion and
+ * gRPC are done with them. */
 struct batch {
         atomic_uint refs;
         struct replica_update *list;
+        uint64_t gen, t0;            /* the stream it is of; when it was sent */
 };
 
 static void batch_unref(void *arg) {
@@ -317,89 +326,123 @@ static struct replica_update *take_batch(struct replica *r, size_t *n_ret) {
         return first;
 }
 
-/* Everything queued, one call at a time, until the queue is empty; each batch answered when the
- * backup has acknowledged it (or given up, and the backup dropped or this psd fenced). */
-static void forward(struct replica *r) {
-        for (;;) {
-                size_t n = 0;
-                pthread_mutex_lock(&r->qmu);
-                struct replica_update *list = take_batch(r, &n);
-                uint64_t gen = r->gen;
-                pthread_mutex_unlock(&r->qmu);
-                if (!list)
-                        return;
-                char why[600], task[32];
-                Psfleet__V1__ReplicateHeader h;
-                Psfleet__V1__Caller c;
-                header_init(r, &h, &c, task, sizeof(task));
-                h.epoch = list->epoch;
-                Psfleet__V1__ReplicateUpdate *ups = calloc(n, sizeof(*ups));
-                Psfleet__V1__ReplicateUpdate **pups = calloc(n, sizeof(*pups));
-                struct batch *b = calloc(1, sizeof(*b));
-                struct wire_out *o = NULL;
-                int e = -ENOMEM;
-                uint64_t t0 = mono_us(), epoch = 0, last = 0;
-                if (!ups || !pups || !b || wire_out_new(&o) < 0) {
-                        errf(why, sizeof(why), e, "out of memory");
-                } else {
-                        atomic_init(&b->refs, 1);
-                        b->list = list;
-                        size_t i = 0;
-                        for (struct replica_update *u = list; u; u = u->next, i++) {
-                                psfleet__v1__replicate_update__init(&ups[i]);
-                                ups[i].seq = last = u->seq;
-                                ups[i].global_step = u->gs;
-                                ups[i].count_step = u->push.count_step;
-                                ups[i].worker = u->push.worker;
-                                ups[i].local_step = u->push.local_step;
-                                ups[i].n_tensors = u->n;
-                                pups[i] = &ups[i];
-                                for (uint32_t k = 0, at = 0; k < u->n; at += (uint32_t)u->parts[k]->a.n, k++) {
-                                        const struct shard_part *pt = u->parts[k];
-                                        uint64_t shape[2] = {pt->rows, pt->cols};
-                                        atomic_fetch_add(&b->refs, 1);
-                                        wire_out_tensor(o, pt->name, WIRE_DTYPE_FLOAT32, shape, 2, pt->row_begin,
-                                                        u->grads + at, pt->a.n * sizeof(float), batch_unref, b);
-                                }
-                        }
-                        h.n_batch = n;
-                        h.batch = pups;
-                        wire_out_header(o, &h.base);
-                        e = send(r, o, r->p->cfg->ps.replica_timeout_ms, &epoch, why, sizeof(why));
-                }
-                wire_out_free(o);
-                free(pups);
-                free(ups);
-                if (e == 0) {
-                        /* the backup holds them all: answered as done, whatever happened here meanwhile */
-                        atomic_store(&r->acked, last);
-                        atomic_store(&r->lag_us, mono_us() - t0);
-                        answer(list, 0, NULL);
-                } else {
-                        char msg[700];
-                        pthread_mutex_lock(&r->mu);
-                        if (gen == r->gen) {   /* else the stream ended meanwhile, for a reason of its own */
-                                if (e == -ESTALE)
-                                        step_down(r, epoch, why);
-                                else
-                                        drop_backup(r, why);
-                        }
-                        pthread_mutex_unlock(&r->mu);
-                        /* the backup may not have them: not answered as done (the worker pulls again) */
+/* A batch's call ended (e: replicated()'s): its writes answered as done if the backup holds them all,
+ * whatever happened here meanwhile; else refused, and the backup dropped or this psd fenced unless
+ * the batch's stream had ended already. Then the next batch, if any queued meanwhile. b NULL: list was
+ * never lent (out of memory). */
+static void complete(struct replica *r, struct batch *b, struct replica_update *list, uint64_t gen, uint64_t t0,
+                     int e, uint64_t epoch, const char *why) {
+        if (e == 0) {
+                const struct replica_update *last = list;
+                while (last->next)
+                        last = last->next;
+                atomic_store(&r->acked, last->seq);
+                atomic_store(&r->lag_us, mono_us() - t0);
+                answer(list, 0, NULL);
+        } else {
+                char msg[700];
+                pthread_mutex_lock(&r->mu);
+                if (gen == r->gen) {
                         if (e == -ESTALE)
-                                snprintf(msg, sizeof(msg), "ps:%u at %s was fenced by a newer primary of its shard: "
-                                         "%s", r->p->shard, r->p->args.listen, why);
+                                step_down(r, epoch, why);
                         else
-                                snprintf(msg, sizeof(msg), "ps:%u: its backup did not acknowledge the update: %s",
-                                         r->p->shard, why);
-                        answer(list, -EAGAIN, msg);
+                                drop_backup(r, why);
                 }
-                /* the updates' memory goes once gRPC is done with it too */
-                if (b)
-                        batch_unref(b);
+                pthread_mutex_unlock(&r->mu);
+                /* the backup may not have them: not answered as done (the worker pulls again) */
+                if (e == -ESTALE)
+                        snprintf(msg, sizeof(msg), "ps:%u at %s was fenced by a newer primary of its shard: %s",
+                                 r->p->shard, r->p->args.listen, why);
                 else
-                        free_list(list);
+                        snprintf(msg, sizeof(msg), "ps:%u: its backup did not acknowledge the update: %s",
+                                 r->p->shard, why);
+                answer(list, -EAGAIN, msg);
         }
+        if (b)
+                batch_unref(b);   /* the updates' memory goes once gRPC is done with it too */
+        else
+                free_list(list);
+        pthread_mutex_lock(&r->qmu);
+        r->in_flight = false;
+        pthread_mutex_unlock(&r->qmu);
+        start_batch(r);
+}
+
+/* Sends what is queued in one Replicate call, unless a call is in flight (its completion sends what
+ * queued meanwhile) or psd is stopping. Any thread; the call's completion is the replica thread's. */
+static void start_batch(struct replica *r) {
+        size_t n = 0;
+        pthread_mutex_lock(&r->qmu);
+        struct replica_update *list = r->in_flight || atomic_load(&r->stop) ? NULL : take_batch(r, &n);
+        uint64_t gen = r->gen, t0 = mono_us();
+        if (list)
+                r->in_flight = true;
+        pthread_mutex_unlock(&r->qmu);
+        if (!list)
+                return;
+        char why[600], task[32];
+        Psfleet__V1__ReplicateHeader h;
+        Psfleet__V1__Caller c;
+        header_init(r, &h, &c, task, sizeof(task));
+        h.epoch = list->epoch;
+        Psfleet__V1__ReplicateUpdate *ups = calloc(n, sizeof(*ups));
+        Psfleet__V1__ReplicateUpdate **pups = calloc(n, sizeof(*pups));
+        struct batch *b = calloc(1, sizeof(*b));
+        struct wire_out *o = NULL;
+        struct rpc_pending *pd = NULL;
+        grpc_byte_buffer *bb;
+        int e = -ENOMEM;
+        if (b && ups && pups && wire_out_new(&o) == 0) {
+                *b = (struct batch){.list = list, .gen = gen, .t0 = t0};
+                atomic_init(&b->refs, 1);
+                size_t i = 0;
+                for (struct replica_update *u = list; u; u = u->next, i++) {
+                        psfleet__v1__replicate_update__init(&ups[i]);
+                        ups[i].seq = u->seq;
+                        ups[i].global_step = u->gs;
+                        ups[i].count_step = u->push.count_step;
+                        ups[i].worker = u->push.worker;
+                        ups[i].local_step = u->push.local_step;
+                        ups[i].n_tensors = u->n;
+                        pups[i] = &ups[i];
+                        for (uint32_t k = 0, at = 0; k < u->n; at += (uint32_t)u->parts[k]->a.n, k++) {
+                                const struct shard_part *pt = u->parts[k];
+                                uint64_t shape[2] = {pt->rows, pt->cols};
+                                atomic_fetch_add(&b->refs, 1);
+                                wire_out_tensor(o, pt->name, WIRE_DTYPE_FLOAT32, shape, 2, pt->row_begin,
+                                                u->grads + at, pt->a.n * sizeof(float), batch_unref, b);
+                        }
+                }
+                h.n_batch = n;
+                h.batch = pups;
+                wire_out_header(o, &h.base);
+                if (wire_out_finish(o, &bb) == 0)
+                        e = rpc_batch_start_ud(r->calls, r->peer, M_REPLICATE, bb, r->p->cfg->ps.replica_timeout_ms,
+                                               false, b, &pd);
+        }
+        wire_out_free(o);
+        free(pups);
+        free(ups);
+        if (e == 0)
+                return;
+        snprintf(why, sizeof(why), "%s", e == -ENOMEM ? "out of memory" : "cannot start the call");
+        if (pd)   /* started and failed at once: no completion comes */
+                rpc_batch_release(r->calls, pd);
+        if (b && !b->list) {   /* not lent */
+                free(b);
+                b = NULL;
+        }
+        complete(r, b, list, gen, t0, e, 0, why);
+}
+
+/* The thread: a batch's call ended. */
+static void on_call_done(struct replica *r, struct rpc_pending *pd) {
+        struct batch *b = rpc_pending_userdata(pd);
+        char why[600];
+        uint64_t epoch = 0;
+        int e = replicated(rpc_pending_result(pd), &epoch, why, sizeof(why));
+        rpc_batch_release(r->calls, pd);
+        complete(r, b, b->list, b->gen, b->t0, e, epoch, why);
 }
 
 /* ---- the state transfer: the primary's whole state, then the updates since ---- */
@@ -478,26 +521,25 @@ out:
         return e;
 }
 
-/* The replica's one thread: on a primary, forwards what is queued (forward) and, while the shard
- * runs unreplicated, brings its backup in by a state transfer; the two never overlap. */
+/* The replica's one thread: takes the completions of the calls that carry the updates (and sends what
+ * queued meanwhile) and, while the shard runs unreplicated, brings its backup in by a state transfer,
+ * never while a call of updates is in flight. */
 static void *replica_main(void *arg) {
         struct replica *r = arg;
         uint64_t next = 0;
         char why[600];
         while (!atomic_load(&r->stop)) {
-                pthread_mutex_lock(&r->qmu);
-                if (!r->head && !atomic_load(&r->stop)) {
-                        struct timespec until = realtime_in_ms(TICK_US / 1000);
-                        pthread_cond_timedwait(&r->qcv, &r->qmu, &until);
-                }
-                bool queued = r->head;
-                pthread_mutex_unlock(&r->qmu);
-                if (queued) {
-                        forward(r);
+                struct rpc_pending *pd = rpc_batch_next(r->calls, TICK_US / 1000);
+                if (pd) {
+                        on_call_done(r, pd);
                         continue;
                 }
+                pthread_mutex_lock(&r->qmu);
+                bool in_flight = r->in_flight;
+                pthread_mutex_unlock(&r->qmu);
                 if (atomic_load(&r->role) != PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY ||
-                    !atomic_load(&r->p->s->initialized) || atomic_load(&r->replicating) || mono_us() < next)
+                    !atomic_load(&r->p->s->initialized) || atomic_load(&r->replicating) || in_flight ||
+                    mono_us() < next)
                         continue;
                 next = mono_us() + RETRY_US;
                 int e = peer_ready(r, why, sizeof(why));
@@ -508,7 +550,7 @@ static void *replica_main(void *arg) {
                         set_error(r, "no backup: %s", why);
                 } else if (atomic_load(&r->role) == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY &&
                            !atomic_load(&r->replicating)) {
-                        /* nothing queued: updates are queued only while replicating */
+                        /* nothing queued or in flight: updates are queued only while replicating */
                         uint64_t t0 = mono_us();
                         if ((e = transfer(r, why, sizeof(why))) == 0) {
                                 atomic_store(&r->seq, 0);
@@ -525,6 +567,12 @@ static void *replica_main(void *arg) {
                         }
                 }
                 pthread_mutex_unlock(&r->mu);
+        }
+        /* stopping: the call in flight ends (within ps.replica_timeout_ms) and its writes are answered */
+        while (rpc_batch_running(r->calls) > 0) {
+                struct rpc_pending *pd = rpc_batch_next(r->calls, 1000);
+                if (pd)
+                        on_call_done(r, pd);
         }
         return NULL;
 }
@@ -732,7 +780,6 @@ int replica_new(struct psd *p, struct replica **ret) {
         pthread_mutex_init(&r->mu, NULL);
         pthread_mutex_init(&r->err_mu, NULL);
         pthread_mutex_init(&r->qmu, NULL);
-        pthread_cond_init(&r->qcv, NULL);
         r->tail = &r->head;
         atomic_init(&r->role, PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_BACKUP);
         const struct cluster *cl = &p->cfg->cluster;
@@ -741,7 +788,7 @@ int replica_new(struct psd *p, struct replica **ret) {
         char name[32];
         snprintf(name, sizeof(name), "ps:%u", p->shard);   /* the same task: its certificate names it so */
         int e = rpc_channel_new(r->peer_addr, name, &r->peer);
-        if (e < 0 || (e = -pthread_create(&r->thread, NULL, replica_main, r)) < 0) {
+        if (e < 0 || (e = rpc_batch_new(&r->calls)) < 0 || (e = -pthread_create(&r->thread, NULL, replica_main, r)) < 0) {
                 replica_free(r);
                 return e;
         }
@@ -754,17 +801,13 @@ struct replica *replica_free(struct replica *r) {
         if (!r)
                 return NULL;
         atomic_store(&r->stop, true);
-        if (r->started) {
-                pthread_mutex_lock(&r->qmu);
-                pthread_cond_signal(&r->qcv);
-                pthread_mutex_unlock(&r->qmu);
+        if (r->started)
                 pthread_join(r->thread, NULL);
-        }
         /* after the server and the links no write can come; one queued as the thread stopped is refused */
         answer(r->head, -ECANCELED, "psd is stopping");
         free_list(r->head);
+        rpc_batch_free(r->calls);
         rpc_channel_free(r->peer);
-        pthread_cond_destroy(&r->qcv);
         pthread_mutex_destroy(&r->qmu);
         pthread_mutex_destroy(&r->mu);
         pthread_mutex_destroy(&r->err_mu);
