@@ -133,7 +133,8 @@ static void push_answer(struct psd *p, struct psd_push *u) {
         u->ops->reply(u, u->gs);
 }
 
-/* ps.replicas 2, the replica's thread: u's update acknowledged by the backup (status 0), or given up */
+/* ps.replicas 2, mostly on the replica's thread: u's update acknowledged by the backup (status 0), or
+ * given up */
 static void push_replicated(void *ud, int status, const char *why) {
         struct psd_push *u = ud;
         if (status < 0)
@@ -164,8 +165,8 @@ static bool psd_push_serve(struct psd *p, struct psd_push *u) {
                 return false;
         }
         /* replicated: the update for the backup made before the lock, applied and numbered under it (the
-         * backup applies in that order), forwarded by the replica's thread while the next push applies,
-         * answered once the backup has it */
+         * backup applies in that order), sent outside it while the next push applies, answered once the
+         * backup has it (replica.h) */
         struct replica_update *ru = p->rep ? ops->update(u) : NULL;
         if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0) {
                 replica_update_free(ru);

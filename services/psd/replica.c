@@ -4,14 +4,15 @@
  * sync and embedding tables are refused at start (config) until they are.
  *
  * The order, and why the forward is not under the apply lock: a write takes the lock only to apply
- * its update and to number it (seq, the shard's order) and queue it; the replica's one thread drains
- * the queue, everything queued in one Replicate call (a batch), and answers the writes once the
- * backup has acknowledged it. So the next push applies while earlier ones are on the wire, and a
- * shard's pushes overlap again. One call in flight per shard, not one per push: the backup must apply
- * in seq order, and with several calls in flight it would have to put them back in order (hold one
- * that came early, time out on a gap); one thread that sends whatever has queued meanwhile keeps the
- * order by construction and batches by itself when pushes come faster than round trips. The same
- * thread makes the state transfers, so no forward is ever in flight during one. */
+ * its update and to number it (seq, the shard's order) and queue it. Outside the lock, with no call
+ * in flight, the writing thread sends what is queued in one Replicate call (a batch); the replica's
+ * thread takes the call's completion, answers its writes, and sends in one call whatever queued
+ * meanwhile. So the next push applies while earlier ones are on the wire, and a shard's pushes
+ * overlap again. One call in flight per shard, not one per push: the backup must apply in seq order,
+ * and with several calls in flight it would have to put them back in order (hold one that came early,
+ * time out on a gap that never fills); one call at a time keeps the order by construction and batches
+ * by itself when pushes come faster than round trips. The replica's thread makes the state transfers
+ * only with no call in flight. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -66,6 +67,7 @@ struct replica {
                                       * or confirmed a drop): writes may be answered without it */
         atomic_uint_fast64_t seq;    /* written under mu: updates applied since the last snapshot */
         atomic_uint_fast64_t acked, lag_us;   /* the last acknowledged update; its batch's round trip */
+        atomic_uint_fast64_t n_calls;   /* the calls that carried the updates since the last snapshot */
         uint64_t gen;                /* mu: a new one each time the stream of updates ends (a drop, a
                                       * step down): a batch sent before it is none of the new stream's */
         pthread_mutex_t qmu;         /* the queue; taken under mu or alone, never mu under it */
@@ -423,8 +425,10 @@ static void start_batch(struct replica *r) {
         wire_out_free(o);
         free(pups);
         free(ups);
-        if (e == 0)
+        if (e == 0) {
+                atomic_fetch_add(&r->n_calls, 1);
                 return;
+        }
         snprintf(why, sizeof(why), "%s", e == -ENOMEM ? "out of memory" : "cannot start the call");
         if (pd)   /* started and failed at once: no completion comes */
                 rpc_batch_release(r->calls, pd);
@@ -555,6 +559,7 @@ static void *replica_main(void *arg) {
                         if ((e = transfer(r, why, sizeof(why))) == 0) {
                                 atomic_store(&r->seq, 0);
                                 atomic_store(&r->acked, 0);
+                                atomic_store(&r->n_calls, 0);
                                 atomic_store(&r->replicating, true);
                                 log_info("ps:%u: backup %s in sync at epoch %" PRIu64 " (state transfer of %zu bytes "
                                          "in %" PRIu64 " ms); every update is forwarded to it from now on",
@@ -761,6 +766,7 @@ void replica_status(struct replica *r, Psfleet__V1__ReplicaStatus *st, char *err
         st->seq = atomic_load(&r->seq);
         st->acked = atomic_load(&r->acked);
         st->lag_us = atomic_load(&r->lag_us);
+        st->calls = atomic_load(&r->n_calls);
         st->fenced_writes = atomic_load(&r->fenced);
         st->dropped = atomic_load(&r->dropped);
         pthread_mutex_lock(&r->err_mu);

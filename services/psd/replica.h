@@ -1,16 +1,14 @@
 /* ps.replicas 2: the two psds of a shard, its primary and its backup (docs/operations.md, "Replicated
  * shards"). The primary applies each update under the replica's lock and numbers it there (the
- * shard's order); the replica's thread forwards the updates in that order, several in one call when
- * they queue, outside the lock, and a push is answered only once the backup has acknowledged its
- * update, so the backup applies the same updates in the same order and its variables and slots stay
- * bit-equal. The chief alone sets the roles
- * (SetRole), each with an epoch; a psd refuses writes unless it is the primary, and a primary whose
- * backup answers with a newer epoch steps down (fenced). A backup that does not answer within
- * ps.replica_timeout_ms is dropped (the write that found it so fails) and, once the chief has
- * recorded it (SetRole unreplicated_ok; writes are refused until then), the shard runs unreplicated;
- * the replica's thread brings a
- * backup (back) by a state transfer: the primary's whole state (a snapshot, under the lock), then
- * the updates since. Thread-safe. */
+ * shard's order); outside the lock the updates go to the backup in that order, one call in flight,
+ * several updates in one call when they queue, and a push is answered only once the backup has
+ * acknowledged its update, so the backup applies the same updates in the same order and its variables
+ * and slots stay bit-equal. The chief alone sets the roles (SetRole), each with an epoch; a psd refuses
+ * writes unless it is the primary, and a primary whose backup answers with a newer epoch steps down
+ * (fenced). A backup that does not answer within ps.replica_timeout_ms is dropped (the writes waiting
+ * for it fail) and, once the chief has recorded it (SetRole unreplicated_ok; writes are refused until
+ * then), the shard runs unreplicated; the replica's thread brings a backup (back) by a state transfer:
+ * the primary's whole state (a snapshot, under the lock), then the updates since. Thread-safe. */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -53,11 +51,12 @@ int replica_write_begin(struct replica *r, char *err, size_t errlen);
  * primary), or the backup did not acknowledge it (dropped), or psd is stopping. */
 typedef void (*replica_done_fn)(void *ud, int status, const char *why);
 /* The write applied, gs is global_step after it: its update u (taken; NULL when out of memory: the
- * backup is dropped) is numbered and queued for the backup, and the lock released. Returns 1: queued,
- * done(ud, ...) will be called exactly once, from the replica's thread (possibly before this returns),
- * once the backup has acknowledged it or it was given up (bounded: ps.replica_timeout_ms); 0: the
- * shard runs unreplicated, answer the write now (done is not called); or -errno with err, the write
- * must not be answered as done. */
+ * backup is dropped) is numbered and queued for the backup, the lock released, and the queue sent
+ * unless a call is in flight already. Returns 1: queued, done(ud, ...) will be called exactly once,
+ * once the backup has acknowledged it or it was given up (bounded: ps.replica_timeout_ms): mostly from
+ * the replica's thread, but possibly from any thread, and possibly before this returns (by this very
+ * call when the send fails at once); 0: the shard runs unreplicated, answer the write now (done is not
+ * called); or -errno with err, the write must not be answered as done. */
 int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, const struct replica_push *push,
                       replica_done_fn done, void *ud, char *err, size_t errlen);
 
