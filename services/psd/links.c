@@ -47,6 +47,10 @@ static struct link *link_free(struct link *k) {
                 shmlink_kick(k->l);
                 pthread_join(k->thread, NULL);
         }
+        /* its pushes still waiting for the backup's acknowledgement answer into the segment and its held
+         * records: the replica's thread ends each within ps.replica_timeout_ms */
+        while (atomic_load(&k->pending))
+                usleep(1000);
         if (k->p->agg)
                 agg_forget(k->p->agg, k);   /* its held pushes: nobody reads their answers any more */
         if (k->p->ssp)

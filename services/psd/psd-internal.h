@@ -99,6 +99,7 @@ struct link {
         pthread_t thread;
         bool started;
         atomic_bool stop, ended;
+        atomic_uint pending;     /* its pushes not yet released: waiting for the backup (ps.replicas 2) */
         struct link *next;
 };
 

@@ -1,6 +1,7 @@
 /* A push, whichever way it came, through one pipeline, top to bottom in psd_push_serve(): the gate
  * (assigned yet?) → check (everything before anything is applied, so a bad push changes nothing) →
- * the mode (sync: to the step; async and ssp: apply now) → apply → count → reply. What differs
+ * the mode (sync: to the step; async and ssp: apply now) → apply → count → (ps.replicas 2: the
+ * backup's acknowledgement, on the replica's thread) → reply. What differs
  * between the two transports is a table of steps (struct psd_push_ops), one per transport, both here:
  * a gRPC Push, whose gradients stream out of the message's slices and whose fresh values are lent to
  * the reply without another copy; and a worker's shared-memory push, whose gradients are read out of
@@ -9,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "authz.h"
 #include "compress.h"
@@ -22,16 +24,19 @@
 /* One push in flight: what the pipeline reads, filled by the transport's adapter and its check. */
 struct psd_push {
         const struct psd_push_ops *ops;
+        struct psd *p;
         uint32_t worker;          /* whose push: the authenticated caller's, or the link's worker */
         uint64_t local_step;      /* the step its gradients were computed from */
         bool count_step;          /* shard 0 counts a step for it */
         uint64_t t0;              /* mono_us at receive */
+        uint64_t gs;              /* global_step once applied */
         /* check fills these */
         size_t bytes, bytes_back;       /* of gradients in and values back, as they travel (psd_count_push) */
         size_t metric_in, metric_out;   /* what the byte counters count now (gRPC counts its reply's when built) */
 };
 
-/* A transport's steps. Every push ends in exactly one of reply, fail, or (held) answer. */
+/* A transport's steps. Every push ends in exactly one of reply, fail, or (held) answer; and the push
+ * itself in release, once the pipeline is done with it (psd_push_serve, or the replica's thread). */
 struct psd_push_ops {
         /* The gradients checked whole (u's bytes filled): 0, or -errno with err; -ENOMEM is ours (not
          * counted as a rejection), any other the sender's. */
@@ -49,9 +54,10 @@ struct psd_push_ops {
         void (*fail)(struct psd_push *u, int r, const char *msg);
         /* a held push let go (status 0: the values read now) or ended (-ETIMEDOUT, -ECANCELED: msg) */
         void (*answer)(struct psd_held *hd, int status, uint64_t gs, const char *msg);
-        /* ps.replicas 2: the gradients as applied (float32, scaled) and their parts, for the backup;
-         * NULL when out of memory */
-        const float *(*applied)(struct psd_push *u, struct shard_part *const **parts, uint32_t *n);
+        /* ps.replicas 2: the update for the backup, the checked gradients as they are applied (float32,
+         * scaled) with their parts (replica_update_new); NULL when out of memory */
+        struct replica_update *(*update)(struct psd_push *u);
+        void (*release)(struct psd_push *u);
 };
 
 /* ---- the pipeline ---- */
@@ -120,48 +126,67 @@ static bool push_ssp_held(struct psd *p, struct psd_push *u) {
         return false;
 }
 
-static void psd_push_serve(struct psd *p, struct psd_push *u) {
+/* An applied push answered: held under ssp until the slowest worker is near enough, else now. */
+static void push_answer(struct psd *p, struct psd_push *u) {
+        if (p->ssp && u->count_step && push_ssp_held(p, u))
+                return;
+        u->ops->reply(u, u->gs);
+}
+
+/* ps.replicas 2, mostly on the replica's thread: u's update acknowledged by the backup (status 0), or
+ * given up */
+static void push_replicated(void *ud, int status, const char *why) {
+        struct psd_push *u = ud;
+        if (status < 0)
+                u->ops->fail(u, status, why);
+        else
+                push_answer(u->p, u);
+        u->ops->release(u);
+}
+
+/* The pipeline. Returns true when u waits for its backup's acknowledgement: push_replicated answers
+ * and releases it then (and may have already); false when done with u (the caller releases it). */
+static bool psd_push_serve(struct psd *p, struct psd_push *u) {
         const struct psd_push_ops *ops = u->ops;
         char err[600];
         int r;
         if ((r = psd_ready(p, err, sizeof(err))) < 0) {
                 ops->fail(u, r, err);
-                return;
+                return false;
         }
         if ((r = ops->check(u, err, sizeof(err))) < 0) {
                 if (r != -ENOMEM)
                         psd_note_reject(p, err);
                 ops->fail(u, r, err);
-                return;
+                return false;
         }
         if (p->agg) {
                 push_sync(p, u);
-                return;
+                return false;
         }
-        /* replicated: applied and forwarded to the backup one push at a time, so that it applies them
-         * in the same order; answered once the backup has it */
+        /* replicated: the update for the backup made before the lock, applied and numbered under it (the
+         * backup applies in that order), sent outside it while the next push applies, answered once the
+         * backup has it (replica.h) */
+        struct replica_update *ru = p->rep ? ops->update(u) : NULL;
         if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0) {
+                replica_update_free(ru);
                 ops->fail(u, r, err);
-                return;
+                return false;
         }
         count_bytes(p, u);
         uint64_t t_apply = mono_us();
         ops->apply(u);
         metric_observe_us(p->m_apply, mono_us() - t_apply);
-        uint64_t gs = psd_count_push(p, u->count_step, u->bytes, u->bytes_back, u->t0);
-        if (p->rep) {
-                struct shard_part *const *parts = NULL;
-                uint32_t n = 0;
-                const float *g = ops->applied(u, &parts, &n);
-                struct replica_push who = {.worker = u->worker, .local_step = u->local_step, .count_step = u->count_step};
-                if ((r = replica_write_end(p->rep, parts, n, g, gs, &who, err, sizeof(err))) < 0) {
-                        ops->fail(u, r, err);
-                        return;
-                }
+        u->gs = psd_count_push(p, u->count_step, u->bytes, u->bytes_back, u->t0);
+        struct replica_push who = {.worker = u->worker, .local_step = u->local_step, .count_step = u->count_step};
+        if ((r = replica_write_end(p->rep, ru, u->gs, &who, push_replicated, u, err, sizeof(err))) != 0) {
+                if (r > 0)
+                        return true;   /* u may be answered and gone already */
+                ops->fail(u, r, err);
+                return false;
         }
-        if (p->ssp && u->count_step && push_ssp_held(p, u))
-                return;   /* answered when the slowest worker is near enough */
-        ops->reply(u, gs);
+        push_answer(p, u);
+        return false;
 }
 
 /* ---- gRPC: the message's tensors in, the fresh values lent to the reply ---- */
@@ -322,27 +347,49 @@ static void grpc_answer(struct psd_held *hd, int status, uint64_t gs, const char
         free(hc);
 }
 
-static const float *grpc_applied(struct psd_push *u, struct shard_part *const **parts, uint32_t *n) {
+/* the gradients read out of the slices straight into the update */
+static struct replica_update *grpc_update(struct psd_push *u) {
         struct grpc_push *gp = (struct grpc_push *)u;
-        *parts = gp->parts;
-        *n = (uint32_t)gp->q.in->n_tensors;
-        return grpc_gradients(u);
+        uint32_t n = (uint32_t)gp->q.in->n_tensors;
+        struct replica_update *ru;
+        if (replica_update_new(n, gp->total, &ru) < 0)
+                return NULL;
+        memcpy(replica_update_parts(ru), gp->parts, n * sizeof(*gp->parts));
+        shard_wire_read(gp->q.in, gp->parts, gp->scale, replica_update_grads(ru));
+        return ru;
+}
+
+static void grpc_release(struct psd_push *u) {
+        struct grpc_push *gp = (struct grpc_push *)u;
+        free(gp->vals);
+        free(gp->dtypes);
+        free(gp->grads);
+        free(gp->parts);
+        psd_request_done(&gp->q);
+        free(gp);
 }
 
 static const struct psd_push_ops grpc_ops = {
         .check = grpc_check, .apply = grpc_apply, .gradients = grpc_gradients, .hold = grpc_hold,
-        .drop = grpc_drop, .reply = grpc_reply, .fail = grpc_fail, .answer = grpc_answer, .applied = grpc_applied,
+        .drop = grpc_drop, .reply = grpc_reply, .fail = grpc_fail, .answer = grpc_answer, .update = grpc_update,
+        .release = grpc_release,
 };
 
-/* gRPC Push: received, its sender checked, then the pipeline. */
+/* gRPC Push: received, its sender checked, then the pipeline (which may answer it later, from the
+ * replica's thread: the push lives on the heap). */
 void psd_on_push(struct rpc_call *call, void *ud) {
         struct psd *p = ud;
-        struct grpc_push gp = {.u = {.ops = &grpc_ops, .t0 = mono_us()}, .p = p, .call = call};
+        struct grpc_push *gp = calloc(1, sizeof(*gp));
         char err[600], who[LOG_PEER_BUF];
         int r;
-        if ((r = psd_receive(p, call, &psfleet__v1__push_header__descriptor, &gp.q, err, sizeof(err))) < 0)
+        if (!gp) {
+                psd_out_of_memory(p, call);
+                return;
+        }
+        *gp = (struct grpc_push){.u = {.ops = &grpc_ops, .p = p, .t0 = mono_us()}, .p = p, .call = call};
+        if ((r = psd_receive(p, call, &psfleet__v1__push_header__descriptor, &gp->q, err, sizeof(err))) < 0)
                 goto reject;
-        const Psfleet__V1__PushHeader *h = gp.h = (const Psfleet__V1__PushHeader *)gp.q.hm;
+        const Psfleet__V1__PushHeader *h = gp->h = (const Psfleet__V1__PushHeader *)gp->q.hm;
         /* a push speaks for the worker its header names: in sync mode its gradient stands in that worker's
          * place in the sum, under ssp it moves that worker's clock. Only the worker itself may send it. */
         if (!authz_peer_is(rpc_call_identity(call), PEER_WORKER, h->worker)) {
@@ -351,19 +398,15 @@ void psd_on_push(struct rpc_call *call, void *ud) {
                 r = -EACCES;
                 goto reject;
         }
-        gp.u.worker = h->worker;
-        gp.u.local_step = h->local_step;
-        gp.u.count_step = h->count_step;
-        psd_push_serve(p, &gp.u);
-        goto out;
+        gp->u.worker = h->worker;
+        gp->u.local_step = h->local_step;
+        gp->u.count_step = h->count_step;
+        if (!psd_push_serve(p, &gp->u))
+                grpc_release(&gp->u);
+        return;
 reject:
         psd_reject(p, call, r, err);
-out:
-        free(gp.vals);
-        free(gp.dtypes);
-        free(gp.grads);
-        free(gp.parts);
-        psd_request_done(&gp.q);
+        grpc_release(&gp->u);
 }
 
 /* ---- shared memory: the gradients in the worker's segment, the fresh values written back into it ---- */
@@ -374,7 +417,6 @@ struct link_push {
         uint32_t gi, g, seq;      /* the group: its index in k's, its record in the segment; the push's seq */
         const uint32_t *parts;    /* (n) indices into the shard's parts */
         uint32_t n;
-        struct shard_part **applied;  /* (n) ps.replicas 2: the parts themselves, for the backup */
 };
 
 /* copied out of the segment first, so the values checked are the values applied whatever the other
@@ -441,32 +483,50 @@ static void link_answer(struct psd_held *hd, int status, uint64_t gs, const char
         shmlink_reply(k->l, lh->g, lh->seq, status, gs, msg);
 }
 
-static const float *link_applied(struct psd_push *u, struct shard_part *const **parts, uint32_t *n) {
+/* the gradients copied out of the link's scratch, which its next push reuses */
+static struct replica_update *link_update(struct psd_push *u) {
         struct link_push *lp = (struct link_push *)u;
         struct shard *s = lp->k->p->s;
-        if (!(lp->applied = calloc(lp->n + 1, sizeof(*lp->applied))))
+        size_t floats = u->bytes / sizeof(float);   /* link_check's: the group's floats */
+        struct replica_update *ru;
+        if (replica_update_new(lp->n, floats, &ru) < 0)
                 return NULL;
+        struct shard_part **parts = replica_update_parts(ru);
         for (uint32_t i = 0; i < lp->n; i++)
-                lp->applied[i] = &s->parts[lp->parts[i]];
-        *parts = lp->applied;
-        *n = lp->n;
-        return lp->k->scratch;
+                parts[i] = &s->parts[lp->parts[i]];
+        memcpy(replica_update_grads(ru), lp->k->scratch, floats * sizeof(float));
+        return ru;
+}
+
+static void link_release(struct psd_push *u) {
+        struct link *k = ((struct link_push *)u)->k;
+        free(u);
+        atomic_fetch_sub(&k->pending, 1);   /* last: the link may go once it is 0 */
 }
 
 static const struct psd_push_ops link_ops = {
         .check = link_check, .apply = link_apply, .gradients = link_gradients, .hold = link_hold,
-        .drop = link_drop, .reply = link_reply, .fail = link_fail, .answer = link_answer, .applied = link_applied,
+        .drop = link_drop, .reply = link_reply, .fail = link_fail, .answer = link_answer, .update = link_update,
+        .release = link_release,
 };
 
-/* A push in k's segment (its link's thread): the pipeline. */
+/* A push in k's segment (its link's thread): the pipeline. The link's thread goes on to the worker's
+ * next push while this one waits for the backup (ps.replicas 2), so the push lives on the heap, counted
+ * in k->pending until released. */
 void psd_push_link(struct link *k, const struct shmlink_push *push) {
         uint32_t gi = push->index;
-        struct link_push lp = {
-                .u = {.ops = &link_ops, .worker = k->worker, .local_step = push->local_step,
+        struct link_push *lp = malloc(sizeof(*lp));
+        if (!lp) {
+                shmlink_reply(k->l, k->groups[gi], push->seq, -ENOMEM, 0, "out of memory");
+                return;
+        }
+        *lp = (struct link_push){
+                .u = {.ops = &link_ops, .p = k->p, .worker = k->worker, .local_step = push->local_step,
                       .count_step = push->count_step, .t0 = mono_us()},
                 .k = k, .gi = gi, .g = k->groups[gi], .seq = push->seq, .parts = k->parts + k->first[gi],
                 .n = k->count[gi],
         };
-        psd_push_serve(k->p, &lp.u);
-        free(lp.applied);
+        atomic_fetch_add(&k->pending, 1);
+        if (!psd_push_serve(k->p, &lp->u))
+                link_release(&lp->u);
 }

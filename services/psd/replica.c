@@ -1,7 +1,18 @@
 /* ps.replicas 2: a shard's primary forwards every update it applies to its backup, in order, and the
  * chief moves the roles (replica.h). What is replicated: dense pushes of training.mode async, through
  * gRPC and shared memory alike, with global_step, and under training.mode ssp the workers' clocks;
- * sync and embedding tables are refused at start (config) until they are. */
+ * sync and embedding tables are refused at start (config) until they are.
+ *
+ * The order, and why the forward is not under the apply lock: a write takes the lock only to apply
+ * its update and to number it (seq, the shard's order) and queue it. Outside the lock, with no call
+ * in flight, the writing thread sends what is queued in one Replicate call (a batch); the replica's
+ * thread takes the call's completion, answers its writes, and sends in one call whatever queued
+ * meanwhile. So the next push applies while earlier ones are on the wire, and a shard's pushes
+ * overlap again. One call in flight per shard, not one per push: the backup must apply in seq order,
+ * and with several calls in flight it would have to put them back in order (hold one that came early,
+ * time out on a gap that never fills); one call at a time keeps the order by construction and batches
+ * by itself when pushes come faster than round trips. The replica's thread makes the state transfers
+ * only with no call in flight. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -28,18 +39,41 @@
 #define RETRY_US 1000000u        /* and tries one that failed again after this */
 #define PROBE_MS 300u
 
+/* One applied update on its way to the backup: queued in seq order, answered (done) once the backup
+ * has acknowledged it or the shard has given it up. */
+struct replica_update {
+        struct replica_update *next;
+        uint64_t seq, gs, epoch;     /* its place in the shard's order; global_step after it; the epoch
+                                      * it was applied at (a batch is of one epoch) */
+        struct replica_push push;
+        replica_done_fn done;
+        void *ud;
+        uint32_t n;
+        size_t floats;
+        struct shard_part **parts;   /* (n) */
+        float *grads;                /* (floats) as applied: scaled; parts' one after the other */
+};
+
 struct replica {
         struct psd *p;
-        pthread_mutex_t mu;          /* one write at a time: applied, forwarded, acknowledged; the fields
-                                      * below that say so */
+        pthread_mutex_t mu;          /* one write at a time: applied, numbered and queued; the fields below
+                                      * that say so */
         atomic_int role;             /* PSFLEET__V1__REPLICA_ROLE__* */
         atomic_uint_fast64_t epoch;
         char peer_addr[300];
-        struct rpc_channel *peer;    /* mu */
+        struct rpc_channel *peer;    /* the thread's, and the status probe's */
         atomic_bool replicating;     /* primary: the backup holds every update (written under mu) */
         atomic_bool unreplicated_ok; /* primary: the chief knows the backup is out (it promoted this psd,
                                       * or confirmed a drop): writes may be answered without it */
-        uint64_t seq, acked, lag_us; /* mu: updates since the last snapshot; the last acknowledged */
+        atomic_uint_fast64_t seq;    /* written under mu: updates applied since the last snapshot */
+        atomic_uint_fast64_t acked, lag_us;   /* the last acknowledged update; its batch's round trip */
+        atomic_uint_fast64_t n_calls;   /* the calls that carried the updates since the last snapshot */
+        uint64_t gen;                /* mu: a new one each time the stream of updates ends (a drop, a
+                                      * step down): a batch sent before it is none of the new stream's */
+        pthread_mutex_t qmu;         /* the queue; taken under mu or alone, never mu under it */
+        struct replica_update *head, **tail;   /* qmu: queued, not yet sent */
+        bool in_flight;              /* qmu: a Replicate call of updates is on the wire (one at most) */
+        struct rpc_batch *calls;     /* that call's; the thread takes its completion */
         atomic_uint_fast64_t fenced, dropped;
         pthread_mutex_t err_mu;
         char last_error[300];
@@ -62,6 +96,41 @@ static const char *replica_role_name(int role) {
         return role == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY ? "primary" : "backup";
 }
 
+/* Answers the updates of the list u: each its done with status and why. */
+static void answer(struct replica_update *u, int status, const char *why) {
+        for (; u; u = u->next)
+                u->done(u->ud, status, why);
+}
+
+static void free_list(struct replica_update *u) {
+        while (u) {
+                struct replica_update *next = u->next;
+                free(u);
+                u = next;
+        }
+}
+
+/* The stream of updates ends (mu held): those queued and not yet sent are given up, not answered as
+ * done (the backup may never get them); a batch on the wire meanwhile is its sender's to answer. */
+static void end_stream(struct replica *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void end_stream(struct replica *r, const char *fmt, ...) {
+        pthread_mutex_lock(&r->qmu);
+        struct replica_update *u = r->head;
+        r->head = NULL;
+        r->tail = &r->head;
+        r->gen++;
+        pthread_mutex_unlock(&r->qmu);
+        if (!u)
+                return;
+        char why[700];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, sizeof(why), fmt, ap);
+        va_end(ap);
+        answer(u, -EAGAIN, why);
+        free_list(u);
+}
+
 /* This psd steps down (mu held): its state may hold updates its shard's new primary never saw, so it
  * forgets them and waits, uninitialized, for the primary's state transfer. */
 static void step_down(struct replica *r, uint64_t epoch, const char *why) {
@@ -70,7 +139,10 @@ static void step_down(struct replica *r, uint64_t epoch, const char *why) {
                 atomic_store(&r->epoch, epoch);
         atomic_store(&r->replicating, false);
         atomic_store(&r->p->s->initialized, false);
-        r->seq = r->acked = 0;
+        atomic_store(&r->seq, 0);
+        atomic_store(&r->acked, 0);
+        end_stream(r, "ps:%u at %s was fenced by a newer primary of its shard: %s", r->p->shard, r->p->args.listen,
+                   why);
         log_warning("ps:%u is no longer its shard's primary (%s): refusing writes, rejoining as the backup of epoch "
                     "%" PRIu64, r->p->shard, why, atomic_load(&r->epoch));
         set_error(r, "stepped down: %s", why);
@@ -84,13 +156,28 @@ static void drop_backup(struct replica *r, const char *why) {
          * for in sync could otherwise promote it without updates this psd answered */
         atomic_store(&r->unreplicated_ok, false);
         atomic_fetch_add(&r->dropped, 1);
+        end_stream(r, "ps:%u: its backup did not acknowledge the update: %s", r->p->shard, why);
         log_warning("ps:%u: dropped its backup %s: %s; the shard runs unreplicated until it catches up", r->p->shard,
                     r->peer_addr, why);
         set_error(r, "backup dropped: %s", why);
 }
 
-/* One Replicate call to the backup (mu held); its reply's epoch in *epoch_ret. 0, -ESTALE (the backup
- * is at a newer epoch: we are fenced), or another -errno with why. */
+/* A Replicate call's outcome: 0 (its reply's epoch in *epoch_ret), -ESTALE (the backup is at a newer
+ * epoch: we are fenced), or another -errno with why. */
+static int replicated(const struct rpc_result *res, uint64_t *epoch_ret, char *why, size_t len) {
+        if (res->err < 0) {
+                errf(why, len, res->err, "%s", res->message);
+                return res->status == GRPC_STATUS_FAILED_PRECONDITION ? -ESTALE : res->err;
+        }
+        ProtobufCMessage *m;
+        if (wire_unpack(res->reply, &psfleet__v1__replicate_reply__descriptor, &m) == 0) {
+                *epoch_ret = ((Psfleet__V1__ReplicateReply *)m)->epoch;
+                protobuf_c_message_free_unpacked(m, NULL);
+        }
+        return 0;
+}
+
+/* One Replicate call to the backup, waited for (the state transfer): as replicated(). */
 static int send(struct replica *r, struct wire_out *o, uint64_t timeout_ms, uint64_t *epoch_ret, char *why,
                 size_t len) {
         grpc_byte_buffer *bb;
@@ -98,18 +185,8 @@ static int send(struct replica *r, struct wire_out *o, uint64_t timeout_ms, uint
         if (e < 0)
                 return errf(why, len, e, "out of memory");
         struct rpc_result res;
-        e = rpc_call(r->peer, M_REPLICATE, bb, timeout_ms, false, &res);
-        if (e == 0) {
-                ProtobufCMessage *m;
-                if (wire_unpack(res.reply, &psfleet__v1__replicate_reply__descriptor, &m) == 0) {
-                        *epoch_ret = ((Psfleet__V1__ReplicateReply *)m)->epoch;
-                        protobuf_c_message_free_unpacked(m, NULL);
-                }
-        } else {
-                errf(why, len, e, "%s", res.message);
-                if (res.status == GRPC_STATUS_FAILED_PRECONDITION)
-                        e = -ESTALE;
-        }
+        rpc_call(r->peer, M_REPLICATE, bb, timeout_ms, false, &res);
+        e = replicated(&res, epoch_ret, why, len);
         rpc_result_clear(&res);
         return e;
 }
@@ -124,6 +201,34 @@ static void header_init(struct replica *r, Psfleet__V1__ReplicateHeader *h, Psfl
         h->caller = c;
         h->epoch = atomic_load(&r->epoch);
 }
+
+int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **ret) {
+        struct replica_update *u = calloc(1, sizeof(*u) + (n_parts + 1) * sizeof(struct shard_part *) +
+                                                     floats * sizeof(float));
+        if (!u)
+                return -ENOMEM;
+        u->n = n_parts;
+        u->floats = floats;
+        u->parts = (struct shard_part **)(u + 1);
+        u->grads = (float *)(u->parts + n_parts + 1);
+        *ret = u;
+        return 0;
+}
+
+struct shard_part **replica_update_parts(struct replica_update *u) {
+        return u->parts;
+}
+
+float *replica_update_grads(struct replica_update *u) {
+        return u->grads;
+}
+
+struct replica_update *replica_update_free(struct replica_update *u) {
+        free(u);
+        return NULL;
+}
+
+static void start_batch(struct replica *r);
 
 int replica_write_begin(struct replica *r, char *err, size_t errlen) {
         if (!r)
@@ -141,62 +246,207 @@ int replica_write_begin(struct replica *r, char *err, size_t errlen) {
                     "primary", r->p->shard, r->p->args.listen, atomic_load(&r->epoch));
 }
 
-int replica_write_end(struct replica *r, struct shard_part *const *parts, uint32_t n, const float *grads, uint64_t gs,
-                      const struct replica_push *push, char *err, size_t errlen) {
+int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, const struct replica_push *push,
+                      replica_done_fn done, void *ud, char *err, size_t errlen) {
         if (!r)
                 return 0;
         int ret = 0;
         if (!atomic_load(&r->replicating))
                 goto out;
-        if (!grads) {
+        if (!u) {
                 drop_backup(r, "out of memory for the update's copy");
                 ret = errf(err, errlen, -ENOMEM, "ps:%u: out of memory", r->p->shard);
                 goto out;
         }
-        Psfleet__V1__ReplicateHeader h;
-        Psfleet__V1__Caller c;
-        char task[32], why[600];
-        header_init(r, &h, &c, task, sizeof(task));
-        h.seq = r->seq + 1;
-        h.global_step = gs;
-        h.count_step = push->count_step;
-        h.worker = push->worker;
-        h.local_step = push->local_step;
-        struct wire_out *o;
-        if (wire_out_new(&o) < 0) {
-                drop_backup(r, "out of memory");
-                ret = errf(err, errlen, -ENOMEM, "ps:%u: out of memory", r->p->shard);
-                goto out;
-        }
-        wire_out_header(o, &h.base);
-        for (uint32_t i = 0, at = 0; i < n; at += (uint32_t)parts[i]->a.n, i++) {
-                uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
-                wire_out_tensor_copy(o, parts[i]->name, WIRE_DTYPE_FLOAT32, shape, 2, parts[i]->row_begin, grads + at,
-                                     parts[i]->a.n * sizeof(float));
-        }
-        uint64_t t0 = mono_us(), epoch = 0;
-        int e = send(r, o, r->p->cfg->ps.replica_timeout_ms, &epoch, why, sizeof(why));
-        wire_out_free(o);
-        if (e == 0) {
-                r->seq = r->acked = h.seq;
-                r->lag_us = mono_us() - t0;
-        } else if (e == -ESTALE) {
-                step_down(r, epoch, why);
-                ret = errf(err, errlen, -EAGAIN, "ps:%u at %s was fenced by a newer primary of its shard: %s", r->p->shard,
-                           r->p->args.listen, why);
-        } else {
-                /* the backup may not have it: the push is not answered as done (the worker pulls again) */
-                drop_backup(r, why);
-                ret = errf(err, errlen, -EAGAIN, "ps:%u: its backup did not acknowledge the update: %s", r->p->shard,
-                           why);
-        }
+        /* numbered under the lock that applied it: the backup applies in this order */
+        u->seq = atomic_load(&r->seq) + 1;
+        atomic_store(&r->seq, u->seq);
+        u->gs = gs;
+        u->epoch = atomic_load(&r->epoch);
+        u->push = *push;
+        u->done = done;
+        u->ud = ud;
+        pthread_mutex_lock(&r->qmu);
+        *r->tail = u;
+        r->tail = &u->next;
+        pthread_mutex_unlock(&r->qmu);
+        u = NULL;
+        ret = 1;
 out:
         pthread_mutex_unlock(&r->mu);
+        free(u);
+        if (ret > 0)
+                start_batch(r);   /* at once if no call is in flight: no hand-over to the thread */
         return ret;
 }
 
 bool replica_is_primary(struct replica *r) {
         return !r || atomic_load(&r->role) == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY;
+}
+
+/* ---- the queue forwarded in batches, one call in flight ---- */
+
+/* A batch in a Replicate call: its updates lent to gRPC, freed when both the call's completion and
+ * gRPC are done with them. */
+struct batch {
+        atomic_uint refs;
+        struct replica_update *list;
+        uint64_t gen, t0;            /* the stream it is of; when it was sent */
+};
+
+static void batch_unref(void *arg) {
+        struct batch *b = arg;
+        if (atomic_fetch_sub(&b->refs, 1) > 1)
+                return;
+        free_list(b->list);
+        free(b);
+}
+
+/* The head of the queue that one call carries: of one epoch, and no larger than a snapshot (what the
+ * backup accepts: psd's largest legal request), but at least one update. Taken off the queue (qmu
+ * held); its length in *n_ret. */
+static struct replica_update *take_batch(struct replica *r, size_t *n_ret) {
+        const struct shard *s = r->p->s;
+        size_t max_floats = (1 + s->n_slots) * s->n_floats, max_tensors = (1 + s->n_slots) * (size_t)s->n_parts;
+        size_t n = 0, floats = 0, tensors = 0;
+        struct replica_update *first = r->head, *last = NULL;
+        for (struct replica_update *u = first; u && u->epoch == first->epoch; u = u->next) {
+                if (n && (floats + u->floats > max_floats || tensors + u->n > max_tensors))
+                        break;
+                floats += u->floats;
+                tensors += u->n;
+                n++;
+                last = u;
+        }
+        if (!last)
+                return NULL;
+        r->head = last->next;
+        if (!r->head)
+                r->tail = &r->head;
+        last->next = NULL;
+        *n_ret = n;
+        return first;
+}
+
+/* A batch's call ended (e: replicated()'s): its writes answered as done if the backup holds them all,
+ * whatever happened here meanwhile; else refused, and the backup dropped or this psd fenced unless
+ * the batch's stream had ended already. Then the next batch, if any queued meanwhile. b NULL: list was
+ * never lent (out of memory). */
+static void complete(struct replica *r, struct batch *b, struct replica_update *list, uint64_t gen, uint64_t t0,
+                     int e, uint64_t epoch, const char *why) {
+        if (e == 0) {
+                const struct replica_update *last = list;
+                while (last->next)
+                        last = last->next;
+                atomic_store(&r->acked, last->seq);
+                atomic_store(&r->lag_us, mono_us() - t0);
+                answer(list, 0, NULL);
+        } else {
+                char msg[700];
+                pthread_mutex_lock(&r->mu);
+                if (gen == r->gen) {
+                        if (e == -ESTALE)
+                                step_down(r, epoch, why);
+                        else
+                                drop_backup(r, why);
+                }
+                pthread_mutex_unlock(&r->mu);
+                /* the backup may not have them: not answered as done (the worker pulls again) */
+                if (e == -ESTALE)
+                        snprintf(msg, sizeof(msg), "ps:%u at %s was fenced by a newer primary of its shard: %s",
+                                 r->p->shard, r->p->args.listen, why);
+                else
+                        snprintf(msg, sizeof(msg), "ps:%u: its backup did not acknowledge the update: %s",
+                                 r->p->shard, why);
+                answer(list, -EAGAIN, msg);
+        }
+        if (b)
+                batch_unref(b);   /* the updates' memory goes once gRPC is done with it too */
+        else
+                free_list(list);
+        pthread_mutex_lock(&r->qmu);
+        r->in_flight = false;
+        pthread_mutex_unlock(&r->qmu);
+        start_batch(r);
+}
+
+/* Sends what is queued in one Replicate call, unless a call is in flight (its completion sends what
+ * queued meanwhile) or psd is stopping. Any thread; the call's completion is the replica thread's. */
+static void start_batch(struct replica *r) {
+        size_t n = 0;
+        pthread_mutex_lock(&r->qmu);
+        struct replica_update *list = r->in_flight || atomic_load(&r->stop) ? NULL : take_batch(r, &n);
+        uint64_t gen = r->gen, t0 = mono_us();
+        if (list)
+                r->in_flight = true;
+        pthread_mutex_unlock(&r->qmu);
+        if (!list)
+                return;
+        char why[600], task[32];
+        Psfleet__V1__ReplicateHeader h;
+        Psfleet__V1__Caller c;
+        header_init(r, &h, &c, task, sizeof(task));
+        h.epoch = list->epoch;
+        Psfleet__V1__ReplicateUpdate *ups = calloc(n, sizeof(*ups));
+        Psfleet__V1__ReplicateUpdate **pups = calloc(n, sizeof(*pups));
+        struct batch *b = calloc(1, sizeof(*b));
+        struct wire_out *o = NULL;
+        struct rpc_pending *pd = NULL;
+        grpc_byte_buffer *bb;
+        int e = -ENOMEM;
+        if (b && ups && pups && wire_out_new(&o) == 0) {
+                *b = (struct batch){.list = list, .gen = gen, .t0 = t0};
+                atomic_init(&b->refs, 1);
+                size_t i = 0;
+                for (struct replica_update *u = list; u; u = u->next, i++) {
+                        psfleet__v1__replicate_update__init(&ups[i]);
+                        ups[i].seq = u->seq;
+                        ups[i].global_step = u->gs;
+                        ups[i].count_step = u->push.count_step;
+                        ups[i].worker = u->push.worker;
+                        ups[i].local_step = u->push.local_step;
+                        ups[i].n_tensors = u->n;
+                        pups[i] = &ups[i];
+                        for (uint32_t k = 0, at = 0; k < u->n; at += (uint32_t)u->parts[k]->a.n, k++) {
+                                const struct shard_part *pt = u->parts[k];
+                                uint64_t shape[2] = {pt->rows, pt->cols};
+                                atomic_fetch_add(&b->refs, 1);
+                                wire_out_tensor(o, pt->name, WIRE_DTYPE_FLOAT32, shape, 2, pt->row_begin,
+                                                u->grads + at, pt->a.n * sizeof(float), batch_unref, b);
+                        }
+                }
+                h.n_batch = n;
+                h.batch = pups;
+                wire_out_header(o, &h.base);
+                if (wire_out_finish(o, &bb) == 0)
+                        e = rpc_batch_start_ud(r->calls, r->peer, M_REPLICATE, bb, r->p->cfg->ps.replica_timeout_ms,
+                                               false, b, &pd);
+        }
+        wire_out_free(o);
+        free(pups);
+        free(ups);
+        if (e == 0) {
+                atomic_fetch_add(&r->n_calls, 1);
+                return;
+        }
+        snprintf(why, sizeof(why), "%s", e == -ENOMEM ? "out of memory" : "cannot start the call");
+        if (pd)   /* started and failed at once: no completion comes */
+                rpc_batch_release(r->calls, pd);
+        if (b && !b->list) {   /* not lent */
+                free(b);
+                b = NULL;
+        }
+        complete(r, b, list, gen, t0, e, 0, why);
+}
+
+/* The thread: a batch's call ended. */
+static void on_call_done(struct replica *r, struct rpc_pending *pd) {
+        struct batch *b = rpc_pending_userdata(pd);
+        char why[600];
+        uint64_t epoch = 0;
+        int e = replicated(rpc_pending_result(pd), &epoch, why, sizeof(why));
+        rpc_batch_release(r->calls, pd);
+        complete(r, b, b->list, b->gen, b->t0, e, epoch, why);
 }
 
 /* ---- the state transfer: the primary's whole state, then the updates since ---- */
@@ -275,14 +525,25 @@ out:
         return e;
 }
 
+/* The replica's one thread: takes the completions of the calls that carry the updates (and sends what
+ * queued meanwhile) and, while the shard runs unreplicated, brings its backup in by a state transfer,
+ * never while a call of updates is in flight. */
 static void *replica_main(void *arg) {
         struct replica *r = arg;
         uint64_t next = 0;
         char why[600];
         while (!atomic_load(&r->stop)) {
-                usleep(TICK_US);
+                struct rpc_pending *pd = rpc_batch_next(r->calls, TICK_US / 1000);
+                if (pd) {
+                        on_call_done(r, pd);
+                        continue;
+                }
+                pthread_mutex_lock(&r->qmu);
+                bool in_flight = r->in_flight;
+                pthread_mutex_unlock(&r->qmu);
                 if (atomic_load(&r->role) != PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY ||
-                    !atomic_load(&r->p->s->initialized) || atomic_load(&r->replicating) || mono_us() < next)
+                    !atomic_load(&r->p->s->initialized) || atomic_load(&r->replicating) || in_flight ||
+                    mono_us() < next)
                         continue;
                 next = mono_us() + RETRY_US;
                 int e = peer_ready(r, why, sizeof(why));
@@ -291,10 +552,14 @@ static void *replica_main(void *arg) {
                         step_down(r, 0, why);
                 } else if (e < 0) {
                         set_error(r, "no backup: %s", why);
-                } else if (atomic_load(&r->role) == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY) {
+                } else if (atomic_load(&r->role) == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY &&
+                           !atomic_load(&r->replicating)) {
+                        /* nothing queued or in flight: updates are queued only while replicating */
                         uint64_t t0 = mono_us();
                         if ((e = transfer(r, why, sizeof(why))) == 0) {
-                                r->seq = r->acked = 0;
+                                atomic_store(&r->seq, 0);
+                                atomic_store(&r->acked, 0);
+                                atomic_store(&r->n_calls, 0);
                                 atomic_store(&r->replicating, true);
                                 log_info("ps:%u: backup %s in sync at epoch %" PRIu64 " (state transfer of %zu bytes "
                                          "in %" PRIu64 " ms); every update is forwarded to it from now on",
@@ -307,6 +572,12 @@ static void *replica_main(void *arg) {
                         }
                 }
                 pthread_mutex_unlock(&r->mu);
+        }
+        /* stopping: the call in flight ends (within ps.replica_timeout_ms) and its writes are answered */
+        while (rpc_batch_running(r->calls) > 0) {
+                struct rpc_pending *pd = rpc_batch_next(r->calls, 1000);
+                if (pd)
+                        on_call_done(r, pd);
         }
         return NULL;
 }
@@ -331,13 +602,25 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                 }
                 if (r->p->ssp && h->n_clocks == ssp_n_workers(r->p->ssp) && h->n_raw_steps == h->n_clocks)
                         ssp_copy_in(r->p->ssp, h->clocks, h->raw_steps);
-                r->seq = 0;
+                atomic_store(&r->seq, 0);
                 return 0;
         }
-        if (!atomic_load(&s->initialized) || h->seq != r->seq + 1)
-                return errf(err, errlen, -EINVAL, "update %" PRIu64 " of epoch %" PRIu64 " out of order: ps:%u %s",
-                            h->seq, h->epoch, r->p->shard,
-                            atomic_load(&s->initialized) ? "holds an earlier update" : "has had no state transfer yet");
+        /* a batch: every update in order after the last, every tensor a part, all checked before any is
+         * applied */
+        if (!atomic_load(&s->initialized))
+                return errf(err, errlen, -EINVAL, "updates of epoch %" PRIu64 ": ps:%u has had no state transfer yet",
+                            h->epoch, r->p->shard);
+        size_t tensors = 0;
+        for (size_t b = 0; b < h->n_batch; b++) {
+                if (h->batch[b]->seq != atomic_load(&r->seq) + 1 + b)
+                        return errf(err, errlen, -EINVAL, "update %" PRIu64 " of epoch %" PRIu64 " out of order: ps:%u "
+                                    "holds update %" PRIu64, h->batch[b]->seq, h->epoch, r->p->shard,
+                                    atomic_load(&r->seq) + b);
+                tensors += h->batch[b]->n_tensors;
+        }
+        if (tensors != in->n_tensors)
+                return errf(err, errlen, -EINVAL, "a batch of %zu updates of %zu tensors in all, with %zu tensors",
+                            h->n_batch, tensors, in->n_tensors);
         struct shard_part **parts = calloc(in->n_tensors + 1, sizeof(*parts));
         if (!parts)
                 return errf(err, errlen, -ENOMEM, "out of memory");
@@ -348,14 +631,17 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                         return e;
                 }
         }
-        /* the gradients as the primary applied them (scaled): the same apply, the same bits */
-        shard_wire_apply(s, in, parts, 1.0f, NULL);
+        for (size_t b = 0, at = 0; b < h->n_batch; at += h->batch[b]->n_tensors, b++) {
+                const Psfleet__V1__ReplicateUpdate *u = h->batch[b];
+                /* the gradients as the primary applied them (scaled): the same apply, the same bits */
+                shard_tensors_apply(s, in->tensors + at, u->n_tensors, parts + at, 1.0f, NULL);
+                if (s->index == 0)
+                        atomic_store(&s->global_step, u->global_step);
+                if (u->count_step && r->p->ssp)
+                        ssp_note(r->p->ssp, u->worker, u->local_step);
+                atomic_store(&r->seq, u->seq);
+        }
         free(parts);
-        if (s->index == 0)
-                atomic_store(&s->global_step, h->global_step);
-        if (h->count_step && r->p->ssp)
-                ssp_note(r->p->ssp, h->worker, h->local_step);
-        r->seq = h->seq;
         return 0;
 }
 
@@ -396,7 +682,7 @@ void replica_on_replicate(struct rpc_call *call, void *ud) {
         }
         Psfleet__V1__ReplicateReply rep = PSFLEET__V1__REPLICATE_REPLY__INIT;
         rep.epoch = atomic_load(&r->epoch);
-        rep.seq = r->seq;
+        rep.seq = atomic_load(&r->seq);
         pthread_mutex_unlock(&r->mu);
         if (e < 0)
                 rpc_call_fail_errno(call, e, "%s", err);   /* the primary decides and logs */
@@ -477,11 +763,10 @@ void replica_status(struct replica *r, Psfleet__V1__ReplicaStatus *st, char *err
         st->replicating = atomic_load(&r->replicating);
         st->awaiting_chief = st->role == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY && !st->replicating &&
                              !atomic_load(&r->unreplicated_ok);
-        /* seq, acked and lag are the lock's; a status must not wait behind a write, so they are read as
-         * they are (a torn read shows a lag a moment old) */
-        st->seq = r->seq;
-        st->acked = r->acked;
-        st->lag_us = r->lag_us;
+        st->seq = atomic_load(&r->seq);
+        st->acked = atomic_load(&r->acked);
+        st->lag_us = atomic_load(&r->lag_us);
+        st->calls = atomic_load(&r->n_calls);
         st->fenced_writes = atomic_load(&r->fenced);
         st->dropped = atomic_load(&r->dropped);
         pthread_mutex_lock(&r->err_mu);
@@ -500,6 +785,8 @@ int replica_new(struct psd *p, struct replica **ret) {
         r->p = p;
         pthread_mutex_init(&r->mu, NULL);
         pthread_mutex_init(&r->err_mu, NULL);
+        pthread_mutex_init(&r->qmu, NULL);
+        r->tail = &r->head;
         atomic_init(&r->role, PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_BACKUP);
         const struct cluster *cl = &p->cfg->cluster;
         snprintf(r->peer_addr, sizeof(r->peer_addr), "%s",
@@ -507,7 +794,7 @@ int replica_new(struct psd *p, struct replica **ret) {
         char name[32];
         snprintf(name, sizeof(name), "ps:%u", p->shard);   /* the same task: its certificate names it so */
         int e = rpc_channel_new(r->peer_addr, name, &r->peer);
-        if (e < 0 || (e = -pthread_create(&r->thread, NULL, replica_main, r)) < 0) {
+        if (e < 0 || (e = rpc_batch_new(&r->calls)) < 0 || (e = -pthread_create(&r->thread, NULL, replica_main, r)) < 0) {
                 replica_free(r);
                 return e;
         }
@@ -522,7 +809,12 @@ struct replica *replica_free(struct replica *r) {
         atomic_store(&r->stop, true);
         if (r->started)
                 pthread_join(r->thread, NULL);
+        /* after the server and the links no write can come; one queued as the thread stopped is refused */
+        answer(r->head, -ECANCELED, "psd is stopping");
+        free_list(r->head);
+        rpc_batch_free(r->calls);
         rpc_channel_free(r->peer);
+        pthread_mutex_destroy(&r->qmu);
         pthread_mutex_destroy(&r->mu);
         pthread_mutex_destroy(&r->err_mu);
         free(r);

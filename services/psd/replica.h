@@ -1,14 +1,14 @@
 /* ps.replicas 2: the two psds of a shard, its primary and its backup (docs/operations.md, "Replicated
- * shards"). The primary applies each update under the replica's lock, forwards it to the backup and
- * waits for the acknowledgement before the push is answered, so the backup applies the same updates in
- * the same order and its variables and slots stay bit-equal. The chief alone sets the roles
- * (SetRole), each with an epoch; a psd refuses writes unless it is the primary, and a primary whose
- * backup answers with a newer epoch steps down (fenced). A backup that does not answer within
- * ps.replica_timeout_ms is dropped (the write that found it so fails) and, once the chief has
- * recorded it (SetRole unreplicated_ok; writes are refused until then), the shard runs unreplicated;
- * the replica's thread brings a
- * backup (back) by a state transfer: the primary's whole state (a snapshot, under the lock), then
- * the updates since. Thread-safe. */
+ * shards"). The primary applies each update under the replica's lock and numbers it there (the
+ * shard's order); outside the lock the updates go to the backup in that order, one call in flight,
+ * several updates in one call when they queue, and a push is answered only once the backup has
+ * acknowledged its update, so the backup applies the same updates in the same order and its variables
+ * and slots stay bit-equal. The chief alone sets the roles (SetRole), each with an epoch; a psd refuses
+ * writes unless it is the primary, and a primary whose backup answers with a newer epoch steps down
+ * (fenced). A backup that does not answer within ps.replica_timeout_ms is dropped (the writes waiting
+ * for it fail) and, once the chief has recorded it (SetRole unreplicated_ok; writes are refused until
+ * then), the shard runs unreplicated; the replica's thread brings a backup (back) by a state transfer:
+ * the primary's whole state (a snapshot, under the lock), then the updates since. Thread-safe. */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -32,17 +32,33 @@ struct replica_push {
         bool count_step;
 };
 
+/* A write's update as the backup will apply it, made before the lock: n_parts parts (the caller fills
+ * replica_update_parts) and their gradients, float32 as applied (scaled), the parts' one after the
+ * other (the caller fills floats of them at replica_update_grads). 0 or -ENOMEM. The caller owns it
+ * until replica_write_end takes it. */
+struct replica_update;
+int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **ret);
+struct shard_part **replica_update_parts(struct replica_update *u);
+float *replica_update_grads(struct replica_update *u);
+struct replica_update *replica_update_free(struct replica_update *u);   /* NULL-safe */
+
 /* A write (a push) begins: 0 with the replica's lock held (the caller applies, then calls
  * replica_write_end), or -EAGAIN with err saying this psd is not the shard's primary (counted as
  * fenced; nothing held). */
 int replica_write_begin(struct replica *r, char *err, size_t errlen);
-/* The write applied: parts[0..n) got grads (float32, as applied: scaled), gs is global_step after it.
- * Forwards it to the backup and waits for its acknowledgement (bounded: ps.replica_timeout_ms), then
- * releases the lock (grads NULL: it cannot be forwarded, the backup is dropped). 0 (acknowledged, or
- * the shard runs unreplicated), or -errno with err when the write must not be answered as done: this
- * psd was found fenced (no longer the primary), or the backup did not acknowledge it (dropped). */
-int replica_write_end(struct replica *r, struct shard_part *const *parts, uint32_t n, const float *grads, uint64_t gs,
-                      const struct replica_push *push, char *err, size_t errlen);
+/* How a write's update ended: 0, the backup acknowledged it; or -errno with why (valid during the
+ * call), and the write must not be answered as done: this psd was found fenced (no longer the
+ * primary), or the backup did not acknowledge it (dropped), or psd is stopping. */
+typedef void (*replica_done_fn)(void *ud, int status, const char *why);
+/* The write applied, gs is global_step after it: its update u (taken; NULL when out of memory: the
+ * backup is dropped) is numbered and queued for the backup, the lock released, and the queue sent
+ * unless a call is in flight already. Returns 1: queued, done(ud, ...) will be called exactly once,
+ * once the backup has acknowledged it or it was given up (bounded: ps.replica_timeout_ms): mostly from
+ * the replica's thread, but possibly from any thread, and possibly before this returns (by this very
+ * call when the send fails at once); 0: the shard runs unreplicated, answer the write now (done is not
+ * called); or -errno with err, the write must not be answered as done. */
+int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, const struct replica_push *push,
+                      replica_done_fn done, void *ud, char *err, size_t errlen);
 
 /* Whether p may serve a write now (a primary; true without replicas). */
 bool replica_is_primary(struct replica *r);

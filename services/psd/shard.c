@@ -180,10 +180,15 @@ int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from
 
 void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_part *const *parts, float scale,
                       float *values) {
-        for (size_t i = 0, at = 0; i < in->n_tensors; at += parts[i]->a.n, i++) {
+        shard_tensors_apply(s, in->tensors, in->n_tensors, parts, scale, values);
+}
+
+void shard_tensors_apply(struct shard *s, const struct wire_tensor *t, size_t n, struct shard_part *const *parts,
+                         float scale, float *values) {
+        for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++) {
                 struct shard_part *q = parts[i];
                 struct wire_reader rd;
-                wire_reader_init(&rd, &in->tensors[i]);
+                wire_reader_init(&rd, &t[i]);
                 pthread_mutex_lock(&q->mu);
                 apply_gradient_read(s->t, &q->a, scale, read_wire, &rd);
                 if (values)

@@ -73,6 +73,9 @@ int shard_wire_check(struct shard *s, const struct wire_in *in, const char *from
  * tensors' order. */
 void shard_wire_apply(struct shard *s, const struct wire_in *in, struct shard_part *const *parts, float scale,
                       float *values);
+/* The same for n tensors t[0..n) of a message, parts[i] t[i]'s (a batch of updates, one at a time). */
+void shard_tensors_apply(struct shard *s, const struct wire_tensor *t, size_t n, struct shard_part *const *parts,
+                         float scale, float *values);
 
 /* Reads checked tensors, one after the other in the tensors' order, into dst (the floats of
  * shard_wire_check), scaled by its scale: a sync step keeps them until it has enough (agg.h). */

@@ -112,11 +112,18 @@ class Job:
                 assert not diff, "%s: ps:%d's primary %s and backup %s differ in %s" % (what, s, n.address, n.backup,
                                                                                       diff[:4])
                 assert ga == gb, (what, s, ga, gb)
-                ca = [(c.worker, c.clock) for c in h.shard_status(n.address, timeout=1).clocks]
+                sa = h.shard_status(n.address, timeout=1)
+                ca = [(c.worker, c.clock) for c in sa.clocks]
                 cb = [(c.worker, c.clock) for c in h.shard_status(n.backup, timeout=1).clocks]
                 assert ca == cb, "%s: ps:%d's ssp clocks differ: primary %s, backup %s" % (what, s, ca, cb)
-                h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots, global_step %d, epoch %d%s)"
-                      % (what, s, n.address, n.backup, len(a), ga, n.epoch, ", ssp clocks %s" % ca if ca else ""))
+                # nothing in flight with the workers stopped: every update numbered is acknowledged
+                rp = sa.replica
+                assert rp.acked == rp.seq, "%s: ps:%d's primary numbered %d updates, its backup acknowledged %d" % (
+                    what, s, rp.seq, rp.acked)
+                h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots, global_step %d, epoch %d%s); "
+                      "%d updates since the last transfer in %d Replicate calls"
+                      % (what, s, n.address, n.backup, len(a), ga, n.epoch, ", ssp clocks %s" % ca if ca else "",
+                         rp.seq, rp.calls))
         finally:
             for w in self.workers():
                 w.kill(signal.SIGCONT)
