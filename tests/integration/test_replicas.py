@@ -1,7 +1,8 @@
 """ps.replicas 2 (issue 30): a 2 ps + 2 workers job where every shard has a backup psd.
 
   1. Undisturbed, the workers frozen a moment (SIGSTOP): each shard's primary and backup hold the same
-     variables and optimizer slots, bit for bit (Pull of both).
+     variables and optimizer slots, bit for bit (Pull of both); again at each of the next --checkpoints
+     checkpoints, frozen as soon as the chief has recorded it.
   2. --kills times: kill -9 of a random shard's primary while the workers train, the psd started again
      at once (it rejoins as the backup and gets the state by a transfer). The chief promotes the backup:
      no restore from a checkpoint (JobStatus.losses stays empty), global_step, polled throughout, never
@@ -13,7 +14,7 @@
   4. Frozen again at the end: primary and backup bit-equal after the fail-overs and transfers; the
      job finishes DONE with an accuracy near an undisturbed run's (--accuracy-of gives that run's).
 
-  test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--accuracy-of A --tolerance 0.5] [--no-gray]
+  test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--checkpoints 3] [--accuracy-of A --tolerance 0.5] [--no-gray]
                    [--mode async|ssp]
 """
 import argparse
@@ -250,6 +251,13 @@ def run(opts):
         h.wait_for("global_step 300", lambda: (lambda js: js is not None and js.global_step >= 300)(
             h.rpc_or_none(lambda: h.job_status(j.chief_addr))), 120, j.daemons())
         j.frozen_compare("undisturbed")
+        # at each of the next checkpoints (every 500 steps): frozen as soon as the chief has recorded it
+        for _ in range(opts.checkpoints):
+            seen_ckpt = h.job_status(j.chief_addr).checkpoints
+            last = h.wait_for("the next checkpoint", lambda: (lambda x: x is not None and x.checkpoints > seen_ckpt
+                                                              and x)(h.rpc_or_none(lambda: h.job_status(j.chief_addr))),
+                              120, j.daemons())
+            j.frozen_compare("at the checkpoint of global_step %d" % last.last_checkpoint.global_step)
         span = opts.steps * 0.8 / max(1, opts.kills)
         for k in range(opts.kills):
             wait_in_sync(j)
@@ -325,6 +333,8 @@ def main():
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    ap.add_argument("--checkpoints", type=int, default=3,
+                    help="compare primary and backup at each of this many checkpoints of the undisturbed start")
     ap.add_argument("--accuracy-of", type=float)
     ap.add_argument("--tolerance", type=float, default=0.5)
     ap.add_argument("--mode", choices=("async", "ssp"), default="async", help="training.mode")
