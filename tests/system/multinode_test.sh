@@ -424,7 +424,7 @@ replica_partition() {
         ct_log "cut: ps:0's primary $p (${HOST[$pn]}) from its backup $b (${HOST[$bn]}) at global_step $g0"
         ct_wait_for 60 "ps:0 unreplicated" shard0_unreplicated
         t_drop=$(since "$t0")
-        g1=$(shards | head -n1)
+        g1=$(shards | sed -n 1p)   # sed reads it all: head would close the pipe on python3 (EPIPE under pipefail)
         ct_wait_for 60 "training on, unreplicated" at_step $((g1 + 200))
         sleep 5
         line=$(shards)
