@@ -22,10 +22,13 @@ struct agg {
         size_t *off;              /* (n_parts) each part's offset in the shard's block */
         bool *have;               /* (n_parts * W) worker w's gradient of part k is here for step[k] */
         uint32_t *got;            /* (n_parts) how many */
+        uint32_t *applied;        /* (n_parts) agg_push: the parts it applied */
         uint64_t *step;           /* (n_parts) each part's step: the updates applied; owns the arrays above */
         uint64_t shard_step;      /* the least of step[] */
         uint64_t stale, steps;
         struct agg_waiter *head;  /* held pushes, oldest first */
+        agg_applied_fn on_applied;   /* agg_defer's; NULL: agg_push lets the waiters go itself */
+        void *ud;
 };
 
 int agg_new(struct shard *s, uint32_t n_workers, uint32_t n_aggregate, struct agg **ret) {
@@ -36,7 +39,7 @@ int agg_new(struct shard *s, uint32_t n_workers, uint32_t n_aggregate, struct ag
                 return -ENOMEM;
         /* the arrays in one allocation, as they live as long as a: the widest first, so each is aligned */
         size_t P = s->n_parts + 1, n_grads = (size_t)n_workers * s->n_floats + 1, n_acc = s->n_floats + 1;
-        a->step = calloc(1, P * (sizeof(uint64_t) + sizeof(size_t) + sizeof(uint32_t) + n_workers * sizeof(bool)) +
+        a->step = calloc(1, P * (sizeof(uint64_t) + sizeof(size_t) + 2 * sizeof(uint32_t) + n_workers * sizeof(bool)) +
                                     (n_grads + n_acc) * sizeof(float));
         if (!a->step) {
                 free(a);
@@ -46,7 +49,8 @@ int agg_new(struct shard *s, uint32_t n_workers, uint32_t n_aggregate, struct ag
         a->grads = (float *)(a->off + P);
         a->acc = a->grads + n_grads;
         a->got = (uint32_t *)(a->acc + n_acc);
-        a->have = (bool *)(a->got + P);
+        a->applied = a->got + P;
+        a->have = (bool *)(a->applied + P);
         a->s = s;
         a->W = n_workers;
         a->N = n_aggregate;
@@ -133,33 +137,36 @@ static void why_waiting(const struct agg *a, const struct agg_waiter *w, char *b
 
 /* ---- the step ---- */
 
-/* Part k has its N gradients: their sum in worker order, as their mean, applied once. */
+/* Part k has its N gradients: their sum in worker order, as their mean, applied once. The mean stays
+ * in acc at the part's offset (agg_defer's function reads it). */
 static void apply_part(struct agg *a, uint32_t k) {
         struct shard_part *q = &a->s->parts[k];
         bool *have = a->have + (size_t)k * a->W;
+        float *acc = a->acc + a->off[k];
         bool first = true;
         for (uint32_t w = 0; w < a->W; w++) {
                 if (!have[w])
                         continue;
                 const float *g = a->grads + (size_t)w * a->s->n_floats + a->off[k];
                 if (first)
-                        memcpy(a->acc, g, q->a.n * sizeof(float));
+                        memcpy(acc, g, q->a.n * sizeof(float));
                 else
                         for (size_t i = 0; i < q->a.n; i++)
-                                a->acc[i] += g[i];
+                                acc[i] += g[i];
                 first = false;
                 have[w] = false;
         }
-        apply_scale(a->acc, q->a.n, 1.0f / (float)a->N);
+        apply_scale(acc, q->a.n, 1.0f / (float)a->N);
         pthread_mutex_lock(&q->mu);
-        apply_gradient(a->s->t, &q->a, a->acc);
+        apply_gradient(a->s->t, &q->a, acc);
         pthread_mutex_unlock(&q->mu);
         a->got[k] = 0;
         a->step[k]++;
 }
 
-/* After parts moved on: the shard's step, and the waiters whose parts have all moved on. */
-static void advance(struct agg *a) {
+/* After parts moved on: the shard's step, and the waiters whose parts have all moved on, let go with
+ * status (0, or < 0 with msg). */
+static void advance(struct agg *a, int status, const char *msg) {
         uint64_t least = UINT64_MAX;
         for (uint32_t k = 0; k < a->s->n_parts; k++)
                 least = a->step[k] < least ? a->step[k] : least;
@@ -172,7 +179,7 @@ static void advance(struct agg *a) {
                 next = w->next;
                 uint64_t st = waiter_step(a, w);
                 if (st > w->version)
-                        release(a, w, 0, st, NULL);
+                        release(a, w, status, st, msg);
         }
 }
 
@@ -225,17 +232,61 @@ enum agg_verdict agg_push(struct agg *a, struct agg_waiter *w, const float *grad
                 }
         }
         waiters_append(&a->head, w, wait_us);
-        bool moved = false;
+        uint32_t n_applied = 0;
         for (uint32_t i = 0; i < w->n; i++)
                 if (a->got[w->idx[i]] >= a->N) {
                         apply_part(a, w->idx[i]);
-                        moved = true;
+                        a->applied[n_applied++] = w->idx[i];
                 }
-        if (moved)
-                advance(a);
+        if (n_applied && a->on_applied)
+                a->on_applied(a->ud, a->applied, n_applied, a->acc);   /* agg_advance lets them go */
+        else if (n_applied)
+                advance(a, 0, NULL);
         *step_ret = waiter_step(a, w);
         pthread_mutex_unlock(&a->mu);
         return AGG_HELD;
+}
+
+void agg_defer(struct agg *a, agg_applied_fn fn, void *ud) {
+        pthread_mutex_lock(&a->mu);
+        a->on_applied = fn;
+        a->ud = ud;
+        pthread_mutex_unlock(&a->mu);
+}
+
+void agg_advance(struct agg *a, int status, const char *msg) {
+        pthread_mutex_lock(&a->mu);
+        advance(a, status, msg);
+        pthread_mutex_unlock(&a->mu);
+}
+
+void agg_replayed(struct agg *a, const uint32_t *idx, uint32_t n) {
+        pthread_mutex_lock(&a->mu);
+        for (uint32_t i = 0; i < n; i++)
+                a->step[idx[i]]++;
+        advance(a, 0, NULL);
+        pthread_mutex_unlock(&a->mu);
+}
+
+void agg_steps_get(struct agg *a, uint64_t *steps) {
+        pthread_mutex_lock(&a->mu);
+        memcpy(steps, a->step, a->s->n_parts * sizeof(*steps));
+        pthread_mutex_unlock(&a->mu);
+}
+
+void agg_steps_set(struct agg *a, const uint64_t *steps) {
+        pthread_mutex_lock(&a->mu);
+        memcpy(a->step, steps, a->s->n_parts * sizeof(*steps));
+        memset(a->got, 0, a->s->n_parts * sizeof(*a->got));
+        memset(a->have, 0, (size_t)a->s->n_parts * a->W * sizeof(bool));
+        uint64_t least = UINT64_MAX;
+        for (uint32_t k = 0; k < a->s->n_parts; k++)
+                least = a->step[k] < least ? a->step[k] : least;
+        a->shard_step = a->s->n_parts ? least : 0;
+        atomic_store(&a->s->global_step, a->shard_step);
+        while (a->head)
+                release(a, a->head, -ECANCELED, a->shard_step, "the shard's state was replaced (state transfer)");
+        pthread_mutex_unlock(&a->mu);
 }
 
 uint32_t agg_expire(struct agg *a, uint64_t now) {

@@ -62,6 +62,23 @@ enum agg_verdict {
  * *step_ret: the step of w's parts after the call. wait_us: how long w may be held. */
 enum agg_verdict agg_push(struct agg *a, struct agg_waiter *w, const float *grads, uint64_t wait_us,
                           uint64_t *step_ret);
+/* ps.replicas 2: the parts a push completes are applied at once, but the waiters they free are let go
+ * only by agg_advance, once the backup holds the update. fn, called by agg_push under the
+ * aggregator's lock (so it must not call agg_*), gets the parts it applied, idx[0..n), and their mean
+ * gradients as applied, each at its part's offset of the shard's block in acc (valid during the call).
+ * fn NULL: agg_push lets them go itself (the default). */
+typedef void (*agg_applied_fn)(void *ud, const uint32_t *idx, uint32_t n, const float *acc);
+void agg_defer(struct agg *a, agg_applied_fn fn, void *ud);
+/* Lets go the waiters whose parts have all moved on: with status 0, or, when the backup never
+ * acknowledged the update that moved them, status < 0 and msg. */
+void agg_advance(struct agg *a, int status, const char *msg);
+/* The backup's side: parts idx[0..n) were applied as the primary's step applied them; their steps
+ * move on (and the shard's, and global_step, with them). */
+void agg_replayed(struct agg *a, const uint32_t *idx, uint32_t n);
+/* Each part's step, the shard's n_parts of them (the state transfer): out, and in (which drops any
+ * gradient held and releases any waiter with -ECANCELED, as agg_reset does). */
+void agg_steps_get(struct agg *a, uint64_t *steps);
+void agg_steps_set(struct agg *a, const uint64_t *steps);
 /* Releases with -ETIMEDOUT every waiter whose deadline has passed at now_us (wall clock). Returns
  * how many. */
 uint32_t agg_expire(struct agg *a, uint64_t now_us);

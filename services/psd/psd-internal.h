@@ -39,6 +39,10 @@ struct psd {
         struct agg *agg;         /* training.mode sync: the step's gradients and held pushes; else NULL */
         struct ssp *ssp;         /* training.mode ssp, shard 0: the workers' clocks and held answers; else NULL */
         struct replica *rep;     /* ps.replicas 2: this psd's place in its shard (replica.h); else NULL */
+        /* ps.replicas 2, training.mode sync: the update agg_push's step applied (psd_sync_applied), under
+         * the write that pushed it */
+        bool sync_applied;
+        struct replica_update *sync_update;
         uint64_t incarnation;
         atomic_uint_fast64_t pushes, rejected;
         atomic_uint_fast64_t bytes_in, bytes_out, apply_us;   /* of the pushes applied (status, psfleet top) */
@@ -159,6 +163,7 @@ void psd_lent_release(void *ud);
 /* psd_push.c: a push, gate → check → async, sync or ssp → apply → count → reply */
 void psd_on_push(struct rpc_call *call, void *ud);                      /* gRPC Push */
 void psd_push_link(struct link *k, const struct shmlink_push *push);   /* a push in k's segment */
+void psd_sync_applied(void *ud, const uint32_t *idx, uint32_t n, const float *acc);   /* agg_defer's (ud: psd) */
 
 /* sparse_rpc.c: the embedding tables' RPCs (docs/sparse.md) */
 /* 0, or -errno (logged): -E2BIG when ps.memory_limit_bytes is below what the dense part needs (exit 78) */

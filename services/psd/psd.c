@@ -292,6 +292,8 @@ static int psd_build(struct psd *p) {
                 return log_error_errno(r, "cannot set up the workers' clocks");
         if ((r = replica_new(p, &p->rep)) < 0)
                 return log_error_errno(r, "cannot set up the replica");
+        if (p->rep && p->agg)   /* a step's pushes are let go once the backup holds its update */
+                agg_defer(p->agg, psd_sync_applied, p);
         psd_metrics(p);
         return sparse_tables_new(p);
 }

@@ -81,13 +81,61 @@ static void count_bytes(struct psd *p, const struct psd_push *u) {
                 metric_add(p->m_out, u->metric_out);
 }
 
+/* ps.replicas 2, training.mode sync: the step's update made (under the aggregator's lock, with the
+ * replica's held: agg_push's thread holds the write) from the parts one push completed and their mean
+ * gradients, for sync_replicate to queue. */
+void psd_sync_applied(void *ud, const uint32_t *idx, uint32_t n, const float *acc) {
+        struct psd *p = ud;
+        size_t floats = 0;
+        for (uint32_t i = 0; i < n; i++)
+                floats += p->s->parts[idx[i]].a.n;
+        struct replica_update *ru = NULL;
+        p->sync_applied = true;
+        if (replica_update_new(n, floats, &ru) < 0)
+                return;   /* NULL: sync_replicate drops the backup */
+        struct shard_part **parts = replica_update_parts(ru);
+        float *g = replica_update_grads(ru);
+        for (uint32_t i = 0, at = 0; i < n; at += (uint32_t)parts[i]->a.n, i++) {
+                parts[i] = &p->s->parts[idx[i]];
+                memcpy(g + at, acc + (parts[i]->a.w - p->s->block), parts[i]->a.n * sizeof(float));
+        }
+        p->sync_update = ru;
+}
+
+/* The backup's answer to a step's update: the pushes it freed are let go (refused if it never came). */
+static void sync_replicated(void *ud, int status, const char *why) {
+        struct psd *p = ud;
+        agg_advance(p->agg, status, why);
+}
+
+/* After agg_push, the write still held: the update of the parts it applied, if any, queued for the
+ * backup (the pushes it frees are let go when the backup holds it), or, unreplicated, let go now. */
+static void sync_replicate(struct psd *p, const struct psd_push *u) {
+        struct replica_update *ru = p->sync_update;
+        bool applied = p->sync_applied;
+        p->sync_update = NULL;
+        p->sync_applied = false;
+        if (!applied) {
+                replica_write_cancel(p->rep);
+                return;
+        }
+        char err[300];
+        struct replica_push who = {.worker = u->worker, .local_step = u->local_step};
+        int r = replica_write_end(p->rep, ru, atomic_load(&p->s->global_step), &who, sync_replicated, p, err,
+                                  sizeof(err));
+        if (r <= 0)
+                agg_advance(p->agg, r, err);
+}
+
 /* training.mode sync: the checked gradients go to the step (agg_push); the push is answered when the
- * step is applied, at once when they are stale (with the values they missed), or refused. */
+ * step is applied (replicated: once the backup holds it), at once when they are stale (with the values
+ * they missed), or refused. */
 static void push_sync(struct psd *p, struct psd_push *u) {
         const struct psd_push_ops *ops = u->ops;
         struct psd_held *hd = ops->hold(u);
         const float *g = hd ? ops->gradients(u) : NULL;
         char err[300];
+        int r;
         if (!g) {
                 if (hd)
                         ops->drop(hd);
@@ -95,11 +143,18 @@ static void push_sync(struct psd *p, struct psd_push *u) {
                 ops->fail(u, -ENOMEM, err);
                 return;
         }
+        if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0) {
+                ops->drop(hd);
+                ops->fail(u, r, err);
+                return;
+        }
         held_init(p, u, hd);
         count_bytes(p, u);
         psd_count_push(p, false, u->bytes, u->bytes_back, u->t0);
         uint64_t step;
         enum agg_verdict v = agg_push(p->agg, &hd->w, g, p->cfg->rpc.deadline_ms * 1000u, &step);
+        if (p->rep)
+                sync_replicate(p, u);
         if (v == AGG_HELD)
                 return;   /* the step's until released */
         if (v == AGG_STALE) {

@@ -1,7 +1,9 @@
 /* ps.replicas 2: a shard's primary forwards every update it applies to its backup, in order, and the
  * chief moves the roles (replica.h). What is replicated: dense pushes of training.mode async, through
- * gRPC and shared memory alike, with global_step, and under training.mode ssp the workers' clocks;
- * sync and embedding tables are refused at start (config) until they are.
+ * gRPC and shared memory alike, with global_step; under training.mode ssp the workers' clocks; under
+ * training.mode sync each step's applied mean (an update of the parts it completed, which moves their
+ * steps on the backup: agg_replayed), the pushes it frees answered once the backup holds it. Embedding
+ * tables are refused at start (config) until they are.
  *
  * The order, and why the forward is not under the apply lock: a write takes the lock only to apply
  * its update and to number it (seq, the shard's order) and queue it. Outside the lock, with no call
@@ -25,6 +27,7 @@
 
 #include "replica.h"
 
+#include "agg.h"
 #include "authz.h"
 #include "log.h"
 #include "optim.h"
@@ -280,6 +283,11 @@ out:
         return ret;
 }
 
+void replica_write_cancel(struct replica *r) {
+        if (r)
+                pthread_mutex_unlock(&r->mu);
+}
+
 bool replica_is_primary(struct replica *r) {
         return !r || atomic_load(&r->role) == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY;
 }
@@ -478,9 +486,10 @@ static int transfer(struct replica *r, char *why, size_t len) {
         uint64_t *updates = calloc(s->n_parts + 1, sizeof(*updates));
         uint32_t W = p->ssp ? ssp_n_workers(p->ssp) : 0;
         uint64_t *clocks = calloc(2 * (size_t)W + 1, sizeof(*clocks));
+        uint64_t *steps = calloc(s->n_parts + 1, sizeof(*steps));
         struct wire_out *o = NULL;
         int e = -ENOMEM;
-        if (!buf || !updates || !clocks || wire_out_new(&o) < 0) {
+        if (!buf || !updates || !clocks || !steps || wire_out_new(&o) < 0) {
                 errf(why, len, e, "out of memory");
                 goto out;
         }
@@ -497,6 +506,11 @@ static int transfer(struct replica *r, char *why, size_t len) {
                 h.n_clocks = h.n_raw_steps = W;
                 h.clocks = clocks;
                 h.raw_steps = clocks + W;
+        }
+        if (p->agg) {   /* the sync step: each part's, as no push can apply one meanwhile (the lock) */
+                agg_steps_get(p->agg, steps);
+                h.n_sync_steps = s->n_parts;
+                h.sync_steps = steps;
         }
         size_t at = 0;
         for (uint32_t k = 0; k < s->n_parts; k++) {
@@ -519,6 +533,7 @@ static int transfer(struct replica *r, char *why, size_t len) {
                 step_down(r, epoch, why);
 out:
         wire_out_free(o);
+        free(steps);
         free(clocks);
         free(updates);
         free(buf);
@@ -593,6 +608,9 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                 if (h->n_updates != s->n_parts)
                         return errf(err, errlen, -EINVAL, "snapshot of %zu part counters, ps:%u has %u parts",
                                     h->n_updates, r->p->shard, s->n_parts);
+                if (r->p->agg && h->n_sync_steps != s->n_parts)
+                        return errf(err, errlen, -EINVAL, "snapshot of %zu sync steps, ps:%u (training.mode sync) has "
+                                    "%u parts", h->n_sync_steps, r->p->shard, s->n_parts);
                 if ((e = shard_assign(s, in, true, h->global_step, err, errlen)) < 0)
                         return e;
                 for (uint32_t k = 0; k < s->n_parts; k++) {
@@ -602,6 +620,8 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                 }
                 if (r->p->ssp && h->n_clocks == ssp_n_workers(r->p->ssp) && h->n_raw_steps == h->n_clocks)
                         ssp_copy_in(r->p->ssp, h->clocks, h->raw_steps);
+                if (r->p->agg)
+                        agg_steps_set(r->p->agg, h->sync_steps);
                 atomic_store(&r->seq, 0);
                 return 0;
         }
@@ -622,25 +642,34 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                 return errf(err, errlen, -EINVAL, "a batch of %zu updates of %zu tensors in all, with %zu tensors",
                             h->n_batch, tensors, in->n_tensors);
         struct shard_part **parts = calloc(in->n_tensors + 1, sizeof(*parts));
-        if (!parts)
+        uint32_t *idx = calloc(in->n_tensors + 1, sizeof(*idx));
+        if (!parts || !idx) {
+                free(idx);
+                free(parts);
                 return errf(err, errlen, -ENOMEM, "out of memory");
+        }
         for (size_t i = 0; i < in->n_tensors; i++) {
                 int slot;
                 if ((e = shard_match(s, &in->tensors[i], false, &parts[i], &slot, err, errlen)) < 0) {
+                        free(idx);
                         free(parts);
                         return e;
                 }
+                idx[i] = (uint32_t)(parts[i] - s->parts);
         }
         for (size_t b = 0, at = 0; b < h->n_batch; at += h->batch[b]->n_tensors, b++) {
                 const Psfleet__V1__ReplicateUpdate *u = h->batch[b];
                 /* the gradients as the primary applied them (scaled): the same apply, the same bits */
                 shard_tensors_apply(s, in->tensors + at, u->n_tensors, parts + at, 1.0f, NULL);
-                if (s->index == 0)
+                if (r->p->agg)   /* a sync step: its parts' steps, and global_step with them */
+                        agg_replayed(r->p->agg, idx + at, u->n_tensors);
+                else if (s->index == 0)
                         atomic_store(&s->global_step, u->global_step);
                 if (u->count_step && r->p->ssp)
                         ssp_note(r->p->ssp, u->worker, u->local_step);
                 atomic_store(&r->seq, u->seq);
         }
+        free(idx);
         free(parts);
         return 0;
 }

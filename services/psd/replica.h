@@ -60,6 +60,9 @@ typedef void (*replica_done_fn)(void *ud, int status, const char *why);
 int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, const struct replica_push *push,
                       replica_done_fn done, void *ud, char *err, size_t errlen);
 
+/* A write begun that applied nothing (a sync push that completed no part): the lock released. */
+void replica_write_cancel(struct replica *r);
+
 /* Whether p may serve a write now (a primary; true without replicas). */
 bool replica_is_primary(struct replica *r);
 

@@ -15,7 +15,7 @@
      job finishes DONE with an accuracy near an undisturbed run's (--accuracy-of gives that run's).
 
   test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--checkpoints 3] [--accuracy-of A --tolerance 0.5] [--no-gray]
-                   [--mode async|ssp]
+                   [--mode async|ssp|sync]
 """
 import argparse
 import json
@@ -337,7 +337,7 @@ def main():
                     help="compare primary and backup at each of this many checkpoints of the undisturbed start")
     ap.add_argument("--accuracy-of", type=float)
     ap.add_argument("--tolerance", type=float, default=0.5)
-    ap.add_argument("--mode", choices=("async", "ssp"), default="async", help="training.mode")
+    ap.add_argument("--mode", choices=("async", "ssp", "sync"), default="async", help="training.mode")
     ap.add_argument("--no-gray", dest="gray", action="store_false", help="skip the SIGSTOP of a backup and a primary")
     opts = ap.parse_args()
     h.main(lambda: run(opts))

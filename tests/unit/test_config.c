@@ -422,9 +422,6 @@ static const struct bad_case bad_cases[] = {
           "ps.replicas: is 2, but cluster.ps_backup lists no backup psd" },
         { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'ps_backup': ['a:5']}}",
           "cluster.ps_backup: lists backups, but ps.replicas is 1 (set it to 2 to use them)" },
-        { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'ps_backup': ['a:5']}, "
-          "'ps': {'replicas': 2}, 'training': {'mode': 'sync'}}",
-          "ps.replicas: 2 replicates training.mode async and ssp only (this job: sync)" },
         /* model */
         { "{" CLUSTER "}", "model: missing" },
         { "{" CLUSTER ", 'model': {'layers': [{'type': 'dense', 'units': 10}]}}", "model.input: missing" },

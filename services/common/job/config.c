@@ -447,9 +447,7 @@ int cfg_check_training(const struct ctx *x, const struct training_config *t, uin
 int cfg_check_replicas(const struct ctx *x, const struct job_config *c) {
         if (c->ps.replicas > 1 && c->cluster.n_ps_backup == 0)
                 return cfg_failf(x, "ps.replicas", "is %u, but cluster.ps_backup lists no backup psd", c->ps.replicas);
-        /* what is replicated so far: dense pushes of async and ssp training (replica.c) */
-        if (c->ps.replicas > 1 && c->training.mode == MODE_SYNC)
-                return cfg_failf(x, "ps.replicas", "2 replicates training.mode async and ssp only (this job: sync)");
+        /* what is replicated so far: dense pushes of every training mode (replica.c) */
         if (c->ps.replicas > 1 && c->model.n_embeddings)
                 return cfg_failf(x, "ps.replicas", "2 does not replicate embedding tables (model.embeddings) yet");
         if (c->ps.replicas == 1 && c->cluster.n_ps_backup)
