@@ -170,6 +170,7 @@ void psd_sync_applied(void *ud, const uint32_t *idx, uint32_t n, const float *ac
 int sparse_tables_new(struct psd *p);
 void sparse_tables_free(struct psd *p);
 void sparse_tables_tick(struct psd *p);          /* the main loop: eviction, the rows' gauges */
+void sparse_tables_clear(struct psd *p);         /* every row of every table dropped (a state transfer) */
 size_t sparse_max_request(const struct psd *p);  /* the largest legal sparse request, in bytes */
 /* Fills st->tables (0, or -ENOMEM); sparse_status_done frees what it allocated. */
 int sparse_status(struct psd *p, Psfleet__V1__ShardStatus *st);

@@ -31,6 +31,7 @@
 #include "authz.h"
 #include "log.h"
 #include "optim.h"
+#include "sparse_table.h"
 #include "util.h"
 #include "wire.h"
 
@@ -55,6 +56,8 @@ struct replica_update {
         size_t floats;
         struct shard_part **parts;   /* (n) */
         float *grads;                /* (floats) as applied: scaled; parts' one after the other */
+        bool sparse;                 /* an embedding table's write instead (sp; n, parts, grads unused) */
+        struct replica_sparse sp;
 };
 
 struct replica {
@@ -105,10 +108,19 @@ static void answer(struct replica_update *u, int status, const char *why) {
                 u->done(u->ud, status, why);
 }
 
+static void update_free(struct replica_update *u) {
+        if (u && u->sparse) {
+                free(u->sp.ids);
+                free(u->sp.ids2);
+                free(u->sp.vals);
+        }
+        free(u);
+}
+
 static void free_list(struct replica_update *u) {
         while (u) {
                 struct replica_update *next = u->next;
-                free(u);
+                update_free(u);
                 u = next;
         }
 }
@@ -218,6 +230,21 @@ int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **
         return 0;
 }
 
+int replica_update_sparse(const struct replica_sparse *sp, struct replica_update **ret) {
+        struct replica_update *u = calloc(1, sizeof(*u));
+        if (!u) {
+                free(sp->ids);
+                free(sp->ids2);
+                free(sp->vals);
+                return -ENOMEM;
+        }
+        u->sparse = true;
+        u->sp = *sp;
+        u->floats = sp->n_vals;
+        *ret = u;
+        return 0;
+}
+
 struct shard_part **replica_update_parts(struct replica_update *u) {
         return u->parts;
 }
@@ -227,7 +254,7 @@ float *replica_update_grads(struct replica_update *u) {
 }
 
 struct replica_update *replica_update_free(struct replica_update *u) {
-        free(u);
+        update_free(u);
         return NULL;
 }
 
@@ -277,7 +304,7 @@ int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, 
         ret = 1;
 out:
         pthread_mutex_unlock(&r->mu);
-        free(u);
+        update_free(u);
         if (ret > 0)
                 start_batch(r);   /* at once if no call is in flight: no hand-over to the thread */
         return ret;
@@ -310,19 +337,30 @@ static void batch_unref(void *arg) {
         free(b);
 }
 
-/* The head of the queue that one call carries: of one epoch, and no larger than a snapshot (what the
- * backup accepts: psd's largest legal request), but at least one update. Taken off the queue (qmu
- * held); its length in *n_ret. */
+/* The bytes an update's gradients, values and ids take in a call. */
+static size_t update_bytes(const struct replica_update *u) {
+        return u->floats * sizeof(float) + (u->sparse ? (u->sp.n_ids + u->sp.n_ids2) * sizeof(uint64_t) : 0);
+}
+
+/* The head of the queue that one call carries: of one epoch, and no larger than a snapshot or an
+ * embedding table's largest request (what the backup accepts: psd's largest legal request), but at
+ * least one update. Taken off the queue (qmu held); its length in *n_ret. */
 static struct replica_update *take_batch(struct replica *r, size_t *n_ret) {
         const struct shard *s = r->p->s;
-        size_t max_floats = (1 + s->n_slots) * s->n_floats, max_tensors = (1 + s->n_slots) * (size_t)s->n_parts;
-        size_t n = 0, floats = 0, tensors = 0;
+        size_t max_bytes = (1 + s->n_slots) * s->n_floats * sizeof(float), max_tensors = (1 + s->n_slots) * (size_t)s->n_parts;
+        size_t sparse_max = sparse_max_request(r->p);
+        if (sparse_max > max_bytes)
+                max_bytes = sparse_max - (64u << 10);
+        if (r->p->n_tables && max_tensors < 64)
+                max_tensors = 64;
+        size_t n = 0, bytes = 0, tensors = 0;
         struct replica_update *first = r->head, *last = NULL;
         for (struct replica_update *u = first; u && u->epoch == first->epoch; u = u->next) {
-                if (n && (floats + u->floats > max_floats || tensors + u->n > max_tensors))
+                size_t nt = u->sparse ? 1 + SPARSE_MAX_SLOTS : u->n;
+                if (n && (bytes + update_bytes(u) > max_bytes || tensors + nt > max_tensors))
                         break;
-                floats += u->floats;
-                tensors += u->n;
+                bytes += update_bytes(u);
+                tensors += nt;
                 n++;
                 last = u;
         }
@@ -415,7 +453,9 @@ static void start_batch(struct replica *r) {
                         ups[i].local_step = u->push.local_step;
                         ups[i].n_tensors = u->n;
                         pups[i] = &ups[i];
-                        for (uint32_t k = 0, at = 0; k < u->n; at += (uint32_t)u->parts[k]->a.n, k++) {
+                        if (u->sparse)
+                                ups[i].n_tensors = sparse_update_out(r->p, o, &ups[i], &u->sp);
+                        for (uint32_t k = 0, at = 0; !u->sparse && k < u->n; at += (uint32_t)u->parts[k]->a.n, k++) {
                                 const struct shard_part *pt = u->parts[k];
                                 uint64_t shape[2] = {pt->rows, pt->cols};
                                 atomic_fetch_add(&b->refs, 1);
@@ -477,7 +517,29 @@ static int peer_ready(struct replica *r, char *why, size_t len) {
         return e;
 }
 
-/* Under the lock: every part with its slots and update counter, and global_step. */
+static uint64_t transfer_timeout(const struct replica *r) {
+        uint64_t t = r->p->cfg->ps.replica_timeout_ms;
+        return t < 10000 ? 10000 : t;
+}
+
+/* A page of the transfer's rows: u, its tensors in o, one Replicate call waited for. */
+static int send_page(void *ud, struct wire_out *o, const Psfleet__V1__ReplicateUpdate *u, char *why, size_t len) {
+        struct replica *r = ud;
+        Psfleet__V1__ReplicateHeader h;
+        Psfleet__V1__Caller c;
+        char task[32];
+        header_init(r, &h, &c, task, sizeof(task));
+        h.snapshot_rows = true;
+        Psfleet__V1__ReplicateUpdate *pu = (Psfleet__V1__ReplicateUpdate *)u;
+        h.n_batch = 1;
+        h.batch = &pu;
+        wire_out_header(o, &h.base);
+        uint64_t epoch = 0;
+        return send(r, o, transfer_timeout(r), &epoch, why, len);
+}
+
+/* Under the lock: every part with its slots and update counter, and global_step; then every
+ * embedding table's rows with their slots. */
 static int transfer(struct replica *r, char *why, size_t len) {
         struct psd *p = r->p;
         struct shard *s = p->s;
@@ -527,8 +589,10 @@ static int transfer(struct replica *r, char *why, size_t len) {
                 }
         }
         wire_out_header(o, &h.base);
-        uint64_t timeout = p->cfg->ps.replica_timeout_ms < 10000 ? 10000 : p->cfg->ps.replica_timeout_ms, epoch = 0;
-        e = send(r, o, timeout, &epoch, why, len);
+        uint64_t epoch = 0;
+        e = send(r, o, transfer_timeout(r), &epoch, why, len);
+        if (e == 0 && p->n_tables)   /* then the tables' rows, a page at a time */
+                e = sparse_transfer(p, send_page, r, why, len);
         if (e == -ESTALE)
                 step_down(r, epoch, why);
 out:
@@ -622,11 +686,20 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                         ssp_copy_in(r->p->ssp, h->clocks, h->raw_steps);
                 if (r->p->agg)
                         agg_steps_set(r->p->agg, h->sync_steps);
+                sparse_tables_clear(r->p);   /* the transfer's pages of rows follow (snapshot_rows) */
                 atomic_store(&r->seq, 0);
                 return 0;
         }
-        /* a batch: every update in order after the last, every tensor a part, all checked before any is
-         * applied */
+        if (h->snapshot_rows) {   /* a page of the transfer's rows: one import, which takes no seq */
+                if (h->n_batch != 1 || !h->batch[0]->table || !h->batch[0]->import ||
+                    h->batch[0]->n_tensors != in->n_tensors)
+                        return errf(err, errlen, -EINVAL, "a page of the state transfer's rows must be one table's import");
+                if (!atomic_load(&s->initialized))
+                        return errf(err, errlen, -EINVAL, "a page of rows before the snapshot");
+                return sparse_replay(r->p, h->batch[0], in, 0, err, errlen);
+        }
+        /* a batch: every update in order after the last, every dense tensor a part; a dense update is
+         * checked before any is applied, a table's as it comes (the backup is dropped on an error) */
         if (!atomic_load(&s->initialized))
                 return errf(err, errlen, -EINVAL, "updates of epoch %" PRIu64 ": ps:%u has had no state transfer yet",
                             h->epoch, r->p->shard);
@@ -648,17 +721,28 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                 free(parts);
                 return errf(err, errlen, -ENOMEM, "out of memory");
         }
-        for (size_t i = 0; i < in->n_tensors; i++) {
-                int slot;
-                if ((e = shard_match(s, &in->tensors[i], false, &parts[i], &slot, err, errlen)) < 0) {
-                        free(idx);
-                        free(parts);
-                        return e;
+        for (size_t b = 0, at = 0; b < h->n_batch; at += h->batch[b]->n_tensors, b++) {
+                for (size_t i = at; !h->batch[b]->table && i < at + h->batch[b]->n_tensors; i++) {
+                        int slot;
+                        if ((e = shard_match(s, &in->tensors[i], false, &parts[i], &slot, err, errlen)) < 0) {
+                                free(idx);
+                                free(parts);
+                                return e;
+                        }
+                        idx[i] = (uint32_t)(parts[i] - s->parts);
                 }
-                idx[i] = (uint32_t)(parts[i] - s->parts);
         }
         for (size_t b = 0, at = 0; b < h->n_batch; at += h->batch[b]->n_tensors, b++) {
                 const Psfleet__V1__ReplicateUpdate *u = h->batch[b];
+                if (u->table) {   /* an embedding table's write, checked whole before it is applied */
+                        if ((e = sparse_replay(r->p, u, in, at, err, errlen)) < 0) {
+                                free(idx);
+                                free(parts);
+                                return e;
+                        }
+                        atomic_store(&r->seq, u->seq);
+                        continue;
+                }
                 /* the gradients as the primary applied them (scaled): the same apply, the same bits */
                 shard_tensors_apply(s, in->tensors + at, u->n_tensors, parts + at, 1.0f, NULL);
                 if (r->p->agg)   /* a sync step: its parts' steps, and global_step with them */

@@ -19,6 +19,8 @@
 
 struct psd;
 struct replica;
+struct wire_in;
+struct wire_out;
 
 /* The shard's replica for p (NULL without ps.replicas 2: every call below is then a no-op that lets
  * writes through). Starts as a backup at epoch 0, until the chief says otherwise. 0 or -errno. */
@@ -41,6 +43,23 @@ int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **
 struct shard_part **replica_update_parts(struct replica_update *u);
 float *replica_update_grads(struct replica_update *u);
 struct replica_update *replica_update_free(struct replica_update *u);   /* NULL-safe */
+
+/* A write to embedding table `table` (its index), as the backup will apply it: an exchange — the
+ * gradients of the rows it pushed (vals: n_ids x dim, applied with lr) and, when it pulled with create,
+ * the ids it pulled (ids2) — or an import (the chief's restore: clear, then the evicted ids ids2
+ * dropped, then the rows ids stored, vals their values then slots slot-major). step: the rows' last
+ * touch. The arrays are malloc'd and taken, freed with the update (also when this fails: -ENOMEM). */
+struct replica_sparse {
+        uint32_t table;
+        bool import, clear;
+        uint64_t *ids, *ids2;
+        size_t n_ids, n_ids2;
+        float *vals;
+        size_t n_vals;
+        float lr;
+        uint64_t step;
+};
+int replica_update_sparse(const struct replica_sparse *sp, struct replica_update **ret);
 
 /* A write (a push) begins: 0 with the replica's lock held (the caller applies, then calls
  * replica_write_end), or -EAGAIN with err saying this psd is not the shard's primary (counted as
@@ -70,4 +89,17 @@ bool replica_is_primary(struct replica *r);
 void replica_status(struct replica *r, Psfleet__V1__ReplicaStatus *st, char *err_buf, size_t len);
 
 void replica_on_replicate(struct rpc_call *call, void *ud);   /* gRPC Replicate (ud: struct psd) */
+/* sparse_rpc.c: an embedding table's update (ReplicateUpdate.table) applied on the backup, its tensors
+ * at in->tensors[at...]; checked whole before anything is applied. 0 or -errno with err. */
+int sparse_replay(struct psd *p, const Psfleet__V1__ReplicateUpdate *u, const struct wire_in *in, size_t at,
+                  char *err, size_t errlen);
+/* sparse_rpc.c: an embedding table's update into a Replicate call: its fields in *m, its tensors
+ * (copied) in o. Returns how many tensors. */
+uint32_t sparse_update_out(struct psd *p, struct wire_out *o, Psfleet__V1__ReplicateUpdate *m,
+                           const struct replica_sparse *sp);
+/* sparse_rpc.c: the primary's state transfer, after the snapshot: every table's rows in pages
+ * (ReplicateHeader.snapshot_rows), each sent by send_page. 0 or send_page's -errno. */
+typedef int (*replica_page_fn)(void *ud, struct wire_out *o, const Psfleet__V1__ReplicateUpdate *u, char *why,
+                               size_t len);
+int sparse_transfer(struct psd *p, replica_page_fn send_page, void *ud, char *why, size_t len);
 void replica_on_set_role(struct rpc_call *call, void *ud);    /* gRPC SetRole (ud: struct psd) */

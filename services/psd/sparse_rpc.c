@@ -365,6 +365,91 @@ static void end_call(struct psd *p, struct rpc_call *call, int r, struct wire_ou
                 psd_reject(p, call, r, err);
 }
 
+/* ---- the writes, as the primary applies them and its backup replays them (ps.replicas 2) ---- */
+
+/* An exchange's writes: the pushed rows' gradients applied with lr, then the pulled rows (made when
+ * create) into rows (n_pull x dim). step: the rows' last touch, and eviction's clock. 0, -ENOMEM. */
+static int exchange_apply(struct psd *p, struct psd_table *pt, const uint64_t *push, size_t n_push, const float *g,
+                          float lr, const uint64_t *pull, size_t n_pull, float *rows, bool create, uint64_t step) {
+        uint64_t seen = atomic_load(&p->sparse_step);
+        while (step > seen && !atomic_compare_exchange_weak(&p->sparse_step, &seen, step))
+                ;
+        if ((n_push && sparse_table_push(pt->t, push, n_push, g, lr, step) < 0) ||
+            (n_pull && sparse_table_pull(pt->t, pull, n_pull, rows, create, step) < 0))
+                return -ENOMEM;
+        return 0;
+}
+
+/* An import's writes: every row dropped first with clear, then the evicted ids, then the rows ids[0..n)
+ * stored (vals: values, then the slots slot-major). *dropped: the evicted rows that went. Returns how
+ * many of the ids were stored already, or -ENOMEM. */
+static int import_apply(struct psd_table *pt, bool clear, const uint64_t *evicted, size_t n_evicted,
+                        const uint64_t *ids, size_t n, const float *vals, uint64_t step, uint64_t *dropped) {
+        if (clear)
+                sparse_table_clear(pt->t);
+        *dropped = sparse_table_delete(pt->t, evicted, n_evicted);
+        size_t dim = sparse_table_dim(pt->t);
+        return n ? sparse_table_import(pt->t, ids, n, vals, pt->n_slots ? vals + n * dim : NULL, step) : 0;
+}
+
+/* A write held for its backup's acknowledgement: the call, and its answer. */
+struct held_write {
+        struct psd *p;
+        struct rpc_call *call;
+        struct wire_out *o;              /* an exchange's reply */
+        Psfleet__V1__SparseImportReply rep;   /* an import's (o NULL) */
+};
+
+static void write_replicated(void *ud, int status, const char *why) {
+        struct held_write *x = ud;
+        if (status < 0) {
+                wire_out_free(x->o);
+                psd_reject(x->p, x->call, status, why);
+        } else if (x->o) {
+                end_call(x->p, x->call, END_REPLY, x->o, NULL);
+        } else {
+                rpc_call_reply_msg(x->call, &x->rep.base);
+        }
+        free(x);
+}
+
+/* The write begun (replica_write_begin) and applied ends: with changed, sp (taken) queued for the
+ * backup and the call answered once it holds it — *o (the reply, or NULL with rep for an import's) is
+ * then taken and END_ANSWERED returned; else (nothing changed, or the shard runs unreplicated) r, to
+ * answer now. Or -errno with err: refuse the call. */
+static int replicate_write(struct psd *p, struct rpc_call *call, const struct replica_sparse *sp, bool changed, int r,
+                           struct wire_out **o, const Psfleet__V1__SparseImportReply *rep, char *err, size_t errlen) {
+        if (!changed || r != END_REPLY) {
+                replica_write_cancel(p->rep);
+                free(sp->ids);
+                free(sp->ids2);
+                free(sp->vals);
+                return r;
+        }
+        struct held_write *x = calloc(1, sizeof(*x));
+        struct replica_update *ru = NULL;
+        if (x)
+                replica_update_sparse(sp, &ru);   /* NULL when out of memory: the backup is dropped */
+        else {
+                free(sp->ids);
+                free(sp->ids2);
+                free(sp->vals);
+        }
+        if (x) {
+                *x = (struct held_write){.p = p, .call = call, .o = *o};
+                if (rep)
+                        x->rep = *rep;
+        }
+        struct replica_push who = {0};
+        int e = replica_write_end(p->rep, ru, 0, &who, write_replicated, x, err, errlen);
+        if (e > 0) {
+                *o = NULL;
+                return END_ANSWERED;
+        }
+        free(x);
+        return e < 0 ? e : r;
+}
+
 /* ---- SparseExchange: a worker's step ---- */
 
 void on_sparse_exchange(struct rpc_call *call, void *ud) {
@@ -419,12 +504,13 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
                 goto out;
 
         /* the step the worker saw: the rows' last touch, the learning rate's schedule, eviction's clock */
-        uint64_t step = h->global_step, seen = atomic_load(&p->sparse_step);
-        while (step > seen && !atomic_compare_exchange_weak(&p->sparse_step, &seen, step))
-                ;
+        uint64_t step = h->global_step;
         float lr = sparse_learning_rate(p->cfg, step);
-        if ((n_push && sparse_table_push(pt->t, push, n_push, g, lr, step) < 0) ||
-            (n_pull && sparse_table_pull(pt->t, pull, n_pull, rows, h->create, step) < 0)) {
+        /* ps.replicas 2: applied under the write (the shard's order), answered once the backup holds it */
+        if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0)
+                goto out;
+        if (exchange_apply(p, pt, push, n_push, g, lr, pull, n_pull, rows, h->create, step) < 0) {
+                replica_write_cancel(p->rep);
                 r = END_OUT_OF_MEMORY;
                 goto out;
         }
@@ -446,6 +532,17 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
                 rows = NULL;
         }
         r = r < 0 ? END_OUT_OF_MEMORY : END_REPLY;
+        if (p->rep) {
+                bool made = n_pull && h->create;   /* a pull with create makes rows: the backup makes them too */
+                struct replica_sparse sp = {.table = h->table, .ids = push, .n_ids = n_push, .ids2 = made ? pull : NULL,
+                                            .n_ids2 = made ? n_pull : 0, .vals = g, .n_vals = n_push * dim,
+                                            .lr = lr, .step = step};
+                push = NULL;
+                g = NULL;
+                if (made)
+                        pull = NULL;
+                r = replicate_write(p, call, &sp, n_push || made, r, &o, NULL, err, sizeof(err));
+        }
 out:
         end_call(p, call, r, o, err);
         free(push);
@@ -619,25 +716,154 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
                 r = take_rows(q.in, names[s], n, dim, vals + (size_t)s * n * dim, err, sizeof(err));
         if (r < 0)
                 goto out;
-        if (h->clear)
-                sparse_table_clear(pt->t);
+        /* ps.replicas 2: applied under the write (the shard's order), answered once the backup holds it */
+        if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0)
+                goto out;
         Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;
-        rep.dropped = sparse_table_delete(pt->t, evicted, n_evicted);
-        int replaced = n ? sparse_table_import(pt->t, ids, n, vals, pt->n_slots ? vals + n * dim : NULL,
-                                               h->global_step) : 0;
+        int replaced = import_apply(pt, h->clear, evicted, n_evicted, ids, n, vals, h->global_step, &rep.dropped);
         if (replaced < 0) {
+                replica_write_cancel(p->rep);
                 r = END_OUT_OF_MEMORY;
                 goto out;
         }
         rep.incarnation = p->incarnation;
         rep.rows = sparse_table_rows(pt->t);
         rep.replaced = (uint64_t)replaced;
-        rpc_call_reply_msg(call, &rep.base);
-        r = END_ANSWERED;
+        r = END_REPLY;
+        if (p->rep) {
+                struct replica_sparse sp = {.table = h->table, .import = true, .clear = h->clear, .ids = ids, .n_ids = n,
+                                            .ids2 = evicted, .n_ids2 = n_evicted, .vals = vals,
+                                            .n_vals = n * dim * (1 + pt->n_slots), .step = h->global_step};
+                ids = evicted = NULL;
+                vals = NULL;
+                struct wire_out *none = NULL;
+                r = replicate_write(p, call, &sp, true, r, &none, &rep, err, sizeof(err));
+        }
+        if (r == END_REPLY) {
+                rpc_call_reply_msg(call, &rep.base);
+                r = END_ANSWERED;
+        }
 out:
         end_call(p, call, r, NULL, err);
         free(ids);
         free(evicted);
         free(vals);
         psd_request_done(&q);
+}
+
+/* ---- ps.replicas 2: the backup's side, and the state transfer's rows ---- */
+
+void sparse_tables_clear(struct psd *p) {
+        for (uint32_t e = 0; e < p->n_tables; e++)
+                sparse_table_clear(p->tables[e].t);
+}
+
+/* Tensor k of a table's update: an exchange's "grads"; an import's "rows", then its slots by name. */
+static const char *update_tensor(const struct psd *p, bool import, unsigned k) {
+        return !import ? "grads" : k ? sparse_optimizer_slot_name(p->cfg->training.sparse_optimizer, k - 1) : "rows";
+}
+
+uint32_t sparse_update_out(struct psd *p, struct wire_out *o, Psfleet__V1__ReplicateUpdate *m,
+                           const struct replica_sparse *sp) {
+        const struct psd_table *pt = &p->tables[sp->table];
+        size_t dim = sparse_table_dim(pt->t), n = sp->n_ids;
+        m->table = sp->table + 1;
+        m->import = sp->import;
+        m->clear = sp->clear;
+        m->ids = (ProtobufCBinaryData){n * sizeof(uint64_t), (uint8_t *)sp->ids};
+        m->pull_ids = (ProtobufCBinaryData){sp->n_ids2 * sizeof(uint64_t), (uint8_t *)sp->ids2};
+        m->lr = sp->lr;
+        m->step = sp->step;
+        unsigned nt = !n ? 0 : sp->import ? 1 + pt->n_slots : 1;
+        uint64_t shape[2] = {n, dim};
+        for (unsigned k = 0; k < nt; k++)
+                wire_out_tensor_copy(o, update_tensor(p, sp->import, k), WIRE_DTYPE_FLOAT32, shape, 2, 0,
+                                     sp->vals + k * n * dim, n * dim * sizeof(float));
+        return nt;
+}
+
+int sparse_replay(struct psd *p, const Psfleet__V1__ReplicateUpdate *u, const struct wire_in *in, size_t at,
+                  char *err, size_t errlen) {
+        uint32_t e = u->table - 1;
+        uint64_t *ids = NULL, *ids2 = NULL;
+        float *vals = NULL, *rows = NULL;
+        size_t n = 0, n2 = 0;
+        int r;
+        if ((r = check_table(p, e, err, errlen)) < 0 ||
+            (r = take_ids(p, &u->ids, "ids", &ids, &n, err, errlen)) < 0 ||
+            (r = check_unique(ids, n, "ids", err, errlen)) < 0 ||
+            (r = take_ids(p, &u->pull_ids, "pull_ids", &ids2, &n2, err, errlen)) < 0)
+                goto out;
+        struct psd_table *pt = &p->tables[e];
+        uint32_t dim = sparse_table_dim(pt->t);
+        unsigned nt = !n ? 0 : u->import ? 1 + pt->n_slots : 1;
+        if (u->n_tensors != nt || at + nt > in->n_tensors || (n > n2 ? n : n2) * dim * (1 + pt->n_slots) > SPARSE_MAX_FLOATS) {
+                r = errf(err, errlen, -EINVAL, "table %u's update of %zu rows: %u tensors, %u expected (or too large)", e,
+                         n, u->n_tensors, nt);
+                goto out;
+        }
+        struct wire_in mine = *in;   /* its own tensors, by name */
+        mine.tensors = in->tensors + at;
+        mine.n_tensors = nt;
+        vals = malloc(n * dim * (nt ? nt : 1) * sizeof(float) + sizeof(float));
+        rows = malloc(n2 * dim * sizeof(float) + sizeof(float));
+        if (!vals || !rows) {
+                r = errf(err, errlen, -ENOMEM, "out of memory");
+                goto out;
+        }
+        for (unsigned k = 0; k < nt && r >= 0; k++)
+                r = take_rows(&mine, update_tensor(p, u->import, k), n, dim, vals + (size_t)k * n * dim, err, errlen);
+        if (r < 0)
+                goto out;
+        uint64_t dropped;
+        if (u->import)
+                r = import_apply(pt, u->clear, ids2, n2, ids, n, vals, u->step, &dropped);
+        else
+                r = exchange_apply(p, pt, ids, n, vals, u->lr, ids2, n2, rows, true, u->step);
+        if (r < 0)
+                r = errf(err, errlen, -ENOMEM, "out of memory");
+        else
+                r = 0;
+out:
+        free(ids);
+        free(ids2);
+        free(vals);
+        free(rows);
+        return r;
+}
+
+int sparse_transfer(struct psd *p, replica_page_fn send_page, void *ud, char *why, size_t len) {
+        for (uint32_t e = 0; e < p->n_tables; e++) {
+                struct psd_table *pt = &p->tables[e];
+                size_t dim = sparse_table_dim(pt->t), per_row = dim * (1 + pt->n_slots);
+                size_t page = SPARSE_MAX_FLOATS / per_row < EXPORT_PAGE_ROWS ? SPARSE_MAX_FLOATS / per_row : EXPORT_PAGE_ROWS;
+                uint64_t *ids = malloc(page * sizeof(*ids));
+                float *vals = malloc(page * per_row * sizeof(float));
+                float *slots = malloc(page * dim * (pt->n_slots ? pt->n_slots : 1) * sizeof(float));
+                uint64_t cursor = 0, step = atomic_load(&p->sparse_step);
+                int r = ids && vals && slots ? 0 : errf(why, len, -ENOMEM, "out of memory");
+                for (size_t got; r == 0 && (got = sparse_table_export(pt->t, &cursor, page, ids, vals, slots)) > 0;) {
+                        /* rows then slots slot-major, as an import takes them: the slots were written for
+                         * page rows each */
+                        for (unsigned k = 0; k < pt->n_slots; k++)
+                                memmove(vals + (1 + k) * got * dim, slots + k * page * dim, got * dim * sizeof(float));
+                        struct replica_sparse sp = {.table = e, .import = true, .ids = ids, .n_ids = got, .vals = vals,
+                                                    .n_vals = got * per_row, .step = step};
+                        Psfleet__V1__ReplicateUpdate u = PSFLEET__V1__REPLICATE_UPDATE__INIT;
+                        struct wire_out *o = NULL;
+                        if (wire_out_new(&o) < 0) {
+                                r = errf(why, len, -ENOMEM, "out of memory");
+                                break;
+                        }
+                        u.n_tensors = sparse_update_out(p, o, &u, &sp);
+                        r = send_page(ud, o, &u, why, len);
+                        wire_out_free(o);
+                }
+                free(ids);
+                free(vals);
+                free(slots);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
 }

@@ -102,6 +102,18 @@ def ctr_example(data_dir=None, job=None, table_keys=None):
     return base
 
 
+def ctr_data(wd, rows, test_rows, seed=3):
+    """A data directory in wd with `psfleet gen-data` rows: train.tsv.gz (rows) and test.tsv.gz
+    (test_rows, with its .meta.json: the planted AUC). Returns its path."""
+    data = wd.file("data")
+    os.makedirs(data)
+    g = Proc(wd, "gen-data", [BIN["psfleet"], "gen-data", "--rows", str(rows), "--out",
+                              os.path.join(data, "train.tsv.gz"), "--test-rows", str(test_rows), "--test-out",
+                              os.path.join(data, "test.tsv.gz"), "--seed", str(seed)])
+    assert g.wait(120) == 0, g.stderr()
+    return data
+
+
 _plain = False
 
 

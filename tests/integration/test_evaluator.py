@@ -84,12 +84,7 @@ def test_tls(wd):
 
 
 def test_ctr(wd):
-    data = wd.file("data")
-    os.makedirs(data)
-    g = h.Proc(wd, "gen-data", [h.BIN["psfleet"], "gen-data", "--rows", str(CTR_ROWS), "--out",
-                                os.path.join(data, "train.tsv.gz"), "--test-rows", str(CTR_TEST_ROWS), "--test-out",
-                                os.path.join(data, "test.tsv.gz"), "--seed", "5"])
-    assert g.wait(120) == 0, g.stderr()
+    data = h.ctr_data(wd, CTR_ROWS, CTR_TEST_ROWS, seed=5)
     base = h.ctr_example(data, "ctr-eval")
     job, spec = h.make_job(wd, "ctr.json", n_ps=1, n_workers=1, base=base, training={"max_steps": CTR_STEPS},
                            supervisor={"save_checkpoint_steps": 60, "save_checkpoint_secs": 0, "eval_every_steps": 60,

@@ -14,8 +14,12 @@
   4. Frozen again at the end: primary and backup bit-equal after the fail-overs and transfers; the
      job finishes DONE with an accuracy near an undisturbed run's (--accuracy-of gives that run's).
 
+  With --sparse the job is examples/ctr-widedeep.json's (embedding tables on the shards, gen-data rows):
+  every exchange's writes and the chief's restores go to the backup too, and the comparisons hold the
+  tables' rows and accumulators (SparseExport of both) bit for bit as well.
+
   test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--checkpoints 3] [--accuracy-of A --tolerance 0.5] [--no-gray]
-                   [--mode async|ssp|sync]
+                   [--mode async|ssp|sync] [--sparse]
 """
 import argparse
 import json
@@ -34,10 +38,36 @@ def pull(addr, fingerprint):
         return h.pull_shard(s.ps_pb2_grpc.ParameterServerStub(ch), fingerprint, task="chief:0")
 
 
-def make_replicated_job(wd, steps, n_ps=2, n_workers=2, rpc=None, mode="async"):
+def tables(addr, fingerprint, n_tables):
+    """Every embedding table of the psd at addr, sorted by id: {table: (ids, {tensor: bytes})}."""
+    import numpy as np
+    s = h.stubs()
+    caller = s.tensor_pb2.Caller(task="chief:0", fingerprint=fingerprint)
+    out = {}
+    with h.channel(addr) as ch:
+        stub = s.ps_pb2_grpc.ParameterServerStub(ch)
+        for t in range(n_tables):
+            ids, vals, cursor = [], {}, 0
+            while True:
+                hdr = s.ps_pb2.SparseExportHeader(caller=caller, table=t, cursor=cursor, max_rows=65536)
+                r = stub.SparseExport(s.ps_pb2.SparseExportRequest(header=hdr), timeout=30)
+                ids.append(np.frombuffer(r.header.ids, dtype="<u8"))
+                for x in r.tensors:
+                    vals.setdefault(x.name, []).append(np.frombuffer(x.data, dtype="<f4"))
+                if r.header.done:
+                    break
+                cursor = r.header.next_cursor
+            ids = np.concatenate(ids)
+            order = np.argsort(ids)
+            out[t] = (ids[order].tobytes(),
+                      {k: np.concatenate(v).reshape(len(ids), -1)[order].tobytes() for k, v in vals.items()})
+    return out
+
+
+def make_replicated_job(wd, steps, n_ps=2, n_workers=2, rpc=None, mode="async", base=None):
     # a push to a frozen primary gives up after rpc.deadline_ms: the workers' switch is bounded by it
     rpc = dict(rpc or {}, deadline_ms=3000)
-    job, spec = h.make_job(wd, n_ps=n_ps, n_workers=n_workers, rpc=rpc,
+    job, spec = h.make_job(wd, n_ps=n_ps, n_workers=n_workers, rpc=rpc, base=base,
                            training={"max_steps": steps, "report_every_steps": 20, "mode": mode},
                            supervisor={"save_checkpoint_steps": 500, "save_checkpoint_secs": 0,
                                        "save_summaries_secs": 0})
@@ -113,6 +143,16 @@ class Job:
                 assert not diff, "%s: ps:%d's primary %s and backup %s differ in %s" % (what, s, n.address, n.backup,
                                                                                       diff[:4])
                 assert ga == gb, (what, s, ga, gb)
+                n_tables = len(self.spec["model"].get("embeddings", []))
+                rows = ""
+                if n_tables:
+                    ta, tb = tables(n.address, fp, n_tables), tables(n.backup, fp, n_tables)
+                    for t in ta:
+                        assert ta[t][0] == tb[t][0], "%s: ps:%d's table %d: primary and backup hold other ids (%d, %d)" % (
+                            what, s, t, len(ta[t][0]) // 8, len(tb[t][0]) // 8)
+                        diff = [k for k in ta[t][1] if ta[t][1][k] != tb[t][1].get(k)]
+                        assert not diff, "%s: ps:%d's table %d differs in %s" % (what, s, t, diff)
+                    rows = ", tables' %s rows too" % "+".join(str(len(ta[t][0]) // 8) for t in sorted(ta))
                 sa = h.shard_status(n.address, timeout=1)
                 ca = [(c.worker, c.clock) for c in sa.clocks]
                 cb = [(c.worker, c.clock) for c in h.shard_status(n.backup, timeout=1).clocks]
@@ -121,9 +161,9 @@ class Job:
                 rp = sa.replica
                 assert rp.acked == rp.seq, "%s: ps:%d's primary numbered %d updates, its backup acknowledged %d" % (
                     what, s, rp.seq, rp.acked)
-                h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots, global_step %d, epoch %d%s); "
+                h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots%s, global_step %d, epoch %d%s); "
                       "%d updates since the last transfer in %d Replicate calls"
-                      % (what, s, n.address, n.backup, len(a), ga, n.epoch, ", ssp clocks %s" % ca if ca else "",
+                      % (what, s, n.address, n.backup, len(a), rows, ga, n.epoch, ", ssp clocks %s" % ca if ca else "",
                          rp.seq, rp.calls))
         finally:
             for w in self.workers():
@@ -224,11 +264,36 @@ def cli_views(j):
           "\n".join(ln for ln in text.stdout.splitlines() if "ps:" in ln and "127.0.0.1" in ln))
 
 
+def pre_run(wd, spec, steps=300):
+    """The same job without replicas for a few steps, into the same state directory: the replicated job
+    then starts by restoring its checkpoint, tables included (SparseImport to each primary, which its
+    backup gets too, by the state transfer or as updates, whichever comes first)."""
+    pre = json.loads(json.dumps(spec))
+    del pre["cluster"]["ps_backup"]
+    pre["ps"]["replicas"] = 1
+    pre["training"]["max_steps"] = steps
+    path = wd.file("job-pre.json")
+    with open(path, "w") as f:
+        json.dump(pre, f, indent=2)
+    jp = Job(wd, path, pre)
+    jp.start_all()
+    final = h.wait_state(jp.chief_addr, "DONE", 120, jp.daemons())
+    chief = jp.procs[("chiefd", None)]
+    chief.kill(signal.SIGTERM)   # it serves status after DONE until told to stop
+    for p in jp.procs.values():
+        assert p.wait(60) == 0, "%s did not exit 0 at the first job's end:\n%s" % (p.name, p.stderr()[-2000:])
+        h._procs.remove(p)
+    h.log("a first run without replicas to global_step %d (checkpointed): the replicated job restores it"
+          % final.global_step)
+
+
 def run(opts):
     h.plain_rpc()
     h.require_built("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
-    job, spec = make_replicated_job(wd, opts.steps, mode=opts.mode)
+    job, spec = make_replicated_job(wd, opts.steps, mode=opts.mode, base=h.ctr_example(h.ctr_data(wd, 60000, 10000)) if opts.sparse else None)
+    if opts.sparse:
+        pre_run(wd, spec)
     j = Job(wd, job, spec)
     j.start_all()
     rng = random.Random(opts.seed)
@@ -308,8 +373,8 @@ def run(opts):
         stop.set()
         poller.join(5)
     back = [(a, b) for a, b in zip(seen, seen[1:]) if b < a]
-    h.log("done at global_step %d, test accuracy %.4f; %d polls of global_step; checkpoint restores: %d"
-          % (final.global_step, final.test_accuracy, len(seen), len(final.losses)))
+    h.log("done at global_step %d, test accuracy %.4f, AUC %.4f; %d polls of global_step; checkpoint restores: %d"
+          % (final.global_step, final.test_accuracy, final.test_auc, len(seen), len(final.losses)))
     if failovers:
         h.log("fail-over time over %d kills: p50 %.3f s, max %.3f s" % (len(failovers), statistics.median(failovers),
                                                                        max(failovers)))
@@ -319,6 +384,8 @@ def run(opts):
     if opts.accuracy_of is not None:
         assert abs(final.test_accuracy - opts.accuracy_of) * 100 <= opts.tolerance, (final.test_accuracy,
                                                                                       opts.accuracy_of)
+    elif opts.sparse:
+        assert final.test_auc > 0.6, final.test_auc
     else:
         assert final.test_accuracy > 0.5, final.test_accuracy
     print(json.dumps({"kills": opts.kills, "failover_s": [round(x, 3) for x in failovers],
@@ -338,6 +405,7 @@ def main():
     ap.add_argument("--accuracy-of", type=float)
     ap.add_argument("--tolerance", type=float, default=0.5)
     ap.add_argument("--mode", choices=("async", "ssp", "sync"), default="async", help="training.mode")
+    ap.add_argument("--sparse", action="store_true", help="examples/ctr-widedeep.json's model: embedding tables")
     ap.add_argument("--no-gray", dest="gray", action="store_false", help="skip the SIGSTOP of a backup and a primary")
     opts = ap.parse_args()
     h.main(lambda: run(opts))

@@ -37,12 +37,7 @@ def test():
     from safetensors import safe_open
     h.require_built("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
-    data = wd.file("data")
-    os.makedirs(data)
-    g = h.Proc(wd, "gen-data", [h.BIN["psfleet"], "gen-data", "--rows", str(ROWS), "--out",
-                                os.path.join(data, "train.tsv.gz"), "--test-rows", str(TEST_ROWS), "--test-out",
-                                os.path.join(data, "test.tsv.gz"), "--seed", "5"])
-    assert g.wait(120) == 0, g.stderr()
+    data = h.ctr_data(wd, ROWS, TEST_ROWS, seed=5)
     base = h.ctr_example(data)
     base["supervisor"] = {"save_checkpoint_steps": 50, "save_checkpoint_secs": 0, "save_summaries_secs": 5,
                           "keep_checkpoints": 2, "full_checkpoint_every": 1000}

@@ -24,12 +24,7 @@ def test():
     from tensorboard.backend.event_processing import event_accumulator
     h.require_built("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
-    data = wd.file("data")
-    os.makedirs(data)
-    g = h.Proc(wd, "gen-data", [h.BIN["psfleet"], "gen-data", "--rows", str(ROWS), "--out",
-                                os.path.join(data, "train.tsv.gz"), "--test-rows", str(TEST_ROWS), "--test-out",
-                                os.path.join(data, "test.tsv.gz"), "--seed", "3"])
-    assert g.wait(120) == 0, g.stderr()
+    data = h.ctr_data(wd, ROWS, TEST_ROWS, seed=3)
     planted = json.load(open(os.path.join(data, "test.tsv.gz.meta.json")))["planted_auc"]
     base = h.ctr_example(data)
     base["supervisor"] = {"save_checkpoint_steps": 100, "save_checkpoint_secs": 0, "save_summaries_secs": 1,

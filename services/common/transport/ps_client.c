@@ -572,6 +572,16 @@ void ps_client_link_shards(struct ps_client *pc) {
         for (uint32_t s = 0; index && n && parts && s < L->n_shards; s++) {
                 if (pc->shard[s].link.up)
                         continue;
+                if (pc->shard[s].cur == 1) {
+                        /* its primary is cluster.ps_backup[s], which offers no shared memory: this host's socket
+                         * of the shard is the other psd's, maybe stopped (asking it would wait rpc.deadline_ms,
+                         * which a sync step's partner does not wait for) */
+                        if (!pc->shard[s].link.said)
+                                log_info("ps:%u: pushing through gRPC: its primary is its backup psd %s, which offers "
+                                         "no shared memory", s, pc->cfg->cluster.ps_backup[s].addr);
+                        pc->shard[s].link.said = true;
+                        continue;
+                }
                 uint32_t k = 0;
                 for (uint32_t i = 0; i < pc->n_fl; i++)
                         if (pc->fl[i].g.shard == s) {
