@@ -8,10 +8,15 @@
      its accuracy held to the median of the undisturbed replicated runs of part 1 (--tolerance points):
      0 steps lost, global_step never back, fail-over time p50 and max.
 
+  --mode sync makes part 1's job training.mode sync; --model ctr makes it examples/ctr-widedeep.json's
+  (embedding tables on both shards, gen-data rows; test AUC instead of accuracy). The chaos run is the
+  MLP's, async, whatever these say.
+
 Prints a table and one JSON line.
 
 Usage: tests/bench/bench_failover.py [--build build] [--steps 3000] [--rounds 2] [--kills 20]
                                      [--chaos-steps 12000] [--tolerance 0.5] [--skip-chaos]
+                                     [--mode async|sync] [--model mlp|ctr]
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
@@ -21,14 +26,15 @@ if "--build" in sys.argv[:-1]:   # the harness finds the daemons through it when
     os.environ["PSFLEET_BUILD_DIR"] = os.path.abspath(sys.argv[sys.argv.index("--build") + 1])
 
 
-def one(h, tr, steps, replicas, transport):
+def one(h, tr, steps, replicas, transport, mode="async", model="mlp"):
     wd = h.Workdir()
     rpc = {"shared_memory": transport == "shm"}
+    base = h.ctr_example(h.ctr_data(wd, 200000, 20000)) if model == "ctr" else None
     if replicas:
-        job, spec = tr.make_replicated_job(wd, steps, rpc=rpc)
+        job, spec = tr.make_replicated_job(wd, steps, rpc=rpc, mode=mode, base=base)
     else:
-        job, spec = h.make_job(wd, n_ps=2, n_workers=2, rpc=rpc,
-                               training={"max_steps": steps, "report_every_steps": 20},
+        job, spec = h.make_job(wd, n_ps=2, n_workers=2, rpc=rpc, base=base,
+                               training={"max_steps": steps, "report_every_steps": 20, "mode": mode},
                                supervisor={"save_checkpoint_steps": 500, "save_checkpoint_secs": 0,
                                            "save_summaries_secs": 0})
         spec["cluster"]["ps_backup"] = []
@@ -37,7 +43,8 @@ def one(h, tr, steps, replicas, transport):
     j.start_all()
     final = h.wait_state(j.chief_addr, "DONE", 900, j.daemons())
     r = {"replicas": 2 if replicas else 1, "transport": transport, "examples_per_s": round(final.examples_per_s),
-         "wall_s": round(time.monotonic() - t0, 1), "test_accuracy": round(final.test_accuracy, 4)}
+         "wall_s": round(time.monotonic() - t0, 1),
+         "test_accuracy": round(final.test_auc if model == "ctr" else final.test_accuracy, 4)}
     h.cleanup()
     return r
 
@@ -51,6 +58,9 @@ def main():
     ap.add_argument("--chaos-steps", type=int, default=12000)
     ap.add_argument("--tolerance", type=float, default=0.5)
     ap.add_argument("--skip-chaos", action="store_true")
+    ap.add_argument("--mode", choices=("async", "sync"), default="async", help="part 1's training.mode")
+    ap.add_argument("--model", choices=("mlp", "ctr"), default="mlp",
+                    help="part 1's model: the MLP, or examples/ctr-widedeep.json's (accuracy is then the test AUC)")
     a = ap.parse_args()
     import harness as h
     import test_replicas as tr
@@ -60,7 +70,7 @@ def main():
     for _ in range(a.rounds):
         for transport in ("shm", "grpc"):
             for replicas in (False, True):
-                rows.append(one(h, tr, a.steps, replicas, transport))
+                rows.append(one(h, tr, a.steps, replicas, transport, a.mode, a.model))
                 h.log(json.dumps(rows[-1]))
     print("%-9s %8s %13s %9s %7s" % ("transport", "replicas", "examples/s", "accuracy", "wall_s"))
     for r in rows:
@@ -90,7 +100,8 @@ def main():
                               or "Error" in l][-30:]}
         for l in chaos["log_tail"]:
             print(l)
-    print(json.dumps({"rows": rows, "summary": summary, "chaos": chaos, "steps": a.steps}))
+    print(json.dumps({"rows": rows, "summary": summary, "chaos": chaos, "steps": a.steps, "mode": a.mode,
+                      "model": a.model}))
 
 
 if __name__ == "__main__":
