@@ -109,11 +109,8 @@ static void answer(struct replica_update *u, int status, const char *why) {
 }
 
 static void update_free(struct replica_update *u) {
-        if (u && u->sparse) {
-                free(u->sp.ids);
-                free(u->sp.ids2);
-                free(u->sp.vals);
-        }
+        if (u && u->sparse)
+                replica_sparse_free(&u->sp);
         free(u);
 }
 
@@ -230,12 +227,20 @@ int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **
         return 0;
 }
 
+void replica_sparse_free(struct replica_sparse *sp) {
+        free(sp->ids);
+        free(sp->ids2);
+        free(sp->vals);
+        free(sp->ev);
+        free(sp->ev2);
+        *sp = (struct replica_sparse){0};
+}
+
 int replica_update_sparse(const struct replica_sparse *sp, struct replica_update **ret) {
         struct replica_update *u = calloc(1, sizeof(*u));
         if (!u) {
-                free(sp->ids);
-                free(sp->ids2);
-                free(sp->vals);
+                struct replica_sparse gone = *sp;
+                replica_sparse_free(&gone);
                 return -ENOMEM;
         }
         u->sparse = true;
@@ -339,7 +344,8 @@ static void batch_unref(void *arg) {
 
 /* The bytes an update's gradients, values and ids take in a call. */
 static size_t update_bytes(const struct replica_update *u) {
-        return u->floats * sizeof(float) + (u->sparse ? (u->sp.n_ids + u->sp.n_ids2) * sizeof(uint64_t) : 0);
+        return u->floats * sizeof(float) +
+               (u->sparse ? (u->sp.n_ids + u->sp.n_ids2) * sizeof(uint64_t) + u->sp.ev_len + u->sp.ev2_len : 0);
 }
 
 /* The head of the queue that one call carries: of one epoch, and no larger than a snapshot or an

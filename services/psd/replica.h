@@ -45,10 +45,11 @@ float *replica_update_grads(struct replica_update *u);
 struct replica_update *replica_update_free(struct replica_update *u);   /* NULL-safe */
 
 /* A write to embedding table `table` (its index), as the backup will apply it: an exchange — the
- * gradients of the rows it pushed (vals: n_ids x dim, applied with lr) and, when it pulled with create,
- * the ids it pulled (ids2) — or an import (the chief's restore: clear, then the evicted ids ids2
- * dropped, then the rows ids stored, vals their values then slots slot-major). step: the rows' last
- * touch. The arrays are malloc'd and taken, freed with the update (also when this fails: -ENOMEM). */
+ * gradients of the rows it pushed (vals: n_ids x dim, applied with lr to the rows that exist) and the
+ * rows the table made or dropped meanwhile (ev, ev2) — or an import (the chief's restore: clear, then
+ * the evicted ids ids2 dropped, then the rows ids stored, vals their values then slots slot-major), or
+ * an eviction by age (ev alone). step: the rows' last touch. The arrays are malloc'd and taken, freed
+ * with the update (also when this fails: -ENOMEM). */
 struct replica_sparse {
         uint32_t table;
         bool import, clear;
@@ -58,8 +59,14 @@ struct replica_sparse {
         size_t n_vals;
         float lr;
         uint64_t step;
+        /* the table's journal (sparse_table_journal) packed: the rows the write made and dropped — an
+         * exchange's push in ev and its pull in ev2; an import's or an age eviction's in ev */
+        uint8_t *ev, *ev2;
+        size_t ev_len, ev2_len;
+        bool lost;      /* the journal could not be taken: the backup must be brought in again */
 };
 int replica_update_sparse(const struct replica_sparse *sp, struct replica_update **ret);
+void replica_sparse_free(struct replica_sparse *sp);   /* its arrays, and zeroes it */
 
 /* A write (a push) begins: 0 with the replica's lock held (the caller applies, then calls
  * replica_write_end), or -EAGAIN with err saying this psd is not the shard's primary (counted as

@@ -80,9 +80,11 @@ int sparse_tables_new(struct psd *p) {
                 if (m->emb[e].disk_tier && o.max_rows) {
                         /* the shard's own working state, wiped here: a restarted psd is restored from checkpoints */
                         const char *d = p->cfg->ps.disk_tier_dir;
-                        int len = d[0] == '/' ? snprintf(tier, sizeof(tier), "%s/ps-%u/table-%u", d, p->shard, e)
-                                              : snprintf(tier, sizeof(tier), "%s/%s/%s/ps-%u/table-%u",
-                                                         p->args.state_dir, p->cfg->name, d, p->shard, e);
+                        /* a shard's backup psd has its own (the two may share a host and a state directory) */
+                        const char *role = p->args.backup ? "-backup" : "";
+                        int len = d[0] == '/' ? snprintf(tier, sizeof(tier), "%s/ps-%u%s/table-%u", d, p->shard, role, e)
+                                              : snprintf(tier, sizeof(tier), "%s/%s/%s/ps-%u%s/table-%u",
+                                                         p->args.state_dir, p->cfg->name, d, p->shard, role, e);
                         if (len < 0 || (size_t)len >= sizeof(tier))
                                 return log_error_errno(-ENAMETOOLONG, "ps.disk_tier_dir \"%s\": the path is too long", d);
                         o.tier_dir = tier;
@@ -107,6 +109,8 @@ int sparse_tables_new(struct psd *p) {
                 pthread_mutex_init(&pt->gone_lock, NULL);
                 /* incremental checkpoints need to know which rows changed and which ids went */
                 sparse_table_track(pt->t, p->cfg->supervisor.full_checkpoint_every > 1);
+                /* ps.replicas 2: the rows it makes and drops go to the backup with each write */
+                sparse_table_journal(pt->t, p->rep != NULL);
                 pt->m_rows = metric_gauge("psfleet_ps_sparse_rows", "Rows of an embedding table stored on this "
                                           "shard.", "table", name);
                 pt->m_bytes = metric_gauge("psfleet_ps_sparse_table_bytes", "Memory held by an embedding table on "
@@ -141,6 +145,35 @@ void sparse_tables_free(struct psd *p) {
         p->n_tables = 0;
 }
 
+static bool journal_out(struct psd_table *pt, uint8_t **buf, size_t *len);
+static void write_unheld(void *ud, int status, const char *why);
+
+/* Rows untouched for `after` steps dropped (the main loop, the shard's primary). ps.replicas 2: under the
+ * write, as a push is, the rows it dropped going to the backup; not now if no write may be made (the
+ * primary waits for the chief's word on its dropped backup). Returns how many went. */
+static size_t evict_by_age(struct psd *p, struct psd_table *pt, uint32_t e, uint64_t now, uint64_t after) {
+        char err[300];
+        if (!p->rep)
+                return sparse_table_evict(pt->t, now, after);
+        if (replica_write_begin(p->rep, err, sizeof(err)) < 0)
+                return 0;
+        size_t n = sparse_table_evict(pt->t, now, after);
+        struct replica_sparse sp = {.table = e, .step = now};
+        sp.lost = !journal_out(pt, &sp.ev, &sp.ev_len);
+        if (!sp.ev_len && !sp.lost) {
+                replica_write_cancel(p->rep);
+                return n;
+        }
+        struct replica_update *ru = NULL;
+        if (!sp.lost)
+                replica_update_sparse(&sp, &ru);
+        else
+                replica_sparse_free(&sp);
+        struct replica_push who = {0};
+        replica_write_end(p->rep, ru, 0, &who, write_unheld, NULL, err, sizeof(err));
+        return n;
+}
+
 void sparse_tables_tick(struct psd *p) {
         uint64_t now = atomic_load(&p->sparse_step), exported = atomic_load(&p->export_us);
         /* a row evicted and made again during a checkpoint's walk would be in it twice */
@@ -148,8 +181,8 @@ void sparse_tables_tick(struct psd *p) {
         for (uint32_t e = 0; e < p->n_tables; e++) {
                 struct psd_table *pt = &p->tables[e];
                 uint64_t after = pt->spec->evict_after_steps;
-                if (after && now > after && !walking) {
-                        size_t n = sparse_table_evict(pt->t, now, after);
+                if (after && now > after && !walking && replica_is_primary(p->rep)) {
+                        size_t n = evict_by_age(p, pt, e, now, after);
                         if (n) {
                                 log_info_step(now, "table \"%s\": evicted %zu row(s) untouched for %" PRIu64
                                               " steps", pt->spec->name, n, after);
@@ -367,17 +400,83 @@ static void end_call(struct psd *p, struct rpc_call *call, int r, struct wire_ou
 
 /* ---- the writes, as the primary applies them and its backup replays them (ps.replicas 2) ---- */
 
+/* The table's journal since the last take (sparse_table_journal: the rows made and dropped), packed
+ * for a ReplicateUpdate, 9 bytes an event, into *buf (malloc'd; NULL when none). false when it could
+ * not be taken: the backup must then be brought in again. */
+static bool journal_out(struct psd_table *pt, uint8_t **buf, size_t *len) {
+        struct sparse_event *ev;
+        size_t n;
+        *buf = NULL;
+        *len = 0;
+        if (sparse_table_journal_take(pt->t, &ev, &n) < 0)
+                return false;
+        if (!n)
+                return true;
+        uint8_t *b = malloc(n * 9);
+        for (size_t i = 0; b && i < n; i++) {
+                memcpy(b + 9 * i, &ev[i].id, 8);
+                b[9 * i + 8] = ev[i].kind;
+        }
+        free(ev);
+        *buf = b;
+        *len = b ? n * 9 : 0;
+        return b != NULL;
+}
+
+/* Events of a ReplicateUpdate (field) back, each checked (a kind, an id of this shard). 0 or -errno. */
+static int journal_in(struct psd *p, const ProtobufCBinaryData *b, const char *field, struct sparse_event **ev,
+                      size_t *n, char *err, size_t errlen) {
+        *ev = NULL;
+        *n = 0;
+        if (b->len % 9 || b->len / 9 > 4 * (size_t)SPARSE_MAX_IDS)
+                return errf(err, errlen, -EINVAL, "%s: %zu bytes, not a multiple of 9 (id, kind) or too many", field,
+                            b->len);
+        size_t k = b->len / 9;
+        if (!k)
+                return 0;
+        struct sparse_event *v = malloc(k * sizeof(*v));
+        if (!v)
+                return errf(err, errlen, -ENOMEM, "out of memory");
+        for (size_t i = 0; i < k; i++) {
+                memcpy(&v[i].id, b->data + 9 * i, 8);
+                v[i].kind = b->data[9 * i + 8];
+                if ((v[i].kind != SPARSE_MADE && v[i].kind != SPARSE_DROPPED) ||
+                    sparse_shard_of(v[i].id, p->cfg->cluster.n_ps) != p->shard) {
+                        free(v);
+                        return errf(err, errlen, -EINVAL, "%s[%zu]: kind %u of id %" PRIu64 " (1 made, 2 dropped, of "
+                                    "ps:%u's ids)", field, i, v[i].kind, v[i].id, p->shard);
+                }
+        }
+        *ev = v;
+        *n = k;
+        return 0;
+}
+
+/* A backup's own journal (its replays note events too), forgotten. */
+static void journal_forget(struct psd_table *pt) {
+        struct sparse_event *ev;
+        size_t n;
+        if (sparse_table_journal_take(pt->t, &ev, &n) == 0)
+                free(ev);
+}
+
 /* An exchange's writes: the pushed rows' gradients applied with lr, then the pulled rows (made when
- * create) into rows (n_pull x dim). step: the rows' last touch, and eviction's clock. 0, -ENOMEM. */
+ * create) into rows (n_pull x dim). step: the rows' last touch, and eviction's clock. With sp (ps.replicas
+ * 2), the rows the push and then the pull made and dropped, into sp->ev and sp->ev2. 0, -ENOMEM. */
 static int exchange_apply(struct psd *p, struct psd_table *pt, const uint64_t *push, size_t n_push, const float *g,
-                          float lr, const uint64_t *pull, size_t n_pull, float *rows, bool create, uint64_t step) {
+                          float lr, const uint64_t *pull, size_t n_pull, float *rows, bool create, uint64_t step,
+                          struct replica_sparse *sp) {
         uint64_t seen = atomic_load(&p->sparse_step);
         while (step > seen && !atomic_compare_exchange_weak(&p->sparse_step, &seen, step))
                 ;
-        if ((n_push && sparse_table_push(pt->t, push, n_push, g, lr, step) < 0) ||
-            (n_pull && sparse_table_pull(pt->t, pull, n_pull, rows, create, step) < 0))
-                return -ENOMEM;
-        return 0;
+        int r = n_push ? sparse_table_push(pt->t, push, n_push, g, lr, step) : 0;
+        if (sp && !journal_out(pt, &sp->ev, &sp->ev_len))
+                sp->lost = true;
+        if (r == 0 && n_pull)
+                r = sparse_table_pull(pt->t, pull, n_pull, rows, create, step);
+        if (sp && !journal_out(pt, &sp->ev2, &sp->ev2_len))
+                sp->lost = true;
+        return r < 0 ? -ENOMEM : 0;
 }
 
 /* An import's writes: every row dropped first with clear, then the evicted ids, then the rows ids[0..n)
@@ -400,6 +499,13 @@ struct held_write {
         Psfleet__V1__SparseImportReply rep;   /* an import's (o NULL) */
 };
 
+/* A write whose call was answered already (or has none: an eviction by age): nothing to say. */
+static void write_unheld(void *ud, int status, const char *why) {
+        (void)ud;
+        (void)status;
+        (void)why;
+}
+
 static void write_replicated(void *ud, int status, const char *why) {
         struct held_write *x = ud;
         if (status < 0) {
@@ -414,35 +520,30 @@ static void write_replicated(void *ud, int status, const char *why) {
 }
 
 /* The write begun (replica_write_begin) and applied ends: with changed, sp (taken) queued for the
- * backup and the call answered once it holds it — *o (the reply, or NULL with rep for an import's) is
- * then taken and END_ANSWERED returned; else (nothing changed, or the shard runs unreplicated) r, to
- * answer now. Or -errno with err: refuse the call. */
-static int replicate_write(struct psd *p, struct rpc_call *call, const struct replica_sparse *sp, bool changed, int r,
+ * backup and, when r is END_REPLY, the call answered once it holds it — *o (the reply, or NULL with
+ * rep for an import's) is then taken and END_ANSWERED returned; else (nothing changed, the shard runs
+ * unreplicated, or r says to answer otherwise) r, to answer now. Or -errno with err: refuse the call. */
+static int replicate_write(struct psd *p, struct rpc_call *call, struct replica_sparse *sp, bool changed, int r,
                            struct wire_out **o, const Psfleet__V1__SparseImportReply *rep, char *err, size_t errlen) {
-        if (!changed || r != END_REPLY) {
+        if (!changed && !sp->lost) {
                 replica_write_cancel(p->rep);
-                free(sp->ids);
-                free(sp->ids2);
-                free(sp->vals);
+                replica_sparse_free(sp);
                 return r;
         }
-        struct held_write *x = calloc(1, sizeof(*x));
+        struct held_write *x = r == END_REPLY ? calloc(1, sizeof(*x)) : NULL;
         struct replica_update *ru = NULL;
-        if (x)
-                replica_update_sparse(sp, &ru);   /* NULL when out of memory: the backup is dropped */
-        else {
-                free(sp->ids);
-                free(sp->ids2);
-                free(sp->vals);
-        }
+        if (sp->lost)
+                replica_sparse_free(sp);   /* no update: the backup is dropped, and brought in again */
+        else
+                replica_update_sparse(sp, &ru);   /* NULL when out of memory: likewise */
         if (x) {
                 *x = (struct held_write){.p = p, .call = call, .o = *o};
                 if (rep)
                         x->rep = *rep;
         }
         struct replica_push who = {0};
-        int e = replica_write_end(p->rep, ru, 0, &who, write_replicated, x, err, errlen);
-        if (e > 0) {
+        int e = replica_write_end(p->rep, ru, 0, &who, x ? write_replicated : write_unheld, x, err, errlen);
+        if (e > 0 && x) {
                 *o = NULL;
                 return END_ANSWERED;
         }
@@ -509,11 +610,9 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
         /* ps.replicas 2: applied under the write (the shard's order), answered once the backup holds it */
         if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0)
                 goto out;
-        if (exchange_apply(p, pt, push, n_push, g, lr, pull, n_pull, rows, h->create, step) < 0) {
-                replica_write_cancel(p->rep);
+        struct replica_sparse sp = {.table = h->table, .lr = lr, .step = step};
+        if (exchange_apply(p, pt, push, n_push, g, lr, pull, n_pull, rows, h->create, step, p->rep ? &sp : NULL) < 0)
                 r = END_OUT_OF_MEMORY;
-                goto out;
-        }
         uint64_t in_bytes = (n_push + n_pull) * sizeof(uint64_t) + n_push * dim * sizeof(float),
                  out_bytes = n_pull * dim * sizeof(float);
         atomic_fetch_add(&pt->ids_in, n_push + n_pull);
@@ -525,7 +624,7 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
 
         Psfleet__V1__SparseExchangeReplyHeader rh = PSFLEET__V1__SPARSE_EXCHANGE_REPLY_HEADER__INIT;
         rh.incarnation = p->incarnation;
-        if ((r = wire_out_new(&o)) >= 0)
+        if (r != END_OUT_OF_MEMORY && (r = wire_out_new(&o)) >= 0)
                 r = wire_out_header(o, &rh.base);
         if (r >= 0 && n_pull) {
                 r = put_rows(o, "rows", rows, n_pull, dim);   /* lent: freed once sent, or now on failure */
@@ -533,15 +632,14 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
         }
         r = r < 0 ? END_OUT_OF_MEMORY : END_REPLY;
         if (p->rep) {
-                bool made = n_pull && h->create;   /* a pull with create makes rows: the backup makes them too */
-                struct replica_sparse sp = {.table = h->table, .ids = push, .n_ids = n_push, .ids2 = made ? pull : NULL,
-                                            .n_ids2 = made ? n_pull : 0, .vals = g, .n_vals = n_push * dim,
-                                            .lr = lr, .step = step};
+                /* the backup gets the pushed rows' gradients and the rows the table made and dropped */
+                sp.ids = push;
+                sp.n_ids = n_push;
+                sp.vals = g;
+                sp.n_vals = n_push * dim;
                 push = NULL;
                 g = NULL;
-                if (made)
-                        pull = NULL;
-                r = replicate_write(p, call, &sp, n_push || made, r, &o, NULL, err, sizeof(err));
+                r = replicate_write(p, call, &sp, sp.n_ids || sp.ev_len || sp.ev2_len, r, &o, NULL, err, sizeof(err));
         }
 out:
         end_call(p, call, r, o, err);
@@ -721,19 +819,15 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
                 goto out;
         Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;
         int replaced = import_apply(pt, h->clear, evicted, n_evicted, ids, n, vals, h->global_step, &rep.dropped);
-        if (replaced < 0) {
-                replica_write_cancel(p->rep);
-                r = END_OUT_OF_MEMORY;
-                goto out;
-        }
         rep.incarnation = p->incarnation;
         rep.rows = sparse_table_rows(pt->t);
-        rep.replaced = (uint64_t)replaced;
-        r = END_REPLY;
+        rep.replaced = replaced < 0 ? 0 : (uint64_t)replaced;
+        r = replaced < 0 ? END_OUT_OF_MEMORY : END_REPLY;
         if (p->rep) {
                 struct replica_sparse sp = {.table = h->table, .import = true, .clear = h->clear, .ids = ids, .n_ids = n,
                                             .ids2 = evicted, .n_ids2 = n_evicted, .vals = vals,
                                             .n_vals = n * dim * (1 + pt->n_slots), .step = h->global_step};
+                sp.lost = !journal_out(pt, &sp.ev, &sp.ev_len);   /* rows it dropped at the bound */
                 ids = evicted = NULL;
                 vals = NULL;
                 struct wire_out *none = NULL;
@@ -774,6 +868,8 @@ uint32_t sparse_update_out(struct psd *p, struct wire_out *o, Psfleet__V1__Repli
         m->pull_ids = (ProtobufCBinaryData){sp->n_ids2 * sizeof(uint64_t), (uint8_t *)sp->ids2};
         m->lr = sp->lr;
         m->step = sp->step;
+        m->events = (ProtobufCBinaryData){sp->ev_len, sp->ev};
+        m->events_after = (ProtobufCBinaryData){sp->ev2_len, sp->ev2};
         unsigned nt = !n ? 0 : sp->import ? 1 + pt->n_slots : 1;
         uint64_t shape[2] = {n, dim};
         for (unsigned k = 0; k < nt; k++)
@@ -782,22 +878,55 @@ uint32_t sparse_update_out(struct psd *p, struct wire_out *o, Psfleet__V1__Repli
         return nt;
 }
 
+static int cmp_id(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+/* An import replayed: the primary's own import, then the rows its bound dropped meanwhile (ev, of which
+ * the dropped ones count). The backup's bound must not have dropped any of its own, and none the
+ * primary dropped may be of the page (the order within it is not replayed): else -EDOM, and the
+ * primary brings its backup in again by a state transfer. */
+static int import_replay(struct psd_table *pt, const Psfleet__V1__ReplicateUpdate *u, uint64_t *ids, size_t n,
+                         const uint64_t *evicted, size_t n_evicted, const float *vals, struct sparse_event *ev,
+                         size_t n_ev) {
+        struct sparse_table_stats before, after;
+        sparse_table_get_stats(pt->t, &before);
+        uint64_t dropped;
+        if (import_apply(pt, u->clear, evicted, n_evicted, ids, n, vals, u->step, &dropped) < 0)
+                return -ENOMEM;
+        qsort(ids, n, sizeof(*ids), cmp_id);
+        size_t k = 0;
+        for (size_t i = 0; i < n_ev; i++)
+                if (ev[i].kind == SPARSE_DROPPED) {
+                        if (bsearch(&ev[i].id, ids, n, sizeof(*ids), cmp_id))
+                                return -EDOM;
+                        ev[k++] = ev[i];
+                }
+        int r = sparse_table_replay(pt->t, ev, k, u->step);
+        sparse_table_get_stats(pt->t, &after);
+        return r < 0 ? r : after.evicted_limit != before.evicted_limit ? -EDOM : 0;
+}
+
 int sparse_replay(struct psd *p, const Psfleet__V1__ReplicateUpdate *u, const struct wire_in *in, size_t at,
                   char *err, size_t errlen) {
         uint32_t e = u->table - 1;
         uint64_t *ids = NULL, *ids2 = NULL;
-        float *vals = NULL, *rows = NULL;
-        size_t n = 0, n2 = 0;
+        float *vals = NULL;
+        struct sparse_event *ev = NULL, *ev2 = NULL;
+        size_t n = 0, n2 = 0, n_ev = 0, n_ev2 = 0;
         int r;
         if ((r = check_table(p, e, err, errlen)) < 0 ||
             (r = take_ids(p, &u->ids, "ids", &ids, &n, err, errlen)) < 0 ||
             (r = check_unique(ids, n, "ids", err, errlen)) < 0 ||
-            (r = take_ids(p, &u->pull_ids, "pull_ids", &ids2, &n2, err, errlen)) < 0)
+            (r = take_ids(p, &u->pull_ids, "pull_ids", &ids2, &n2, err, errlen)) < 0 ||
+            (r = journal_in(p, &u->events, "events", &ev, &n_ev, err, errlen)) < 0 ||
+            (r = journal_in(p, &u->events_after, "events_after", &ev2, &n_ev2, err, errlen)) < 0)
                 goto out;
         struct psd_table *pt = &p->tables[e];
         uint32_t dim = sparse_table_dim(pt->t);
         unsigned nt = !n ? 0 : u->import ? 1 + pt->n_slots : 1;
-        if (u->n_tensors != nt || at + nt > in->n_tensors || (n > n2 ? n : n2) * dim * (1 + pt->n_slots) > SPARSE_MAX_FLOATS) {
+        if (u->n_tensors != nt || at + nt > in->n_tensors || n * dim * (1 + pt->n_slots) > SPARSE_MAX_FLOATS) {
                 r = errf(err, errlen, -EINVAL, "table %u's update of %zu rows: %u tensors, %u expected (or too large)", e,
                          n, u->n_tensors, nt);
                 goto out;
@@ -805,9 +934,7 @@ int sparse_replay(struct psd *p, const Psfleet__V1__ReplicateUpdate *u, const st
         struct wire_in mine = *in;   /* its own tensors, by name */
         mine.tensors = in->tensors + at;
         mine.n_tensors = nt;
-        vals = malloc(n * dim * (nt ? nt : 1) * sizeof(float) + sizeof(float));
-        rows = malloc(n2 * dim * sizeof(float) + sizeof(float));
-        if (!vals || !rows) {
+        if (!(vals = malloc(n * dim * (nt ? nt : 1) * sizeof(float) + sizeof(float)))) {
                 r = errf(err, errlen, -ENOMEM, "out of memory");
                 goto out;
         }
@@ -815,20 +942,31 @@ int sparse_replay(struct psd *p, const Psfleet__V1__ReplicateUpdate *u, const st
                 r = take_rows(&mine, update_tensor(p, u->import, k), n, dim, vals + (size_t)k * n * dim, err, errlen);
         if (r < 0)
                 goto out;
-        uint64_t dropped;
-        if (u->import)
-                r = import_apply(pt, u->clear, ids2, n2, ids, n, vals, u->step, &dropped);
-        else
-                r = exchange_apply(p, pt, ids, n, vals, u->lr, ids2, n2, rows, true, u->step);
-        if (r < 0)
+        if (u->import) {
+                r = import_replay(pt, u, ids, n, ids2, n2, vals, ev, n_ev);
+        } else {
+                /* the rows the push made and dropped, its gradients on the rows that exist, the pull's rows */
+                uint64_t seen = atomic_load(&p->sparse_step);
+                while (u->step > seen && !atomic_compare_exchange_weak(&p->sparse_step, &seen, u->step))
+                        ;
+                r = sparse_table_replay(pt->t, ev, n_ev, u->step);
+                if (r == 0 && n)
+                        r = sparse_table_push_existing(pt->t, ids, n, vals, u->lr, u->step);
+                if (r == 0)
+                        r = sparse_table_replay(pt->t, ev2, n_ev2, u->step);
+        }
+        journal_forget(pt);
+        if (r == -EDOM)
+                r = errf(err, errlen, r, "table \"%s\": the backup's bound dropped other rows than the primary's: it "
+                         "needs a state transfer", pt->spec->name);
+        else if (r < 0)
                 r = errf(err, errlen, -ENOMEM, "out of memory");
-        else
-                r = 0;
 out:
         free(ids);
         free(ids2);
         free(vals);
-        free(rows);
+        free(ev);
+        free(ev2);
         return r;
 }
 

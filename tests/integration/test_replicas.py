@@ -16,10 +16,12 @@
 
   With --sparse the job is examples/ctr-widedeep.json's (embedding tables on the shards, gen-data rows):
   every exchange's writes and the chief's restores go to the backup too, and the comparisons hold the
-  tables' rows and accumulators (SparseExport of both) bit for bit as well.
+  tables' rows and accumulators (SparseExport of both) bit for bit as well. --table-keys sets keys on
+  every table: with a bound, admission or eviction by age, the rows the primary's table made and
+  dropped go with each write.
 
   test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--checkpoints 3] [--accuracy-of A --tolerance 0.5] [--no-gray]
-                   [--mode async|ssp|sync] [--sparse]
+                   [--mode async|ssp|sync] [--sparse [--table-keys JSON]]
 """
 import argparse
 import json
@@ -291,7 +293,7 @@ def run(opts):
     h.plain_rpc()
     h.require_built("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
-    job, spec = make_replicated_job(wd, opts.steps, mode=opts.mode, base=h.ctr_example(h.ctr_data(wd, 60000, 10000)) if opts.sparse else None)
+    job, spec = make_replicated_job(wd, opts.steps, mode=opts.mode, base=h.ctr_example(h.ctr_data(wd, 60000, 10000), table_keys=json.loads(opts.table_keys)) if opts.sparse else None)
     if opts.sparse:
         pre_run(wd, spec)
     j = Job(wd, job, spec)
@@ -406,6 +408,8 @@ def main():
     ap.add_argument("--tolerance", type=float, default=0.5)
     ap.add_argument("--mode", choices=("async", "ssp", "sync"), default="async", help="training.mode")
     ap.add_argument("--sparse", action="store_true", help="examples/ctr-widedeep.json's model: embedding tables")
+    ap.add_argument("--table-keys", default="{}",
+                    help="with --sparse, JSON keys set on every table (a bound, admission, eviction, a disk tier)")
     ap.add_argument("--no-gray", dest="gray", action="store_false", help="skip the SIGSTOP of a backup and a primary")
     opts = ap.parse_args()
     h.main(lambda: run(opts))

@@ -422,13 +422,6 @@ static const struct bad_case bad_cases[] = {
           "ps.replicas: is 2, but cluster.ps_backup lists no backup psd" },
         { "{" MODEL ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'ps_backup': ['a:5']}}",
           "cluster.ps_backup: lists backups, but ps.replicas is 1 (set it to 2 to use them)" },
-        /* replicated tables: those whose rows change only by the writes */
-        { "{" CRITEO_DATA ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'ps_backup': ['a:5']}, "
-          "'ps': {'replicas': 2}, " CTR_MODEL(EMB("'name': 'e', 'dim': 4, 'max_rows': 1000")) "}",
-          "ps.replicas: 2 does not replicate a table with max_rows yet (model.embeddings[0], \"e\")" },
-        { "{" CRITEO_DATA ", 'cluster': {'chief': ['a:1'], 'ps': ['a:2'], 'worker': ['a:3'], 'ps_backup': ['a:5']}, "
-          "'ps': {'replicas': 2, 'memory_limit_bytes': 1000000000}, " CTR_MODEL(EMB("'name': 'e', 'dim': 4")) "}",
-          "ps.replicas: 2 does not replicate embedding tables under ps.memory_limit_bytes yet" },
         /* model */
         { "{" CLUSTER "}", "model: missing" },
         { "{" CLUSTER ", 'model': {'layers': [{'type': 'dense', 'units': 10}]}}", "model.input: missing" },

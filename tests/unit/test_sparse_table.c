@@ -902,6 +902,109 @@ static void test_bounded_tracked(void **state)
         sparse_table_free(t);
 }
 
+/* Every row of t (dim 4, two slots at most) sorted by id: ids, then each row's values and slots. */
+static size_t rows_sorted(struct sparse_table *t, uint64_t *ids, float *vals, size_t cap)
+{
+        enum { D = 4, PAGE = 4096 };
+        uint64_t cur = 0, *pid = malloc(PAGE * sizeof(*pid));
+        float *pv = malloc(PAGE * D * sizeof(float)), *ps = malloc(2 * PAGE * D * sizeof(float));
+        uint64_t *raw = malloc(cap * sizeof(*raw));
+        float *rv = malloc(cap * 3 * D * sizeof(float));
+        size_t n = 0, got;
+        while ((got = sparse_table_export(t, &cur, PAGE, pid, pv, ps)) > 0)
+                for (size_t i = 0; i < got; i++, n++) {
+                        assert_true(n < cap);
+                        raw[n] = pid[i];
+                        memcpy(rv + n * 3 * D, pv + i * D, D * sizeof(float));
+                        memcpy(rv + n * 3 * D + D, ps + i * D, D * sizeof(float));
+                        memcpy(rv + n * 3 * D + 2 * D, ps + (PAGE + i) * D, D * sizeof(float));
+                }
+        memcpy(ids, raw, n * sizeof(*ids));
+        qsort(ids, n, sizeof(*ids), cmp_u64);
+        for (size_t i = 0; i < n; i++) {   /* each row to its id's place */
+                uint64_t *at = bsearch(&raw[i], ids, n, sizeof(*ids), cmp_u64);
+                memcpy(vals + (size_t)(at - ids) * 3 * D, rv + i * 3 * D, 3 * D * sizeof(float));
+        }
+        free(pid);
+        free(pv);
+        free(ps);
+        free(raw);
+        free(rv);
+        return n;
+}
+
+/* The primary's journaled writes replayed: made and dropped rows, then the push on existing rows. */
+static void replay_into(struct sparse_table *p, struct sparse_table *r, const uint64_t *ids, size_t n,
+                        const float *g, uint64_t step)
+{
+        struct sparse_event *ev;
+        size_t ne;
+        assert_int_equal(sparse_table_journal_take(p, &ev, &ne), 0);
+        assert_int_equal(sparse_table_replay(r, ev, ne, step), 0);
+        free(ev);
+        if (g)
+                assert_int_equal(sparse_table_push_existing(r, ids, n, g, 0.1f, step), 0);
+}
+
+/* ps.replicas 2 of a bounded table: a replica that replays the primary's journal (rows made, rows
+ * dropped at the bound or by age) and its pushes on existing rows only holds the same rows, values and
+ * slots bit for bit, whatever the policy and with admission, though its own touch clocks, use counts
+ * and sketch are not the primary's. */
+static void test_journal_replay(void **state)
+{
+        enum { D = 4, IDS = 3000, BATCH = 64, CAP = 4096 };
+        const enum sparse_evict_policy pols[] = {SPARSE_EVICT_LRU, SPARSE_EVICT_LFU, SPARSE_EVICT_AGE};
+        uint64_t *ia = malloc(CAP * sizeof(*ia)), *ib = malloc(CAP * sizeof(*ib));
+        float *va = malloc(CAP * 3 * D * sizeof(float)), *vb = malloc(CAP * 3 * D * sizeof(float));
+        for (size_t pi = 0; pi < 3; pi++)
+                for (uint32_t admit = 0; admit <= 3; admit += 3) {
+                        struct sparse_table *p = bounded(pols[pi], 640, admit), *r = bounded(pols[pi], 640, admit);
+                        sparse_table_journal(p, true);
+                        struct rng g;
+                        rng_init(&g, 7 + pi, admit);
+                        uint64_t ids[BATCH];
+                        float rows[BATCH * D], grads[BATCH * D];
+                        size_t dropped = 0;
+                        for (uint64_t step = 1; step <= 400; step++) {
+                                /* a batch of distinct ids, hot ones (below 200) half the time */
+                                size_t n = 0;
+                                while (n < BATCH) {
+                                        uint64_t id = rng_next(&g) % (rng_next(&g) % 2 ? 200 : IDS);
+                                        bool seen = false;
+                                        for (size_t k = 0; k < n && !seen; k++)
+                                                seen = ids[k] == id;
+                                        if (!seen)
+                                                ids[n++] = id;
+                                }
+                                assert_int_equal(sparse_table_pull(p, ids, n, rows, true, step), 0);
+                                replay_into(p, r, NULL, 0, NULL, step);
+                                for (size_t k = 0; k < n * D; k++)
+                                        grads[k] = (float)(rng_next(&g) % 2001) / 1000.0f - 1.0f;
+                                assert_int_equal(sparse_table_push(p, ids, n, grads, 0.1f, step), 0);
+                                replay_into(p, r, ids, n, grads, step);
+                                if (pols[pi] == SPARSE_EVICT_AGE && step % 50 == 0) {
+                                        dropped += sparse_table_evict(p, step, 40);
+                                        replay_into(p, r, NULL, 0, NULL, step);
+                                }
+                        }
+                        struct sparse_table_stats st;
+                        sparse_table_get_stats(p, &st);
+                        assert_true(st.evicted_limit > 0);   /* the bound was reached: rows were dropped */
+                        assert_true(admit == 0 || st.admit_pending > 0);
+                        assert_true(pols[pi] != SPARSE_EVICT_AGE || dropped > 0);
+                        size_t na = rows_sorted(p, ia, va, CAP), nb = rows_sorted(r, ib, vb, CAP);
+                        assert_int_equal(na, nb);
+                        assert_memory_equal(ia, ib, na * sizeof(*ia));
+                        assert_memory_equal(va, vb, na * 3 * D * sizeof(float));
+                        sparse_table_free(p);
+                        sparse_table_free(r);
+                }
+        free(ia);
+        free(ib);
+        free(va);
+        free(vb);
+}
+
 UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_names),         cmocka_unit_test(test_new_invalid),
         cmocka_unit_test(test_init),          cmocka_unit_test(test_pull_create),
@@ -914,4 +1017,4 @@ UNIT_TEST_MAIN(NULL, NULL,
         cmocka_unit_test(test_max_rows_lfu),  cmocka_unit_test(test_admission),
         cmocka_unit_test(test_bytes_for),     cmocka_unit_test(test_bounded_threads),
         cmocka_unit_test(test_bounded_walk), cmocka_unit_test(test_track_changes),
-        cmocka_unit_test(test_bounded_tracked))
+        cmocka_unit_test(test_bounded_tracked), cmocka_unit_test(test_journal_replay))

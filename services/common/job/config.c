@@ -447,19 +447,6 @@ int cfg_check_training(const struct ctx *x, const struct training_config *t, uin
 int cfg_check_replicas(const struct ctx *x, const struct job_config *c) {
         if (c->ps.replicas > 1 && c->cluster.n_ps_backup == 0)
                 return cfg_failf(x, "ps.replicas", "is %u, but cluster.ps_backup lists no backup psd", c->ps.replicas);
-        /* what is replicated so far: dense pushes of every training mode, and embedding tables whose
-         * rows change only by the writes (replica.c): no bound, admission, eviction or disk tier, whose
-         * state (touch clocks, sketches, the disk) a backup does not follow yet */
-        if (c->ps.replicas > 1 && c->model.n_embeddings && c->ps.memory_limit_bytes)
-                return cfg_failf(x, "ps.replicas", "2 does not replicate embedding tables under ps.memory_limit_bytes yet");
-        for (uint32_t e = 0; c->ps.replicas > 1 && e < c->model.n_embeddings; e++) {
-                const struct embedding_spec *t = &c->model.emb[e];
-                const char *what = t->max_rows ? "max_rows" : t->admit_after > 1 ? "admit_after" :
-                                   t->evict_after_steps ? "evict_after_steps" : t->disk_tier ? "disk_tier" : NULL;
-                if (what)
-                        return cfg_failf(x, "ps.replicas", "2 does not replicate a table with %s yet (model.embeddings[%u], "
-                                         "\"%s\")", what, e, t->name);
-        }
         if (c->ps.replicas == 1 && c->cluster.n_ps_backup)
                 return cfg_failf(x, "cluster.ps_backup", "lists backups, but ps.replicas is 1 (set it to 2 to use them)");
         return 0;

@@ -416,8 +416,10 @@ const struct config_key cfg_keys[] = {
               "by their evict_policy at that bound. Less than the dense part alone: psd and psfleet check exit "
               "78. 0: no limit."),
         K_STR("ps.disk_tier_dir", ps.disk_tier_dir, "tier",
-              "Where psd keeps the disk tier of tables with disk_tier: DIR/ps-N/table-E, wiped when psd starts "
-              "(the shard is restored from checkpoints as any shard). A relative path is under STATE_DIR/JOB/.",
+              "Where psd keeps the disk tier of tables with disk_tier: DIR/ps-N/table-E (a shard's backup psd "
+              "under ps.replicas 2: DIR/ps-N-backup/table-E), wiped when psd starts (the shard is restored from "
+              "checkpoints, or its primary's state transfer, as any shard). A relative path is under "
+              "STATE_DIR/JOB/.",
               .check = check_state_path),
         K_U64("ps.stop_grace_secs", ps.stop_grace_secs, 20, 0, 600,
               "psd, on SIGTERM: keeps serving for up to this many seconds until the chief's Stop arrives (or the chief is gone), so a "

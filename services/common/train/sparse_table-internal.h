@@ -46,6 +46,9 @@ struct stripe {
         uint32_t dirty_words, last_row;   /* last_row: the row rec_locked returned */
         uint64_t *gone;
         size_t n_gone, gone_cap;
+        /* sparse_table_journal: the rows made and dropped for good since the last take, in order */
+        struct sparse_event *events;
+        size_t n_events, events_cap;
         /* with a disk tier: one bit per row number, set when the current walk has given the row */
         uint64_t *given;
         uint32_t given_words;
@@ -64,6 +67,8 @@ struct sparse_table {
         uint64_t evicted_age, evicted_limit, admitted, admit_pending, grads_dropped; /* atomic */
         bool track;                    /* change tracking on (set before any row is made) */
         bool changes_lost;             /* an evicted id could not be noted (atomic) */
+        bool journal;                  /* sparse_table_journal on */
+        bool journal_lost;             /* an event could not be noted (atomic) */
         /* the disk tier (tier_dir): rows past max_rows, as tier values (struct tier_hdr, row_floats) */
         struct sparse_tier *tier;
         const struct sparse_tier_ops *tops;   /* the tier's functions (o.tier_ops) */
@@ -214,6 +219,9 @@ int sparse_table_bits_reserve(uint64_t **bits, uint32_t *words, uint32_t used);
 /* sparse_table_changes.c: notes an evicted id. A failed allocation loses the note: the table remembers
  * that, and sparse_table_take_evicted reports it so that the next checkpoint is a full one. */
 void sparse_table_gone_add(struct sparse_table *t, struct stripe *s, uint64_t id);
+/* With the journal on, notes that id's row was made (new, not read back from disk) or dropped for good,
+ * in s (locked). */
+void sparse_table_event(struct sparse_table *t, struct stripe *s, uint64_t id, enum sparse_event_kind kind);
 /* sparse_table_changes.c: writes one row as the n-th of a page (sparse_table_export's layout). */
 void sparse_table_give_row(const struct sparse_table *t, const float *row, uint64_t id, size_t n, size_t max,
                            uint64_t *ids, float *values, float *slots);

@@ -305,10 +305,12 @@ static void stripe_release(struct stripe *s)
         s->bytes = 0;
         free(s->dirty);
         free(s->gone);
+        free(s->events);
         free(s->given);
         s->dirty = s->gone = s->given = NULL;
+        s->events = NULL;
         s->dirty_words = s->given_words = 0;
-        s->n_gone = s->gone_cap = 0;
+        s->n_gone = s->gone_cap = s->n_events = s->events_cap = 0;
 }
 
 struct sparse_table *sparse_table_free(struct sparse_table *t)
@@ -467,6 +469,8 @@ static char *rec_locked(struct sparse_table *t, const uint64_t *ids, size_t i, s
                 }
                 rec = rec_at(t, s, (uint32_t)r);
                 s->last_row = (uint32_t)r;
+                if (!from_disk)
+                        sparse_table_event(t, s, id, SPARSE_MADE);
                 if (from_disk) {
                         sparse_table_tier_restore(t, s, (uint32_t)r, rec, &th, scratch);
                 } else if (t->track) {
@@ -512,12 +516,11 @@ int sparse_table_pull(struct sparse_table *t, const uint64_t *ids, size_t n, flo
         return rc;
 }
 
-int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, const float *g, float lr,
-                      uint64_t step)
+static int push_as(struct sparse_table *t, const uint64_t *ids, size_t n, const float *g, float lr, uint64_t step,
+                   enum lookup how)
 {
         const struct sparse_table_opts *o = &t->o;
         uint32_t dim = o->dim;
-        enum lookup how = t->sketch ? EXISTING : CREATE;
         char *scratch = NULL;
         if (t->tier && !(scratch = malloc(t->tier_val_bytes)))
                 return -ENOMEM;
@@ -552,6 +555,41 @@ int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, con
                 pthread_mutex_unlock(&s->lock);
         }
         free(scratch);
+        return rc;
+}
+
+int sparse_table_push(struct sparse_table *t, const uint64_t *ids, size_t n, const float *g, float lr,
+                      uint64_t step)
+{
+        return push_as(t, ids, n, g, lr, step, t->sketch ? EXISTING : CREATE);
+}
+
+int sparse_table_push_existing(struct sparse_table *t, const uint64_t *ids, size_t n, const float *g, float lr,
+                               uint64_t step)
+{
+        return push_as(t, ids, n, g, lr, step, EXISTING);
+}
+
+int sparse_table_replay(struct sparse_table *t, const struct sparse_event *ev, size_t n, uint64_t step)
+{
+        char *scratch = NULL;
+        if (t->tier && !(scratch = malloc(t->tier_val_bytes)))
+                return -ENOMEM;
+        uint64_t limit0 = __atomic_load_n(&t->evicted_limit, __ATOMIC_RELAXED);
+        int rc = 0;
+        for (size_t i = 0; i < n && rc == 0; i++) {
+                if (ev[i].kind == SPARSE_DROPPED) {
+                        sparse_table_delete(t, &ev[i].id, 1);
+                        continue;
+                }
+                struct stripe *s;
+                char *rec = rec_locked(t, &ev[i].id, 0, 1, CREATE, step, &s, &rc, scratch, false, NULL);
+                if (rec && s)
+                        pthread_mutex_unlock(&s->lock);
+        }
+        free(scratch);
+        if (rc == 0 && __atomic_load_n(&t->evicted_limit, __ATOMIC_RELAXED) != limit0)
+                rc = -EDOM;   /* it dropped a row of its own at its bound */
         return rc;
 }
 

@@ -172,3 +172,27 @@ size_t sparse_table_delete(struct sparse_table *t, const uint64_t *ids, size_t n
 
 /* Drops every row (a shard made uninitialized again), the disk tier's too. */
 void sparse_table_clear(struct sparse_table *t);
+
+/* The journal (ps.replicas 2: what a primary's backup replays): while on, every row made (by a pull
+ * with create or admission, a push, an import; not one read back from disk) and every row dropped for
+ * good (evicted at max_rows without a disk tier, or by age, disk copies included) is noted, per
+ * stripe in order. Rows moving between DRAM and disk are not: that changes no value. Off by default;
+ * the caller serializes the writes it journals. */
+enum sparse_event_kind { SPARSE_MADE = 1, SPARSE_DROPPED = 2 };
+struct sparse_event {
+        uint64_t id;
+        uint8_t kind;   /* enum sparse_event_kind */
+};
+void sparse_table_journal(struct sparse_table *t, bool on);
+/* The events noted since the last take (malloc'd into *ev_ret, NULL when none; stripe by stripe,
+ * each stripe's in order: stripes are independent), forgotten here. -ENOMEM when some could not be
+ * noted or returned: the caller must then resynchronize its replica whole. */
+int sparse_table_journal_take(struct sparse_table *t, struct sparse_event **ev_ret, size_t *n_ret);
+/* The backup's side: events replayed in order (a made row initialized as a new one is, if missing; a
+ * dropped row deleted, from disk too). Returns 0, -ENOMEM, or -EDOM when the table had to drop a row
+ * of its own to make one (its bound went another way than the primary's: resynchronize). */
+int sparse_table_replay(struct sparse_table *t, const struct sparse_event *ev, size_t n, uint64_t step);
+/* As sparse_table_push, but a missing id's gradient is always dropped (its row, if the primary made
+ * one, came by sparse_table_replay first). */
+int sparse_table_push_existing(struct sparse_table *t, const uint64_t *ids, size_t n, const float *g, float lr,
+                               uint64_t step);

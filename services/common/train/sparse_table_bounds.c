@@ -21,6 +21,7 @@ static void row_drop(struct sparse_table *t, struct stripe *s, uint32_t r)
 {
         if (t->track)
                 sparse_table_gone_add(t, s, rec_id(rec_at(t, s, r)));
+        sparse_table_event(t, s, rec_id(rec_at(t, s, r)), SPARSE_DROPPED);
         sparse_table_row_free(t, s, r);
 }
 

@@ -39,6 +39,61 @@ void sparse_table_gone_add(struct sparse_table *t, struct stripe *s, uint64_t id
         s->gone[s->n_gone++] = id;
 }
 
+void sparse_table_event(struct sparse_table *t, struct stripe *s, uint64_t id, enum sparse_event_kind kind)
+{
+        if (!t->journal)
+                return;
+        if (s->n_events == s->events_cap) {
+                size_t cap = s->events_cap ? 2 * s->events_cap : 64;
+                struct sparse_event *e = realloc(s->events, cap * sizeof(*e));
+                if (!e) {
+                        __atomic_store_n(&t->journal_lost, true, __ATOMIC_RELAXED);
+                        return;
+                }
+                s->events = e;
+                s->events_cap = cap;
+        }
+        s->events[s->n_events++] = (struct sparse_event){.id = id, .kind = (uint8_t)kind};
+}
+
+void sparse_table_journal(struct sparse_table *t, bool on)
+{
+        t->journal = on;
+}
+
+int sparse_table_journal_take(struct sparse_table *t, struct sparse_event **ev_ret, size_t *n_ret)
+{
+        *ev_ret = NULL;
+        *n_ret = 0;
+        size_t n = 0;
+        for (unsigned si = 0; si < N_STRIPES; si++) {
+                pthread_mutex_lock(&t->stripes[si].lock);
+                n += t->stripes[si].n_events;
+                pthread_mutex_unlock(&t->stripes[si].lock);
+        }
+        struct sparse_event *ev = n ? malloc(n * sizeof(*ev)) : NULL;
+        size_t at = 0;
+        for (unsigned si = 0; si < N_STRIPES; si++) {
+                struct stripe *s = &t->stripes[si];
+                pthread_mutex_lock(&s->lock);
+                size_t k = s->n_events;
+                if (ev && at + k <= n) {
+                        memcpy(ev + at, s->events, k * sizeof(*ev));
+                        at += k;
+                }
+                s->n_events = 0;
+                pthread_mutex_unlock(&s->lock);
+        }
+        bool lost = __atomic_exchange_n(&t->journal_lost, false, __ATOMIC_RELAXED);
+        if ((n && !ev) || at != n || lost) {
+                free(ev);
+                return -ENOMEM;
+        }
+        *ev_ret = ev;
+        *n_ret = n;
+        return 0;
+}
+
 void sparse_table_track(struct sparse_table *t, bool on)
 {
         t->track = on;

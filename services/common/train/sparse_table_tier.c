@@ -140,6 +140,7 @@ size_t sparse_table_tier_evict(struct sparse_table *t, uint64_t before)
                                 } else {
                                         if (t->track)
                                                 sparse_table_gone_add(t, s, id);
+                                        sparse_table_event(t, s, id, SPARSE_DROPPED);
                                         __atomic_sub_fetch(&t->tier_rows, 1, __ATOMIC_RELAXED);
                                         evicted++;
                                 }
