@@ -77,7 +77,7 @@ int sparse_table_journal_take(struct sparse_table *t, struct sparse_event **ev_r
                 struct stripe *s = &t->stripes[si];
                 pthread_mutex_lock(&s->lock);
                 size_t k = s->n_events;
-                if (ev && at + k <= n) {
+                if (ev && k && at + k <= n) {
                         memcpy(ev + at, s->events, k * sizeof(*ev));
                         at += k;
                 }
