@@ -611,8 +611,8 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
         if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0)
                 goto out;
         struct replica_sparse sp = {.table = h->table, .lr = lr, .step = step};
-        if (exchange_apply(p, pt, push, n_push, g, lr, pull, n_pull, rows, h->create, step, p->rep ? &sp : NULL) < 0)
-                r = END_OUT_OF_MEMORY;
+        bool oom = exchange_apply(p, pt, push, n_push, g, lr, pull, n_pull, rows, h->create, step,
+                                  p->rep ? &sp : NULL) < 0;
         uint64_t in_bytes = (n_push + n_pull) * sizeof(uint64_t) + n_push * dim * sizeof(float),
                  out_bytes = n_pull * dim * sizeof(float);
         atomic_fetch_add(&pt->ids_in, n_push + n_pull);
@@ -624,13 +624,13 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
 
         Psfleet__V1__SparseExchangeReplyHeader rh = PSFLEET__V1__SPARSE_EXCHANGE_REPLY_HEADER__INIT;
         rh.incarnation = p->incarnation;
-        if (r != END_OUT_OF_MEMORY && (r = wire_out_new(&o)) >= 0)
+        if (!oom && (r = wire_out_new(&o)) >= 0)
                 r = wire_out_header(o, &rh.base);
-        if (r >= 0 && n_pull) {
+        if (!oom && r >= 0 && n_pull) {
                 r = put_rows(o, "rows", rows, n_pull, dim);   /* lent: freed once sent, or now on failure */
                 rows = NULL;
         }
-        r = r < 0 ? END_OUT_OF_MEMORY : END_REPLY;
+        r = oom || r < 0 ? END_OUT_OF_MEMORY : END_REPLY;
         if (p->rep) {
                 /* the backup gets the pushed rows' gradients and the rows the table made and dropped */
                 sp.ids = push;
