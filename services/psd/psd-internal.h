@@ -175,6 +175,19 @@ size_t sparse_max_request(const struct psd *p);  /* the largest legal sparse req
 /* Fills st->tables (0, or -ENOMEM); sparse_status_done frees what it allocated. */
 int sparse_status(struct psd *p, Psfleet__V1__ShardStatus *st);
 void sparse_status_done(Psfleet__V1__ShardStatus *st);
+/* sparse_rpc.c's checks and import, which the backup's replay (sparse_replica.c) shares: 0 or -errno
+ * with err. A table index of the job; ids of this shard as packed uint64 (malloc'd, *n of them); each
+ * id once; tensor `name` of in as float32 (n, dim), finite. */
+int sparse_check_table(struct psd *p, uint32_t e, char *err, size_t errlen);
+int sparse_take_ids(struct psd *p, const ProtobufCBinaryData *b, const char *field, uint64_t **ids, size_t *n,
+                    char *err, size_t errlen);
+int sparse_check_unique(const uint64_t *ids, size_t n, const char *field, char *err, size_t errlen);
+int sparse_take_rows(const struct wire_in *in, const char *name, size_t n, uint32_t dim, float *dst, char *err,
+                     size_t errlen);
+/* An import's writes: clear, the evicted ids dropped, the rows stored (vals, then the slots slot-major);
+ * *dropped the evicted rows that went. How many ids were stored already, or -ENOMEM. */
+int sparse_import_apply(struct psd_table *pt, bool clear, const uint64_t *evicted, size_t n_evicted,
+                        const uint64_t *ids, size_t n, const float *vals, uint64_t step, uint64_t *dropped);
 void on_sparse_exchange(struct rpc_call *call, void *ud);
 void on_sparse_export(struct rpc_call *call, void *ud);
 void on_sparse_import(struct rpc_call *call, void *ud);

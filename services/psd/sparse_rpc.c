@@ -275,7 +275,7 @@ void sparse_status_done(Psfleet__V1__ShardStatus *st) {
 
 /* ---- checks shared by the three calls ---- */
 
-static int check_table(struct psd *p, uint32_t e, char *err, size_t errlen) {
+int sparse_check_table(struct psd *p, uint32_t e, char *err, size_t errlen) {
         if (e >= p->n_tables)
                 return errf(err, errlen, -EINVAL, "table: %u is not an embedding table of this job (it has %u)", e,
                             p->n_tables);
@@ -284,7 +284,7 @@ static int check_table(struct psd *p, uint32_t e, char *err, size_t errlen) {
 
 /* The ids of a bytes field: a multiple of 8 bytes, at most SPARSE_MAX_IDS, each of this shard. *ids
  * gets them aligned (malloc'd; NULL when there are none). */
-static int take_ids(struct psd *p, const ProtobufCBinaryData *b, const char *field, uint64_t **ids, size_t *n,
+int sparse_take_ids(struct psd *p, const ProtobufCBinaryData *b, const char *field, uint64_t **ids, size_t *n,
                     char *err, size_t errlen) {
         *ids = NULL;
         *n = 0;
@@ -317,7 +317,7 @@ static int take_ids(struct psd *p, const ProtobufCBinaryData *b, const char *fie
 /* A push names each row once: a repeated id would have its gradient applied twice (and the optimizer's
  * accumulator moved twice) in one step; an import once too (a checkpoint never holds a row twice, and
  * which of two would stand is no contract). 0, or -EINVAL naming the first id given twice. */
-static int check_unique(const uint64_t *ids, size_t n, const char *field, char *err, size_t errlen) {
+int sparse_check_unique(const uint64_t *ids, size_t n, const char *field, char *err, size_t errlen) {
         uint64_t dup;
         int r = u64_find_repeat(ids, n, &dup);
         if (r < 0)
@@ -327,7 +327,7 @@ static int check_unique(const uint64_t *ids, size_t n, const char *field, char *
 }
 
 /* Tensor `name` of in, float32 (n, dim), every value finite, into dst (n * dim floats). */
-static int take_rows(const struct wire_in *in, const char *name, size_t n, uint32_t dim, float *dst, char *err,
+int sparse_take_rows(const struct wire_in *in, const char *name, size_t n, uint32_t dim, float *dst, char *err,
                      size_t errlen) {
         const struct wire_tensor *t = NULL;
         for (size_t i = 0; i < in->n_tensors; i++)
@@ -423,43 +423,6 @@ static bool journal_out(struct psd_table *pt, uint8_t **buf, size_t *len) {
         return b != NULL;
 }
 
-/* Events of a ReplicateUpdate (field) back, each checked (a kind, an id of this shard). 0 or -errno. */
-static int journal_in(struct psd *p, const ProtobufCBinaryData *b, const char *field, struct sparse_event **ev,
-                      size_t *n, char *err, size_t errlen) {
-        *ev = NULL;
-        *n = 0;
-        if (b->len % 9 || b->len / 9 > 4 * (size_t)SPARSE_MAX_IDS)
-                return errf(err, errlen, -EINVAL, "%s: %zu bytes, not a multiple of 9 (id, kind) or too many", field,
-                            b->len);
-        size_t k = b->len / 9;
-        if (!k)
-                return 0;
-        struct sparse_event *v = malloc(k * sizeof(*v));
-        if (!v)
-                return errf(err, errlen, -ENOMEM, "out of memory");
-        for (size_t i = 0; i < k; i++) {
-                memcpy(&v[i].id, b->data + 9 * i, 8);
-                v[i].kind = b->data[9 * i + 8];
-                if ((v[i].kind != SPARSE_MADE && v[i].kind != SPARSE_DROPPED) ||
-                    sparse_shard_of(v[i].id, p->cfg->cluster.n_ps) != p->shard) {
-                        free(v);
-                        return errf(err, errlen, -EINVAL, "%s[%zu]: kind %u of id %" PRIu64 " (1 made, 2 dropped, of "
-                                    "ps:%u's ids)", field, i, v[i].kind, v[i].id, p->shard);
-                }
-        }
-        *ev = v;
-        *n = k;
-        return 0;
-}
-
-/* A backup's own journal (its replays note events too), forgotten. */
-static void journal_forget(struct psd_table *pt) {
-        struct sparse_event *ev;
-        size_t n;
-        if (sparse_table_journal_take(pt->t, &ev, &n) == 0)
-                free(ev);
-}
-
 /* An exchange's writes: the pushed rows' gradients applied with lr, then the pulled rows (made when
  * create) into rows (n_pull x dim). step: the rows' last touch, and eviction's clock. With sp (ps.replicas
  * 2), the rows the push and then the pull made and dropped, into sp->ev and sp->ev2. 0, -ENOMEM. */
@@ -482,7 +445,7 @@ static int exchange_apply(struct psd *p, struct psd_table *pt, const uint64_t *p
 /* An import's writes: every row dropped first with clear, then the evicted ids, then the rows ids[0..n)
  * stored (vals: values, then the slots slot-major). *dropped: the evicted rows that went. Returns how
  * many of the ids were stored already, or -ENOMEM. */
-static int import_apply(struct psd_table *pt, bool clear, const uint64_t *evicted, size_t n_evicted,
+int sparse_import_apply(struct psd_table *pt, bool clear, const uint64_t *evicted, size_t n_evicted,
                         const uint64_t *ids, size_t n, const float *vals, uint64_t step, uint64_t *dropped) {
         if (clear)
                 sparse_table_clear(pt->t);
@@ -575,10 +538,10 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
                 r = -ESTALE;
                 goto out;
         }
-        if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
-            (r = take_ids(p, &h->push_ids, "push_ids", &push, &n_push, err, sizeof(err))) < 0 ||
-            (r = check_unique(push, n_push, "push_ids", err, sizeof(err))) < 0 ||
-            (r = take_ids(p, &h->pull_ids, "pull_ids", &pull, &n_pull, err, sizeof(err))) < 0)
+        if ((r = sparse_check_table(p, h->table, err, sizeof(err))) < 0 ||
+            (r = sparse_take_ids(p, &h->push_ids, "push_ids", &push, &n_push, err, sizeof(err))) < 0 ||
+            (r = sparse_check_unique(push, n_push, "push_ids", err, sizeof(err))) < 0 ||
+            (r = sparse_take_ids(p, &h->pull_ids, "pull_ids", &pull, &n_pull, err, sizeof(err))) < 0)
                 goto out;
         /* the chief evaluates: it may read rows, never change or add any */
         if (rpc_call_identity(call)->role == PEER_CHIEF && (n_push || h->create)) {
@@ -601,7 +564,7 @@ void on_sparse_exchange(struct rpc_call *call, void *ud) {
                 r = END_OUT_OF_MEMORY;
                 goto out;
         }
-        if (n_push && (r = take_rows(q.in, "grads", n_push, dim, g, err, sizeof(err))) < 0)
+        if (n_push && (r = sparse_take_rows(q.in, "grads", n_push, dim, g, err, sizeof(err))) < 0)
                 goto out;
 
         /* the step the worker saw: the rows' last touch, the learning rate's schedule, eviction's clock */
@@ -709,7 +672,7 @@ void on_sparse_export(struct rpc_call *call, void *ud) {
         static const Psfleet__V1__SparseExportHeader empty = PSFLEET__V1__SPARSE_EXPORT_HEADER__INIT;
         const Psfleet__V1__SparseExportRequest *q = (const Psfleet__V1__SparseExportRequest *)m;
         const Psfleet__V1__SparseExportHeader *h = q->header ? q->header : &empty;
-        if ((r = psd_check_caller(p, h->caller, err, sizeof(err))) < 0 || (r = check_table(p, h->table, err, sizeof(err))) < 0)
+        if ((r = psd_check_caller(p, h->caller, err, sizeof(err))) < 0 || (r = sparse_check_table(p, h->table, err, sizeof(err))) < 0)
                 goto out;
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);
@@ -786,10 +749,10 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
         if ((r = psd_receive(p, call, &psfleet__v1__sparse_import_header__descriptor, &q, err, sizeof(err))) < 0)
                 goto out;
         const Psfleet__V1__SparseImportHeader *h = (const Psfleet__V1__SparseImportHeader *)q.hm;
-        if ((r = check_table(p, h->table, err, sizeof(err))) < 0 ||
-            (r = take_ids(p, &h->ids, "ids", &ids, &n, err, sizeof(err))) < 0 ||
-            (r = check_unique(ids, n, "ids", err, sizeof(err))) < 0 ||
-            (r = take_ids(p, &h->evicted, "evicted", &evicted, &n_evicted, err, sizeof(err))) < 0)
+        if ((r = sparse_check_table(p, h->table, err, sizeof(err))) < 0 ||
+            (r = sparse_take_ids(p, &h->ids, "ids", &ids, &n, err, sizeof(err))) < 0 ||
+            (r = sparse_check_unique(ids, n, "ids", err, sizeof(err))) < 0 ||
+            (r = sparse_take_ids(p, &h->evicted, "evicted", &evicted, &n_evicted, err, sizeof(err))) < 0)
                 goto out;
         struct psd_table *pt = &p->tables[h->table];
         uint32_t dim = sparse_table_dim(pt->t);
@@ -811,14 +774,14 @@ void on_sparse_import(struct rpc_call *call, void *ud) {
                 goto out;
         }
         for (unsigned s = 0; s <= pt->n_slots && n && r >= 0; s++)
-                r = take_rows(q.in, names[s], n, dim, vals + (size_t)s * n * dim, err, sizeof(err));
+                r = sparse_take_rows(q.in, names[s], n, dim, vals + (size_t)s * n * dim, err, sizeof(err));
         if (r < 0)
                 goto out;
         /* ps.replicas 2: applied under the write (the shard's order), answered once the backup holds it */
         if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0)
                 goto out;
         Psfleet__V1__SparseImportReply rep = PSFLEET__V1__SPARSE_IMPORT_REPLY__INIT;
-        int replaced = import_apply(pt, h->clear, evicted, n_evicted, ids, n, vals, h->global_step, &rep.dropped);
+        int replaced = sparse_import_apply(pt, h->clear, evicted, n_evicted, ids, n, vals, h->global_step, &rep.dropped);
         rep.incarnation = p->incarnation;
         rep.rows = sparse_table_rows(pt->t);
         rep.replaced = replaced < 0 ? 0 : (uint64_t)replaced;
@@ -843,165 +806,4 @@ out:
         free(evicted);
         free(vals);
         psd_request_done(&q);
-}
-
-/* ---- ps.replicas 2: the backup's side, and the state transfer's rows ---- */
-
-void sparse_tables_clear(struct psd *p) {
-        for (uint32_t e = 0; e < p->n_tables; e++)
-                sparse_table_clear(p->tables[e].t);
-}
-
-/* Tensor k of a table's update: an exchange's "grads"; an import's "rows", then its slots by name. */
-static const char *update_tensor(const struct psd *p, bool import, unsigned k) {
-        return !import ? "grads" : k ? sparse_optimizer_slot_name(p->cfg->training.sparse_optimizer, k - 1) : "rows";
-}
-
-uint32_t sparse_update_out(struct psd *p, struct wire_out *o, Psfleet__V1__ReplicateUpdate *m,
-                           const struct replica_sparse *sp) {
-        const struct psd_table *pt = &p->tables[sp->table];
-        size_t dim = sparse_table_dim(pt->t), n = sp->n_ids;
-        m->table = sp->table + 1;
-        m->import = sp->import;
-        m->clear = sp->clear;
-        m->ids = (ProtobufCBinaryData){n * sizeof(uint64_t), (uint8_t *)sp->ids};
-        m->pull_ids = (ProtobufCBinaryData){sp->n_ids2 * sizeof(uint64_t), (uint8_t *)sp->ids2};
-        m->lr = sp->lr;
-        m->step = sp->step;
-        m->events = (ProtobufCBinaryData){sp->ev_len, sp->ev};
-        m->events_after = (ProtobufCBinaryData){sp->ev2_len, sp->ev2};
-        unsigned nt = !n ? 0 : sp->import ? 1 + pt->n_slots : 1;
-        uint64_t shape[2] = {n, dim};
-        for (unsigned k = 0; k < nt; k++)
-                wire_out_tensor_copy(o, update_tensor(p, sp->import, k), WIRE_DTYPE_FLOAT32, shape, 2, 0,
-                                     sp->vals + k * n * dim, n * dim * sizeof(float));
-        return nt;
-}
-
-static int cmp_id(const void *a, const void *b) {
-        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-        return x < y ? -1 : x > y;
-}
-
-/* An import replayed: the primary's own import, then the rows its bound dropped meanwhile (ev, of which
- * the dropped ones count). The backup's bound must not have dropped any of its own, and none the
- * primary dropped may be of the page (the order within it is not replayed): else -EDOM, and the
- * primary brings its backup in again by a state transfer. */
-static int import_replay(struct psd_table *pt, const Psfleet__V1__ReplicateUpdate *u, uint64_t *ids, size_t n,
-                         const uint64_t *evicted, size_t n_evicted, const float *vals, struct sparse_event *ev,
-                         size_t n_ev) {
-        struct sparse_table_stats before, after;
-        sparse_table_get_stats(pt->t, &before);
-        uint64_t dropped;
-        if (import_apply(pt, u->clear, evicted, n_evicted, ids, n, vals, u->step, &dropped) < 0)
-                return -ENOMEM;
-        qsort(ids, n, sizeof(*ids), cmp_id);
-        size_t k = 0;
-        for (size_t i = 0; i < n_ev; i++)
-                if (ev[i].kind == SPARSE_DROPPED) {
-                        if (bsearch(&ev[i].id, ids, n, sizeof(*ids), cmp_id))
-                                return -EDOM;
-                        ev[k++] = ev[i];
-                }
-        int r = sparse_table_replay(pt->t, ev, k, u->step);
-        sparse_table_get_stats(pt->t, &after);
-        return r < 0 ? r : after.evicted_limit != before.evicted_limit ? -EDOM : 0;
-}
-
-int sparse_replay(struct psd *p, const Psfleet__V1__ReplicateUpdate *u, const struct wire_in *in, size_t at,
-                  char *err, size_t errlen) {
-        uint32_t e = u->table - 1;
-        uint64_t *ids = NULL, *ids2 = NULL;
-        float *vals = NULL;
-        struct sparse_event *ev = NULL, *ev2 = NULL;
-        size_t n = 0, n2 = 0, n_ev = 0, n_ev2 = 0;
-        int r;
-        if ((r = check_table(p, e, err, errlen)) < 0 ||
-            (r = take_ids(p, &u->ids, "ids", &ids, &n, err, errlen)) < 0 ||
-            (r = check_unique(ids, n, "ids", err, errlen)) < 0 ||
-            (r = take_ids(p, &u->pull_ids, "pull_ids", &ids2, &n2, err, errlen)) < 0 ||
-            (r = journal_in(p, &u->events, "events", &ev, &n_ev, err, errlen)) < 0 ||
-            (r = journal_in(p, &u->events_after, "events_after", &ev2, &n_ev2, err, errlen)) < 0)
-                goto out;
-        struct psd_table *pt = &p->tables[e];
-        uint32_t dim = sparse_table_dim(pt->t);
-        unsigned nt = !n ? 0 : u->import ? 1 + pt->n_slots : 1;
-        if (u->n_tensors != nt || at + nt > in->n_tensors || n * dim * (1 + pt->n_slots) > SPARSE_MAX_FLOATS) {
-                r = errf(err, errlen, -EINVAL, "table %u's update of %zu rows: %u tensors, %u expected (or too large)", e,
-                         n, u->n_tensors, nt);
-                goto out;
-        }
-        struct wire_in mine = *in;   /* its own tensors, by name */
-        mine.tensors = in->tensors + at;
-        mine.n_tensors = nt;
-        if (!(vals = malloc(n * dim * (nt ? nt : 1) * sizeof(float) + sizeof(float)))) {
-                r = errf(err, errlen, -ENOMEM, "out of memory");
-                goto out;
-        }
-        for (unsigned k = 0; k < nt && r >= 0; k++)
-                r = take_rows(&mine, update_tensor(p, u->import, k), n, dim, vals + (size_t)k * n * dim, err, errlen);
-        if (r < 0)
-                goto out;
-        if (u->import) {
-                r = import_replay(pt, u, ids, n, ids2, n2, vals, ev, n_ev);
-        } else {
-                /* the rows the push made and dropped, its gradients on the rows that exist, the pull's rows */
-                uint64_t seen = atomic_load(&p->sparse_step);
-                while (u->step > seen && !atomic_compare_exchange_weak(&p->sparse_step, &seen, u->step))
-                        ;
-                r = sparse_table_replay(pt->t, ev, n_ev, u->step);
-                if (r == 0 && n)
-                        r = sparse_table_push_existing(pt->t, ids, n, vals, u->lr, u->step);
-                if (r == 0)
-                        r = sparse_table_replay(pt->t, ev2, n_ev2, u->step);
-        }
-        journal_forget(pt);
-        if (r == -EDOM)
-                r = errf(err, errlen, r, "table \"%s\": the backup's bound dropped other rows than the primary's: it "
-                         "needs a state transfer", pt->spec->name);
-        else if (r < 0)
-                r = errf(err, errlen, -ENOMEM, "out of memory");
-out:
-        free(ids);
-        free(ids2);
-        free(vals);
-        free(ev);
-        free(ev2);
-        return r;
-}
-
-int sparse_transfer(struct psd *p, replica_page_fn send_page, void *ud, char *why, size_t len) {
-        for (uint32_t e = 0; e < p->n_tables; e++) {
-                struct psd_table *pt = &p->tables[e];
-                size_t dim = sparse_table_dim(pt->t), per_row = dim * (1 + pt->n_slots);
-                size_t page = SPARSE_MAX_FLOATS / per_row < EXPORT_PAGE_ROWS ? SPARSE_MAX_FLOATS / per_row : EXPORT_PAGE_ROWS;
-                uint64_t *ids = malloc(page * sizeof(*ids));
-                float *vals = malloc(page * per_row * sizeof(float));
-                float *slots = malloc(page * dim * (pt->n_slots ? pt->n_slots : 1) * sizeof(float));
-                uint64_t cursor = 0, step = atomic_load(&p->sparse_step);
-                int r = ids && vals && slots ? 0 : errf(why, len, -ENOMEM, "out of memory");
-                for (size_t got; r == 0 && (got = sparse_table_export(pt->t, &cursor, page, ids, vals, slots)) > 0;) {
-                        /* rows then slots slot-major, as an import takes them: the slots were written for
-                         * page rows each */
-                        for (unsigned k = 0; k < pt->n_slots; k++)
-                                memmove(vals + (1 + k) * got * dim, slots + k * page * dim, got * dim * sizeof(float));
-                        struct replica_sparse sp = {.table = e, .import = true, .ids = ids, .n_ids = got, .vals = vals,
-                                                    .n_vals = got * per_row, .step = step};
-                        Psfleet__V1__ReplicateUpdate u = PSFLEET__V1__REPLICATE_UPDATE__INIT;
-                        struct wire_out *o = NULL;
-                        if (wire_out_new(&o) < 0) {
-                                r = errf(why, len, -ENOMEM, "out of memory");
-                                break;
-                        }
-                        u.n_tensors = sparse_update_out(p, o, &u, &sp);
-                        r = send_page(ud, o, &u, why, len);
-                        wire_out_free(o);
-                }
-                free(ids);
-                free(vals);
-                free(slots);
-                if (r < 0)
-                        return r;
-        }
-        return 0;
 }
