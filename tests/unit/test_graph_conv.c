@@ -1,8 +1,8 @@
 /* The graph engine's image and normalization ops (graph_k_conv.c): Conv, MaxPool, AveragePool,
  * GlobalAveragePool, BatchNormalization, LayerNormalization, each forward against a plain loop computed
  * here and backward against finite differences (graph_check.h); Conv's chunked im2col also against a
- * plain backward at sizes finite differences would take too long over; the batch kept symbolic; and the
- * attributes refused, in graph_finalize's words. */
+ * plain backward at sizes finite differences would take too long over, its direct path (graph_k_dconv.c)
+ * likewise; the batch kept symbolic; and the attributes refused, in graph_finalize's words. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +11,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "graph-internal.h"
 #include "graph.h"
 #include "graph_check.h"
 #include "unit.h"
@@ -172,71 +173,123 @@ static void test_conv_dilations(void **state)
         conv_case(&f, true, true, 1e-1, "conv 3x3 same");
 }
 
-/* Sizes whose im2col chunk is two examples with one left over (3 examples), and one example (the product
- * straight into Y): forward and all three gradients against the plain loops. */
-static void test_conv_chunks(void **state)
+/* Conv c through an exec, forward and all three gradients against the plain loops. shared: X feeds two
+ * convolutions (W and a second W2), Y their sum, so that dX is added to rather than set. */
+static void conv_vs_plain(struct cg *c, bool shared, unsigned seed, const char *what)
 {
-        struct cg cs[2] = {
-                { .N = 3, .C = 10, .H = 34, .W = 34, .M = 4, .kh = 3, .kw = 3, .sh = 1, .sw = 1, .dh = 1, .dw = 1,
-                  .pt = 1, .pl = 1, .pb = 1, .pr = 1 },
-                { .N = 2, .C = 16, .H = 50, .W = 49, .M = 5, .kh = 3, .kw = 3, .sh = 1, .sw = 1, .dh = 1, .dw = 1,
-                  .pt = 1, .pl = 2, .pb = 0, .pr = 1 },
-        };
-        for (int t = 0; t < 2; t++) {
-                struct cg *c = &cs[t];
-                cg_init(c);
-                size_t nx = (size_t)c->N * c->C * c->H * c->W, nw = (size_t)c->M * c->C * c->kh * c->kw;
-                size_t ny = (size_t)c->N * c->M * c->OH * c->OW;
-                float *x = gc_rand(nx, -1, 1, 21), *w = gc_rand(nw, -1, 1, 22), *b = gc_rand(c->M, -1, 1, 23);
-                float *dy = gc_rand(ny, -1, 1, 24), *ref = calloc(ny, sizeof(float));
-                double *dx = malloc(sizeof(double) * nx), *dw = malloc(sizeof(double) * nw);
-                double *db = malloc(sizeof(double) * c->M);
-                ref_conv(c, x, w, b, ref);
-                ref_conv_bwd(c, x, w, dy, dx, dw, db);
-
-                struct graph *g = graph_new();
-                struct graph_shape sx = GC_SHAPE(c->N, c->C, c->H, c->W), sw = GC_SHAPE(c->M, c->C, c->kh, c->kw);
-                struct graph_shape sb = GC_SHAPE(c->M);
-                int32_t in[3] = { graph_add_tensor(g, "X", GT_PARAM, GDT_F32, &sx, x),
-                                  graph_add_tensor(g, "W", GT_PARAM, GDT_F32, &sw, w),
-                                  graph_add_tensor(g, "B", GT_PARAM, GDT_F32, &sb, b) };
-                const char *outs[1] = { "y" };
-                struct graph_attrs a = cg_attrs(c);
-                assert_true(graph_add_node(g, GOP_CONV, "conv", in, 3, outs, 1, &a) >= 0);
-                char err[512] = "";
-                assert_int_equal(graph_finalize(g, err, sizeof(err)), 0);
-                struct graph_exec *xe = NULL;
-                assert_int_equal(graph_exec_new(g, 1, &xe, err, sizeof(err)), 0);
-                assert_int_equal(graph_forward(xe, true, 1), 0);
-                int32_t y = graph_find(g, "y");
-                size_t n = 0;
-                const float *v = graph_value(xe, y, &n);
-                assert_int_equal(n, ny);
-                double fe = 0;
+        cg_init(c);
+        size_t nx = (size_t)c->N * c->C * c->H * c->W, nw = (size_t)c->M * c->C * c->kh * c->kw;
+        size_t ny = (size_t)c->N * c->M * c->OH * c->OW;
+        float *x = gc_rand(nx, -1, 1, seed), *w = gc_rand(nw, -1, 1, seed + 1), *b = gc_rand(c->M, -1, 1, seed + 2);
+        float *w2 = gc_rand(nw, -1, 1, seed + 3), *dy = gc_rand(ny, -1, 1, seed + 4);
+        float *ref = calloc(ny, sizeof(float)), *ref2 = calloc(ny, sizeof(float));
+        double *dx = malloc(sizeof(double) * nx), *dw = malloc(sizeof(double) * nw);
+        double *dx2 = malloc(sizeof(double) * nx), *dw2 = malloc(sizeof(double) * nw);
+        double *db = malloc(sizeof(double) * c->M), *db2 = malloc(sizeof(double) * c->M);
+        ref_conv(c, x, w, b, ref);
+        ref_conv_bwd(c, x, w, dy, dx, dw, db);
+        if (shared) {
+                ref_conv(c, x, w2, NULL, ref2);
+                ref_conv_bwd(c, x, w2, dy, dx2, dw2, db2);
                 for (size_t i = 0; i < ny; i++)
-                        fe = fmax(fe, fabs((double)v[i] - ref[i]));
-                assert_int_equal(graph_backward(xe, y, dy), 0);
-                const float *gr = graph_exec_grads(xe);
-                double dmax = 1, be = 0;
+                        ref[i] += ref2[i];
                 for (size_t i = 0; i < nx; i++)
-                        dmax = fmax(dmax, fabs(dx[i]));
-                for (size_t i = 0; i < nw; i++)
-                        dmax = fmax(dmax, fabs(dw[i]));
-                for (int i = 0; i < c->M; i++)
-                        dmax = fmax(dmax, fabs(db[i]));
-                for (size_t i = 0; i < nx; i++)
-                        be = fmax(be, fabs(gr[g->tensors[in[0]].param_offset + i] - dx[i]));
-                for (size_t i = 0; i < nw; i++)
-                        be = fmax(be, fabs(gr[g->tensors[in[1]].param_offset + i] - dw[i]));
-                for (int i = 0; i < c->M; i++)
-                        be = fmax(be, fabs(gr[g->tensors[in[2]].param_offset + i] - db[i]));
-                print_message("conv chunks case %d: fwd_max_abs %.3g (bound %.3g), bwd max abs %.3g of scale %.3g\n",
-                              t, fe, fwd_tol(ref, ny), be, dmax);
-                assert_true(fe <= fwd_tol(ref, ny));
-                assert_true(be <= 1e-5 * dmax);
-                graph_exec_free(xe);
-                graph_free(g);
-                free(x), free(w), free(b), free(dy), free(ref), free(dx), free(dw), free(db);
+                        dx[i] += dx2[i];
+        }
+
+        struct graph *g = graph_new();
+        struct graph_shape sx = GC_SHAPE(c->N, c->C, c->H, c->W), sw = GC_SHAPE(c->M, c->C, c->kh, c->kw);
+        struct graph_shape sb = GC_SHAPE(c->M);
+        int32_t in[3] = { graph_add_tensor(g, "X", GT_PARAM, GDT_F32, &sx, x),
+                          graph_add_tensor(g, "W", GT_PARAM, GDT_F32, &sw, w),
+                          graph_add_tensor(g, "B", GT_PARAM, GDT_F32, &sb, b) };
+        int32_t w2t = graph_add_tensor(g, "W2", GT_PARAM, GDT_F32, &sw, w2);
+        struct graph_attrs a = cg_attrs(c);
+        const char *outs[1] = { shared ? "y1" : "y" };
+        assert_true(graph_add_node(g, GOP_CONV, "conv", in, 3, outs, 1, &a) >= 0);
+        if (shared) {
+                const char *o2[1] = { "y2" }, *o3[1] = { "y" };
+                int32_t in2[2] = { in[0], w2t };
+                assert_true(graph_add_node(g, GOP_CONV, "conv2", in2, 2, o2, 1, &a) >= 0);
+                int32_t sum[2] = { graph_find(g, "y1"), graph_find(g, "y2") };
+                struct graph_attrs none;
+                graph_attrs_default(&none);
+                assert_true(graph_add_node(g, GOP_ADD, "add", sum, 2, o3, 1, &none) >= 0);
+        }
+        char err[512] = "";
+        assert_int_equal(graph_finalize(g, err, sizeof(err)), 0);
+        struct graph_exec *xe = NULL;
+        assert_int_equal(graph_exec_new(g, 1, &xe, err, sizeof(err)), 0);
+        assert_int_equal(graph_forward(xe, true, 1), 0);
+        int32_t y = graph_find(g, "y");
+        size_t n = 0;
+        const float *v = graph_value(xe, y, &n);
+        assert_int_equal(n, ny);
+        double fe = 0;
+        for (size_t i = 0; i < ny; i++)
+                fe = fmax(fe, fabs((double)v[i] - ref[i]));
+        assert_int_equal(graph_backward(xe, y, dy), 0);
+        const float *gr = graph_exec_grads(xe);
+        double dmax = 1, be = 0;
+        for (size_t i = 0; i < nx; i++)
+                dmax = fmax(dmax, fabs(dx[i]));
+        for (size_t i = 0; i < nw; i++)
+                dmax = fmax(dmax, fmax(fabs(dw[i]), fabs(dw2[i])));
+        for (int i = 0; i < c->M; i++)
+                dmax = fmax(dmax, fabs(db[i]));
+        for (size_t i = 0; i < nx; i++)
+                be = fmax(be, fabs(gr[g->tensors[in[0]].param_offset + i] - dx[i]));
+        for (size_t i = 0; i < nw; i++)
+                be = fmax(be, fabs(gr[g->tensors[in[1]].param_offset + i] - dw[i]));
+        for (size_t i = 0; shared && i < nw; i++)
+                be = fmax(be, fabs(gr[g->tensors[w2t].param_offset + i] - dw2[i]));
+        for (int i = 0; i < c->M; i++)
+                be = fmax(be, fabs(gr[g->tensors[in[2]].param_offset + i] - db[i]));
+        print_message("%s: fwd_max_abs %.3g (bound %.3g), bwd max abs %.3g of scale %.3g\n", what, fe,
+                      fwd_tol(ref, ny), be, dmax);
+        assert_true(fe <= fwd_tol(ref, ny));
+        assert_true(be <= 1e-5 * dmax);
+        graph_exec_free(xe);
+        graph_free(g);
+        free(x), free(w), free(b), free(w2), free(dy), free(ref), free(ref2), free(dx), free(dw), free(dx2), free(dw2),
+                free(db), free(db2);
+}
+
+#define CG1(n, ci, h, w_, m, k, p0, p1, p2, p3)                                                                \
+        { .N = (n), .C = (ci), .H = (h), .W = (w_), .M = (m), .kh = (k), .kw = (k), .sh = 1, .sw = 1, .dh = 1, .dw = 1, \
+          .pt = (p0), .pl = (p1), .pb = (p2), .pr = (p3) }
+
+/* Stride 1 at sizes finite differences would take too long over, each way of both kernels:
+ * - the im2col chunk two examples with one left over (3 examples), and one example (the product straight
+ *   into Y), where one example's planes are past a core's L2 (im2col + sgemm);
+ * - graph_k_dconv.c's direct convolution: output channels in tiles of 4 and one left over, (channel,
+ *   offset) pairs likewise, asymmetric pads up to the kernel's size - 1, 1x1 and 5x5 kernels, a plane
+ *   narrower than a vector; and pads past the kernel, which it refuses (im2col again);
+ * each with X read by this convolution alone (dX set) and by two (dX added to). */
+static void test_conv_stride1(void **state)
+{
+        struct cg cs[] = {
+                CG1(3, 10, 34, 34, 4, 3, 1, 1, 1, 1),        /* direct */
+                CG1(2, 16, 50, 49, 5, 3, 1, 2, 0, 1),        /* direct, pads 1,2,0,1 */
+                CG1(2, 3, 6, 5, 9, 5, 2, 1, 4, 0),           /* direct 5x5, pads 2,1,4,0 */
+                CG1(2, 7, 9, 11, 6, 1, 0, 0, 0, 0),          /* direct 1x1 */
+                CG1(2, 2, 3, 2, 3, 3, 2, 2, 2, 2),           /* a plane smaller than a vector */
+                CG1(1, 3, 8, 8, 4, 3, 3, 0, 1, 1),           /* pads past the kernel: im2col */
+                CG1(1, 72, 64, 64, 2, 3, 1, 1, 1, 1),        /* past L2: im2col, one example */
+                CG1(3, 4, 40, 40, 3, 3, 1, 1, 1, 1),         /* direct, 3 examples */
+        };
+        const bool direct[] = { true, true, true, true, true, false, false, true };
+        for (size_t t = 0; t < sizeof(cs) / sizeof(cs[0]); t++) {
+                struct cg *c = &cs[t];
+                struct gk_dconv d;
+                const int64_t pads[4] = { c->pt, c->pl, c->pb, c->pr };
+                assert_int_equal(gk_dconv_plan(&d, c->C, c->H, c->W, c->M, c->kh, c->kw, 1, 1, 1, 1, pads) == 0,
+                                 direct[t]);
+                for (int shared = 0; shared < 2; shared++) {
+                        char what[64];
+                        snprintf(what, sizeof(what), "conv stride 1 case %zu%s", t, shared ? ", X shared" : "");
+                        conv_vs_plain(c, shared, 21 + (unsigned)t * 10, what);
+                }
         }
 }
 
@@ -810,7 +863,7 @@ static void test_bad_attrs(void **state)
 }
 
 UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_conv_pads_strides), cmocka_unit_test(test_conv_dilations),
-               cmocka_unit_test(test_conv_chunks), cmocka_unit_test(test_conv_batch), cmocka_unit_test(test_maxpool), cmocka_unit_test(test_maxpool_tiles_set),
+               cmocka_unit_test(test_conv_stride1), cmocka_unit_test(test_conv_batch), cmocka_unit_test(test_maxpool), cmocka_unit_test(test_maxpool_tiles_set),
                cmocka_unit_test(test_maxpool_ties), cmocka_unit_test(test_avgpool), cmocka_unit_test(test_gap),
                cmocka_unit_test(test_batchnorm_training), cmocka_unit_test(test_batchnorm_eval),
                cmocka_unit_test(test_layernorm), cmocka_unit_test(test_bad_attrs))

@@ -90,10 +90,13 @@ static void valid_range(int64_t off, int64_t s, int64_t n, int64_t n_out, int64_
 
 /* ---- Conv ---- */
 
+
 /* A convolution's geometry: the window over X, and W's M filters of C*kh*kw weights. */
 struct conv {
         struct win q;
         int64_t M;
+        bool direct;        /* stride 1, no dilation, small planes: graph_k_dconv.c's */
+        struct gk_dconv d;
 };
 
 static int conv_plan(const struct graph_node *n, const struct graph_shape *x, const struct graph_shape *w,
@@ -119,6 +122,9 @@ static int conv_plan(const struct graph_node *n, const struct graph_shape *x, co
         c->M = w->dims[0];
         if (c->q.C * c->q.kh * c->q.kw > INT_MAX || c->q.OH * c->q.OW > INT_MAX)
                 return FAIL("too large for one sgemm");
+        const int64_t pads[4] = { c->q.pt, c->q.pl, c->q.pb, c->q.pr };
+        c->direct = gk_dconv_plan(&c->d, c->q.C, c->q.H, c->q.W, c->M, c->q.kh, c->q.kw, c->q.sh, c->q.sw, c->q.dh,
+                                  c->q.dw, pads) == 0;
         return 0;
 }
 
@@ -166,6 +172,8 @@ size_t gk_conv_scratch(const struct graph *g, const struct graph_node *n, uint32
         if (conv_plan(n, x, graph_in_shape(g, n, 1), &c, NULL, 0) < 0)
                 return 0;
         size_t N = x->dims[0] == GRAPH_BATCH ? B : (size_t)x->dims[0];
+        if (c.direct)
+                return gk_dconv_scratch(&c.d, N);
         return conv_scratch_floats(&c, conv_chunk(&c, N));
 }
 
@@ -305,6 +313,10 @@ int gk_conv_fwd(struct graph_kctx *k)
         const float *w = k->in[1];    /* (M, C*kh*kw) */
         const float *bias = k->in[2]; /* (M), or NULL */
         float *y = k->out[0];         /* (N, M, OH, OW) */
+        if (c.direct) {
+                gk_dconv_fwd(&c.d, (size_t)q->N, x, w, bias, y, k->scratch);
+                return 0;
+        }
         size_t N = (size_t)q->N, M = (size_t)c.M, ohw = (size_t)(q->OH * q->OW);
         size_t chw = (size_t)(q->C * q->H * q->W), ckk = (size_t)(q->C * q->kh * q->kw);
         size_t G = conv_chunk(&c, N);
@@ -355,8 +367,6 @@ int gk_conv_bwd(struct graph_kctx *k)
         /* set: db and dx start from zero (they are summed into), dw's first product overwrites */
         if (db && k->din_set[2])
                 memset(db, 0, sizeof(float) * M);
-        if (dx && k->din_set[0])
-                memset(dx, 0, sizeof(float) * N * chw);
         float dw_beta = k->din_set[1] ? 0.0f : 1.0f;
         if (db)
                 for (size_t b = 0; b < N; b++)
@@ -369,6 +379,12 @@ int gk_conv_bwd(struct graph_kctx *k)
                         }
         if (!dx && !dw)
                 return 0;
+        if (c.direct) {
+                gk_dconv_bwd(&c.d, N, x, w, dy, dx, k->din_set[0], dw, k->din_set[1], k->scratch);
+                return 0;
+        }
+        if (dx && k->din_set[0])
+                memset(dx, 0, sizeof(float) * N * chw);
         size_t G = conv_chunk(&c, N);
         float *col = k->scratch, *tmp = col + ckk * G * ohw;
         for (size_t b0 = 0; b0 < N; b0 += G) {
