@@ -5,7 +5,9 @@
  * backward) and which one the engine picks (gk_dconv_plan). The figures behind that choice
  * (docs/performance.md).
  *
- *   bench_conv [--batch N] [--reps R] [C,M,HW,k ...]
+ *   bench_conv [--batch N] [--reps R] [C,M,HW,k[,stride] ...]
+ *
+ * A stride other than 1 has no direct path: both figures are im2col's, and "picked" says so.
  *
  * Default: the ResNet example's and the CNN example's layers, and their neighbours. */
 #include <stdio.h>
@@ -17,7 +19,7 @@
 #include "util.h"
 
 struct geom {
-        int C, M, HW, k;
+        int C, M, HW, k, s; /* s: the stride, both ways */
 };
 
 /* Seconds of the best forward and backward over reps; -1 on an error (said on stderr). */
@@ -27,7 +29,8 @@ static int time_conv(const struct geom *q, int N, int reps, bool direct, double 
         struct graph *g = graph_new();
         struct graph_shape sx = { .rank = 4, .dims = { N, C, HW, HW } }, sw = { .rank = 4, .dims = { M, C, k, k } };
         struct graph_shape sb = { .rank = 1, .dims = { M } };
-        size_t nx = (size_t)(N * C * HW * HW), nw = (size_t)(M * C * k * k), ny = (size_t)(N * M * HW * HW);
+        int64_t OHW = (HW + 2 * p - k) / q->s + 1;
+        size_t nx = (size_t)(N * C * HW * HW), nw = (size_t)(M * C * k * k), ny = (size_t)(N * M * OHW * OHW);
         float *x = malloc(sizeof(float) * nx), *w = malloc(sizeof(float) * nw), *b = calloc((size_t)M, sizeof(float));
         float *dy = malloc(sizeof(float) * ny);
         if (!g || !x || !w || !b || !dy)
@@ -47,6 +50,8 @@ static int time_conv(const struct geom *q, int N, int reps, bool direct, double 
         a.n_pads = 4;
         for (int i = 0; i < 4; i++)
                 a.pads[i] = p;
+        a.n_strides = 2;
+        a.strides[0] = a.strides[1] = q->s;
         const char *outs[1] = { "y" };
         char err[256] = "";
         struct graph_exec *xe = NULL;
@@ -79,23 +84,24 @@ static int time_conv(const struct geom *q, int N, int reps, bool direct, double 
 int main(int argc, char **argv)
 {
         static const struct geom defaults[] = {
-                { 1, 16, 28, 3 }, { 16, 16, 28, 3 }, { 16, 32, 28, 3 }, { 32, 32, 28, 3 }, { 32, 32, 14, 3 },
-                { 16, 16, 7, 3 }, { 64, 64, 7, 3 },  { 64, 64, 14, 3 }, { 1, 32, 28, 5 },  { 32, 64, 14, 5 },
+                { 1, 16, 28, 3, 1 },  { 16, 16, 28, 3, 1 }, { 16, 32, 28, 3, 1 }, { 32, 32, 28, 3, 1 },
+                { 32, 32, 14, 3, 1 }, { 16, 16, 7, 3, 1 },  { 64, 64, 7, 3, 1 },   { 64, 64, 14, 3, 1 },
+                { 1, 32, 28, 5, 1 },  { 32, 64, 14, 5, 1 }, { 16, 32, 28, 3, 2 },  { 32, 64, 14, 3, 2 },
         };
         struct geom list[64];
         size_t n = 0;
         int N = 64, reps = 8;
         for (int i = 1; i < argc; i++) {
-                struct geom q;
+                struct geom q = { .s = 1 };
                 if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc)
                         N = atoi(argv[++i]);
                 else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
                         reps = atoi(argv[++i]);
-                else if (n < 64 && sscanf(argv[i], "%d,%d,%d,%d", &q.C, &q.M, &q.HW, &q.k) == 4 && q.C > 0 &&
-                         q.M > 0 && q.HW > 0 && q.k > 0 && q.k % 2 == 1)
+                else if (n < 64 && sscanf(argv[i], "%d,%d,%d,%d,%d", &q.C, &q.M, &q.HW, &q.k, &q.s) >= 4 &&
+                         q.C > 0 && q.M > 0 && q.HW >= q.k && q.k % 2 == 1 && q.s > 0)
                         list[n++] = q;
                 else {
-                        fprintf(stderr, "usage: bench_conv [--batch N] [--reps R] [C,M,HW,k (k odd) ...]\n");
+                        fprintf(stderr, "usage: bench_conv [--batch N] [--reps R] [C,M,HW,k[,stride] (k odd) ...]\n");
                         return 2;
                 }
         }
@@ -112,12 +118,13 @@ int main(int argc, char **argv)
                         return 1;
                 struct gk_dconv d;
                 int64_t p = (q->k - 1) / 2, pads[4] = { p, p, p, p };
-                bool picks = gk_dconv_plan(&d, q->C, q->HW, q->HW, q->M, q->k, q->k, 1, 1, 1, 1, pads) == 0;
-                double fl = 2.0 * N * q->M * q->C * q->k * q->k * q->HW * q->HW;
-                printf("{\"bench\": \"conv\", \"C\": %d, \"M\": %d, \"hw\": %d, \"k\": %d, \"batch\": %d, "
+                bool picks = gk_dconv_plan(&d, q->C, q->HW, q->HW, q->M, q->k, q->k, q->s, q->s, 1, 1, pads) == 0;
+                int64_t ohw = (q->HW + 2 * p - q->k) / q->s + 1;
+                double fl = 2.0 * N * q->M * q->C * q->k * q->k * (double)(ohw * ohw);
+                printf("{\"bench\": \"conv\", \"C\": %d, \"M\": %d, \"hw\": %d, \"k\": %d, \"stride\": %d, \"batch\": %d, "
                        "\"fwd_gflops_direct\": %.1f, \"fwd_gflops_im2col\": %.1f, \"bwd_gflops_direct\": %.1f, "
                        "\"bwd_gflops_im2col\": %.1f, \"fwd_ratio\": %.2f, \"bwd_ratio\": %.2f, \"picked\": \"%s\"}\n",
-                       q->C, q->M, q->HW, q->k, N, fl / df / 1e9, fl / sf / 1e9, 2 * fl / db / 1e9, 2 * fl / sb / 1e9,
+                       q->C, q->M, q->HW, q->k, q->s, N, fl / df / 1e9, fl / sf / 1e9, 2 * fl / db / 1e9, 2 * fl / sb / 1e9,
                        sf / df, sb / db, picks ? "direct" : "im2col");
                 fflush(stdout);
         }

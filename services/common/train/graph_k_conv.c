@@ -257,6 +257,9 @@ static void im2col(const float *img /* (C, H, W) */, const struct win *q, float 
                                                 r[ox] = 0.0f;
                                         if (q->sw == 1)
                                                 memcpy(r + x0, plane + base + x0, sizeof(float) * (size_t)(x1 - x0));
+                                        else if (q->sw == 2) /* a constant stride: the loop vectorizes */
+                                                for (int64_t ox = x0; ox < x1; ox++)
+                                                        r[ox] = plane[base + ox * 2];
                                         else
                                                 for (int64_t ox = x0; ox < x1; ox++)
                                                         r[ox] = plane[base + ox * q->sw];
@@ -297,8 +300,12 @@ static void col2im_add(float *col, size_t ld, const struct win *q, float *img /*
                                 for (int64_t oy = y0; oy < y1; oy++) {
                                         const float *r = row + oy * q->OW;
                                         int64_t base = (oy * q->sh + offy) * q->W + offx;
-                                        for (int64_t ox = x0; ox < x1; ox++)
-                                                plane[base + ox * q->sw] += r[ox];
+                                        if (q->sw == 2)
+                                                for (int64_t ox = x0; ox < x1; ox++)
+                                                        plane[base + ox * 2] += r[ox];
+                                        else
+                                                for (int64_t ox = x0; ox < x1; ox++)
+                                                        plane[base + ox * q->sw] += r[ox];
                                 }
                         }
 }
