@@ -2,7 +2,8 @@
  * im2col + sgemm (gk_dconv_mode), one Conv node ("same" pads, stride 1, a bias) forward, then backward
  * (dX, dW, dB), on random data at batch B and one OpenBLAS thread; best of R repetitions each. Prints
  * one JSON line per geometry with the GFLOP/s of each path (2*N*M*C*k*k*H*W a forward, twice that a
- * backward) and which one the engine picks (gk_dconv_plan). The figures behind that choice
+ * backward) and which one the engine picks (gk_dconv_geometry, gk_dconv_wins) at this many OpenBLAS threads
+ * (OPENBLAS_NUM_THREADS). The figures behind that choice
  * (docs/performance.md).
  *
  *   bench_conv [--batch N] [--reps R] [C,M,HW,k[,stride] ...]
@@ -118,7 +119,8 @@ int main(int argc, char **argv)
                         return 1;
                 struct gk_dconv d;
                 int64_t p = (q->k - 1) / 2, pads[4] = { p, p, p, p };
-                bool picks = gk_dconv_plan(&d, q->C, q->HW, q->HW, q->M, q->k, q->k, q->s, q->s, 1, 1, pads) == 0;
+                bool picks = gk_dconv_geometry(&d, q->C, q->HW, q->HW, q->M, q->k, q->k, q->s, q->s, 1, 1, pads) == 0 &&
+                             gk_dconv_wins(&d);
                 int64_t ohw = (q->HW + 2 * p - q->k) / q->s + 1;
                 double fl = 2.0 * N * q->M * q->C * q->k * q->k * (double)(ohw * ohw);
                 printf("{\"bench\": \"conv\", \"C\": %d, \"M\": %d, \"hw\": %d, \"k\": %d, \"stride\": %d, \"batch\": %d, "

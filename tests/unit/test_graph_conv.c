@@ -283,7 +283,8 @@ static void test_conv_stride1(void **state)
                 struct cg *c = &cs[t];
                 struct gk_dconv d;
                 const int64_t pads[4] = { c->pt, c->pl, c->pb, c->pr };
-                assert_int_equal(gk_dconv_plan(&d, c->C, c->H, c->W, c->M, c->kh, c->kw, 1, 1, 1, 1, pads) == 0,
+                assert_int_equal(gk_dconv_geometry(&d, c->C, c->H, c->W, c->M, c->kh, c->kw, 1, 1, 1, 1, pads) == 0 &&
+                                         gk_dconv_wins(&d),
                                  direct[t]);
                 for (int shared = 0; shared < 2; shared++) {
                         char what[64];

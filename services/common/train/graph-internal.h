@@ -166,17 +166,27 @@ GRAPH_SHAPE_FN(gs_layernorm);
 int gk_conv_fwd(struct graph_kctx *k);
 int gk_conv_bwd(struct graph_kctx *k);
 size_t gk_conv_scratch(const struct graph *g, const struct graph_node *n, uint32_t B);
-/* graph_k_dconv.c: Conv with stride 1 and no dilation, direct (no im2col), where gk_dconv_plan takes the
- * geometry (pads at most the kernel's size - 1; one example's planes within a core's L2): 0, else -1 and
- * graph_k_conv.c's im2col + sgemm. Forward sets Y (bias or not); backward sets or adds dX (dx_set) and dW
- * (dw_set), either NULL when not wanted; dB is the caller's. Scratch: gk_dconv_scratch floats. */
+/* graph_k_dconv.c: Conv with stride 1 and no dilation, direct (no im2col). gk_dconv_geometry: 0 where
+ * the geometry allows it (pads at most the kernel's size - 1; one example's planes within a core's L2),
+ * else -1; gk_dconv_wins: where it also measured faster than graph_k_conv.c's im2col + sgemm, which
+ * computes the rest. Forward sets Y (bias or not); backward sets or adds dX (dx_set) and dW (dw_set),
+ * either NULL when not wanted; dB is the caller's. Scratch: gk_dconv_scratch floats at N examples. */
 struct gk_dconv {
         size_t C, H, W, M, kh, kw;
         size_t pads[4]; /* top, left, bottom, right */
 };
-int gk_dconv_plan(struct gk_dconv *d, int64_t C, int64_t H, int64_t W, int64_t M, int64_t kh, int64_t kw,
-                  int64_t sh, int64_t sw, int64_t dh, int64_t dw, const int64_t pads[4]);
+int gk_dconv_geometry(struct gk_dconv *d, int64_t C, int64_t H, int64_t W, int64_t M, int64_t kh, int64_t kw,
+                      int64_t sh, int64_t sw, int64_t dh, int64_t dw, const int64_t pads[4]);
+bool gk_dconv_wins(const struct gk_dconv *d);
 size_t gk_dconv_scratch(const struct gk_dconv *d, size_t N);
+void gk_dconv_fwd(const struct gk_dconv *d, size_t N, const float *x, const float *w, const float *bias, float *y,
+                  float *scratch);
+void gk_dconv_bwd(const struct gk_dconv *d, size_t N, const float *x, const float *w, const float *dy, float *dx,
+                  bool dx_set, float *dw, bool dw_set, float *scratch);
+/* The BLAS's threads (graph_k_blas.c; set by graph_exec_new with gk_sgemm; NULL: one), which
+ * gk_dconv_wins weighs, the direct path running on one. */
+extern int (*gk_blas_threads)(void);
+int gk_blas_threads_openblas(void);
 /* For tests and benchmarks, before graph_exec_new: AUTO (the default) takes the direct path where it
  * measured faster, NEVER never, ALWAYS wherever the geometry allows. */
 enum gk_dconv_mode { GK_DCONV_AUTO, GK_DCONV_NEVER, GK_DCONV_ALWAYS };

@@ -158,6 +158,7 @@ int graph_exec_new_on(const struct graph *g, uint32_t max_batch, struct backend 
         if (!x)
                 return -ENOMEM;
         gk_sgemm = gk_blas_sgemm;
+        gk_blas_threads = gk_blas_threads_openblas;
         x->g = g;
         x->be = be && !be->ops->host_memory ? be : NULL;
         x->kt = kt;

@@ -10,3 +10,8 @@ void gk_blas_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const flo
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
                     lda, B, ldb, beta, C, ldc);
 }
+
+int gk_blas_threads_openblas(void)
+{
+        return openblas_get_num_threads();
+}

@@ -95,7 +95,8 @@ static void valid_range(int64_t off, int64_t s, int64_t n, int64_t n_out, int64_
 struct conv {
         struct win q;
         int64_t M;
-        bool direct;        /* stride 1, no dilation, small planes: graph_k_dconv.c's */
+        bool direct_ok;     /* stride 1, no dilation, small planes: graph_k_dconv.c's can */
+        bool direct;        /* and it is faster: it does */
         struct gk_dconv d;
 };
 
@@ -123,8 +124,9 @@ static int conv_plan(const struct graph_node *n, const struct graph_shape *x, co
         if (c->q.C * c->q.kh * c->q.kw > INT_MAX || c->q.OH * c->q.OW > INT_MAX)
                 return FAIL("too large for one sgemm");
         const int64_t pads[4] = { c->q.pt, c->q.pl, c->q.pb, c->q.pr };
-        c->direct = gk_dconv_plan(&c->d, c->q.C, c->q.H, c->q.W, c->M, c->q.kh, c->q.kw, c->q.sh, c->q.sw, c->q.dh,
-                                  c->q.dw, pads) == 0;
+        c->direct_ok = gk_dconv_geometry(&c->d, c->q.C, c->q.H, c->q.W, c->M, c->q.kh, c->q.kw, c->q.sh, c->q.sw,
+                                         c->q.dh, c->q.dw, pads) == 0;
+        c->direct = c->direct_ok && gk_dconv_wins(&c->d);
         return 0;
 }
 
@@ -171,10 +173,10 @@ size_t gk_conv_scratch(const struct graph *g, const struct graph_node *n, uint32
         struct conv c;
         if (conv_plan(n, x, graph_in_shape(g, n, 1), &c, NULL, 0) < 0)
                 return 0;
+        /* room for either path: which one runs is decided at each call (gk_dconv_wins) */
         size_t N = x->dims[0] == GRAPH_BATCH ? B : (size_t)x->dims[0];
-        if (c.direct)
-                return gk_dconv_scratch(&c.d, N);
-        return conv_scratch_floats(&c, conv_chunk(&c, N));
+        size_t s = conv_scratch_floats(&c, conv_chunk(&c, N)), sd = c.direct_ok ? gk_dconv_scratch(&c.d, N) : 0;
+        return s > sd ? s : sd;
 }
 
 /* Where one kernel offset reads, for a convolution whose rows keep their width (stride 1 across, OW ==

@@ -1,7 +1,7 @@
 /* The graph engine's direct convolution (graph-internal.h, gk_dconv_*): Conv with stride 1 and no
  * dilation computed from the padded input itself, without im2col's column matrix nor the sgemm's packing
- * of it. graph_k_conv.c takes this path where gk_dconv_plan accepts the geometry, and its im2col + sgemm
- * path elsewhere.
+ * of it. graph_k_conv.c takes this path where gk_dconv_geometry allows it and gk_dconv_wins, and its
+ * im2col + sgemm path elsewhere.
  *
  * The layout: each input plane is copied, with its pads, into a row stride of Wp = W + pl + pr; the
  * output is computed in the same row stride ("padded-row coordinates": output (oy, ox) at p = oy*Wp + ox,
@@ -16,7 +16,7 @@
  *
  * Measured against im2col + OpenBLAS on this 2-core machine (one thread, batch 64, forward): 3x3 16 to 16
  * channels on 28x28 2.6x, 32 to 32 on 14x14 1.8x, 64 to 64 on 7x7 1.1x, 5x5 32 to 64 on 14x14 1.25x. It
- * is chosen while one example's padded planes fit a core's L2 (beyond, each tile of output channels would
+ * is chosen (gk_dconv_wins) while one example's padded planes fit a core's L2 (beyond, each tile of output channels would
  * stream the input from memory again). The vector code is built for x86-64's baseline, AVX2 and AVX-512
  * (target_clones): the loader picks the CPU's. */
 #include "graph-internal.h"
@@ -70,21 +70,13 @@ static void plane_geom(struct plane_geom *p, size_t C, size_t H, size_t W, size_
         p->PS = round_up(p->L + (kh - 1) * p->Wp + kw - 1, 16);
 }
 
-int gk_dconv_plan(struct gk_dconv *d, int64_t C, int64_t H, int64_t W, int64_t M, int64_t kh, int64_t kw,
-                  int64_t sh, int64_t sw, int64_t dh, int64_t dw, const int64_t pads[4])
+int gk_dconv_geometry(struct gk_dconv *d, int64_t C, int64_t H, int64_t W, int64_t M, int64_t kh, int64_t kw,
+                      int64_t sh, int64_t sw, int64_t dh, int64_t dw, const int64_t pads[4])
 {
-        if (gk_dconv_mode == GK_DCONV_NEVER || sh != 1 || sw != 1 || dh != 1 || dw != 1)
+        if (sh != 1 || sw != 1 || dh != 1 || dw != 1)
                 return -1;
         /* the input gradient pads dY by k - 1 - pad: no pad past the kernel */
         if (pads[0] > kh - 1 || pads[2] > kh - 1 || pads[1] > kw - 1 || pads[3] > kw - 1)
-                return -1;
-        /* Where it wins (tests/bench/bench_conv, one thread, batch 64, this 2-core machine): with few output channels,
-         * where sgemm's tiles are mostly edge (16: 1.1 to 1.4x forward and backward from 7x7 to 28x28
-         * planes; 32 on 28x28 planes: 1.0 to 1.1x); not with 64 (0.8 to 0.9x), nor 32 on 14x14 planes,
-         * whose rows' dropped columns are a seventh of the work (0.96x), nor over a single input channel
-         * and 32 outputs (0.95x). */
-        if (gk_dconv_mode == GK_DCONV_AUTO &&
-            !(M <= 16 || (M <= 32 && W + pads[1] + pads[3] - kw + 1 >= 24 && C * kh * kw >= 64)))
                 return -1;
         *d = (struct gk_dconv){ .C = (size_t)C, .H = (size_t)H, .W = (size_t)W, .M = (size_t)M,
                                 .kh = (size_t)kh, .kw = (size_t)kw };
@@ -99,6 +91,23 @@ int gk_dconv_plan(struct gk_dconv *d, int64_t C, int64_t H, int64_t W, int64_t M
             (b.C * b.PS + b.M * b.L + f.C * f.PS) * sizeof(float) > ((size_t)1 << 20))
                 return -1;
         return 0;
+}
+
+int (*gk_blas_threads)(void);
+
+bool gk_dconv_wins(const struct gk_dconv *d)
+{
+        if (gk_dconv_mode != GK_DCONV_AUTO)
+                return gk_dconv_mode == GK_DCONV_ALWAYS;
+        /* Where it wins (tests/bench/bench_conv, batch 64, this 2-core machine): with few output channels,
+         * where sgemm's tiles are mostly edge (16: 1.1 to 1.4x forward and backward from 7x7 to 28x28
+         * planes, on one thread or two); on one thread also with 32 on planes at least 24 wide (1.0 to
+         * 1.1x), where sgemm on two threads is 1.2x ahead of it; not with 64 (0.8 to 0.9x), nor 32 on
+         * 14x14 planes, whose rows' dropped columns are a seventh of the work (0.96x), nor over a single
+         * input channel and 32 outputs (0.95x). */
+        size_t OW = d->W + d->pads[1] + d->pads[3] - d->kw + 1;
+        int threads = gk_blas_threads ? gk_blas_threads() : 1;
+        return d->M <= 16 || (threads <= 1 && d->M <= 32 && OW >= 24 && d->C * d->kh * d->kw >= 64);
 }
 
 /* Examples per filter-gradient chunk: their padded inputs and dY about half a core's L2, so that the
