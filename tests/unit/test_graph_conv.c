@@ -184,8 +184,8 @@ static void conv_vs_plain(struct cg *c, bool shared, unsigned seed, const char *
         float *w2 = gc_rand(nw, -1, 1, seed + 3), *dy = gc_rand(ny, -1, 1, seed + 4);
         float *ref = calloc(ny, sizeof(float)), *ref2 = calloc(ny, sizeof(float));
         double *dx = malloc(sizeof(double) * nx), *dw = malloc(sizeof(double) * nw);
-        double *dx2 = malloc(sizeof(double) * nx), *dw2 = malloc(sizeof(double) * nw);
-        double *db = malloc(sizeof(double) * c->M), *db2 = malloc(sizeof(double) * c->M);
+        double *dx2 = calloc(nx, sizeof(double)), *dw2 = calloc(nw, sizeof(double));
+        double *db = malloc(sizeof(double) * c->M), *db2 = calloc((size_t)c->M, sizeof(double));
         ref_conv(c, x, w, b, ref);
         ref_conv_bwd(c, x, w, dy, dx, dw, db);
         if (shared) {
@@ -234,7 +234,7 @@ static void conv_vs_plain(struct cg *c, bool shared, unsigned seed, const char *
         for (size_t i = 0; i < nx; i++)
                 dmax = fmax(dmax, fabs(dx[i]));
         for (size_t i = 0; i < nw; i++)
-                dmax = fmax(dmax, fmax(fabs(dw[i]), fabs(dw2[i])));
+                dmax = fmax(dmax, fmax(fabs(dw[i]), shared ? fabs(dw2[i]) : 0.0));
         for (int i = 0; i < c->M; i++)
                 dmax = fmax(dmax, fabs(db[i]));
         for (size_t i = 0; i < nx; i++)
@@ -278,19 +278,23 @@ static void test_conv_stride1(void **state)
                 CG1(1, 72, 64, 64, 2, 3, 1, 1, 1, 1),        /* past L2: im2col, one example */
                 CG1(3, 4, 40, 40, 3, 3, 1, 1, 1, 1),         /* direct, 3 examples */
         };
-        const bool direct[] = { true, true, true, true, true, false, false, true };
+        const bool direct[] = { true, true, true, true, true, false, false, true }; /* the geometry allows it */
         for (size_t t = 0; t < sizeof(cs) / sizeof(cs[0]); t++) {
                 struct cg *c = &cs[t];
                 struct gk_dconv d;
                 const int64_t pads[4] = { c->pt, c->pl, c->pb, c->pr };
-                assert_int_equal(gk_dconv_geometry(&d, c->C, c->H, c->W, c->M, c->kh, c->kw, 1, 1, 1, 1, pads) == 0 &&
-                                         gk_dconv_wins(&d),
+                assert_int_equal(gk_dconv_geometry(&d, c->C, c->H, c->W, c->M, c->kh, c->kw, 1, 1, 1, 1, pads) == 0,
                                  direct[t]);
-                for (int shared = 0; shared < 2; shared++) {
-                        char what[64];
-                        snprintf(what, sizeof(what), "conv stride 1 case %zu%s", t, shared ? ", X shared" : "");
-                        conv_vs_plain(c, shared, 21 + (unsigned)t * 10, what);
-                }
+                /* each path where it can run: direct (forced), and im2col (forced) */
+                for (int path = direct[t] ? 0 : 1; path < 2; path++)
+                        for (int shared = 0; shared < 2; shared++) {
+                                char what[80];
+                                snprintf(what, sizeof(what), "conv stride 1 case %zu, %s%s", t,
+                                         path ? "im2col" : "direct", shared ? ", X shared" : "");
+                                gk_dconv_mode = path ? GK_DCONV_NEVER : GK_DCONV_ALWAYS;
+                                conv_vs_plain(c, shared, 21 + (unsigned)t * 10, what);
+                                gk_dconv_mode = GK_DCONV_AUTO;
+                        }
         }
 }
 
