@@ -185,15 +185,17 @@ static void test_mlp(void **state)
 struct hook_log {
         struct graph_exec *x;
         const struct mlp *m;
-        int32_t seen[8];
+        int32_t seen[16];
+        uint32_t block[16];
         uint32_t n;
         int stop_at;
         const float *z;    /* forward: fc2's output, still the mark when w2's hook runs */
 };
 
-static int log_hook(void *ud, int32_t t)
+static int log_hook(void *ud, int32_t t, uint32_t block)
 {
         struct hook_log *l = ud;
+        l->block[l->n] = block;
         l->seen[l->n++] = t;
         const float *h = graph_value(l->x, graph_find(l->m->g, "h"), NULL);
         if (t == l->m->w2) { /* fc1 ran */
@@ -239,6 +241,119 @@ static void test_param_hooks(void **state)
         graph_exec_free(x);
         graph_free(m.g);
         free(in);
+}
+
+/* w1 (4, 3), fc1's B with transB 0, in row blocks {0, 1, 3} (its K cut into rows [0, 1), [1, 3), [3, 4)),
+ * then w2 made a Gemm's B with transB 1 in blocks: the hooks come per block, in order, forward and
+ * backward, each block's before its rows are used; the loss and every gradient as unblocked (within
+ * float rounding: the products are summed in another order); refused where it cannot be. */
+static void test_param_blocks(void **state)
+{
+        (void)state;
+        struct mlp m;
+        mlp_build(&m);
+        char err[256];
+        struct graph_exec *x, *y;
+        enum { B = 5 };
+        assert_int_equal(graph_exec_new(m.g, B, &x, err, sizeof(err)), 0);
+        assert_int_equal(graph_exec_new(m.g, B, &y, err, sizeof(err)), 0);
+        float *in = gc_rand(B * 4, -1, 1, 19);
+        const uint32_t rows[3] = { 0, 1, 3 };
+        assert_int_equal(graph_exec_set_blocks(x, m.w1, 3, rows), 0);
+        assert_int_equal(graph_exec_set_blocks(x, m.w2, 2, rows), -EOPNOTSUPP); /* a MatMul's */
+        assert_int_equal(graph_exec_set_blocks(x, m.b1, 2, rows), -EOPNOTSUPP); /* rank 1 */
+        const uint32_t bad[2] = { 0, 4 };
+        assert_int_equal(graph_exec_set_blocks(x, m.w1, 2, bad), -EINVAL); /* past the rows */
+        for (int e = 0; e < 2; e++) {
+                struct graph_exec *xe = e ? y : x;
+                assert_int_equal(graph_set_input(xe, m.x, in, B), 0);
+        }
+        struct hook_log l = { .x = x, .m = &m, .stop_at = -1 };
+        assert_int_equal(graph_forward_hooked(x, true, 0, log_hook, &l), 0);
+        assert_int_equal(graph_forward(y, true, 0), 0);
+        /* b1 by fc1's own call (before its kernel), then w1's three blocks from inside it, then w2 */
+        assert_int_equal(l.n, 5);
+        assert_int_equal(l.seen[0], m.b1);
+        for (uint32_t b = 0; b < 3; b++) {
+                assert_int_equal(l.seen[1 + b], m.w1);
+                assert_int_equal(l.block[1 + b], b);
+        }
+        assert_int_equal(l.seen[4], m.w2);
+        const float *lx = graph_value(x, m.loss, NULL), *ly = graph_value(y, m.loss, NULL);
+        assert_float_equal(lx[0], ly[0], 1e-5 * fmax(1, fabs(ly[0])));
+        l.n = 0;
+        assert_int_equal(graph_backward_hooked(x, m.loss, NULL, log_hook, &l), 0);
+        assert_int_equal(graph_backward(y, m.loss, NULL), 0);
+        assert_int_equal(l.n, 5); /* w2, then fc1's: w1's blocks from inside it, b1 after it */
+        assert_int_equal(l.seen[0], m.w2);
+        for (uint32_t b = 0; b < 3; b++) {
+                assert_int_equal(l.seen[1 + b], m.w1);
+                assert_int_equal(l.block[1 + b], b);
+        }
+        assert_int_equal(l.seen[4], m.b1);
+        const float *gx = graph_exec_grads(x), *gy = graph_exec_grads(y);
+        for (size_t i = 0; i < m.g->n_params; i++)
+                assert_float_equal(gx[i], gy[i], 1e-5 * fmax(1, fabs(gy[i])));
+        /* a hook that stops inside the blocks stops the pass with its value */
+        l.n = 0;
+        l.stop_at = m.w1;
+        assert_int_equal(graph_forward_hooked(x, true, 0, log_hook, &l), 42);
+        assert_int_equal(l.n, 2);
+        /* whole again: one call, block 0 */
+        assert_int_equal(graph_exec_set_blocks(x, m.w1, 1, NULL), 0);
+        l.n = 0;
+        l.stop_at = -1;
+        assert_int_equal(graph_forward_hooked(x, true, 0, log_hook, &l), 0);
+        assert_int_equal(l.n, 3);
+        graph_exec_free(x);
+        graph_exec_free(y);
+        graph_free(m.g);
+        free(in);
+}
+
+/* fc (x (B, 4) by w (3, 4), transB 1, B (1, 3)) in two blocks of w's rows (outputs [0, 2), [2, 3)) and
+ * whole, forward and backward alike. */
+static void test_param_blocks_transb(void **state)
+{
+        (void)state;
+        char err[512] = "";
+        struct graph *g = graph_new();
+        struct graph_shape xs = GC_SHAPE(GRAPH_BATCH, 4), ws = GC_SHAPE(3, 4), bs = GC_SHAPE(3);
+        float *w = gc_rand(12, -1, 1, 31), *b = gc_rand(3, -1, 1, 32);
+        int32_t in[3] = { graph_add_tensor(g, "x", GT_INPUT, GDT_F32, &xs, NULL),
+                          graph_add_tensor(g, "w", GT_PARAM, GDT_F32, &ws, w),
+                          graph_add_tensor(g, "b", GT_PARAM, GDT_F32, &bs, b) };
+        struct graph_attrs a;
+        graph_attrs_default(&a);
+        a.trans_b = 1;
+        a.alpha = 0.5f;
+        const char *o[1] = { "y" };
+        assert_true(graph_add_node(g, GOP_GEMM, "fc", in, 3, o, 1, &a) >= 0);
+        assert_int_equal(graph_finalize(g, err, sizeof(err)), 0);
+        enum { B = 4 };
+        struct graph_exec *x, *y;
+        assert_int_equal(graph_exec_new(g, B, &x, err, sizeof(err)), 0);
+        assert_int_equal(graph_exec_new(g, B, &y, err, sizeof(err)), 0);
+        const uint32_t rows[2] = { 0, 2 };
+        assert_int_equal(graph_exec_set_blocks(x, in[1], 2, rows), 0);
+        float *xin = gc_rand(B * 4, -1, 1, 33), *dy = gc_rand(B * 3, -1, 1, 34);
+        int32_t yt = graph_find(g, "y");
+        for (int e = 0; e < 2; e++) {
+                struct graph_exec *xe = e ? y : x;
+                assert_int_equal(graph_set_input(xe, in[0], xin, B), 0);
+                assert_int_equal(graph_forward(xe, true, 0), 0);
+                assert_int_equal(graph_backward(xe, yt, dy), 0);
+        }
+        const float *vx = graph_value(x, yt, NULL), *vy = graph_value(y, yt, NULL);
+        for (int i = 0; i < B * 3; i++)
+                assert_float_equal(vx[i], vy[i], 1e-6);
+        const float *gx = graph_exec_grads(x), *gy = graph_exec_grads(y);
+        for (size_t i = 0; i < g->n_params; i++)
+                assert_float_equal(gx[i], gy[i], 1e-6);
+        graph_exec_free(x);
+        graph_exec_free(y);
+        graph_free(g);
+        free(w), free(b), free(xin), free(dy);
 }
 
 /* Gradients a node's backward sets whole rather than adds to (a tensor read once, by Gemm or Relu: h, w1,
@@ -385,5 +500,6 @@ static void test_device_exec_matches_host(void **state)
 }
 
 UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_device_exec_matches_host), cmocka_unit_test(test_build_errors), cmocka_unit_test(test_finalize_errors),
-               cmocka_unit_test(test_set_gradients_not_stale), cmocka_unit_test(test_param_hooks),
+               cmocka_unit_test(test_set_gradients_not_stale), cmocka_unit_test(test_param_hooks), cmocka_unit_test(test_param_blocks),
+               cmocka_unit_test(test_param_blocks_transb),
                cmocka_unit_test(test_mlp), cmocka_unit_test(test_fan_in), cmocka_unit_test(test_op_names))

@@ -127,13 +127,16 @@ static void test_cnn_softmax_matches_layers(void **state)
 }
 
 struct calls {
-        uint32_t before[16], after[16], order[16], n_after;
+        uint32_t before[16], after[16], order[16], block[16], n_after;
+        uint32_t last_before[16], last_after[16];
 };
 
+/* Each variable's blocks in order: block 0, or the one after the last. */
 static int on_before(void *ud, uint32_t var, uint32_t block)
 {
         struct calls *c = ud;
-        assert_int_equal(block, 0);
+        assert_true(block == 0 || block == c->last_before[var] + 1);
+        c->last_before[var] = block;
         c->before[var]++;
         return 0;
 }
@@ -141,14 +144,21 @@ static int on_before(void *ud, uint32_t var, uint32_t block)
 static int on_after(void *ud, uint32_t var, uint32_t block)
 {
         struct calls *c = ud;
-        assert_int_equal(block, 0);
+        assert_true(block == 0 || block == c->last_after[var] + 1);
+        c->last_after[var] = block;
         c->after[var]++;
-        c->order[c->n_after++] = var;
+        if (c->n_after < 16) {
+                c->block[c->n_after] = block;
+                c->order[c->n_after] = var;
+        }
+        c->n_after++;
         return 0;
 }
 
-/* Every variable's hooks once per pass, the after hooks last variable first; one block each; the blocks
- * move into the caller's memory and the model computes there. */
+/* Every variable's hooks once per block and pass, the after hooks last variable first; the first
+ * kernel in two row blocks (graph_exec_set_blocks: its Gemm computes and calls block by block), its loss
+ * and gradients those of the same model unblocked; the blocks move into the caller's memory and the
+ * model computes there. */
 static void test_hooks_blocks_and_moved_memory(void **state)
 {
         (void)state;
@@ -163,22 +173,40 @@ static void test_hooks_blocks_and_moved_memory(void **state)
         assert_int_equal(model_new(&gs, be, 4, &m), 0);
         assert_int_equal(model_init_params(m, 1), 0);
         uint32_t rows[] = { 0, 6 };
-        assert_int_equal(model_set_var_blocks(m, 0, 2, rows), -EOPNOTSUPP);
-        assert_int_equal(model_set_var_blocks(m, 0, 1, NULL), 0);
-        assert_int_equal(model_var_blocks(m, 0, NULL), 1);
+        assert_int_equal(model_set_var_blocks(m, 0, 2, rows), 0);
+        assert_int_equal(model_var_blocks(m, 0, NULL), 2);
+        assert_int_equal(model_var_blocks(m, 1, NULL), 1);
+        struct model *whole;
+        assert_int_equal(model_new(&gs, be, 4, &whole), 0);
+        assert_int_equal(model_init_params(whole, 1), 0);
 
         float *x = gc_rand(4 * 12, -1, 1, 3);
         uint8_t y[4] = { 0, 1, 2, 1 };
         struct calls c = { 0 };
-        float l0, l1;
+        float l0, l1, lw;
         assert_int_equal(model_forward_blocks(m, x, y, 4, &l0, NULL, on_before, &c), 0);
         assert_int_equal(model_backward_blocks(m, on_after, &c), 0);
-        for (uint32_t v = 0; v < model_n_vars(m); v++) {
-                assert_int_equal(c.before[v], 1);
-                assert_int_equal(c.after[v], 1);
-                assert_int_equal(c.order[v], model_n_vars(m) - 1 - v);
+        uint32_t nv = model_n_vars(m);
+        for (uint32_t v = 0; v < nv; v++) {
+                assert_int_equal(c.before[v], v == 0 ? 2 : 1);
+                assert_int_equal(c.after[v], v == 0 ? 2 : 1);
         }
+        /* last layer first: dense1's bias and kernel, then dense0's kernel block by block from inside its
+         * Gemm's backward, then its bias (the exec's call after the node) */
+        const uint32_t order[] = { 3, 2, 0, 0, 1 }, block[] = { 0, 0, 0, 1, 0 };
+        assert_int_equal(nv, 4);
+        assert_int_equal(c.n_after, 5);
+        for (uint32_t i = 0; i < 5; i++) {
+                assert_int_equal(c.order[i], order[i]);
+                assert_int_equal(c.block[i], block[i]);
+        }
+        assert_int_equal(model_forward(whole, x, y, 4, &lw, NULL), 0);
+        assert_int_equal(model_backward(whole, NULL, NULL), 0);
+        assert_float_equal(l0, lw, 1e-6 * fmax(1, fabs(lw)));
         size_t n = model_n_params(m);
+        for (size_t i = 0; i < n; i++)
+                assert_float_equal(model_grads(m)[i], model_grads(whole)[i], 1e-6);
+        model_free(whole);
         float *grads0 = malloc(sizeof(float) * n);
         memcpy(grads0, model_grads(m), sizeof(float) * n);
 

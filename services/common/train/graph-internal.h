@@ -39,6 +39,15 @@ struct graph_kctx {
         /* per-node scratch for one call (scratch_floats of the op, at this B) */
         float *scratch;
         bool training;
+        /* A Gemm whose B is split into row blocks (graph_exec_set_blocks): blk_n blocks, block b rows
+         * [blk_rows[b], blk_rows[b + 1]); it computes block by block and calls blk_hook(blk_ud, blk_tensor,
+         * b) before a block's forward and after its gradient (NULL: no hook this pass), returning what
+         * nonzero the hook returns. blk_n 0 otherwise. */
+        uint32_t blk_n;
+        const uint32_t *blk_rows;
+        int32_t blk_tensor;
+        int (*blk_hook)(void *ud, int32_t tensor, uint32_t block);
+        void *blk_ud;
         uint64_t seed;                                 /* Dropout: per step; mixed with the node's index */
         uint32_t node_index;
         struct backend *dev;                           /* the exec's backend (its stream, its handles);

@@ -194,14 +194,24 @@ int graph_set_input_rows(struct graph_exec *x, int32_t t, const float *data, siz
 /* Runs every node for the batch the inputs were fed with. training: Dropout drops and BatchNormalization
  * uses the batch's statistics; seed makes Dropout's masks (the same seed, the same masks). */
 int graph_forward(struct graph_exec *x, bool training, uint64_t seed);
-/* Called with a parameter (its tensor's index): by graph_forward_hooked right before the first node that
- * reads it runs, by graph_backward_hooked as soon as its gradient is final (after its first reader's
- * backward: the last to add to it), once per parameter and pass; the parameters no node reads after
- * every node. A moving parameter (a running statistic) gets no backward call: its value in the gradient
- * block comes from graph_moving_deltas. A nonzero return stops the pass, which returns it. For a caller
- * that moves parameters and gradients while the graph computes (a worker's pulls and pushes). */
-typedef int (*graph_param_cb)(void *ud, int32_t tensor);
+/* Called with a parameter (its tensor's index) and a block of its rows: by graph_forward_hooked right
+ * before the first node that reads it runs, by graph_backward_hooked as soon as its gradient is final
+ * (after its first reader's backward: the last to add to it), once per parameter and pass; the
+ * parameters no node reads after every node. block is 0, except for a parameter split by
+ * graph_exec_set_blocks: its Gemm calls it once per block, in order, right before it computes with the
+ * block's rows (forward) and as soon as their gradient is final (backward). A moving parameter (a
+ * running statistic) gets no backward call: its value in the gradient block comes from
+ * graph_moving_deltas. A nonzero return stops the pass, which returns it. For a caller that moves
+ * parameters and gradients while the graph computes (a worker's pulls and pushes). */
+typedef int (*graph_param_cb)(void *ud, int32_t tensor, uint32_t block);
 int graph_forward_hooked(struct graph_exec *x, bool training, uint64_t seed, graph_param_cb before, void *ud);
+/* Splits parameter t into n blocks of rows, block b rows [row_begin[b], row_begin[b + 1]) (row_begin[0]
+ * 0, increasing, below the rows; n 1, row_begin NULL: whole again), so that the hooks move each block as
+ * soon as it is needed or final: for a rank-2 parameter that one Gemm alone reads, as its B (its rows
+ * are K with transB 0, N with transB 1), on the host. The Gemm then computes block by block (the same
+ * arithmetic wherever the boundaries are the same). -EOPNOTSUPP for any other tensor or a device exec,
+ * -EINVAL for bad boundaries, -ENOMEM. */
+int graph_exec_set_blocks(struct graph_exec *x, int32_t t, uint32_t n, const uint32_t *row_begin);
 /* The current values of tensor t (after graph_forward), in the exec's memory, and its count for this
  * batch. */
 const void *graph_value(const struct graph_exec *x, int32_t t, size_t *count_ret);

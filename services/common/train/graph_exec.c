@@ -35,6 +35,9 @@ struct graph_exec {
         bool gathers;                    /* a node is a Gather: kt->forward_done collects what it flagged */
         bool fed;                        /* a batched input was fed since the last forward */
         bool training;                   /* the last forward's mode, which its backward follows */
+        uint32_t **blk;                  /* (n_tensors) a parameter's row blocks' starts and its rows
+                                          * (graph_exec_set_blocks), or NULL: whole */
+        uint32_t *n_blk;                 /* (n_tensors) their count, 0 when whole */
 };
 
 /* The exec's memory: the backend's on a device (zero-filled, as backend_alloc's contract), else calloc. */
@@ -93,6 +96,10 @@ struct graph_exec *graph_exec_free(struct graph_exec *x)
         free(x->set);
         free(x->live);
         free(x->first);
+        for (uint32_t i = 0; x->blk && i < g->n_tensors; i++)
+                free(x->blk[i]);
+        free(x->blk);
+        free(x->n_blk);
         xfree(x, x->scratch);
         if (!x->ext_blocks) {
                 xfree(x, x->params);
@@ -174,7 +181,10 @@ int graph_exec_new_on(const struct graph *g, uint32_t max_batch, struct backend 
         x->set = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(bool));
         x->live = calloc((size_t)g->n_tensors + g->n_nodes + 1, sizeof(bool));
         x->first = malloc(sizeof(int32_t) * (g->n_tensors ? g->n_tensors : 1));
-        if (!x->params || !x->grads || !x->val || !x->grad || !x->state || !x->set || !x->live || !x->first)
+        x->blk = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(uint32_t *));
+        x->n_blk = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(uint32_t));
+        if (!x->params || !x->grads || !x->val || !x->grad || !x->state || !x->set || !x->live || !x->first ||
+            !x->blk || !x->n_blk)
                 goto nomem;
         for (uint32_t i = 0; i < g->n_tensors; i++)
                 x->first[i] = -1;
@@ -292,6 +302,42 @@ fail:
 int graph_exec_new(const struct graph *g, uint32_t max_batch, struct graph_exec **ret, char *err, size_t errlen)
 {
         return graph_exec_new_on(g, max_batch, NULL, ret, err, errlen);
+}
+
+int graph_exec_set_blocks(struct graph_exec *x, int32_t t, uint32_t n, const uint32_t *row_begin)
+{
+        const struct graph *g = x->g;
+        if (t < 0 || t >= (int32_t)g->n_tensors || n == 0)
+                return -EINVAL;
+        const struct graph_tensor *tt = &g->tensors[t];
+        /* its one reader: a Gemm, as B alone */
+        uint32_t reads = 0;
+        int32_t reader = -1;
+        for (uint32_t i = 0; i < g->n_nodes; i++)
+                for (uint32_t j = 0; j < g->nodes[i].n_in; j++)
+                        if (g->nodes[i].in[j] == t) {
+                                reads++;
+                                reader = g->nodes[i].op == GOP_GEMM && j == 1 ? (int32_t)i : -1;
+                        }
+        if (x->be || tt->kind != GT_PARAM || tt->moving || tt->shape.rank != 2 || reads != 1 || reader < 0)
+                return -EOPNOTSUPP;
+        uint32_t rows = (uint32_t)tt->shape.dims[0];
+        if (n > rows || (n > 1 && (!row_begin || row_begin[0] != 0)))
+                return -EINVAL;
+        for (uint32_t b = 1; n > 1 && b < n; b++)
+                if (row_begin[b] <= row_begin[b - 1] || row_begin[b] >= rows)
+                        return -EINVAL;
+        uint32_t *a = NULL;
+        if (n > 1) {
+                if (!(a = malloc(sizeof(uint32_t) * (n + 1))))
+                        return -ENOMEM;
+                memcpy(a, row_begin, sizeof(uint32_t) * n);
+                a[n] = rows;
+        }
+        free(x->blk[t]);
+        x->blk[t] = a;
+        x->n_blk[t] = n > 1 ? n : 0;
+        return 0;
 }
 
 float *graph_exec_params(struct graph_exec *x)
@@ -471,19 +517,24 @@ static void kctx_fill(const struct graph_exec *x, uint32_t ni, struct graph_kctx
                 k->out[j] = x->val[n->out[j]];
                 k->out_shape[j] = resolved(&g->tensors[n->out[j]].shape, x->B);
         }
+        if (n->op == GOP_GEMM && n->n_in > 1 && n->in[1] >= 0 && x->n_blk[n->in[1]]) {
+                k->blk_n = x->n_blk[n->in[1]];
+                k->blk_rows = x->blk[n->in[1]];
+                k->blk_tensor = n->in[1];
+        }
 }
 
 /* The hook for node i's parameters that it reads first (each once, however many of its inputs name it;
  * in input order forward, the reverse backward, as the layer list's kernel then bias, bias then kernel);
  * i = n_nodes: the parameters no node reads. after: the backward's, which skips moving parameters. */
-static int param_hooks(const struct graph_exec *x, uint32_t i, bool after, graph_param_cb cb, void *ud)
+static int param_hooks(const struct graph_exec *x, uint32_t i, bool after, bool blocks, graph_param_cb cb, void *ud)
 {
         const struct graph *g = x->g;
         if (i == g->n_nodes) {
                 for (uint32_t t = 0; t < g->n_tensors; t++) {
                         int r;
                         if (g->tensors[t].kind == GT_PARAM && x->first[t] < 0 && !(after && g->tensors[t].moving) &&
-                            (r = cb(ud, (int32_t)t)) != 0)
+                            (r = cb(ud, (int32_t)t, 0)) != 0)
                                 return r;
                 }
                 return 0;
@@ -496,9 +547,14 @@ static int param_hooks(const struct graph_exec *x, uint32_t i, bool after, graph
                 for (uint32_t e = 0; e < n->n_in; e++)
                         again |= n->in[e] == t && (after ? e > j : e < j);
                 int r;
-                if (t >= 0 && !again && g->tensors[t].kind == GT_PARAM && x->first[t] == (int32_t)i &&
-                    !(after && g->tensors[t].moving) && (r = cb(ud, t)) != 0)
-                        return r;
+                if (t < 0 || again || g->tensors[t].kind != GT_PARAM || x->first[t] != (int32_t)i ||
+                    (after && g->tensors[t].moving))
+                        continue;
+                /* a parameter in row blocks: its Gemm calls for each block as it goes, unless it did not
+                 * run (blocks: a backward that nothing needed) */
+                for (uint32_t b = 0; b < (x->n_blk[t] ? x->n_blk[t] : 1); b++)
+                        if ((!x->n_blk[t] || blocks) && (r = cb(ud, t, b)) != 0)
+                                return r;
         }
         return 0;
 }
@@ -512,16 +568,18 @@ int graph_forward_hooked(struct graph_exec *x, bool training, uint64_t seed, gra
 {
         int r;
         for (uint32_t i = 0; i < x->g->n_nodes; i++) {
-                if (before && (r = param_hooks(x, i, false, before, ud)) != 0)
+                if (before && (r = param_hooks(x, i, false, false, before, ud)) != 0)
                         return r;
                 struct graph_kctx k;
                 kctx_fill(x, i, &k);
                 k.training = training;
                 k.seed = seed;
-                if ((r = x->kt->fwd[k.node->op](&k)) < 0)
+                k.blk_hook = before;
+                k.blk_ud = ud;
+                if ((r = x->kt->fwd[k.node->op](&k)) != 0) /* an error, or a block's hook's stop */
                         return r;
         }
-        if (before && (r = param_hooks(x, x->g->n_nodes, false, before, ud)) != 0)
+        if (before && (r = param_hooks(x, x->g->n_nodes, false, false, before, ud)) != 0)
                 return r;
         if (x->be && x->gathers && x->kt->forward_done && (r = x->kt->forward_done(x->be)) < 0)
                 return r;
@@ -599,7 +657,7 @@ int graph_backward_hooked(struct graph_exec *x, int32_t t, const float *dt, grap
                 int (*bwd)(struct graph_kctx *) = x->kt->bwd[nd->op];
                 /* (an op without a backward sets no gradient: graph_op_bwd_sets holds only ops with one) */
                 if (!node_live[i] || !bwd) {
-                        if (after && (r = param_hooks(x, i, true, after, ud)) != 0)
+                        if (after && (r = param_hooks(x, i, true, true, after, ud)) != 0)
                                 return r;
                         continue;
                 }
@@ -612,13 +670,15 @@ int graph_backward_hooked(struct graph_exec *x, int32_t t, const float *dt, grap
                         k.din[j] = nd->in[j] >= 0 ? x->grad[nd->in[j]] : NULL;
                         k.din_set[j] = nd->in[j] >= 0 && x->set[nd->in[j]];
                 }
-                if ((r = bwd(&k)) < 0)
+                k.blk_hook = after;
+                k.blk_ud = ud;
+                if ((r = bwd(&k)) != 0)
                         return r;
                 /* its first reader's backward was the last to add to a parameter's gradient */
-                if (after && (r = param_hooks(x, i, true, after, ud)) != 0)
+                if (after && (r = param_hooks(x, i, true, false, after, ud)) != 0)
                         return r;
         }
-        if (after && (r = param_hooks(x, g->n_nodes, true, after, ud)) != 0)
+        if (after && (r = param_hooks(x, g->n_nodes, true, false, after, ud)) != 0)
                 return r;
         return 0;
 }

@@ -114,7 +114,52 @@ int gk_gemm_fwd(struct graph_kctx *k)
                 } while (gk_nd_next(&it, idx, off, 2));
                 beta = 1.0f;
         }
-        sgemm(ta, tb, M, N, K, at->alpha, A, B, beta, Y);
+        if (!k->blk_n) {
+                sgemm(ta, tb, M, N, K, at->alpha, A, B, beta, Y);
+                return 0;
+        }
+        /* B in row blocks: each block's share of the product once its hook has run. transB 0: B (K, N),
+         * a block is rows [k0, k1) of K, and Y += op(A)[:, k0:k1] B[k0:k1, :]; transB 1: B (N, K), a block
+         * is outputs [n0, n1), and Y[:, n0:n1] += op(A) B[n0:n1, :]^T. */
+        int lda = (int)(ta ? M : K);
+        for (uint32_t b = 0; b < k->blk_n; b++) {
+                size_t r0 = k->blk_rows[b], r1 = k->blk_rows[b + 1];
+                int r;
+                if (k->blk_hook && (r = k->blk_hook(k->blk_ud, k->blk_tensor, b)) != 0)
+                        return r;
+                if (!tb)
+                        gk_sgemm(ta, false, (int)M, (int)N, (int)(r1 - r0), at->alpha, A + (ta ? r0 * M : r0), lda,
+                                 B + r0 * N, (int)N, b ? 1.0f : beta, Y, (int)N);
+                else
+                        gk_sgemm(ta, true, (int)M, (int)(r1 - r0), (int)K, at->alpha, A, lda, B + r0 * K, (int)K, beta,
+                                 Y + r0, (int)N);
+        }
+        return 0;
+}
+
+/* dB block by block (B in row blocks, graph_exec_set_blocks), each block's hook as soon as its rows are
+ * final: the same products as gk_gemm_bwd's, cut along B's rows. */
+static int gemm_bwd_blocks(struct graph_kctx *k, const float *dY, float *dB, float bb)
+{
+        const struct graph_attrs *at = &k->node->a;
+        bool ta = at->trans_a, tb = at->trans_b;
+        size_t M = (size_t)k->out_shape[0].dims[0], N = (size_t)k->out_shape[0].dims[1];
+        size_t K = (size_t)k->in_shape[0].dims[ta ? 0 : 1];
+        const float *A = k->in[0];
+        for (uint32_t b = 0; b < k->blk_n; b++) {
+                size_t r0 = k->blk_rows[b], r1 = k->blk_rows[b + 1];
+                int r;
+                if (dY && dB) {
+                        if (!tb) /* dB[k0:k1, :] = alpha op(A)[:, k0:k1]^T dY */
+                                gk_sgemm(!ta, false, (int)(r1 - r0), (int)N, (int)M, at->alpha, A + (ta ? r0 * M : r0),
+                                         (int)(ta ? M : K), dY, (int)N, bb, dB + r0 * N, (int)N);
+                        else     /* dB[n0:n1, :] = alpha dY[:, n0:n1]^T op(A) */
+                                gk_sgemm(true, ta, (int)(r1 - r0), (int)K, (int)M, at->alpha, dY + r0, (int)N, A,
+                                         (int)(ta ? M : K), bb, dB + r0 * K, (int)K);
+                }
+                if (k->blk_hook && (r = k->blk_hook(k->blk_ud, k->blk_tensor, b)) != 0)
+                        return r;
+        }
         return 0;
 }
 
@@ -125,7 +170,7 @@ int gk_gemm_bwd(struct graph_kctx *k)
 {
         const float *dY = k->dout[0]; /* (M, N) */
         if (!dY)
-                return 0;
+                return k->blk_n ? gemm_bwd_blocks(k, NULL, NULL, 0.0f) : 0; /* (the blocks' hooks all the same) */
         const struct graph_attrs *at = &k->node->a;
         bool ta = at->trans_a, tb = at->trans_b;
         size_t M = (size_t)k->out_shape[0].dims[0], N = (size_t)k->out_shape[0].dims[1];
@@ -139,12 +184,15 @@ int gk_gemm_bwd(struct graph_kctx *k)
                 else
                         sgemm(tb, true, K, M, N, at->alpha, B, dY, ba, dA); /* (K, M) */
         }
-        if (dB) {
+        if (dB && !k->blk_n) {
                 if (!tb)
                         sgemm(!ta, false, K, N, M, at->alpha, A, dY, bb, dB); /* (K, N) */
                 else
                         sgemm(true, ta, N, K, M, at->alpha, dY, A, bb, dB); /* (N, K) */
         }
+        int r;
+        if (k->blk_n && (r = gemm_bwd_blocks(k, dY, dB, bb)) != 0)
+                return r;
         if (dC && k->in[2] && k->din_set[2])
                 memset(dC, 0, sizeof(float) * graph_count(&k->in_shape[2]));
         if (dC && k->in[2]) {

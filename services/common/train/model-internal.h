@@ -93,5 +93,8 @@ int model_graph_plan(struct model *m, const struct model_spec *spec);
 int model_graph_forward(struct model *m, const float *x, uint32_t B, const struct hooks *h, float **out);
 int model_graph_backward(struct model *m, const float *dy, const struct hooks *h);
 void model_graph_free(struct model *m);
+/* Splits var's tensor into row blocks in the exec (graph_exec_set_blocks): 0, or -EOPNOTSUPP where the
+ * graph cannot (not a host exec, not a Gemm's B alone). */
+int model_graph_set_blocks(struct model *m, uint32_t var, uint32_t n_blocks, const uint32_t *row_begin);
 void model_graph_init_params(struct model *m, uint64_t seed);
 void model_graph_describe(const struct model *m, FILE *f);

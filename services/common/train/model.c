@@ -316,12 +316,12 @@ int model_set_var_blocks(struct model *m, uint32_t var, uint32_t n_blocks, const
 {
         if (var >= m->n_vars || n_blocks == 0)
                 return -EINVAL;
-        if (m->gx)
-                return n_blocks == 1 ? 0 : -EOPNOTSUPP;
         const struct model_var *v = &m->vars[var];
-        const struct layer *L = &m->layers[v->layer];
-        if (L->spec.type != LAYER_DENSE || var != L->first_var)
-                return -EOPNOTSUPP;
+        if (!m->gx) { /* a dense layer's kernel */
+                const struct layer *L = &m->layers[v->layer];
+                if (L->spec.type != LAYER_DENSE || var != L->first_var)
+                        return -EOPNOTSUPP;
+        }
         if (n_blocks > v->rows || (n_blocks > 1 && !row_begin))
                 return -EINVAL;
         if (row_begin) {
@@ -331,6 +331,9 @@ int model_set_var_blocks(struct model *m, uint32_t var, uint32_t n_blocks, const
                         if (row_begin[b] <= row_begin[b - 1] || row_begin[b] >= v->rows)
                                 return -EINVAL;
         }
+        int r;
+        if (m->gx && (r = model_graph_set_blocks(m, var, n_blocks, row_begin)) < 0)
+                return r; /* a Gemm's B on the host (graph_exec_set_blocks), or -EOPNOTSUPP */
         uint32_t *a = NULL;
         if (n_blocks > 1) {
                 if (!(a = malloc(sizeof(uint32_t) * (n_blocks + 1))))

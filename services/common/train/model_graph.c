@@ -57,20 +57,36 @@ void model_graph_free(struct model *m)
         m->tensor_var = NULL;
 }
 
-/* A variable's hooks, from the graph's call for its tensor. */
+int model_graph_set_blocks(struct model *m, uint32_t var, uint32_t n_blocks, const uint32_t *row_begin)
+{
+        if (!m->host)
+                return n_blocks == 1 ? 0 : -EOPNOTSUPP;
+        for (uint32_t t = 0; t < m->g->n_tensors; t++)
+                if (m->tensor_var[t] == (int32_t)var) {
+                        int r = graph_exec_set_blocks(m->gx, (int32_t)t, n_blocks, n_blocks > 1 ? row_begin : NULL);
+                        return r == -EOPNOTSUPP && n_blocks == 1 ? 0 : r; /* whole it is */
+                }
+        return n_blocks == 1 ? 0 : -EOPNOTSUPP;
+}
+
+/* A variable's hooks, from the graph's call for its tensor and block: the block hook for each block, the
+ * layer hook once a variable (forward: with its first block; backward: with its last). */
 struct var_hooks {
         const struct model *m;
         const struct hooks *h;
+        bool backward;
 };
 
-static int var_hook(void *ud, int32_t t)
+static int var_hook(void *ud, int32_t t, uint32_t block)
 {
         const struct var_hooks *vh = ud;
         int32_t v = vh->m->tensor_var[t];
+        if (v < 0)
+                return 0;
         int r = 0;
-        if (v >= 0 && vh->h->block)
-                r = vh->h->block(vh->h->ud, (uint32_t)v, 0);
-        if (v >= 0 && r == 0 && vh->h->layer)
+        if (vh->h->block)
+                r = vh->h->block(vh->h->ud, (uint32_t)v, block);
+        if (r == 0 && vh->h->layer && block == (vh->backward ? vh->m->n_blocks[v] - 1 : 0))
                 r = vh->h->layer(vh->h->ud, (uint32_t)v, 1);
         return r;
 }
@@ -138,7 +154,7 @@ int model_graph_forward(struct model *m, const float *x, uint32_t B, const struc
                 at += m->feeds[i].count;
         }
         uint64_t seed = mix(m->seed ^ mix(++m->n_fwd));
-        struct var_hooks vh = { m, h };
+        struct var_hooks vh = { m, h, false };
         bool hooked = m->host && (h->layer || h->block);
         if ((r = graph_forward_hooked(m->gx, !m->eval, seed, hooked ? var_hook : NULL, &vh)) != 0)
                 return r;
@@ -149,7 +165,7 @@ int model_graph_forward(struct model *m, const float *x, uint32_t B, const struc
 int model_graph_backward(struct model *m, const float *dy, const struct hooks *h)
 {
         int r;
-        struct var_hooks vh = { m, h };
+        struct var_hooks vh = { m, h, true };
         bool hooked = m->host && (h->layer || h->block);
         if ((r = graph_backward_hooked(m->gx, m->g->loss, dy, hooked ? var_hook : NULL, &vh)) != 0)
                 return r;
@@ -157,7 +173,7 @@ int model_graph_backward(struct model *m, const float *dy, const struct hooks *h
         if ((r = graph_moving_deltas(m->gx)) < 0)
                 return r;
         for (uint32_t t = 0; hooked && t < m->g->n_tensors; t++)
-                if (m->g->tensors[t].kind == GT_PARAM && m->g->tensors[t].moving && (r = var_hook(&vh, (int32_t)t)) != 0)
+                if (m->g->tensors[t].kind == GT_PARAM && m->g->tensors[t].moving && (r = var_hook(&vh, (int32_t)t, 0)) != 0)
                         return r;
         if (!m->host && (r = backend_download(m->be, m->grads_host, m->grads, sizeof(float) * m->n_params)) < 0)
                 return r;
