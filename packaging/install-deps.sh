@@ -33,6 +33,7 @@ TEST_PKGS=(
   procps psmisc               # pgrep/pkill in tests
   python3-venv                # a venv for PyPI test tools (safetensors, tensorboard)
   debootstrap systemd-container  # the system test: a Debian container booted with systemd-nspawn
+  iproute2 nftables           # the multi-node tests: a namespace per node, and a partition cut with nft
   podman runc                 # system.k8s: the OCI image and the TFJob's pods (runc: crun refuses hybrid cgroups)
   dpkg-dev lintian rpm rpmlint   # building and checking the .deb and .rpm packages
   prometheus                  # promtool and a real Prometheus for the metrics tests
