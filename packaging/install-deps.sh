@@ -35,6 +35,7 @@ TEST_PKGS=(
   debootstrap systemd-container  # the system test: a Debian container booted with systemd-nspawn
   iproute2 nftables           # the multi-node tests: a namespace per node, and a partition cut with nft
   podman runc                 # system.k8s: the OCI image and the TFJob's pods (runc: crun refuses hybrid cgroups)
+  golang-github-containernetworking-plugin-dnsname  # system.k8s: the pods find each other by name, as Services'
   dpkg-dev lintian rpm rpmlint   # building and checking the .deb and .rpm packages
   prometheus                  # promtool and a real Prometheus for the metrics tests
   clang libclang-rt-14-dev    # the fuzz harnesses: clang with libFuzzer, ASan and UBSan (tests/fuzz)
