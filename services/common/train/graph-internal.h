@@ -200,10 +200,6 @@ int gk_blas_threads_openblas(void);
  * measured faster, NEVER never, ALWAYS wherever the geometry allows. */
 enum gk_dconv_mode { GK_DCONV_AUTO, GK_DCONV_NEVER, GK_DCONV_ALWAYS };
 extern enum gk_dconv_mode gk_dconv_mode;
-void gk_dconv_fwd(const struct gk_dconv *d, size_t N, const float *x, const float *w, const float *bias, float *y,
-                  float *scratch);
-void gk_dconv_bwd(const struct gk_dconv *d, size_t N, const float *x, const float *w, const float *dy, float *dx,
-                  bool dx_set, float *dw, bool dw_set, float *scratch);
 int gk_pool_fwd(struct graph_kctx *k);
 int gk_pool_bwd(struct graph_kctx *k);
 int gk_gap_fwd(struct graph_kctx *k);

@@ -90,7 +90,6 @@ static void valid_range(int64_t off, int64_t s, int64_t n, int64_t n_out, int64_
 
 /* ---- Conv ---- */
 
-
 /* A convolution's geometry: the window over X, and W's M filters of C*kh*kw weights. */
 struct conv {
         struct win q;

@@ -73,6 +73,15 @@ static void plane_geom(struct plane_geom *p, size_t C, size_t H, size_t W, size_
         p->PS = round_up(p->L + (kh - 1) * p->Wp + kw - 1, 16);
 }
 
+/* A convolution's two directions: f, the forward (X to Y), and b, the input gradient's (dY, padded by
+ * k - 1 - pad, to dX). */
+static void dconv_geoms(const struct gk_dconv *d, struct plane_geom *f, struct plane_geom *b)
+{
+        plane_geom(f, d->C, d->H, d->W, d->M, d->kh, d->kw, d->pads[0], d->pads[1], d->pads[2], d->pads[3]);
+        plane_geom(b, d->M, f->OH, f->OW, d->C, d->kh, d->kw, d->kh - 1 - d->pads[0], d->kw - 1 - d->pads[1],
+                   d->kh - 1 - d->pads[2], d->kw - 1 - d->pads[3]);
+}
+
 int gk_dconv_geometry(struct gk_dconv *d, int64_t C, int64_t H, int64_t W, int64_t M, int64_t kh, int64_t kw,
                       int64_t sh, int64_t sw, int64_t dh, int64_t dw, const int64_t pads[4])
 {
@@ -86,9 +95,7 @@ int gk_dconv_geometry(struct gk_dconv *d, int64_t C, int64_t H, int64_t W, int64
         for (int i = 0; i < 4; i++)
                 d->pads[i] = (size_t)pads[i];
         struct plane_geom f, b;
-        plane_geom(&f, d->C, d->H, d->W, d->M, d->kh, d->kw, d->pads[0], d->pads[1], d->pads[2], d->pads[3]);
-        plane_geom(&b, d->M, f.OH, f.OW, d->C, d->kh, d->kw, d->kh - 1 - d->pads[0], d->kw - 1 - d->pads[1],
-                   d->kh - 1 - d->pads[2], d->kw - 1 - d->pads[3]);
+        dconv_geoms(d, &f, &b);
         /* one example's padded input and output planes within about a core's L2 (1 MiB), each way */
         if ((f.C * f.PS + f.M * f.L) * sizeof(float) > ((size_t)1 << 20) ||
             (b.C * b.PS + b.M * b.L + f.C * f.PS) * sizeof(float) > ((size_t)1 << 20))
@@ -143,9 +150,7 @@ static size_t dw_chunk(const struct plane_geom *f, size_t N)
 size_t gk_dconv_scratch(const struct gk_dconv *d, size_t N)
 {
         struct plane_geom f, b;
-        plane_geom(&f, d->C, d->H, d->W, d->M, d->kh, d->kw, d->pads[0], d->pads[1], d->pads[2], d->pads[3]);
-        plane_geom(&b, d->M, f.OH, f.OW, d->C, d->kh, d->kw, d->kh - 1 - d->pads[0], d->kw - 1 - d->pads[1],
-                   d->kh - 1 - d->pads[2], d->kw - 1 - d->pads[3]);
+        dconv_geoms(d, &f, &b);
         /* forward: xp, out; backward: xp, dY in the forward's output coordinates, dY padded, dX's out, the
          * flipped filters */
         size_t fwd = f.C * f.PS + f.M * f.L;
@@ -313,9 +318,7 @@ void gk_dconv_bwd(const struct gk_dconv *d, size_t N, const float *x, const floa
                   bool dx_set, float *dw, bool dw_set, float *scratch)
 {
         struct plane_geom f, b;
-        plane_geom(&f, d->C, d->H, d->W, d->M, d->kh, d->kw, d->pads[0], d->pads[1], d->pads[2], d->pads[3]);
-        plane_geom(&b, d->M, f.OH, f.OW, d->C, d->kh, d->kw, d->kh - 1 - d->pads[0], d->kw - 1 - d->pads[1],
-                   d->kh - 1 - d->pads[2], d->kw - 1 - d->pads[3]);
+        dconv_geoms(d, &f, &b);
         size_t G = dw_chunk(&f, N);
         float *xp = scratch, *dyo = xp + G * f.C * f.PS, *dyp = dyo + G * f.M * f.L, *out = dyp + b.C * b.PS;
         float *wt = out + b.M * b.L;
