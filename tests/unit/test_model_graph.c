@@ -223,6 +223,17 @@ static void test_hooks_blocks_and_moved_memory(void **state)
                 p[i] -= 0.5f * gr[i];
         assert_int_equal(model_forward(m, x, y, 4, &l1, NULL), 0);
         assert_true(l1 < l0);
+        /* whole again: one block, and the hooks once a variable */
+        assert_int_equal(model_set_var_blocks(m, 0, 1, NULL), 0);
+        assert_int_equal(model_var_blocks(m, 0, NULL), 1);
+        struct calls c1 = { 0 };
+        assert_int_equal(model_forward_blocks(m, x, y, 4, &l1, NULL, on_before, &c1), 0);
+        assert_int_equal(model_backward_blocks(m, on_after, &c1), 0);
+        for (uint32_t v = 0; v < nv; v++) {
+                assert_int_equal(c1.before[v], 1);
+                assert_int_equal(c1.after[v], 1);
+                assert_int_equal(c1.order[v], nv - 1 - v);
+        }
         model_free(m);
         free(blocks);
         free(grads0);
