@@ -159,24 +159,6 @@ static int chain_tables(const struct records *rec, const struct job_config *cfg,
         return r == -ENOMEM ? 1 : r < 0 ? EXPORT_EX_DATAERR : 0;
 }
 
-/* The layer list's graph; with tables, the dense layers alone, their input the dense features followed
- * by the tables' pooled rows (model_spec_dense_input), which the tables' lookups make (chief_export.h). */
-static int dense_graph(const struct model_spec *spec, struct graph **ret, char *err, size_t errlen) {
-        if (!spec->n_embeddings)
-                return graph_from_spec(spec, ret, err, errlen);
-        struct model_spec *dense = malloc(sizeof(*dense));
-        if (!dense) {
-                snprintf(err, errlen, "out of memory");
-                return -ENOMEM;
-        }
-        *dense = *spec;
-        dense->n_embeddings = 0;
-        dense->input[0] = 1, dense->input[1] = 1, dense->input[2] = model_spec_dense_input(spec);
-        int r = graph_from_spec(dense, ret, err, errlen);
-        free(dense);
-        return r;
-}
-
 /* The parameter block from the checkpoint, variable by variable (each checked for its shape). */
 static int read_params(const struct job_config *cfg, const struct ckpt *ck, const char *path, float **params_ret,
                        struct export_msgs *msg) {
@@ -299,7 +281,7 @@ int chief_export(const struct export_request *q, struct export_result *res, stru
                 r = CONFIG_EX_CONFIG;
                 goto out;
         }
-        if (!g && dense_graph(spec, &own, err, sizeof(err)) < 0) {
+        if (!g && graph_from_spec(spec, &own, err, sizeof(err)) < 0) {
                 export_say(msg, "export: job %s's model: %s", cfg->name, err);
                 r = CONFIG_EX_CONFIG;
                 goto out;

@@ -1,4 +1,4 @@
-/* The graph engine against the layer-list engine (model.c) on the CPU, side by side in one run: the same
+/* The graph engine against the layer-list engine (model.c's layer code, model_new_engine) on the CPU, side by side in one run: the same
  * model (a job file's layer list, through graph_from_spec), the same parameters, batch and data, one
  * forward and backward per step, each engine timed over the same number of steps, alternated `rounds`
  * times. Prints one JSON line per round and a last one with the best of each and their ratio.
@@ -74,8 +74,8 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bench_graph: %s\n", err);
                 return 1;
         }
-        if (backend_cpu_new(threads, &be) < 0 || model_new(&cfg->model, be, B, &m) < 0 || model_init_params(m, 1) < 0 ||
-            graph_exec_new(g, B, &x, err, sizeof(err)) < 0) {
+        if (backend_cpu_new(threads, &be) < 0 || model_new_engine(&cfg->model, be, B, MODEL_ENGINE_LAYERS, &m) < 0 ||
+            model_init_params(m, 1) < 0 || graph_exec_new(g, B, &x, err, sizeof(err)) < 0) {
                 fprintf(stderr, "bench_graph: cannot build the models: %s\n", err);
                 return 1;
         }

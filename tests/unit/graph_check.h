@@ -42,6 +42,17 @@ static inline float *gc_rand(size_t n, float lo, float hi, unsigned seed)
         return v;
 }
 
+/* ||a - b|| / ||b|| (plain ||a - b|| where b is zero), in double. */
+static inline double gc_rel_l2(const float *a, const float *b, size_t n)
+{
+        double d = 0, s = 0;
+        for (size_t i = 0; i < n; i++) {
+                d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+                s += (double)b[i] * b[i];
+        }
+        return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
 static inline struct graph_shape gc_shape(uint32_t rank, const int64_t *dims)
 {
         struct graph_shape s = { .rank = rank };

@@ -1,7 +1,7 @@
 /* The layer list as a graph (graph_spec.c) computes what model.c computes: with model.c's initial
  * parameters copied into the graph's block (the same variables, order and layout), the same
- * probabilities and loss, and the same gradients of the mean softmax cross-entropy, for the demo MLP and
- * a CNN with an odd and an even kernel. */
+ * probabilities and loss, and the same gradients of the mean softmax cross-entropy, for the demo MLP,
+ * a CNN with an odd and an even kernel, and a list over embedding tables' pooled rows. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -25,7 +25,7 @@ static void compare(const struct model_spec *spec, uint32_t B)
         struct backend *be;
         struct model *m;
         assert_int_equal(backend_cpu_new(1, &be), 0);
-        assert_int_equal(model_new(spec, be, B, &m), 0);
+        assert_int_equal(model_new_engine(spec, be, B, MODEL_ENGINE_LAYERS, &m), 0); /* model.c's layer code */
         assert_int_equal(model_init_params(m, 7), 0);
         struct graph *g = NULL;
         int r = graph_from_spec(spec, &g, err, sizeof(err));
@@ -141,16 +141,26 @@ static void test_dense_after_conv(void **state)
         compare(&s, 3);
 }
 
-static void test_embeddings_refused(void **state)
+/* With tables, one flat input: the dense features, then each table's fields' pooled rows; its gradient
+ * asked for (the sparse front's). */
+static void test_embeddings(void **state)
 {
-        struct model_spec s = { .input = { 1, 1, 4 }, .n_layers = 1, .n_embeddings = 1 };
-        s.layers[0] = (struct layer_spec){ .type = LAYER_DENSE, .units = 2 };
+        struct model_spec s = { .input = { 1, 1, 4 }, .n_layers = 3, .n_embeddings = 2 };
+        s.emb[0] = (struct embedding_spec){ .dim = 3, .n_fields = 2, .fields = { 0, 1 } };
+        s.emb[1] = (struct embedding_spec){ .dim = 2, .n_fields = 1, .fields = { 2 } };
+        s.layers[0] = (struct layer_spec){ .type = LAYER_DENSE, .units = 6 };
+        s.layers[1] = (struct layer_spec){ .type = LAYER_RELU };
+        s.layers[2] = (struct layer_spec){ .type = LAYER_DENSE, .units = 3 };
         char err[256];
         struct graph *g = NULL;
-        assert_int_equal(graph_from_spec(&s, &g, err, sizeof(err)), -EOPNOTSUPP);
-        assert_null(g);
-        assert_non_null(strstr(err, "model.embeddings"));
+        assert_int_equal(graph_from_spec(&s, &g, err, sizeof(err)), 0);
+        const struct graph_tensor *in = &g->tensors[graph_find(g, "input")];
+        assert_int_equal(in->shape.rank, 2);
+        assert_int_equal(in->shape.dims[1], 4 + 2 * 3 + 2);
+        assert_true(in->want_grad);
+        graph_free(g);
+        compare(&s, 5);
 }
 
 UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_mlp), cmocka_unit_test(test_cnn), cmocka_unit_test(test_dense_after_conv),
-               cmocka_unit_test(test_embeddings_refused))
+               cmocka_unit_test(test_embeddings))

@@ -1,7 +1,9 @@
 /* model: finite-difference gradient checks for every layer type and the loss, a hand-computed forward,
  * initializer determinism, batch bounds, the forward/backward callbacks, and row-blocked kernels
  * (also on a pretend device backend: the CPU ops with host_memory off, so uploads and downloads are
- * real copies); the logistic and mse heads, their outputs and the input gradient by finite differences. */
+ * real copies); the logistic and mse heads, their outputs and the input gradient by finite differences.
+ * All of it on model.c's layer code, asked for by name (model_new_engine): what device backends run. On
+ * the CPU a layer list runs on the graph engine by default, held to this code in test_model_engines.c. */
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
@@ -19,8 +21,14 @@
 #include "backend.h"
 #include "model.h"
 #include "rng.h"
+#include "model_hooks.h"
 
 static struct backend *be;
+
+static int layers_new(const struct model_spec *spec, struct backend *b, uint32_t max_batch, struct model **ret)
+{
+        return model_new_engine(spec, b, max_batch, MODEL_ENGINE_LAYERS, ret);
+}
 
 static int setup(void **state)
 {
@@ -63,7 +71,7 @@ static void gradcheck_blocked(const struct model_spec *spec, uint32_t B, float h
                               uint32_t bvar, uint32_t nb, const uint32_t *rb)
 {
         struct model *m;
-        assert_int_equal(model_new(spec, be, B, &m), 0);
+        assert_int_equal(layers_new(spec, be, B, &m), 0);
         if (nb > 1)
                 assert_int_equal(model_set_var_blocks(m, bvar, nb, rb), 0);
         assert_int_equal(model_init_params(m, 7), 0);
@@ -166,7 +174,7 @@ static void test_forward_known(void **state)
         /* logits = x @ W + b with W (2, 3), by hand */
         struct model_spec s = {.input = {1, 1, 2}, .n_layers = 1, .layers = {L(LAYER_DENSE, 3)}};
         struct model *m;
-        assert_int_equal(model_new(&s, be, 2, &m), 0);
+        assert_int_equal(layers_new(&s, be, 2, &m), 0);
         assert_int_equal(model_n_vars(m), 2);
         assert_string_equal(model_var(m, 0)->name, "dense0/kernel");
         assert_string_equal(model_var(m, 1)->name, "dense0/bias");
@@ -223,7 +231,7 @@ static void test_blown_up(void **state)
         struct model_spec s = {.input = {1, 1, 4}, .n_layers = 3,
                                .layers = {L(LAYER_DENSE, 8), L(LAYER_RELU, 0), L(LAYER_DENSE, 10)}};
         struct model *m;
-        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(layers_new(&s, be, 4, &m), 0);
         assert_int_equal(model_init_params(m, 3), 0);
         char why[128] = "";
         assert_int_equal(model_params_check(m, why, sizeof(why)), 0);
@@ -263,8 +271,8 @@ static void test_init_deterministic(void **state)
                                .layers = {L(LAYER_DENSE, 40), L(LAYER_RELU, 0), L(LAYER_DENSE, 20),
                                           L(LAYER_TANH, 0), L(LAYER_DENSE, 10)}};
         struct model *a, *b;
-        assert_int_equal(model_new(&s, be, 4, &a), 0);
-        assert_int_equal(model_new(&s, be, 8, &b), 0);
+        assert_int_equal(layers_new(&s, be, 4, &a), 0);
+        assert_int_equal(layers_new(&s, be, 8, &b), 0);
         assert_int_equal(model_init_params(a, 42), 0);
         assert_int_equal(model_init_params(b, 42), 0);
         size_t n = model_n_params(a);
@@ -296,7 +304,7 @@ static void test_batch_bounds(void **state)
 {
         struct model_spec s = {.input = {1, 1, 3}, .n_layers = 1, .layers = {L(LAYER_DENSE, 2)}};
         struct model *m;
-        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(layers_new(&s, be, 4, &m), 0);
         assert_int_equal(model_max_batch(m), 4);
         float x[15] = {0};
         uint8_t y[5] = {0};
@@ -317,21 +325,21 @@ static void test_bad_specs(void **state)
 {
         struct model *m = NULL;
         struct model_spec s = {.input = {1, 1, 3}, .n_layers = 1, .layers = {L(LAYER_DENSE, 1)}};
-        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL); /* one class */
+        assert_int_equal(layers_new(&s, be, 4, &m), -EINVAL); /* one class */
         s.layers[0].units = 257;
-        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL); /* labels are bytes */
+        assert_int_equal(layers_new(&s, be, 4, &m), -EINVAL); /* labels are bytes */
         s.layers[0].units = 0;
-        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL);
+        assert_int_equal(layers_new(&s, be, 4, &m), -EINVAL);
         s.layers[0].units = 2;
-        assert_int_equal(model_new(&s, be, 0, &m), -EINVAL);
+        assert_int_equal(layers_new(&s, be, 0, &m), -EINVAL);
         s.n_layers = 0;
-        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL);
+        assert_int_equal(layers_new(&s, be, 4, &m), -EINVAL);
         struct model_spec c = {.input = {1, 4, 4}, .n_layers = 2, .layers = {conv(2, 5), L(LAYER_DENSE, 2)}};
-        assert_int_equal(model_new(&c, be, 4, &m), -EINVAL); /* kernel larger than the image */
+        assert_int_equal(layers_new(&c, be, 4, &m), -EINVAL); /* kernel larger than the image */
         c.layers[0] = L(LAYER_MAXPOOL2D, 5);
-        assert_int_equal(model_new(&c, be, 4, &m), -EINVAL);
+        assert_int_equal(layers_new(&c, be, 4, &m), -EINVAL);
         struct model_spec z = {.input = {0, 1, 3}, .n_layers = 1, .layers = {L(LAYER_DENSE, 2)}};
-        assert_int_equal(model_new(&z, be, 4, &m), -EINVAL);
+        assert_int_equal(layers_new(&z, be, 4, &m), -EINVAL);
         assert_null(m);
         assert_null(model_free(NULL));
 }
@@ -341,7 +349,7 @@ static void test_input_untouched(void **state)
         /* an activation on the raw input must not write into the caller's x */
         struct model_spec s = {.input = {1, 1, 4}, .n_layers = 2, .layers = {L(LAYER_RELU, 0), L(LAYER_DENSE, 2)}};
         struct model *m;
-        assert_int_equal(model_new(&s, be, 2, &m), 0);
+        assert_int_equal(layers_new(&s, be, 2, &m), 0);
         assert_int_equal(model_init_params(m, 1), 0);
         const float x0[8] = {-1, 2, -3, 4, 5, -6, 7, -8};
         float x[8];
@@ -384,7 +392,7 @@ static void test_callbacks(void **state)
                                .layers = {L(LAYER_DENSE, 4), L(LAYER_RELU, 0), L(LAYER_DENSE, 3),
                                           L(LAYER_DENSE, 2)}};
         struct model *m;
-        assert_int_equal(model_new(&s, be, 2, &m), 0);
+        assert_int_equal(layers_new(&s, be, 2, &m), 0);
         assert_int_equal(model_init_params(m, 3), 0);
         float x[6] = {1, 2, 3, 4, 5, 6};
         uint8_t y[2] = {0, 1};
@@ -422,8 +430,8 @@ static void test_evaluate_chunks(void **state)
         struct model_spec s = {.input = {1, 1, 5}, .n_layers = 3,
                                .layers = {L(LAYER_DENSE, 6), L(LAYER_TANH, 0), L(LAYER_DENSE, 4)}};
         struct model *small, *big;
-        assert_int_equal(model_new(&s, be, 3, &small), 0);
-        assert_int_equal(model_new(&s, be, 10, &big), 0);
+        assert_int_equal(layers_new(&s, be, 3, &small), 0);
+        assert_int_equal(layers_new(&s, be, 10, &big), 0);
         assert_int_equal(model_init_params(small, 5), 0);
         assert_int_equal(model_init_params(big, 5), 0);
         float x[50];
@@ -449,7 +457,7 @@ static void test_describe(void **state)
                                           L(LAYER_RELU, 0), L(LAYER_DENSE, 64), L(LAYER_RELU, 0),
                                           L(LAYER_DENSE, 10)}};
         struct model *m;
-        assert_int_equal(model_new(&s, be, 64, &m), 0);
+        assert_int_equal(layers_new(&s, be, 64, &m), 0);
         assert_int_equal(model_n_params(m), 242762);
         assert_int_equal(model_find_var(m, "dense3/bias"), 7);
         assert_int_equal(model_find_var(m, "nope"), -ENOENT);
@@ -481,7 +489,7 @@ static void head_labels(struct rng *r, enum model_head head, uint32_t C, float *
 static void gradcheck_f(struct backend *b, const struct model_spec *spec, uint32_t B, float h, float atol, float rtol)
 {
         struct model *m;
-        assert_int_equal(model_new(spec, b, B, &m), 0);
+        assert_int_equal(layers_new(spec, b, B, &m), 0);
         assert_int_equal(model_init_params(m, 5), 0);
         assert_int_equal(model_set_input_grad(m, true), 0);
         uint32_t D = model_input_size(m);
@@ -553,7 +561,7 @@ static void test_heads_known(void **state)
         float x[8] = {1, 1, 100, 0, 0, 100, 2, 0}, y[4] = {1, 0, 0, 1}, loss;
         uint32_t correct;
         struct model *m;
-        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(layers_new(&s, be, 4, &m), 0);
         assert_int_equal(model_n_classes(m), 1);
         model_params(m)[0] = 1, model_params(m)[1] = -1;
         assert_null(model_outputs(m));
@@ -580,7 +588,7 @@ static void test_heads_known(void **state)
         model_free(m);
 
         s.head = HEAD_MSE;
-        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(layers_new(&s, be, 4, &m), 0);
         model_params(m)[0] = 1, model_params(m)[1] = -1;
         float t[4] = {1, 99, -100, -1};   /* errors -1, 1, 0, 3 */
         correct = 7;
@@ -600,7 +608,7 @@ static void test_heads_known(void **state)
 
         /* softmax with float labels: whole class indices only; outputs are the probabilities */
         struct model_spec c = {.input = {1, 1, 2}, .n_layers = 1, .layers = {L(LAYER_DENSE, 3)}};
-        assert_int_equal(model_new(&c, be, 4, &m), 0);
+        assert_int_equal(layers_new(&c, be, 4, &m), 0);
         float k[4] = {0, 2, 1, 2};
         assert_int_equal(model_forward_f(m, x, k, 4, &loss, NULL), 0);
         assert_float_equal(loss, log(3.0), 1e-6); /* zero weights */
@@ -624,17 +632,17 @@ static void test_head_unsupported(void **state)
         ops.logistic_xent_fwd = NULL;
         ops.mse_bwd = NULL;
         nb = (struct backend){.ops = &ops, .ctx = be->ctx};
-        assert_int_equal(model_new(&s, &nb, 4, &m), -EOPNOTSUPP);
+        assert_int_equal(layers_new(&s, &nb, 4, &m), -EOPNOTSUPP);
         s.head = HEAD_MSE;
-        assert_int_equal(model_new(&s, &nb, 4, &m), -EOPNOTSUPP);
+        assert_int_equal(layers_new(&s, &nb, 4, &m), -EOPNOTSUPP);
         assert_null(m);
         s.head = HEAD_SOFTMAX;
-        assert_int_equal(model_new(&s, &nb, 4, &m), -EINVAL); /* one output is no softmax */
+        assert_int_equal(layers_new(&s, &nb, 4, &m), -EINVAL); /* one output is no softmax */
         s.layers[0].units = 2;
-        assert_int_equal(model_new(&s, &nb, 4, &m), 0);
+        assert_int_equal(layers_new(&s, &nb, 4, &m), 0);
         model_free(m);
         s.head = HEAD_LOGISTIC; /* a single-output head has exactly one output */
-        assert_int_equal(model_new(&s, be, 4, &m), -EINVAL);
+        assert_int_equal(layers_new(&s, be, 4, &m), -EINVAL);
 }
 
 /* With embeddings the model reads the widened flat input (model_spec_dense_input). */
@@ -645,12 +653,12 @@ static void test_embedding_input(void **state)
         s.emb[0] = (struct embedding_spec){.name = "a", .dim = 4, .n_fields = 2, .fields = {0, 1}};
         s.emb[1] = (struct embedding_spec){.name = "b", .dim = 2, .n_fields = 1, .fields = {1}};
         struct model *m;
-        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(layers_new(&s, be, 4, &m), 0);
         assert_int_equal(model_input_size(m), 3 + 8 + 2);
         assert_int_equal(model_var(m, 0)->rows, 13);
         model_free(m);
         s.input[2] = 0; /* no dense features at all (LIBSVM) */
-        assert_int_equal(model_new(&s, be, 4, &m), 0);
+        assert_int_equal(layers_new(&s, be, 4, &m), 0);
         assert_int_equal(model_input_size(m), 10);
         model_free(m);
 }
@@ -690,7 +698,7 @@ static const uint32_t mlp_rb2[2] = {0, 9};         /* dense1/kernel (16, 8) */
 static struct model *mlp_new(struct backend *b, bool blocked, uint32_t B)
 {
         struct model *m;
-        assert_int_equal(model_new(&mlp, b, B, &m), 0);
+        assert_int_equal(layers_new(&mlp, b, B, &m), 0);
         assert_int_equal(model_init_params(m, 11), 0);
         float *p = model_params(m);
         for (uint32_t v = 1; v < model_n_vars(m); v += 2) /* nonzero biases */
@@ -744,65 +752,6 @@ static void test_blocked_matches_unblocked(void **state)
         model_free(u);
         model_free(b1);
         model_free(b2);
-}
-
-struct blk_log {
-        struct model *m;
-        const float *ref;    /* (n_params) the values forward should see / the final gradients */
-        float *snap;         /* (n_params) gradients seen in the after-callbacks */
-        uint32_t n, var[32], block[32];
-        uint32_t stop_at;    /* return `ret` on this call (1-based); 0: never */
-        int ret;
-};
-
-static void rows_of(struct model *m, uint32_t var, uint32_t block, size_t *begin, size_t *end)
-{
-        const uint32_t *rb;
-        const struct model_var *v = model_var(m, var);
-        assert_true(block < model_var_blocks(m, var, &rb));
-        *begin = v->offset + (size_t)rb[block] * v->cols;
-        *end = v->offset + (size_t)rb[block + 1] * v->cols;
-}
-
-static int blk_record(struct blk_log *l, uint32_t var, uint32_t block)
-{
-        assert_true(l->n < 32);
-        l->var[l->n] = var;
-        l->block[l->n] = block;
-        l->n++;
-        return l->stop_at == l->n ? l->ret : 0;
-}
-
-/* Writes the block's real values, and poisons everything read earlier (blocks < b of this kernel;
- * the whole kernel at its bias): a block read before its callback, or after a later one, gives NaN. */
-static int before_cb(void *ud, uint32_t var, uint32_t block)
-{
-        struct blk_log *l = ud;
-        float *p = model_params(l->m);
-        size_t b0, b1;
-        rows_of(l->m, var, block, &b0, &b1);
-        memcpy(p + b0, l->ref + b0, sizeof(float) * (b1 - b0));
-        const struct model_var *v = model_var(l->m, var);
-        size_t poison_from = v->rows == 1 ? model_var(l->m, var - 1)->offset : v->offset;
-        for (size_t i = poison_from; i < b0; i++)
-                p[i] = NAN;
-        return blk_record(l, var, block);
-}
-
-/* Snapshots the block's gradient, then poisons it: a later write would leave no NaN behind. Poisons
- * the block's parameters too: the pass must not read them after this callback (a worker's ps may
- * overwrite them with fresh values from here on), so a later read would spread NaN into the
- * gradients still to come. */
-static int after_cb(void *ud, uint32_t var, uint32_t block)
-{
-        struct blk_log *l = ud;
-        float *g = model_grads(l->m), *p = model_params(l->m);
-        size_t b0, b1;
-        rows_of(l->m, var, block, &b0, &b1);
-        memcpy(l->snap + b0, g + b0, sizeof(float) * (b1 - b0));
-        for (size_t i = b0; i < b1; i++)
-                g[i] = p[i] = NAN;
-        return blk_record(l, var, block);
 }
 
 static void check_block_callbacks(struct backend *b)
@@ -946,7 +895,7 @@ static void test_block_bad_specs(void **state)
         struct model_spec s = {.input = {1, 6, 6}, .n_layers = 3,
                                .layers = {conv(2, 3), L(LAYER_FLATTEN, 0), L(LAYER_DENSE, 4)}};
         struct model *m;
-        assert_int_equal(model_new(&s, be, 2, &m), 0);
+        assert_int_equal(layers_new(&s, be, 2, &m), 0);
         const uint32_t ok[3] = {0, 10, 40}; /* dense0/kernel is var 2, (72, 4) */
         assert_int_equal(model_set_var_blocks(m, 0, 3, ok), -EOPNOTSUPP); /* conv kernel */
         assert_int_equal(model_set_var_blocks(m, 3, 1, NULL), -EOPNOTSUPP); /* bias */

@@ -41,23 +41,13 @@ static struct model_spec graph_model_spec(const struct model_spec *spec, struct 
         return gs;
 }
 
-static double rel_l2(const float *a, const float *b, size_t n)
-{
-        double d = 0, s = 0;
-        for (size_t i = 0; i < n; i++) {
-                d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-                s += (double)b[i] * b[i];
-        }
-        return s > 0 ? sqrt(d / s) : sqrt(d);
-}
-
 static void compare(const struct model_spec *spec, uint32_t B, bool float_labels)
 {
         struct backend *be;
         struct model *m, *gm;
         struct graph *g;
         assert_int_equal(backend_cpu_new(1, &be), 0);
-        assert_int_equal(model_new(spec, be, B, &m), 0);
+        assert_int_equal(model_new_engine(spec, be, B, MODEL_ENGINE_LAYERS, &m), 0); /* model.c's layer code */
         assert_int_equal(model_init_params(m, 7), 0);
         struct model_spec gs = graph_model_spec(spec, &g);
         assert_int_equal(model_new(&gs, be, B, &gm), 0);
@@ -91,11 +81,11 @@ static void compare(const struct model_spec *spec, uint32_t B, bool float_labels
         }
         assert_true(fabs(l1 - l2) <= 1e-5 * fmax(1, fabs(l1)));
         assert_int_equal(c1, c2);
-        assert_true(rel_l2(model_outputs(gm), model_outputs(m), (size_t)B * C) < 1e-5);
+        assert_true(gc_rel_l2(model_outputs(gm), model_outputs(m), (size_t)B * C) < 1e-5);
         assert_int_equal(model_backward(m, NULL, NULL), 0);
         assert_int_equal(model_backward(gm, NULL, NULL), 0);
-        double eg = rel_l2(model_grads(gm), model_grads(m), model_n_params(m));
-        double ex = rel_l2(model_input_grad(gm), model_input_grad(m), (size_t)B * D);
+        double eg = gc_rel_l2(model_grads(gm), model_grads(m), model_n_params(m));
+        double ex = gc_rel_l2(model_input_grad(gm), model_input_grad(m), (size_t)B * D);
         if (eg > 1e-5 || ex > 1e-5)
                 fail_msg("gradients differ: parameters %.3g, input %.3g (relative L2)", eg, ex);
         free(x);

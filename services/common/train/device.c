@@ -576,9 +576,12 @@ int device_placement(const struct backend *be, const struct model *m, char *buf,
                 unsigned idx;
                 const char *impl = NULL;
                 if (sscanf(line, "%u %31s", &idx, type) == 2)
-                        impl = gpu ? cuda_impl(type) : strcmp(type, "dense") == 0 || strcmp(type, "conv2d") == 0
-                                                               ? "OpenBLAS sgemm"
-                                                               : "C loops";
+                        impl = gpu                             ? cuda_impl(type)
+                               : strcmp(type, "dense") == 0  ? "OpenBLAS sgemm"
+                               : strcmp(type, "conv2d") == 0 ? (model_runs_graph(m) ? "OpenBLAS sgemm over im2col, or a "
+                                                                                      "direct convolution where faster"
+                                                                                    : "OpenBLAS sgemm over im2col")
+                                                             : "C loops";
                 else if (strncmp(line, "graph of ", 9) == 0) /* a graph model: its ops, one line */
                         impl = gpu ? "psfleet CUDA graph kernels: cuBLAS + kernels of its own" : "graph kernels: OpenBLAS + C loops";
                 else if (strncmp(line, "softmax", 7) == 0)

@@ -91,6 +91,9 @@ GRAPH_SHAPE_FN(gs_gemm)
         return 0;
 }
 
+/* Y = alpha op(A) op(B), then beta C added on, broadcast: the product first and the bias after, as a
+ * layer list's dense layer always computed it (model_pass.c: sgemm, then add_bias_rows), so that a
+ * layer list gives the same bits on either engine. */
 int gk_gemm_fwd(struct graph_kctx *k)
 {
         const struct graph_attrs *at = &k->node->a;
@@ -99,40 +102,46 @@ int gk_gemm_fwd(struct graph_kctx *k)
         size_t K = (size_t)k->in_shape[0].dims[ta ? 0 : 1];
         const float *A = k->in[0], *B = k->in[1], *C = k->in[2]; /* A (M, K) or (K, M), B (K, N) or (N, K) */
         float *Y = k->out[0];                                      /* (M, N) */
-        float beta = 0.0f;                                         /* sgemm's: 0 overwrites Y */
+        if (!k->blk_n) {
+                sgemm(ta, tb, M, N, K, at->alpha, A, B, 0.0f, Y);
+        } else {
+                /* B in row blocks: each block's share of the product once its hook has run. transB 0: B
+                 * (K, N), a block is rows [k0, k1) of K, and Y += op(A)[:, k0:k1] B[k0:k1, :]; transB 1: B
+                 * (N, K), a block is outputs [n0, n1), and Y[:, n0:n1] = op(A) B[n0:n1, :]^T. */
+                int lda = (int)(ta ? M : K);
+                for (uint32_t b = 0; b < k->blk_n; b++) {
+                        size_t r0 = k->blk_rows[b], r1 = k->blk_rows[b + 1];
+                        int r;
+                        if (k->blk_hook && (r = k->blk_hook(k->blk_ud, k->blk_tensor, b)) != 0)
+                                return r;
+                        if (!tb)
+                                gk_sgemm(ta, false, (int)M, (int)N, (int)(r1 - r0), at->alpha, A + (ta ? r0 * M : r0),
+                                         lda, B + r0 * N, (int)N, b ? 1.0f : 0.0f, Y, (int)N);
+                        else
+                                gk_sgemm(ta, true, (int)M, (int)(r1 - r0), (int)K, at->alpha, A, lda, B + r0 * K,
+                                         (int)K, 0.0f, Y + r0, (int)N);
+                }
+        }
         if (C && at->beta != 0.0f) {
-                /* Y = beta * C broadcast, then sgemm adds the product onto it */
                 const struct graph_shape *ops[2] = { &k->out_shape[0], &k->in_shape[2] };
                 struct gk_nd it;
                 gk_nd_init(&it, &k->out_shape[0], ops, 2);
                 size_t idx[GRAPH_MAX_RANK] = { 0 }, off[GK_ND_OPS] = { 0 };
                 uint32_t last = it.rank - 1;
                 size_t n = it.dims[last], sc = it.st[1][last];
-                do {
-                        for (size_t j = 0; j < n; j++)
-                                Y[off[0] + j] = at->beta * C[off[1] + j * sc];
-                } while (gk_nd_next(&it, idx, off, 2));
-                beta = 1.0f;
-        }
-        if (!k->blk_n) {
-                sgemm(ta, tb, M, N, K, at->alpha, A, B, beta, Y);
-                return 0;
-        }
-        /* B in row blocks: each block's share of the product once its hook has run. transB 0: B (K, N),
-         * a block is rows [k0, k1) of K, and Y += op(A)[:, k0:k1] B[k0:k1, :]; transB 1: B (N, K), a block
-         * is outputs [n0, n1), and Y[:, n0:n1] += op(A) B[n0:n1, :]^T. */
-        int lda = (int)(ta ? M : K);
-        for (uint32_t b = 0; b < k->blk_n; b++) {
-                size_t r0 = k->blk_rows[b], r1 = k->blk_rows[b + 1];
-                int r;
-                if (k->blk_hook && (r = k->blk_hook(k->blk_ud, k->blk_tensor, b)) != 0)
-                        return r;
-                if (!tb)
-                        gk_sgemm(ta, false, (int)M, (int)N, (int)(r1 - r0), at->alpha, A + (ta ? r0 * M : r0), lda,
-                                 B + r0 * N, (int)N, b ? 1.0f : beta, Y, (int)N);
+                float beta = at->beta;
+                if (beta == 1.0f && sc == 1) /* a bias row: the loop vectorizes */
+                        do {
+                                float *y = Y + off[0];
+                                const float *c = C + off[1];
+                                for (size_t j = 0; j < n; j++)
+                                        y[j] += c[j];
+                        } while (gk_nd_next(&it, idx, off, 2));
                 else
-                        gk_sgemm(ta, true, (int)M, (int)(r1 - r0), (int)K, at->alpha, A, lda, B + r0 * K, (int)K, beta,
-                                 Y + r0, (int)N);
+                        do {
+                                for (size_t j = 0; j < n; j++)
+                                        Y[off[0] + j] += beta * C[off[1] + j * sc];
+                        } while (gk_nd_next(&it, idx, off, 2));
         }
         return 0;
 }

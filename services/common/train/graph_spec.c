@@ -109,12 +109,26 @@ static int layer(struct builder *b, const struct layer_spec *L, uint32_t i, bool
         return -EINVAL;
 }
 
+/* model.c reads its input as an image when a conv2d or maxpool2d comes before any dense or flatten layer:
+ * (1, 1, N) then is an image of one row. */
+static bool image_input(const struct model_spec *spec)
+{
+        if (spec->n_embeddings)
+                return false;
+        if (!(spec->input[0] == 1 && spec->input[1] == 1))
+                return true;
+        for (uint32_t i = 0; i < spec->n_layers; i++) {
+                enum layer_type t = spec->layers[i].type;
+                if (t == LAYER_CONV2D || t == LAYER_MAXPOOL2D)
+                        return true;
+                if (t == LAYER_DENSE || t == LAYER_FLATTEN)
+                        return false;
+        }
+        return false;
+}
+
 int graph_from_spec(const struct model_spec *spec, struct graph **ret, char *err, size_t errlen)
 {
-        if (spec->n_embeddings) {
-                snprintf(err, errlen, "model.embeddings: a model with embedding tables is not a graph yet");
-                return -EOPNOTSUPP;
-        }
         if (spec->n_layers == 0) {
                 snprintf(err, errlen, "model.layers: no layers");
                 return -EINVAL;
@@ -122,10 +136,14 @@ int graph_from_spec(const struct model_spec *spec, struct graph **ret, char *err
         struct builder b = { .g = graph_new(), .c = spec->input[0], .h = spec->input[1], .w = spec->input[2] };
         if (!b.g)
                 return -ENOMEM;
-        b.image = !(b.c == 1 && b.h == 1);
+        if (spec->n_embeddings) /* the dense features and the tables' pooled rows, flat */
+                b.c = b.h = 1, b.w = model_spec_dense_input(spec);
+        b.image = image_input(spec);
         struct graph_shape in = b.image ? (struct graph_shape){ 4, { GRAPH_BATCH, b.c, b.h, b.w } }
                                         : (struct graph_shape){ 2, { GRAPH_BATCH, b.w } };
         int r = b.cur = graph_add_tensor(b.g, "input", GT_INPUT, GDT_F32, &in, NULL);
+        if (r >= 0 && spec->n_embeddings) /* the sparse front turns the input's gradient into the rows' */
+                b.g->tensors[r].want_grad = true;
         uint32_t n_dense = 0, n_conv = 0;
         for (uint32_t i = 0; i < spec->n_layers && r >= 0; i++)
                 r = layer(&b, &spec->layers[i], i, i + 1 == spec->n_layers, &n_dense, &n_conv);

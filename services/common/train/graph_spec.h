@@ -6,7 +6,9 @@
  * the same floats — and "conv<i>/bias" (filters); maxpool2d: MaxPool, window = stride, partial windows
  * dropped; relu, tanh, sigmoid, flatten: their ops. The input is "input", (batch, N) for a flat input
  * and (batch, C, H, W) for an image; the output "logits" is the last layer's, before the head (the graph's
- * loss output).
+ * loss output). With embedding tables the input is flat, (batch, model_spec_dense_input): the dense
+ * features followed by the tables' pooled rows, as model.c reads it; it is marked want_grad, since the
+ * sparse front turns its gradient into the rows' (the lookups themselves are not in the graph).
  * Parameters start at zero (copy model.c's, or initialize them). */
 #pragma once
 #include <stddef.h>
@@ -14,6 +16,5 @@
 #include "graph.h"
 #include "model_spec.h"
 
-/* Returns 0 and a finalized graph in *ret (graph_free), or -EOPNOTSUPP for a spec with embedding tables
- * (not yet), -EINVAL / -ENOMEM with one line in err. */
+/* Returns 0 and a finalized graph in *ret (graph_free), or -EINVAL / -ENOMEM with one line in err. */
 int graph_from_spec(const struct model_spec *spec, struct graph **ret, char *err, size_t errlen);

@@ -71,6 +71,8 @@ struct model {
          * and the head, on a host-memory backend; layers are none. */
         struct graph_exec *gx;
         const struct graph *g;
+        struct graph *own_g;     /* a layer list's graph (graph_from_spec), owned: g points at it; the
+                                  * layers keep their shapes (describe, initial values), not their buffers */
         int32_t *tensor_var;     /* (g->n_tensors) the variable a parameter tensor is, -1 for the others */
         uint32_t n_feeds;
         struct model_feed feeds[MODEL_MAX_FEEDS];
@@ -90,6 +92,12 @@ struct hooks {
  * binds the exec to the blocks with graph_exec_use_blocks once they do, and when they move); its forward from the
  * model's flat input to the output the head reads; its backward from dy, the head's gradient. */
 int model_graph_plan(struct model *m, const struct model_spec *spec);
+/* A layer list on the graph engine (after plan() laid out its layers and variables): -EINVAL where
+ * graph_from_spec refuses the list. */
+int model_graph_plan_layers(struct model *m, const struct model_spec *spec);
+/* A layer list's graph with its input's gradient on (model_set_input_grad): the exec again, its row
+ * blocks as they were, bound to the model's blocks. */
+int model_graph_want_input_grad(struct model *m);
 int model_graph_forward(struct model *m, const float *x, uint32_t B, const struct hooks *h, float **out);
 int model_graph_backward(struct model *m, const float *dy, const struct hooks *h);
 void model_graph_free(struct model *m);

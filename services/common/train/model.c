@@ -9,7 +9,12 @@
  * variable's transfer with compute. Every path runs the same arithmetic for the same blocks, whichever
  * hooks are passed: forward is y = sum_b x[:, rows_b] @ W[rows_b, :] (one gemm per block, K = block
  * rows, accumulating with beta = 1 after the first), backward dW[rows_b, :] = x[:, rows_b]^T @ dy per
- * block. An unblocked kernel is one block covering all rows: exactly the single-gemm code. */
+ * block. An unblocked kernel is one block covering all rows: exactly the single-gemm code.
+ *
+ * That layer code (model_pass.c) runs a layer list on device backends. On a host-memory backend the list
+ * runs on the graph engine (model_graph.c, the list compiled by graph_from_spec): plan() still lays out
+ * the layers' shapes and variables, which the initial values and model_describe read, but the graph owns
+ * the activations; model_new_engine(MODEL_ENGINE_LAYERS) keeps the layer code for tests and benchmarks. */
 #include "model.h"
 
 #include <assert.h>
@@ -41,6 +46,11 @@ int model_find_var(const struct model *m, const char *name)
                 if (strcmp(m->vars[i].name, name) == 0)
                         return (int)i;
         return -ENOENT;
+}
+
+bool model_runs_graph(const struct model *m)
+{
+        return m->gx != NULL;
 }
 
 size_t model_n_params(const struct model *m)
@@ -91,7 +101,7 @@ float *model_grads(struct model *m)
 
 /* Shapes, variables and buffer plan; no allocation. The variables (and the checks on the spec) come
  * from model_spec_vars(), the one derivation psd's layout uses too; this adds each layer's shapes. */
-static int plan(struct model *m, const struct model_spec *spec)
+static int plan(struct model *m, const struct model_spec *spec, enum model_engine engine)
 {
         struct model_spec_var sv[MODEL_MAX_VARS];
         int nv = model_spec_vars(spec, sv, &m->n_params);
@@ -157,7 +167,7 @@ static int plan(struct model *m, const struct model_spec *spec)
                 L->out_n = (uint32_t)(c * h * w);
         }
         m->classes = m->layers[m->n_layers - 1].out_n;
-        return 0;
+        return engine == MODEL_ENGINE_AUTO && m->host ? model_graph_plan_layers(m, spec) : 0;
 }
 
 /* The parameter and gradient blocks cross the bus every step: page-locked, where the backend can,
@@ -181,7 +191,13 @@ static void host_blocks_unpin(struct model *m)
 
 int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_batch, struct model **ret)
 {
-        if (!spec || !be || max_batch == 0)
+        return model_new_engine(spec, be, max_batch, MODEL_ENGINE_AUTO, ret);
+}
+
+int model_new_engine(const struct model_spec *spec, struct backend *be, uint32_t max_batch, enum model_engine engine,
+                     struct model **ret)
+{
+        if (!spec || !be || max_batch == 0 || engine > MODEL_ENGINE_LAYERS)
                 return -EINVAL;
         struct model *m = calloc(1, sizeof(*m));
         if (!m)
@@ -189,7 +205,7 @@ int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_ba
         m->be = be;
         m->host = backend_host_memory(be);
         m->max_batch = max_batch;
-        int r = plan(m, spec);
+        int r = plan(m, spec, engine);
         if (r < 0)
                 goto fail;
         const struct backend_ops *op = be->ops;
@@ -200,8 +216,9 @@ int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_ba
         }
 
         r = -ENOMEM;
-        size_t max_n = m->in_n, col_floats = 0;
-        for (uint32_t i = 0; i < m->n_layers; i++) {
+        /* the gradient buffers hold the head's gradient and the input's too */
+        size_t max_n = m->in_n > m->classes ? m->in_n : m->classes, col_floats = 0;
+        for (uint32_t i = 0; !m->gx && i < m->n_layers; i++) { /* the graph has buffers of its own */
                 struct layer *L = &m->layers[i];
                 max_n = L->out_n > max_n ? L->out_n : max_n;
                 if (L->spec.type == LAYER_CONV2D) {
@@ -317,7 +334,7 @@ int model_set_var_blocks(struct model *m, uint32_t var, uint32_t n_blocks, const
         if (var >= m->n_vars || n_blocks == 0)
                 return -EINVAL;
         const struct model_var *v = &m->vars[var];
-        if (!m->gx) { /* a dense layer's kernel */
+        if (!m->gx || m->own_g) { /* a dense layer's kernel */
                 const struct layer *L = &m->layers[v->layer];
                 if (L->spec.type != LAYER_DENSE || var != L->first_var)
                         return -EOPNOTSUPP;
@@ -368,7 +385,7 @@ static const struct layer *next_real_layer(const struct model *m, uint32_t i)
 int model_init_params(struct model *m, uint64_t seed)
 {
         float *p = m->params_host;
-        if (m->gx) { /* the graph's initializers' values */
+        if (m->gx && !m->own_g) { /* the graph's initializers' values */
                 model_graph_init_params(m, seed);
                 return model_params_sync(m);
         }
@@ -433,7 +450,7 @@ static const char *const layer_type_names[] = {
 
 void model_describe(const struct model *m, FILE *f)
 {
-        if (m->gx)
+        if (m->gx && !m->own_g)
                 model_graph_describe(m, f);
         else
                 fprintf(f, "input (%u, %u, %u)\n", m->layers[0].c, m->layers[0].h, m->layers[0].w);

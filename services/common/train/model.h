@@ -44,6 +44,14 @@ typedef int (*model_layer_cb)(void *ud, uint32_t first_var, uint32_t n_vars);
  * doesn't make sense (with no detail: config validation owns the messages), -EOPNOTSUPP for a head
  * whose ops the backend lacks (the CUDA backend has softmax only), -ENOMEM. */
 int model_new(const struct model_spec *spec, struct backend *be, uint32_t max_batch, struct model **ret);
+/* Which engine runs a layer list. AUTO: on a host-memory backend the graph engine (graph.h), the list
+ * compiled by graph_from_spec, the same variables, initial values and arithmetic; on a device backend
+ * the layer code of model_pass.c. LAYERS: the layer code everywhere (the reference the graph is held to in
+ * tests and benchmarks). A graph model (model.onnx) always runs on the graph engine. */
+enum model_engine { MODEL_ENGINE_AUTO, MODEL_ENGINE_LAYERS };
+int model_new_engine(const struct model_spec *spec, struct backend *be, uint32_t max_batch, enum model_engine engine,
+                     struct model **ret);
+bool model_runs_graph(const struct model *m); /* the graph engine runs its passes */
 struct model *model_free(struct model *m); /* NULL-safe; returns NULL */
 
 uint32_t model_n_vars(const struct model *m);
@@ -130,19 +138,22 @@ uint32_t model_var_blocks(const struct model *m, uint32_t var, const uint32_t **
 typedef int (*model_block_cb)(void *ud, uint32_t var, uint32_t block);
 
 /* As model_forward_hooked, but before (nullable) is called right before each block of each variable
- * is first read, and exactly once per (var, block). Dense: kernel blocks in order, each just before
- * its gemm (on a device backend, the block is uploaded when before returns, so earlier blocks'
- * gemms are already queued), then the bias just before it is added. Conv2d: kernel, then bias, then
- * the layer. */
+ * is first read, and exactly once per (var, block), a variable's blocks in order. The layer code:
+ * dense kernel blocks in order, each just before its gemm (on a device backend, the block is uploaded
+ * when before returns, so earlier blocks' gemms are already queued), then the bias just before it is
+ * added; conv2d: kernel, then bias, then the layer. The graph engine (model_runs_graph): each variable
+ * before the first node that reads it, in the node's input order, so a dense bias (the Gemm's C) before
+ * its kernel's blocks. */
 int model_forward_blocks(struct model *m, const float *x, const uint8_t *labels, uint32_t B,
                          float *loss_ret, uint32_t *correct_ret, model_block_cb before, void *ud);
 /* The same with float labels (model_forward_f). */
 int model_forward_f_blocks(struct model *m, const float *x, const float *y, uint32_t B, float *loss_ret,
                            uint32_t *correct_ret, model_block_cb before, void *ud);
 /* As model_backward, but after (nullable) is called as soon as each (var, block)'s gradient is final
- * (downloaded to the host block first on a device backend), exactly once each. Layers last to first;
- * inside a layer the bias FIRST, then the kernel blocks in order (dense: the input gradient first,
- * then each block right after its gemm, before the next block's gemm). When after() runs for a
+ * (downloaded to the host block first on a device backend), exactly once each, a variable's blocks in
+ * order. Layers last to first; in the layer code, inside a layer the bias FIRST, then the kernel blocks
+ * in order (dense: the input gradient first, then each block right after its gemm, before the next
+ * block's gemm); on the graph engine a dense bias after its kernel's blocks. When after() runs for a
  * variable's block, the pass reads that variable's parameters no more: the callback may overwrite
  * them (with fresh values from a ps, say) and the rest of the pass is unchanged. */
 int model_backward_blocks(struct model *m, model_block_cb after, void *ud);

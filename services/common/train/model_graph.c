@@ -19,8 +19,26 @@
 #include <string.h>
 
 #include "graph.h"
+#include "graph_spec.h"
 #include "model-internal.h"
 #include "rng.h"
+
+/* The variables' tensors and the exec, for m->g and m->feeds. */
+static int bind_graph(struct model *m)
+{
+        const struct graph *g = m->g;
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < m->n_feeds; i++)
+                total += m->feeds[i].count;
+        if (total != m->in_n || m->classes == 0)
+                return -EINVAL;
+        if (!(m->tensor_var = malloc(sizeof(int32_t) * (g->n_tensors ? g->n_tensors : 1))))
+                return -ENOMEM;
+        for (uint32_t t = 0, v = 0; t < g->n_tensors; t++)
+                m->tensor_var[t] = g->tensors[t].kind == GT_PARAM && v < m->n_vars ? (int32_t)v++ : -1;
+        char err[256];
+        return graph_exec_new_on(g, m->max_batch, m->be, &m->gx, err, sizeof(err));
+}
 
 int model_graph_plan(struct model *m, const struct model_spec *spec)
 {
@@ -37,17 +55,52 @@ int model_graph_plan(struct model *m, const struct model_spec *spec)
         memcpy(m->feeds, spec->feeds, sizeof(m->feeds[0]) * spec->n_feeds);
         m->seed = spec->seed;
         m->init = spec->init;
-        uint64_t total = 0;
-        for (uint32_t i = 0; i < m->n_feeds; i++)
-                total += m->feeds[i].count;
-        if (total != m->in_n || m->classes == 0)
-                return -EINVAL;
-        if (!(m->tensor_var = malloc(sizeof(int32_t) * (g->n_tensors ? g->n_tensors : 1))))
-                return -ENOMEM;
-        for (uint32_t t = 0, v = 0; t < g->n_tensors; t++)
-                m->tensor_var[t] = g->tensors[t].kind == GT_PARAM && v < m->n_vars ? (int32_t)v++ : -1;
+        return bind_graph(m);
+}
+
+int model_graph_plan_layers(struct model *m, const struct model_spec *spec)
+{
         char err[256];
-        return graph_exec_new_on(g, m->max_batch, m->be, &m->gx, err, sizeof(err));
+        int r = graph_from_spec(spec, &m->own_g, err, sizeof(err));
+        if (r < 0)
+                return r == -ENOMEM ? r : -EINVAL;
+        const struct graph *g = m->g = m->own_g;
+        if (g->n_params != m->n_params ||
+            graph_shape_count(&g->tensors[g->loss].shape, 1) != m->classes)
+                return -EINVAL; /* not the list plan() laid out */
+        m->n_feeds = 1;
+        m->feeds[0] = (struct model_feed){ .kind = spec->n_embeddings ? FEED_TABLE : FEED_DATA,
+                                           .tensor = graph_find(g, "input"), .count = m->in_n };
+        m->seed = spec->seed;
+        return bind_graph(m);
+}
+
+int model_graph_want_input_grad(struct model *m)
+{
+        struct graph_tensor *in = &m->own_g->tensors[m->feeds[0].tensor];
+        if (in->want_grad)
+                return 0;
+        in->want_grad = true;
+        char err[256];
+        struct graph_exec *x = NULL;
+        int r = graph_exec_new_on(m->g, m->max_batch, m->be, &x, err, sizeof(err));
+        if (r == 0) { /* use_blocks keeps the exec's values: the model's are the ones to keep (host memory) */
+                memcpy(graph_exec_params(x), m->params, sizeof(float) * m->n_params);
+                r = graph_exec_use_blocks(x, m->params, m->grads);
+        }
+        for (uint32_t t = 0; r == 0 && t < m->g->n_tensors; t++) {
+                int32_t v = m->tensor_var[t];
+                if (v >= 0 && m->n_blocks[v] > 1)
+                        r = graph_exec_set_blocks(x, (int32_t)t, m->n_blocks[v], m->rb[v]);
+        }
+        if (r < 0) { /* as it was */
+                in->want_grad = false;
+                graph_exec_free(x);
+                return r;
+        }
+        graph_exec_free(m->gx);
+        m->gx = x;
+        return 0;
 }
 
 void model_graph_free(struct model *m)
@@ -55,6 +108,8 @@ void model_graph_free(struct model *m)
         m->gx = graph_exec_free(m->gx);
         free(m->tensor_var);
         m->tensor_var = NULL;
+        graph_free(m->own_g);
+        m->own_g = NULL;
 }
 
 int model_graph_set_blocks(struct model *m, uint32_t var, uint32_t n_blocks, const uint32_t *row_begin)

@@ -189,7 +189,7 @@ static int forward(struct model *m, const float *x, const uint8_t *labels, const
         float *in = (float *)m->input;
         if (m->gx && (r = model_graph_forward(m, x, B, h, &in)) != 0)
                 return r;
-        for (uint32_t i = 0; i < m->n_layers; i++) {
+        for (uint32_t i = 0; !m->gx && i < m->n_layers; i++) {
                 struct layer *L = &m->layers[i];
                 float *out = L->alias_input ? in : L->buf;
                 size_t n = (size_t)B * L->out_n;
@@ -293,6 +293,9 @@ int model_set_input_grad(struct model *m, bool on)
 {
         if (on && !m->host && !m->dx_host && !(m->dx_host = malloc(sizeof(float) * m->max_batch * m->in_n)))
                 return -ENOMEM;
+        int r;
+        if (on && m->own_g && (r = model_graph_want_input_grad(m)) < 0)
+                return r;
         m->want_dx = on;
         return 0;
 }
