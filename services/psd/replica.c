@@ -171,11 +171,13 @@ static void header_init(struct replica *r, Psfleet__V1__ReplicateHeader *h, Psfl
         h->epoch = atomic_load(&r->epoch);
 }
 
+/* The gradients are not zeroed: every caller writes all of them (a dense push's are up to a megabyte). */
 int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **ret) {
-        struct replica_update *u = calloc(1, sizeof(*u) + (n_parts + 1) * sizeof(struct shard_part *) +
-                                                     floats * sizeof(float));
+        size_t head = sizeof(struct replica_update) + (n_parts + 1) * sizeof(struct shard_part *);
+        struct replica_update *u = malloc(head + floats * sizeof(float));
         if (!u)
                 return -ENOMEM;
+        memset(u, 0, head);
         u->n = n_parts;
         u->floats = floats;
         u->parts = (struct shard_part **)(u + 1);
