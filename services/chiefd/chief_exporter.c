@@ -163,8 +163,10 @@ out:
 
 /* An export's exit status (chief_export.h) as the call's status. */
 static grpc_status_code export_status(int r) {
-        return r == 1 ? GRPC_STATUS_RESOURCE_EXHAUSTED : r == EXPORT_EX_IOERR ? GRPC_STATUS_INTERNAL
-                                                                              : GRPC_STATUS_FAILED_PRECONDITION;
+        return r == 1                  ? GRPC_STATUS_RESOURCE_EXHAUSTED
+               : r == EXPORT_EX_IOERR  ? GRPC_STATUS_INTERNAL
+               : r == CONFIG_EX_CONFIG ? GRPC_STATUS_INVALID_ARGUMENT /* the model: as offline, 78 */
+                                       : GRPC_STATUS_FAILED_PRECONDITION;
 }
 
 /* The lines of an export's messages as one: "a; b". */

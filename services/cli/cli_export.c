@@ -69,7 +69,7 @@ static void export_help(FILE *f) {
                    "lacks the model's variables or tables (or a link of its chain does), --since not before the\n"
                    "step exported, a delta that does not apply to FULL_DIR,\n"
                    "74 the output cannot be written, 78 a bad job file or a model that cannot be exported;\n"
-                   "with --via-chief the chief's refusal is 65 as offline, and 1 the chief not reached.\n",
+                   "with --via-chief the chief's refusal is 65 or 78 as offline, and 1 the chief not reached.\n",
                 CLI_CHIEF_STATE_ROOT);
 }
 

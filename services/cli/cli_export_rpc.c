@@ -16,6 +16,7 @@
 #define M_EXPORT "/psfleet.v1.Supervisor/Export"
 #define EX_DATAERR 65
 #define EX_IOERR 74
+#define EX_CONFIG 78
 
 static void print_reply(const Psfleet__V1__ExportReply *rep, bool json) {
         if (json) {
@@ -68,10 +69,11 @@ int export_via_chief(const char *address, const char *job, const struct export_a
                         protobuf_c_message_free_unpacked(m, NULL);
                         ret = 0;
                 } else {
-                        /* the chief's own refusal (no such checkpoint, one that does not verify): 65, as
-                         * offline; its disk: 74; the chief not reached, or not allowed: 1 */
+                        /* the chief's own refusal, as offline: no such checkpoint, one that does not verify
+                         * 65; a model that cannot be exported (a delta without tables) 78; its disk 74; the
+                         * chief not reached, or not allowed: 1 */
                         cli_error("export: %s%s", r == -EAGAIN || r == -ETIMEDOUT ? "cannot reach the chief: " : "", err);
-                        ret = r == -EPERM ? EX_DATAERR : r == -EIO ? EX_IOERR : 1;
+                        ret = r == -EPERM ? EX_DATAERR : r == -EINVAL ? EX_CONFIG : r == -EIO ? EX_IOERR : 1;
                 }
                 rpc_channel_free(ch);
         }

@@ -8,7 +8,8 @@ DONE. Then, as admin:
   mtime); three at once (the exports serialized) all answer one directory, written once;
 - step 0 exports the newest checkpoint;
 - a step without a checkpoint: FAILED_PRECONDITION naming it, nothing left in exports/;
-- `psfleet export --via-chief --json` prints the chief's reply; a bad step exits 65 naming it.
+- `psfleet export --via-chief --json` prints the chief's reply; a bad step exits 65 naming it; a delta of
+  this model (no tables) 78, as offline.
 As worker-0 (the worker's own certificate): PERMISSION_DENIED.
 Then a CTR job (examples/ctr-widedeep.json's model, increments chained to one full checkpoint): the
 chief's whole export of an incremental step (every table outside) and its delta between two steps are
@@ -141,7 +142,10 @@ def test():
     assert p.returncode == 65 and "123457" in p.stderr, (p.returncode, p.stderr)
     p = psfleet("export", "--job", path, "--via-chief", "--out", off)
     assert p.returncode == 2, (p.returncode, p.stderr)
-    h.log("psfleet export --via-chief: the chief's reply as JSON; a bad step 65")
+    # a delta of a model without tables is the model's fault: 78, as offline
+    p = psfleet("export", "--job", path, "--via-chief", "--since", "100")
+    assert p.returncode == 78 and "no embedding table" in p.stderr, (p.returncode, p.stderr)
+    h.log("psfleet export --via-chief: the chief's reply as JSON; a bad step 65; a delta without tables 78")
 
     chief.kill()
     assert chief.wait(30) == 0, chief.stderr()[-3000:]
