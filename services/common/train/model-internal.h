@@ -67,8 +67,8 @@ struct model {
         const float *input;      /* this pass's input (device) */
         uint32_t B;              /* batch of the last forward; 0: none */
 
-        /* A graph model (spec->graph, model_graph.c): the graph engine runs the passes between the input
-         * and the head, on a host-memory backend; layers are none. */
+        /* The graph engine (model_graph.c) runs the passes between the input and the head: a graph model's
+         * (spec->graph; layers are none), or on a host-memory backend a layer list's (own_g). */
         struct graph_exec *gx;
         const struct graph *g;
         struct graph *own_g;     /* a layer list's graph (graph_from_spec), owned: g points at it; the

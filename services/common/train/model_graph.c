@@ -69,8 +69,8 @@ int model_graph_plan_layers(struct model *m, const struct model_spec *spec)
             graph_shape_count(&g->tensors[g->loss].shape, 1) != m->classes)
                 return -EINVAL; /* not the list plan() laid out */
         m->n_feeds = 1;
-        m->feeds[0] = (struct model_feed){ .kind = spec->n_embeddings ? FEED_TABLE : FEED_DATA,
-                                           .tensor = graph_find(g, "input"), .count = m->in_n };
+        /* one feed, the whole flat input (with tables, the pooled rows too: graph_spec.h) */
+        m->feeds[0] = (struct model_feed){ .kind = FEED_DATA, .tensor = graph_find(g, "input"), .count = m->in_n };
         m->seed = spec->seed;
         return bind_graph(m);
 }
