@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "agg.h"
+#include "answers.h"
 #include "daemon.h"
 #include "job.h"
 #include "metrics.h"
@@ -39,6 +40,7 @@ struct psd {
         struct agg *agg;         /* training.mode sync: the step's gradients and held pushes; else NULL */
         struct ssp *ssp;         /* training.mode ssp, shard 0: the workers' clocks and held answers; else NULL */
         struct replica *rep;     /* ps.replicas 2: this psd's place in its shard (replica.h); else NULL */
+        struct psd_answers *answers;   /* the workers' copies for int8 answers (answers.h) */
         /* ps.replicas 2, training.mode sync: the update agg_push's step applied (psd_sync_applied), under
          * the write that pushed it */
         bool sync_applied;

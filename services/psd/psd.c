@@ -292,6 +292,13 @@ static int psd_build(struct psd *p) {
                 return log_error_errno(r, "cannot set up the workers' clocks");
         if ((r = replica_new(p, &p->rep)) < 0)
                 return log_error_errno(r, "cannot set up the replica");
+        size_t *parts_n = calloc(p->s->n_parts + 1, sizeof(size_t));
+        for (uint32_t i = 0; parts_n && i < p->s->n_parts; i++)
+                parts_n[i] = p->s->parts[i].a.n;
+        r = parts_n ? psd_answers_new(p->cfg->cluster.n_worker, p->s->n_parts, parts_n, &p->answers) : -ENOMEM;
+        free(parts_n);
+        if (r < 0)
+                return log_error_errno(r, "cannot set up the workers' answers");
         if (p->rep && p->agg)   /* a step's pushes are let go once the backup holds its update */
                 agg_defer(p->agg, psd_sync_applied, p);
         psd_metrics(p);
@@ -307,6 +314,7 @@ static void psd_done(struct psd *p) {
         p->rep = replica_free(p->rep);   /* after the server: no write can come any more */
         p->attach = shmlink_server_free(p->attach);   /* closes the descriptors still pending, removes the socket */
         sparse_tables_free(p);
+        p->answers = psd_answers_free(p->answers);   /* after the server and the replica: no answer is built */
         shard_free(p->s);
         job_layout_free(p->L);
         if (p->stop_fd >= 0)

@@ -255,7 +255,7 @@ struct grpc_push {
         struct shard_part **parts;   /* (n_tensors) each tensor's part */
         size_t total;                /* floats of them all */
         float scale;                 /* 1, or the clip's */
-        uint32_t *dtypes;            /* (n_tensors) each one's answer: float32 if pushed so, else bfloat16 */
+        uint32_t *dtypes;            /* (n_tensors) each one's answer (answer_dtypes) */
         struct psd_lent *vals;       /* async, ssp: the fresh values (room for total when wanted) */
         float *grads;                /* sync: the gradients, read out of the slices */
 };
@@ -265,34 +265,113 @@ struct held_call {
         struct psd_held hd;       /* first */
         struct rpc_call *call;
         uint32_t n_values;        /* parts whose values the reply carries: all, or none */
+        uint32_t worker;          /* whose push */
+        uint64_t base;            /* its PushHeader.answer_base */
         uint32_t *dtypes;         /* (n) each one's answer */
         struct shard_part **parts;   /* (n) */
         uint32_t *idx;               /* (n) */
 };
 
+/* An answer's dtype with this bit: the part was pushed compressed and the worker takes int8 changes
+ * (PushHeader.delta_answers): its answer is INT8_DELTA, or FLOAT32 whole, and sets the worker's copy
+ * (answers.h). */
+#define ANSWER_KEEP 0x100u
+
+static size_t answer_bytes(uint32_t dtype, size_t n) {
+        dtype &= ~ANSWER_KEEP;
+        return dtype == WIRE_DTYPE_INT8_DELTA ? wire_int8_size(n) : n * wire_dtype_size(dtype);
+}
+
+/* The indices of the kept parts among parts[0..n) into idx (room for n); returns how many, and in
+ * *delta whether an answer as changes is planned for them. */
+static size_t kept_parts(const struct psd *p, struct shard_part *const *parts, size_t n, const uint32_t *dtypes,
+                         uint32_t *idx, bool *delta) {
+        size_t k = 0;
+        *delta = false;
+        for (size_t i = 0; i < n; i++)
+                if (dtypes[i] & ANSWER_KEEP) {
+                        idx[k++] = (uint32_t)(parts[i] - p->s->parts);
+                        *delta |= (dtypes[i] & ~ANSWER_KEEP) == WIRE_DTYPE_INT8_DELTA;
+                }
+        return k;
+}
+
+/* Each part's answer, from the dtype it was pushed as (dtypes: in, the tensors'; out, the answers'):
+ * float32 for float32; for a compressed part bfloat16, or, when the worker takes int8 changes, a change
+ * on its copy when all of them stand at base, else whole (ANSWER_KEEP both). -ENOMEM. */
+static int answer_dtypes(struct psd *p, uint32_t worker, bool delta_answers, uint64_t base,
+                         struct shard_part *const *parts, size_t n, uint32_t *dtypes) {
+        for (size_t i = 0; i < n; i++) {
+                bool lossy = dtypes[i] == WIRE_DTYPE_INT8_BLOCKS || dtypes[i] == WIRE_DTYPE_TOPK;
+                dtypes[i] = delta_answers && lossy ? ANSWER_KEEP | WIRE_DTYPE_FLOAT32 : compress_answer_dtype(dtypes[i]);
+        }
+        uint32_t *idx = malloc((n + 1) * sizeof(uint32_t));
+        if (!idx)
+                return -ENOMEM;
+        bool planned;
+        size_t k = kept_parts(p, parts, n, dtypes, idx, &planned);
+        if (k && psd_answers_at(p->answers, worker, idx, k, base))
+                for (size_t i = 0; i < n; i++)
+                        if (dtypes[i] & ANSWER_KEEP)
+                                dtypes[i] = ANSWER_KEEP | WIRE_DTYPE_INT8_DELTA;
+        free(idx);
+        return 0;
+}
+
+/* One part's answer into o, its fresh values v lent from vals; a kept part through worker's copy (seq:
+ * the answer's number, 0: the worker has none here), as a change when delta. */
+static int answer_part(struct psd *p, struct wire_out *o, const struct shard_part *part, struct psd_lent *vals,
+                       const float *v, uint32_t dtype, uint32_t worker, uint64_t seq, bool delta) {
+        uint64_t shape[2] = {part->rows, part->cols};
+        uint32_t idx = (uint32_t)(part - p->s->parts);
+        if (seq && (dtype & ANSWER_KEEP) && delta) {
+                size_t nb = wire_int8_size(part->a.n);
+                uint8_t *buf = malloc(nb + 1);
+                if (!buf)
+                        return -ENOMEM;
+                psd_answer_part(p->answers, worker, idx, v, true, seq, buf);   /* its copy is there: at base */
+                return wire_out_tensor(o, part->name, WIRE_DTYPE_INT8_DELTA, shape, 2, part->row_begin, buf, nb, free,
+                                       buf);
+        }
+        if (seq && (dtype & ANSWER_KEEP))
+                psd_answer_part(p->answers, worker, idx, v, false, seq, NULL);   /* -ENOMEM: kept nowhere */
+        if (dtype & ANSWER_KEEP)
+                dtype = WIRE_DTYPE_FLOAT32;   /* whole */
+        atomic_fetch_add(&vals->refs, 1);
+        return wire_out_tensor_f32(o, part->name, dtype, shape, 2, part->row_begin, v, part->a.n, psd_lent_release, vals);
+}
+
 /* Answers a push with global_step gs and vals (owned): the fresh values of parts[0..n) one after the
- * other, lent to gRPC without another copy. */
+ * other, lent to gRPC without another copy, or as int8 changes on worker's copies (base: the push's
+ * answer_base). */
 static void reply_values(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n,
-                         struct psd_lent *vals, uint64_t gs, const uint32_t *dtypes) {
+                         struct psd_lent *vals, uint64_t gs, const uint32_t *dtypes, uint32_t worker, uint64_t base) {
         Psfleet__V1__PushReplyHeader rh = PSFLEET__V1__PUSH_REPLY_HEADER__INIT;
         rh.global_step = gs;
         rh.incarnation = p->incarnation;
-        struct wire_out *o;
+        struct wire_out *o = NULL;
         grpc_byte_buffer *bb;
-        if (wire_out_new(&o) < 0) {
+        uint32_t *idx = malloc((n + 1) * sizeof(uint32_t));
+        if (!idx || wire_out_new(&o) < 0) {
+                free(idx);
                 free(vals);
                 psd_out_of_memory(p, call);
                 return;
         }
+        bool planned, delta = false;
+        size_t k = kept_parts(p, parts, n, dtypes, idx, &planned);
+        uint64_t seq = k ? psd_answer_begin(p->answers, worker, idx, k, base, planned, &delta) : 0;
+        free(idx);
+        rh.answer_seq = seq;
         wire_out_header(o, &rh.base);
         atomic_init(&vals->refs, 1);
-        for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++) {
-                uint64_t shape[2] = {parts[i]->rows, parts[i]->cols};
-                atomic_fetch_add(&vals->refs, 1);
-                wire_out_tensor_f32(o, parts[i]->name, dtypes[i], shape, 2, parts[i]->row_begin, vals->data + at,
-                                    parts[i]->a.n, psd_lent_release, vals);
-        }
-        int r = wire_out_finish(o, &bb);
+        int r = 0;
+        for (size_t i = 0, at = 0; i < n && r >= 0; at += parts[i]->a.n, i++)
+                r = answer_part(p, o, parts[i], vals, vals->data + at, dtypes[i], worker, seq, delta);
+        if (seq)
+                psd_answer_end(p->answers, worker);
+        if (r >= 0)
+                r = wire_out_finish(o, &bb);
         wire_out_free(o);
         psd_lent_release(vals);
         if (r < 0) {
@@ -305,7 +384,7 @@ static void reply_values(struct psd *p, struct rpc_call *call, struct shard_part
 
 /* As reply_values, reading the parts' values now (a held push, answered when let go). */
 static void reply_parts(struct psd *p, struct rpc_call *call, struct shard_part *const *parts, size_t n, uint64_t gs,
-                        const uint32_t *dtypes) {
+                        const uint32_t *dtypes, uint32_t worker, uint64_t base) {
         size_t total = 0;
         for (size_t i = 0; i < n; i++)
                 total += parts[i]->a.n;
@@ -316,7 +395,7 @@ static void reply_parts(struct psd *p, struct rpc_call *call, struct shard_part 
         }
         for (size_t i = 0, at = 0; i < n; at += parts[i]->a.n, i++)
                 shard_read(p->s, (uint32_t)(parts[i] - p->s->parts), 0, vals->data + at);
-        reply_values(p, call, parts, n, vals, gs, dtypes);
+        reply_values(p, call, parts, n, vals, gs, dtypes, worker, base);
 }
 
 /* names, shapes, each part once, and (streamed out of gRPC's slices) all finite, within the norm */
@@ -333,11 +412,15 @@ static int grpc_check(struct psd_push *u, char *err, size_t errlen) {
         if (!(gp->dtypes = calloc(in->n_tensors + 1, sizeof(*gp->dtypes))))
                 return errf(err, errlen, -ENOMEM, "ps:%u: out of memory", p->shard);
         u->bytes = u->bytes_back = 0;
+        for (size_t i = 0; i < in->n_tensors; i++)
+                gp->dtypes[i] = in->tensors[i].dtype;
+        if (answer_dtypes(p, u->worker, gp->h->delta_answers && gp->h->want_values, gp->h->answer_base, gp->parts,
+                          in->n_tensors, gp->dtypes) < 0)
+                return errf(err, errlen, -ENOMEM, "ps:%u: out of memory", p->shard);
         for (size_t i = 0; i < in->n_tensors; i++) {
-                gp->dtypes[i] = compress_answer_dtype(in->tensors[i].dtype);
                 u->bytes += in->tensors[i].nbytes;
                 if (gp->h->want_values)
-                        u->bytes_back += gp->parts[i]->a.n * wire_dtype_size(gp->dtypes[i]);
+                        u->bytes_back += answer_bytes(gp->dtypes[i], gp->parts[i]->a.n);
         }
         u->metric_in = grpc_byte_buffer_length(in->bb);
         if (!p->agg && !(gp->vals = malloc(sizeof(*gp->vals) + (gp->h->want_values ? gp->total : 0) * sizeof(float))))
@@ -364,6 +447,8 @@ static struct psd_held *grpc_hold(struct psd_push *u) {
         if (!hc)
                 return NULL;
         hc->call = gp->call;
+        hc->worker = u->worker;
+        hc->base = gp->h->answer_base;
         hc->parts = (struct shard_part **)(hc + 1);
         hc->idx = (uint32_t *)(hc->parts + n);
         hc->dtypes = hc->idx + n;
@@ -382,10 +467,11 @@ static void grpc_drop(struct psd_held *hd) {
 }
 
 /* reply: the fresh values, lent without another copy (float32 for float32 gradients, bfloat16 for any
- * other: compress_answer_dtype) */
+ * other: compress_answer_dtype), or int8 changes (answer_dtypes) */
 static void grpc_reply(struct psd_push *u, uint64_t gs) {
         struct grpc_push *gp = (struct grpc_push *)u;
-        reply_values(gp->p, gp->call, gp->parts, gp->h->want_values ? gp->q.in->n_tensors : 0, gp->vals, gs, gp->dtypes);
+        reply_values(gp->p, gp->call, gp->parts, gp->h->want_values ? gp->q.in->n_tensors : 0, gp->vals, gs, gp->dtypes,
+                     u->worker, gp->h->answer_base);
         gp->vals = NULL;
 }
 
@@ -396,7 +482,7 @@ static void grpc_fail(struct psd_push *u, int r, const char *msg) {
 static void grpc_answer(struct psd_held *hd, int status, uint64_t gs, const char *msg) {
         struct held_call *hc = (struct held_call *)hd;
         if (status == 0)
-                reply_parts(hd->p, hc->call, hc->parts, hc->n_values, gs, hc->dtypes);
+                reply_parts(hd->p, hc->call, hc->parts, hc->n_values, gs, hc->dtypes, hc->worker, hc->base);
         else
                 rpc_call_fail_errno(hc->call, status, "ps:%u: %s", hd->p->shard, msg);
         free(hc);

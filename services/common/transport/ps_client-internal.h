@@ -35,6 +35,9 @@ struct flight {
         struct wire_in *held;     /* overlap: an earlier push's values, for the next ps_client_take (the
                                    * pushing thread's) */
         uint64_t version;         /* training.mode sync: the step of the group's values (the shard's answers) */
+        uint64_t answer_seq;      /* int8 answers: the answer the group's values stand at (0: none; the pushing
+                                   * thread's) */
+        uint64_t reply_seq;       /* answered: the reply's answer_seq */
         int err;
         char msg[600];
 };

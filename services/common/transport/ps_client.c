@@ -224,6 +224,9 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
                 return r;
         }
         bool with_slots = slots != NULL;
+        /* the pushes' values are replaced: an int8 change needs whole values first */
+        for (uint32_t g = 0; g < pc->n_fl && params == pc->params; g++)
+                pc->fl[g].answer_seq = 0;
         r = ps_client_fan_out(pc, b, "/psfleet.v1.ParameterServer/Pull", false, pull_build, &with_slots, pend);
         if (r >= 0)
                 rpc_batch_wait_all(b);
@@ -364,6 +367,11 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
         h.local_step = local_step;
         h.want_values = true;
         h.count_step = count_step;
+        /* the compressed parts' fresh values as int8 changes to what this group holds (not overlapped:
+         * there a step's values may be taken after the next push's answer came) */
+        enum rpc_compression c = pc->compress[f->g.shard];
+        h.delta_answers = (c == RPC_COMPRESS_INT8 || c == RPC_COMPRESS_TOPK) && !pc->cfg->training.overlap_push;
+        h.answer_base = f->answer_seq;
         struct wire_out *o;
         grpc_byte_buffer *bb;
         int r = wire_out_new(&o);
@@ -392,7 +400,7 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
 /* Checks a push's reply against the layout without copying the values: *in_ret holds them until
  * ps_client_wait copies them in. */
 static int push_reply(struct ps_client *pc, struct rpc_result *res, struct wire_in **in_ret, uint64_t *global_step_ret,
-                      char *err, size_t errlen) {
+                      uint64_t *seq_ret, char *err, size_t errlen) {
         if (res->err)
                 return errf(err, errlen, res->err, "%s", res->message);
         struct wire_in *in;
@@ -408,6 +416,7 @@ static int push_reply(struct ps_client *pc, struct rpc_result *res, struct wire_
                 return errf(err, errlen, r, "Push reply: header does not parse");
         }
         *global_step_ret = ((Psfleet__V1__PushReplyHeader *)hm)->global_step;
+        *seq_ret = ((Psfleet__V1__PushReplyHeader *)hm)->answer_seq;
         protobuf_c_message_free_unpacked(hm, NULL);
         for (size_t i = 0; i < in->n_tensors && r >= 0; i++) {
                 r = wire_tensor_copy_in(&in->tensors[i], pc->L, NULL, NULL, e2, sizeof(e2));
@@ -449,12 +458,13 @@ static void *receiver_main(void *arg) {
                         continue;
                 struct flight *f = rpc_pending_userdata(p);
                 struct wire_in *in = NULL;
-                uint64_t gs = 0;
+                uint64_t gs = 0, seq = 0;
                 char err[sizeof(f->msg)];
-                int r = push_reply(pc, rpc_pending_result(p), &in, &gs, err, sizeof(err));
+                int r = push_reply(pc, rpc_pending_result(p), &in, &gs, &seq, err, sizeof(err));
                 rpc_batch_release(pc->batch, p);
                 pthread_mutex_lock(&pc->mu);
                 f->reply = in;
+                f->reply_seq = seq;
                 if (r < 0)
                         snprintf(f->msg, sizeof(f->msg), "%s", err);
                 answered(pc, f, r, gs);
@@ -627,6 +637,7 @@ void ps_client_push(struct ps_client *pc, uint32_t g, uint64_t local_step, bool 
         f->t0 = mono_us();
         pthread_mutex_unlock(&pc->mu);
         if (link) {
+                f->answer_seq = 0;   /* psd writes the values in place: no copy of its own follows them */
                 f->seq = shmlink_push(pc->link, g, f->g.shard, local_step, count_step);
                 return;
         }
@@ -670,11 +681,13 @@ static int link_settle(struct ps_client *pc, uint32_t g, char *err, size_t errle
 
 /* Waits for flight g's gRPC push (if one is in flight) and takes its reply: 0 with the values in
  * *in_ret (NULL when none), or its failure with why in err. */
-static int grpc_settle(struct ps_client *pc, struct flight *f, struct wire_in **in_ret, char *err, size_t errlen) {
+static int grpc_settle(struct ps_client *pc, struct flight *f, struct wire_in **in_ret, uint64_t *seq_ret, char *err,
+                       size_t errlen) {
         pthread_mutex_lock(&pc->mu);
         while (f->via == VIA_GRPC && !f->answered)
                 pthread_cond_wait(&pc->cond, &pc->mu);   /* bounded: every push has a deadline */
         *in_ret = f->reply;
+        *seq_ret = f->reply_seq;
         int r = f->via == VIA_NONE ? 0 : f->err;
         if (r < 0)
                 errf(err, errlen, r, "%s", f->msg);
@@ -697,7 +710,8 @@ static int settle(struct ps_client *pc, uint32_t g, bool hold, char *err, size_t
         if (f->via == VIA_LINK)
                 return link_settle(pc, g, err, errlen);
         struct wire_in *in;
-        int r = grpc_settle(pc, f, &in, err, errlen);
+        uint64_t seq;
+        int r = grpc_settle(pc, f, &in, &seq, err, errlen);
         if (hold) {
                 if (in) {
                         wire_in_free(f->held);   /* never taken: newer values replace it */
@@ -710,7 +724,9 @@ static int settle(struct ps_client *pc, uint32_t g, bool hold, char *err, size_t
                 f->held = wire_in_free(f->held);
         copy_in(pc, f->held);
         f->held = NULL;
-        copy_in(pc, in);
+        copy_in(pc, in);   /* int8 changes are added to the values answer_seq named */
+        if (in || r < 0)
+                f->answer_seq = r < 0 ? 0 : seq;
         return r;
 }
 

@@ -341,7 +341,7 @@ static int check_packed(const struct wire_tensor *t, uint64_t el, const char *nm
         struct wire_reader rd;
         uint64_t blocks = el / WIRE_BLOCK + (el % WIRE_BLOCK != 0);
         wire_reader_init(&rd, t);
-        if (t->dtype == WIRE_DTYPE_INT8_BLOCKS) {
+        if (t->dtype == WIRE_DTYPE_INT8_BLOCKS || t->dtype == WIRE_DTYPE_INT8_DELTA) {
                 if (el > SIZE_MAX / 2 || wire_int8_size(el) != t->nbytes)
                         return fail(err, errlen, "tensor \"%s\": %zu data bytes do not match shape (%llu elements "
                                     "as int8 blocks: %zu bytes)", nm, t->nbytes, (unsigned long long)el,
@@ -456,7 +456,8 @@ static int parse_tensor(struct cur *c, size_t end, struct wire_tensor *t, char *
         if (c->pos != end)
                 return fail(err, errlen, "tensor: fields overrun the tensor's length");
         const char *nm = t->name ? t->name : "";
-        bool packed = t->dtype == WIRE_DTYPE_INT8_BLOCKS || t->dtype == WIRE_DTYPE_TOPK;
+        bool packed = t->dtype == WIRE_DTYPE_INT8_BLOCKS || t->dtype == WIRE_DTYPE_TOPK ||
+                      t->dtype == WIRE_DTYPE_INT8_DELTA;
         size_t es = wire_dtype_size(t->dtype);
         if (!es && !packed)
                 return fail(err, errlen, "tensor \"%s\": unknown dtype %u", nm, t->dtype);
@@ -621,7 +622,7 @@ static void reader_next_block(struct wire_reader *r) {
         uint64_t left = t->elements - r->done;
         uint32_t len = left < WIRE_BLOCK ? (uint32_t)left : WIRE_BLOCK;
         uint8_t buf[2 + WIRE_BLOCK * WIRE_TOPK_ENTRY];
-        if (t->dtype == WIRE_DTYPE_INT8_BLOCKS) {
+        if (t->dtype == WIRE_DTYPE_INT8_BLOCKS || t->dtype == WIRE_DTYPE_INT8_DELTA) {
                 wire_reader_read(r, buf, 4 + len);
                 wire_int8_decode(r->blk, buf, len);
         } else {
@@ -656,7 +657,8 @@ static void read_packed(struct wire_reader *r, float *dst, size_t n) {
 }
 
 void wire_reader_read_f32(struct wire_reader *r, float *dst, size_t n) {
-        if (r->t->dtype == WIRE_DTYPE_INT8_BLOCKS || r->t->dtype == WIRE_DTYPE_TOPK) {
+        if (r->t->dtype == WIRE_DTYPE_INT8_BLOCKS || r->t->dtype == WIRE_DTYPE_TOPK ||
+            r->t->dtype == WIRE_DTYPE_INT8_DELTA) {
                 read_packed(r, dst, n);
                 return;
         }
@@ -675,7 +677,8 @@ void wire_reader_read_f32(struct wire_reader *r, float *dst, size_t n) {
 }
 
 void wire_tensor_copy_f32(const struct wire_tensor *t, float *dst) {
-        if (t->dtype != WIRE_DTYPE_BFLOAT16 && t->dtype != WIRE_DTYPE_INT8_BLOCKS && t->dtype != WIRE_DTYPE_TOPK) {
+        if (t->dtype != WIRE_DTYPE_BFLOAT16 && t->dtype != WIRE_DTYPE_INT8_BLOCKS && t->dtype != WIRE_DTYPE_TOPK &&
+            t->dtype != WIRE_DTYPE_INT8_DELTA) {
                 wire_tensor_copy(t, dst);
                 return;
         }
@@ -759,9 +762,10 @@ int wire_tensor_copy_in(const struct wire_tensor *t, const struct job_layout *L,
         if (v < 0)
                 return errf(err, errlen, -EINVAL, "tensor \"%s\": no such variable", t->name ? t->name : "");
         const struct job_var *jv = &L->vars[v];
-        if (t->dtype != WIRE_DTYPE_FLOAT32 && t->dtype != WIRE_DTYPE_BFLOAT16)
-                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 or bfloat16", t->name,
-                            t->dtype);
+        if (t->dtype != WIRE_DTYPE_FLOAT32 && t->dtype != WIRE_DTYPE_BFLOAT16 &&
+            (t->dtype != WIRE_DTYPE_INT8_DELTA || slot >= 0))
+                return errf(err, errlen, -EINVAL, "tensor \"%s\": dtype %u, expected float32 or bfloat16%s", t->name,
+                            t->dtype, slot < 0 ? " or int8 changes" : "");
         if (t->ndims != 2 || t->shape[1] != jv->cols || t->row_offset >= jv->rows ||
             t->shape[0] > jv->rows - t->row_offset || t->shape[0] == 0)
                 return errf(err, errlen, -EINVAL,
@@ -772,6 +776,18 @@ int wire_tensor_copy_in(const struct wire_tensor *t, const struct job_layout *L,
         float *block = slot < 0 ? params : (slots ? slots[slot] : NULL);
         if (!block)
                 return 0;   /* slots not wanted */
-        wire_tensor_copy_f32(t, block + jv->offset + t->row_offset * jv->cols);
+        float *dst = block + jv->offset + t->row_offset * jv->cols;
+        if (t->dtype != WIRE_DTYPE_INT8_DELTA) {
+                wire_tensor_copy_f32(t, dst);
+                return 0;
+        }
+        struct wire_reader rd;
+        float y[WIRE_BLOCK];
+        wire_reader_init(&rd, t);
+        for (size_t at = 0; at < t->elements; at += WIRE_BLOCK) {
+                size_t k = t->elements - at < WIRE_BLOCK ? t->elements - at : WIRE_BLOCK;
+                wire_reader_read_f32(&rd, y, k);
+                wire_f32_add(dst + at, y, k);
+        }
         return 0;
 }

@@ -24,10 +24,12 @@
  *                x = q * scale (q in -127..127): wire_int8_size(n) bytes in all;
  *   TOPK:        per block a uint16 count c (<= the block's length), then c entries, each a uint8 index
  *                into the block (strictly increasing) and a float32 value; the values not sent are 0.
+ *   INT8_DELTA:  as INT8_BLOCKS, the change to add to the values the receiver holds (only in a Push's
+ *                answer: wire_int8_delta_encode).
  * All fields little-endian. */
 enum wire_dtype {
         WIRE_DTYPE_FLOAT32 = 1, WIRE_DTYPE_INT64 = 2, WIRE_DTYPE_BFLOAT16 = 3, WIRE_DTYPE_INT8_BLOCKS = 4,
-        WIRE_DTYPE_TOPK = 5,
+        WIRE_DTYPE_TOPK = 5, WIRE_DTYPE_INT8_DELTA = 6,
 };
 #define WIRE_BLOCK 256
 #define WIRE_TOPK_ENTRY 5   /* bytes of one TOPK entry: index, value */
@@ -139,7 +141,8 @@ void wire_reader_read_f32(struct wire_reader *r, float *dst, size_t n);
 void wire_tensor_copy_f32(const struct wire_tensor *t, float *dst);
 
 /* A received tensor named "<var>" or "<var>/<slot>" at rows [row_offset, row_offset + shape[0]) is
- * checked against the job's layout (job.h) and copied into params (or slots[s]; NULL: checked only).
+ * checked against the job's layout (job.h) and copied into params (or slots[s]; NULL: checked only);
+ * an INT8_DELTA is added to them.
  * -EINVAL with a message naming the tensor for any mismatch. */
 struct job_layout;
 int wire_tensor_copy_in(const struct wire_tensor *t, const struct job_layout *L, float *params, float *const *slots,
@@ -158,6 +161,13 @@ size_t wire_int8_size(size_t n);
  * scale and zeros, so that a receiver refuses it as it refuses a non-finite float32 gradient. */
 void wire_int8_encode(uint8_t *dst, const float *src, size_t n);
 void wire_int8_decode(float *dst, const uint8_t *src, size_t n);
+/* The change from *copy to v as INT8_DELTA into dst (wire_int8_size(n) bytes), and *copy moved by what
+ * the receiver will add: wire_f32_add of the decoded change, as wire_tensor_copy_in adds it. So while
+ * *copy starts equal to the receiver's values, it stays equal to the bit, and what the int8 dropped
+ * goes out with the next change. */
+void wire_int8_delta_encode(uint8_t *dst, const float *v, float *copy, size_t n);
+/* dst += y, value by value (the one addition both ends of an INT8_DELTA make). */
+void wire_f32_add(float *dst, const float *y, size_t n);
 
 /* Most bytes of n values as TOPK with at most k entries per block. */
 size_t wire_topk_max_size(size_t n, unsigned k);

@@ -161,6 +161,72 @@ void wire_int8_decode(float *dst, const uint8_t *src, size_t n) {
         }
 }
 
+void wire_f32_add(float *dst, const float *y, size_t n) {
+        size_t i = 0;
+#ifdef __SSE2__
+        for (; i + 8 <= n; i += 8) {
+                _mm_storeu_ps(dst + i, _mm_add_ps(_mm_loadu_ps(dst + i), _mm_loadu_ps(y + i)));
+                _mm_storeu_ps(dst + i + 4, _mm_add_ps(_mm_loadu_ps(dst + i + 4), _mm_loadu_ps(y + i + 4)));
+        }
+#endif
+        for (; i < n; i++)
+                dst[i] = dst[i] + y[i];
+}
+
+/* d = v - c for a block, and its largest magnitude (NaN and Inf: *finite false) */
+static float block_sub_absmax(float *d, const float *v, const float *c, size_t len, bool *finite) {
+        size_t i = 0;
+#ifdef __SSE2__
+        for (; i + 4 <= len; i += 4)
+                _mm_storeu_ps(d + i, _mm_sub_ps(_mm_loadu_ps(v + i), _mm_loadu_ps(c + i)));
+#endif
+        for (; i < len; i++)
+                d[i] = v[i] - c[i];
+        return block_absmax(d, len, finite);
+}
+
+void wire_int8_delta_encode(uint8_t *dst, const float *v, float *copy, size_t n) {
+        for (size_t b = 0; b < n; b += WIRE_BLOCK) {
+                size_t len = n - b < WIRE_BLOCK ? n - b : WIRE_BLOCK, i = 0;
+                float d[WIRE_BLOCK], *c = copy + b;
+                bool finite;
+                float max = block_sub_absmax(d, v + b, c, len, &finite);
+                if (!finite || !(max > 0)) {
+                        /* nothing changed, or a NaN the receiver will refuse: as wire_int8_encode writes it */
+                        wire_int8_encode(dst, d, len);
+                        wire_int8_decode(d, dst, len);
+                        wire_f32_add(c, d, len);
+                        dst += wire_int8_size(len);
+                        continue;
+                }
+                /* as wire_int8_encode, and each value as wire_int8_decode gives it back, added to the copy */
+                float scale = max / 127.0f, inv = 127.0f / max;
+                put_f32(dst, scale);
+                uint8_t *q = dst + 4;
+#ifdef __SSE2__
+                const __m128 vinv = _mm_set1_ps(inv), vs = _mm_set1_ps(scale);
+                for (; i + 16 <= len; i += 16) {
+                        __m128i q0 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(d + i), vinv));
+                        __m128i q1 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(d + i + 4), vinv));
+                        __m128i q2 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(d + i + 8), vinv));
+                        __m128i q3 = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(d + i + 12), vinv));
+                        _mm_storeu_si128((__m128i *)(void *)(q + i),
+                                         _mm_packs_epi16(_mm_packs_epi32(q0, q1), _mm_packs_epi32(q2, q3)));
+                        _mm_storeu_ps(c + i, _mm_add_ps(_mm_loadu_ps(c + i), _mm_mul_ps(_mm_cvtepi32_ps(q0), vs)));
+                        _mm_storeu_ps(c + i + 4, _mm_add_ps(_mm_loadu_ps(c + i + 4), _mm_mul_ps(_mm_cvtepi32_ps(q1), vs)));
+                        _mm_storeu_ps(c + i + 8, _mm_add_ps(_mm_loadu_ps(c + i + 8), _mm_mul_ps(_mm_cvtepi32_ps(q2), vs)));
+                        _mm_storeu_ps(c + i + 12, _mm_add_ps(_mm_loadu_ps(c + i + 12), _mm_mul_ps(_mm_cvtepi32_ps(q3), vs)));
+                }
+#endif
+                for (; i < len; i++) {
+                        int8_t k = (int8_t)nearbyintf(d[i] * inv);
+                        q[i] = (uint8_t)k;
+                        c[i] = c[i] + (float)k * scale;
+                }
+                dst += 4 + len;
+        }
+}
+
 size_t wire_topk_max_size(size_t n, unsigned k) {
         size_t full = n / WIRE_BLOCK, rest = n % WIRE_BLOCK;
         size_t per = k < WIRE_BLOCK ? k : WIRE_BLOCK, last = k < rest ? k : rest;
