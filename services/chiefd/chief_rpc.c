@@ -168,8 +168,11 @@ static void h_report(struct chief *c, struct rpc_call *call, const ProtobufCMess
         rep.stop = chief_state_workers_stop(&c->st.js, c->st.stop_requested, c->st.global_step, c->cfg->training.max_steps);
         rep.max_steps = c->cfg->training.max_steps;
         pthread_mutex_unlock(&c->st.lock);
-        if (admit > 0)
-                chief_wake(c);   /* the main loop fails the job */
+        /* the main loop fails the job; or, a worker done, looks at global_step now rather than at its next
+         * poll (up to supervisor's 250 ms later), so that the job's end, and its examples/s, are when
+         * training ended */
+        if (admit > 0 || wi->finished)
+                chief_wake(c);
 
         struct chief_db_progress p = {t, q->worker, q->local_step, q->global_step, q->loss, q->examples_per_s,
                                       q->examples, st};

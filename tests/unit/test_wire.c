@@ -1,5 +1,6 @@
 /* Tensor encoding: our zero-copy writer and slice-walking reader against protobuf-c's own packer. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -531,14 +532,28 @@ static void test_packed_malformed(void **state) {
         assert_non_null(strstr(err, "do not match shape"));
         assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 301, 1, enc, n8, NULL, err, sizeof(err)), -EBADMSG);
         assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 1ull << 62, 1, enc, n8, NULL, err, sizeof(err)), -EBADMSG);
-        float bad[] = {NAN, INFINITY, -1.0f};
-        for (size_t i = 0; i < 3; i++) {
+        /* and a scale whose values could overflow (127 of it past float's largest): psd's check skips
+         * reading int8 blocks for finiteness, so the parse must hold every value finite */
+        float bad[] = {NAN, INFINITY, -1.0f, 3e38f / 100};
+        const char *why[] = {"not finite", "not finite", "negative", "too large (its values would overflow)"};
+        for (size_t i = 0; i < 4; i++) {
                 uint8_t copy[2000];
                 memcpy(copy, enc, n8);
                 memcpy(copy + 260, &bad[i], 4);   /* block 1's scale */
                 assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 300, 1, copy, n8, NULL, err, sizeof(err)), -EBADMSG);
                 assert_non_null(strstr(err, "block 1's int8 scale is"));
+                assert_non_null(strstr(err, why[i]));
         }
+        float ok = FLT_MAX / 128;   /* the largest an encoder sends is max|x| / 127 of a finite x */
+        uint8_t copy[2000];
+        memcpy(copy, enc, n8);
+        memcpy(copy + 260, &ok, 4);
+        assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 300, 1, copy, n8, NULL, err, sizeof(err)), 0);
+        float big = FLT_MAX / 2;   /* and what it sends for a huge gradient (within 127/128 of float's largest
+                                    * it would be refused: its -128 could overflow) */
+        uint8_t one[8];
+        wire_int8_encode(one, &big, 1);
+        assert_int_equal(parse_raw(WIRE_DTYPE_INT8_BLOCKS, 1, 1, one, 5, NULL, err, sizeof(err)), 0);
 
         size_t m = wire_topk_encode(enc, x, 300, 4);   /* 2 + 20 + 2 + 20 */
         assert_int_equal(parse_raw(WIRE_DTYPE_TOPK, 300, 1, enc, m, NULL, err, sizeof(err)), 0);

@@ -351,9 +351,11 @@ static int check_packed(const struct wire_tensor *t, uint64_t el, const char *nm
                         uint64_t len = el - b * WIRE_BLOCK < WIRE_BLOCK ? el - b * WIRE_BLOCK : WIRE_BLOCK;
                         wire_reader_read(&rd, sc, 4);
                         float f = get_f32(sc);
-                        if (!isfinite(f) || f < 0)
+                        /* within max|x| / 127 of any finite x: every value it decodes to is finite */
+                        if (!isfinite(f * 128.0f) || f < 0)
                                 return fail(err, errlen, "tensor \"%s\": block %llu's int8 scale is %s", nm,
-                                            (unsigned long long)b, isfinite(f) ? "negative" : "not finite");
+                                            (unsigned long long)b, isfinite(f * 128.0f) ? "negative" : !isfinite(f) ?
+                                            "not finite" : "too large (its values would overflow)");
                         reader_skip(&rd, len);
                 }
                 return 0;
@@ -616,15 +618,16 @@ int wire_in_header(const struct wire_in *in, const ProtobufCMessageDescriptor *d
         return 0;
 }
 
-/* The next block of a compressed tensor, decoded into r->blk. */
-static void reader_next_block(struct wire_reader *r) {
+/* The next block of a compressed tensor decoded into out (r->blk: kept as the current block; else
+ * taken whole by the caller); returns its length. */
+static uint32_t reader_next_block(struct wire_reader *r, float *out) {
         const struct wire_tensor *t = r->t;
         uint64_t left = t->elements - r->done;
         uint32_t len = left < WIRE_BLOCK ? (uint32_t)left : WIRE_BLOCK;
         uint8_t buf[2 + WIRE_BLOCK * WIRE_TOPK_ENTRY];
         if (t->dtype == WIRE_DTYPE_INT8_BLOCKS || t->dtype == WIRE_DTYPE_INT8_DELTA) {
                 wire_reader_read(r, buf, 4 + len);
-                wire_int8_decode(r->blk, buf, len);
+                wire_int8_decode(out, buf, len);
         } else {
                 wire_reader_read(r, buf, 2);
                 uint32_t c = get_u16(buf);
@@ -632,11 +635,12 @@ static void reader_next_block(struct wire_reader *r) {
                 wire_reader_read(r, buf + 2, (size_t)c * WIRE_TOPK_ENTRY);
                 buf[0] = (uint8_t)c;
                 buf[1] = (uint8_t)(c >> 8);
-                wire_topk_decode(r->blk, buf, len);
+                wire_topk_decode(out, buf, len);
         }
-        r->blk_len = len;
+        r->blk_len = out == r->blk ? len : 0;
         r->blk_pos = 0;
         r->done += len;
+        return len;
 }
 
 static void read_packed(struct wire_reader *r, float *dst, size_t n) {
@@ -646,7 +650,15 @@ static void read_packed(struct wire_reader *r, float *dst, size_t n) {
                                 memset(dst, 0, n * sizeof(float));   /* past the end: the caller's bug */
                                 return;
                         }
-                        reader_next_block(r);
+                        /* a whole block wanted: decoded where it goes */
+                        uint64_t left = r->t->elements - r->done;
+                        if (n >= WIRE_BLOCK || n >= left) {
+                                uint32_t len = reader_next_block(r, dst);
+                                dst += len;
+                                n -= len;
+                                continue;
+                        }
+                        reader_next_block(r, r->blk);
                 }
                 size_t k = r->blk_len - r->blk_pos < n ? r->blk_len - r->blk_pos : n;
                 memcpy(dst, r->blk + r->blk_pos, k * sizeof(float));
