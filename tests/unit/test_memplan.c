@@ -95,6 +95,48 @@ static void test_dense_and_tables(void **state)
         done(&f);
 }
 
+/* int8 answers (rpc.compression int8 or topk, or auto under TLS) keep a copy per worker of the parts
+ * whose variable is compressed (at least rpc.compression_min_bytes): counted in the buffers */
+static void test_answer_copies(void **state)
+{
+        (void)state;
+        const char *emb = "{\"name\": \"a\", \"dim\": 16, \"max_rows\": 200000}";
+        const char *keys[] = {"\"split_bytes\": 262144}, \"rpc\": {\"compression\": \"none\"",
+                              "\"split_bytes\": 262144}, \"rpc\": {\"compression\": \"int8\"",
+                              "\"split_bytes\": 262144}, \"rpc\": {\"compression\": \"int8\"",
+                              "\"split_bytes\": 262144}, \"security\": {\"mode\": \"insecure\"",
+                              "\"split_bytes\": 262144"};
+        uint64_t buffers[5], kept[2] = {0, 0};
+        for (int k = 0; k < 5; k++) {
+                char json[2048];
+                snprintf(json, sizeof(json),
+                         "{\"job\": \"plan\", \"cluster\": {\"chief\": [\"localhost:7000\"], \"ps\": [\"localhost:7001\", "
+                         "\"localhost:7002\"], \"worker\": [\"localhost:7003\", \"localhost:7004\"]}, \"data\": "
+                         "{\"format\": \"criteo\", \"train_files\": [\"a.tsv.gz\"]}, \"training\": {\"batch_size\": 100%s}, "
+                         "\"ps\": {%s}, \"model\": {\"input\": [13], \"head\": \"logistic\", \"embeddings\": [%s], "
+                         "\"layers\": [{\"type\": \"dense\", \"units\": 256}, {\"type\": \"relu\"}, "
+                         "{\"type\": \"dense\", \"units\": 1}]}}", k == 2 ? ", \"overlap_push\": true" : "", keys[k], emb);
+                struct fixture f;
+                load(&f, json);
+                struct memplan_ps p;
+                char err[512];
+                assert_int_equal(memplan_ps(f.c, f.L, 0, &p, err, sizeof(err)), 0);
+                buffers[k] = p.buffers;
+                if (k == 0)   /* the parts of ps:0 whose variable holds 4096 bytes or more */
+                        for (uint32_t i = 0; i < f.L->shard_count[0]; i++) {
+                                const struct placement_part *pp = &f.L->plan->parts[f.L->shard_parts[f.L->shard_first[0] + i]];
+                                const struct job_var *v = &f.L->vars[pp->var];
+                                kept[v->rows * v->cols * 4 >= 4096] += (uint64_t)(pp->row_end - pp->row_begin) * v->cols;
+                        }
+                done(&f);
+        }
+        assert_true(kept[1] > 0 && kept[0] > 0);   /* the big kernel is, the small ones are not */
+        assert_int_equal(buffers[1], buffers[0] + 2 * kept[1] * 4);   /* two workers, one copy each */
+        assert_int_equal(buffers[2], buffers[0]);   /* overlapped pushes are answered in bfloat16 */
+        assert_int_equal(buffers[3], buffers[0]);   /* auto over plain TCP on loopback: none */
+        assert_int_equal(buffers[4], buffers[1]);   /* auto under TLS: int8 */
+}
+
 static void test_limit(void **state)
 {
         struct fixture f;
@@ -152,5 +194,6 @@ static void test_disk_tier(void **state)
         done(&f);
 }
 
-UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_dense_and_tables), cmocka_unit_test(test_limit),
+UNIT_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_dense_and_tables), cmocka_unit_test(test_answer_copies),
+               cmocka_unit_test(test_limit),
                cmocka_unit_test(test_disk_tier))

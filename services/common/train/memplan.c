@@ -20,13 +20,25 @@ const char *memplan_rows_name(enum memplan_rows f)
         return (unsigned)f < sizeof(names) / sizeof(names[0]) ? names[f] : "?";
 }
 
+/* Whether the workers' gRPC pushes may go int8 or top-k with answers as int8 changes, for which psd
+ * keeps a copy per worker (psd/answers.c): rpc.compression int8 or topk, or auto but where nothing is
+ * compressed (plain TCP, which security.mode insecure is on loopback); never with training.overlap_push. */
+static bool answers_kept(const struct job_config *cfg)
+{
+        if (cfg->training.overlap_push)
+                return false;
+        return cfg->rpc.compress == RPC_COMPRESS_INT8 || cfg->rpc.compress == RPC_COMPRESS_TOPK ||
+               (cfg->rpc.compress == RPC_COMPRESS_AUTO && cfg->security.mode != SECURITY_INSECURE);
+}
+
 /* The buffers a psd holds besides its variables: per worker, one push and its reply of the shard's
- * dense values in flight (gRPC, or a shared-memory segment's gradients and values) and one sparse
- * exchange per table (a batch's ids, their gradients in, their rows out, and the reply's copy). */
-static uint64_t buffers(const struct job_config *cfg, uint64_t dense_floats)
+ * dense values in flight (gRPC, or a shared-memory segment's gradients and values), the copy of its
+ * compressed parts that int8 answers keep (kept_floats), and one sparse exchange per table (a batch's
+ * ids, their gradients in, their rows out, and the reply's copy). */
+static uint64_t buffers(const struct job_config *cfg, uint64_t dense_floats, uint64_t kept_floats)
 {
         const struct model_spec *m = &cfg->model;
-        uint64_t per_worker = 2 * dense_floats * sizeof(float);
+        uint64_t per_worker = 2 * dense_floats * sizeof(float) + (answers_kept(cfg) ? kept_floats * sizeof(float) : 0);
         for (uint32_t e = 0; e < m->n_embeddings; e++) {
                 uint64_t ids = (uint64_t)cfg->training.batch_size * m->emb[e].n_fields;
                 per_worker += ids * (2 * sizeof(uint64_t) + 3 * (uint64_t)m->emb[e].dim * sizeof(float));
@@ -42,12 +54,17 @@ int memplan_ps(const struct job_config *cfg, const struct job_layout *L, uint32_
         struct memplan_ps p = {.base = MEMPLAN_BASE_BYTES, .n_tables = m->n_embeddings};
         if (shard >= L->n_shards)
                 return errf(err, errlen, -EINVAL, "ps:%u: the job has %u ps shard(s)", shard, L->n_shards);
+        uint64_t kept = 0;   /* of parts whose variable is compressed (rpc.compression_min_bytes) */
         for (uint32_t k = 0; k < L->shard_count[shard]; k++) {
                 const struct placement_part *pp = &L->plan->parts[L->shard_parts[L->shard_first[shard] + k]];
-                p.dense_floats += (uint64_t)(pp->row_end - pp->row_begin) * L->vars[pp->var].cols;
+                const struct job_var *v = &L->vars[pp->var];
+                uint64_t n = (uint64_t)(pp->row_end - pp->row_begin) * v->cols;
+                p.dense_floats += n;
+                if ((uint64_t)v->rows * v->cols * sizeof(float) >= cfg->rpc.compression_min_bytes)
+                        kept += n;
         }
         p.dense_bytes = p.dense_floats * sizeof(float) * (1 + optim_n_slots(cfg->training.optimizer));
-        p.buffers = buffers(cfg, p.dense_floats);
+        p.buffers = buffers(cfg, p.dense_floats, kept);
 
         struct sparse_table_opts o[MODEL_MAX_EMBEDDINGS];
         for (uint32_t e = 0; e < m->n_embeddings; e++) {
