@@ -1,12 +1,12 @@
-/* rpc.compression's answers as int8 changes (PushHeader.delta_answers): psd keeps, per worker, the
- * values it holds of this shard's parts as psd's answers left them, so that an answer needs only the
+/* rpc.compression int8's answers as int8 changes (PushHeader.delta_answers): psd keeps, per worker,
+ * the values it holds of this shard's parts as psd's answers left them, so that an answer needs only the
  * change since, in int8 (wire_int8_delta_encode), and what the int8 drops goes out with the next one.
  *
  * Each answer gets a number (answer_seq) that the worker's next push of the same parts names as its
  * base: when every part's copy stands at that base the answer is a change, otherwise (the first push,
  * an answer lost on the way, a Pull in between, another psd) it is whole, in float32, and the copies
  * start again from it. Numbers start at a random point, so a number from another psd never matches.
- * Memory: one float32 copy of the parts each worker pushes compressed, taken on its first answer. */
+ * Memory: one float32 copy of the parts each worker pushes as int8, taken on its first answer. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

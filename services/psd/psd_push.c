@@ -272,7 +272,7 @@ struct held_call {
         uint32_t *idx;               /* (n) */
 };
 
-/* An answer's dtype with this bit: the part was pushed compressed and the worker takes int8 changes
+/* An answer's dtype with this bit: the part was pushed as int8 and the worker takes int8 changes
  * (PushHeader.delta_answers): its answer is INT8_DELTA, or FLOAT32 whole, and sets the worker's copy
  * (answers.h). */
 #define ANSWER_KEEP 0x100u
@@ -297,14 +297,13 @@ static size_t kept_parts(const struct psd *p, struct shard_part *const *parts, s
 }
 
 /* Each part's answer, from the dtype it was pushed as (dtypes: in, the tensors'; out, the answers'):
- * float32 for float32; for a compressed part bfloat16, or, when the worker takes int8 changes, a change
- * on its copy when all of them stand at base, else whole (ANSWER_KEEP both). -ENOMEM. */
+ * float32 for float32; for a compressed part bfloat16, or, for an int8 one when the worker takes int8
+ * changes, a change on its copy when all of them stand at base, else whole (ANSWER_KEEP both). -ENOMEM. */
 static int answer_dtypes(struct psd *p, uint32_t worker, bool delta_answers, uint64_t base,
                          struct shard_part *const *parts, size_t n, uint32_t *dtypes) {
-        for (size_t i = 0; i < n; i++) {
-                bool lossy = dtypes[i] == WIRE_DTYPE_INT8_BLOCKS || dtypes[i] == WIRE_DTYPE_TOPK;
-                dtypes[i] = delta_answers && lossy ? ANSWER_KEEP | WIRE_DTYPE_FLOAT32 : compress_answer_dtype(dtypes[i]);
-        }
+        for (size_t i = 0; i < n; i++)
+                dtypes[i] = delta_answers && dtypes[i] == WIRE_DTYPE_INT8_BLOCKS ? ANSWER_KEEP | WIRE_DTYPE_FLOAT32
+                                                                                : compress_answer_dtype(dtypes[i]);
         uint32_t *idx = malloc((n + 1) * sizeof(uint32_t));
         if (!idx)
                 return -ENOMEM;

@@ -456,9 +456,10 @@ const struct config_key cfg_keys[] = {
               "loses 1.4: docs/performance.md). int8 and topk keep what they "
               "drop in a per-variable residual on the worker and add it to the next gradient (error "
               "feedback), and apply only to variables of at least rpc.compression_min_bytes; psd answers "
-              "them with int8 changes to the values the worker holds, keeping a copy of them per worker (the "
+              "int8 with int8 changes to the values the worker holds, keeping a copy of them per worker (the "
               "first answer, and any after the worker's values were replaced, whole in float32), so what an "
-              "answer drops goes out with the next; with training.overlap_push in bfloat16. Shared memory, pulls "
+              "answer drops goes out with the next; topk, and int8 with training.overlap_push, in bfloat16. "
+              "Shared memory, pulls "
               "and checkpoints stay float32. Each worker decides for itself.", .check = check_compression),
         K_U64("rpc.compression_min_bytes", rpc.compression_min_bytes, 4096, 0, 1ll << 40,
               "workerd, rpc.compression int8 or topk: variables smaller than this many float32 bytes (biases, "

@@ -20,20 +20,20 @@ const char *memplan_rows_name(enum memplan_rows f)
         return (unsigned)f < sizeof(names) / sizeof(names[0]) ? names[f] : "?";
 }
 
-/* Whether the workers' gRPC pushes may go int8 or top-k with answers as int8 changes, for which psd
- * keeps a copy per worker (psd/answers.c): rpc.compression int8 or topk, or auto but where nothing is
- * compressed (plain TCP, which security.mode insecure is on loopback); never with training.overlap_push. */
+/* Whether the workers' gRPC pushes may go int8 with answers as int8 changes, for which psd keeps a
+ * copy per worker (psd/answers.c): rpc.compression int8, or auto but where nothing is compressed (plain
+ * TCP, which security.mode insecure is on loopback); never with training.overlap_push. */
 static bool answers_kept(const struct job_config *cfg)
 {
         if (cfg->training.overlap_push)
                 return false;
-        return cfg->rpc.compress == RPC_COMPRESS_INT8 || cfg->rpc.compress == RPC_COMPRESS_TOPK ||
+        return cfg->rpc.compress == RPC_COMPRESS_INT8 ||
                (cfg->rpc.compress == RPC_COMPRESS_AUTO && cfg->security.mode != SECURITY_INSECURE);
 }
 
 /* The buffers a psd holds besides its variables: per worker, one push and its reply of the shard's
  * dense values in flight (gRPC, or a shared-memory segment's gradients and values), the copy of its
- * compressed parts that int8 answers keep (kept_floats), and one sparse exchange per table (a batch's
+ * int8 parts that int8 answers keep (kept_floats), and one sparse exchange per table (a batch's
  * ids, their gradients in, their rows out, and the reply's copy). */
 static uint64_t buffers(const struct job_config *cfg, uint64_t dense_floats, uint64_t kept_floats)
 {

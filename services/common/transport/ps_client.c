@@ -367,10 +367,11 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
         h.local_step = local_step;
         h.want_values = true;
         h.count_step = count_step;
-        /* the compressed parts' fresh values as int8 changes to what this group holds (not overlapped:
-         * there a step's values may be taken after the next push's answer came) */
-        enum rpc_compression c = pc->compress[f->g.shard];
-        h.delta_answers = (c == RPC_COMPRESS_INT8 || c == RPC_COMPRESS_TOPK) && !pc->cfg->training.overlap_push;
+        /* int8: the compressed parts' fresh values as int8 changes to what this group holds (not
+         * overlapped: there a step's values may be taken after the next push's answer came; not top-k:
+         * a block's few large changes would hold its many small ones back, which cost two workers 0.6
+         * points of accuracy, docs/performance.md) */
+        h.delta_answers = pc->compress[f->g.shard] == RPC_COMPRESS_INT8 && !pc->cfg->training.overlap_push;
         h.answer_base = f->answer_seq;
         struct wire_out *o;
         grpc_byte_buffer *bb;
