@@ -224,8 +224,9 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
                 return r;
         }
         bool with_slots = slots != NULL;
-        /* the pushes' values are replaced: an int8 change needs whole values first */
-        for (uint32_t g = 0; g < pc->n_fl && params == pc->params; g++)
+        /* a worker's values are replaced (its client pulls nothing else): an int8 change needs whole
+         * values first */
+        for (uint32_t g = 0; g < pc->n_fl; g++)
                 pc->fl[g].answer_seq = 0;
         r = ps_client_fan_out(pc, b, "/psfleet.v1.ParameterServer/Pull", false, pull_build, &with_slots, pend);
         if (r >= 0)
