@@ -1,7 +1,7 @@
 /* ps client, a worker's pushes against a fake ps on loopback: values land in the parameter block when
  * waited for, global_step and the counting pushes in flight, a refused push, a shard that is down,
- * shared memory set up but refused by the shard (the pushes then go through gRPC), and overlapped
- * pushes (hold and take). */
+ * shared memory set up but refused by the shard (the pushes then go through gRPC), overlapped
+ * pushes (hold and take), and int8 changes in an answer that did not ask for them. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -31,6 +31,7 @@ struct fake {
         pthread_mutex_t mu;
         pthread_cond_t cond;
         bool hold;                /* Push handlers wait until it is cleared */
+        bool changes;             /* answer with int8 changes (INT8_DELTA), asked for or not */
         uint64_t global_step;
         struct rpc_server *server[2];   /* shard 0's, and shard 1's when it is up */
 };
@@ -59,13 +60,20 @@ static void h_push(struct rpc_call *c, void *ud) {
                 wire_out_header(o, &rh.base);
                 for (size_t i = 0; i < in->n_tensors; i++) {
                         const struct wire_tensor *t = &in->tensors[i];
-                        float v[64];
+                        float v[64], copy[64] = {0};
+                        uint8_t q[64 + 4];
                         assert_true(t->elements <= 64);
                         wire_tensor_copy(t, v);
                         for (uint64_t k = 0; k < t->elements; k++)
                                 v[k] += 1;
-                        wire_out_tensor_copy(o, t->name, WIRE_DTYPE_FLOAT32, t->shape, t->ndims, t->row_offset, v,
-                                             t->elements * sizeof(float));
+                        if (f->changes) {
+                                wire_int8_delta_encode(q, v, copy, t->elements);
+                                wire_out_tensor_copy(o, t->name, WIRE_DTYPE_INT8_DELTA, t->shape, t->ndims, t->row_offset,
+                                                     q, wire_int8_size(t->elements));
+                        } else {
+                                wire_out_tensor_copy(o, t->name, WIRE_DTYPE_FLOAT32, t->shape, t->ndims, t->row_offset,
+                                                     v, t->elements * sizeof(float));
+                        }
                 }
                 assert_int_equal(wire_out_finish(o, &bb), 0);
                 wire_out_free(o);
@@ -201,6 +209,18 @@ static void test_push_and_wait(void **state) {
         assert_int_equal(ps_client_global_step(x->pc, &counting), 1);
         assert_int_equal(counting, 0);
         assert_int_equal(ps_client_wait(x->pc, 0, err, sizeof(err)), 0);
+
+        /* int8 changes the push did not ask for (float32 pushes: no answer_base): refused, not added to
+         * values they were not made from */
+        x->fake.changes = true;
+        for (size_t i = 0; i < x->L->n_params; i++)
+                params[i] = -1;
+        ps_client_push(x->pc, 0, 2, false);
+        assert_int_equal(ps_client_wait(x->pc, 0, err, sizeof(err)), -EPROTO);
+        assert_non_null(strstr(err, "is int8 changes to values this worker did not offer"));
+        for (size_t i = 0; i < x->L->n_params; i++)
+                assert_true(params[i] == -1);
+        x->fake.changes = false;
         assert_int_equal(ps_client_link(x->pc, 0, 2, x->groups, params, grads, NULL, NULL), -EALREADY);
 }
 

@@ -38,6 +38,7 @@ struct flight {
         uint64_t answer_seq;      /* int8 answers: the answer the group's values stand at (0: none; the pushing
                                    * thread's) */
         uint64_t reply_seq;       /* answered: the reply's answer_seq */
+        uint64_t sent_base;       /* the push in flight's answer_base when it asked for int8 changes, else 0 */
         int err;
         char msg[600];
 };

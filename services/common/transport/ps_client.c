@@ -267,8 +267,10 @@ int ps_client_pull(struct ps_client *pc, float *params, float *const *slots, uin
                         protobuf_c_message_free_unpacked(hm, NULL);
                 }
                 for (size_t i = 0; i < in->n_tensors && r >= 0; i++) {
-                        r = wire_tensor_copy_in(&in->tensors[i], L, params, slots, e2, sizeof(e2));
-                        if (r < 0)
+                        if (in->tensors[i].dtype == WIRE_DTYPE_INT8_DELTA)   /* changes: only a push's answer */
+                                r = errf(err, errlen, -EPROTO, "ps:%u: Pull reply: tensor \"%s\" is int8 changes, "
+                                         "not values", s, in->tensors[i].name);
+                        else if ((r = wire_tensor_copy_in(&in->tensors[i], L, params, slots, e2, sizeof(e2))) < 0)
                                 errf(err, errlen, r, "ps:%u: Pull reply: %s", s, e2);
                 }
                 wire_in_free(in);
@@ -374,6 +376,7 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
          * points of accuracy, docs/performance.md) */
         h.delta_answers = pc->compress[f->g.shard] == RPC_COMPRESS_INT8 && !pc->cfg->training.overlap_push;
         h.answer_base = f->answer_seq;
+        f->sent_base = h.delta_answers ? h.answer_base : 0;
         struct wire_out *o;
         grpc_byte_buffer *bb;
         int r = wire_out_new(&o);
@@ -400,9 +403,10 @@ static int push_start(struct ps_client *pc, struct flight *f, uint64_t local_ste
 }
 
 /* Checks a push's reply against the layout without copying the values: *in_ret holds them until
- * ps_client_wait copies them in. */
-static int push_reply(struct ps_client *pc, struct rpc_result *res, struct wire_in **in_ret, uint64_t *global_step_ret,
-                      uint64_t *seq_ret, char *err, size_t errlen) {
+ * ps_client_wait copies them in. int8 changes only on the values named by base (the push's
+ * answer_base when it asked for changes, else 0: none). */
+static int push_reply(struct ps_client *pc, struct rpc_result *res, uint64_t base, struct wire_in **in_ret,
+                      uint64_t *global_step_ret, uint64_t *seq_ret, char *err, size_t errlen) {
         if (res->err)
                 return errf(err, errlen, res->err, "%s", res->message);
         struct wire_in *in;
@@ -424,6 +428,10 @@ static int push_reply(struct ps_client *pc, struct rpc_result *res, struct wire_
                 r = wire_tensor_copy_in(&in->tensors[i], pc->L, NULL, NULL, e2, sizeof(e2));
                 if (r < 0)
                         errf(err, errlen, r, "Push reply: %s", e2);
+                else if (in->tensors[i].dtype == WIRE_DTYPE_INT8_DELTA && (!base || !*seq_ret))
+                        r = errf(err, errlen, -EPROTO, "Push reply: tensor \"%s\" is int8 changes to values this "
+                                 "worker %s", in->tensors[i].name, base ? "is not told it will hold (answer_seq 0)"
+                                                                        : "did not offer (no answer_base)");
         }
         if (r < 0) {
                 wire_in_free(in);
@@ -462,7 +470,7 @@ static void *receiver_main(void *arg) {
                 struct wire_in *in = NULL;
                 uint64_t gs = 0, seq = 0;
                 char err[sizeof(f->msg)];
-                int r = push_reply(pc, rpc_pending_result(p), &in, &gs, &seq, err, sizeof(err));
+                int r = push_reply(pc, rpc_pending_result(p), f->sent_base, &in, &gs, &seq, err, sizeof(err));
                 rpc_batch_release(pc->batch, p);
                 pthread_mutex_lock(&pc->mu);
                 f->reply = in;
