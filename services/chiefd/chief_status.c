@@ -118,8 +118,9 @@ void chief_add_sample_locked(struct chief_status *s, uint64_t t, uint64_t step) 
 double chief_steps_per_s_locked(const struct chief_status *s) {
         /* After the end: the rate while training, from the first step seen to the end, so that the
          * workers' start-up (loading data) does not count against throughput; wall_s does include it. */
-        if (s->end_mono && s->first_mono && s->end_mono > s->first_mono)
+        if (s->end_mono && s->first_mono && s->end_mono > s->first_mono && s->end_step > s->first_step)
                 return (double)(s->end_step - s->first_step) * 1e6 / (double)(s->end_mono - s->first_mono);
+        /* (a job that ended before the chief first saw it move: from READY, start-up included) */
         if (s->end_mono && s->wall_s > 0)
                 return (double)(s->end_step - s->ready_step) / s->wall_s;
         if (s->n_samples < 2)

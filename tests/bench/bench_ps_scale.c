@@ -110,9 +110,15 @@ static int job_write(struct job *j, uint32_t n_shards, uint32_t n_workers, const
         char *c = strdup_printf("%s], \"worker\": [", cluster);
         free(cluster);
         cluster = c;
-        for (uint32_t w = 0; w < n_workers; w++) {
-                /* never listened on: the simulated workers only call */
-                c = strdup_printf("%s%s\"127.0.0.1:%u\"", cluster, w ? ", " : "", 40000 + w);
+        for (uint32_t w = 0, port = 40000; w < n_workers; w++, port++) {
+                /* never listened on: the simulated workers only call; but distinct from the chief's and
+                 * the shards' free ports, which may fall in the same range */
+                for (uint32_t k = 0; k < 1 + n_shards; k++)
+                        if ((uint32_t)ports[k] == port) {
+                                port++;
+                                k = (uint32_t)-1;   /* again from the first */
+                        }
+                c = strdup_printf("%s%s\"127.0.0.1:%u\"", cluster, w ? ", " : "", port);
                 free(cluster);
                 cluster = c;
         }

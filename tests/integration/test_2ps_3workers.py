@@ -1,5 +1,6 @@
 """psfleet local with 2 ps shards (a variable split across them) and 3 workers finishes, and its one
-JSON line says so."""
+JSON line says so. A job so short that it ends before the chief first sees global_step move still
+reports a rate (from its start), not 0."""
 import harness as h
 
 
@@ -17,6 +18,15 @@ def test():
     assert r["global_step"] >= 400, r
     assert 0.5 < r["test_accuracy"] <= 1, r
     assert r["examples_per_s"] > 0 and r["wall_s"] > 0, r
+
+    # 20 steps end within the chief's first poll of global_step
+    short, _ = h.make_job(wd, n_ps=1, n_workers=1, training={"max_steps": 20}, name="short.json")
+    p = h.psfleet_local(wd, short, ["--ps", "1", "--workers", "2", "--quiet"])
+    rc = p.wait(120)
+    assert rc == 0, "exit %s:\n%s" % (rc, p.stderr())
+    r = h.result_line(p)
+    h.log("a short job's result:", r)
+    assert r["global_step"] >= 20 and r["examples_per_s"] > 0, r
 
     # The plan really splits: psfleet placement shows dense0/kernel in parts on both shards.
     import subprocess
