@@ -1,4 +1,4 @@
-/* Per worker, the values of its compressed parts as psd's answers left them: see answers.h. */
+/* Per worker, the values of its int8 parts as psd's answers left them: see answers.h. */
 #include "answers.h"
 
 #include <errno.h>

@@ -301,9 +301,14 @@ static size_t kept_parts(const struct psd *p, struct shard_part *const *parts, s
  * changes, a change on its copy when all of them stand at base, else whole (ANSWER_KEEP both). -ENOMEM. */
 static int answer_dtypes(struct psd *p, uint32_t worker, bool delta_answers, uint64_t base,
                          struct shard_part *const *parts, size_t n, uint32_t *dtypes) {
-        for (size_t i = 0; i < n; i++)
+        bool any = false;
+        for (size_t i = 0; i < n; i++) {
                 dtypes[i] = delta_answers && dtypes[i] == WIRE_DTYPE_INT8_BLOCKS ? ANSWER_KEEP | WIRE_DTYPE_FLOAT32
                                                                                 : compress_answer_dtype(dtypes[i]);
+                any |= (dtypes[i] & ANSWER_KEEP) != 0;
+        }
+        if (!any)
+                return 0;   /* nothing kept: answered as before */
         uint32_t *idx = malloc((n + 1) * sizeof(uint32_t));
         if (!idx)
                 return -ENOMEM;
@@ -350,15 +355,18 @@ static void reply_values(struct psd *p, struct rpc_call *call, struct shard_part
         rh.incarnation = p->incarnation;
         struct wire_out *o = NULL;
         grpc_byte_buffer *bb;
-        uint32_t *idx = malloc((n + 1) * sizeof(uint32_t));
-        if (!idx || wire_out_new(&o) < 0) {
+        bool kept = false;   /* (no index of kept parts to build when none is, the usual case) */
+        for (size_t i = 0; i < n; i++)
+                kept |= (dtypes[i] & ANSWER_KEEP) != 0;
+        uint32_t *idx = kept ? malloc((n + 1) * sizeof(uint32_t)) : NULL;
+        if ((kept && !idx) || wire_out_new(&o) < 0) {
                 free(idx);
                 free(vals);
                 psd_out_of_memory(p, call);
                 return;
         }
         bool planned, delta = false;
-        size_t k = kept_parts(p, parts, n, dtypes, idx, &planned);
+        size_t k = kept ? kept_parts(p, parts, n, dtypes, idx, &planned) : 0;
         uint64_t seq = k ? psd_answer_begin(p->answers, worker, idx, k, base, planned, &delta) : 0;
         free(idx);
         rh.answer_seq = seq;

@@ -21,8 +21,8 @@ const char *memplan_rows_name(enum memplan_rows f)
 }
 
 /* Whether the workers' gRPC pushes may go int8 with answers as int8 changes, for which psd keeps a
- * copy per worker (psd/answers.c): rpc.compression int8, or auto but where nothing is compressed (plain
- * TCP, which security.mode insecure is on loopback); never with training.overlap_push. */
+ * copy per worker (psd/answers.c): rpc.compression int8, or auto unless security.mode is insecure (auto
+ * compresses nothing over plain TCP on loopback); never with training.overlap_push. */
 static bool answers_kept(const struct job_config *cfg)
 {
         if (cfg->training.overlap_push)
