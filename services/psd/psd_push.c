@@ -495,11 +495,14 @@ static void grpc_answer(struct psd_held *hd, int status, uint64_t gs, const char
         free(hc);
 }
 
-/* the gradients read out of the slices straight into the update */
+/* unscaled: the tensors as they came (an int8 push's update goes to the backup in int8); scaled (a
+ * clipped push): the gradients read out of the slices straight into the update, as applied */
 static struct replica_update *grpc_update(struct psd_push *u) {
         struct grpc_push *gp = (struct grpc_push *)u;
         uint32_t n = (uint32_t)gp->q.in->n_tensors;
         struct replica_update *ru;
+        if (gp->scale == 1.0f)
+                return replica_update_wire(gp->q.in->tensors, n, gp->parts, &ru) < 0 ? NULL : ru;
         if (replica_update_new(n, gp->total, &ru) < 0)
                 return NULL;
         memcpy(replica_update_parts(ru), gp->parts, n * sizeof(*gp->parts));

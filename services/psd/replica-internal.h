@@ -22,6 +22,10 @@ struct replica_update {
         size_t floats;
         struct shard_part **parts;   /* (n) */
         float *grads;                /* (floats) as applied: scaled; parts' one after the other */
+        uint32_t *dtypes;            /* or, an unscaled push: (n) its tensors' wire dtypes, and */
+        size_t *sizes;               /* (n) their bytes as they came, one after the other at raw: the */
+        uint8_t *raw;                /* backup reads them as the primary did (replica_update_wire) */
+        size_t bytes;                /* what grads or raw hold */
         bool sparse;                 /* an embedding table's write instead (sp; n, parts, grads unused) */
         struct replica_sparse sp;
 };
@@ -39,7 +43,8 @@ struct replica {
                                       * or confirmed a drop): writes may be answered without it */
         atomic_uint_fast64_t seq;    /* written under mu: updates applied since the last snapshot */
         atomic_uint_fast64_t acked, lag_us;   /* the last acknowledged update; its batch's round trip */
-        atomic_uint_fast64_t n_calls;   /* the calls that carried the updates since the last snapshot */
+        atomic_uint_fast64_t n_calls;   /* the calls that carried the updates since the last snapshot, */
+        atomic_uint_fast64_t n_bytes, n_values;   /* and the bytes and values of their tensors */
         uint64_t gen;                /* mu: a new one each time the stream of updates ends (a drop, a
                                       * step down): a batch sent before it is none of the new stream's */
         pthread_mutex_t qmu;         /* the queue; taken under mu or alone, never mu under it */

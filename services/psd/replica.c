@@ -182,6 +182,38 @@ int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **
         u->floats = floats;
         u->parts = (struct shard_part **)(u + 1);
         u->grads = (float *)(u->parts + n_parts + 1);
+        u->bytes = floats * sizeof(float);
+        *ret = u;
+        return 0;
+}
+
+int replica_update_wire(const struct wire_tensor *t, uint32_t n, struct shard_part *const *parts,
+                        struct replica_update **ret) {
+        size_t bytes = 0, floats = 0;
+        for (uint32_t k = 0; k < n; k++) {
+                bytes += t[k].nbytes;
+                floats += parts[k]->a.n;
+        }
+        /* the head, then the parts, sizes and dtypes (each array's alignment at least the next's) */
+        size_t head = sizeof(struct replica_update) + (n + 1) * sizeof(struct shard_part *);
+        struct replica_update *u = malloc(head + n * (sizeof(size_t) + sizeof(uint32_t)) + bytes + 1);
+        if (!u)
+                return -ENOMEM;
+        memset(u, 0, sizeof(*u));
+        u->n = n;
+        u->floats = floats;
+        u->bytes = bytes;
+        u->parts = (struct shard_part **)(u + 1);
+        u->sizes = (size_t *)(u->parts + n + 1);
+        u->dtypes = (uint32_t *)(u->sizes + n);
+        u->raw = (uint8_t *)(u->dtypes + n);
+        memcpy(u->parts, parts, n * sizeof(*parts));
+        u->parts[n] = NULL;
+        for (size_t k = 0, at = 0; k < n; at += t[k].nbytes, k++) {
+                u->sizes[k] = t[k].nbytes;
+                u->dtypes[k] = t[k].dtype;
+                wire_tensor_copy(&t[k], u->raw + at);
+        }
         *ret = u;
         return 0;
 }
@@ -303,7 +335,7 @@ static void batch_unref(void *arg) {
 
 /* The bytes an update's gradients, values and ids take in a call. */
 static size_t update_bytes(const struct replica_update *u) {
-        return u->floats * sizeof(float) +
+        return (u->sparse ? u->floats * sizeof(float) : u->bytes) +
                (u->sparse ? (u->sp.n_ids + u->sp.n_ids2) * sizeof(uint64_t) + u->sp.ev_len + u->sp.ev2_len : 0);
 }
 
@@ -404,6 +436,7 @@ static void start_batch(struct replica *r) {
         struct wire_out *o = NULL;
         struct rpc_pending *pd = NULL;
         grpc_byte_buffer *bb;
+        size_t bytes = 0, values = 0;
         int e = -ENOMEM;
         if (b && ups && pups && wire_out_new(&o) == 0) {
                 *b = (struct batch){.list = list, .gen = gen, .t0 = t0};
@@ -418,14 +451,19 @@ static void start_batch(struct replica *r) {
                         ups[i].local_step = u->push.local_step;
                         ups[i].n_tensors = u->n;
                         pups[i] = &ups[i];
+                        bytes += update_bytes(u);
+                        values += u->floats;
                         if (u->sparse)
                                 ups[i].n_tensors = sparse_update_out(r->p, o, &ups[i], &u->sp);
-                        for (uint32_t k = 0, at = 0; !u->sparse && k < u->n; at += (uint32_t)u->parts[k]->a.n, k++) {
+                        for (size_t k = 0, at = 0; !u->sparse && k < u->n; k++) {
                                 const struct shard_part *pt = u->parts[k];
                                 uint64_t shape[2] = {pt->rows, pt->cols};
+                                size_t len = u->raw ? u->sizes[k] : pt->a.n * sizeof(float);
                                 atomic_fetch_add(&b->refs, 1);
-                                wire_out_tensor(o, pt->name, WIRE_DTYPE_FLOAT32, shape, 2, pt->row_begin,
-                                                u->grads + at, pt->a.n * sizeof(float), batch_unref, b);
+                                wire_out_tensor(o, pt->name, u->raw ? u->dtypes[k] : WIRE_DTYPE_FLOAT32, shape, 2,
+                                                pt->row_begin, (u->raw ? u->raw : (uint8_t *)u->grads) + at, len,
+                                                batch_unref, b);
+                                at += len;
                         }
                 }
                 h.n_batch = n;
@@ -438,8 +476,10 @@ static void start_batch(struct replica *r) {
         wire_out_free(o);
         free(pups);
         free(ups);
-        if (e == 0) {
+        if (e == 0) {   /* list may be gone already: its completion is another thread's */
                 atomic_fetch_add(&r->n_calls, 1);
+                atomic_fetch_add(&r->n_bytes, bytes);
+                atomic_fetch_add(&r->n_values, values);
                 return;
         }
         snprintf(why, sizeof(why), "%s", e == -ENOMEM ? "out of memory" : "cannot start the call");
@@ -604,6 +644,8 @@ static void *replica_main(void *arg) {
                                 atomic_store(&r->seq, 0);
                                 atomic_store(&r->acked, 0);
                                 atomic_store(&r->n_calls, 0);
+                                atomic_store(&r->n_bytes, 0);
+                                atomic_store(&r->n_values, 0);
                                 atomic_store(&r->replicating, true);
                                 log_info("ps:%u: backup %s in sync at epoch %" PRIu64 " (state transfer of %zu bytes "
                                          "in %" PRIu64 " ms); every update is forwarded to it from now on",
@@ -640,6 +682,8 @@ void replica_status(struct replica *r, Psfleet__V1__ReplicaStatus *st, char *err
         st->acked = atomic_load(&r->acked);
         st->lag_us = atomic_load(&r->lag_us);
         st->calls = atomic_load(&r->n_calls);
+        st->bytes = atomic_load(&r->n_bytes);
+        st->values = atomic_load(&r->n_values);
         st->fenced_writes = atomic_load(&r->fenced);
         st->dropped = atomic_load(&r->dropped);
         pthread_mutex_lock(&r->err_mu);

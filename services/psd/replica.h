@@ -43,6 +43,12 @@ int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **
 struct shard_part **replica_update_parts(struct replica_update *u);
 float *replica_update_grads(struct replica_update *u);
 struct replica_update *replica_update_free(struct replica_update *u);   /* NULL-safe */
+/* Or, for a push applied unscaled, its n tensors as they came (parts: their parts): the backup reads
+ * the same bytes the same way (an int8 push's update is an int8 update, a quarter of float32's bytes),
+ * so it applies the same floats. 0 or -ENOMEM; owned as above. */
+struct wire_tensor;
+int replica_update_wire(const struct wire_tensor *t, uint32_t n, struct shard_part *const *parts,
+                        struct replica_update **ret);
 
 /* A write to embedding table `table` (its index), as the backup will apply it: an exchange — the
  * gradients of the rows it pushed (vals: n_ids x dim, applied with lr to the rows that exist) and the

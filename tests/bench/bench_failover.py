@@ -10,13 +10,15 @@
 
   --mode sync makes part 1's job training.mode sync; --model ctr makes it examples/ctr-widedeep.json's
   (embedding tables on both shards, gen-data rows; test AUC instead of accuracy). The chaos run is the
-  MLP's, async, whatever these say.
+  MLP's, async, whatever these say. --security default runs part 1 under the default security (mutual
+  TLS with the job's own CA, so gRPC pushes go as int8, as between hosts) instead of insecure.
 
 Prints a table and one JSON line.
 
 Usage: tests/bench/bench_failover.py [--build build] [--steps 3000] [--rounds 2] [--kills 20]
                                      [--chaos-steps 12000] [--tolerance 0.5] [--skip-chaos]
                                      [--mode async|sync] [--model mlp|ctr]
+                                     [--security insecure|default] [--transports shm,grpc]
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
@@ -26,7 +28,7 @@ if "--build" in sys.argv[:-1]:   # the harness finds the daemons through it when
     os.environ["PSFLEET_BUILD_DIR"] = os.path.abspath(sys.argv[sys.argv.index("--build") + 1])
 
 
-def one(h, tr, steps, replicas, transport, mode="async", model="mlp"):
+def one(h, tr, steps, replicas, transport, mode="async", model="mlp", tls=False):
     wd = h.Workdir()
     rpc = {"shared_memory": transport == "shm"}
     base = h.ctr_example(h.ctr_data(wd, 200000, 20000)) if model == "ctr" else None
@@ -39,8 +41,13 @@ def one(h, tr, steps, replicas, transport, mode="async", model="mlp"):
                                            "save_summaries_secs": 0})
         spec["cluster"]["ps_backup"] = []
     j = tr.Job(wd, job, spec)
+    if tls:   # security.auto_dir: the job's CA and the admin's pair are made there at start
+        h.use_tls(os.path.join(wd.path, "tls"), spec)
     t0 = time.monotonic()
     j.start_all()
+    ca = os.path.join(wd.path, "tls", spec["job"], "ca.crt")
+    while tls and not os.path.exists(ca) and time.monotonic() - t0 < 60:   # the first daemon up makes it
+        time.sleep(0.05)
     final = h.wait_state(j.chief_addr, "DONE", 900, j.daemons())
     r = {"replicas": 2 if replicas else 1, "transport": transport, "examples_per_s": round(final.examples_per_s),
          "wall_s": round(time.monotonic() - t0, 1),
@@ -61,23 +68,30 @@ def main():
     ap.add_argument("--mode", choices=("async", "sync"), default="async", help="part 1's training.mode")
     ap.add_argument("--model", choices=("mlp", "ctr"), default="mlp",
                     help="part 1's model: the MLP, or examples/ctr-widedeep.json's (accuracy is then the test AUC)")
+    ap.add_argument("--transports", default="shm,grpc", help="part 1's transports (comma-separated: shm, grpc)")
+    ap.add_argument("--security", choices=("insecure", "default"), default="insecure",
+                    help="part 1's security.mode: insecure (plain TCP; gRPC pushes in float32 on loopback), or the "
+                         "default (auto: mutual TLS with the job's own CA, gRPC pushes int8 as between hosts)")
     a = ap.parse_args()
     import harness as h
     import test_replicas as tr
-    h.plain_rpc()
+    if a.security == "default" and not a.skip_chaos:
+        ap.error("--security default measures the cost only (the chaos run's clients are plain): add --skip-chaos")
+    if a.security == "insecure":
+        h.plain_rpc()
     h.require_built("psd", "workerd", "chiefd")
     rows = []
     for _ in range(a.rounds):
-        for transport in ("shm", "grpc"):
+        for transport in a.transports.split(","):
             for replicas in (False, True):
-                rows.append(one(h, tr, a.steps, replicas, transport, a.mode, a.model))
+                rows.append(one(h, tr, a.steps, replicas, transport, a.mode, a.model, a.security == "default"))
                 h.log(json.dumps(rows[-1]))
     print("%-9s %8s %13s %9s %7s" % ("transport", "replicas", "examples/s", "accuracy", "wall_s"))
     for r in rows:
         print("%-9s %8d %13d %9.4f %7.1f" % (r["transport"], r["replicas"], r["examples_per_s"], r["test_accuracy"],
                                              r["wall_s"]))
     summary = {}
-    for transport in ("shm", "grpc"):
+    for transport in a.transports.split(","):
         for n in (1, 2):
             rs = [r for r in rows if r["transport"] == transport and r["replicas"] == n]
             summary["%s_replicas%d" % (transport, n)] = {

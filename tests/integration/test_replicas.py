@@ -20,8 +20,12 @@
   every table: with a bound, admission or eviction by age, the rows the primary's table made and
   dropped go with each write.
 
+  With --compression C every push goes through gRPC as rpc.compression C has it (int8 blocks, top-k,
+  bfloat16), and the primary forwards each as it came: the backup decodes the same bytes, so the
+  comparisons still hold bit for bit.
+
   test_replicas.py [--kills 3] [--steps 4000] [--seed S] [--checkpoints 3] [--accuracy-of A --tolerance 0.5] [--no-gray]
-                   [--mode async|ssp|sync] [--sparse [--table-keys JSON]]
+                   [--mode async|ssp|sync] [--sparse [--table-keys JSON]] [--compression C]
 """
 import argparse
 import json
@@ -90,6 +94,8 @@ class Job:
         self.addr.update({("backup", i): a for i, a in enumerate(spec["cluster"].get("ps_backup", []))})
         self.chief_addr = spec["cluster"]["chief"][0]
         self.chief_metrics = "127.0.0.1:%d" % h.free_ports(1)[0]
+        self.compression = (spec.get("rpc") or {}).get("compression")
+        self.forwarded = {}   # shard: (values, bytes) forwarded to its backup, as frozen_compare last saw
 
     def start(self, kind, index=None):
         key = (kind, index)
@@ -163,10 +169,19 @@ class Job:
                 rp = sa.replica
                 assert rp.acked == rp.seq, "%s: ps:%d's primary numbered %d updates, its backup acknowledged %d" % (
                     what, s, rp.seq, rp.acked)
+                # what the updates weighed: float32 as applied (4 bytes a value), or as pushed
+                per_value = rp.bytes / rp.values if rp.values else 0
+                if rp.values and not n_tables and not self.compression:
+                    assert rp.bytes == 4 * rp.values, "%s: ps:%d forwarded %d values in %d bytes, not float32" % (
+                        what, s, rp.values, rp.bytes)
+                if rp.values and self.compression == "int8":   # int8 blocks: 1 + 4/256 bytes a value
+                    assert per_value < 1.25, "%s: ps:%d forwarded int8 pushes at %.2f bytes a value" % (
+                        what, s, per_value)
                 h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots%s, global_step %d, epoch %d%s); "
-                      "%d updates since the last transfer in %d Replicate calls"
+                      "%d updates since the last transfer in %d Replicate calls, %d values in %d bytes (%.2f a value)"
                       % (what, s, n.address, n.backup, len(a), rows, ga, n.epoch, ", ssp clocks %s" % ca if ca else "",
-                         rp.seq, rp.calls))
+                         rp.seq, rp.calls, rp.values, rp.bytes, per_value))
+                self.forwarded[s] = (rp.values, rp.bytes)
         finally:
             for w in self.workers():
                 w.kill(signal.SIGCONT)
@@ -293,7 +308,9 @@ def run(opts):
     h.plain_rpc()
     h.require_built("psd", "workerd", "chiefd", "psfleet")
     wd = h.Workdir()
-    job, spec = make_replicated_job(wd, opts.steps, mode=opts.mode, base=h.ctr_example(h.ctr_data(wd, 60000, 10000), table_keys=json.loads(opts.table_keys)) if opts.sparse else None)
+    # --compression: every push through gRPC, compressed; the primary forwards it as it came
+    rpc = {"shared_memory": False, "compression": opts.compression} if opts.compression else None
+    job, spec = make_replicated_job(wd, opts.steps, rpc=rpc, mode=opts.mode, base=h.ctr_example(h.ctr_data(wd, 60000, 10000), table_keys=json.loads(opts.table_keys)) if opts.sparse else None)
     if opts.sparse:
         pre_run(wd, spec)
     j = Job(wd, job, spec)
@@ -410,6 +427,7 @@ def main():
     ap.add_argument("--sparse", action="store_true", help="examples/ctr-widedeep.json's model: embedding tables")
     ap.add_argument("--table-keys", default="{}",
                     help="with --sparse, JSON keys set on every table (a bound, admission, eviction, a disk tier)")
+    ap.add_argument("--compression", help="rpc.compression (int8, topk:R, bf16), every push through gRPC")
     ap.add_argument("--no-gray", dest="gray", action="store_false", help="skip the SIGSTOP of a backup and a primary")
     opts = ap.parse_args()
     h.main(lambda: run(opts))
