@@ -185,6 +185,22 @@ class Job:
         finally:
             for w in self.workers():
                 w.kill(signal.SIGCONT)
+            for w in self.workers():   # running again, or said: a worker left stopped would look like a hang
+                end = time.monotonic() + 2
+                while w.alive() and proc_state(w.p.pid) == "T" and time.monotonic() < end:
+                    time.sleep(0.05)
+                if w.alive() and proc_state(w.p.pid) == "T":
+                    h.log("%s: worker pid %d still stopped 2 s after SIGCONT: sent again" % (what, w.p.pid))
+                    w.kill(signal.SIGCONT)
+
+
+def proc_state(pid):
+    """The one-letter state of a process (/proc/PID/stat), "" when gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def wait_in_sync(j, timeout=60):
