@@ -32,6 +32,7 @@ import json
 import random
 import signal
 import statistics
+import subprocess
 import threading
 import time
 
@@ -203,6 +204,30 @@ def proc_state(pid):
         return ""
 
 
+def top_shows_replicas(j):
+    """`psfleet top --once --json` has, for every shard, its primary, backup and epoch, replicated, and
+    the forwarded updates' bytes and values; the text view a line for each with its bytes a value."""
+    def top(*args):
+        r = subprocess.run([h.BIN["psfleet"], "top", "--once", "--address", j.chief_addr, "--interval-ms", "300"]
+                           + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=h.child_env(), timeout=30)
+        assert r.returncode == 0, "psfleet top: exit %d: %s" % (r.returncode, r.stderr)
+        return r.stdout
+    v = json.loads([l for l in top("--json").splitlines() if l.strip()][0])
+    sh = j.shards()
+    for x in v["shards"]:
+        s = int(x["task"].split(":")[1])
+        rp = x.get("replica")
+        assert rp, "psfleet top shows no replica for %s: %s" % (x["task"], x)
+        assert rp["primary"] == sh[s].address and rp["backup"] == sh[s].backup and rp["epoch"] == sh[s].epoch, (
+            rp, sh[s])
+        assert rp["replicating"] and rp["values"] > 0 and rp["bytes"] > 0, rp
+    lines = [l for l in top().splitlines() if l.startswith("ps:")]
+    h.log("psfleet top:\n" + "\n".join(lines))
+    rows = [l for l in lines if "replicated" in l]
+    assert len(rows) == len(sh), "psfleet top's replica lines: %s" % lines
+
+
 def wait_in_sync(j, timeout=60):
     return h.wait_for("every shard's backup in sync", lambda: (lambda sh: sh is not None and all(
         n.replicated for n in sh.values()) and sh)(j.shards()), timeout, j.daemons())
@@ -351,6 +376,7 @@ def run(opts):
         h.wait_for("global_step 300", lambda: (lambda js: js is not None and js.global_step >= 300)(
             h.rpc_or_none(lambda: h.job_status(j.chief_addr))), 120, j.daemons())
         j.frozen_compare("undisturbed")
+        top_shows_replicas(j)
         # at each of the next checkpoints (every 500 steps): frozen as soon as the chief has recorded it
         for _ in range(opts.checkpoints):
             seen_ckpt = h.job_status(j.chief_addr).checkpoints
