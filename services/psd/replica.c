@@ -171,16 +171,24 @@ static void header_init(struct replica *r, Psfleet__V1__ReplicateHeader *h, Psfl
         h->epoch = atomic_load(&r->epoch);
 }
 
-/* The gradients are not zeroed: every caller writes all of them (a dense push's are up to a megabyte). */
-int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **ret) {
+/* A dense update of n_parts parts with tail bytes after its head and parts (not zeroed: every caller
+ * writes all of them, a dense push's are up to a megabyte). */
+static struct replica_update *update_alloc(uint32_t n_parts, size_t floats, size_t tail) {
         size_t head = sizeof(struct replica_update) + (n_parts + 1) * sizeof(struct shard_part *);
-        struct replica_update *u = malloc(head + floats * sizeof(float));
+        struct replica_update *u = malloc(head + tail);
         if (!u)
-                return -ENOMEM;
+                return NULL;
         memset(u, 0, head);
         u->n = n_parts;
         u->floats = floats;
         u->parts = (struct shard_part **)(u + 1);
+        return u;
+}
+
+int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **ret) {
+        struct replica_update *u = update_alloc(n_parts, floats, floats * sizeof(float));
+        if (!u)
+                return -ENOMEM;
         u->grads = (float *)(u->parts + n_parts + 1);
         u->bytes = floats * sizeof(float);
         *ret = u;
@@ -194,21 +202,15 @@ int replica_update_wire(const struct wire_tensor *t, uint32_t n, struct shard_pa
                 bytes += t[k].nbytes;
                 floats += parts[k]->a.n;
         }
-        /* the head, then the parts, sizes and dtypes (each array's alignment at least the next's) */
-        size_t head = sizeof(struct replica_update) + (n + 1) * sizeof(struct shard_part *);
-        struct replica_update *u = malloc(head + n * (sizeof(size_t) + sizeof(uint32_t)) + bytes + 1);
+        /* after the parts: the sizes, the dtypes, the bytes (each array's alignment at least the next's) */
+        struct replica_update *u = update_alloc(n, floats, n * (sizeof(size_t) + sizeof(uint32_t)) + bytes + 1);
         if (!u)
                 return -ENOMEM;
-        memset(u, 0, sizeof(*u));
-        u->n = n;
-        u->floats = floats;
         u->bytes = bytes;
-        u->parts = (struct shard_part **)(u + 1);
         u->sizes = (size_t *)(u->parts + n + 1);
         u->dtypes = (uint32_t *)(u->sizes + n);
         u->raw = (uint8_t *)(u->dtypes + n);
         memcpy(u->parts, parts, n * sizeof(*parts));
-        u->parts[n] = NULL;
         for (size_t k = 0, at = 0; k < n; at += t[k].nbytes, k++) {
                 u->sizes[k] = t[k].nbytes;
                 u->dtypes[k] = t[k].dtype;

@@ -95,7 +95,6 @@ class Job:
         self.chief_addr = spec["cluster"]["chief"][0]
         self.chief_metrics = "127.0.0.1:%d" % h.free_ports(1)[0]
         self.compression = (spec.get("rpc") or {}).get("compression")
-        self.forwarded = {}   # shard: (values, bytes) forwarded to its backup, as frozen_compare last saw
 
     def start(self, kind, index=None):
         key = (kind, index)
@@ -181,7 +180,6 @@ class Job:
                       "%d updates since the last transfer in %d Replicate calls, %d values in %d bytes (%.2f a value)"
                       % (what, s, n.address, n.backup, len(a), rows, ga, n.epoch, ", ssp clocks %s" % ca if ca else "",
                          rp.seq, rp.calls, rp.values, rp.bytes, per_value))
-                self.forwarded[s] = (rp.values, rp.bytes)
         finally:
             for w in self.workers():
                 w.kill(signal.SIGCONT)
