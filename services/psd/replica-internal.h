@@ -8,6 +8,9 @@
 #include <stdint.h>
 
 #include "replica.h"
+#include "replica_ring.h"
+#include "shmlink.h"
+#include "wire.h"
 
 /* One applied update on its way to the backup: queued in seq order, answered (done) once the backup
  * has acknowledged it or the shard has given it up. */
@@ -57,9 +60,53 @@ struct replica {
         pthread_t thread;
         bool started;
         atomic_bool stop;
+        /* ps.replica_transport auto, a backup on this host (replica_shm.c) */
+        struct shmlink_server *sock; /* this psd's replica socket, where a primary sends its ring */
+        char peer_sock[256];         /* the other psd's */
+        struct ring *out;            /* mu, primary: the ring to the backup (replicating through it) */
+        struct ring *in;             /* mu, backup: the ring from the primary */
+        struct ring *in_pinned;      /* mu: the ring the ring thread sleeps on (freed by it, not under it) */
+        struct ring *in_gone;        /* mu: that ring, detached meanwhile: the ring thread frees it */
+        pthread_t ring_thread;
+        bool ring_started;
+        atomic_bool ring_mode;       /* status: replicating through out */
+        atomic_uint_fast64_t ring_bytes;   /* status: out's bytes not yet applied (the thread's tick) */
 };
 
 /* This psd steps down (mu held): it forgets the updates its shard's new primary never saw and waits,
  * uninitialized, for the primary's state transfer. */
 void replica_step_down(struct replica *r, uint64_t epoch, const char *why);
 const char *replica_role_name(int role);   /* "primary" or "backup" */
+/* The backup is gone or behind (mu held): the shard goes on unreplicated until the thread brings it
+ * back by a state transfer. */
+void replica_drop_backup(struct replica *r, const char *why);
+
+/* One dense update applied as the primary applied it (mu held): its n tensors (checked) onto parts
+ * (idx: their indices in the shard), then the sync step or global_step, the worker's clock, the seq. */
+void replica_apply_dense(struct replica *r, const struct wire_tensor *t, size_t n, struct shard_part *const *parts,
+                         const uint32_t *idx, uint64_t seq, uint64_t gs, bool count_step, uint32_t worker,
+                         uint64_t local_step);
+
+/* ---- replica_shm.c: the ring to a backup on this host (replica_ring.h) ---- */
+
+/* This psd's replica socket, and its peer's path; the backup's ring thread. 0, or -errno (a live psd
+ * of the same name listens there: fatal as an address in use). Without a socket there is no ring. */
+int replica_shm_start(struct replica *r);
+void replica_shm_stop(struct replica *r);   /* after the replica's thread: the rings freed */
+/* Primary, mu held, right after a state transfer: the updates from now on through a ring, when the
+ * backup is on this host. 0 (r->out set); -ENOENT: no socket of the backup's here (another host);
+ * other -errno with why: go on through Replicate calls. */
+int replica_shm_attach(struct replica *r, char *why, size_t len);
+/* Primary, mu held: u's update published in the ring (r->out): 0, and the push may be answered; or
+ * -EAGAIN with err, the backup dropped or this psd stepped down (fenced), and it must not be. */
+int replica_shm_put(struct replica *r, const struct replica_update *u, char *err, size_t errlen);
+/* Primary, mu held: the ring let go (a drop, a step down). */
+void replica_shm_detach(struct replica *r);
+/* Primary, the replica's thread: a backup that stopped applying (its ring's head still for
+ * ps.replica_timeout_ms with updates pending) or is gone is dropped; acked refreshed. */
+void replica_shm_tick(struct replica *r);
+/* Backup, mu held: a Replicate call's ring (h->ring_nonce) taken: 0, or -errno with err. */
+int replica_shm_take(struct replica *r, const Psfleet__V1__ReplicateHeader *h, char *err, size_t errlen);
+/* Backup, mu held: the ring from the primary closed at epoch, so the primary's later writes are
+ * refused; with drain, every update published before is applied first (a promotion). Then let go. */
+void replica_shm_close(struct replica *r, uint64_t epoch, bool drain);

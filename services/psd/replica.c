@@ -104,6 +104,7 @@ static void end_stream(struct replica *r, const char *fmt, ...) {
  * forgets them and waits, uninitialized, for the primary's state transfer. */
 void replica_step_down(struct replica *r, uint64_t epoch, const char *why) {
         atomic_store(&r->role, PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_BACKUP);
+        replica_shm_detach(r);
         if (epoch > atomic_load(&r->epoch))
                 atomic_store(&r->epoch, epoch);
         atomic_store(&r->replicating, false);
@@ -117,9 +118,8 @@ void replica_step_down(struct replica *r, uint64_t epoch, const char *why) {
         set_error(r, "stepped down: %s", why);
 }
 
-/* The backup is gone or behind (mu held): the shard goes on unreplicated until the thread brings it
- * back by a state transfer. */
-static void drop_backup(struct replica *r, const char *why) {
+void replica_drop_backup(struct replica *r, const char *why) {
+        replica_shm_detach(r);
         atomic_store(&r->replicating, false);
         /* until the chief has recorded it, no write is answered: a chief that still took the backup
          * for in sync could otherwise promote it without updates this psd answered */
@@ -282,16 +282,24 @@ int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, 
         if (!atomic_load(&r->replicating))
                 goto out;
         if (!u) {
-                drop_backup(r, "out of memory for the update's copy");
+                replica_drop_backup(r, "out of memory for the update's copy");
                 ret = errf(err, errlen, -ENOMEM, "ps:%u: out of memory", r->p->shard);
                 goto out;
         }
         /* numbered under the lock that applied it: the backup applies in this order */
         u->seq = atomic_load(&r->seq) + 1;
-        atomic_store(&r->seq, u->seq);
         u->gs = gs;
         u->epoch = atomic_load(&r->epoch);
         u->push = *push;
+        if (r->out) {   /* a backup on this host: published in its ring, it holds the update now */
+                if ((ret = replica_shm_put(r, u, err, errlen)) == 0) {
+                        atomic_store(&r->seq, u->seq);
+                        atomic_fetch_add(&r->n_bytes, u->bytes);
+                        atomic_fetch_add(&r->n_values, u->floats);
+                }
+                goto out;
+        }
+        atomic_store(&r->seq, u->seq);
         u->done = done;
         u->ud = ud;
         pthread_mutex_lock(&r->qmu);
@@ -393,7 +401,7 @@ static void complete(struct replica *r, struct batch *b, struct replica_update *
                         if (e == -ESTALE)
                                 replica_step_down(r, epoch, why);
                         else
-                                drop_backup(r, why);
+                                replica_drop_backup(r, why);
                 }
                 pthread_mutex_unlock(&r->mu);
                 /* the backup may not have them: not answered as done (the worker pulls again) */
@@ -624,6 +632,7 @@ static void *replica_main(void *arg) {
                         on_call_done(r, pd);
                         continue;
                 }
+                replica_shm_tick(r);
                 pthread_mutex_lock(&r->qmu);
                 bool in_flight = r->in_flight;
                 pthread_mutex_unlock(&r->qmu);
@@ -643,6 +652,10 @@ static void *replica_main(void *arg) {
                         /* nothing queued or in flight: updates are queued only while replicating */
                         uint64_t t0 = mono_us();
                         if ((e = transfer(r, why, sizeof(why))) == 0) {
+                                int se = r->p->n_tables ? -ENOENT : replica_shm_attach(r, why, sizeof(why));
+                                if (se < 0 && se != -ENOENT)
+                                        log_warning("ps:%u: no shared memory with backup %s, forwarding through "
+                                                    "Replicate calls: %s", r->p->shard, r->peer_addr, why);
                                 atomic_store(&r->seq, 0);
                                 atomic_store(&r->acked, 0);
                                 atomic_store(&r->n_calls, 0);
@@ -650,10 +663,10 @@ static void *replica_main(void *arg) {
                                 atomic_store(&r->n_values, 0);
                                 atomic_store(&r->replicating, true);
                                 log_info("ps:%u: backup %s in sync at epoch %" PRIu64 " (state transfer of %zu bytes "
-                                         "in %" PRIu64 " ms); every update is forwarded to it from now on",
+                                         "in %" PRIu64 " ms); every update is forwarded to it from now on%s",
                                          r->p->shard, r->peer_addr, atomic_load(&r->epoch),
                                          r->p->s->n_floats * (1 + r->p->s->n_slots) * sizeof(float),
-                                         (mono_us() - t0) / 1000);
+                                         (mono_us() - t0) / 1000, r->out ? ", through a ring in shared memory" : "");
                                 set_error(r, "%s", "");
                         } else if (e != -ESTALE) {
                                 set_error(r, "state transfer to %s failed: %s", r->peer_addr, why);
@@ -686,6 +699,8 @@ void replica_status(struct replica *r, Psfleet__V1__ReplicaStatus *st, char *err
         st->calls = atomic_load(&r->n_calls);
         st->bytes = atomic_load(&r->n_bytes);
         st->values = atomic_load(&r->n_values);
+        st->ring = atomic_load(&r->ring_mode);
+        st->ring_bytes = atomic_load(&r->ring_bytes);
         st->fenced_writes = atomic_load(&r->fenced);
         st->dropped = atomic_load(&r->dropped);
         pthread_mutex_lock(&r->err_mu);
@@ -713,7 +728,8 @@ int replica_new(struct psd *p, struct replica **ret) {
         char name[32];
         snprintf(name, sizeof(name), "ps:%u", p->shard);   /* the same task: its certificate names it so */
         int e = rpc_channel_new(r->peer_addr, name, &r->peer);
-        if (e < 0 || (e = rpc_batch_new(&r->calls)) < 0 || (e = -pthread_create(&r->thread, NULL, replica_main, r)) < 0) {
+        if (e < 0 || (e = rpc_batch_new(&r->calls)) < 0 || (e = replica_shm_start(r)) < 0 ||
+            (e = -pthread_create(&r->thread, NULL, replica_main, r)) < 0) {
                 replica_free(r);
                 return e;
         }
@@ -728,6 +744,7 @@ struct replica *replica_free(struct replica *r) {
         atomic_store(&r->stop, true);
         if (r->started)
                 pthread_join(r->thread, NULL);
+        replica_shm_stop(r);
         /* after the server and the links no write can come; one queued as the thread stopped is refused */
         answer(r->head, -ECANCELED, "psd is stopping");
         free_list(r->head);

@@ -18,6 +18,21 @@
 #include "psd-internal.h"
 #include "replica-internal.h"
 
+void replica_apply_dense(struct replica *r, const struct wire_tensor *t, size_t n, struct shard_part *const *parts,
+                         const uint32_t *idx, uint64_t seq, uint64_t gs, bool count_step, uint32_t worker,
+                         uint64_t local_step) {
+        struct shard *s = r->p->s;
+        /* the gradients as the primary applied them (scaled): the same apply, the same bits */
+        shard_tensors_apply(s, t, n, parts, 1.0f, NULL);
+        if (r->p->agg)   /* a sync step: its parts' steps, and global_step with them */
+                agg_replayed(r->p->agg, idx, n);
+        else if (s->index == 0)
+                atomic_store(&s->global_step, gs);
+        if (count_step && r->p->ssp)
+                ssp_note(r->p->ssp, worker, local_step);
+        atomic_store(&r->seq, seq);
+}
+
 /* A snapshot (every part with its slots, the counters) or one update, in order. mu held. */
 static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__ReplicateHeader *h, char *err,
                 size_t errlen) {
@@ -30,6 +45,7 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                 if (r->p->agg && h->n_sync_steps != s->n_parts)
                         return errf(err, errlen, -EINVAL, "snapshot of %zu sync steps, ps:%u (training.mode sync) has "
                                     "%u parts", h->n_sync_steps, r->p->shard, s->n_parts);
+                replica_shm_close(r, h->epoch, false);   /* an older stream's: this state replaces it */
                 if ((e = shard_assign(s, in, true, h->global_step, err, errlen)) < 0)
                         return e;
                 for (uint32_t k = 0; k < s->n_parts; k++) {
@@ -53,6 +69,12 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                         return errf(err, errlen, -EINVAL, "a page of rows before the snapshot");
                 return sparse_replay(r->p, h->batch[0], in, 0, err, errlen);
         }
+        if (h->ring_nonce.len) {   /* from now on the updates come through a ring (replica_shm.c) */
+                if (!atomic_load(&s->initialized))
+                        return errf(err, errlen, -EINVAL, "a ring before the snapshot");
+                return replica_shm_take(r, h, err, errlen);
+        }
+        replica_shm_close(r, h->epoch, false);   /* updates through calls: a ring taken before is unused */
         /* a batch: every update in order after the last, every dense tensor a part; a dense update is
          * checked before any is applied, a table's as it comes (the backup is dropped on an error) */
         if (!atomic_load(&s->initialized))
@@ -98,15 +120,8 @@ static int take(struct replica *r, const struct wire_in *in, const Psfleet__V1__
                         atomic_store(&r->seq, u->seq);
                         continue;
                 }
-                /* the gradients as the primary applied them (scaled): the same apply, the same bits */
-                shard_tensors_apply(s, in->tensors + at, u->n_tensors, parts + at, 1.0f, NULL);
-                if (r->p->agg)   /* a sync step: its parts' steps, and global_step with them */
-                        agg_replayed(r->p->agg, idx + at, u->n_tensors);
-                else if (s->index == 0)
-                        atomic_store(&s->global_step, u->global_step);
-                if (u->count_step && r->p->ssp)
-                        ssp_note(r->p->ssp, u->worker, u->local_step);
-                atomic_store(&r->seq, u->seq);
+                replica_apply_dense(r, in->tensors + at, u->n_tensors, parts + at, idx + at, u->seq, u->global_step,
+                                    u->count_step, u->worker, u->local_step);
         }
         free(idx);
         free(parts);
@@ -192,6 +207,8 @@ void replica_on_set_role(struct rpc_call *call, void *ud) {
         }
         if (was == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY && want != was)
                 replica_step_down(r, q->epoch, "the chief says so");
+        if (want == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY && was != want)
+                replica_shm_close(r, q->epoch, true);   /* every update its primary published, applied first */
         atomic_store(&r->epoch, q->epoch);
         atomic_store(&r->role, q->role);
         if (want == PSFLEET__V1__REPLICA_ROLE__REPLICA_ROLE_PRIMARY && (was != want || q->unreplicated_ok))

@@ -28,12 +28,13 @@ if "--build" in sys.argv[:-1]:   # the harness finds the daemons through it when
     os.environ["PSFLEET_BUILD_DIR"] = os.path.abspath(sys.argv[sys.argv.index("--build") + 1])
 
 
-def one(h, tr, steps, replicas, transport, mode="async", model="mlp", tls=False):
+def one(h, tr, steps, replicas, transport, mode="async", model="mlp", tls=False, replica_transport=None):
     wd = h.Workdir()
     rpc = {"shared_memory": transport == "shm"}
     base = h.ctr_example(h.ctr_data(wd, 200000, 20000)) if model == "ctr" else None
     if replicas:
-        job, spec = tr.make_replicated_job(wd, steps, rpc=rpc, mode=mode, base=base)
+        job, spec = tr.make_replicated_job(wd, steps, rpc=rpc, mode=mode, base=base,
+                                           replica_transport=replica_transport)
     else:
         job, spec = h.make_job(wd, n_ps=2, n_workers=2, rpc=rpc, base=base,
                                training={"max_steps": steps, "report_every_steps": 20, "mode": mode},
@@ -49,7 +50,8 @@ def one(h, tr, steps, replicas, transport, mode="async", model="mlp", tls=False)
     while tls and not os.path.exists(ca) and time.monotonic() - t0 < 60:   # the first daemon up makes it
         time.sleep(0.05)
     final = h.wait_state(j.chief_addr, "DONE", 900, j.daemons())
-    r = {"replicas": 2 if replicas else 1, "transport": transport, "examples_per_s": round(final.examples_per_s),
+    r = {"replicas": 2 if replicas else 1, "transport": transport, "forward": replica_transport or "-",
+         "examples_per_s": round(final.examples_per_s),
          "wall_s": round(time.monotonic() - t0, 1),
          "test_accuracy": round(final.test_auc if model == "ctr" else final.test_accuracy, 4)}
     h.cleanup()
@@ -69,6 +71,9 @@ def main():
     ap.add_argument("--model", choices=("mlp", "ctr"), default="mlp",
                     help="part 1's model: the MLP, or examples/ctr-widedeep.json's (accuracy is then the test AUC)")
     ap.add_argument("--transports", default="shm,grpc", help="part 1's transports (comma-separated: shm, grpc)")
+    ap.add_argument("--replica-transports", default="auto",
+                    help="part 1's ps.replica_transport for the replicated runs (comma-separated: auto, the ring "
+                         "to the backups on this host; grpc, Replicate calls as between hosts)")
     ap.add_argument("--security", choices=("insecure", "default"), default="insecure",
                     help="part 1's security.mode: insecure (plain TCP; gRPC pushes in float32 on loopback), or the "
                          "default (auto: mutual TLS with the job's own CA, gRPC pushes int8 as between hosts)")
@@ -83,18 +88,21 @@ def main():
     rows = []
     for _ in range(a.rounds):
         for transport in a.transports.split(","):
-            for replicas in (False, True):
-                rows.append(one(h, tr, a.steps, replicas, transport, a.mode, a.model, a.security == "default"))
+            for forward in [None] + a.replica_transports.split(","):
+                rows.append(one(h, tr, a.steps, forward is not None, transport, a.mode, a.model,
+                                a.security == "default", forward))
                 h.log(json.dumps(rows[-1]))
-    print("%-9s %8s %13s %9s %7s" % ("transport", "replicas", "examples/s", "accuracy", "wall_s"))
+    print("%-9s %8s %7s %13s %9s %7s" % ("transport", "replicas", "forward", "examples/s", "accuracy", "wall_s"))
     for r in rows:
-        print("%-9s %8d %13d %9.4f %7.1f" % (r["transport"], r["replicas"], r["examples_per_s"], r["test_accuracy"],
-                                             r["wall_s"]))
+        print("%-9s %8d %7s %13d %9.4f %7.1f" % (r["transport"], r["replicas"], r["forward"], r["examples_per_s"],
+                                                 r["test_accuracy"], r["wall_s"]))
     summary = {}
     for transport in a.transports.split(","):
-        for n in (1, 2):
-            rs = [r for r in rows if r["transport"] == transport and r["replicas"] == n]
-            summary["%s_replicas%d" % (transport, n)] = {
+        for forward in ["-"] + a.replica_transports.split(","):
+            rs = [r for r in rows if r["transport"] == transport and r["forward"] == forward]
+            key = "%s_replicas1" % transport if forward == "-" else "%s_replicas2%s" % (
+                transport, "" if forward == "auto" else "_" + forward)
+            summary[key] = {
                 "examples_per_s_median": statistics.median(r["examples_per_s"] for r in rs),
                 "test_accuracy_median": statistics.median(r["test_accuracy"] for r in rs)}
     chaos = None

@@ -70,7 +70,7 @@ def tables(addr, fingerprint, n_tables):
     return out
 
 
-def make_replicated_job(wd, steps, n_ps=2, n_workers=2, rpc=None, mode="async", base=None):
+def make_replicated_job(wd, steps, n_ps=2, n_workers=2, rpc=None, mode="async", base=None, replica_transport=None):
     # a push to a frozen primary gives up after rpc.deadline_ms: the workers' switch is bounded by it
     rpc = dict(rpc or {}, deadline_ms=3000)
     job, spec = h.make_job(wd, n_ps=n_ps, n_workers=n_workers, rpc=rpc, base=base,
@@ -79,6 +79,8 @@ def make_replicated_job(wd, steps, n_ps=2, n_workers=2, rpc=None, mode="async", 
                                        "save_summaries_secs": 0})
     spec["cluster"]["ps_backup"] = ["127.0.0.1:%d" % p for p in h.free_ports(n_ps)]
     spec.setdefault("ps", {}).update({"replicas": 2, "failover_ms": 500, "replica_timeout_ms": 2000})
+    if replica_transport:
+        spec["ps"]["replica_transport"] = replica_transport
     with open(job, "w") as f:
         json.dump(spec, f, indent=2)
     return job, spec
@@ -95,6 +97,7 @@ class Job:
         self.chief_addr = spec["cluster"]["chief"][0]
         self.chief_metrics = "127.0.0.1:%d" % h.free_ports(1)[0]
         self.compression = (spec.get("rpc") or {}).get("compression")
+        self.replica_transport = (spec.get("ps") or {}).get("replica_transport", "auto")
 
     def start(self, kind, index=None):
         key = (kind, index)
@@ -168,6 +171,12 @@ class Job:
                 rp = sa.replica
                 assert rp.acked == rp.seq, "%s: ps:%d's primary numbered %d updates, its backup acknowledged %d" % (
                     what, s, rp.seq, rp.acked)
+                # the way they went: a ring to a backup on this host unless told otherwise or tables
+                want_ring = self.replica_transport != "grpc" and not n_tables
+                assert rp.ring == want_ring and (rp.calls == 0) == want_ring, (
+                    "%s: ps:%d forwards %s (%d Replicate calls), expected %s" % (
+                        what, s, "through a ring" if rp.ring else "through Replicate calls", rp.calls,
+                        "a ring" if want_ring else "Replicate calls"))
                 # what the updates weighed: float32 as applied (4 bytes a value), or as pushed
                 per_value = rp.bytes / rp.values if rp.values else 0
                 if rp.values and not n_tables and not self.compression:
@@ -177,9 +186,10 @@ class Job:
                     assert per_value < 1.25, "%s: ps:%d forwarded int8 pushes at %.2f bytes a value" % (
                         what, s, per_value)
                 h.log("%s: ps:%d primary %s and backup %s bit-equal (%d tensors with slots%s, global_step %d, epoch %d%s); "
-                      "%d updates since the last transfer in %d Replicate calls, %d values in %d bytes (%.2f a value)"
+                      "%d updates since the last transfer in %s, %d values in %d bytes (%.2f a value)"
                       % (what, s, n.address, n.backup, len(a), rows, ga, n.epoch, ", ssp clocks %s" % ca if ca else "",
-                         rp.seq, rp.calls, rp.values, rp.bytes, per_value))
+                         rp.seq, "a ring in shared memory" if rp.ring else "%d Replicate calls" % rp.calls, rp.values,
+                         rp.bytes, per_value))
         finally:
             for w in self.workers():
                 w.kill(signal.SIGCONT)
@@ -327,7 +337,8 @@ def run(opts):
     wd = h.Workdir()
     # --compression: every push through gRPC, compressed; the primary forwards it as it came
     rpc = {"shared_memory": False, "compression": opts.compression} if opts.compression else None
-    job, spec = make_replicated_job(wd, opts.steps, rpc=rpc, mode=opts.mode, base=h.ctr_example(h.ctr_data(wd, 60000, 10000), table_keys=json.loads(opts.table_keys)) if opts.sparse else None)
+    job, spec = make_replicated_job(wd, opts.steps, rpc=rpc, mode=opts.mode, base=h.ctr_example(h.ctr_data(wd, 60000, 10000), table_keys=json.loads(opts.table_keys)) if opts.sparse else None,
+                                    replica_transport=opts.replica_transport)
     if opts.sparse:
         pre_run(wd, spec)
     j = Job(wd, job, spec)
@@ -448,6 +459,9 @@ def main():
                     help="with --sparse, JSON keys set on every table (a bound, admission, eviction, a disk tier)")
     ap.add_argument("--compression", help="rpc.compression (int8, topk:R, bf16), every push through gRPC")
     ap.add_argument("--no-gray", dest="gray", action="store_false", help="skip the SIGSTOP of a backup and a primary")
+    ap.add_argument("--replica-transport", choices=("auto", "grpc"), default="auto",
+                    help="ps.replica_transport: auto (a ring in shared memory, the backups being on this host; "
+                         "Replicate calls for embedding tables) or grpc (Replicate calls always)")
     opts = ap.parse_args()
     h.main(lambda: run(opts))
 

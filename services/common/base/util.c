@@ -397,3 +397,16 @@ int errf(char *err, size_t errlen, int r, const char *fmt, ...) {
         }
         return r;
 }
+
+int fd_sealed_memfd(int fd, const char *prefix, char *target, size_t len) {
+        char self[64], want[128];
+        snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+        ssize_t n = len ? readlink(self, target, len - 1) : -1;
+        if (len)
+                target[n < 0 ? 0 : n] = 0;
+        snprintf(want, sizeof(want), "/memfd:%s", prefix);
+        if (n < 0 || strncmp(target, want, strlen(want)) != 0)
+                return -ENOENT;
+        int seals = fcntl(fd, F_GET_SEALS);
+        return seals >= 0 && (seals & F_SEAL_SHRINK) ? 0 : -EPERM;
+}

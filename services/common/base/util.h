@@ -91,3 +91,8 @@ int write_file_atomic(const char *path, const void *data, size_t len);
  * Returns 0; -EFBIG if the file is larger than max bytes; -errno on I/O errors. The caller frees
  * *data_ret. len_ret may be NULL. Outputs are written only on success. */
 int read_file(const char *path, size_t max, char **data_ret, size_t *len_ret);
+
+/* Whether descriptor fd, shared memory another process handed over, is a memfd whose name starts with
+ * prefix (its name, "/memfd:..." or "" when unreadable, in target) and whose size is sealed against
+ * shrinking, so a mapping of it never faults: 0; -ENOENT, not such a memfd; -EPERM, not sealed. */
+int fd_sealed_memfd(int fd, const char *prefix, char *target, size_t len);

@@ -42,6 +42,8 @@ enum training_mode { MODE_ASYNC, MODE_SYNC, MODE_SSP };
 enum security_mode { SECURITY_AUTO, SECURITY_MTLS, SECURITY_INSECURE };
 /* supervisor.recovery: what a lost shard costs (docs/checkpoints.md) */
 enum recovery_mode { RECOVERY_JOB, RECOVERY_SHARD };
+/* ps.replica_transport: how a primary reaches its backup */
+enum replica_transport { REPLICA_TRANSPORT_AUTO, REPLICA_TRANSPORT_GRPC };
 enum rpc_wire_dtype { RPC_WIRE_FLOAT32, RPC_WIRE_BFLOAT16 };
 /* AUTO: INT8 to a shard beyond loopback or under mutual TLS, NONE over plain TCP on loopback (compress_for_shard) */
 enum rpc_compression { RPC_COMPRESS_NONE, RPC_COMPRESS_BF16, RPC_COMPRESS_INT8, RPC_COMPRESS_TOPK, RPC_COMPRESS_AUTO };
@@ -140,6 +142,7 @@ struct supervisor_config {
 struct ps_config {
         uint32_t replicas;      /* 1, or 2: every shard has a backup psd (cluster.ps_backup) */
         uint64_t replica_timeout_ms;   /* a backup that does not acknowledge within this is dropped */
+        enum replica_transport replica_transport;   /* auto: a ring in shared memory to a backup on this host */
         uint64_t failover_ms;   /* the chief promotes a shard's backup once its primary is lost this long */
         uint64_t split_bytes;   /* variables larger than this are split into row ranges */
         uint64_t stop_grace_secs; /* psd on SIGTERM: serves this long for the chief's Stop (its final pull) */

@@ -41,6 +41,7 @@ static bool added_later(const char *key) {
                 "training.ftrl_l1",   "training.ftrl_l2",          "training.ftrl_beta",
                 "training.ftrl_lr_power", "ps.memory_limit_bytes",
                 "ps.replicas",        "ps.replica_timeout_ms",     "ps.failover_ms",
+                "ps.replica_transport",
         };
         for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
                 if (strcmp(key, keys[i]) == 0)

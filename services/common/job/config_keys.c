@@ -53,6 +53,8 @@ static const char *const wire_dtype_names[] = { [RPC_WIRE_FLOAT32] = "float32", 
 static const char *const grad_norm_action_names[] = { [GRAD_NORM_REJECT] = "reject", [GRAD_NORM_CLIP] = "clip", NULL };
 static const char *const training_mode_names[] = { [MODE_ASYNC] = "async", [MODE_SYNC] = "sync", [MODE_SSP] = "ssp", NULL };
 static const char *const recovery_names[] = { [RECOVERY_JOB] = "job", [RECOVERY_SHARD] = "shard", NULL };
+static const char *const replica_transport_names[] = { [REPLICA_TRANSPORT_AUTO] = "auto",
+                                                        [REPLICA_TRANSPORT_GRPC] = "grpc", NULL };
 static const char *const security_mode_names[] = {
         [SECURITY_AUTO] = "auto", [SECURITY_MTLS] = "mtls", [SECURITY_INSECURE] = "insecure", NULL,
 };
@@ -405,6 +407,12 @@ const struct config_key cfg_keys[] = {
         K_U64("ps.replica_timeout_ms", ps.replica_timeout_ms, 2000, 10, 600000,
               "ps.replicas 2: a backup that has not acknowledged a forwarded update within this many "
               "milliseconds is dropped with a warning, and the shard runs unreplicated until it rejoins."),
+        K_ENUM("ps.replica_transport", ps.replica_transport, "auto", replica_transport_names,
+               "ps.replicas 2: how a primary forwards its updates to its backup. auto: through a ring in shared "
+               "memory when the backup runs on the same host (found by its replica socket in rpc.runtime_dir; "
+               "a published update lives in the backup's memory, so the push is answered without a round "
+               "trip), else through Replicate calls; grpc: always through Replicate calls. Shards with "
+               "embedding tables always use Replicate calls."),
         K_U64("ps.failover_ms", ps.failover_ms, 1000, 50, 600000,
               "ps.replicas 2: the chief promotes a shard's backup once its primary has not answered for this many "
               "milliseconds; the workers switch to it within as long again."),

@@ -332,15 +332,12 @@ int shmlink_open(int fd, pid_t pid, const uint8_t nonce[SHMLINK_NONCE], uint64_t
         if (fd < 0)
                 return errf(err, errlen, -EBADF, "no descriptor of shared memory");
         /* what we were given: only a psfleet worker's memfd, its size sealed */
-        char self[64], target[256];
-        snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
-        ssize_t tn = readlink(self, target, sizeof(target) - 1);
-        target[tn < 0 ? 0 : tn] = 0;
-        if (strncmp(target, "/memfd:psfleet-", 15) != 0)
+        char target[256];
+        int fr = fd_sealed_memfd(fd, "psfleet-", target, sizeof(target));
+        if (fr == -ENOENT)
                 return errf(err, errlen, -EPROTO, "the shared memory of process %d is \"%s\", not a psfleet segment",
                             (int)pid, target);
-        int seals = fcntl(fd, F_GET_SEALS);
-        if (seals < 0 || !(seals & F_SEAL_SHRINK))
+        if (fr < 0)
                 return errf(err, errlen, -EPROTO, "the shared memory of process %d may shrink (not sealed)", (int)pid);
         struct stat st;
         if (fstat(fd, &st) < 0 || (size_t)st.st_size < PAGE)

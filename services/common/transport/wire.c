@@ -393,6 +393,30 @@ static int check_packed(const struct wire_tensor *t, uint64_t el, const char *nm
         return 0;
 }
 
+int wire_tensor_check(struct wire_tensor *t, char *err, size_t errlen) {
+        const char *nm = t->name ? t->name : "";
+        bool packed = t->dtype == WIRE_DTYPE_INT8_BLOCKS || t->dtype == WIRE_DTYPE_TOPK ||
+                      t->dtype == WIRE_DTYPE_INT8_DELTA;
+        size_t es = wire_dtype_size(t->dtype);
+        if (!es && !packed)
+                return fail(err, errlen, "tensor \"%s\": unknown dtype %u", nm, t->dtype);
+        uint64_t el = 1;
+        for (unsigned i = 0; i < t->ndims; i++) {
+                if (t->shape[i] && el > UINT64_MAX / t->shape[i])
+                        return fail(err, errlen, "tensor \"%s\": shape overflows", nm);
+                el *= t->shape[i];
+        }
+        if (packed) {
+                int r = check_packed(t, el, nm, err, errlen);
+                if (r < 0)
+                        return r;
+        } else if (el > SIZE_MAX / es || el * es != t->nbytes)
+                return fail(err, errlen, "tensor \"%s\": %zu data bytes do not match shape (%llu elements of %zu bytes)",
+                            nm, t->nbytes, (unsigned long long)el, es);
+        t->elements = el;
+        return 0;
+}
+
 static int parse_tensor(struct cur *c, size_t end, struct wire_tensor *t, char *err, size_t errlen) {
         while (c->pos < end) {
                 uint64_t tag, v, len;
@@ -457,26 +481,9 @@ static int parse_tensor(struct cur *c, size_t end, struct wire_tensor *t, char *
         }
         if (c->pos != end)
                 return fail(err, errlen, "tensor: fields overrun the tensor's length");
-        const char *nm = t->name ? t->name : "";
-        bool packed = t->dtype == WIRE_DTYPE_INT8_BLOCKS || t->dtype == WIRE_DTYPE_TOPK ||
-                      t->dtype == WIRE_DTYPE_INT8_DELTA;
-        size_t es = wire_dtype_size(t->dtype);
-        if (!es && !packed)
-                return fail(err, errlen, "tensor \"%s\": unknown dtype %u", nm, t->dtype);
-        uint64_t el = 1;
-        for (unsigned i = 0; i < t->ndims; i++) {
-                if (t->shape[i] && el > UINT64_MAX / t->shape[i])
-                        return fail(err, errlen, "tensor \"%s\": shape overflows", nm);
-                el *= t->shape[i];
-        }
-        if (packed) {
-                int r = check_packed(t, el, nm, err, errlen);
-                if (r < 0)
-                        return r;
-        } else if (el > SIZE_MAX / es || el * es != t->nbytes)
-                return fail(err, errlen, "tensor \"%s\": %zu data bytes do not match shape (%llu elements of %zu bytes)",
-                            nm, t->nbytes, (unsigned long long)el, es);
-        t->elements = el;
+        int r = wire_tensor_check(t, err, errlen);
+        if (r < 0)
+                return r;
         if (!t->name && !(t->name = strdup("")))   /* no name field: proto3's empty string, never NULL */
                 return -ENOMEM;
         return 0;

@@ -117,6 +117,11 @@ struct wire_in *wire_in_free(struct wire_in *in);
  * message. Free with protobuf_c_message_free_unpacked(m, NULL). */
 int wire_in_header(const struct wire_in *in, const ProtobufCMessageDescriptor *d, ProtobufCMessage **ret);
 
+/* A tensor's dtype, shape and bytes checked as wire_in_parse checks each it parses (a compressed one's
+ * payload walked whole), and its elements set: for tensors from elsewhere than a message (the ring of
+ * a backup on the same host). 0 or -EBADMSG with the reason in err. */
+int wire_tensor_check(struct wire_tensor *t, char *err, size_t errlen);
+
 /* Copies the tensor's bytes into dst (nbytes of room). */
 void wire_tensor_copy(const struct wire_tensor *t, void *dst);
 
