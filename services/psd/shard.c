@@ -193,8 +193,14 @@ void shard_tensors_apply(struct shard *s, const struct wire_tensor *t, size_t n,
                 struct shard_part *q = parts[i];
                 struct wire_reader rd;
                 wire_reader_init(&rd, &t[i]);
+                /* float32 in one aligned piece (a backup's ring, a large slice): applied where it lies */
+                const float *whole = scale == 1.0f && t[i].dtype == WIRE_DTYPE_FLOAT32 && t[i].n_segs == 1 &&
+                                     (uintptr_t)t[i].segs[0].p % sizeof(float) == 0 ? (const float *)t[i].segs[0].p : NULL;
                 pthread_mutex_lock(&q->mu);
-                apply_gradient_read(s->t, &q->a, scale, read_wire, &rd);
+                if (whole)
+                        apply_gradient(s->t, &q->a, whole);
+                else
+                        apply_gradient_read(s->t, &q->a, scale, read_wire, &rd);
                 if (values)
                         memcpy(values + at, q->a.w, q->a.n * sizeof(float));
                 pthread_mutex_unlock(&q->mu);
