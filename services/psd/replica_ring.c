@@ -42,6 +42,7 @@ struct ring_header {
         _Atomic int32_t backup_pid;
         _Alignas(64) _Atomic uint32_t bell;      /* primary: changed after a publish when the backup sleeps */
         _Atomic uint32_t sleeping;               /* backup: it is (about to be) asleep on bell */
+        _Atomic uint64_t wake_bytes;             /* backup: wake it once this many bytes are pending */
 };
 
 /* A record's head as it lies in the ring (struct ring_rec, with its length first). */
@@ -193,7 +194,9 @@ int ring_put(struct ring *g, const struct ring_rec *rec, const struct ring_tenso
         }
         /* published unless closed meanwhile: then refused, and never seen by the backup */
         if (atomic_compare_exchange_strong(&g->h->tail, &tail, tail + skip + len)) {
-                if (atomic_exchange(&g->h->sleeping, 0)) {
+                if (atomic_load(&g->h->sleeping) && tail + skip + len - atomic_load(&g->h->head) >=
+                                                        atomic_load(&g->h->wake_bytes) &&
+                    atomic_exchange(&g->h->sleeping, 0)) {
                         atomic_fetch_add(&g->h->bell, 1);
                         futex(&g->h->bell, FUTEX_WAKE, 1, NULL);
                 }
@@ -345,14 +348,19 @@ bool ring_closed(const struct ring *g) {
         return atomic_load(&g->h->tail) & CLOSED;
 }
 
-void ring_wait(struct ring *g, uint64_t ms) {
+void ring_wait(struct ring *g, uint64_t ms, uint64_t bytes) {
         uint32_t bell = atomic_load(&g->h->bell);
+        atomic_store(&g->h->wake_bytes, bytes ? bytes : 1);
         atomic_store(&g->h->sleeping, 1);
-        if ((atomic_load(&g->h->tail) & ~CLOSED) == atomic_load(&g->h->head)) {
+        if (ring_pending(g) < (bytes ? bytes : 1)) {
                 struct timespec ts = {.tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000L};
                 futex(&g->h->bell, FUTEX_WAIT, bell, &ts);
         }
         atomic_store(&g->h->sleeping, 0);
+}
+
+size_t ring_data_size(const struct ring *g) {
+        return g->size;
 }
 
 struct ring *ring_free(struct ring *g) {

@@ -94,8 +94,11 @@ void ring_consumed(struct ring *g, uint64_t seq);
  * for ring_next. Idempotent. */
 void ring_close(struct ring *g, uint64_t epoch);
 bool ring_closed(const struct ring *g);
-/* Sleeps until a record may be published (or up to ms): returns at once when one is. */
-void ring_wait(struct ring *g, uint64_t ms);
+/* Sleeps until `bytes` of records are published and not applied (1 at least), or up to ms: returns at
+ * once when they are. The primary wakes a sleeping backup only then, so a backup that asks for more
+ * than one record is woken less often and applies them in batches. */
+void ring_wait(struct ring *g, uint64_t ms, uint64_t bytes);
+size_t ring_data_size(const struct ring *g);   /* the data area's bytes */
 
 /* ---- both ---- */
 

@@ -35,7 +35,8 @@
 
 #define M_REPLICATE "/psfleet.v1.ParameterServer/Replicate"
 #define SEND_MS 1000u
-#define RING_WAIT_MS 100u
+#define RING_WAIT_MS 100u      /* the ring thread's sleep with nothing coming: woken by the first record */
+#define RING_BATCH_MS 2u        /* and while records come: woken after this, or by a quarter of the ring */
 
 static int socket_path(const struct psd *p, bool backup_place, char *buf, size_t len) {
         size_t max = sizeof(((struct sockaddr_un *)0)->sun_path);
@@ -145,6 +146,9 @@ void replica_shm_close(struct replica *r, uint64_t epoch, bool drain_first) {
         let_go(r);
 }
 
+/* The backup's ring thread: applies what is published. While records come it sleeps RING_BATCH_MS
+ * between batches (or until a quarter of the ring waits): nothing waits for the backup's apply, and
+ * each wake-up costs a task switch on the cores the workers compute on. */
 static void *ring_main(void *arg) {
         struct replica *r = arg;
         char why[400];
@@ -152,6 +156,7 @@ static void *ring_main(void *arg) {
                 pthread_mutex_lock(&r->mu);
                 r->in_pinned = NULL;
                 r->in_gone = ring_free(r->in_gone);
+                uint64_t before = atomic_load(&r->seq);
                 if (r->in && drain(r, why, sizeof(why)) < 0) {
                         /* broken: closed, so the primary's next publish is refused and it drops us */
                         log_warning("ps:%u: the ring from its primary is broken, waiting for a state transfer: %s",
@@ -160,10 +165,11 @@ static void *ring_main(void *arg) {
                         atomic_store(&r->p->s->initialized, false);
                         let_go(r);
                 }
+                bool busy = atomic_load(&r->seq) != before;
                 struct ring *g = r->in_pinned = r->in;
                 pthread_mutex_unlock(&r->mu);
                 if (g)
-                        ring_wait(g, RING_WAIT_MS);
+                        ring_wait(g, busy ? RING_BATCH_MS : RING_WAIT_MS, busy ? ring_data_size(g) / 4 : 1);
                 else
                         usleep(RING_WAIT_MS * 1000);
         }
@@ -281,6 +287,7 @@ int replica_shm_put(struct replica *r, const struct replica_update *u, char *err
         if (e == 0)
                 return 0;
         if (e == -ESTALE && closed > atomic_load(&r->epoch)) {
+                atomic_fetch_add(&r->fenced, 1);   /* a write of a primary its backup replaced */
                 replica_step_down(r, closed, why);
                 return errf(err, errlen, -EAGAIN, "ps:%u at %s was fenced by a newer primary of its shard: %s",
                             r->p->shard, r->p->args.listen, why);

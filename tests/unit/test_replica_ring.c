@@ -9,10 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include "replica_ring.h"
+#include "util.h"
 
 #include "unit.h"
 
@@ -184,7 +186,49 @@ static void test_ring_hostile(void **state) {
         ring_free(g);
 }
 
+struct sleeper {
+        struct ring *b;
+        uint64_t ms, bytes, slept_us;
+};
+
+static void *sleep_main(void *arg) {
+        struct sleeper *z = arg;
+        uint64_t t0 = mono_us();
+        ring_wait(z->b, z->ms, z->bytes);
+        z->slept_us = mono_us() - t0;
+        return NULL;
+}
+
+/* The backup sleeps until enough is published: one record wakes a backup that asked for one at once,
+ * not one that asked for a quarter of the ring (it sleeps its time out); one pending returns at once. */
+static void test_ring_wait(void **state) {
+        (void)state;
+        struct ring *b, *g = pair(1u << 20, &b);
+        uint64_t closed;
+        struct sleeper z = {.b = b, .ms = 10000, .bytes = 1};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, sleep_main, &z), 0);
+        usleep(50000);
+        assert_int_equal(put(g, 1, 1000, 1000000, &closed), 0);
+        pthread_join(t, NULL);
+        assert_true(z.slept_us < 5000000);
+        z = (struct sleeper){.b = b, .ms = 300, .bytes = ring_data_size(b) / 4};
+        assert_int_equal(pthread_create(&t, NULL, sleep_main, &z), 0);
+        usleep(20000);
+        assert_int_equal(put(g, 2, 1000, 1000000, &closed), 0);
+        pthread_join(t, NULL);
+        assert_true(z.slept_us >= 250000);
+        uint64_t t0 = mono_us();
+        ring_wait(b, 10000, 1);   /* two records pending already */
+        assert_true(mono_us() - t0 < 5000000);
+        take(b, 1, 1000);
+        take(b, 2, 1000);
+        ring_free(b);
+        ring_free(g);
+}
+
 UNIT_TEST_MAIN(NULL, NULL,
+        cmocka_unit_test(test_ring_wait),
         cmocka_unit_test(test_ring_order),
         cmocka_unit_test(test_ring_close),
         cmocka_unit_test(test_ring_full),
