@@ -390,12 +390,13 @@ static json_t *tables_json(const Psfleet__V1__ShardStatus *st) {
 
 /* ps.replicas 2: the shard's primary (the psd that answered), backup, epoch and how far the backup is. */
 static json_t *replica_json(const Psfleet__V1__NodeStatus *n, const Psfleet__V1__ReplicaStatus *r) {
-        json_t *o = json_pack("{s:s, s:s, s:I, s:b, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I}", "primary",
+        json_t *o = json_pack("{s:s, s:s, s:I, s:b, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I, s:b, s:I}", "primary",
                               n->address ? n->address : "", "backup", r->peer ? r->peer : "", "epoch",
                               (json_int_t)r->epoch, "replicating", r->replicating, "seq", (json_int_t)r->seq, "acked",
                               (json_int_t)r->acked, "lag_us", (json_int_t)r->lag_us, "fenced_writes",
                               (json_int_t)r->fenced_writes, "dropped", (json_int_t)r->dropped, "awaiting_chief",
-                              r->awaiting_chief, "bytes", (json_int_t)r->bytes, "values", (json_int_t)r->values);
+                              r->awaiting_chief, "bytes", (json_int_t)r->bytes, "values", (json_int_t)r->values,
+                              "ring", r->ring, "ring_bytes", (json_int_t)r->ring_bytes);
         if (o)
                 json_object_set_new(o, "last_error", r->last_error && *r->last_error ? json_string(r->last_error)
                                                                                       : json_null());
@@ -520,8 +521,8 @@ static void print_replicas(const struct view *v) {
                 any = any || (v->s[i].now && v->s[i].now->replica);
         if (!any)
                 return;
-        printf("%-11s %-21s %-21s %6s %-12s %9s %8s %7s %7s %7s\n", "SHARD", "PRIMARY", "BACKUP", "EPOCH",
-               "REPLICATION", "BEHIND", "LAG MS", "B/VALUE", "FENCED", "DROPPED");
+        printf("%-11s %-21s %-21s %6s %-12s %4s %9s %8s %7s %7s %7s\n", "SHARD", "PRIMARY", "BACKUP", "EPOCH",
+               "REPLICATION", "VIA", "BEHIND", "LAG MS", "B/VALUE", "FENCED", "DROPPED");
         for (size_t i = 0; i < v->n_s; i++) {
                 const Psfleet__V1__ShardStatus *st = v->s[i].now;
                 if (!st || !st->replica)
@@ -530,9 +531,10 @@ static void print_replicas(const struct view *v) {
                 const char *state = r->replicating ? "replicated" : r->awaiting_chief ? "AWAIT CHIEF" : "UNREPLICATED";
                 char per[16];   /* bytes a forwarded value: 4 in float32, about 1 for int8 pushes */
                 fmt(r->values ? (double)r->bytes / (double)r->values : NAN, "%.2f", per, sizeof(per));
-                printf("%-11s %-21s %-21s %6llu %-12s %9llu %8.2f %7s %7llu %7llu%s%s\n", v->s[i].node->task,
+                /* VIA: a ring in shared memory to a backup on the primary's host, or Replicate calls */
+                printf("%-11s %-21s %-21s %6llu %-12s %4s %9llu %8.2f %7s %7llu %7llu%s%s\n", v->s[i].node->task,
                        v->s[i].node->address ? v->s[i].node->address : "", r->peer && *r->peer ? r->peer : "-",
-                       (unsigned long long)r->epoch, state,
+                       (unsigned long long)r->epoch, state, !r->replicating ? "-" : r->ring ? "ring" : "rpc",
                        (unsigned long long)(r->seq > r->acked ? r->seq - r->acked : 0), (double)r->lag_us / 1e3,
                        per, (unsigned long long)r->fenced_writes, (unsigned long long)r->dropped,
                        r->last_error && *r->last_error ? "  " : "", r->last_error ? r->last_error : "");
