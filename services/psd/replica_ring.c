@@ -83,7 +83,8 @@ size_t ring_record_bytes(uint32_t n, size_t bytes) {
 
 size_t ring_size_for(size_t max_record) {
         size_t size = MIN_SIZE;
-        while (size < MAX_SIZE && size < 4 * max_record)
+        /* four of the largest records, or two once that passes 64 MiB (the ring is memory of its own) */
+        while (size < MAX_SIZE && (size < 2 * max_record || (size < 4 * max_record && size < (64u << 20))))
                 size *= 2;
         return size;
 }
