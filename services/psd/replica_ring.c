@@ -68,17 +68,24 @@ struct ring {
         int fd;                  /* the primary's: the memfd; -1 on the backup's side */
         uint64_t pos;            /* backup: the record ring_next returned ends here */
         uint64_t last_head, since_us;   /* primary: the head last seen, and since when (ring_stalled_us) */
+        uint64_t res_tail, res_len;     /* primary: the reservation (ring_reserve) to publish: the tail it */
+        uint8_t *res_rec;               /* follows, its bytes with a skip before it, where its record is, */
+        uint32_t res_n;                 /* its tensors; res_len 0: none */
 };
 
 _Static_assert(sizeof(struct ring_header) <= PAGE, "the ring's header fits its page");
 _Static_assert(sizeof(struct rec_wire) % 8 == 0 && sizeof(struct tensor_wire) % 8 == 0, "8-aligned records");
+
+static size_t pad4(uint64_t n) {
+        return (size_t)((n + 3) & ~3ull);
+}
 
 static size_t pad8(uint64_t n) {
         return (size_t)((n + 7) & ~7ull);
 }
 
 size_t ring_record_bytes(uint32_t n, size_t bytes) {
-        return sizeof(struct rec_wire) + (size_t)n * (sizeof(struct tensor_wire) + 7) + bytes;
+        return sizeof(struct rec_wire) + (size_t)n * (sizeof(struct tensor_wire) + 3) + bytes + 7;
 }
 
 size_t ring_size_for(size_t max_record) {
@@ -191,12 +198,13 @@ static int room(struct ring *g, uint64_t tail, size_t need, uint64_t deadline) {
         }
 }
 
-int ring_put(struct ring *g, const struct ring_rec *rec, const struct ring_tensor *t, uint64_t timeout_us,
-             uint64_t *closed_epoch, char *err, size_t errlen) {
+int ring_reserve(struct ring *g, uint32_t n, const struct ring_tensor *t, uint64_t timeout_us, uint64_t *closed_epoch,
+                 void **data, char *err, size_t errlen) {
         size_t bytes = 0;
-        for (uint32_t k = 0; k < rec->n; k++)
-                bytes += pad8(t[k].nbytes);
-        size_t len = sizeof(struct rec_wire) + rec->n * sizeof(struct tensor_wire) + bytes;
+        for (uint32_t k = 0; k < n; k++)
+                bytes += pad4(t[k].nbytes);
+        size_t len = pad8(sizeof(struct rec_wire) + n * sizeof(struct tensor_wire) + bytes);
+        g->res_len = 0;
         if (len > g->size / 2)
                 return errf(err, errlen, -E2BIG, "an update of %zu bytes, the ring to the backup holds %zu", len, g->size);
         uint64_t tail = atomic_load(&g->h->tail);
@@ -213,33 +221,57 @@ int ring_put(struct ring *g, const struct ring_rec *rec, const struct ring_tenso
                 ((struct rec_wire *)(g->data + off))->len = SKIP | skip;
                 off = 0;
         }
-        struct rec_wire *w = (struct rec_wire *)(g->data + off);
-        *w = (struct rec_wire){.len = len, .seq = rec->seq, .gs = rec->gs, .local_step = rec->local_step,
+        g->res_tail = tail;
+        g->res_len = skip + len;
+        g->res_rec = g->data + off;
+        ((struct rec_wire *)g->res_rec)->len = len;
+        struct tensor_wire *tw = (struct tensor_wire *)(g->res_rec + sizeof(struct rec_wire));
+        for (uint32_t k = 0; k < n; k++)
+                tw[k] = (struct tensor_wire){.part = t[k].part, .dtype = t[k].dtype, .nbytes = t[k].nbytes};
+        g->res_n = n;
+        *data = tw + n;
+        return 0;
+closed:
+        *closed_epoch = atomic_load(&g->h->closed_epoch);
+        return errf(err, errlen, -ESTALE, "the backup closed the ring at epoch %llu", (unsigned long long)*closed_epoch);
+}
+
+int ring_publish(struct ring *g, const struct ring_rec *rec, uint64_t *closed_epoch, char *err, size_t errlen) {
+        if (!g->res_len || rec->n != g->res_n)
+                return errf(err, errlen, -EINVAL, "a publish without its reservation");
+        struct rec_wire *w = (struct rec_wire *)g->res_rec;
+        *w = (struct rec_wire){.len = w->len, .seq = rec->seq, .gs = rec->gs, .local_step = rec->local_step,
                                .worker = rec->worker, .count_step = rec->count_step, .n = rec->n};
-        uint8_t *at = (uint8_t *)(w + 1);
-        for (uint32_t k = 0; k < rec->n; k++) {
-                *(struct tensor_wire *)at = (struct tensor_wire){.part = t[k].part, .dtype = t[k].dtype,
-                                                                 .nbytes = t[k].nbytes};
-                at += sizeof(struct tensor_wire);
-                copy_out(at, t[k].data, t[k].nbytes);
-                at += pad8(t[k].nbytes);
-        }
+        uint64_t tail = g->res_tail, advance = g->res_len;
+        g->res_len = 0;
 #if defined(__SSE2__)
-        _mm_sfence();   /* the streamed stores before the tail that publishes them */
+        _mm_sfence();   /* streamed stores (ring_put) before the tail that publishes them */
 #endif
         /* published unless closed meanwhile: then refused, and never seen by the backup */
-        if (atomic_compare_exchange_strong(&g->h->tail, &tail, tail + skip + len)) {
-                if (atomic_load(&g->h->sleeping) && tail + skip + len - atomic_load(&g->h->head) >=
-                                                        atomic_load(&g->h->wake_bytes) &&
-                    atomic_exchange(&g->h->sleeping, 0)) {
+        if (atomic_compare_exchange_strong(&g->h->tail, &tail, tail + advance)) {
+                if (atomic_load(&g->h->sleeping) &&
+                    ring_pending(g) >= atomic_load(&g->h->wake_bytes) && atomic_exchange(&g->h->sleeping, 0)) {
                         atomic_fetch_add(&g->h->bell, 1);
                         futex(&g->h->bell, FUTEX_WAKE, 1, NULL);
                 }
                 return 0;
         }
-closed:
         *closed_epoch = atomic_load(&g->h->closed_epoch);
         return errf(err, errlen, -ESTALE, "the backup closed the ring at epoch %llu", (unsigned long long)*closed_epoch);
+}
+
+int ring_put(struct ring *g, const struct ring_rec *rec, const struct ring_tensor *t, uint64_t timeout_us,
+             uint64_t *closed_epoch, char *err, size_t errlen) {
+        void *data;
+        int e = ring_reserve(g, rec->n, t, timeout_us, closed_epoch, &data, err, errlen);
+        if (e < 0)
+                return e;
+        uint8_t *at = data;
+        for (uint32_t k = 0; k < rec->n; k++) {
+                copy_out(at, t[k].data, t[k].nbytes);
+                at += pad4(t[k].nbytes);
+        }
+        return ring_publish(g, rec, closed_epoch, err, errlen);
 }
 
 uint64_t ring_pending(const struct ring *g) {
@@ -314,7 +346,7 @@ int ring_open(int fd, const uint8_t nonce[RING_NONCE], uint64_t fingerprint, uin
         return 0;
 }
 
-int ring_next(struct ring *g, struct ring_rec *rec, const uint8_t **body, size_t *body_len, char *err, size_t errlen) {
+int ring_next(struct ring *g, struct ring_rec *rec, struct ring_body *body, char *err, size_t errlen) {
         for (;;) {
                 uint64_t head = atomic_load_explicit(&g->h->head, memory_order_relaxed);
                 uint64_t tail = atomic_load_explicit(&g->h->tail, memory_order_acquire) & ~CLOSED;
@@ -338,31 +370,32 @@ int ring_next(struct ring *g, struct ring_rec *rec, const uint8_t **body, size_t
                 if (w.len < sizeof(w) || (w.len & 7) || w.len > room_here || w.len > tail - head)
                         return errf(err, errlen, -EPROTO, "a record of %llu bytes at %llu", (unsigned long long)w.len,
                                     (unsigned long long)head);
-                memcpy(&w, g->data + off, sizeof(w));
                 size_t len = (size_t)w.len;   /* the first read's, checked above */
+                memcpy(&w, g->data + off, sizeof(w));
                 if (w.n > (len - sizeof(w)) / sizeof(struct tensor_wire))
                         return errf(err, errlen, -EPROTO, "a record of %u tensors in %zu bytes", w.n, len);
                 *rec = (struct ring_rec){.seq = w.seq, .gs = w.gs, .local_step = w.local_step, .worker = w.worker,
                                          .count_step = w.count_step, .n = w.n};
-                *body = g->data + off + sizeof(w);
-                *body_len = len - sizeof(w);
+                const uint8_t *heads = g->data + off + sizeof(w);
+                *body = (struct ring_body){.heads = heads, .data = heads + (size_t)w.n * sizeof(struct tensor_wire),
+                                           .n = w.n, .left = len - sizeof(w) - (size_t)w.n * sizeof(struct tensor_wire)};
                 g->pos = head + len;
                 return 1;
         }
 }
 
-int ring_tensor_next(const uint8_t **body, size_t *left, struct ring_tensor *t, char *err, size_t errlen) {
+int ring_tensor_next(struct ring_body *body, struct ring_tensor *t, char *err, size_t errlen) {
         struct tensor_wire w;
-        if (*left < sizeof(w))
-                return errf(err, errlen, -EPROTO, "a tensor's head past its record");
-        memcpy(&w, *body, sizeof(w));
-        size_t rest = *left - sizeof(w);
-        if (w.nbytes > rest || pad8(w.nbytes) > rest)
+        if (body->k >= body->n)
+                return errf(err, errlen, -EPROTO, "a tensor past the record's %u", body->n);
+        memcpy(&w, body->heads + (size_t)body->k * sizeof(w), sizeof(w));
+        if (w.nbytes > body->left || pad4(w.nbytes) > body->left)
                 return errf(err, errlen, -EPROTO, "a tensor of %llu bytes, %zu left in its record",
-                            (unsigned long long)w.nbytes, rest);
-        *t = (struct ring_tensor){.part = w.part, .dtype = w.dtype, .nbytes = w.nbytes, .data = *body + sizeof(w)};
-        *body += sizeof(w) + pad8(w.nbytes);
-        *left = rest - pad8(w.nbytes);
+                            (unsigned long long)w.nbytes, body->left);
+        *t = (struct ring_tensor){.part = w.part, .dtype = w.dtype, .nbytes = w.nbytes, .data = body->data};
+        body->data += pad4(w.nbytes);
+        body->left -= pad4(w.nbytes);
+        body->k++;
         return 0;
 }
 

@@ -19,9 +19,10 @@
  * not answer it as done. A primary frozen while writing (SIGSTOP) and resumed after the close finds its
  * write refused.
  *
- * Records: a head (struct ring_rec, 8-aligned) then its tensors, each a struct ring_tensor then its
- * bytes padded to 8. A record that does not fit before the data area's end is preceded by a skip to
- * the start. The backup treats everything in the ring as untrusted: each record's length, part and
+ * Records: a head (struct ring_rec, 8-aligned), its tensors' heads (part, dtype, bytes), then their
+ * bytes one after the other, each padded to 4 (float32 parts lie end to end, as in a shared-memory
+ * push's scratch), the record padded to 8. A record that does not fit before the data area's end is
+ * preceded by a skip to the start. The backup treats everything in the ring as untrusted: each record's length, part and
  * bytes are checked before it is applied (ring_next, ring_tensor_next).
  *
  * One producer thread at a time (the primary holds its replica's lock) and one consumer (the
@@ -66,6 +67,14 @@ const uint8_t *ring_nonce(const struct ring *g);
  * -ETIMEDOUT: no room in time (the backup does not keep up); -E2BIG: larger than half the ring. */
 int ring_put(struct ring *g, const struct ring_rec *rec, const struct ring_tensor *t, uint64_t timeout_us,
              uint64_t *closed_epoch, char *err, size_t errlen);
+/* Or in two steps, so a writer can put the bytes in place itself (a shared-memory push's gradients
+ * copied out of the worker's segment straight into the ring, and applied from there): ring_reserve
+ * makes room for a record of n tensors (t: their part, dtype and nbytes; data unused) and returns in
+ * *data where their bytes go (each padded to 4, as above); ring_publish gives the record its head and
+ * publishes it. A reservation not published is dropped by the next. Errors as ring_put's. */
+int ring_reserve(struct ring *g, uint32_t n, const struct ring_tensor *t, uint64_t timeout_us, uint64_t *closed_epoch,
+                 void **data, char *err, size_t errlen);
+int ring_publish(struct ring *g, const struct ring_rec *rec, uint64_t *closed_epoch, char *err, size_t errlen);
 /* Bytes published and not yet applied; the last record the backup applied (its seq); and how long the
  * head has not moved while bytes were pending (0 when none are): the backup's lag. */
 uint64_t ring_pending(const struct ring *g);
@@ -81,13 +90,19 @@ int32_t ring_backup_pid(const struct ring *g);
  * as the ring's backup. -EPROTO for a ring that does not match. */
 int ring_open(int fd, const uint8_t nonce[RING_NONCE], uint64_t fingerprint, uint32_t shard, struct ring **ret,
               char *err, size_t errlen);
-/* The next published record not yet applied: 1 with *rec and the record's tensors to read with
- * ring_tensor_next from *body (valid until ring_consumed); 0 when none is published; -EPROTO for a
- * record that does not fit (its length, its tensors' count). */
-int ring_next(struct ring *g, struct ring_rec *rec, const uint8_t **body, size_t *body_len, char *err, size_t errlen);
-/* The next tensor of a record: 0 with *t (data pointing into the ring); -EPROTO when its bytes run
- * past the record. */
-int ring_tensor_next(const uint8_t **body, size_t *left, struct ring_tensor *t, char *err, size_t errlen);
+/* A record's tensors, read one by one with ring_tensor_next. */
+struct ring_body {
+        const uint8_t *heads, *data;
+        uint32_t n, k;
+        size_t left;             /* data bytes left in the record */
+};
+/* The next published record not yet applied: 1 with *rec and its tensors in *body (valid until
+ * ring_consumed); 0 when none is published; -EPROTO for a record that does not fit (its length, its
+ * tensors' count). */
+int ring_next(struct ring *g, struct ring_rec *rec, struct ring_body *body, char *err, size_t errlen);
+/* The record's next tensor: 0 with *t (data pointing into the ring); -EPROTO when there is none left or
+ * its bytes run past the record. */
+int ring_tensor_next(struct ring_body *body, struct ring_tensor *t, char *err, size_t errlen);
 /* The record ring_next returned has been applied: the head moves past it, its seq recorded. */
 void ring_consumed(struct ring *g, uint64_t seq);
 /* Closes the ring at `epoch`: the primary's later writes are refused. Records published before stay

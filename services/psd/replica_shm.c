@@ -64,9 +64,8 @@ static int drain(struct replica *r, char *why, size_t len) {
         int e = 0;
         for (;;) {
                 struct ring_rec rec;
-                const uint8_t *body;
-                size_t left;
-                if ((e = ring_next(r->in, &rec, &body, &left, why, len)) <= 0)
+                struct ring_body body;
+                if ((e = ring_next(r->in, &rec, &body, why, len)) <= 0)
                         break;
                 if (rec.seq != atomic_load(&r->seq) + 1) {
                         e = errf(why, len, -EPROTO, "update %" PRIu64 " in the ring after update %" PRIu64, rec.seq,
@@ -95,7 +94,7 @@ static int drain(struct replica *r, char *why, size_t len) {
                 for (uint32_t k = 0; k < rec.n && e == 0; k++) {
                         struct ring_tensor rt;
                         int slot;
-                        if ((e = ring_tensor_next(&body, &left, &rt, why, len)) < 0)
+                        if ((e = ring_tensor_next(&body, &rt, why, len)) < 0)
                                 break;
                         if (rt.part >= s->n_parts) {
                                 e = errf(why, len, -EPROTO, "part %u of a shard of %u", rt.part, s->n_parts);
