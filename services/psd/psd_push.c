@@ -57,6 +57,10 @@ struct psd_push_ops {
         /* ps.replicas 2: the update for the backup, the checked gradients as they are applied (float32,
          * scaled) with their parts (replica_update_new); NULL when out of memory */
         struct replica_update *(*update)(struct psd_push *u);
+        /* ps.replicas 2 through a ring (replica_ring_active), the write begun: check's work, with the
+         * gradients copied straight into room reserved in the ring (replica_write_reserve) and applied
+         * from there; -ENOENT when there is no ring after all (nothing done). NULL: check, then update. */
+        int (*check_ring)(struct psd_push *u, struct replica *rep, char *err, size_t errlen);
         void (*release)(struct psd_push *u);
 };
 
@@ -199,6 +203,46 @@ static void push_replicated(void *ud, int status, const char *why) {
         u->ops->release(u);
 }
 
+/* Under the write lock: u's checked gradients applied and counted (u->gs); whose update it is. */
+static struct replica_push push_apply(struct psd *p, struct psd_push *u) {
+        count_bytes(p, u);
+        uint64_t t_apply = mono_us();
+        u->ops->apply(u);
+        metric_observe_us(p->m_apply, mono_us() - t_apply);
+        u->gs = psd_count_push(p, u->count_step, u->bytes, u->bytes_back, u->t0);
+        return (struct replica_push){.worker = u->worker, .local_step = u->local_step, .count_step = u->count_step};
+}
+
+/* ps.replicas 2 through a ring to a backup on this host, async and ssp: under the write lock the
+ * gradients are checked straight into the ring, applied from there and published, so the update
+ * costs no copy of its own; the push is answered at once (the backup maps the ring). -ENOENT: no ring
+ * after all, nothing done (the usual way); else u was answered or refused. */
+static int push_ring(struct psd *p, struct psd_push *u) {
+        const struct psd_push_ops *ops = u->ops;
+        char err[600];
+        int r;
+        if ((r = replica_write_begin(p->rep, err, sizeof(err))) < 0) {
+                ops->fail(u, r, err);
+                return r;
+        }
+        if ((r = ops->check_ring(u, p->rep, err, sizeof(err))) < 0) {
+                replica_write_cancel(p->rep);
+                if (r == -ENOENT)
+                        return r;
+                if (r != -ENOMEM && r != -EAGAIN)   /* the sender's gradients, not our backup */
+                        psd_note_reject(p, err);
+                ops->fail(u, r, err);
+                return r;
+        }
+        struct replica_push who = push_apply(p, u);
+        if ((r = replica_write_publish(p->rep, u->gs, &who, err, sizeof(err))) < 0) {
+                ops->fail(u, r, err);
+                return r;
+        }
+        push_answer(p, u);
+        return 0;
+}
+
 /* The pipeline. Returns true when u waits for its backup's acknowledgement: push_replicated answers
  * and releases it then (and may have already); false when done with u (the caller releases it). */
 static bool psd_push_serve(struct psd *p, struct psd_push *u) {
@@ -209,6 +253,8 @@ static bool psd_push_serve(struct psd *p, struct psd_push *u) {
                 ops->fail(u, r, err);
                 return false;
         }
+        if (!p->agg && ops->check_ring && replica_ring_active(p->rep) && push_ring(p, u) != -ENOENT)
+                return false;
         if ((r = ops->check(u, err, sizeof(err))) < 0) {
                 if (r != -ENOMEM)
                         psd_note_reject(p, err);
@@ -228,12 +274,7 @@ static bool psd_push_serve(struct psd *p, struct psd_push *u) {
                 ops->fail(u, r, err);
                 return false;
         }
-        count_bytes(p, u);
-        uint64_t t_apply = mono_us();
-        ops->apply(u);
-        metric_observe_us(p->m_apply, mono_us() - t_apply);
-        u->gs = psd_count_push(p, u->count_step, u->bytes, u->bytes_back, u->t0);
-        struct replica_push who = {.worker = u->worker, .local_step = u->local_step, .count_step = u->count_step};
+        struct replica_push who = push_apply(p, u);
         if ((r = replica_write_end(p->rep, ru, u->gs, &who, push_replicated, u, err, sizeof(err))) != 0) {
                 if (r > 0)
                         return true;   /* u may be answered and gone already */
@@ -568,15 +609,17 @@ struct link_push {
         uint32_t gi, g, seq;      /* the group: its index in k's, its record in the segment; the push's seq */
         const uint32_t *parts;    /* (n) indices into the shard's parts */
         uint32_t n;
+        float *grads;             /* where check copied the gradients: the link's scratch, or the ring */
 };
 
-/* copied out of the segment first, so the values checked are the values applied whatever the other
- * process does meanwhile; nothing applied unless all are finite */
-static int link_check(struct psd_push *u, char *err, size_t errlen) {
+/* copied out of the segment first (into grads), so the values checked are the values applied whatever
+ * the other process does meanwhile; nothing applied unless all are finite */
+static int link_check_into(struct psd_push *u, float *grads, char *err, size_t errlen) {
         struct link_push *lp = (struct link_push *)u;
         struct link *k = lp->k;
         struct psd *p = k->p;
-        int r = shard_block_check(p->s, shmlink_grads(k->l), lp->parts, lp->n, k->scratch, k->name, err, errlen);
+        lp->grads = grads;
+        int r = shard_block_check(p->s, shmlink_grads(k->l), lp->parts, lp->n, grads, k->name, err, errlen);
         if (r < 0)
                 return r;
         size_t floats = 0;
@@ -586,14 +629,27 @@ static int link_check(struct psd_push *u, char *err, size_t errlen) {
         return 0;
 }
 
+static int link_check(struct psd_push *u, char *err, size_t errlen) {
+        return link_check_into(u, ((struct link_push *)u)->k->scratch, err, errlen);
+}
+
+/* through a ring: the gradients copied out of the segment straight into the room the update takes
+ * there, checked and applied there */
+static int link_check_ring(struct psd_push *u, struct replica *rep, char *err, size_t errlen) {
+        struct link_push *lp = (struct link_push *)u;
+        float *grads;
+        int r = replica_write_reserve(rep, lp->parts, lp->n, &grads, err, errlen);
+        return r < 0 ? r : link_check_into(u, grads, err, errlen);
+}
+
 /* the fresh values go where the worker's forward reads them */
 static void link_apply(struct psd_push *u) {
         struct link_push *lp = (struct link_push *)u;
-        shard_block_apply(lp->k->p->s, lp->parts, lp->n, lp->k->scratch, shmlink_params(lp->k->l));
+        shard_block_apply(lp->k->p->s, lp->parts, lp->n, lp->grads, shmlink_params(lp->k->l));
 }
 
 static const float *link_gradients(struct psd_push *u) {
-        return ((struct link_push *)u)->k->scratch;
+        return ((struct link_push *)u)->grads;
 }
 
 /* The group's one record: a push held before, which the worker gave up on (it pushes a group again
@@ -661,7 +717,7 @@ static void link_release(struct psd_push *u) {
 static const struct psd_push_ops link_ops = {
         .check = link_check, .apply = link_apply, .gradients = link_gradients, .hold = link_hold,
         .drop = link_drop, .reply = link_reply, .fail = link_fail, .answer = link_answer, .update = link_update,
-        .release = link_release,
+        .release = link_release, .check_ring = link_check_ring,
 };
 
 /* A push in k's segment (its link's thread): the pipeline. The link's thread goes on to the worker's

@@ -65,6 +65,7 @@ struct replica {
         struct shmlink_server *sock; /* this psd's replica socket, where a primary sends its ring */
         char peer_sock[256];         /* the other psd's */
         struct ring *out;            /* mu, primary: the ring to the backup (replicating through it) */
+        size_t res_floats;           /* mu, primary: the update reserved in it (replica_write_reserve) */
         struct ring *in;             /* mu, backup: the ring from the primary */
         struct ring *in_pinned;      /* mu: the ring the ring thread sleeps on (freed by it, not under it) */
         struct ring *in_gone;        /* mu: that ring, detached meanwhile: the ring thread frees it */
@@ -101,6 +102,9 @@ int replica_shm_attach(struct replica *r, char *why, size_t len);
 /* Primary, mu held: u's update published in the ring (r->out): 0, and the push may be answered; or
  * -EAGAIN with err, the backup dropped or this psd stepped down (fenced), and it must not be. */
 int replica_shm_put(struct replica *r, const struct replica_update *u, char *err, size_t errlen);
+/* Primary, mu held: replica_write_reserve's and replica_write_publish's ring steps (errors as put's). */
+int replica_shm_reserve(struct replica *r, const uint32_t *idx, uint32_t n, float **grads, char *err, size_t errlen);
+int replica_shm_publish(struct replica *r, const struct ring_rec *rec, char *err, size_t errlen);
 /* Primary, mu held: the ring let go (a drop, a step down). */
 void replica_shm_detach(struct replica *r);
 /* Primary, the replica's thread: a backup that stopped applying (its ring's head still for

@@ -349,6 +349,34 @@ out:
         return ret;
 }
 
+int replica_write_reserve(struct replica *r, const uint32_t *idx, uint32_t n, float **grads, char *err,
+                          size_t errlen) {
+        if (!r || !r->out || !atomic_load(&r->replicating))
+                return -ENOENT;
+        r->res_floats = 0;
+        for (uint32_t k = 0; k < n; k++)
+                r->res_floats += r->p->s->parts[idx[k]].a.n;
+        return replica_shm_reserve(r, idx, n, grads, err, errlen);
+}
+
+int replica_write_publish(struct replica *r, uint64_t gs, const struct replica_push *push, char *err, size_t errlen) {
+        int ret = -ENOENT;
+        if (r->out) {   /* else dropped or stepped down meanwhile (by the reserve): refused as such */
+                struct ring_rec rec = {.seq = atomic_load(&r->seq) + 1, .gs = gs, .local_step = push->local_step,
+                                       .worker = push->worker, .count_step = push->count_step};
+                ret = replica_shm_publish(r, &rec, err, errlen);   /* rec.n: the reservation's */
+                if (ret == 0) {
+                        atomic_store(&r->seq, rec.seq);
+                        atomic_fetch_add(&r->n_bytes, r->res_floats * sizeof(float));
+                        atomic_fetch_add(&r->n_values, r->res_floats);
+                }
+        }
+        if (ret == -ENOENT)
+                ret = errf(err, errlen, -EAGAIN, "ps:%u: the ring to its backup is gone", r->p->shard);
+        pthread_mutex_unlock(&r->mu);
+        return ret;
+}
+
 void replica_write_cancel(struct replica *r) {
         if (r)
                 pthread_mutex_unlock(&r->mu);

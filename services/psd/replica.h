@@ -99,6 +99,19 @@ typedef void (*replica_done_fn)(void *ud, int status, const char *why);
 int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, const struct replica_push *push,
                       replica_done_fn done, void *ud, char *err, size_t errlen);
 
+/* Through a ring (a backup on this host), a write begun may put its update in place itself: room for
+ * an update of the n float32 parts idx (indices into the shard's parts) end to end at *grads, where the
+ * caller writes the gradients as they will be applied (a shared-memory push copies them there out of
+ * the worker's segment, checks them there and applies them from there), then replica_write_publish.
+ * 0; -ENOENT: no ring now, nothing done (make the update the usual way); or -EAGAIN with err, the
+ * backup dropped or this psd fenced: the write must not be answered as done. The lock stays held:
+ * replica_write_publish, or replica_write_cancel (the room is given up). */
+int replica_write_reserve(struct replica *r, const uint32_t *idx, uint32_t n, float **grads, char *err,
+                          size_t errlen);
+/* The reserved update applied, gs global_step after it: numbered and published, the lock released.
+ * 0: the backup holds it, answer the write; or -EAGAIN with err as replica_write_end's. */
+int replica_write_publish(struct replica *r, uint64_t gs, const struct replica_push *push, char *err, size_t errlen);
+
 /* A write begun that applied nothing (a sync push that completed no part): the lock released. */
 void replica_write_cancel(struct replica *r);
 

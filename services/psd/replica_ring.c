@@ -237,11 +237,11 @@ closed:
 }
 
 int ring_publish(struct ring *g, const struct ring_rec *rec, uint64_t *closed_epoch, char *err, size_t errlen) {
-        if (!g->res_len || rec->n != g->res_n)
+        if (!g->res_len)
                 return errf(err, errlen, -EINVAL, "a publish without its reservation");
         struct rec_wire *w = (struct rec_wire *)g->res_rec;
         *w = (struct rec_wire){.len = w->len, .seq = rec->seq, .gs = rec->gs, .local_step = rec->local_step,
-                               .worker = rec->worker, .count_step = rec->count_step, .n = rec->n};
+                               .worker = rec->worker, .count_step = rec->count_step, .n = g->res_n};
         uint64_t tail = g->res_tail, advance = g->res_len;
         g->res_len = 0;
 #if defined(__SSE2__)

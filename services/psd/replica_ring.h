@@ -70,8 +70,8 @@ int ring_put(struct ring *g, const struct ring_rec *rec, const struct ring_tenso
 /* Or in two steps, so a writer can put the bytes in place itself (a shared-memory push's gradients
  * copied out of the worker's segment straight into the ring, and applied from there): ring_reserve
  * makes room for a record of n tensors (t: their part, dtype and nbytes; data unused) and returns in
- * *data where their bytes go (each padded to 4, as above); ring_publish gives the record its head and
- * publishes it. A reservation not published is dropped by the next. Errors as ring_put's. */
+ * *data where their bytes go (each padded to 4, as above); ring_publish gives the record its head
+ * (rec, its n the reservation's) and publishes it. A reservation not published is dropped by the next. Errors as ring_put's. */
 int ring_reserve(struct ring *g, uint32_t n, const struct ring_tensor *t, uint64_t timeout_us, uint64_t *closed_epoch,
                  void **data, char *err, size_t errlen);
 int ring_publish(struct ring *g, const struct ring_rec *rec, uint64_t *closed_epoch, char *err, size_t errlen);

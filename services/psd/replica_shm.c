@@ -261,6 +261,19 @@ int replica_shm_attach(struct replica *r, char *why, size_t len) {
         return 0;
 }
 
+/* A ring step failed (e, why; mu held): fenced (the ring closed at a newer epoch: this psd steps down)
+ * or the backup is dropped. Returns -EAGAIN with err: the write is not answered as done. */
+static int ring_failed(struct replica *r, int e, uint64_t closed, const char *why, char *err, size_t errlen) {
+        if (e == -ESTALE && closed > atomic_load(&r->epoch)) {
+                atomic_fetch_add(&r->fenced, 1);   /* a write of a primary its backup replaced */
+                replica_step_down(r, closed, why);
+                return errf(err, errlen, -EAGAIN, "ps:%u at %s was fenced by a newer primary of its shard: %s",
+                            r->p->shard, r->p->args.listen, why);
+        }
+        replica_drop_backup(r, why);
+        return errf(err, errlen, -EAGAIN, "ps:%u: its backup did not take the update: %s", r->p->shard, why);
+}
+
 int replica_shm_put(struct replica *r, const struct replica_update *u, char *err, size_t errlen) {
         struct ring_tensor t[64], *tp = u->n <= 64 ? t : malloc(u->n * sizeof(*tp));
         char why[400];
@@ -283,16 +296,35 @@ int replica_shm_put(struct replica *r, const struct replica_update *u, char *err
         }
         if (tp != t)
                 free(tp);
-        if (e == 0)
-                return 0;
-        if (e == -ESTALE && closed > atomic_load(&r->epoch)) {
-                atomic_fetch_add(&r->fenced, 1);   /* a write of a primary its backup replaced */
-                replica_step_down(r, closed, why);
-                return errf(err, errlen, -EAGAIN, "ps:%u at %s was fenced by a newer primary of its shard: %s",
-                            r->p->shard, r->p->args.listen, why);
+        return e == 0 ? 0 : ring_failed(r, e, closed, why, err, errlen);
+}
+
+int replica_shm_reserve(struct replica *r, const uint32_t *idx, uint32_t n, float **grads, char *err, size_t errlen) {
+        struct ring_tensor t[64] = {{0}}, *tp = n <= 64 ? t : malloc(n * sizeof(*tp));
+        char why[400];
+        uint64_t closed = 0;
+        void *data = NULL;
+        int e;
+        if (!tp) {
+                e = errf(why, sizeof(why), -ENOMEM, "out of memory");
+        } else {
+                for (uint32_t k = 0; k < n; k++)
+                        tp[k] = (struct ring_tensor){.part = idx[k], .dtype = WIRE_DTYPE_FLOAT32,
+                                                     .nbytes = r->p->s->parts[idx[k]].a.n * sizeof(float)};
+                e = ring_reserve(r->out, n, tp, r->p->cfg->ps.replica_timeout_ms * 1000, &closed, &data, why,
+                                 sizeof(why));
         }
-        replica_drop_backup(r, why);
-        return errf(err, errlen, -EAGAIN, "ps:%u: its backup did not take the update: %s", r->p->shard, why);
+        if (tp != t)
+                free(tp);
+        *grads = data;
+        return e == 0 ? 0 : ring_failed(r, e, closed, why, err, errlen);
+}
+
+int replica_shm_publish(struct replica *r, const struct ring_rec *rec, char *err, size_t errlen) {
+        char why[400];
+        uint64_t closed = 0;
+        int e = ring_publish(r->out, rec, &closed, why, sizeof(why));
+        return e == 0 ? 0 : ring_failed(r, e, closed, why, err, errlen);
 }
 
 void replica_shm_detach(struct replica *r) {
