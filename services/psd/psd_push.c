@@ -690,21 +690,19 @@ static void link_answer(struct psd_held *hd, int status, uint64_t gs, const char
         shmlink_reply(k->l, lh->g, lh->seq, status, gs, msg);
 }
 
-/* the gradients copied out of the link's scratch, which its next push reuses (or lent until the ring has them) */
+/* the gradients copied out of the link's scratch, which its next push reuses (through a ring, link_check_ring
+ * puts them there instead) */
 static struct replica_update *link_update(struct psd_push *u) {
         struct link_push *lp = (struct link_push *)u;
         struct shard *s = lp->k->p->s;
         size_t floats = u->bytes / sizeof(float);   /* link_check's: the group's floats */
         struct replica_update *ru;
-        /* through a ring the scratch is copied once, into it, before the link's next push */
-        bool borrow = replica_ring_active(lp->k->p->rep);
-        if ((borrow ? replica_update_borrow(lp->n, floats, lp->k->scratch, &ru) : replica_update_new(lp->n, floats, &ru)) < 0)
+        if (replica_update_new(lp->n, floats, &ru) < 0)
                 return NULL;
         struct shard_part **parts = replica_update_parts(ru);
         for (uint32_t i = 0; i < lp->n; i++)
                 parts[i] = &s->parts[lp->parts[i]];
-        if (!borrow)
-                memcpy(replica_update_grads(ru), lp->k->scratch, floats * sizeof(float));
+        memcpy(replica_update_grads(ru), lp->grads, floats * sizeof(float));
         return ru;
 }
 

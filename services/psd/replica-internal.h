@@ -29,7 +29,6 @@ struct replica_update {
         size_t *sizes;               /* (n) their bytes as they came, one after the other at raw: the */
         uint8_t *raw;                /* backup reads them as the primary did (replica_update_wire) */
         size_t bytes;                /* what grads or raw hold */
-        bool borrowed;               /* grads are the push's (replica_update_borrow), not the update's */
         bool sparse;                 /* an embedding table's write instead (sp; n, parts, grads unused) */
         struct replica_sparse sp;
 };

@@ -195,35 +195,8 @@ int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **
         return 0;
 }
 
-int replica_update_borrow(uint32_t n_parts, size_t floats, const float *grads, struct replica_update **ret) {
-        struct replica_update *u = update_alloc(n_parts, floats, 0);
-        if (!u)
-                return -ENOMEM;
-        u->grads = (float *)grads;
-        u->borrowed = true;
-        u->bytes = floats * sizeof(float);
-        *ret = u;
-        return 0;
-}
-
 bool replica_ring_active(struct replica *r) {
         return r && atomic_load(&r->ring_mode);
-}
-
-/* A borrowed update's own copy, for the queue (a batch outlives the push); NULL when out of memory. u
- * is taken. */
-static struct replica_update *update_own(struct replica_update *u) {
-        if (!u->borrowed)
-                return u;
-        struct replica_update *c = update_alloc(u->n, u->floats, u->bytes);
-        if (c) {
-                c->grads = (float *)(c->parts + u->n + 1);
-                c->bytes = u->bytes;
-                memcpy(c->parts, u->parts, u->n * sizeof(*u->parts));
-                memcpy(c->grads, u->grads, u->bytes);
-        }
-        update_free(u);
-        return c;
 }
 
 int replica_update_wire(const struct wire_tensor *t, uint32_t n, struct shard_part *const *parts,
@@ -312,8 +285,6 @@ int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, 
         int ret = 0;
         if (!atomic_load(&r->replicating))
                 goto out;
-        if (u && !r->out)   /* queued for a Replicate call: the update outlives the push */
-                u = update_own(u);
         if (!u) {
                 replica_drop_backup(r, "out of memory for the update's copy");
                 ret = errf(err, errlen, -ENOMEM, "ps:%u: out of memory", r->p->shard);

@@ -43,12 +43,8 @@ int replica_update_new(uint32_t n_parts, size_t floats, struct replica_update **
 struct shard_part **replica_update_parts(struct replica_update *u);
 float *replica_update_grads(struct replica_update *u);
 struct replica_update *replica_update_free(struct replica_update *u);   /* NULL-safe */
-/* Or an update whose gradients stay the caller's, at grads (floats, as applied), until
- * replica_write_end returns: for a replica forwarding through a ring (replica_ring_active), which copies
- * them into it then; copied there otherwise. 0 or -ENOMEM; owned as above. */
-int replica_update_borrow(uint32_t n_parts, size_t floats, const float *grads, struct replica_update **ret);
-/* Whether r forwards through a ring to a backup on this host now (a hint: it may change by
- * replica_write_end, which copies a borrowed update when it must). */
+/* Whether r forwards through a ring to a backup on this host now (a hint: it may change before the
+ * write begins; replica_write_reserve says for sure). */
 bool replica_ring_active(struct replica *r);
 /* Or, for a push applied unscaled, its n tensors as they came (parts: their parts): the backup reads
  * the same bytes the same way (an int8 push's update is an int8 update, a quarter of float32's bytes),

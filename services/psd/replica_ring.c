@@ -32,7 +32,7 @@
 #define MAGIC 0x676e697231737066ull   /* "fps1ring" */
 #define CLOSED (1ull << 63)
 #define SKIP (1ull << 63)             /* a record length: the rest of the data area is unused */
-#define MIN_SIZE (4u << 20)
+#define MIN_SIZE (1u << 20)
 #define MAX_SIZE (1ull << 34)
 
 struct ring_header {
@@ -90,8 +90,9 @@ size_t ring_record_bytes(uint32_t n, size_t bytes) {
 
 size_t ring_size_for(size_t max_record) {
         size_t size = MIN_SIZE;
-        /* four of the largest records, or two once that passes 64 MiB (the ring is memory of its own) */
-        while (size < MAX_SIZE && (size < 2 * max_record || (size < 4 * max_record && size < (64u << 20))))
+        /* two of the largest records: a record always fits once the backup has applied the ring, and a
+         * small ring stays in the caches (each record is written, applied and read there) */
+        while (size < MAX_SIZE && size < 2 * max_record)
                 size *= 2;
         return size;
 }

@@ -51,7 +51,7 @@ struct ring_tensor {
 };
 
 /* The data area's bytes for records of up to max_record bytes (ring_record_bytes): a power of two, at
- * least 4 MiB, room for four such records (for two, past 64 MiB). */
+ * least 1 MiB, room for two such records. */
 size_t ring_size_for(size_t max_record);
 /* The bytes a record of n tensors of `bytes` bytes in all takes, head and padding included. */
 size_t ring_record_bytes(uint32_t n, size_t bytes);
