@@ -367,10 +367,11 @@ def run(opts):
             cli_views(j, dropped=False)
         # at each of the next checkpoints (every 500 steps): frozen as soon as the chief has recorded it
         for _ in range(opts.checkpoints):
-            seen_ckpt = h.job_status(j.chief_addr).checkpoints
-            last = h.wait_for("the next checkpoint", lambda: (lambda x: x is not None and x.checkpoints > seen_ckpt
-                                                              and x)(h.rpc_or_none(lambda: h.job_status(j.chief_addr))),
-                              120, j.daemons())
+            # by its step: the count of checkpoints stops at the number kept (supervisor.keep_checkpoints)
+            seen_ckpt = h.job_status(j.chief_addr).last_checkpoint.global_step
+            last = h.wait_for("the next checkpoint", lambda: (lambda x: x is not None and
+                                                              x.last_checkpoint.global_step > seen_ckpt and x)(
+                                  h.rpc_or_none(lambda: h.job_status(j.chief_addr))), 120, j.daemons())
             j.frozen_compare("at the checkpoint of global_step %d" % last.last_checkpoint.global_step)
         span = opts.steps * 0.8 / max(1, opts.kills)
         for k in range(opts.kills):
