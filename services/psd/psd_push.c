@@ -127,8 +127,10 @@ static void sync_replicate(struct psd *p, const struct psd_push *u) {
         struct replica_push who = {.worker = u->worker, .local_step = u->local_step};
         int r = replica_write_end(p->rep, ru, atomic_load(&p->s->global_step), &who, sync_replicated, p, err,
                                   sizeof(err));
-        if (r <= 0)
-                agg_advance(p->agg, r, err);
+        if (r <= 0 || r == 2)
+                agg_advance(p->agg, r == 2 ? 0 : r, err);
+        if (r == 2)
+                replica_write_release(p->rep);
 }
 
 /* training.mode sync: the checked gradients go to the step (agg_push); the push is answered when the
@@ -235,12 +237,13 @@ static int push_ring(struct psd *p, struct psd_push *u) {
                 return r;
         }
         struct replica_push who = push_apply(p, u);
-        if ((r = replica_write_publish(p->rep, u->gs, &who, err, sizeof(err))) < 0) {
+        r = replica_write_publish(p->rep, u->gs, &who, err, sizeof(err));
+        if (r == 0)   /* still under the lock: ssp moves the worker's clock in the order the backup does */
+                push_answer(p, u);
+        replica_write_release(p->rep);
+        if (r < 0)
                 ops->fail(u, r, err);
-                return r;
-        }
-        push_answer(p, u);
-        return 0;
+        return r;
 }
 
 /* The pipeline. Returns true when u waits for its backup's acknowledgement: push_replicated answers
@@ -275,7 +278,12 @@ static bool psd_push_serve(struct psd *p, struct psd_push *u) {
                 return false;
         }
         struct replica_push who = push_apply(p, u);
-        if ((r = replica_write_end(p->rep, ru, u->gs, &who, push_replicated, u, err, sizeof(err))) != 0) {
+        if ((r = replica_write_end(p->rep, ru, u->gs, &who, push_replicated, u, err, sizeof(err))) == 2) {
+                push_answer(p, u);   /* in the ring: under the lock, in the backup's order */
+                replica_write_release(p->rep);
+                return false;
+        }
+        if (r != 0) {
                 if (r > 0)
                         return true;   /* u may be answered and gone already */
                 ops->fail(u, r, err);

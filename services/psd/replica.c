@@ -296,12 +296,13 @@ int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, 
         u->epoch = atomic_load(&r->epoch);
         u->push = *push;
         if (r->out) {   /* a backup on this host: published in its ring, it holds the update now */
-                if ((ret = replica_shm_put(r, u, err, errlen)) == 0) {
-                        atomic_store(&r->seq, u->seq);
-                        atomic_fetch_add(&r->n_bytes, u->bytes);
-                        atomic_fetch_add(&r->n_values, u->floats);
-                }
-                goto out;
+                if ((ret = replica_shm_put(r, u, err, errlen)) < 0)
+                        goto out;
+                atomic_store(&r->seq, u->seq);
+                atomic_fetch_add(&r->n_bytes, u->bytes);
+                atomic_fetch_add(&r->n_values, u->floats);
+                update_free(u);
+                return 2;   /* the lock still held: the caller answers, then replica_write_release */
         }
         atomic_store(&r->seq, u->seq);
         u->done = done;
@@ -344,8 +345,11 @@ int replica_write_publish(struct replica *r, uint64_t gs, const struct replica_p
         }
         if (ret == -ENOENT)
                 ret = errf(err, errlen, -EAGAIN, "ps:%u: the ring to its backup is gone", r->p->shard);
-        pthread_mutex_unlock(&r->mu);
         return ret;
+}
+
+void replica_write_release(struct replica *r) {
+        pthread_mutex_unlock(&r->mu);
 }
 
 void replica_write_cancel(struct replica *r) {

@@ -90,8 +90,11 @@ typedef void (*replica_done_fn)(void *ud, int status, const char *why);
  * unless a call is in flight already. Returns 1: queued, done(ud, ...) will be called exactly once,
  * once the backup has acknowledged it or it was given up (bounded: ps.replica_timeout_ms): mostly from
  * the replica's thread, but possibly from any thread, and possibly before this returns (by this very
- * call when the send fails at once); 0: the shard runs unreplicated, answer the write now (done is not
- * called); or -errno with err, the write must not be answered as done. */
+ * call when the send fails at once); 2: published in the ring to a backup on this host, which holds it:
+ * answer the write now, with the lock still held (so what follows from it, ssp's clocks, happens in the
+ * order the backup applies the updates), then replica_write_release (done is not called); 0: the shard
+ * runs unreplicated, answer the write now (done is not called; the lock released); or -errno with
+ * err, the write must not be answered as done (the lock released). */
 int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, const struct replica_push *push,
                       replica_done_fn done, void *ud, char *err, size_t errlen);
 
@@ -104,9 +107,12 @@ int replica_write_end(struct replica *r, struct replica_update *u, uint64_t gs, 
  * replica_write_publish, or replica_write_cancel (the room is given up). */
 int replica_write_reserve(struct replica *r, const uint32_t *idx, uint32_t n, float **grads, char *err,
                           size_t errlen);
-/* The reserved update applied, gs global_step after it: numbered and published, the lock released.
- * 0: the backup holds it, answer the write; or -EAGAIN with err as replica_write_end's. */
+/* The reserved update applied, gs global_step after it: numbered and published. 0: the backup holds
+ * it, answer the write; or -EAGAIN with err as replica_write_end's. The lock stays held either way, so
+ * what follows from the write happens in the order the backup applies them (ssp's clocks): then
+ * replica_write_release. */
 int replica_write_publish(struct replica *r, uint64_t gs, const struct replica_push *push, char *err, size_t errlen);
+void replica_write_release(struct replica *r);
 
 /* A write begun that applied nothing (a sync push that completed no part): the lock released. */
 void replica_write_cancel(struct replica *r);
